@@ -1,0 +1,265 @@
+"""The signed envelope around a pseudo-gradient: header, Ed25519 signature, payload.
+
+The header is small (< 1 KB as a :class:`SignedHeader` blob) so it can be announced in the
+DHT; the payload travels separately and is bound to the header by its SHA-256. The signature
+covers the header's canonical JSON, and parsing accepts only that canonical encoding, so a
+header has exactly one byte string on the wire.
+
+Wire formats (integers little-endian):
+    SignedHeader: b"DLH1" | u32 header length | canonical header JSON | 64-byte signature
+    SignedUpdate: b"DLU1" | u32 header length | canonical header JSON | 64-byte signature | payload
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+import struct
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from merge.identity import Identity, verify_signature
+
+ENVELOPE_VERSION = 1
+MAX_HEADER_JSON_BYTES = 4096
+SIGNATURE_BYTES = 64
+HEADER_MAGIC = b"DLH1"
+UPDATE_MAGIC = b"DLU1"
+REASONS = frozenset({"malformed", "bad_signature", "payload_hash_mismatch"})
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_LENGTH = struct.Struct("<I")
+_PREFIX_BYTES = len(HEADER_MAGIC) + _LENGTH.size
+_MAX_AUTHOR_CHARS = 128
+_MAX_CODEC_CHARS = 16
+_MAX_ABS_INT = 2**63 - 1
+_INT_FIELDS = ("seq", "base_applied", "published_applied", "inner_steps", "tokens", "numel")
+_NUMBER_FIELDS = ("loss", "created_at")
+
+
+class EnvelopeError(ValueError):
+    """An update envelope failed to parse or verify; ``reason`` names the failure."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        assert reason in REASONS, reason
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, kw_only=True)
+class UpdateHeader:
+    """What an author claims about one pseudo-gradient; everything a receiver weighs it by."""
+
+    fingerprint: str
+    """Hex SHA-256 of the run's configuration; updates from another run are refused."""
+    author: str
+    """The author's libp2p peer id; its Ed25519 public key checks the signature."""
+    seq: int
+    """The author's update counter; (author, seq) identifies the update."""
+    base_applied: int
+    """Updates the author's replica had applied when this round started."""
+    published_applied: int
+    """Updates the author's replica had applied when it published this update."""
+    inner_steps: int
+    """Inner optimizer steps taken in the round."""
+    tokens: int
+    """Tokens processed in the round."""
+    loss: float
+    """The author's mean training loss over the round (informational)."""
+    payload_sha256: str
+    """Hex SHA-256 of the encoded payload."""
+    codec: str
+    """Name of the codec the payload is encoded with (see merge.codecs)."""
+    numel: int
+    """Number of elements in the pseudo-gradient."""
+    created_at: float
+    """Unix time in seconds when the author sealed the update."""
+
+    def __post_init__(self) -> None:
+        _check_header_fields(self)
+
+    @property
+    def staleness(self) -> int:
+        """Updates the author's replica applied while the round ran."""
+        return self.published_applied - self.base_applied
+
+    @property
+    def update_id(self) -> tuple[str, int]:
+        return (self.author, self.seq)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire dict: every field plus the envelope version ``"v"``."""
+        return {**dataclasses.asdict(self), "v": ENVELOPE_VERSION}
+
+    @classmethod
+    def from_dict(cls, d: object) -> UpdateHeader:
+        """Parses an untrusted wire dict; raises EnvelopeError("malformed") on any deviation."""
+        if not isinstance(d, dict):
+            raise EnvelopeError("malformed", "header is not a JSON object")
+        if set(d) != _WIRE_KEYS:
+            raise EnvelopeError("malformed", "header keys differ from the expected set")
+        if type(d["v"]) is not int or d["v"] != ENVELOPE_VERSION:
+            raise EnvelopeError("malformed", f"unsupported envelope version {d['v']!r}")
+        return cls(**{k: v for k, v in d.items() if k != "v"})
+
+    def canonical_bytes(self) -> bytes:
+        """The deterministic JSON encoding that the signature covers."""
+        return json.dumps(
+            self.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=True
+        ).encode("ascii")
+
+
+_WIRE_KEYS = frozenset(f.name for f in dataclasses.fields(UpdateHeader)) | {"v"}
+
+
+@dataclass(frozen=True)
+class SignedHeader:
+    """A header with its author's signature: what is announced before the payload is fetched."""
+
+    header: UpdateHeader
+    signature: bytes
+
+    def to_bytes(self) -> bytes:
+        return _pack(HEADER_MAGIC, self.header, self.signature)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SignedHeader:
+        header, signature, end = _unpack(HEADER_MAGIC, data)
+        if end != len(data):
+            raise EnvelopeError("malformed", "trailing bytes after the signature")
+        return cls(header, signature)
+
+
+@dataclass(frozen=True)
+class SignedUpdate:
+    """A signed header with the encoded pseudo-gradient it describes."""
+
+    header: UpdateHeader
+    signature: bytes
+    payload: bytes
+
+    @property
+    def signed_header(self) -> SignedHeader:
+        return SignedHeader(self.header, self.signature)
+
+    def to_bytes(self) -> bytes:
+        return _pack(UPDATE_MAGIC, self.header, self.signature) + self.payload
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SignedUpdate:
+        header, signature, end = _unpack(UPDATE_MAGIC, data)
+        return cls(header, signature, bytes(_byte_view(data)[end:]))
+
+
+def seal(
+    identity: Identity,
+    *,
+    fingerprint: str,
+    seq: int,
+    base_applied: int,
+    published_applied: int,
+    inner_steps: int,
+    tokens: int,
+    loss: float,
+    codec: str,
+    numel: int,
+    payload: bytes,
+    created_at: float | None = None,
+) -> SignedUpdate:
+    """Signs a payload and its header with ``identity``."""
+    header = UpdateHeader(
+        fingerprint=fingerprint,
+        author=identity.peer_id,
+        seq=seq,
+        base_applied=base_applied,
+        published_applied=published_applied,
+        inner_steps=inner_steps,
+        tokens=tokens,
+        loss=float(loss),
+        payload_sha256=hashlib.sha256(payload).hexdigest(),
+        codec=codec,
+        numel=numel,
+        created_at=time.time() if created_at is None else float(created_at),
+    )
+    return SignedUpdate(header, identity.sign(header.canonical_bytes()), payload)
+
+
+def verify_header(signed: SignedHeader) -> None:
+    """Raises EnvelopeError("bad_signature") unless the author's key signed the header."""
+    if not verify_signature(
+        signed.header.author, signed.header.canonical_bytes(), signed.signature
+    ):
+        raise EnvelopeError("bad_signature", f"header signature of {signed.header.author} fails")
+
+
+def verify(update: SignedUpdate) -> None:
+    """Checks the signature, then that the payload is the one the header names."""
+    verify_header(update.signed_header)
+    if hashlib.sha256(update.payload).hexdigest() != update.header.payload_sha256:
+        raise EnvelopeError("payload_hash_mismatch", f"payload of {update.header.update_id}")
+
+
+def _check_header_fields(h: UpdateHeader) -> None:
+    for name in _INT_FIELDS:
+        value = getattr(h, name)
+        if type(value) is not int or abs(value) > _MAX_ABS_INT:
+            raise EnvelopeError("malformed", f"{name} must be a 64-bit integer")
+    for name in _NUMBER_FIELDS:
+        if type(getattr(h, name)) not in (int, float):
+            raise EnvelopeError("malformed", f"{name} must be a number")
+    _check_string(h.fingerprint, "fingerprint", 64, hex64=True)
+    _check_string(h.payload_sha256, "payload_sha256", 64, hex64=True)
+    _check_string(h.author, "author", _MAX_AUTHOR_CHARS)
+    _check_string(h.codec, "codec", _MAX_CODEC_CHARS)
+
+
+def _check_string(value: object, name: str, max_chars: int, *, hex64: bool = False) -> None:
+    if type(value) is not str or not 0 < len(value) <= max_chars:
+        raise EnvelopeError("malformed", f"{name} must be a string of 1 to {max_chars} characters")
+    if hex64 and not _HEX64.fullmatch(value):
+        raise EnvelopeError("malformed", f"{name} must be 64 lowercase hex characters")
+
+
+def _pack(magic: bytes, header: UpdateHeader, signature: bytes) -> bytes:
+    if len(signature) != SIGNATURE_BYTES:
+        raise EnvelopeError("malformed", f"signature must have {SIGNATURE_BYTES} bytes")
+    header_json = header.canonical_bytes()
+    return magic + _LENGTH.pack(len(header_json)) + header_json + signature
+
+
+def _byte_view(data: object) -> memoryview:
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise EnvelopeError("malformed", "envelope is not bytes")
+    try:
+        return memoryview(data).cast("B")
+    except TypeError as e:
+        raise EnvelopeError("malformed", "envelope is not a flat byte buffer") from e
+
+
+def _unpack(magic: bytes, data: object) -> tuple[UpdateHeader, bytes, int]:
+    """Parses magic, header and signature; returns them with the offset just past them."""
+    view = _byte_view(data)
+    if len(view) < _PREFIX_BYTES or view[: len(magic)] != magic:
+        raise EnvelopeError("malformed", f"envelope does not start with {magic!r}")
+    (header_len,) = _LENGTH.unpack(view[len(magic) : _PREFIX_BYTES])
+    end = _PREFIX_BYTES + header_len + SIGNATURE_BYTES
+    if header_len > MAX_HEADER_JSON_BYTES or len(view) < end:
+        raise EnvelopeError("malformed", "header length out of range")
+    header_json = bytes(view[_PREFIX_BYTES : _PREFIX_BYTES + header_len])
+    header = _parse_header_json(header_json)
+    return header, bytes(view[end - SIGNATURE_BYTES : end]), end
+
+
+def _parse_header_json(header_json: bytes) -> UpdateHeader:
+    try:
+        header = UpdateHeader.from_dict(json.loads(header_json))
+    except EnvelopeError:
+        raise
+    except (ValueError, TypeError, RecursionError) as e:
+        raise EnvelopeError("malformed", "header is not valid JSON") from e
+    if header.canonical_bytes() != header_json:
+        raise EnvelopeError("malformed", "header JSON is not in canonical form")
+    return header

@@ -1,0 +1,200 @@
+"""The one path every update takes, the node's own and its peers': verify, validate, weigh, apply.
+
+Updates arrive from untrusted peers: a bad one costs a counter increment and a log line,
+never an exception. The weight is a pure function of the signed header, so every replica
+weighs an update the same whatever order updates arrive in.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import logging
+import math
+import re
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from merge.codecs import CODECS, CodecError, get_codec
+from merge.envelope import EnvelopeError, SignedHeader, SignedUpdate, UpdateHeader, verify_header
+from merge.outer import OuterConfig
+from merge.replica import Replica
+from merge.weighting import StalenessConfig, TokenWeightConfig, staleness_weight, token_weight
+
+logger = logging.getLogger(__name__)
+
+# Reasons that an honest, up-to-date peer can produce; everything else suggests a bug or abuse.
+_BENIGN_REASONS = frozenset({"duplicate", "replay", "too_stale", "wrong_run"})
+_MIN_PARAMS_NORM = 1e-12
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MergeConfig:
+    """How updates are validated, weighted and applied; part of the run fingerprint."""
+
+    outer: OuterConfig = field(default_factory=OuterConfig)
+    """The outer optimizer applied to each accepted update."""
+    staleness: StalenessConfig = field(default_factory=StalenessConfig)
+    """How staleness down-weights an update."""
+    token_weight: TokenWeightConfig
+    """How the tokens behind an update weigh it."""
+    max_inner_steps: int
+    """Updates claiming more inner steps than this are rejected."""
+    max_tokens_per_step: int
+    """Updates claiming more than inner_steps * this many tokens are rejected."""
+    max_staleness: int = 1000
+    """Updates staler than this are rejected."""
+    max_update_norm_ratio: float = 1.0
+    """Updates whose pseudo-gradient norm exceeds this times the params norm are rejected."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_inner_steps", "max_tokens_per_step"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        if type(self.max_staleness) is not int or self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be an integer >= 0, got {self.max_staleness!r}.")
+        ratio = self.max_update_norm_ratio
+        if not isinstance(ratio, int | float) or not (math.isfinite(ratio) and ratio > 0):
+            raise ValueError(f"max_update_norm_ratio must be a finite number > 0, got {ratio!r}.")
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain JSON types only."""
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    """What became of one submitted update."""
+
+    accepted: bool
+    author: str
+    seq: int
+    staleness: int
+    weight: float
+    reason: str | None
+
+
+class _Rejected(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class UpdatePipeline:
+    """Validates untrusted updates and applies the good ones to a replica; thread-safe."""
+
+    def __init__(self, replica: Replica, config: MergeConfig, fingerprint: str) -> None:
+        if not isinstance(fingerprint, str) or not _HEX64.fullmatch(fingerprint):
+            raise ValueError("the run fingerprint must be 64 lowercase hex characters.")
+        self.replica = replica
+        self.config = config
+        self.fingerprint = fingerprint
+        self.rejections: collections.Counter[str] = collections.Counter()
+        self.num_merged = 0
+        self._stats_lock = threading.Lock()
+
+    def check_header(self, signed: SignedHeader) -> str | None:
+        """The rejection reason a header alone earns, or None; usable before fetching a payload.
+
+        Pure: it neither counts nor logs, so callers may poll announcements with it.
+        """
+        try:
+            verify_header(signed)
+        except EnvelopeError as e:
+            return e.reason
+        return self._claims_reason(signed.header) or self._novelty_reason(signed.header)
+
+    def weight_of(self, header: UpdateHeader) -> float:
+        """The update's weight: staleness weight times token weight, from the header alone."""
+        return staleness_weight(self.config.staleness, header.staleness) * token_weight(
+            self.config.token_weight, header.tokens
+        )
+
+    def submit(self, update: SignedUpdate) -> MergeResult:
+        """Verifies, validates, weighs and applies one update; never raises for bad input."""
+        header = update.header
+        try:
+            weight = self._merge(update)
+        except _Rejected as rejected:
+            return self._reject(header, rejected.reason)
+        with self._stats_lock:
+            self.num_merged += 1
+        logger.debug("merged %s#%d with weight %.4g", header.author, header.seq, weight)
+        return MergeResult(True, header.author, header.seq, header.staleness, weight, None)
+
+    def _merge(self, update: SignedUpdate) -> float:
+        header = update.header
+        _raise_if(self.check_header(update.signed_header))
+        pseudo_gradient = _decode_payload(update)
+        update_norm = float(torch.linalg.vector_norm(pseudo_gradient))
+        weight = self.weight_of(header)
+        with self.replica.lock:
+            _raise_if(self._novelty_reason(header))
+            _raise_if(self._norm_reason(update_norm))
+            self.replica.apply(header, pseudo_gradient, weight)
+        return weight
+
+    def _claims_reason(self, h: UpdateHeader) -> str | None:
+        limits = self.config
+        if h.fingerprint != self.fingerprint:
+            return "wrong_run"
+        if h.codec not in CODECS:
+            return "unknown_codec"
+        if h.numel != self.replica.numel:
+            return "wrong_size"
+        if h.seq < 0 or h.base_applied < 0 or h.base_applied > h.published_applied:
+            return "bad_counters"
+        if not 1 <= h.inner_steps <= limits.max_inner_steps:
+            return "bad_steps"
+        if not 0 < h.tokens <= h.inner_steps * limits.max_tokens_per_step:
+            return "bad_tokens"
+        if not math.isfinite(h.loss):
+            return "non_finite"
+        if h.staleness > limits.max_staleness:
+            return "too_stale"
+        return None
+
+    def _novelty_reason(self, h: UpdateHeader) -> str | None:
+        with self.replica.lock:
+            if self.replica.has_applied(h.author, h.seq):
+                return "duplicate"
+            if h.seq <= self.replica.last_seq(h.author):
+                return "replay"
+        return None
+
+    def _norm_reason(self, update_norm: float) -> str | None:
+        params_norm = float(torch.linalg.vector_norm(self.replica.params))
+        if update_norm > self.config.max_update_norm_ratio * max(params_norm, _MIN_PARAMS_NORM):
+            return "norm_too_large"
+        return None
+
+    def _reject(self, header: UpdateHeader, reason: str) -> MergeResult:
+        with self._stats_lock:
+            self.rejections[reason] += 1
+        level = logging.INFO if reason in _BENIGN_REASONS else logging.WARNING
+        logger.log(level, "rejected update %s#%d: %s", header.author, header.seq, reason)
+        return MergeResult(False, header.author, header.seq, header.staleness, 0.0, reason)
+
+
+def _decode_payload(update: SignedUpdate) -> torch.Tensor:
+    header = update.header
+    if hashlib.sha256(update.payload).hexdigest() != header.payload_sha256:
+        raise _Rejected("payload_hash_mismatch")
+    try:
+        pseudo_gradient = get_codec(header.codec).decode(update.payload, header.numel)
+    except CodecError:
+        raise _Rejected("malformed") from None
+    if not bool(torch.isfinite(pseudo_gradient).all()):
+        raise _Rejected("non_finite")
+    return pseudo_gradient
+
+
+def _raise_if(reason: str | None) -> None:
+    if reason is not None:
+        raise _Rejected(reason)

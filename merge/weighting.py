@@ -1,0 +1,73 @@
+"""How much an update counts: staleness and token weights, pure functions of its header."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+StalenessKind = Literal["constant", "polynomial", "hinge", "exponential"]
+TokenWeightKind = Literal["tokens", "none"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StalenessConfig:
+    """Down-weights an update by its staleness s (updates applied while its round ran)."""
+
+    kind: StalenessKind = "polynomial"
+    """constant: 1; polynomial: (1+s)^-a (FedAsync); hinge: 1 up to s = b, then
+    1/(a(s-b)+1); exponential: exp(-a s)."""
+    a: float = 0.5
+    """Decay rate of the polynomial, hinge and exponential forms."""
+    b: float = 4.0
+    """Hinge threshold: updates at most this stale keep full weight."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in get_args(StalenessKind):
+            raise ValueError(f"staleness kind must be one of {get_args(StalenessKind)}.")
+        _check_finite_non_negative("staleness a", self.a)
+        _check_finite_non_negative("staleness b", self.b)
+
+
+def staleness_weight(config: StalenessConfig, staleness: int) -> float:
+    if staleness < 0:
+        raise ValueError(f"staleness must be >= 0, got {staleness}.")
+    s, a = float(staleness), config.a
+    if config.kind == "constant":
+        return 1.0
+    if config.kind == "polynomial":
+        return (1.0 + s) ** -a
+    if config.kind == "hinge":
+        return 1.0 if s <= config.b else 1.0 / (a * (s - config.b) + 1.0)
+    return math.exp(-a * s)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenWeightConfig:
+    """Weights an update by the work behind it."""
+
+    kind: TokenWeightKind = "tokens"
+    """tokens: proportional to tokens processed; none: every update weighs 1."""
+    reference_tokens: int
+    """Tokens a full round of the run's nominal batch processes; such a round weighs 1."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in get_args(TokenWeightKind):
+            raise ValueError(f"token weight kind must be one of {get_args(TokenWeightKind)}.")
+        if type(self.reference_tokens) is not int or self.reference_tokens <= 0:
+            raise ValueError(
+                f"reference_tokens must be a positive integer, got {self.reference_tokens}."
+            )
+
+
+def token_weight(config: TokenWeightConfig, tokens: int) -> float:
+    if tokens < 0:
+        raise ValueError(f"tokens must be >= 0, got {tokens}.")
+    if config.kind == "none":
+        return 1.0
+    return tokens / config.reference_tokens
+
+
+def _check_finite_non_negative(name: str, value: float) -> None:
+    if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}.")

@@ -1,0 +1,117 @@
+"""`diloco-node`: join a training swarm, make an identity key."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from types import FrameType
+from typing import NoReturn
+
+from node.config import JoinConfig, add_dataclass_arguments, dataclass_from_args
+
+logger = logging.getLogger(__name__)
+
+
+class UserError(Exception):
+    """A problem the user can fix; printed as one line, no traceback."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def package_version() -> str:
+    try:
+        return version("diloco-node")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="diloco-node",
+        description="Peer-to-peer asynchronous DiLoCo training on scattered hardware.",
+    )
+    parser.add_argument("--version", action="version", version=f"diloco-node {package_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    join = commands.add_parser("join", help="train, and merge everyone's pseudo-gradients")
+    add_dataclass_arguments(join, JoinConfig)
+    join.set_defaults(handler=run_join)
+    keygen = commands.add_parser("keygen", help="create an Ed25519 identity key")
+    keygen.add_argument("--identity", default=JoinConfig.identity, help="key file to write")
+    keygen.add_argument("--force", action="store_true", help="replace an existing key")
+    keygen.set_defaults(handler=run_keygen)
+    return parser
+
+
+def run_join(args: argparse.Namespace) -> int:
+    config: JoinConfig = dataclass_from_args(JoinConfig, args)
+    from node.events import configure_logging, make_event_log
+    from node.runtime import Node
+
+    configure_logging(config.log_level, config.log_format)
+    events = make_event_log(config.log_format)
+    try:
+        node = Node(config, events)
+        with _stop_on_signals(node.request_stop):
+            node.run()
+    finally:
+        events.close()
+    return 0
+
+
+def run_keygen(args: argparse.Namespace) -> int:
+    from merge.identity import Identity
+
+    path = Path(args.identity).expanduser()
+    if path.exists() and not args.force:
+        peer_id = Identity.load(path).peer_id
+        raise UserError(f"{path} already holds the key of {peer_id}; pass --force to replace it")
+    identity = Identity.generate()
+    identity.save(path)
+    print(f"wrote {path}\npeer id: {identity.peer_id}")
+    return 0
+
+
+class _stop_on_signals:
+    """First SIGINT/SIGTERM asks the node to stop cleanly; a second SIGINT aborts at once."""
+
+    def __init__(self, request_stop: object) -> None:
+        self._request_stop = request_stop
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        logger.info("received %s, stopping after the current step", signal.Signals(signum).name)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        self._request_stop()  # type: ignore[operator]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except KeyboardInterrupt:
+        print("diloco-node: interrupted", file=sys.stderr)
+        return 130
+    except (UserError, ValueError, OSError) as exc:
+        print(f"diloco-node: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""Configuration of a node: one dataclass whose field docstrings double as CLI help."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import hashlib
+import inspect
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, get_args, get_origin, get_type_hints
+
+DILOCO_HOME = Path("~/.diloco")
+
+
+@dataclass(kw_only=True)
+class JoinConfig:
+    """Everything `diloco-node join` needs. Run-level fields enter the run fingerprint."""
+
+    run_id: str = "diloco-default"
+    """Name of the run; nodes with the same run id, model and merge settings train together."""
+    model: str = "small"
+    """Model preset: tiny (CPU tests), small (~10M params) or base (~125M params)."""
+    data: str | None = None
+    """Text file, directory of text files or uint16 .bin; default: this Python's stdlib source."""
+    seed: int = 0
+    """Genesis seed: every node initialises the global model identically from it."""
+    inner_steps: int = 100
+    """H: inner AdamW steps per round before a pseudo-gradient is published."""
+    batch_size: int | None = None
+    """Sequences per inner step (default: the preset's)."""
+    inner_lr: float | None = None
+    """Peak inner AdamW learning rate (default: the preset's)."""
+    weight_decay: float = 0.1
+    """Inner AdamW weight decay."""
+    grad_clip: float = 1.0
+    """Clip the inner gradient norm to this value (0 disables clipping)."""
+    warmup_steps: int = 100
+    """Linear warmup of the inner learning rate, in inner steps."""
+    lr_decay_steps: int | None = None
+    """Inner steps of cosine decay to 10% of peak (default: max-rounds x H, else 100000)."""
+    outer_optimizer: str = "delayed_nesterov"
+    """Outer optimizer: nesterov or delayed_nesterov (Liu et al. 2024, the asynchronous default)."""
+    outer_lr: float = 0.7
+    """Outer learning rate."""
+    outer_momentum: float = 0.9
+    """Outer Nesterov momentum."""
+    outer_delay: int = 4
+    """Delayed Nesterov: fold the momentum in every N-th merged update."""
+    staleness: str = "polynomial"
+    """Staleness weighting: constant, polynomial (1+s)^-a, hinge or exponential."""
+    staleness_a: float = 0.5
+    """Parameter a of the staleness function."""
+    staleness_b: float = 4.0
+    """Hinge threshold b: updates at most b rounds stale keep full weight."""
+    token_weighting: str = "tokens"
+    """Weigh an update by the tokens it trained on (tokens) or not at all (none)."""
+    codec: str = "bf16"
+    """Encoding of published pseudo-gradients: fp32 or bf16."""
+    max_rounds: int | None = None
+    """Stop after this many rounds (default: run until interrupted)."""
+    max_time: float | None = None
+    """Stop after this many seconds of wall time (default: run until interrupted)."""
+    eval_batches: int = 4
+    """Validation batches evaluated on the replica after every round (0 disables)."""
+    checkpoint_dir: str | None = None
+    """Directory for checkpoints; join resumes from it (default: ~/.diloco/checkpoints/RUN_ID)."""
+    checkpoint_every: int = 10
+    """Save a checkpoint every N rounds (and always on Ctrl+C or SIGTERM)."""
+    identity: str = str(DILOCO_HOME / "identity.key")
+    """Ed25519 identity key file (libp2p format), created with mode 0600 on first use."""
+    device: str = "auto"
+    """Training device: auto, cpu or cuda (bf16 autocast on CUDA)."""
+    threads: int | None = None
+    """CPU threads for torch (default: torch's choice)."""
+    log_level: str = "INFO"
+    """Logging level: DEBUG, INFO, WARNING or ERROR."""
+    log_format: str = "rich"
+    """rich: a live progress line for people; json: one JSON event per line on stdout."""
+
+    def __post_init__(self) -> None:
+        _check_choice("model", self.model, ("tiny", "small", "base"))
+        _check_choice("outer-optimizer", self.outer_optimizer, ("nesterov", "delayed_nesterov"))
+        _check_choice(
+            "staleness", self.staleness, ("constant", "polynomial", "hinge", "exponential")
+        )
+        _check_choice("token-weighting", self.token_weighting, ("tokens", "none"))
+        _check_choice("codec", self.codec, ("fp32", "bf16"))
+        _check_choice("device", self.device, ("auto", "cpu", "cuda"))
+        _check_choice("log-level", self.log_level.upper(), ("DEBUG", "INFO", "WARNING", "ERROR"))
+        _check_choice("log-format", self.log_format, ("rich", "json"))
+        if not self.run_id or len(self.run_id) > 64:
+            raise ValueError("--run-id must be 1 to 64 characters long")
+        for name in ("inner_steps", "checkpoint_every", "outer_delay"):
+            _check_positive(name, getattr(self, name))
+        for name in ("batch_size", "max_rounds", "threads", "lr_decay_steps"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_positive(name, value)
+        for name in ("inner_lr", "max_time", "outer_lr"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"--{_flag(name)} must be a positive number, got {value}")
+        for name in ("weight_decay", "grad_clip", "staleness_a", "staleness_b"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"--{_flag(name)} must be a non-negative number, got {value}")
+        if not 0 <= self.outer_momentum < 1:
+            raise ValueError(f"--outer-momentum must be in [0, 1), got {self.outer_momentum}")
+        if self.warmup_steps < 0 or self.eval_batches < 0:
+            raise ValueError("--warmup-steps and --eval-batches must not be negative")
+
+    @property
+    def checkpoint_path(self) -> Path:
+        base = self.checkpoint_dir or str(DILOCO_HOME / "checkpoints" / self.run_id)
+        return Path(base).expanduser()
+
+    @property
+    def identity_path(self) -> Path:
+        return Path(self.identity).expanduser()
+
+
+def run_fingerprint(run_spec: dict[str, Any]) -> str:
+    """Hash of everything that must agree for two nodes to train the same model."""
+    canonical = json.dumps(run_spec, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"--{name} must be one of {', '.join(choices)}; got '{value}'")
+
+
+def _check_positive(name: str, value: int) -> None:
+    if value <= 0:
+        raise ValueError(f"--{_flag(name)} must be a positive integer, got {value}")
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each dataclass field, read from the class source."""
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, following in zip(body, body[1:], strict=False):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(following, ast.Expr)
+            and isinstance(following.value, ast.Constant)
+            and isinstance(following.value.value, str)
+        ):
+            docs[node.target.id] = following.value.value
+    return docs
+
+
+def add_dataclass_arguments(
+    parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = ()
+) -> None:
+    """One --flag per field of `cls`, typed from its annotation, help from its docstring."""
+    docs = field_docs(cls)
+    hints = get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        kind = _scalar_type(hints[f.name])
+        default = None if f.default is dataclasses.MISSING else f.default
+        help_text = docs.get(f.name, "")
+        if default is not None:
+            help_text += f" [default: {default}]"
+        parser.add_argument(
+            f"--{_flag(f.name)}",
+            dest=f.name,
+            type=kind,
+            default=argparse.SUPPRESS,
+            metavar=f.name.upper(),
+            help=help_text,
+        )
+
+
+def dataclass_from_args(cls: type, args: argparse.Namespace) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in vars(args).items() if k in names})
+
+
+def _scalar_type(annotation: Any) -> type:
+    if get_origin(annotation) is not None:
+        inner = [a for a in get_args(annotation) if a is not type(None)]
+        annotation = inner[0]
+    if annotation is float:
+        return _finite_float  # type: ignore[return-value]
+    return annotation  # type: ignore[no-any-return]
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return value
+
+
+_finite_float.__name__ = "float"  # argparse names the type in its error message
+
+__all__ = [
+    "JoinConfig",
+    "run_fingerprint",
+    "add_dataclass_arguments",
+    "dataclass_from_args",
+]

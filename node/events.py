@@ -1,0 +1,130 @@
+"""What a node tells its operator: JSON lines for machines, a live progress line for people."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+import time
+from typing import Any, Protocol, TextIO
+
+from rich.console import Console
+from rich.live import Live
+from rich.logging import RichHandler
+from rich.text import Text
+
+
+class EventLog(Protocol):
+    def emit(self, event: str, **fields: Any) -> None: ...
+
+    def progress(self, **fields: Any) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class JsonEventLog:
+    """One JSON object per line on stdout, each with an `event` field and a unix `time`."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self._stream = stream or sys.stdout
+        self._lock = threading.Lock()
+
+    def emit(self, event: str, **fields: Any) -> None:
+        line = json.dumps({"event": event, "time": round(time.time(), 3), **fields}, default=str)
+        with self._lock:
+            self._stream.write(line + "\n")
+            self._stream.flush()
+
+    def progress(self, **fields: Any) -> None:
+        """Per-step progress is too chatty for machines; round_done carries the figures."""
+
+    def close(self) -> None:
+        self._stream.flush()
+
+
+class RecordingEventLog:
+    """Keeps every event in memory (benchmarks and tests read them back)."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def emit(self, event: str, **fields: Any) -> None:
+        with self._lock:
+            self.events.append({"event": event, **fields})
+
+    def progress(self, **fields: Any) -> None:
+        """Per-step progress is not recorded."""
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    def of(self, event: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [e for e in self.events if e["event"] == event]
+
+
+class ConsoleEventLog:
+    """A live status line (round, inner step, loss, tokens/s) plus one line per notable event."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        self._console = console or Console(stderr=True)
+        self._live = Live(Text(""), console=self._console, refresh_per_second=4, transient=True)
+        self._live.start()
+
+    def emit(self, event: str, **fields: Any) -> None:
+        text = _describe(event, fields)
+        if text:
+            self._live.console.print(text, highlight=False)
+
+    def progress(self, **fields: Any) -> None:
+        line = (
+            f"round {fields['round']}  step {fields['step']}/{fields['inner_steps']}  "
+            f"loss {fields['loss']:.4f}  {fields['tokens_per_s']:,.0f} tok/s"
+        )
+        self._live.update(Text(line, style="cyan"))
+
+    def close(self) -> None:
+        self._live.stop()
+
+
+def _describe(event: str, f: dict[str, Any]) -> str | None:
+    if event == "started":
+        return (
+            f"[bold]diloco-node[/] {f['peer_id']} run '{f['run_id']}' "
+            f"({f['model']}, {f['num_params']:,} params, {f['device']}); "
+            f"data: {f['data']}; initial val loss {f['val_loss']:.4f}"
+        )
+    if event == "resumed":
+        return f"resumed from {f['path']} at round {f['round']} ({f['num_applied']} updates)"
+    if event == "round_done":
+        val = f"  val {f['val_loss']:.4f}" if f.get("val_loss") is not None else ""
+        return (
+            f"round {f['round']:>4}  loss {f['loss']:.4f}{val}  "
+            f"{f['tokens_per_s']:,.0f} tok/s  merged {f['num_applied']}"
+        )
+    if event == "update_rejected":
+        return f"[yellow]rejected update from {f['author']}: {f['reason']}[/]"
+    if event == "checkpoint_saved":
+        return f"checkpoint saved to {f['path']}"
+    if event == "stopped":
+        return f"stopped after {f['round']} rounds ({f['reason']})"
+    return None
+
+
+def make_event_log(log_format: str) -> EventLog:
+    return JsonEventLog() if log_format == "json" else ConsoleEventLog()
+
+
+def configure_logging(level: str, log_format: str) -> None:
+    """Library logs go to stderr; with JSON events on stdout the two never mix."""
+    handler: logging.Handler
+    if log_format == "json":
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    else:
+        handler = RichHandler(console=Console(stderr=True), show_path=False)
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

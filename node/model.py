@@ -1,0 +1,173 @@
+"""A byte-level GPT-style decoder, deterministic to build from (config, seed)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    n_layer: int
+    """Number of transformer blocks."""
+    n_head: int
+    """Attention heads per block; must divide n_embd."""
+    n_embd: int
+    """Width of the residual stream."""
+    block_size: int
+    """Longest sequence (context length) the model accepts."""
+    vocab_size: int = 256
+    """Number of distinct tokens; 256 for raw bytes."""
+    dropout: float = 0.0
+    """Dropout probability on attention, MLP and embeddings (0 disables it)."""
+
+    def __post_init__(self) -> None:
+        for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}.")
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}).")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}.")
+
+    def as_dict(self) -> dict[str, int | float]:
+        return asdict(self)
+
+
+PRESETS: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(n_layer=2, n_head=4, n_embd=128, block_size=128),
+    "small": ModelConfig(n_layer=6, n_head=6, n_embd=384, block_size=256),
+    "base": ModelConfig(n_layer=18, n_head=12, n_embd=768, block_size=1024),
+}
+DEFAULT_INNER_LR: dict[str, float] = {"tiny": 3e-3, "small": 1e-3, "base": 4e-4}
+DEFAULT_BATCH_SIZE: dict[str, int] = {"tiny": 16, "small": 16, "base": 8}
+
+
+def model_config(preset: str, vocab_size: int = 256) -> ModelConfig:
+    if preset not in PRESETS:
+        choices = ", ".join(PRESETS)
+        raise ValueError(f"unknown model preset {preset!r}; choose one of {choices}")
+    p = PRESETS[preset]
+    return ModelConfig(
+        n_layer=p.n_layer,
+        n_head=p.n_head,
+        n_embd=p.n_embd,
+        block_size=p.block_size,
+        vocab_size=vocab_size,
+        dropout=p.dropout,
+    )
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.n_head = config.n_head
+        self.dropout = config.dropout
+        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd)
+        self.proj = nn.Linear(config.n_embd, config.n_embd)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        dropout_p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.proj = nn.Linear(4 * config.n_embd, config.n_embd)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.proj(F.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.mlp = MLP(config)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: ModelConfig, generator: torch.Generator | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.block_size, config.n_embd)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.n_embd)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied input/output embeddings
+        if self.wte.weight.device.type != "meta":  # a meta model only counts parameters
+            self.init_weights(generator)
+
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator | None = None) -> None:
+        """GPT-2 init: normal(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layer)."""
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        for name, p in self.named_parameters():
+            if name.endswith("proj.weight"):
+                _normal_(p, residual_std, generator)
+            elif name.endswith(".bias"):
+                nn.init.zeros_(p)
+            elif "ln_" in name:
+                nn.init.ones_(p)
+            else:
+                _normal_(p, 0.02, generator)
+
+    def num_params(self) -> int:
+        # parameters() deduplicates the tied embedding, so it is counted once.
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        seq_len = idx.size(1)
+        if seq_len > self.config.block_size:
+            raise ValueError(
+                f"sequence length {seq_len} exceeds the model's block_size "
+                f"{self.config.block_size}."
+            )
+        pos = torch.arange(seq_len, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+        return logits, loss
+
+
+def _normal_(p: Tensor, std: float, generator: torch.Generator | None) -> None:
+    # torch's float32 normal_ takes a different (SIMD) code path per CPU capability, so its
+    # samples differ between machines; the float64 path is scalar and portable.
+    sample = torch.empty(p.shape, dtype=torch.float64, device="cpu")
+    sample.normal_(0.0, std, generator=generator)
+    p.copy_(sample)
+
+
+def build_model(config: ModelConfig, seed: int) -> GPT:
+    """Build a GPT whose initial parameters depend only on (config, seed).
+
+    The result is bit-identical on every machine and leaves the caller's global RNG state
+    untouched. It lives on the CPU; move it to a device afterwards.
+    """
+    with torch.random.fork_rng(devices=[]):  # the layers' default init draws from it
+        return GPT(config, generator=torch.Generator().manual_seed(seed))

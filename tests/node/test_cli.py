@@ -1,0 +1,116 @@
+"""The CLI's promises: clear one-line errors, no tracebacks, a version, a keygen."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import torch
+
+from node.cli import main
+from tests.conftest import run_cli
+
+# A real text file of a few hundred KB that every machine with torch has.
+SMALL_CORPUS = str(Path(torch.__file__).parent / "functional.py")
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert len(errors) == 1, err
+    return errors[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["join", "--inner-steps", "zero"], "invalid int value"),
+        (["join", "--inner-steps", "0"], "--inner-steps must be a positive integer"),
+        (["join", "--model", "huge"], "--model must be one of tiny, small, base"),
+        (["join", "--outer-lr", "nan"], "invalid float value"),
+        (["join", "--no-such-flag"], "unrecognized arguments"),
+        (["join", "--codec", "int3"], "--codec must be one of"),
+    ],
+)
+def test_bad_flags_give_one_clear_line(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc_info:
+        code = main(argv)
+        raise SystemExit(code)
+    assert exc_info.value.code != 0
+    assert expected in _one_line_error(capsys)
+
+
+def _join(tmp_path: Path, *extra: str) -> list[str]:
+    return [
+        "join",
+        "--model", "tiny",
+        "--identity", str(tmp_path / "id.key"),
+        "--checkpoint-dir", str(tmp_path / "ckpt"),
+        "--max-rounds", "1",
+        "--inner-steps", "2",
+        "--log-format", "json",
+        *extra,
+    ]  # fmt: skip
+
+
+def test_missing_data_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(_join(tmp_path, "--data", str(tmp_path / "nope.txt"))) != 0
+    assert "nope.txt" in _one_line_error(capsys)
+
+
+def test_unreadable_data_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if os.geteuid() == 0:
+        # root reads anything; a directory without text is the unreadable case it still meets
+        empty = tmp_path / "empty"
+        empty.mkdir()
+        assert main(_join(tmp_path, "--data", str(empty))) != 0
+        assert "empty" in _one_line_error(capsys)
+        return
+    data = tmp_path / "secret.txt"
+    data.write_text("x" * 100_000)
+    data.chmod(0)
+    assert main(_join(tmp_path, "--data", str(data))) != 0
+    assert "secret.txt" in _one_line_error(capsys)
+
+
+def test_bad_key_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "id.key").write_bytes(b"not a key")
+    assert main(_join(tmp_path)) != 0
+    assert "id.key" in _one_line_error(capsys)
+
+
+def test_corrupt_checkpoint_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "checkpoint.pt").write_bytes(b"\x80garbage" * 100)
+    assert main(_join(tmp_path, "--data", SMALL_CORPUS)) != 0
+    assert "checkpoint" in _one_line_error(capsys)
+
+
+def test_checkpoint_of_another_model_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(_join(tmp_path, "--data", SMALL_CORPUS)) == 0
+    capsys.readouterr()
+    assert main(_join(tmp_path, "--data", SMALL_CORPUS, "--seed", "7")) != 0
+    assert "different run" in _one_line_error(capsys)
+
+
+def test_keygen_writes_private_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    key = tmp_path / "keys" / "node.key"
+    assert main(["keygen", "--identity", str(key)]) == 0
+    assert "12D3KooW" in capsys.readouterr().out
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert main(["keygen", "--identity", str(key)]) != 0
+    assert "--force" in _one_line_error(capsys)
+
+
+def test_console_script_version_and_help(node_home: Path) -> None:
+    code, _, _ = run_cli(["--version"], home=node_home, timeout_s=60)
+    assert code == 0
+    code, _, err = run_cli(["join", "--max-rounds", "-1"], home=node_home, timeout_s=60)
+    assert code != 0 and "Traceback" not in err

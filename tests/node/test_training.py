@@ -1,0 +1,129 @@
+"""A single node trains a real model through the whole DiLoCo round and resumes exactly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from merge.envelope import seal
+from node.config import JoinConfig
+from node.events import RecordingEventLog
+from node.runtime import Node
+from tests.conftest import REPO, run_cli
+
+
+def test_tiny_model_learns_the_default_corpus(node_home: Path) -> None:
+    """Inner steps + the node's own signed update merged: validation loss falls by >= 30%."""
+    code, events, err = run_cli(
+        ["join", "--model", "tiny", "--inner-steps", "25", "--max-rounds", "12",
+         "--max-time", "110", "--threads", "2", "--log-format", "json"],
+        home=node_home,
+        timeout_s=170,
+    )  # fmt: skip
+    assert code == 0, err[-2000:]
+    started = next(e for e in events if e["event"] == "started")
+    rounds = [e for e in events if e["event"] == "round_done"]
+    merged = [e for e in events if e["event"] == "update_merged"]
+    assert len(rounds) >= 3
+    assert [m["seq"] for m in merged] == list(range(1, len(rounds) + 1))
+    assert all(m["author"] == started["peer_id"] and m["staleness"] == 0 for m in merged)
+    assert rounds[-1]["val_loss"] <= 0.7 * started["val_loss"], (started, rounds[-1])
+    assert (node_home / ".diloco" / "identity.key").exists()
+
+
+def _config(tmp_path: Path, checkpoint: str, **overrides: Any) -> JoinConfig:
+    base: dict[str, Any] = dict(
+        model="tiny",
+        data=str(Path(torch.__file__).parent / "functional.py"),
+        inner_steps=3,
+        batch_size=4,
+        eval_batches=1,
+        identity=str(tmp_path / "id.key"),
+        checkpoint_dir=str(tmp_path / checkpoint),
+        log_format="json",
+    )
+    return JoinConfig(**{**base, **overrides})
+
+
+def test_resume_from_checkpoint_is_bit_identical(tmp_path: Path) -> None:
+    straight = Node(_config(tmp_path, "straight", max_rounds=4), RecordingEventLog())
+    straight.run()
+
+    Node(_config(tmp_path, "split", max_rounds=2), RecordingEventLog()).run()
+    resumed_events = RecordingEventLog()
+    resumed = Node(_config(tmp_path, "split", max_rounds=4), resumed_events)
+    resumed.run()
+
+    assert resumed_events.of("resumed")[0]["round"] == 2
+    a, b = straight.replica.state_dict(), resumed.replica.state_dict()
+    assert torch.equal(a["params"], b["params"])
+    assert a["applied"] == b["applied"] and a["num_applied"] == b["num_applied"] == 4
+    for key, value in a["outer"].items():
+        other = b["outer"][key]
+        assert torch.equal(value, other) if isinstance(value, torch.Tensor) else value == other
+    assert resumed.seq == straight.seq == 4
+
+
+def test_replayed_and_forged_updates_are_rejected_and_counted(tmp_path: Path) -> None:
+    events = RecordingEventLog()
+    node = Node(_config(tmp_path, "ckpt", max_rounds=1), events)
+    node.run()
+    before = node.replica.params.clone()
+    own = node.pipeline  # replay the node's own first update through the same path
+    replay = seal(
+        node.identity,
+        fingerprint=node.fingerprint,
+        seq=1,
+        base_applied=0,
+        published_applied=0,
+        inner_steps=3,
+        tokens=3 * 4 * 128,
+        loss=1.0,
+        codec="fp32",
+        numel=node.num_params,
+        payload=torch.zeros(node.num_params).numpy().tobytes(),
+    )
+    node.report_merge(own.submit(replay))
+    assert own.rejections["duplicate"] == 1
+    assert events.of("update_rejected")[-1]["reason"] == "duplicate"
+    assert torch.equal(node.replica.params, before)
+
+
+def test_ctrl_c_saves_a_checkpoint_and_exits_quickly(node_home: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "node", "join", "--model", "tiny", "--inner-steps", "1000",
+         "--log-format", "json", "--checkpoint-dir", str(node_home / "ckpt")],
+        cwd=REPO,
+        env={**os.environ, "HOME": str(node_home), "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if '"event": "started"' in line:
+                break
+        else:
+            raise AssertionError("node did not start within 90 s")
+        time.sleep(1.0)  # let it get into the inner loop
+        stopped_at = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+        assert time.monotonic() - stopped_at < 10
+        assert proc.returncode == 0
+        assert '"event": "stopped"' in out
+        assert (node_home / "ckpt" / "checkpoint.pt").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)

@@ -1,0 +1,102 @@
+import time
+
+import pytest
+import torch
+
+from merge.codecs import CODECS, CodecError, get_codec
+
+
+def spread_values(numel: int) -> torch.Tensor:
+    """Normal fp32 values of both signs over many orders of magnitude."""
+    generator = torch.Generator().manual_seed(0)
+    magnitudes = 10.0 ** torch.empty(numel).uniform_(-30, 30, generator=generator)
+    return magnitudes * torch.randn(numel, generator=generator).sign()
+
+
+def test_fp32_round_trip_is_bit_exact_including_specials() -> None:
+    values = torch.cat([spread_values(1000), torch.tensor([0.0, -0.0, float("inf"), float("nan")])])
+    codec = get_codec("fp32")
+
+    decoded = codec.decode(codec.encode(values), values.numel())
+
+    assert torch.equal(decoded.view(torch.int32), values.view(torch.int32))
+
+
+def test_bf16_round_trip_stays_within_its_stated_bound() -> None:
+    values = spread_values(100_000)
+    codec = get_codec("bf16")
+
+    decoded = codec.decode(codec.encode(values), values.numel())
+
+    relative_error = ((decoded - values).abs() / values.abs()).max().item()
+    assert relative_error <= codec.max_relative_error == 2**-8
+    assert relative_error > 2**-9  # it does round
+
+
+def test_bf16_rounds_to_nearest_even() -> None:
+    codec = get_codec("bf16")
+    values = torch.tensor([1.0, 1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-8 + 2**-20, -2.5])
+
+    decoded = codec.decode(codec.encode(values), 5)
+
+    assert decoded.tolist() == [1.0, 1.0, 1 + 2**-6, 1 + 2**-7, -2.5]
+
+
+def test_encodings_are_little_endian() -> None:
+    one = torch.tensor([1.0])
+
+    assert get_codec("fp32").encode(one) == b"\x00\x00\x80\x3f"
+    assert get_codec("bf16").encode(one) == b"\x80\x3f"
+
+
+@pytest.mark.parametrize("name", sorted(CODECS))
+def test_decode_returns_a_fresh_writable_fp32_vector(name: str) -> None:
+    codec = get_codec(name)
+    data = codec.encode(torch.arange(4, dtype=torch.float32))
+
+    first = codec.decode(data, 4)
+    first += 100
+    second = codec.decode(data, 4)
+
+    assert second.dtype == torch.float32 and second.shape == (4,)
+    assert second.tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert len(data) == 4 * codec.bytes_per_element
+
+
+@pytest.mark.parametrize("name", sorted(CODECS))
+def test_decode_with_the_wrong_length_is_a_codec_error(name: str) -> None:
+    codec = get_codec(name)
+    data = codec.encode(torch.ones(10))
+
+    for numel in (9, 11, -1):
+        with pytest.raises(CodecError):
+            codec.decode(data, numel)
+    with pytest.raises(CodecError):
+        codec.decode(data[:-1], 10)
+
+
+@pytest.mark.parametrize(
+    "bad", [torch.ones(2, 2), torch.ones(3, dtype=torch.float64), torch.ones(3, dtype=torch.int32)]
+)
+def test_encode_accepts_only_flat_fp32(bad: torch.Tensor) -> None:
+    for codec in CODECS.values():
+        with pytest.raises(CodecError):
+            codec.encode(bad)
+
+
+def test_unknown_codec_names_the_known_ones() -> None:
+    with pytest.raises(CodecError, match="unknown codec 'int3'; known: fp32, bf16"):
+        get_codec("int3")
+
+
+@pytest.mark.parametrize("name", sorted(CODECS))
+def test_ten_million_elements_round_trip_fast(name: str) -> None:
+    codec = get_codec(name)
+    values = torch.full((10_000_000,), 0.5)
+
+    start = time.perf_counter()
+    decoded = codec.decode(codec.encode(values), values.numel())
+    elapsed_s = time.perf_counter() - start
+
+    assert decoded[-1].item() == 0.5
+    assert elapsed_s < 0.4  # a Python-level loop would take tens of seconds

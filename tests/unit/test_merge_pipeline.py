@@ -1,0 +1,225 @@
+import dataclasses
+import hashlib
+import json
+import threading
+from typing import Any
+
+import pytest
+import torch
+
+from merge.codecs import get_codec
+from merge.envelope import SignedUpdate, seal
+from merge.identity import Identity
+from merge.outer import OuterConfig, make_outer_optimizer
+from merge.pipeline import MergeConfig, MergeResult, UpdatePipeline
+from merge.replica import Replica
+from merge.weighting import StalenessConfig, TokenWeightConfig
+
+FINGERPRINT = hashlib.sha256(b"run").hexdigest()
+ALICE = Identity.from_private_bytes(b"a" * 32)
+BOB = Identity.from_private_bytes(b"b" * 32)
+START = [1.0, 2.0, 3.0, 4.0]  # norm sqrt(30) ~ 5.48
+DELTA = [0.5, 0.0, -0.5, 1.0]
+CONFIG = MergeConfig(
+    outer=OuterConfig(kind="nesterov", lr=0.5, momentum=0.5),
+    staleness=StalenessConfig(kind="polynomial", a=0.5),
+    token_weight=TokenWeightConfig(reference_tokens=1000),
+    max_inner_steps=100,
+    max_tokens_per_step=100,
+)
+
+
+def make_pipeline(config: MergeConfig = CONFIG) -> UpdatePipeline:
+    replica = Replica(torch.tensor(START), make_outer_optimizer(config.outer, len(START)))
+    return UpdatePipeline(replica, config, FINGERPRINT)
+
+
+def make_update(
+    identity: Identity = ALICE, delta: list[float] = DELTA, **overrides: Any
+) -> SignedUpdate:
+    fields: dict[str, Any] = {
+        "fingerprint": FINGERPRINT,
+        "seq": 0,
+        "base_applied": 10,
+        "published_applied": 13,  # staleness 3 -> weight (1+3)^-0.5 = 0.5
+        "inner_steps": 10,
+        "tokens": 500,  # 500 / 1000 reference tokens -> weight 0.5
+        "loss": 2.0,
+        "codec": "fp32",
+        "numel": len(delta),
+    }
+    fields.update(overrides)
+    payload = fields.pop("payload", None)
+    if payload is None:
+        payload = get_codec(fields["codec"]).encode(torch.tensor(delta))
+    return seal(identity, payload=payload, created_at=1.0, **fields)
+
+
+def test_accepted_update_moves_params_by_the_weighted_nesterov_step() -> None:
+    pipeline = make_pipeline()
+
+    result = pipeline.submit(make_update())
+
+    assert result == MergeResult(True, ALICE.peer_id, 0, 3, 0.25, None)
+    # w = 0.5 * 0.5; g' = w*DELTA = [0.125, 0, -0.125, 0.25]; p -= lr * (1 + m) * g'
+    assert pipeline.replica.params.tolist() == [0.90625, 2.0, 3.09375, 3.8125]
+    assert pipeline.num_merged == 1 and pipeline.replica.num_applied == 1
+    assert not pipeline.rejections
+
+
+def test_weight_comes_from_the_signed_header_only() -> None:
+    pipeline = make_pipeline()
+
+    fresh = pipeline.submit(make_update(seq=0, base_applied=5, published_applied=5, tokens=1000))
+    stale = pipeline.submit(make_update(BOB, seq=0, base_applied=0, published_applied=8))
+
+    assert fresh.weight == 1.0  # staleness 0, a full reference round
+    assert stale.weight == pytest.approx((1 + 8) ** -0.5 * 0.5)
+
+
+def test_bf16_update_is_applied_as_decoded() -> None:
+    pipeline = make_pipeline()
+    delta = [0.3, -0.2, 0.1, 0.05]
+
+    assert pipeline.submit(make_update(delta=delta, codec="bf16")).accepted
+
+    decoded = torch.tensor(delta).to(torch.bfloat16).float()
+    expected = torch.tensor(START) - 0.5 * 1.5 * (decoded * 0.25)
+    assert torch.allclose(pipeline.replica.params, expected, rtol=0, atol=1e-6)
+
+
+def assert_rejected(pipeline: UpdatePipeline, update: SignedUpdate, reason: str) -> None:
+    params_before, applied_before = pipeline.replica.snapshot()
+    count_before = pipeline.rejections[reason]
+
+    result = pipeline.submit(update)
+
+    assert (result.accepted, result.reason, result.weight) == (False, reason, 0.0)
+    assert pipeline.rejections[reason] == count_before + 1
+    assert torch.equal(pipeline.replica.params, params_before)
+    assert pipeline.replica.num_applied == applied_before
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        ({"fingerprint": hashlib.sha256(b"other run").hexdigest()}, "wrong_run"),
+        ({"codec": "int4", "payload": b"\x00" * 2}, "unknown_codec"),
+        ({"numel": 5, "delta": [0.1] * 5}, "wrong_size"),
+        ({"seq": -1}, "bad_counters"),
+        ({"base_applied": -1, "published_applied": 0}, "bad_counters"),
+        ({"base_applied": 14, "published_applied": 13}, "bad_counters"),
+        ({"inner_steps": 0}, "bad_steps"),
+        ({"inner_steps": 101, "tokens": 500}, "bad_steps"),
+        ({"tokens": 0}, "bad_tokens"),
+        ({"inner_steps": 10, "tokens": 1001}, "bad_tokens"),
+        ({"loss": float("nan")}, "non_finite"),
+        ({"base_applied": 0, "published_applied": 1001}, "too_stale"),
+        ({"delta": [0.1, float("nan"), 0.0, 0.0]}, "non_finite"),
+        ({"delta": [0.1, float("inf"), 0.0, 0.0]}, "non_finite"),
+        ({"delta": [10.0, 0.0, 0.0, 0.0]}, "norm_too_large"),
+        ({"codec": "bf16", "payload": b"\x00" * 6}, "malformed"),
+    ],
+)
+def test_invalid_updates_are_rejected_counted_and_change_nothing(
+    overrides: dict[str, Any], reason: str
+) -> None:
+    pipeline = make_pipeline()
+
+    assert_rejected(pipeline, make_update(**overrides), reason)
+
+
+def test_replayed_update_is_a_duplicate() -> None:
+    pipeline = make_pipeline()
+    update = make_update(seq=4)
+    assert pipeline.submit(update).accepted
+
+    assert_rejected(pipeline, update, "duplicate")
+    assert_rejected(pipeline, SignedUpdate.from_bytes(update.to_bytes()), "duplicate")
+
+
+def test_older_seq_from_the_same_author_is_a_replay() -> None:
+    pipeline = make_pipeline()
+    assert pipeline.submit(make_update(seq=4)).accepted
+
+    assert_rejected(pipeline, make_update(seq=3), "replay")
+    assert pipeline.submit(make_update(BOB, seq=3)).accepted  # seqs are per author
+
+
+def test_tampered_payload_is_a_hash_mismatch() -> None:
+    update = make_update()
+    tampered = SignedUpdate(update.header, update.signature, b"\x00" * len(update.payload))
+
+    assert_rejected(make_pipeline(), tampered, "payload_hash_mismatch")
+
+
+def test_forged_header_is_a_bad_signature() -> None:
+    update = make_update(base_applied=0, published_applied=50)
+    fresher = dataclasses.replace(update.header, base_applied=50)  # claims staleness 0
+    forged = SignedUpdate(fresher, update.signature, update.payload)
+    impostor = make_update(BOB)
+    stolen_name = dataclasses.replace(impostor.header, author=ALICE.peer_id)
+
+    pipeline = make_pipeline()
+    assert_rejected(pipeline, forged, "bad_signature")
+    assert_rejected(pipeline, SignedUpdate(stolen_name, impostor.signature, b""), "bad_signature")
+
+
+def test_check_header_judges_announcements_without_counting() -> None:
+    pipeline = make_pipeline()
+    update = make_update()
+
+    assert pipeline.check_header(update.signed_header) is None
+    assert pipeline.submit(update).accepted
+    assert pipeline.check_header(update.signed_header) == "duplicate"
+    assert pipeline.check_header(make_update(fingerprint="0" * 64).signed_header) == "wrong_run"
+    assert not pipeline.rejections
+
+
+def test_concurrent_submissions_of_one_update_apply_it_once() -> None:
+    pipeline = make_pipeline()
+    update = make_update()
+    barrier = threading.Barrier(8)
+    results: list[MergeResult] = []
+
+    def submit() -> None:
+        barrier.wait(timeout=5)
+        results.append(pipeline.submit(update))
+
+    threads = [threading.Thread(target=submit) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=5)
+
+    assert sorted(r.reason or "accepted" for r in results) == ["accepted"] + ["duplicate"] * 7
+    assert pipeline.num_merged == 1 and pipeline.rejections["duplicate"] == 7
+    assert pipeline.replica.params.tolist() == [0.90625, 2.0, 3.09375, 3.8125]
+
+
+def test_concurrent_authors_are_all_applied() -> None:
+    pipeline = make_pipeline()
+    updates = [make_update(Identity.from_private_bytes(bytes([i]) * 32)) for i in range(16)]
+
+    threads = [threading.Thread(target=pipeline.submit, args=(u,)) for u in updates]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=5)
+
+    assert pipeline.num_merged == pipeline.replica.num_applied == 16
+    assert len(pipeline.replica.applied) == 16
+
+
+def test_merge_config_is_plain_json_and_validated() -> None:
+    as_dict = CONFIG.as_dict()
+
+    assert json.loads(json.dumps(as_dict)) == as_dict
+    assert as_dict["outer"]["kind"] == "nesterov"
+    assert as_dict["token_weight"]["reference_tokens"] == 1000
+    with pytest.raises(ValueError):
+        dataclasses.replace(CONFIG, max_inner_steps=0)
+    with pytest.raises(ValueError):
+        dataclasses.replace(CONFIG, max_update_norm_ratio=0.0)
+    with pytest.raises(ValueError):
+        UpdatePipeline(make_pipeline().replica, CONFIG, "not-a-fingerprint")

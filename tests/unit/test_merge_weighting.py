@@ -1,0 +1,61 @@
+import math
+
+import pytest
+
+from merge.weighting import StalenessConfig, TokenWeightConfig, staleness_weight, token_weight
+
+
+@pytest.mark.parametrize(
+    ("config", "staleness", "expected"),
+    [
+        (StalenessConfig(kind="constant"), 0, 1.0),
+        (StalenessConfig(kind="constant"), 100, 1.0),
+        (StalenessConfig(), 0, 1.0),
+        (StalenessConfig(), 3, 0.5),  # (1+3)^-0.5
+        (StalenessConfig(), 8, 1 / 3),  # (1+8)^-0.5
+        (StalenessConfig(kind="polynomial", a=1.0), 1, 0.5),
+        (StalenessConfig(kind="hinge", a=0.5, b=4), 0, 1.0),
+        (StalenessConfig(kind="hinge", a=0.5, b=4), 4, 1.0),
+        (StalenessConfig(kind="hinge", a=0.5, b=4), 6, 0.5),  # 1/(0.5*2+1)
+        (StalenessConfig(kind="hinge", a=0.5, b=4), 10, 0.25),  # 1/(0.5*6+1)
+        (StalenessConfig(kind="exponential", a=0.5), 0, 1.0),
+        (StalenessConfig(kind="exponential", a=0.5), 2, math.exp(-1)),
+        (StalenessConfig(kind="exponential", a=math.log(2)), 3, 0.125),
+    ],
+)
+def test_staleness_weight_matches_hand_computed_values(
+    config: StalenessConfig, staleness: int, expected: float
+) -> None:
+    assert staleness_weight(config, staleness) == pytest.approx(expected, rel=1e-12)
+
+
+def test_negative_staleness_is_refused() -> None:
+    with pytest.raises(ValueError):
+        staleness_weight(StalenessConfig(), -1)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"kind": "linear"}, {"a": -0.1}, {"b": -1.0}, {"a": float("nan")}, {"b": float("inf")}],
+)
+def test_invalid_staleness_config_is_refused(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        StalenessConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_token_weight_is_proportional_to_tokens() -> None:
+    config = TokenWeightConfig(reference_tokens=1000)
+
+    assert token_weight(config, 500) == 0.5
+    assert token_weight(config, 1000) == 1.0
+    assert token_weight(config, 2500) == 2.5
+
+
+def test_token_weight_none_weighs_every_update_one() -> None:
+    assert token_weight(TokenWeightConfig(kind="none", reference_tokens=1000), 17) == 1.0
+
+
+@pytest.mark.parametrize("kwargs", [{"reference_tokens": 0}, {"reference_tokens": 1, "kind": "x"}])
+def test_invalid_token_weight_config_is_refused(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        TokenWeightConfig(**kwargs)  # type: ignore[arg-type]
