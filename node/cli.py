@@ -46,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     keygen = commands.add_parser("keygen", help="create an Ed25519 identity key")
     keygen.add_argument("--identity", default=JoinConfig.identity, help="key file to write")
     keygen.add_argument("--force", action="store_true", help="replace an existing key")
+    keygen.add_argument(
+        "--peer-id",
+        action="store_true",
+        help="print only the peer id, creating the key if it is missing (for scripts)",
+    )
     keygen.set_defaults(handler=run_keygen)
     return parser
 
@@ -70,6 +75,10 @@ def run_keygen(args: argparse.Namespace) -> int:
     from merge.identity import Identity
 
     path = Path(args.identity).expanduser()
+    if args.peer_id and not args.force:
+        identity, _ = Identity.load_or_create(path)
+        print(identity.peer_id)
+        return 0
     if path.exists() and not args.force:
         peer_id = Identity.load(path).peer_id
         raise UserError(f"{path} already holds the key of {peer_id}; pass --force to replace it")

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
+from dht.addresses import listen_maddrs, parse_announce_maddr, parse_peer_maddr
+
 DILOCO_HOME = Path("~/.diloco")
 
 
@@ -80,6 +82,30 @@ class JoinConfig:
     """Logging level: DEBUG, INFO, WARNING or ERROR."""
     log_format: str = "rich"
     """rich: a live progress line for people; json: one JSON event per line on stdout."""
+    swarm: bool = True
+    """Join the peer-to-peer swarm (--no-swarm trains alone, offline)."""
+    peers: list[str] | None = None
+    """Multiaddrs of any swarm members to join through (default: start a new swarm)."""
+    host: str = "0.0.0.0"
+    """Address to listen on for peers (use 127.0.0.1 to stay on this machine)."""
+    port: int = 31337
+    """TCP port to listen on for peers (0: any free port)."""
+    announce: list[str] | None = None
+    """Public multiaddrs to announce, e.g. /ip4/203.0.113.7/tcp/31337 behind a port forward."""
+    relay: bool = True
+    """Relay traffic for peers behind NAT (libp2p circuit relay)."""
+    auto_relay: bool = False
+    """Be reachable through relays when this node is behind NAT."""
+    client_mode: bool = False
+    """Accept no incoming connections: serve no DHT requests, state or update payloads."""
+    org: str = ""
+    """Organisation label shown to the swarm (who contributed which hardware)."""
+    serve_state: bool = True
+    """Let newcomers download this node's replica."""
+    heartbeat_period: float = 5.0
+    """Seconds between heartbeats; a peer silent for three periods drops out."""
+    retain_updates: int = 16
+    """Updates kept per author to serve to peers that missed them."""
 
     def __post_init__(self) -> None:
         _check_choice("model", self.model, ("tiny", "small", "base"))
@@ -110,6 +136,14 @@ class JoinConfig:
                 raise ValueError(f"--{_flag(name)} must be a non-negative number, got {value}")
         if not 0 <= self.outer_momentum < 1:
             raise ValueError(f"--outer-momentum must be in [0, 1), got {self.outer_momentum}")
+        listen_maddrs(self.host, self.port)  # raises for a bad --host or --port
+        self.peers = [str(parse_peer_maddr(p)) for p in self.peers or []] or None
+        self.announce = [str(parse_announce_maddr(a)) for a in self.announce or []] or None
+        if not 0.2 <= self.heartbeat_period <= 3600:
+            raise ValueError("--heartbeat-period must be between 0.2 and 3600 seconds")
+        _check_positive("retain_updates", self.retain_updates)
+        if len(self.org) > 64:
+            raise ValueError("--org must be at most 64 characters long")
         if self.warmup_steps < 0 or self.eval_batches < 0:
             raise ValueError("--warmup-steps and --eval-batches must not be negative")
 
@@ -169,24 +203,31 @@ def add_dataclass_arguments(
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
-        kind = _scalar_type(hints[f.name])
         default = None if f.default is dataclasses.MISSING else f.default
         help_text = docs.get(f.name, "")
-        if default is not None:
+        if default is not None and default is not False:
             help_text += f" [default: {default}]"
-        parser.add_argument(
-            f"--{_flag(f.name)}",
-            dest=f.name,
-            type=kind,
-            default=argparse.SUPPRESS,
-            metavar=f.name.upper(),
-            help=help_text,
-        )
+        flag = f"--{_flag(f.name)}"
+        help_text = help_text.replace("%", "%%")  # argparse formats help with %
+        options: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_text}
+        annotation = hints[f.name]
+        if annotation is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, **options)
+        elif _is_list(annotation):
+            parser.add_argument(flag, nargs="+", metavar="MADDR", **options)
+        else:
+            parser.add_argument(
+                flag, type=_scalar_type(annotation), metavar=f.name.upper(), **options
+            )
 
 
 def dataclass_from_args(cls: type, args: argparse.Namespace) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: v for k, v in vars(args).items() if k in names})
+
+
+def _is_list(annotation: Any) -> bool:
+    return any(get_origin(a) is list for a in (annotation, *get_args(annotation)))
 
 
 def _scalar_type(annotation: Any) -> type:

@@ -5,18 +5,25 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+import psutil
 import torch
 from torch.nn.utils import parameters_to_vector
 
+from dht.addresses import join_hint, listen_maddrs
+from dht.heartbeat import Heartbeat
+from dht.swarm import Swarm, SwarmConfig
 from merge.codecs import get_codec
 from merge.envelope import seal
 from merge.identity import Identity
 from merge.outer import OuterConfig, make_outer_optimizer
 from merge.pipeline import MergeConfig, MergeResult, UpdatePipeline
 from merge.replica import Replica
+from merge.sketch import ReplicaSketch, relative_distance
 from merge.weighting import StalenessConfig, TokenWeightConfig
 from node.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from node.config import JoinConfig, run_fingerprint
@@ -123,8 +130,46 @@ class Node:
         )
         self.round = 0
         self.seq = 0
+        self.published_seq = 0
+        self.state = "syncing"
+        self.last_round: dict[str, Any] = {"loss": None, "val_loss": None, "tokens_per_s": 0.0}
+        self._staleness_sum = 0
+        self.sketcher = ReplicaSketch(self.num_params, self.fingerprint)
+        self._sketches: OrderedDict[str, list[float]] = OrderedDict()
         self._stop = threading.Event()
         self._started_at = time.monotonic()
+        self.swarm = self._make_swarm() if config.swarm else None
+
+    def _make_swarm(self) -> Swarm:
+        c = self.config
+        summary = {"model": c.model, **self.model_config.as_dict(), "seed": c.seed}
+        summary |= {"inner_steps": c.inner_steps, "outer": c.outer_optimizer}
+        swarm_config = SwarmConfig(
+            run_id=c.run_id,
+            fingerprint=self.fingerprint,
+            run_summary=summary,
+            identity_path=str(c.identity_path),
+            initial_peers=list(c.peers or []),
+            host_maddrs=listen_maddrs(c.host, c.port),
+            announce_maddrs=list(c.announce or []),
+            use_relay=c.relay,
+            use_auto_relay=c.auto_relay,
+            client_mode=c.client_mode,
+            serve_state=c.serve_state,
+            heartbeat_period_s=c.heartbeat_period,
+            retain_updates=c.retain_updates,
+            max_update_bytes=4 * self.num_params + (1 << 16),
+            max_state_bytes=16 * self.num_params + (64 << 20),
+        )
+        return Swarm(
+            swarm_config,
+            self.identity,
+            self.replica,
+            self.pipeline,
+            heartbeat_fn=self.heartbeat,
+            on_merge=self.report_merge,
+            on_event=self.events.emit,
+        )
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -133,6 +178,43 @@ class Node:
 
     def run(self) -> None:
         self._resume()
+        try:
+            if self.swarm is not None:
+                self._join_swarm()
+            self._train()
+        finally:
+            self.state = "idle"
+            if self.swarm is not None:
+                self.swarm.shutdown()
+
+    def _join_swarm(self) -> None:
+        assert self.swarm is not None
+        maddrs = self.swarm.start()
+        extra = ["--run-id", self.config.run_id, "--model", self.config.model]
+        self.events.emit(
+            "listening",
+            peer_id=self.peer_id,
+            maddrs=maddrs,
+            join_command=join_hint(maddrs, extra),
+        )
+        stats = self.swarm.download_state()
+        if stats is not None:
+            self.events.emit(
+                "state_downloaded",
+                peer_id=stats.peer_id,
+                num_applied=self.replica.num_applied,
+                megabytes=round(stats.num_bytes / 1e6, 3),
+                seconds=round(stats.seconds, 3),
+                mb_per_s=round(stats.mb_per_s, 2),
+            )
+        # A node that rejoins with the same identity continues its seq numbers.
+        self.seq = max(self.seq, self.replica.last_seq(self.peer_id), self.swarm.announced_seq())
+        self.published_seq = self.seq
+        self._record_sketch()
+        self.swarm.start_gossip()
+
+    def _train(self) -> None:
+        self.state = "training"
         self.events.emit(
             "started",
             run_id=self.config.run_id,
@@ -203,6 +285,9 @@ class Node:
         result = self.pipeline.submit(update)
         t_merge = time.perf_counter()
         self.report_merge(result)
+        if result.accepted and self.swarm is not None:
+            self.swarm.publish(update)
+            self.published_seq = self.seq
         self.round += 1
         val_loss = self._evaluate_replica()
         t_eval = time.perf_counter()
@@ -214,6 +299,11 @@ class Node:
             eval_s=t_eval - t_merge,
         )
         self._report_round(stats.loss, stats.tokens, val_loss, timings, t_eval - start)
+        self.last_round = {
+            "loss": stats.loss,
+            "val_loss": val_loss,
+            "tokens_per_s": stats.tokens / max(t_eval - start, 1e-9),
+        }
         return result
 
     def _evaluate_replica(self) -> float | None:
@@ -235,7 +325,10 @@ class Node:
         )
 
     def report_merge(self, result: MergeResult) -> None:
+        """Called for every update, own or peer's, from whichever thread merged it."""
         if result.accepted:
+            self._staleness_sum += result.staleness
+            self._record_sketch()
             self.events.emit(
                 "update_merged",
                 author=result.author,
@@ -266,6 +359,65 @@ class Node:
             seal_s=round(t.seal_s, 5),
             merge_s=round(t.merge_s, 5),
             eval_s=round(t.eval_s, 4),
+            drift=self.drift(),
+            peers_alive=len(self.swarm.alive_peers()) if self.swarm is not None else 0,
+        )
+
+    # ---- what the swarm sees -----------------------------------------------------------------
+
+    def _record_sketch(self) -> None:
+        with self.replica.lock:
+            digest = self.replica.applied_digest()
+            self._sketches[digest] = self.sketcher(self.replica.params)
+        while len(self._sketches) > 256:
+            self._sketches.popitem(last=False)
+
+    def drift(self) -> float | None:
+        """Largest relative distance to a live peer's replica holding the same applied set."""
+        if self.swarm is None:
+            return None
+        distances = [
+            relative_distance(h.sketch, self._sketches[h.applied_digest])
+            for h in self.swarm.alive_peers()
+            if h.applied_digest in self._sketches
+        ]
+        known = [d for d in distances if d is not None]
+        return round(max(known), 6) if known else None
+
+    def heartbeat(self) -> Heartbeat:
+        with self.replica.lock:
+            digest = self.replica.applied_digest()
+            sketch = self.sketcher(self.replica.params)
+            num_applied = self.replica.num_applied
+        merged = self.pipeline.num_merged
+        rejections = dict(self.pipeline.rejections)
+        if self.swarm is not None:
+            for reason, count in self.swarm.rejections.items():
+                rejections[reason] = rejections.get(reason, 0) + count
+        return Heartbeat(
+            peer_id=self.peer_id,
+            org=self.config.org,
+            version=_package_version(),
+            device=str(self.device),
+            memory_gb=round(_device_memory_gb(self.device), 1),
+            state=self.state,
+            round=self.round,
+            tokens_per_s=round(float(self.last_round["tokens_per_s"]), 1),
+            loss=self.last_round["loss"],
+            val_loss=self.last_round["val_loss"],
+            num_applied=num_applied,
+            applied_digest=digest,
+            latest_seq=self.published_seq,
+            updates_published=self.published_seq,
+            updates_merged=merged,
+            staleness_mean=round(self._staleness_sum / max(merged, 1), 4),
+            drift=self.drift(),
+            sketch=sketch,
+            uptime_s=round(time.monotonic() - self._started_at, 1),
+            maddrs=self.swarm.visible_maddrs if self.swarm is not None else [],
+            serves_state=self.config.serve_state,
+            rejections=rejections,
+            sent_at=time.time(),
         )
 
     # ---- checkpoints -----------------------------------------------------------------------
@@ -304,3 +456,16 @@ class Node:
             round=self.round,
             num_applied=self.replica.num_applied,
         )
+
+
+def _package_version() -> str:
+    try:
+        return version("diloco-node")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def _device_memory_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory / 2**30
+    return psutil.virtual_memory().total / 2**30

@@ -54,6 +54,7 @@ def _join(tmp_path: Path, *extra: str) -> list[str]:
         "--max-rounds", "1",
         "--inner-steps", "2",
         "--log-format", "json",
+        "--no-swarm",
         *extra,
     ]  # fmt: skip
 
@@ -107,6 +108,16 @@ def test_keygen_writes_private_key(tmp_path: Path, capsys: pytest.CaptureFixture
     assert stat.S_IMODE(key.stat().st_mode) == 0o600
     assert main(["keygen", "--identity", str(key)]) != 0
     assert "--force" in _one_line_error(capsys)
+
+
+def test_help_lists_every_flag_with_its_default(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc_info:
+        main(["join", "--help"])
+    assert exc_info.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--inner-steps", "--peers", "--no-relay", "--checkpoint-dir", "--log-format"):
+        assert flag in out
+    assert "[default: 100]" in out
 
 
 def test_console_script_version_and_help(node_home: Path) -> None:

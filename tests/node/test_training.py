@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 
 from merge.envelope import seal
@@ -23,7 +24,8 @@ def test_tiny_model_learns_the_default_corpus(node_home: Path) -> None:
     """Inner steps + the node's own signed update merged: validation loss falls by >= 30%."""
     code, events, err = run_cli(
         ["join", "--model", "tiny", "--inner-steps", "25", "--max-rounds", "12",
-         "--max-time", "110", "--threads", "2", "--log-format", "json"],
+         "--max-time", "110", "--threads", "2", "--log-format", "json",
+         "--host", "127.0.0.1", "--port", "0"],
         home=node_home,
         timeout_s=170,
     )  # fmt: skip
@@ -48,6 +50,7 @@ def _config(tmp_path: Path, checkpoint: str, **overrides: Any) -> JoinConfig:
         identity=str(tmp_path / "id.key"),
         checkpoint_dir=str(tmp_path / checkpoint),
         log_format="json",
+        swarm=False,
     )
     return JoinConfig(**{**base, **overrides})
 
@@ -99,7 +102,8 @@ def test_replayed_and_forged_updates_are_rejected_and_counted(tmp_path: Path) ->
 def test_ctrl_c_saves_a_checkpoint_and_exits_quickly(node_home: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "node", "join", "--model", "tiny", "--inner-steps", "1000",
-         "--log-format", "json", "--checkpoint-dir", str(node_home / "ckpt")],
+         "--log-format", "json", "--checkpoint-dir", str(node_home / "ckpt"),
+         "--host", "127.0.0.1", "--port", "0"],
         cwd=REPO,
         env={**os.environ, "HOME": str(node_home), "PYTHONUNBUFFERED": "1"},
         stdout=subprocess.PIPE,
@@ -116,6 +120,8 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_quickly(node_home: Path) -> None:
         else:
             raise AssertionError("node did not start within 90 s")
         time.sleep(1.0)  # let it get into the inner loop
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert children, "the swarm node should run its DHT and p2pd as children"
         stopped_at = time.monotonic()
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=30)
@@ -123,6 +129,8 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_quickly(node_home: Path) -> None:
         assert proc.returncode == 0
         assert '"event": "stopped"' in out
         assert (node_home / "ckpt" / "checkpoint.pt").exists()
+        _, alive = psutil.wait_procs(children, timeout=5)
+        assert not alive, f"left behind: {[p.name() for p in alive]}"
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -1,0 +1,59 @@
+"""Length-prefixed blobs over libp2p streams, with a cap on what a peer may make us read."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+from typing import Any
+
+HEADER = struct.Struct(">BQ")  # status byte, payload length
+OK, REFUSED = 1, 0
+CHUNK_BYTES = 1 << 20
+
+
+class TransportError(ConnectionError):
+    """A peer sent something we will not read, or refused a request."""
+
+
+async def send_blob(writer: asyncio.StreamWriter, data: bytes, *, status: int = OK) -> None:
+    writer.write(HEADER.pack(status, len(data)))
+    view = memoryview(data)
+    for offset in range(0, len(view), CHUNK_BYTES):
+        writer.write(view[offset : offset + CHUNK_BYTES])
+        await writer.drain()
+    await writer.drain()
+
+
+async def receive_blob(reader: asyncio.StreamReader, *, max_bytes: int) -> bytes:
+    """The next blob; TransportError when the peer refused or announces more than max_bytes."""
+    try:
+        status, length = HEADER.unpack(await reader.readexactly(HEADER.size))
+        if length > max_bytes:
+            raise TransportError(f"peer announced {length} bytes, more than the {max_bytes} cap")
+        data = await reader.readexactly(length)
+    except asyncio.IncompleteReadError as exc:
+        raise TransportError("peer closed the stream early") from exc
+    if status == REFUSED:
+        raise TransportError(f"peer refused: {data[:200].decode(errors='replace')}")
+    if status != OK:
+        raise TransportError(f"unknown status byte {status}")
+    return data
+
+
+async def send_refusal(writer: asyncio.StreamWriter, reason: str) -> None:
+    await send_blob(writer, reason.encode(), status=REFUSED)
+
+
+def encode_request(**fields: Any) -> bytes:
+    return json.dumps(fields, sort_keys=True).encode()
+
+
+def decode_request(data: bytes) -> dict[str, Any]:
+    try:
+        fields = json.loads(data)
+    except ValueError:
+        raise TransportError("malformed request") from None
+    if not isinstance(fields, dict):
+        raise TransportError("malformed request")
+    return fields
