@@ -9,8 +9,11 @@ over libp2p streams of the node's own p2pd, never through DHT.store.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import io
+import json
 import logging
+import signal
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -41,6 +44,8 @@ from merge.replica import Replica
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+GAP_PATIENCE_S = 30.0
+"""How long a later update of an author waits for a missing earlier one before skipping it."""
 
 
 class SwarmError(ValueError):
@@ -135,6 +140,9 @@ class Swarm:
         self._p2p: P2P | None = None
         self._dht: DHT | None = None
         self._gossip = False
+        self._gaps: dict[tuple[str, int], float] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        self._publishing: set[concurrent.futures.Future[None]] = set()
 
     # ---- thread-safe entry points --------------------------------------------------------
 
@@ -153,14 +161,20 @@ class Swarm:
             raise SwarmError(f"could not start the p2p daemon (peers: {peers}): {reason}") from None
         assert self._p2p._child is not None
         self._reaper.watch(self._p2p._child.pid)
-        # The DHT forks; do it from this (main) thread rather than the loop's.
-        self._dht = DHT(
-            initial_peers=self.config.initial_peers or None,
-            p2p=self._p2p,
-            start=True,
-            client_mode=self.config.client_mode,
-            shutdown_timeout=3,
-        )
+        # The DHT forks; do it from this (main) thread rather than the loop's, and without
+        # the node's SIGTERM handler, which would make the DHT child ignore SIGTERM.
+        previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        try:
+            self._dht = DHT(
+                initial_peers=self.config.initial_peers or None,
+                p2p=self._p2p,
+                start=True,
+                client_mode=self.config.client_mode,
+                shutdown_timeout=3,
+                wait_timeout=self._dht_wait_timeout_s,  # per request to one DHT member
+            )
+        finally:
+            signal.signal(signal.SIGTERM, previous)
         assert self._dht.pid is not None
         self._reaper.watch(self._dht.pid)
         self._call(self._register_handlers(), timeout_s)
@@ -183,7 +197,11 @@ class Swarm:
 
     def publish(self, update: SignedUpdate) -> None:
         """Announce an update this node authored and merged; never blocks the caller."""
-        asyncio.run_coroutine_threadsafe(self._publish(update), self._loop)
+        future = asyncio.run_coroutine_threadsafe(self._publish(update), self._loop)
+        # asyncio holds tasks weakly: without this reference a publish waiting on the DHT
+        # can be garbage-collected half-way.
+        self._publishing.add(future)
+        future.add_done_callback(self._publishing.discard)
 
     def alive_peers(self) -> list[Heartbeat]:
         period = self.config.heartbeat_period_s
@@ -282,10 +300,24 @@ class Swarm:
 
     # ---- DHT records ------------------------------------------------------------------------
 
+    @property
+    def _dht_wait_timeout_s(self) -> float:
+        return max(1.0, min(3.0, self.config.heartbeat_period_s))
+
     async def _dht_get(self, key: str) -> dict[Any, Any]:
-        """Subkey -> value of a dictionary record; {} when absent or malformed."""
+        """Subkey -> value of a dictionary record; {} when absent, malformed or too slow.
+
+        Bounded: a frozen DHT member must not stall the poll loop (peers would look dead).
+        """
         assert self._dht is not None
-        found = await self._dht.get(key, latest=True, return_future=True)
+        try:
+            found = await asyncio.wait_for(
+                self._dht.get(key, latest=True, return_future=True),
+                timeout=2 * self._dht_wait_timeout_s + 1,
+            )
+        except TimeoutError:
+            logger.debug("DHT get %s timed out", key)
+            return {}
         if found is None or not isinstance(found.value, dict):
             return {}
         return {subkey: item.value for subkey, item in found.value.items()}
@@ -303,7 +335,7 @@ class Swarm:
         await self._dht_store(
             f"diloco-run/{self.config.run_id}",
             self.config.fingerprint,
-            str(self.config.run_summary),
+            json.dumps(self.config.run_summary, sort_keys=True),
             ttl,
         )
 
@@ -321,9 +353,7 @@ class Swarm:
                 self._reject("bad_heartbeat", peer_id, str(exc))
                 continue
             self._see_peer(heartbeat, now)
-            if self._gossip and heartbeat.latest_seq > self._processed.get(
-                peer_id, self.replica.last_seq(peer_id)
-            ):
+            if self._gossip and heartbeat.latest_seq > self._floor(peer_id):
                 self._ensure_author_task(peer_id)
         self._forget_dead_peers()
 
@@ -347,15 +377,39 @@ class Swarm:
             self._author_tasks[author] = asyncio.create_task(self._catch_up(author))
 
     async def _catch_up(self, author: str) -> None:
-        """Fetch and merge `author`'s announced updates in seq order (replays are rejected)."""
-        announced = await self._dht_get(f"{self.config.prefix}/updates/{author}")
-        announced.update(self._pushed.pop(author, {}))
-        floor = self._processed.get(author, self.replica.last_seq(author))
+        """Fetch and merge `author`'s announced updates in seq order (replays are rejected).
+
+        Headers pushed by the author are used as they are; the DHT is asked only when the
+        next seq is missing, so a slow or frozen DHT member does not slow merging.
+        """
+        floor = self._floor(author)
+        announced: dict[Any, Any] = self._pushed.pop(author, {})
+        if floor + 1 not in announced:
+            announced |= await self._dht_get(f"{self.config.prefix}/updates/{author}")
         for seq in sorted(s for s in announced if isinstance(s, int) and s > floor):
+            if seq > floor + 1 and not self._give_up_gap(author, floor + 1, seq):
+                self._pushed.setdefault(author, {}).update(announced)
+                return  # an earlier seq is still on its way: merge in order
             signed = self._parse_announcement(author, seq, announced[seq])
             if signed is not None and not await self._fetch_and_merge(signed):
                 return  # payload unavailable for now: retry on a later poll
-            self._processed[author] = seq
+            self._processed[author] = floor = seq
+        if self._pushed.get(author):
+            self._author_tasks[author] = asyncio.create_task(self._catch_up(author))
+
+    def _floor(self, author: str) -> int:
+        """The last seq of `author` this node has merged or given up on (seqs start at 1)."""
+        return max(0, self._processed.get(author, 0), self.replica.last_seq(author))
+
+    def _give_up_gap(self, author: str, missing: int, next_seq: int) -> bool:
+        """Wait a while for a missing seq before skipping it (its author may have died)."""
+        first_seen = self._gaps.setdefault((author, missing), time.monotonic())
+        if time.monotonic() - first_seen < GAP_PATIENCE_S:
+            return False
+        for seq in range(missing, next_seq):
+            self._reject("unavailable", author, "never announced", seq=seq)
+        del self._gaps[(author, missing)]
+        return True
 
     def _parse_announcement(self, author: str, seq: int, blob: object) -> SignedHeader | None:
         try:
@@ -399,27 +453,37 @@ class Swarm:
         return True
 
     async def _fetch_update(self, author: str, seq: int) -> bytes | None:
-        holders = await self._dht_get(f"{self.config.prefix}/holders/{author}")
-        candidates = [author] + [
-            subkey.split(":", 1)[1]
-            for subkey in holders
-            if isinstance(subkey, str) and subkey.startswith(f"{seq}:")
-        ]
-        for peer_id in dict.fromkeys(candidates):
-            if peer_id == self.peer_id:
-                continue
-            started = time.perf_counter()
-            try:
-                data = await asyncio.wait_for(
-                    self._request(peer_id, "update", self.config.max_update_bytes, author, seq),
-                    timeout=120,
-                )
-            except (TimeoutError, TransportError, OSError, ValueError) as exc:
-                logger.debug("fetching %s/%d from %s failed: %s", author, seq, peer_id, exc)
-                continue
-            self.fetches.append(TransferStats(len(data), time.perf_counter() - started, peer_id))
+        """The update's bytes from its author or, failing that, from any peer holding it."""
+        data = await self._fetch_from(author, author, seq)
+        if data is not None:
             return data
+        holders = await self._dht_get(f"{self.config.prefix}/holders/{author}")
+        for subkey in holders:
+            if isinstance(subkey, str) and subkey.startswith(f"{seq}:"):
+                data = await self._fetch_from(subkey.split(":", 1)[1], author, seq)
+                if data is not None:
+                    return data
         return None
+
+    async def _fetch_from(self, peer_id: str, author: str, seq: int) -> bytes | None:
+        if peer_id == self.peer_id:
+            return None
+        started = time.perf_counter()
+        try:
+            data = await asyncio.wait_for(
+                self._request(peer_id, "update", self.config.max_update_bytes, author, seq),
+                timeout=self._transfer_timeout_s,
+            )
+        except (TimeoutError, TransportError, OSError, ValueError) as exc:
+            logger.debug("fetching %s/%d from %s failed: %s", author, seq, peer_id, exc)
+            return None
+        self.fetches.append(TransferStats(len(data), time.perf_counter() - started, peer_id))
+        return data
+
+    @property
+    def _transfer_timeout_s(self) -> float:
+        """Enough for the largest payload at 2 MB/s, plus connection set-up."""
+        return 10.0 + self.config.max_update_bytes / 2e6
 
     async def _request(self, peer_id: str, name: str, max_bytes: int, *args: Any) -> bytes:
         assert self._p2p is not None
@@ -441,7 +505,8 @@ class Swarm:
             f"{self.config.prefix}/updates/{header.author}", header.seq, blob, ttl
         )
         await asyncio.gather(
-            *(self._notify(h.peer_id, blob) for h in self.alive_peers()), return_exceptions=True
+            *(asyncio.wait_for(self._notify(h.peer_id, blob), 5.0) for h in self.alive_peers()),
+            return_exceptions=True,
         )
 
     @property
@@ -465,8 +530,15 @@ class Swarm:
         for old in per_author[: -self.config.retain_updates]:
             del self._retained[old]
         if announce_holder and not self.config.client_mode:
+            # In the background: a DHT store can wait seconds on an unresponsive member,
+            # and the next update must not wait for it.
             key = f"{self.config.prefix}/holders/{author}"
-            await self._dht_store(key, f"{seq}:{self.peer_id}", True, self._retention_ttl_s)
+            self._spawn(self._dht_store(key, f"{seq}:{self.peer_id}", True, self._retention_ttl_s))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)  # asyncio holds tasks weakly
+        task.add_done_callback(self._background.discard)
 
     async def _announced_seq(self, author: str) -> int:
         announced = await self._dht_get(f"{self.config.prefix}/updates/{author}")

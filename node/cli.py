@@ -43,6 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     join = commands.add_parser("join", help="train, and merge everyone's pseudo-gradients")
     add_dataclass_arguments(join, JoinConfig)
     join.set_defaults(handler=run_join)
+    status = commands.add_parser("status", help="print the swarm's peers without training")
+    status.add_argument("--peers", nargs="+", required=True, metavar="MADDR", help="any members")
+    status.add_argument("--run-id", default=JoinConfig.run_id, help="run to show")
+    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    status.set_defaults(handler=run_status)
     keygen = commands.add_parser("keygen", help="create an Ed25519 identity key")
     keygen.add_argument("--identity", default=JoinConfig.identity, help="key file to write")
     keygen.add_argument("--force", action="store_true", help="replace an existing key")
@@ -68,6 +73,18 @@ def run_join(args: argparse.Namespace) -> int:
             node.run()
     finally:
         events.close()
+    return 0
+
+
+def run_status(args: argparse.Namespace) -> int:
+    from dht.addresses import parse_peer_maddr
+    from dht.observer import SwarmObserver
+    from node.status import print_status
+
+    peers = [str(parse_peer_maddr(p)) for p in args.peers]
+    with SwarmObserver(peers) as observer:
+        snapshots = observer.snapshot(args.run_id)
+    print_status(args.run_id, snapshots, as_json=args.json)
     return 0
 
 

@@ -180,14 +180,14 @@ class Node:
         self._resume()
         try:
             if self.swarm is not None:
-                self._join_swarm()
+                self.join_swarm()
             self._train()
         finally:
             self.state = "idle"
             if self.swarm is not None:
                 self.swarm.shutdown()
 
-    def _join_swarm(self) -> None:
+    def join_swarm(self) -> None:
         assert self.swarm is not None
         maddrs = self.swarm.start()
         extra = ["--run-id", self.config.run_id, "--model", self.config.model]
@@ -267,11 +267,10 @@ class Node:
         pseudo_gradient = base - self.learner.params_vector()
         payload = self.codec.encode(pseudo_gradient)
         t_encode = time.perf_counter()
-        self.seq += 1
         update = seal(
             self.identity,
             fingerprint=self.fingerprint,
-            seq=self.seq,
+            seq=self.seq + 1,
             base_applied=base_applied,
             published_applied=self.replica.num_applied,
             inner_steps=stats.num_steps,
@@ -285,9 +284,11 @@ class Node:
         result = self.pipeline.submit(update)
         t_merge = time.perf_counter()
         self.report_merge(result)
-        if result.accepted and self.swarm is not None:
-            self.swarm.publish(update)
-            self.published_seq = self.seq
+        if result.accepted:  # a rejected own update is not published and gives up no seq
+            self.seq += 1
+            if self.swarm is not None:
+                self.swarm.publish(update)
+                self.published_seq = self.seq
         self.round += 1
         val_loss = self._evaluate_replica()
         t_eval = time.perf_counter()

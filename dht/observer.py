@@ -1,0 +1,84 @@
+"""Read the swarm's state from the DHT without training: for `status` and the dashboard."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from hivemind import DHT
+from hivemind.p2p import P2PDaemonError
+
+from dht.heartbeat import Heartbeat, HeartbeatError
+from dht.swarm import SwarmError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PeerStatus:
+    heartbeat: Heartbeat
+    last_seen_s: float
+
+
+@dataclass(frozen=True)
+class SwarmSnapshot:
+    run_id: str
+    fingerprint: str
+    run_summary: str
+    peers: list[PeerStatus] = field(default_factory=list)
+    rejected_heartbeats: int = 0
+
+
+class SwarmObserver:
+    """A client-mode DHT member that reads run records and heartbeats."""
+
+    def __init__(self, initial_peers: list[str], *, timeout_s: float = 30.0) -> None:
+        try:
+            self._dht = DHT(
+                initial_peers=initial_peers,
+                client_mode=True,
+                start=True,
+                startup_timeout=timeout_s,
+                shutdown_timeout=3,
+            )
+        except (P2PDaemonError, TimeoutError) as exc:
+            reason = str(exc).splitlines()[-1] if str(exc) else type(exc).__name__
+            raise SwarmError(
+                f"could not reach the swarm through {', '.join(initial_peers)}: {reason}"
+            ) from None
+
+    def snapshot(self, run_id: str) -> list[SwarmSnapshot]:
+        """One snapshot per configuration seen under `run_id` (normally exactly one)."""
+        runs = self._get(f"diloco-run/{run_id}")
+        return [self._read_run(run_id, str(fp), str(summary)) for fp, summary in runs.items()]
+
+    def _read_run(self, run_id: str, fingerprint: str, summary: str) -> SwarmSnapshot:
+        now = time.time()
+        peers: list[PeerStatus] = []
+        rejected = 0
+        for peer_id, blob in self._get(f"diloco/{fingerprint[:16]}/peers").items():
+            try:
+                heartbeat = Heartbeat.verify(blob, str(peer_id))
+            except HeartbeatError as exc:
+                logger.info("ignoring heartbeat from %s: %s", peer_id, exc)
+                rejected += 1
+                continue
+            peers.append(PeerStatus(heartbeat, max(0.0, now - heartbeat.sent_at)))
+        peers.sort(key=lambda p: (p.heartbeat.org, p.heartbeat.peer_id))
+        return SwarmSnapshot(run_id, fingerprint, summary, peers, rejected)
+
+    def _get(self, key: str) -> dict[object, object]:
+        found = self._dht.get(key, latest=True)
+        if found is None or not isinstance(found.value, dict):
+            return {}
+        return {subkey: item.value for subkey, item in found.value.items()}
+
+    def close(self) -> None:
+        self._dht.shutdown()
+
+    def __enter__(self) -> SwarmObserver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,72 @@
+"""Rendering of `diloco-node status`: a table for people, JSON for scripts."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from dht.observer import PeerStatus, SwarmSnapshot
+
+
+def peer_row(peer: PeerStatus) -> dict[str, Any]:
+    h = peer.heartbeat
+    return {
+        "peer_id": h.peer_id,
+        "org": h.org,
+        "state": h.state,
+        "round": h.round,
+        "tokens_per_s": h.tokens_per_s,
+        "loss": h.loss,
+        "val_loss": h.val_loss,
+        "applied": h.num_applied,
+        "updates_published": h.updates_published,
+        "updates_merged": h.updates_merged,
+        "drift": h.drift,
+        "device": h.device,
+        "version": h.version,
+        "last_seen_s": round(peer.last_seen_s, 1),
+    }
+
+
+def status_document(run_id: str, snapshots: list[SwarmSnapshot]) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "runs": [
+            {
+                "fingerprint": snap.fingerprint,
+                "config": snap.run_summary,
+                "peers": [peer_row(p) for p in snap.peers],
+            }
+            for snap in snapshots
+        ],
+    }
+
+
+def print_status(run_id: str, snapshots: list[SwarmSnapshot], *, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(status_document(run_id, snapshots)))
+        return
+    console = Console()
+    if not snapshots:
+        console.print(f"no live peers train run '{run_id}' in this swarm")
+    for snap in snapshots:
+        table = Table(title=f"run '{run_id}' ({snap.fingerprint[:12]}): {len(snap.peers)} peers")
+        for column in ("peer", "org", "state", "round", "tokens/s", "loss", "applied", "seen"):
+            table.add_column(column, justify="left" if column in ("peer", "org") else "right")
+        for peer in snap.peers:
+            row = peer_row(peer)
+            loss = row["val_loss"] if row["val_loss"] is not None else row["loss"]
+            table.add_row(
+                row["peer_id"][-12:],
+                row["org"],
+                row["state"],
+                str(row["round"]),
+                f"{row['tokens_per_s']:,.0f}",
+                "-" if loss is None else f"{loss:.4f}",
+                str(row["applied"]),
+                f"{row['last_seen_s']:.0f}s ago",
+            )
+        console.print(table)

@@ -1,0 +1,55 @@
+"""A rogue peer for the forged-update test.
+
+It joins the swarm with valid settings, then announces an update whose header was changed
+after signing, and prints its peer id. Usage: python -m tests.swarm.forger MADDR HOME RUN_ARGS...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+
+import torch
+
+from merge.envelope import seal
+from node.cli import build_parser
+from node.config import JoinConfig, dataclass_from_args
+from node.events import RecordingEventLog
+from node.runtime import Node
+
+
+def main() -> None:
+    maddr, home, *run_args = sys.argv[1:]
+    args = build_parser().parse_args(
+        ["join", *run_args, "--peers", maddr, "--host", "127.0.0.1", "--port", "0",
+         "--identity", f"{home}/id.key", "--checkpoint-dir", f"{home}/ckpt"]
+    )  # fmt: skip
+    node = Node(dataclass_from_args(JoinConfig, args), RecordingEventLog())
+    node.join_swarm()
+    try:
+        applied = node.replica.num_applied
+        honest = seal(
+            node.identity,
+            fingerprint=node.fingerprint,
+            seq=node.seq + 1,
+            base_applied=applied,
+            published_applied=applied,
+            inner_steps=node.config.inner_steps,
+            tokens=node.merge_config.token_weight.reference_tokens,
+            loss=1.0,
+            codec="fp32",
+            numel=node.num_params,
+            payload=torch.full((node.num_params,), 1e-3).numpy().tobytes(),
+        )
+        header = dataclasses.replace(honest.header, loss=0.5)  # the signature no longer matches
+        node.seq = node.published_seq = honest.header.seq
+        node.swarm.publish(dataclasses.replace(honest, header=header))  # type: ignore[union-attr]
+        print(node.peer_id, flush=True)
+        time.sleep(8 * node.config.heartbeat_period)  # stay up while the victim looks
+    finally:
+        node.swarm.shutdown()  # type: ignore[union-attr]
+
+
+if __name__ == "__main__":
+    main()

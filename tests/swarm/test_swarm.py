@@ -1,0 +1,184 @@
+"""A real swarm on 127.0.0.1: discovery, gossip, failures, newcomers, stragglers, forgeries."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.swarm.conftest import NodeProcess
+
+pytestmark = pytest.mark.swarm
+Launch = Callable[..., NodeProcess]
+# Every node in a test shares these, so their run fingerprints agree.
+RUN = ["--model", "tiny", "--threads", "1", "--inner-steps", "10", "--eval-batches", "2",
+       "--heartbeat-period", "1"]  # fmt: skip
+START_S = 120  # bounded waits: generous for a loaded 2-core CI machine
+MERGE_S = 90
+
+
+def merged_from(node: NodeProcess, author: str) -> list[dict]:
+    return [e for e in node.events("update_merged") if e["author"] == author]
+
+
+def wait_merged(node: NodeProcess, author: str, *, after_seq: int = 0, timeout_s: float = MERGE_S):
+    return node.wait_for(
+        lambda e: (
+            e.get("event") == "update_merged" and e["author"] == author and e["seq"] > after_seq
+        ),
+        timeout_s,
+        f"{node.name} merging an update of {author} after seq {after_seq}",
+    )
+
+
+def start_swarm(launch: Launch, count: int) -> list[NodeProcess]:
+    first = launch(*RUN, name="node0")
+    maddr = first.wait_listening(START_S)[0]
+    rest = [launch(*RUN, "--peers", maddr, name=f"node{i}") for i in range(1, count)]
+    for node in rest:
+        node.wait_listening(START_S)
+    return [first, *rest]
+
+
+def test_three_nodes_train_together_and_survive_the_bootstrap_dying(launch: Launch) -> None:
+    nodes = start_swarm(launch, 3)
+    for node in nodes:
+        for other in nodes:
+            if other is not node:
+                wait_merged(node, other.peer_id)
+
+    for node in nodes:
+        started = node.events("started")[0]
+        latest = node.wait_for(
+            lambda e: e.get("event") == "round_done" and e["peers_alive"] == 2, MERGE_S, "peers"
+        )
+        assert latest["val_loss"] < started["val_loss"], node.name
+    drifts = [e["drift"] for n in nodes for e in n.events("round_done") if e["drift"] is not None]
+    assert drifts, "replicas with equal applied sets should have been compared"
+    assert max(drifts) < 0.05, drifts
+
+    status = subprocess.run(
+        [sys.executable, "-m", "node", "status", "--peers", nodes[1].maddrs[0], "--json"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert status.returncode == 0, status.stderr
+    peers = json.loads(status.stdout)["runs"][0]["peers"]
+    assert {p["peer_id"] for p in peers} == {n.peer_id for n in nodes}
+    assert all(p["state"] == "training" and p["applied"] > 0 for p in peers)
+
+    bootstrap, b, c = nodes
+    bootstrap.kill()  # kill -9 of the first node's main process
+    assert bootstrap.leftover_processes() == [], "its DHT process and p2pd must not outlive it"
+    last_b = max(e["seq"] for e in merged_from(c, b.peer_id))
+    last_c = max(e["seq"] for e in merged_from(b, c.peer_id))
+    wait_merged(c, b.peer_id, after_seq=last_b + 2)
+    wait_merged(b, c.peer_id, after_seq=last_c + 2)
+
+    newcomer = launch(*RUN, "--peers", b.maddrs[0], name="node3")
+    downloaded = newcomer.wait_for_event("state_downloaded", START_S)
+    assert downloaded["num_applied"] > 0 and downloaded["megabytes"] > 1
+    first_own = wait_merged(newcomer, newcomer.peer_id)
+    for old in (b, c):
+        merged = wait_merged(old, newcomer.peer_id, after_seq=first_own["seq"] - 1)
+        assert merged["seq"] == first_own["seq"]
+
+
+def test_a_node_with_another_model_config_is_refused_clearly(launch: Launch) -> None:
+    first = launch(*RUN, name="node0")
+    maddr = first.wait_listening(START_S)[0]
+    other = launch(*RUN, "--seed", "7", "--peers", maddr, name="odd")
+    assert other.wait_exit(START_S) != 0
+    error = other.stderr_tail()
+    assert "different model or run configuration" in error
+    assert "Traceback" not in error
+
+
+def test_a_straggler_delays_nobody_and_its_late_update_weighs_less(launch: Launch) -> None:
+    a, b, c = start_swarm(launch, 3)
+    window_s = 8.0
+    first = wait_merged(a, b.peer_id)
+    wait_merged(a, c.peer_id)
+    # Measure A's merge rate of B's updates over equal windows before and during C's pause.
+    time.sleep(max(0.0, first["time"] + window_s + 2 - time.time()))
+    before = merged_from(a, c.peer_id)
+    paused_at = time.time()
+    c.pause()
+    try:
+        time.sleep(window_s)  # the pause itself is the fault under test
+    finally:
+        c.resume()
+    from_b = [e["time"] for e in merged_from(a, b.peer_id)]
+    num_before = sum(paused_at - window_s <= t < paused_at for t in from_b)
+    num_during = sum(paused_at <= t < paused_at + window_s for t in from_b)
+    assert num_before >= 2 and num_during >= 0.5 * num_before, (num_before, num_during)
+
+    late = [wait_merged(a, c.peer_id, after_seq=before[-1]["seq"])]
+    late.append(wait_merged(a, c.peer_id, after_seq=late[0]["seq"]))
+    assert max(e["staleness"] for e in late) > max(e["staleness"] for e in before)
+    assert min(e["weight"] for e in late) < min(e["weight"] for e in before)
+
+
+def test_a_forged_update_is_rejected_and_counted_and_training_goes_on(
+    launch: Launch, tmp_path: Path
+) -> None:
+    victim = launch(*RUN, name="victim")
+    maddr = victim.wait_listening(START_S)[0]
+    victim.wait_for_event("round_done", START_S)
+    forger = subprocess.run(
+        [sys.executable, "-m", "tests.swarm.forger", maddr, str(tmp_path / "forger"), *RUN],
+        cwd=REPO, capture_output=True, text=True, timeout=180,
+        env={**os.environ, "HOME": str(tmp_path / "forger")},
+    )  # fmt: skip
+    assert forger.returncode == 0, forger.stderr[-3000:]
+    rejected = victim.wait_for(
+        lambda e: e.get("event") == "update_rejected" and e["reason"] == "bad_signature",
+        MERGE_S,
+        "the forged update being rejected",
+    )
+    assert rejected["author"] == forger.stdout.strip()
+    rounds_then = len(victim.events("round_done"))
+    victim.wait_for(
+        lambda e: e.get("event") == "round_done" and e["round"] > rounds_then + 1,
+        MERGE_S,
+        "training to go on",
+    )
+    assert not [e for e in victim.events("update_merged") if e["author"] == rejected["author"]]
+
+
+def test_a_plain_hivemind_dht_peer_can_bootstrap_the_swarm(launch: Launch) -> None:
+    dht = subprocess.Popen(
+        ["hivemind-dht", "--host_maddrs", "/ip4/127.0.0.1/tcp/0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        maddr = _bootstrap_maddr(dht)
+        a = launch(*RUN, "--peers", maddr, name="a")
+        b = launch(*RUN, "--peers", maddr, name="b")
+        a.wait_listening(START_S)
+        b.wait_listening(START_S)
+        wait_merged(a, b.peer_id)
+        wait_merged(b, a.peer_id)
+    finally:
+        os.killpg(dht.pid, 9)
+        dht.wait(timeout=10)
+
+
+def _bootstrap_maddr(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        found = re.search(r"--initial_peers (\S+)", line)
+        if found:
+            return found.group(1)
+        if not line and proc.poll() is not None:
+            break
+    raise AssertionError("hivemind-dht did not print its address within 60 s")
