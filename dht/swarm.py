@@ -16,7 +16,7 @@ import logging
 import signal
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -45,6 +45,8 @@ from merge.replica import Replica
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 GAP_PATIENCE_S = 30.0
+MAX_PUSHED_PER_AUTHOR = 256
+"""Pushed headers buffered per author before they are merged; more are dropped (DHT has them)."""
 """How long a later update of an author waits for a missing earlier one before skipping it."""
 
 
@@ -126,7 +128,7 @@ class Swarm:
         self._on_event = on_event
         self.peers: dict[str, PeerView] = {}
         self.rejections: Counter[str] = Counter()
-        self.fetches: list[TransferStats] = []
+        self.fetches: deque[TransferStats] = deque(maxlen=1000)
         self.visible_maddrs: list[str] = []
         self._retained: OrderedDict[tuple[str, int], SignedUpdate] = OrderedDict()
         self._pushed: dict[str, dict[int, bytes]] = {}
@@ -142,6 +144,7 @@ class Swarm:
         self._gossip = False
         self._gaps: dict[tuple[str, int], float] = {}
         self._background: set[asyncio.Task[None]] = set()
+        self._bad_heartbeats = _SeenSet(4096)
         self._publishing: set[concurrent.futures.Future[None]] = set()
 
     # ---- thread-safe entry points --------------------------------------------------------
@@ -350,7 +353,8 @@ class Swarm:
             try:
                 heartbeat = Heartbeat.verify(blob, peer_id)
             except HeartbeatError as exc:
-                self._reject("bad_heartbeat", peer_id, str(exc))
+                if self._bad_heartbeats.add(hash(blob) if isinstance(blob, bytes) else 0):
+                    self._reject("bad_heartbeat", peer_id, str(exc))
                 continue
             self._see_peer(heartbeat, now)
             if self._gossip and heartbeat.latest_seq > self._floor(peer_id):
@@ -403,12 +407,17 @@ class Swarm:
 
     def _give_up_gap(self, author: str, missing: int, next_seq: int) -> bool:
         """Wait a while for a missing seq before skipping it (its author may have died)."""
-        first_seen = self._gaps.setdefault((author, missing), time.monotonic())
-        if time.monotonic() - first_seen < GAP_PATIENCE_S:
+        if not self._out_of_patience(author, missing):
             return False
         for seq in range(missing, next_seq):
             self._reject("unavailable", author, "never announced", seq=seq)
-        del self._gaps[(author, missing)]
+        return True
+
+    def _out_of_patience(self, author: str, seq: int) -> bool:
+        first_seen = self._gaps.setdefault((author, seq), time.monotonic())
+        if time.monotonic() - first_seen < GAP_PATIENCE_S:
+            return False
+        del self._gaps[(author, seq)]
         return True
 
     def _parse_announcement(self, author: str, seq: int, blob: object) -> SignedHeader | None:
@@ -430,13 +439,15 @@ class Swarm:
         return signed
 
     async def _fetch_and_merge(self, signed: SignedHeader) -> bool:
+        """False when the payload could not be had yet and is worth retrying later."""
         header = signed.header
         data = await self._fetch_update(header.author, header.seq)
         if data is None:
             author_alive = header.author in {h.peer_id for h in self.alive_peers()}
-            if not author_alive:
-                self._reject("unavailable", header.author, "no live peer holds it", seq=header.seq)
-            return not author_alive
+            if author_alive and not self._out_of_patience(header.author, header.seq):
+                return False
+            self._reject("unavailable", header.author, "no live peer holds it", seq=header.seq)
+            return True
         try:
             update = SignedUpdate.from_bytes(data)
         except EnvelopeError as exc:
@@ -477,7 +488,17 @@ class Swarm:
         except (TimeoutError, TransportError, OSError, ValueError) as exc:
             logger.debug("fetching %s/%d from %s failed: %s", author, seq, peer_id, exc)
             return None
-        self.fetches.append(TransferStats(len(data), time.perf_counter() - started, peer_id))
+        stats = TransferStats(len(data), time.perf_counter() - started, peer_id)
+        self.fetches.append(stats)
+        self._on_event(
+            "update_fetched",
+            author=author,
+            seq=seq,
+            peer_id=peer_id,
+            megabytes=round(stats.num_bytes / 1e6, 3),
+            seconds=round(stats.seconds, 4),
+            mb_per_s=round(stats.mb_per_s, 2),
+        )
         return data
 
     @property
@@ -511,7 +532,9 @@ class Swarm:
 
     @property
     def _retention_ttl_s(self) -> float:
-        return max(600.0, 20 * self.config.heartbeat_period_s)
+        """Announcements outlive a few heartbeat periods but stay small: every subkey of an
+        author's record travels through hivemind's DHT pipe on each get (HIVEMIND.md item 1)."""
+        return max(60.0, 12 * self.config.heartbeat_period_s)
 
     async def _notify(self, peer_id: str, blob: bytes) -> None:
         assert self._p2p is not None
@@ -571,8 +594,9 @@ class Swarm:
         try:
             signed = SignedHeader.from_bytes(await receive_blob(reader, max_bytes=8192))
             author = signed.header.author
-            if author != self.peer_id and self._gossip:
-                self._pushed.setdefault(author, {})[signed.header.seq] = signed.to_bytes()
+            pending = self._pushed.setdefault(author, {}) if self._gossip else {}
+            if author != self.peer_id and self._gossip and len(pending) < MAX_PUSHED_PER_AUTHOR:
+                pending[signed.header.seq] = signed.to_bytes()
                 self._ensure_author_task(author)
         except (TransportError, EnvelopeError, OSError) as exc:
             logger.debug("notification from %s dropped: %s", info.peer_id, exc)
@@ -633,3 +657,20 @@ class Swarm:
             key=lambda h: (h.num_applied, votes[(h.num_applied, h.applied_digest)]),
             reverse=True,
         )
+
+
+class _SeenSet:
+    """A bounded set: counts each bad record once instead of on every poll."""
+
+    def __init__(self, capacity: int) -> None:
+        self._items: OrderedDict[int, None] = OrderedDict()
+        self._capacity = capacity
+
+    def add(self, item: int) -> bool:
+        """True when `item` is new."""
+        if item in self._items:
+            return False
+        self._items[item] = None
+        if len(self._items) > self._capacity:
+            self._items.popitem(last=False)
+        return True

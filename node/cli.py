@@ -135,7 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("diloco-node: interrupted", file=sys.stderr)
         return 130
     except (UserError, ValueError, OSError) as exc:
-        print(f"diloco-node: error: {exc}", file=sys.stderr)
+        logger.debug("failed", exc_info=True)
+        print(f"diloco-node: error: {str(exc) or type(exc).__name__}", file=sys.stderr)
         return 1
 
 
