@@ -76,7 +76,7 @@ class ConsoleEventLog:
     def emit(self, event: str, **fields: Any) -> None:
         text = _describe(event, fields)
         if text:
-            self._live.console.print(text, highlight=False)
+            self._live.console.print(text, highlight=False, soft_wrap=True)
 
     def progress(self, **fields: Any) -> None:
         line = (
@@ -96,6 +96,16 @@ def _describe(event: str, f: dict[str, Any]) -> str | None:
             f"({f['model']}, {f['num_params']:,} params, {f['device']}); "
             f"data: {f['data']}; initial val loss {f['val_loss']:.4f}"
         )
+    if event == "listening":
+        addresses = "\n  ".join(f["maddrs"])
+        return f"listening on\n  {addresses}\nothers join with:\n  [bold]{f['join_command']}[/]"
+    if event == "state_downloaded":
+        return (
+            f"downloaded the replica ({f['num_applied']} updates, {f['megabytes']:.1f} MB, "
+            f"{f['mb_per_s']:.0f} MB/s) from {f['peer_id']}"
+        )
+    if event in ("peer_joined", "peer_left"):
+        return f"peer {f['peer_id']} {'joined' if event == 'peer_joined' else 'left'}"
     if event == "resumed":
         return f"resumed from {f['path']} at round {f['round']} ({f['num_applied']} updates)"
     if event == "round_done":
