@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -10,6 +12,7 @@ from hivemind import DHT
 from hivemind.p2p import P2PDaemonError
 
 from dht.heartbeat import Heartbeat, HeartbeatError
+from dht.reaper import OrphanReaper
 from dht.swarm import SwarmError
 
 logger = logging.getLogger(__name__)
@@ -31,22 +34,24 @@ class SwarmSnapshot:
 
 
 class SwarmObserver:
-    """A client-mode DHT member that reads run records and heartbeats."""
+    """A client-mode DHT member that reads run records and heartbeats.
+
+    Its DHT process (and that process's p2pd) is reaped even if this process is killed.
+    """
 
     def __init__(self, initial_peers: list[str], *, timeout_s: float = 30.0) -> None:
+        self._reaper = OrphanReaper()
+        self._reaper.start()
         try:
-            self._dht = DHT(
-                initial_peers=initial_peers,
-                client_mode=True,
-                start=True,
-                startup_timeout=timeout_s,
-                shutdown_timeout=3,
-            )
+            self._dht = _start_dht(initial_peers, timeout_s)
         except (P2PDaemonError, TimeoutError) as exc:
+            self._reaper.close()
             reason = str(exc).splitlines()[-1] if str(exc) else type(exc).__name__
             raise SwarmError(
                 f"could not reach the swarm through {', '.join(initial_peers)}: {reason}"
             ) from None
+        if self._dht.pid is not None:
+            self._reaper.watch(self._dht.pid)
 
     def snapshot(self, run_id: str) -> list[SwarmSnapshot]:
         """One snapshot per configuration seen under `run_id` (normally exactly one)."""
@@ -75,10 +80,30 @@ class SwarmObserver:
         return {subkey: item.value for subkey, item in found.value.items()}
 
     def close(self) -> None:
-        self._dht.shutdown()
+        try:
+            self._dht.shutdown()
+        finally:
+            self._reaper.close()
 
     def __enter__(self) -> SwarmObserver:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _start_dht(initial_peers: list[str], timeout_s: float) -> DHT:
+    """The DHT forks: without a SIGTERM handler of this process, the child could ignore it."""
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL) if in_main else None
+    try:
+        return DHT(
+            initial_peers=initial_peers,
+            client_mode=True,
+            start=True,
+            startup_timeout=timeout_s,
+            shutdown_timeout=3,
+        )
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)

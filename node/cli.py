@@ -1,4 +1,4 @@
-"""`diloco-node`: join a training swarm, make an identity key."""
+"""`diloco-node`: join a training swarm, watch it, make an identity key."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import logging
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -48,6 +49,14 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--run-id", default=JoinConfig.run_id, help="run to show")
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
     status.set_defaults(handler=run_status)
+    # The dashboard sits above node/; its settings module imports nothing heavy.
+    from dashboard.settings import StandaloneConfig
+
+    dashboard = commands.add_parser(
+        "dashboard", help="serve the swarm dashboard in a browser without training"
+    )
+    add_dataclass_arguments(dashboard, StandaloneConfig)
+    dashboard.set_defaults(handler=run_dashboard)
     keygen = commands.add_parser("keygen", help="create an Ed25519 identity key")
     keygen.add_argument("--identity", default=JoinConfig.identity, help="key file to write")
     keygen.add_argument("--force", action="store_true", help="replace an existing key")
@@ -86,6 +95,37 @@ def run_status(args: argparse.Namespace) -> int:
         snapshots = observer.snapshot(args.run_id)
     print_status(args.run_id, snapshots, as_json=args.json)
     return 0
+
+
+def run_dashboard(args: argparse.Namespace) -> int:
+    from dashboard.settings import StandaloneConfig
+    from dashboard.standalone import serve
+    from node.events import EventLog, JsonEventLog, configure_logging
+
+    config: StandaloneConfig = dataclass_from_args(StandaloneConfig, args)
+    configure_logging(config.log_level, config.log_format)
+    events: EventLog = JsonEventLog() if config.log_format == "json" else _LoggedEvents()
+    stop = threading.Event()
+    try:
+        with _stop_on_signals(stop.set):
+            serve(config, events, stop)
+    finally:
+        events.close()
+    return 0
+
+
+class _LoggedEvents:
+    """For people: the dashboard's one event, its URL, as a log line."""
+
+    def emit(self, event: str, **fields: object) -> None:
+        if event == "dashboard":
+            logger.info("dashboard for run '%s' at %s", fields["run_id"], fields["url"])
+
+    def progress(self, **fields: object) -> None:
+        """The dashboard has no progress to show."""
+
+    def close(self) -> None:
+        """Nothing to release."""
 
 
 def run_keygen(args: argparse.Namespace) -> int:

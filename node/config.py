@@ -7,6 +7,7 @@ import ast
 import dataclasses
 import hashlib
 import inspect
+import ipaddress
 import json
 import math
 from dataclasses import dataclass
@@ -106,6 +107,12 @@ class JoinConfig:
     """Seconds between heartbeats; a peer silent for three periods drops out."""
     retain_updates: int = 16
     """Updates kept per author to serve to peers that missed them."""
+    dashboard_port: int | None = None
+    """Serve the swarm dashboard on this port (0: any free port; default: no dashboard)."""
+    dashboard_host: str = "127.0.0.1"
+    """Address the dashboard listens on; 0.0.0.0 opens it to the network (set a token)."""
+    dashboard_token: str | None = None
+    """Require 'Authorization: Bearer TOKEN' on every dashboard route (browser: /?token=TOKEN)."""
 
     def __post_init__(self) -> None:
         _check_choice("model", self.model, ("tiny", "small", "base"))
@@ -146,6 +153,23 @@ class JoinConfig:
             raise ValueError("--org must be at most 64 characters long")
         if self.warmup_steps < 0 or self.eval_batches < 0:
             raise ValueError("--warmup-steps and --eval-batches must not be negative")
+        self._check_dashboard()
+
+    def _check_dashboard(self) -> None:
+        if self.dashboard_port is not None and not 0 <= self.dashboard_port <= 65535:
+            raise ValueError(
+                f"--dashboard-port must be between 0 and 65535, got {self.dashboard_port}"
+            )
+        try:
+            ipaddress.ip_address(self.dashboard_host)
+        except ValueError:
+            host = self.dashboard_host
+            raise ValueError(
+                f"--dashboard-host must be an IP address such as 127.0.0.1, got '{host}'"
+            ) from None
+        token = self.dashboard_token
+        if token is not None and not (token.isascii() and token.isprintable() and " " not in token):
+            raise ValueError("--dashboard-token must be printable ASCII without spaces")
 
     @property
     def checkpoint_path(self) -> Path:

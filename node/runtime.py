@@ -8,14 +8,14 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import torch
 from torch.nn.utils import parameters_to_vector
 
 from dht.addresses import join_hint, listen_maddrs
-from dht.heartbeat import Heartbeat
+from dht.heartbeat import MAX_AUTHORS, STALENESS_BUCKETS, Heartbeat, staleness_bucket
 from dht.swarm import Swarm, SwarmConfig
 from merge.codecs import get_codec
 from merge.envelope import seal
@@ -31,6 +31,9 @@ from node.data import ShardSampler, load_corpus, split_corpus, validation_batche
 from node.events import EventLog
 from node.learner import InnerConfig, Learner, StepStats, resolve_device
 from node.model import DEFAULT_BATCH_SIZE, DEFAULT_INNER_LR, build_model, model_config
+
+if TYPE_CHECKING:
+    from dashboard.embedded import EmbeddedDashboard
 
 logger = logging.getLogger(__name__)
 
@@ -134,10 +137,19 @@ class Node:
         self.state = "syncing"
         self.last_round: dict[str, Any] = {"loss": None, "val_loss": None, "tokens_per_s": 0.0}
         self._staleness_sum = 0
+        self._staleness_counts = [0] * len(STALENESS_BUCKETS)
+        self._merged_by_author: tuple[int, dict[str, int]] = (-1, {})
         self.sketcher = ReplicaSketch(self.num_params, self.fingerprint)
         self._sketches: OrderedDict[str, list[float]] = OrderedDict()
         self._stop = threading.Event()
         self._started_at = time.monotonic()
+        self.dashboard: EmbeddedDashboard | None = None
+        if config.dashboard_port is not None:
+            # The dashboard sits above node/: imported only when asked for.
+            from dashboard.embedded import EmbeddedDashboard
+
+            self.dashboard = EmbeddedDashboard(self)
+            self.events = self.dashboard.tee(events)
         self.swarm = self._make_swarm() if config.swarm else None
 
     def _make_swarm(self) -> Swarm:
@@ -181,11 +193,22 @@ class Node:
         try:
             if self.swarm is not None:
                 self.join_swarm()
+            self._start_dashboard()
             self._train()
         finally:
             self.state = "idle"
+            if self.dashboard is not None:
+                self.dashboard.stop()
             if self.swarm is not None:
                 self.swarm.shutdown()
+
+    def _start_dashboard(self) -> None:
+        """Once the swarm's DHT process has forked: no server thread may hold a lock then."""
+        if self.dashboard is None:
+            return
+        url = self.dashboard.start()
+        logger.info("dashboard at %s", url)
+        self.events.emit("dashboard", url=url)
 
     def join_swarm(self) -> None:
         assert self.swarm is not None
@@ -329,6 +352,7 @@ class Node:
         """Called for every update, own or peer's, from whichever thread merged it."""
         if result.accepted:
             self._staleness_sum += result.staleness
+            self._staleness_counts[staleness_bucket(max(0, result.staleness))] += 1
             self._record_sketch()
             self.events.emit(
                 "update_merged",
@@ -419,7 +443,20 @@ class Node:
             serves_state=self.config.serve_state,
             rejections=rejections,
             sent_at=time.time(),
+            merged_by_author=self._merged_counts(num_applied),
+            staleness_histogram=list(self._staleness_counts),
+            heartbeat_period_s=self.config.heartbeat_period,
         )
+
+    def _merged_counts(self, num_applied: int) -> dict[str, int]:
+        """Updates per author in the applied set (the authors with most first), for goodput."""
+        cached_at, counts = self._merged_by_author
+        if cached_at != num_applied:
+            applied = self.replica.applied
+            top = sorted(applied, key=lambda author: len(applied[author]), reverse=True)
+            counts = {author: len(applied[author]) for author in top[:MAX_AUTHORS]}
+            self._merged_by_author = (num_applied, counts)
+        return counts
 
     # ---- checkpoints -----------------------------------------------------------------------
 

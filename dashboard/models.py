@@ -1,0 +1,180 @@
+"""Response models of the JSON API: the field names scripts may rely on."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+Mode = Literal["embedded", "standalone"]
+PeerState = Literal["syncing", "training", "idle", "dead"]
+TimelineKind = Literal["joined", "left", "rejected", "info"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(use_attribute_docstrings=True, frozen=True)
+
+
+class PeerOut(_Model):
+    peer_id: str
+    org: str
+    state: PeerState
+    """The state the peer last reported, or dead once it is silent for three heartbeats."""
+    alive: bool
+    round: int
+    updates_published: int
+    """Updates this peer authored and published (its latest seq)."""
+    updates_merged: int
+    """Updates (own and others') this peer merged since it started."""
+    tokens_per_s: float
+    loss: float | None
+    """Training loss of its last round."""
+    staleness_mean: float
+    """Mean staleness of the updates it merged."""
+    last_seen_s: float
+    """Seconds since its latest heartbeat arrived."""
+    val_loss: float | None
+    """Validation loss of its replica after its last round."""
+    num_applied: int
+    """Updates in its replica's applied set."""
+    drift: float | None
+    """Largest relative distance of its replica to a peer's with the same applied set."""
+    device: str
+    version: str
+    uptime_s: float
+    local: bool
+    """True for the node that serves this dashboard (embedded mode)."""
+
+
+class Totals(_Model):
+    peers_alive: int
+    tokens_per_s: float
+    """Sum over live peers."""
+    updates_merged: int
+    """Updates that every live, synced replica holds (the numerator of goodput)."""
+    goodput: float | None
+    """updates_merged / updates_published; null before the first update is published."""
+    drift: float | None
+    """Largest drift any live peer reports."""
+    peers_known: int
+    """Live and dead peers this dashboard has seen."""
+    updates_published: int
+    """Updates published by every peer seen, live or dead."""
+    val_loss: float | None
+    """Mean validation loss of the live replicas."""
+
+
+class OrgOut(_Model):
+    org: str
+    peers_alive: int
+    peers_known: int
+    tokens_per_s: float
+    updates_published: int
+    updates_merged: int
+    goodput: float | None
+
+
+class StalenessBucket(_Model):
+    label: str
+    min: int
+    max: int | None
+    count: int
+    """Merges of updates this stale, summed over every peer seen."""
+
+
+class SwarmOut(_Model):
+    run_id: str
+    fingerprint: str
+    mode: Mode
+    generated_at: float
+    """Unix time of the swarm reading this answer describes."""
+    peers: list[PeerOut]
+    totals: Totals
+    orgs: list[OrgOut]
+    staleness_histogram: list[StalenessBucket]
+
+
+class NodeOut(_Model):
+    peer_id: str
+    org: str
+    run_id: str
+    fingerprint: str
+    state: PeerState
+    round: int
+    num_applied: int
+    updates_published: int
+    updates_merged: int
+    tokens_per_s: float
+    loss: float | None
+    val_loss: float | None
+    staleness_mean: float
+    drift: float | None
+    uptime_s: float
+    device: str
+    version: str
+    maddrs: list[str]
+    peers_alive: int
+    """Peers other than this node whose heartbeats are current."""
+    rejections: dict[str, int]
+    """Rejected updates and heartbeats by reason (bad signature, replay, stale, ...)."""
+    rejected_total: int
+    fetches: int
+    """Update payloads fetched from peers."""
+    fetched_megabytes: float
+
+
+class SwarmPoint(_Model):
+    t: float
+    """Unix time of the sample."""
+    peers_alive: int
+    tokens_per_s: float
+    num_applied: int
+    """Largest applied count among live replicas."""
+    updates_merged: int
+    updates_published: int
+    goodput: float | None
+    drift: float | None
+    val_loss: float | None
+
+
+class PeerPoint(_Model):
+    t: float
+    round: int
+    loss: float | None
+    val_loss: float | None
+    tokens_per_s: float
+
+
+class PeerSeries(_Model):
+    peer_id: str
+    org: str
+    points: list[PeerPoint]
+
+
+class RatePoint(_Model):
+    t: float
+    updates_per_min: float
+
+
+class TimelineEvent(_Model):
+    t: float
+    kind: TimelineKind
+    peer_id: str
+    detail: str
+
+
+class HistoryOut(_Model):
+    swarm: list[SwarmPoint]
+    peers: list[PeerSeries]
+    merges_per_minute: list[RatePoint]
+    """Growth of the applied set over the preceding minute, per sample."""
+    timeline: list[TimelineEvent]
+    """Oldest first."""
+
+
+class Health(_Model):
+    status: Literal["ok", "stale"]
+    mode: Mode
+    peers_alive: int
+    data_age_s: float | None
+    """Seconds since the swarm was last read successfully; null before the first reading."""

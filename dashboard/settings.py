@@ -1,0 +1,87 @@
+"""The dashboard's settings: one object for the app, one dataclass for the standalone CLI."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+from dht.addresses import parse_peer_maddr
+from node.config import JoinConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class DashboardSettings:
+    """Everything the app and its data source need; built by the node or by the CLI."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    token: str | None = None
+    poll_period_s: float = 2.0
+    """How often the data source reads the swarm and samples the history."""
+    history_points: int = 900
+    """Swarm samples kept: 30 minutes at the default poll period."""
+    peer_points: int = 300
+    """Loss points kept per peer (one per round)."""
+    timeline_events: int = 500
+    """Joins, leaves and failures kept for the timeline."""
+
+    def __post_init__(self) -> None:
+        try:
+            ipaddress.ip_address(self.host)
+        except ValueError:
+            raise ValueError(
+                f"--host must be an IP address such as 127.0.0.1, got '{self.host}'"
+            ) from None
+        if isinstance(self.port, bool) or not 0 <= self.port <= 65535:
+            raise ValueError(f"--port must be between 0 and 65535, got {self.port}")
+        if self.token is not None and not is_valid_token(self.token):
+            raise ValueError("--token must be printable ASCII without spaces")
+        if not 0.05 <= self.poll_period_s <= 600:
+            raise ValueError(f"the poll period must be 0.05 to 600 s, got {self.poll_period_s}")
+        if min(self.history_points, self.peer_points, self.timeline_events) < 2:
+            raise ValueError("history sizes must be at least 2")
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"--{name} must be one of {', '.join(choices)}; got '{value}'")
+
+
+def is_valid_token(token: str) -> bool:
+    """A token fits in an HTTP header as it is: non-empty printable ASCII, no spaces."""
+    return bool(token) and token.isascii() and token.isprintable() and " " not in token
+
+
+@dataclass(kw_only=True)
+class StandaloneConfig:
+    """`diloco-node dashboard`: watch a swarm through any of its members, train nothing."""
+
+    peers: list[str] | None = None
+    """Multiaddrs of any swarm members (required), e.g. the address a node printed at start."""
+    run_id: str = JoinConfig.run_id
+    """Run to show."""
+    host: str = "127.0.0.1"
+    """Address to listen on; 0.0.0.0 opens the dashboard to the network (set a token)."""
+    port: int = 8000
+    """TCP port to serve the dashboard on (0: any free port, printed at start)."""
+    token: str | None = None
+    """Require 'Authorization: Bearer TOKEN' on every route (browser: open /?token=TOKEN once)."""
+    log_level: str = "INFO"
+    """Logging level: DEBUG, INFO, WARNING or ERROR."""
+    log_format: str = "rich"
+    """rich: a line for people; json: the bound URL as a JSON event on stdout."""
+
+    def __post_init__(self) -> None:
+        if not self.peers:
+            raise ValueError(
+                "--peers is required: the multiaddr of any swarm member, as a node prints it"
+            )
+        self.peers = [str(parse_peer_maddr(p)) for p in self.peers]
+        if not self.run_id or len(self.run_id) > 64:
+            raise ValueError("--run-id must be 1 to 64 characters long")
+        _check_choice("log-level", self.log_level.upper(), ("DEBUG", "INFO", "WARNING", "ERROR"))
+        _check_choice("log-format", self.log_format, ("rich", "json"))
+        self.settings()  # raises for a bad --host, --port or --token
+
+    def settings(self) -> DashboardSettings:
+        return DashboardSettings(host=self.host, port=self.port, token=self.token)

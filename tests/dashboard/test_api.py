@@ -1,0 +1,205 @@
+"""The JSON API, /metrics, /healthz and the token, against real data sources."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from dashboard.app import STATIC_DIR, create_app
+from dashboard.history import History
+from dashboard.settings import DashboardSettings
+from dashboard.standalone import StandaloneSource
+from merge.envelope import seal
+from node.runtime import Node
+from tests.dashboard.conftest import FakeObserver
+
+PEER_FIELDS = {
+    "peer_id", "org", "state", "alive", "round", "updates_published", "updates_merged",
+    "tokens_per_s", "loss", "staleness_mean", "last_seen_s",
+}  # fmt: skip
+TOTALS_FIELDS = {"peers_alive", "tokens_per_s", "updates_merged", "goodput", "drift"}
+TOKEN = "s3cret-token"
+
+
+def embedded_client(node: Node, token: str | None = None) -> TestClient:
+    assert node.dashboard is not None
+    settings = DashboardSettings(host="127.0.0.1", port=0, token=token)
+    return TestClient(create_app(node.dashboard.source, settings))
+
+
+def standalone_client(observer: FakeObserver, token: str | None = None) -> TestClient:
+    settings = DashboardSettings(port=0, token=token)
+    source = StandaloneSource(observer, "run", settings, History(settings))
+    return TestClient(create_app(source, settings))
+
+
+def test_swarm_lists_the_node_with_the_documented_fields(trained_node: Node) -> None:
+    swarm = embedded_client(trained_node).get("/api/swarm").json()
+
+    assert swarm["mode"] == "embedded"
+    assert swarm["run_id"] == trained_node.config.run_id
+    assert swarm["fingerprint"] == trained_node.fingerprint
+    (peer,) = swarm["peers"]
+    assert peer.keys() >= PEER_FIELDS
+    assert swarm["totals"].keys() >= TOTALS_FIELDS
+    assert peer["peer_id"] == trained_node.peer_id and peer["local"] and peer["alive"]
+    assert peer["org"] == "lab" and peer["round"] == 2 and peer["updates_merged"] == 2
+    assert peer["tokens_per_s"] > 0 and peer["loss"] > 0 and peer["last_seen_s"] == 0
+    assert swarm["totals"]["peers_alive"] == 1
+    assert sum(b["count"] for b in swarm["staleness_histogram"]) == 2
+    assert [o["org"] for o in swarm["orgs"]] == ["lab"]
+
+
+def test_node_route_counts_rejected_updates(trained_node: Node) -> None:
+    replay = seal(
+        trained_node.identity,
+        fingerprint=trained_node.fingerprint,
+        seq=1,
+        base_applied=0,
+        published_applied=0,
+        inner_steps=2,
+        tokens=2,
+        loss=1.0,
+        codec="fp32",
+        numel=trained_node.num_params,
+        payload=bytes(4 * trained_node.num_params),
+    )
+    trained_node.report_merge(trained_node.pipeline.submit(replay))
+    trained_node.dashboard.source.refresh()  # type: ignore[union-attr]
+
+    node = embedded_client(trained_node).get("/api/node").json()
+
+    assert node["peer_id"] == trained_node.peer_id
+    assert node["rejections"] == {"duplicate": 1} and node["rejected_total"] == 1
+    assert node["num_applied"] == 2 and node["round"] == 2
+    timeline = embedded_client(trained_node).get("/api/history").json()["timeline"]
+    assert timeline[-1]["kind"] == "rejected" and "duplicate" in timeline[-1]["detail"]
+
+
+def test_history_has_a_loss_point_per_round_and_the_events_pass_through(
+    trained_node: Node,
+) -> None:
+    trained_node.events.emit("peer_joined", peer_id="12D3KooWpeer", org="other")
+    trained_node.dashboard.source.refresh()  # type: ignore[union-attr]  # one poll
+
+    history = embedded_client(trained_node).get("/api/history").json()
+
+    (series,) = history["peers"]
+    assert [p["round"] for p in series["points"]] == [1, 2]
+    assert all(p["val_loss"] is not None for p in series["points"])
+    assert history["swarm"] and history["swarm"][-1]["peers_alive"] == 1
+    assert history["timeline"][-1] == {
+        "t": history["timeline"][-1]["t"],
+        "kind": "joined",
+        "peer_id": "12D3KooWpeer",
+        "detail": "org other",
+    }
+    recorded = trained_node.events._inner.of("peer_joined")  # type: ignore[attr-defined]
+    assert recorded == [{"event": "peer_joined", "peer_id": "12D3KooWpeer", "org": "other"}]
+
+
+def test_metrics_parse_as_prometheus_text(trained_node: Node) -> None:
+    trained_node.pipeline.rejections["bad_signature"] += 3
+    response = embedded_client(trained_node).get("/metrics")
+
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(response.text)}
+    assert families["diloco_peers_alive"].samples[0].value == 1
+    (alive,) = families["diloco_peer_alive"].samples
+    assert alive.labels == {"peer_id": trained_node.peer_id, "org": "lab"}
+    assert families["diloco_peer_round"].samples[0].value == 2
+    by_staleness = families["diloco_merges_by_staleness"].samples
+    assert {s.labels["staleness"]: s.value for s in by_staleness}["0"] == 2
+    rejected = {s.labels["reason"]: s.value for s in families["diloco_node_rejections"].samples}
+    assert rejected["bad_signature"] == 3
+
+
+def test_token_guards_every_route(trained_node: Node) -> None:
+    client = embedded_client(trained_node, token=TOKEN)
+    routes = ["/", "/static/dashboard.js", "/api/swarm", "/api/node", "/api/history",
+              "/metrics", "/healthz", "/docs", "/openapi.json"]  # fmt: skip
+
+    for route in routes:
+        refused = client.get(route)
+        assert refused.status_code == 401, route
+        assert refused.headers["www-authenticate"] == "Bearer"
+        wrong = client.get(route, headers={"Authorization": "Bearer not-the-token"})
+        assert wrong.status_code == 401, route
+        assert client.get(route, headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+
+
+def test_browser_token_is_exchanged_once_for_a_cookie(trained_node: Node) -> None:
+    client = embedded_client(trained_node, token=TOKEN)
+
+    assert client.get("/?token=wrong", follow_redirects=False).status_code == 401
+    assert client.get(f"/api/swarm?token={TOKEN}").status_code == 401  # only / takes ?token=
+    landing = client.get(f"/?token={TOKEN}", follow_redirects=False)
+    assert landing.status_code == 303 and landing.headers["location"] == "/"
+    cookie = landing.headers["set-cookie"]
+    assert "httponly" in cookie.lower() and "samesite=strict" in cookie.lower()
+    assert TOKEN not in cookie
+    assert client.get("/api/swarm").status_code == 200  # the cookie alone now suffices
+    assert client.get("/").status_code == 200
+
+
+def test_every_route_is_read_only(trained_node: Node) -> None:
+    client = embedded_client(trained_node)
+    paths = client.get("/openapi.json").json()["paths"]
+
+    assert {"/api/swarm", "/api/node", "/api/history", "/metrics", "/healthz"} <= paths.keys()
+    assert all(operations.keys() == {"get"} for operations in paths.values())
+    for method in ("POST", "PUT", "PATCH", "DELETE"):
+        assert client.request(method, "/api/swarm").status_code == 405
+
+
+def test_page_needs_nothing_from_the_internet(trained_node: Node) -> None:
+    client = embedded_client(trained_node)
+    page = client.get("/")
+
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    assets = re.findall(r'(?:src|href)="(/static/[^"]+)"', page.text)
+    assert len(assets) == 2
+    for asset in assets:
+        assert client.get(asset).status_code == 200, asset
+    for path in STATIC_DIR.iterdir():
+        text = path.read_text()
+        assert not re.search(r"(?:src|href)=\"https?:|url\(\s*['\"]?https?:|@import", text), path
+        assert not re.search(r"fetch\(\s*[\"'`]https?:", text), path
+
+
+def test_healthz_is_ok_while_the_swarm_is_read(trained_node: Node) -> None:
+    health = embedded_client(trained_node).get("/healthz")
+
+    assert health.status_code == 200
+    assert health.json()["status"] == "ok" and health.json()["peers_alive"] == 1
+
+
+def test_standalone_has_no_node_and_reports_a_dht_that_never_answers() -> None:
+    client = standalone_client(FakeObserver(failing=True))
+
+    assert client.get("/api/node").status_code == 404
+    health = client.get("/healthz")
+    assert health.status_code == 503 and health.json()["status"] == "stale"
+    swarm = client.get("/api/swarm").json()
+    assert swarm["mode"] == "standalone" and swarm["peers"] == []
+    assert swarm["totals"]["goodput"] is None
+
+
+def test_openapi_documents_typed_responses(trained_node: Node) -> None:
+    schema = embedded_client(trained_node).get("/openapi.json").json()
+    ok = {p: schema["paths"][p]["get"]["responses"]["200"] for p in schema["paths"]}
+
+    for path in ("/api/swarm", "/api/node", "/api/history", "/healthz"):
+        assert "$ref" in ok[path]["content"]["application/json"]["schema"], path
+    peer = schema["components"]["schemas"]["PeerOut"]
+    assert peer["properties"].keys() >= PEER_FIELDS
+
+
+@pytest.mark.parametrize("bad", ["", "has space", "tab\there", "ünïcode"])
+def test_unusable_tokens_are_refused(bad: str) -> None:
+    with pytest.raises(ValueError, match="token"):
+        DashboardSettings(token=bad)

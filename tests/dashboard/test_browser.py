@@ -1,0 +1,173 @@
+"""End to end in a real browser: two nodes, a standalone dashboard, Debian's headless chromium.
+
+Needs /usr/bin/chromium and /usr/bin/chromedriver (.ci/run installs both with apt-get); selenium
+is told where the driver is, so it never downloads one. The screenshot is kept in
+tests/artifacts/dashboard.png.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO
+from tests.swarm.conftest import NodeProcess, _reap_all
+
+pytestmark = pytest.mark.swarm
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+ARTIFACTS = REPO / "tests" / "artifacts"
+RUN = ["--model", "tiny", "--threads", "1", "--inner-steps", "10", "--eval-batches", "2",
+       "--heartbeat-period", "1"]  # fmt: skip
+START_S = 120  # bounded waits, generous for a loaded 2-core machine
+PAGE_S = 90
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run",
+                  "--window-size=1440,1250"]  # fmt: skip
+Launch = Callable[..., NodeProcess]
+
+
+class DashboardProcess(NodeProcess):
+    """`diloco-node dashboard --log-format json --port 0` with the harness's readers."""
+
+    def start(self, args: list[str], *, home: Path) -> NodeProcess:
+        home.mkdir(parents=True, exist_ok=True)
+        self.home = home
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "node", "dashboard", "--log-format", "json", "--port", "0",
+             *args],
+            cwd=REPO,
+            env={**os.environ, "HOME": str(home), "PYTHONUNBUFFERED": "1"},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )  # fmt: skip
+        assert self._proc.stdout is not None and self._proc.stderr is not None
+        self._readers = [
+            self._spawn_reader(self._proc.stdout, self._on_stdout_line, self._on_stdout_closed),
+            self._spawn_reader(self._proc.stderr, self._stderr.append, lambda: None),
+        ]
+        return self
+
+
+@pytest.fixture
+def dashboard_process(tmp_path: Path) -> Iterator[Callable[..., DashboardProcess]]:
+    started: list[NodeProcess] = []
+
+    def _start(*args: str) -> DashboardProcess:
+        process = DashboardProcess("dashboard")
+        started.append(process)
+        process.start(list(args), home=tmp_path / "homes" / "dashboard")
+        return process
+
+    try:
+        yield _start
+    finally:
+        _reap_all(started)
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        pytest.skip("no /usr/bin/chromium: apt-get install chromium chromium-driver")
+    assert CHROMEDRIVER.exists(), "chromium is installed but chromedriver is not (chromium-driver)"
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = str(CHROMIUM)
+    for flag in [*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium'}"]:
+        options.add_argument(flag)
+    service = Service(str(CHROMEDRIVER), log_output=str(tmp_path / "chromedriver.log"))
+    driver = webdriver.Chrome(service=service, options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def page_state(driver: Any) -> dict[str, Any]:
+    """What a person sees: the alive count, the loss chart's points, each peer row's state."""
+    return driver.execute_script(  # type: ignore[no-any-return]
+        """
+        const rows = [...document.querySelectorAll('#peers tbody tr[data-peer-id]')];
+        return {
+          alive: document.getElementById('peers-alive').textContent,
+          lossPoints: document.querySelectorAll('#loss-chart circle.point').length,
+          lossPeers: document.querySelectorAll('#loss-legend span[title]').length,
+          peers: Object.fromEntries(rows.map(r => [r.dataset.peerId,
+            {cls: r.className, state: r.querySelector('.badge').textContent}])),
+          connection: document.getElementById('connection').className,
+        };
+        """
+    )
+
+
+def wait_for_page(driver: Any, predicate: Callable[[dict[str, Any]], bool], what: str) -> None:
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    try:
+        WebDriverWait(driver, PAGE_S, poll_frequency=0.5).until(lambda d: predicate(page_state(d)))
+    except TimeoutException:
+        save_screenshot(driver, "dashboard-failure.png")
+        raise AssertionError(f"page never showed {what}: {page_state(driver)}") from None
+
+
+def save_screenshot(driver: Any, name: str) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / name
+    driver.save_screenshot(str(path))
+    return path
+
+
+def test_page_shows_two_live_peers_learning_then_one_dead(
+    launch: Launch, dashboard_process: Callable[..., DashboardProcess], browser: Any
+) -> None:
+    first = launch(*RUN, "--org", "alpha", name="node0")
+    maddr = first.wait_listening(START_S)[0]
+    second = launch(*RUN, "--org", "beta", "--peers", maddr, name="node1")
+    dashboard = dashboard_process("--peers", maddr)
+    url = dashboard.wait_for_event("dashboard", START_S)["url"]
+    second.wait_listening(START_S)
+
+    browser.get(url)
+    ids = {first.peer_id, second.peer_id}
+    wait_for_page(
+        browser,
+        lambda s: (
+            s["alive"] == "2"
+            and set(s["peers"]) == ids
+            and s["lossPoints"] >= 2
+            and s["lossPeers"] == 2
+        ),
+        "2 alive peers and a loss chart with points of both",
+    )
+
+    second.kill()
+    wait_for_page(
+        browser,
+        lambda s: (
+            s["alive"] == "1"
+            and s["peers"].get(second.peer_id) == {"cls": "dead", "state": "dead"}
+            and s["peers"].get(first.peer_id, {}).get("cls") == "alive"
+        ),
+        f"{second.name} marked dead",
+    )
+    assert "live" in page_state(browser)["connection"]
+    assert save_screenshot(browser, "dashboard.png").stat().st_size > 10_000
+
+    assert dashboard.stop() == 0, dashboard.stderr_tail()  # Ctrl+C: a clean exit
+    assert dashboard.leftover_processes() == [], "its DHT process and p2pd must not outlive it"
