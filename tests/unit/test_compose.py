@@ -3,8 +3,9 @@
 Each node's command line is rebuilt the way Compose and `sh -c` would build it (Compose's
 `$$` escape, the `$(diloco-node keygen ... --peer-id)` substitution run in-process against
 temporary key files standing in for the named volumes, the shared run flags from the
-environment), then parsed by the real CLI parser and validated by `JoinConfig`. The mutation
-tests at the end break a copy of the file in one way each and expect the same checks to fail.
+environment), then parsed by the real CLI parser and validated by `JoinConfig` (the
+dashboard's by `StandaloneConfig`, as `diloco-node dashboard` does). The mutation tests at
+the end break a copy of the file in one way each and expect the same checks to fail.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
+from dashboard.settings import StandaloneConfig
 from merge.identity import Identity
 from node.cli import build_parser, main
 from node.config import JoinConfig, dataclass_from_args
@@ -39,6 +41,7 @@ DOCKERIGNORE = REPO / ".dockerignore"
 NODES = ("bootstrap", "worker1", "worker2")
 BOOTSTRAP = "bootstrap"
 KEYS_SERVICE = "keys"
+DASHBOARD = "dashboard"
 TORCH_PIN = "torch==2.13.0"
 
 # JoinConfig fields that may differ from node to node: where it listens, its role in the
@@ -278,6 +281,13 @@ class NodeSpec:
 
 
 @dataclass
+class DashboardSpec:
+    argv: list[str]
+    config: StandaloneConfig
+    keys_read: list[tuple[str, PurePosixPath]]
+
+
+@dataclass
 class Swarm:
     compose: dict[str, Any]
     volumes: Path
@@ -285,6 +295,7 @@ class Swarm:
     keys_peer_id: str
     keys_key: tuple[str, PurePosixPath]
     nodes: dict[str, NodeSpec]
+    dashboard: DashboardSpec
 
     def peer_id_of(self, name: str) -> str:
         path = host_path(self.compose, name, self.nodes[name].config.identity, self.volumes)[2]
@@ -292,9 +303,10 @@ class Swarm:
 
 
 def start_swarm(compose: dict[str, Any], volumes: Path, dockerfile_text: str) -> Swarm:
-    """Runs `keys`, then builds and validates each node's command line in start order."""
+    """Runs `keys`, then builds and validates each node's command line in start order, then
+    the dashboard's."""
     services = compose["services"]
-    assert set(NODES) | {KEYS_SERVICE} <= set(services), f"services: {sorted(services)}"
+    assert set(NODES) | {KEYS_SERVICE, DASHBOARD} <= set(services), f"services: {sorted(services)}"
     instructions = dockerfile_instructions(dockerfile_text)
     image_ep = image_entrypoint(instructions)
     keys_argv, _ = service_argv(compose, KEYS_SERVICE, volumes, image_ep)
@@ -312,7 +324,15 @@ def start_swarm(compose: dict[str, Any], volumes: Path, dockerfile_text: str) ->
         identity_path = host_path(compose, name, config.identity, volumes)[2]
         Identity.load_or_create(identity_path)
         nodes[name] = NodeSpec(name, argv, config, keys_read)
-    return Swarm(compose, volumes, instructions, keys_peer_id, keys_key, nodes)
+    argv, keys_read = service_argv(compose, DASHBOARD, volumes, image_ep)
+    args = parse_cli(DASHBOARD, argv)
+    assert args.command == "dashboard", f"{DASHBOARD}: runs `{args.command}`, not `dashboard`"
+    try:  # as `diloco-node dashboard` validates its flags before it serves
+        dashboard_config = dataclass_from_args(StandaloneConfig, args)
+    except ValueError as exc:
+        raise AssertionError(f"{DASHBOARD}: invalid configuration: {exc}") from exc
+    dashboard = DashboardSpec(argv, dashboard_config, keys_read)
+    return Swarm(compose, volumes, instructions, keys_peer_id, keys_key, nodes, dashboard)
 
 
 # --- the checks --------------------------------------------------------------------------
@@ -471,6 +491,51 @@ def check_storage(swarm: Swarm) -> None:
         checkpoints[checkpoint] = name
 
 
+def check_dashboard(swarm: Swarm) -> None:
+    """The dashboard serves on the port it publishes, watches the nodes' run, and finds the
+    swarm through the bootstrap node, whose key must exist before it starts."""
+    config = swarm.dashboard.config
+    assert config.host in ("0.0.0.0", "::"), (
+        f"{DASHBOARD}: --host {config.host} is unreachable through the published port"
+    )
+    published, exposed = container_ports(swarm.compose["services"][DASHBOARD], DASHBOARD)
+    assert published == {config.port} and not exposed - published, (
+        f"{DASHBOARD}: serves on --port {config.port} but its service publishes container "
+        f"ports {sorted(published)}"
+    )
+    for name, node in swarm.nodes.items():
+        assert config.run_id == node.config.run_id, (
+            f"{DASHBOARD}: watches --run-id {config.run_id}, but {name} trains "
+            f"--run-id {node.config.run_id}"
+        )
+    assert config.peers, f"{DASHBOARD}: no --peers"
+    bootstrap = swarm.nodes[BOOTSTRAP].config
+    for peer in config.peers:
+        parts = parse_maddr(DASHBOARD, peer)
+        target = next((parts[p] for p in DNS_PROTOCOLS if p in parts), None)
+        assert target == BOOTSTRAP, f"{DASHBOARD}: --peers {peer} does not name {BOOTSTRAP}"
+        assert parts.get("tcp") == str(bootstrap.port), (
+            f"{DASHBOARD}: --peers {peer} dials the wrong port; {BOOTSTRAP} listens on "
+            f"--port {bootstrap.port}"
+        )
+        assert parts.get("p2p") == swarm.peer_id_of(BOOTSTRAP), (
+            f"{DASHBOARD}: --peers {peer} does not carry {BOOTSTRAP}'s peer id "
+            f"{swarm.peer_id_of(BOOTSTRAP)}"
+        )
+    bootstrap_key = host_path(swarm.compose, BOOTSTRAP, bootstrap.identity, swarm.volumes)[:2]
+    assert swarm.dashboard.keys_read == [bootstrap_key], (
+        f"{DASHBOARD}: reads the peer id of {swarm.dashboard.keys_read}, not {bootstrap_key}"
+    )
+    depends_on = swarm.compose["services"][DASHBOARD].get("depends_on") or {}
+    if isinstance(depends_on, list):
+        depends_on = {dep: {"condition": "service_started"} for dep in depends_on}
+    condition = (depends_on.get(KEYS_SERVICE) or {}).get("condition")
+    assert condition == "service_completed_successfully", (
+        f"{DASHBOARD}: must wait for {KEYS_SERVICE} to complete successfully, got {condition}"
+    )
+    assert BOOTSTRAP in depends_on, f"{DASHBOARD}: does not start after {BOOTSTRAP}"
+
+
 def check_dockerfile(text: str) -> None:
     instructions = dockerfile_instructions(text)
     assert instructions and instructions[0] == ("FROM", "python:3.11-slim"), instructions[:1]
@@ -544,10 +609,13 @@ def test_all_nodes_share_the_run_settings(swarm: Swarm) -> None:
 
 def test_run_settings_come_from_one_anchor() -> None:
     text = COMPOSE_FILE.read_text()
-    assert text.count("--run-id") == 1 and text.count("--model") == 1, (
+    # --run-id twice: in the shared anchor, and in the dashboard's command, which takes no
+    # training flags and which check_dashboard ties to the nodes' run id.
+    assert text.count("--run-id") == 2 and text.count("--model") == 1, (
         "the run flags belong in the shared anchor only"
     )
     services = load_compose()["services"]
+    assert all("--run-id" not in services[name]["command"][0] for name in NODES)
     envs = [services[name].get("environment") for name in NODES]
     assert all(env == envs[0] for env in envs)
 
@@ -558,11 +626,16 @@ def test_each_node_has_its_own_identity_and_checkpoints(swarm: Swarm) -> None:
     assert len(peer_ids) == len(NODES)
 
 
-def test_dashboard_placeholder_is_left_for_the_dashboard_issue() -> None:
-    text = COMPOSE_FILE.read_text()
-    assert re.search(r"^\s*#\s*dashboard:", text, re.MULTILINE)
-    assert "diloco-node dashboard" in text and "--port 8000" in text
-    assert "dashboard" not in load_compose()["services"]
+def test_dashboard_watches_the_swarm_through_the_bootstrap_node(swarm: Swarm) -> None:
+    check_dashboard(swarm)
+    dashboard = swarm.dashboard
+    assert dashboard.argv[0] == "dashboard"
+    assert dashboard.config.host == "0.0.0.0" and dashboard.config.port == 8000
+    assert container_ports(swarm.compose["services"][DASHBOARD], DASHBOARD) == ({8000}, set())
+    assert dashboard.config.run_id == check_shared_run(swarm)["run_id"]
+    bootstrap_id = swarm.peer_id_of(BOOTSTRAP)
+    assert dashboard.config.peers == [f"/dns4/bootstrap/tcp/31337/p2p/{bootstrap_id}"]
+    assert "http://localhost:8000/" in COMPOSE_FILE.read_text()
 
 
 def test_dockerfile_installs_the_tested_torch_and_runs_diloco_node() -> None:
@@ -623,6 +696,7 @@ def _all_checks(swarm: Swarm) -> None:
     check_keys_service(swarm)
     check_shared_run(swarm)
     check_storage(swarm)
+    check_dashboard(swarm)
 
 
 PEERS = "/dns4/bootstrap/tcp/31337/p2p/"
@@ -693,6 +767,14 @@ MUTATIONS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
     "bootstrap port not published": (
         _set(("services", BOOTSTRAP, "ports"), []),
         "declares container ports",
+    ),
+    "dashboard serves another port than it publishes": (
+        _edit_command(DASHBOARD, "--port 8000", "--port 8001"),
+        "publishes container ports",
+    ),
+    "dashboard watches another run": (
+        _edit_command(DASHBOARD, "--run-id compose-demo", "--run-id other"),
+        "watches --run-id other",
     ),
 }
 
