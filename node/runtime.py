@@ -258,8 +258,8 @@ class Node:
             if self._time_exhausted():
                 reason = "max_time"
                 break
-            self.run_round()
-            if self.round % self.config.checkpoint_every == 0:
+            completed = self.run_round() is not None
+            if completed and self.round % self.config.checkpoint_every == 0:
                 self.save_checkpoint()
         self.save_checkpoint()
         self.events.emit("stopped", round=self.round, reason=reason, seq=self.seq)
