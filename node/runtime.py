@@ -322,7 +322,8 @@ class Node:
             merge_s=t_merge - t_seal,
             eval_s=t_eval - t_merge,
         )
-        self._report_round(stats.loss, stats.tokens, val_loss, timings, t_eval - start)
+        published = self.seq if result.accepted else None
+        self._report_round(stats.loss, stats.tokens, val_loss, timings, t_eval - start, published)
         self.last_round = {
             "loss": stats.loss,
             "val_loss": val_loss,
@@ -368,11 +369,18 @@ class Node:
             )
 
     def _report_round(
-        self, loss: float, tokens: int, val_loss: float | None, t: RoundTimings, round_s: float
+        self,
+        loss: float,
+        tokens: int,
+        val_loss: float | None,
+        t: RoundTimings,
+        round_s: float,
+        seq: int | None,
     ) -> None:
         self.events.emit(
             "round_done",
             round=self.round,
+            seq=seq,
             loss=round(loss, 6),
             val_loss=val_loss,
             tokens=tokens,

@@ -1,0 +1,229 @@
+"""Goodput accounting of a chaos run, from the JSON events the nodes printed. No processes here.
+
+Per node slot (one slot is one machine; a restart is a new incarnation in the same slot):
+- allocated seconds: the measured window, whether the node was up or not;
+- compute seconds: inner-step time of its rounds inside the window (a round straddling an edge
+  counts for its part inside);
+- merged seconds: compute of rounds whose update was merged by at least one other node, and by
+  all live others (those up when it was published and still up, never killed, at the end);
+- restarts, updates published and updates lost (never merged by any other node).
+Asynchronous nodes (`diloco-node join`) and synchronous workers (`bench.sync_baseline`) are
+accounted alike; for a synchronous worker, "merged" means its round's all-reduce committed, with
+at least one other worker, or with every live worker.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+Event = dict[str, Any]
+
+
+@dataclass
+class Incarnation:
+    """One process of a node slot, from launch to exit."""
+
+    events: list[Event]
+    launched: float
+    ended: float | None = None
+    killed: bool = False
+
+    @property
+    def started(self) -> float | None:
+        """When it began training (its `started` event), if it got that far."""
+        return next((e["time"] for e in self.events if e.get("event") == "started"), None)
+
+    @property
+    def peer_id(self) -> str | None:
+        return next((e["peer_id"] for e in self.events if "peer_id" in e), None)
+
+    def up_at(self, t: float) -> bool:
+        started = self.started
+        return started is not None and started <= t and (self.ended is None or t < self.ended)
+
+
+@dataclass
+class Slot:
+    node: int
+    incarnations: list[Incarnation] = field(default_factory=list)
+
+    @property
+    def restarts(self) -> int:
+        return sum(i.killed for i in self.incarnations)
+
+    def survives_from(self, t: float) -> bool:
+        """Up at `t` and never killed after it."""
+        return any(i.up_at(t) and not i.killed for i in self.incarnations)
+
+
+@dataclass(frozen=True)
+class Round:
+    node: int
+    end: float
+    inner_s: float
+    round_s: float
+    seq: int | None
+    """Async: the seq of the node's own update published by this round."""
+    group_size: int = 0
+    """Sync: workers in the round's all-reduce (0: it failed)."""
+    committed: bool = False
+
+
+def async_rounds(slot: Slot) -> list[Round]:
+    """Each round_done paired with the node's own update_merged that precedes it."""
+    rounds = []
+    for inc in slot.incarnations:
+        own, seq = inc.peer_id, None
+        for e in inc.events:
+            if e.get("event") == "update_merged" and e["author"] == own:
+                seq = int(e["seq"])
+            elif e.get("event") == "round_done":
+                rounds.append(Round(slot.node, e["time"], e["inner_s"], e["round_s"], seq))
+                seq = None
+    return rounds
+
+
+def sync_rounds(slot: Slot) -> list[Round]:
+    return [
+        Round(
+            slot.node, e["time"], e["inner_s"], e["round_s"], None, e["group_size"], e["committed"]
+        )
+        for inc in slot.incarnations
+        for e in inc.events
+        if e.get("event") == "round_done"
+    ]
+
+
+def inner_in_window(r: Round, t0: float, t1: float) -> float:
+    """The part of the round's inner steps (they open the round) inside [t0, t1]."""
+    start = r.end - r.round_s
+    return max(0.0, min(start + r.inner_s, t1) - max(start, t0))
+
+
+def merged_by(slots: list[Slot]) -> dict[tuple[str, int], set[int]]:
+    """(author, seq) -> slots that merged it as a peer's update."""
+    found: dict[tuple[str, int], set[int]] = defaultdict(set)
+    for slot in slots:
+        for inc in slot.incarnations:
+            for e in inc.events:
+                if e.get("event") == "update_merged" and e["author"] != inc.peer_id:
+                    found[(e["author"], int(e["seq"]))].add(slot.node)
+    return found
+
+
+def account(slots: list[Slot], t0: float, t1: float, *, synchronous: bool, window_s: float) -> dict:
+    """Per-node figures and the totals: goodput, uptime, updates lost."""
+    merged = {} if synchronous else merged_by(slots)
+    per_node = []
+    for slot in slots:
+        authors = {i.peer_id for i in slot.incarnations}
+        rounds = sync_rounds(slot) if synchronous else async_rounds(slot)
+        rounds = [r for r in rounds if inner_in_window(r, t0, t1) > 0 or t0 <= r.end <= t1]
+        others = [s for s in slots if s is not slot]
+        figures = {"node": slot.node, "allocated_s": t1 - t0, "restarts": slot.restarts}
+        figures |= _round_figures(rounds, others, merged, authors, t0, t1, synchronous)
+        per_node.append(figures)
+    return _totals(per_node) | {
+        "uptime": uptime(slots, t0, t1, window_s, synchronous=synchronous),
+        "per_node": per_node,
+    }
+
+
+Merged = dict[tuple[str, int], set[int]]
+
+
+def _round_figures(
+    rounds: list[Round],
+    others: list[Slot],
+    merged: Merged,
+    authors: set[str | None],
+    t0: float,
+    t1: float,
+    synchronous: bool,
+) -> dict[str, float]:
+    compute = any_s = all_s = 0.0
+    published = lost = 0
+    for r in rounds:
+        inner = inner_in_window(r, t0, t1)
+        compute += inner
+        status = (
+            _sync_status(r, others) if synchronous else _async_status(r, others, merged, authors)
+        )
+        if status is None:
+            continue  # no update came out of this round
+        by_any, by_all = status
+        published += 1
+        lost += not by_any
+        any_s += inner if by_any else 0.0
+        all_s += inner if by_all else 0.0
+    return {
+        "compute_s": compute,
+        "merged_any_s": any_s,
+        "merged_all_s": all_s,
+        "updates_published": published,
+        "updates_lost": lost,
+    }
+
+
+def _sync_status(r: Round, others: list[Slot]) -> tuple[bool, bool]:
+    """(merged by another worker, merged by every live worker): the all-reduce committed."""
+    live = 1 + sum(_up(s, r.end) for s in others)
+    return r.committed, r.committed and r.group_size >= live
+
+
+def _async_status(
+    r: Round, others: list[Slot], merged: Merged, authors: set[str | None]
+) -> tuple[bool, bool] | None:
+    """(merged by another node, merged by every other node live from then to the end)."""
+    if r.seq is None:
+        return None
+    mergers: set[int] = set()
+    for author in authors:
+        if author is not None:
+            mergers |= merged.get((author, r.seq), set())
+    live = {s.node for s in others if s.survives_from(r.end)}
+    return bool(mergers), bool(mergers) and live <= mergers
+
+
+def _up(slot: Slot, t: float) -> bool:
+    return any(i.up_at(t) for i in slot.incarnations)
+
+
+def _totals(per_node: list[dict]) -> dict:
+    keys = (
+        "allocated_s",
+        "compute_s",
+        "merged_any_s",
+        "merged_all_s",
+        "restarts",
+        "updates_published",
+        "updates_lost",
+    )
+    totals = {k: sum(n[k] for n in per_node) for k in keys}
+    allocated = max(totals["allocated_s"], 1e-9)
+    return {
+        "goodput": round(totals["merged_any_s"] / allocated, 4),
+        "goodput_all_live": round(totals["merged_all_s"] / allocated, 4),
+        "compute_share": round(totals["compute_s"] / allocated, 4),
+        **{k: round(v, 2) if isinstance(v, float) else v for k, v in totals.items()},
+    }
+
+
+def uptime(slots: list[Slot], t0: float, t1: float, window_s: float, *, synchronous: bool) -> float:
+    """Share of windows of `window_s` in which the swarm merged at least one update."""
+    num_windows = max(1, int((t1 - t0) // window_s))
+    hits = set()
+    for slot in slots:
+        for inc in slot.incarnations:
+            for e in inc.events:
+                if _is_progress(e, inc.peer_id, synchronous) and t0 <= e["time"] < t1:
+                    hits.add(int((e["time"] - t0) // window_s))
+    return round(len([h for h in hits if h < num_windows]) / num_windows, 4)
+
+
+def _is_progress(e: Event, own: str | None, synchronous: bool) -> bool:
+    if synchronous:
+        return e.get("event") == "round_done" and bool(e.get("committed"))
+    return e.get("event") == "update_merged" and e.get("author") != own
