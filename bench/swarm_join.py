@@ -86,9 +86,11 @@ def _run_swarm(
         "the newcomer's first update",
     )
     merged_elsewhere = first.wait_for(
-        lambda e: e.get("event") == "update_merged"
-        and e["author"] == listening["peer_id"]
-        and e["seq"] == first_own["seq"],
+        lambda e: (
+            e.get("event") == "update_merged"
+            and e["author"] == listening["peer_id"]
+            and e["seq"] == first_own["seq"]
+        ),
         args.timeout,
         "the newcomer's first update merged by node0",
     )
