@@ -7,9 +7,6 @@ tests/artifacts/dashboard.png.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -37,27 +34,7 @@ Launch = Callable[..., NodeProcess]
 class DashboardProcess(NodeProcess):
     """`diloco-node dashboard --log-format json --port 0` with the harness's readers."""
 
-    def start(self, args: list[str], *, home: Path) -> NodeProcess:
-        home.mkdir(parents=True, exist_ok=True)
-        self.home = home
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "node", "dashboard", "--log-format", "json", "--port", "0",
-             *args],
-            cwd=REPO,
-            env={**os.environ, "HOME": str(home), "PYTHONUNBUFFERED": "1"},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            errors="replace",
-            start_new_session=True,
-        )  # fmt: skip
-        assert self._proc.stdout is not None and self._proc.stderr is not None
-        self._readers = [
-            self._spawn_reader(self._proc.stdout, self._on_stdout_line, self._on_stdout_closed),
-            self._spawn_reader(self._proc.stderr, self._stderr.append, lambda: None),
-        ]
-        return self
+    command = ["dashboard", "--log-format", "json", "--port", "0"]
 
 
 @pytest.fixture

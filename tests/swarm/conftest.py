@@ -50,6 +50,9 @@ SESSION_MARKER = "DILOCO_TEST_SESSION"
 class NodeProcess:
     """One `diloco-node join --log-format json` child process and what it has said so far."""
 
+    command = ["join", "--log-format", "json", "--host", "127.0.0.1", "--port", "0"]
+    """The subcommand and defaults every launch starts with; later args override them."""
+
     def __init__(self, name: str) -> None:
         self.name = name
         self.home: Path | None = None
@@ -69,8 +72,7 @@ class NodeProcess:
         home.mkdir(parents=True, exist_ok=True)
         self.home = home
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "node", "join", "--log-format", "json",
-             "--host", "127.0.0.1", "--port", "0", *args],
+            [sys.executable, "-m", "node", *self.command, *args],
             cwd=REPO,
             env={**os.environ, "HOME": str(home), "PYTHONUNBUFFERED": "1"},
             stdin=subprocess.DEVNULL,
