@@ -67,6 +67,8 @@ class JoinConfig:
     """Stop after this many rounds (default: run until interrupted)."""
     max_time: float | None = None
     """Stop after this many seconds of wall time (default: run until interrupted)."""
+    linger: float = 0.0
+    """After --max-rounds or --max-time, keep serving and merging for this many seconds."""
     eval_batches: int = 4
     """Validation batches evaluated on the replica after every round (0 disables)."""
     checkpoint_dir: str | None = None
@@ -137,7 +139,7 @@ class JoinConfig:
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise ValueError(f"--{_flag(name)} must be a positive number, got {value}")
-        for name in ("weight_decay", "grad_clip", "staleness_a", "staleness_b"):
+        for name in ("weight_decay", "grad_clip", "staleness_a", "staleness_b", "linger"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"--{_flag(name)} must be a non-negative number, got {value}")

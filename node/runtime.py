@@ -261,8 +261,18 @@ class Node:
             completed = self.run_round() is not None
             if completed and self.round % self.config.checkpoint_every == 0:
                 self.save_checkpoint()
+        if reason != "interrupted":
+            self._linger()
         self.save_checkpoint()
         self.events.emit("stopped", round=self.round, reason=reason, seq=self.seq)
+
+    def _linger(self) -> None:
+        """Keep serving and merging for --linger seconds, so peers still get our last update."""
+        if self.swarm is None or not self.config.linger:
+            return
+        self.state = "idle"
+        self.events.emit("lingering", seconds=self.config.linger)
+        self._stop.wait(self.config.linger)
 
     def _rounds_exhausted(self) -> bool:
         return self.config.max_rounds is not None and self.round >= self.config.max_rounds

@@ -182,3 +182,22 @@ def _bootstrap_maddr(proc: subprocess.Popen[str]) -> str:
         if not line and proc.poll() is not None:
             break
     raise AssertionError("hivemind-dht did not print its address within 60 s")
+
+
+def test_a_finished_node_lingers_serving_and_merging_before_it_leaves(launch: Launch) -> None:
+    a = launch(*RUN, "--max-rounds", "2", "--linger", "8", name="finisher")
+    b = launch(*RUN, "--peers", a.wait_listening(START_S)[0], name="stayer")
+    lingering = a.wait_for_event("lingering", START_S)
+    stopped = a.wait_for_event("stopped", MERGE_S)
+    assert stopped["reason"] == "max_rounds" and stopped["time"] - lingering["time"] >= 8
+    assert a.wait_exit(60) == 0
+    merged_while_lingering = [
+        e for e in merged_from(a, b.peer_id) if lingering["time"] < e["time"] < stopped["time"]
+    ]
+    assert merged_while_lingering, "a lingering node keeps merging its peers' updates"
+    # The finisher's last update reached the stayer: merged, or in the replica it downloaded.
+    last_seq = stopped["seq"]
+    downloaded = b.events("state_downloaded")
+    # (before the stayer's first update, the finisher's are the only ones in the swarm)
+    if not (downloaded and downloaded[0]["num_applied"] >= last_seq):
+        wait_merged(b, a.peer_id, after_seq=last_seq - 1)
