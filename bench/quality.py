@@ -171,8 +171,9 @@ def run_async(config: QualityConfig, ev: Evaluator, home: Path) -> dict:
     common = cli_flags(
         log_format="json", model=config.model, run_id=run_id, inner_steps=config.inner_steps,
         max_rounds=config.rounds, seed=config.seed, threads=config.threads, eval_batches=1,
-        host="127.0.0.1", port=0, heartbeat_period=1,
+        host="127.0.0.1", port=0, heartbeat_period=1, linger=10,
     )  # fmt: skip
+    # --linger: a learner that finishes first keeps serving its last update to the others.
     children, seconds = run_learners(
         config, home, "async", lambda _: python_module("node", "join", *common)
     )
