@@ -19,7 +19,7 @@ from pathlib import Path
 
 from hivemind.p2p import P2P
 
-from tests.swarm.conftest import NodeProcess
+from bench.procs import ChildProcess, python_module
 
 RAW_MB = 100
 CHUNK = 1 << 20
@@ -50,7 +50,7 @@ def main() -> None:
 def measure_swarm(args: argparse.Namespace) -> dict[str, float]:
     run = ["--model", args.model, "--inner-steps", str(args.inner_steps), "--threads", "1",
            "--eval-batches", "1", "--heartbeat-period", "2"]  # fmt: skip
-    nodes: list[NodeProcess] = []
+    nodes: list[ChildProcess] = []
     with tempfile.TemporaryDirectory() as tmp:
         try:
             return _run_swarm(Path(tmp), run, nodes, args)
@@ -60,15 +60,17 @@ def measure_swarm(args: argparse.Namespace) -> dict[str, float]:
 
 
 def _run_swarm(
-    tmp: Path, run: list[str], nodes: list[NodeProcess], args: argparse.Namespace
+    tmp: Path, run: list[str], nodes: list[ChildProcess], args: argparse.Namespace
 ) -> dict[str, float]:
-    def launch(name: str, *extra: str) -> NodeProcess:
-        node = NodeProcess(name).start([*run, *extra], home=tmp / name)
+    def launch(name: str, *extra: str) -> ChildProcess:
+        argv = python_module("node", "join", "--log-format", "json", "--host", "127.0.0.1",
+                             "--port", "0", *run, *extra)  # fmt: skip
+        node = ChildProcess(name, argv, home=tmp / name).start()
         nodes.append(node)
         return node
 
     first = launch("node0")
-    maddr = first.wait_listening(args.timeout)[0]
+    maddr = first.wait_event("listening", args.timeout)["maddrs"][0]
     others = [launch(f"node{i}", "--peers", maddr) for i in (1, 2)]
     for node in [first, *others]:
         node.wait_for(
@@ -78,8 +80,8 @@ def _run_swarm(
         )
     joined_at = time.time()
     newcomer = launch("newcomer", "--peers", maddr)
-    listening = newcomer.wait_for_event("listening", args.timeout)
-    state = newcomer.wait_for_event("state_downloaded", args.timeout)
+    listening = newcomer.wait_event("listening", args.timeout)
+    state = newcomer.wait_event("state_downloaded", args.timeout)
     first_own = newcomer.wait_for(
         lambda e: e.get("event") == "update_merged" and e["author"] == listening["peer_id"],
         args.timeout,
@@ -94,7 +96,7 @@ def _run_swarm(
         args.timeout,
         "the newcomer's first update merged by node0",
     )
-    fetches = [e for node in [first, *others] for e in node.events("update_fetched")]
+    fetches = [e for node in [first, *others] for e in node.of("update_fetched")]
     return {
         "join_to_listening_s": round(listening["time"] - joined_at, 2),
         "join_to_state_s": round(state["time"] - joined_at, 2),
