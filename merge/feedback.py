@@ -1,0 +1,56 @@
+"""Error feedback: what a lossy codec drops this round is sent in a later one (SparseLoCo).
+
+The compressor keeps a residual: each round it encodes pseudo_gradient + residual and keeps
+as the new residual what the payload does not carry. Over any number of rounds the decoded
+payloads plus the residual add up to the pseudo-gradients put in, so compression delays
+progress but loses none. A codec without error feedback passes its input straight through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from merge.codec_base import Codec, CodecError
+
+
+class Compressor:
+    """Encodes a node's successive pseudo-gradients with ``codec``, carrying the residual."""
+
+    def __init__(self, codec: Codec, numel: int) -> None:
+        self.codec = codec
+        self.numel = numel
+        self.residual = torch.zeros(numel if codec.error_feedback else 0, dtype=torch.float32)
+
+    def encode(self, pseudo_gradient: torch.Tensor) -> bytes:
+        """The payload for this round; updates the residual to what it leaves out."""
+        if not self.codec.error_feedback:
+            return self.codec.encode(pseudo_gradient)
+        target = pseudo_gradient + self.residual
+        payload = self.codec.encode(target)
+        try:
+            target -= self.codec.decode(payload, self.numel)
+        except CodecError:  # non-finite input: the pipeline rejects this payload
+            target.fill_(float("nan"))
+        if bool(torch.isfinite(target).all()):
+            self.residual = target
+        else:  # a diverged round must not poison every later one
+            self.residual.zero_()
+        return payload
+
+    def state_dict(self) -> dict[str, object]:
+        """Loadable with torch.load(weights_only=True)."""
+        return {"codec": self.codec.name, "residual": self.residual.clone()}
+
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
+        """Restores the residual; one saved under another codec is dropped (it does not apply)."""
+        residual = state.get("residual")
+        if state.get("codec") != self.codec.name or not self.codec.error_feedback:
+            self.residual.zero_()
+            return
+        if not isinstance(residual, torch.Tensor) or residual.shape != self.residual.shape:
+            raise ValueError(f"error feedback residual must have {self.numel} elements.")
+        if residual.dtype != torch.float32 or not bool(torch.isfinite(residual).all()):
+            raise ValueError("error feedback residual must be finite fp32.")
+        self.residual.copy_(residual)
