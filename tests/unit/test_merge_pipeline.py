@@ -104,7 +104,7 @@ def assert_rejected(pipeline: UpdatePipeline, update: SignedUpdate, reason: str)
     ("overrides", "reason"),
     [
         ({"fingerprint": hashlib.sha256(b"other run").hexdigest()}, "wrong_run"),
-        ({"codec": "int4", "payload": b"\x00" * 2}, "unknown_codec"),
+        ({"codec": "int3", "payload": b"\x00" * 2}, "unknown_codec"),
         ({"numel": 5, "delta": [0.1] * 5}, "wrong_size"),
         ({"seq": -1}, "bad_counters"),
         ({"base_applied": -1, "published_applied": 0}, "bad_counters"),
