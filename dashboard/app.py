@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request, Response
-from fastapi.responses import FileResponse
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import FileResponse, HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
@@ -18,6 +20,17 @@ from dashboard.sources import STALE_AFTER_POLLS, DataSource
 from dashboard.view import swarm_out
 
 STATIC_DIR = Path(__file__).parent / "static"
+DOCS_ASSETS = "/docs-assets"
+
+
+def swagger_ui_dir() -> Path | None:
+    """Swagger UI's files as the swagger-ui-py package ships them; None when it is missing."""
+    try:
+        import swagger_ui
+    except ImportError:
+        return None
+    directory = Path(swagger_ui.__file__).parent / "static"
+    return directory if (directory / "swagger-ui-bundle.js").is_file() else None
 
 
 def get_source(request: Request) -> DataSource:
@@ -91,17 +104,56 @@ def read_page() -> FileResponse:
     return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
 
 
+def _offline_docs(app: FastAPI) -> None:
+    """/docs from local files only (no CDN): Swagger UI when installed, else a plain list."""
+    assets = swagger_ui_dir()
+    if assets is not None:
+        app.mount(DOCS_ASSETS, StaticFiles(directory=assets), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    def read_docs() -> HTMLResponse:
+        if assets is None:
+            return HTMLResponse(docs_page(app.openapi()))
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json",
+            title=f"{app.title} - API",
+            swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png",
+        )
+
+
+def docs_page(schema: dict[str, object]) -> str:
+    """A minimal API reference generated from the OpenAPI schema: method, path, summary."""
+    rows = []
+    paths = schema.get("paths", {})
+    assert isinstance(paths, dict)
+    for path, operations in sorted(paths.items()):
+        for method, operation in operations.items():
+            summary = html.escape(str(operation.get("description") or operation.get("summary")))
+            rows.append(f"<tr><td>{method.upper()}</td><td><code>{html.escape(path)}</code></td>"
+                        f"<td>{summary}</td></tr>")  # fmt: skip
+    return (
+        "<!doctype html><title>diloco-node dashboard API</title><h1>API</h1>"
+        '<p>Schema: <a href="/openapi.json">/openapi.json</a></p>'
+        f"<table>{''.join(rows)}</table>"
+    )
+
+
 def create_app(source: DataSource, settings: DashboardSettings) -> FastAPI:
     app = FastAPI(
         title="diloco-node dashboard",
         description="Read-only view of a diloco-node swarm.",
         openapi_url="/openapi.json",
+        docs_url=None,  # FastAPI's default pages load Swagger UI and ReDoc from a CDN
+        redoc_url=None,
     )
     app.state.source = source
     app.state.settings = settings
     app.state.registry = metrics.metrics_registry(source)
     app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    _offline_docs(app)
     if settings.token is not None:
         app.add_middleware(BearerTokenMiddleware, token=settings.token)
     return app

@@ -6,6 +6,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from dht.addresses import parse_peer_maddr
+from merge.identity import read_secret_file
 from node.config import JoinConfig
 
 
@@ -66,6 +67,8 @@ class StandaloneConfig:
     """TCP port to serve the dashboard on (0: any free port, printed at start)."""
     token: str | None = None
     """Require 'Authorization: Bearer TOKEN' on every route (browser: open /?token=TOKEN once)."""
+    token_file: str | None = None
+    """Read the token from this file (mode 0600): unlike --token, it does not show in ps."""
     log_level: str = "INFO"
     """Logging level: DEBUG, INFO, WARNING or ERROR."""
     log_format: str = "rich"
@@ -81,6 +84,10 @@ class StandaloneConfig:
             raise ValueError("--run-id must be 1 to 64 characters long")
         _check_choice("log-level", self.log_level.upper(), ("DEBUG", "INFO", "WARNING", "ERROR"))
         _check_choice("log-format", self.log_format, ("rich", "json"))
+        if self.token_file is not None:
+            if self.token is not None:
+                raise ValueError("give --token or --token-file, not both")
+            self.token = read_secret_file(self.token_file, "--token-file")
         self.settings()  # raises for a bad --host, --port or --token
 
     def settings(self) -> DashboardSettings:

@@ -1,13 +1,22 @@
-"""Signed heartbeats: what every node tells the swarm about itself, every few seconds."""
+"""Signed heartbeats: what every node tells the swarm about itself, every few seconds.
+
+A heartbeat is a strict typed model (a pydantic dataclass in strict mode): every field has a
+type, a bounded length and, for numbers, a finite range, so a heartbeat that a peer crafted
+(`sketch: null`, a list as `applied_digest`, a loss of 10**400, two val_loss of 1e308 whose
+sum overflows) is rejected when it is parsed, before membership, the learner, `status` or
+the dashboard read it. Construction validates too: a node cannot sign a heartbeat that its
+peers would refuse.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import struct
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated
+
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic.dataclasses import dataclass
 
 from merge.identity import Identity, verify_signature
 
@@ -19,6 +28,24 @@ MAX_AUTHORS = 128
 """Authors listed in `merged_by_author` (those with the most merged updates first)."""
 STALENESS_BUCKETS = (0, 1, 2, 4, 8, 16, 32)
 """Lower edges of the staleness histogram's buckets: 0, 1, 2-3, 4-7, 8-15, 16-31, 32+."""
+MAX_COUNT = 2**53
+"""Counters above this are refused: they cannot be honest and do not survive JSON floats."""
+MAX_LOSS = 1e6
+"""Losses above this are refused (a byte-level model starts near ln 256 = 5.5)."""
+MAX_SKETCH = 256
+MAX_MADDRS = 16
+MAX_REJECTION_REASONS = 64
+REASONS = ("malformed", "bad_signature", "wrong_peer", "too_large")
+
+PeerId = Annotated[str, Field(min_length=1, max_length=128)]
+Label = Annotated[str, Field(max_length=64)]
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+Seconds = Annotated[float, Field(ge=0, le=1e10, allow_inf_nan=False)]
+Rate = Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)]
+Loss = Annotated[float, Field(ge=0, le=MAX_LOSS, allow_inf_nan=False)]
+SketchValue = Annotated[float, Field(ge=-1e12, le=1e12, allow_inf_nan=False)]
+Digest = Annotated[str, Field(pattern=r"^([0-9a-f]{64})?$")]
+Maddr = Annotated[str, Field(min_length=1, max_length=256)]
 
 
 def staleness_bucket(staleness: int) -> int:
@@ -29,106 +56,102 @@ def staleness_bucket(staleness: int) -> int:
 class HeartbeatError(ValueError):
     """A heartbeat that is malformed or not signed by the peer it claims to come from."""
 
+    def __init__(self, reason: str, detail: str) -> None:
+        assert reason in REASONS, reason
+        super().__init__(detail)
+        self.reason = reason
+        """One of REASONS: what rejections are counted by (as `heartbeat_<reason>`)."""
 
-@dataclass(frozen=True, kw_only=True)
+
+_STRICT = ConfigDict(strict=True, extra="forbid")
+
+
+@dataclass(frozen=True, kw_only=True, config=_STRICT)
 class Heartbeat:
-    peer_id: str
-    org: str = ""
-    version: str = ""
-    device: str = ""
-    memory_gb: float = 0.0
-    state: str = "training"
-    round: int = 0
-    tokens_per_s: float = 0.0
-    loss: float | None = None
-    val_loss: float | None = None
-    num_applied: int = 0
-    applied_digest: str = ""
-    latest_seq: int = 0
-    updates_published: int = 0
-    updates_merged: int = 0
-    staleness_mean: float = 0.0
-    drift: float | None = None
-    sketch: list[float] = field(default_factory=list)
-    uptime_s: float = 0.0
-    maddrs: list[str] = field(default_factory=list)
+    peer_id: PeerId
+    org: Label = ""
+    version: Label = ""
+    device: Label = ""
+    memory_gb: Annotated[float, Field(ge=0, le=1e7, allow_inf_nan=False)] = 0.0
+    state: Annotated[str, Field(pattern=f"^({'|'.join(STATES)})$")] = "training"
+    round: Count = 0
+    tokens_per_s: Rate = 0.0
+    loss: Loss | None = None
+    val_loss: Loss | None = None
+    num_applied: Count = 0
+    applied_digest: Digest = ""
+    latest_seq: Count = 0
+    updates_published: Count = 0
+    updates_merged: Count = 0
+    staleness_mean: Annotated[float, Field(ge=0, le=MAX_COUNT, allow_inf_nan=False)] = 0.0
+    drift: Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)] | None = None
+    sketch: Annotated[list[SketchValue], Field(max_length=MAX_SKETCH)] = dataclasses.field(
+        default_factory=list
+    )
+    uptime_s: Seconds = 0.0
+    maddrs: Annotated[list[Maddr], Field(max_length=MAX_MADDRS)] = dataclasses.field(
+        default_factory=list
+    )
     serves_state: bool = True
-    rejections: dict[str, int] = field(default_factory=dict)
-    sent_at: float = 0.0
-    merged_by_author: dict[str, int] = field(default_factory=dict)
+    rejections: Annotated[dict[Label, Count], Field(max_length=MAX_REJECTION_REASONS)] = (
+        dataclasses.field(default_factory=dict)
+    )
+    """Rejections this node counted, by reason (updates, heartbeats, state)."""
+    sent_at: Seconds = 0.0
+    merged_by_author: Annotated[dict[PeerId, Count], Field(max_length=MAX_AUTHORS)] = (
+        dataclasses.field(default_factory=dict)
+    )
     """Updates of each author in this replica's applied set (at most MAX_AUTHORS authors)."""
-    staleness_histogram: list[int] = field(default_factory=list)
+    staleness_histogram: Annotated[list[Count], Field(max_length=len(STALENESS_BUCKETS))] = (
+        dataclasses.field(default_factory=list)
+    )
     """Updates this node merged since it started, counted per STALENESS_BUCKETS bucket."""
-    heartbeat_period_s: float = 0.0
+    heartbeat_period_s: Annotated[float, Field(ge=0, le=3600, allow_inf_nan=False)] = 0.0
     """The sender's heartbeat period: observers call it dead after three silent periods."""
+    rejected_peers: Annotated[dict[PeerId, Count], Field(max_length=16)] = dataclasses.field(
+        default_factory=dict
+    )
+    """The peers whose input this node rejected most, with how often (at most 16)."""
 
     def sign(self, identity: Identity) -> bytes:
         if identity.peer_id != self.peer_id:
             raise ValueError("a heartbeat must be signed by the peer it describes")
-        body = json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
-        raw = body.encode()
-        return MAGIC + struct.pack(">I", len(raw)) + raw + identity.sign(raw)
+        return sign_fields(dataclasses.asdict(self), identity)
 
     @classmethod
     def verify(cls, blob: object, expected_peer_id: str) -> Heartbeat:
         """Parse an untrusted blob; HeartbeatError unless `expected_peer_id` signed it."""
-        if not isinstance(blob, bytes) or len(blob) < 8 or blob[:4] != MAGIC:
-            raise HeartbeatError("not a heartbeat")
-        (length,) = struct.unpack(">I", blob[4:8])
-        if length > MAX_BODY_BYTES or len(blob) != 8 + length + SIGNATURE_BYTES:
-            raise HeartbeatError("heartbeat has a wrong length")
-        raw, signature = blob[8 : 8 + length], blob[8 + length :]
-        if not verify_signature(expected_peer_id, raw, signature):
-            raise HeartbeatError("heartbeat signature does not match its peer id")
+        raw = _signed_body(blob, expected_peer_id)
         try:
-            fields = json.loads(raw)
-            heartbeat = cls(**fields)
-        except (ValueError, TypeError) as exc:
-            raise HeartbeatError(f"malformed heartbeat ({exc})") from None
-        heartbeat._check(expected_peer_id)
+            heartbeat = _ADAPTER.validate_json(raw)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "heartbeat"
+            raise HeartbeatError("malformed", f"{where}: {first['msg']}") from None
+        if heartbeat.peer_id != expected_peer_id:
+            raise HeartbeatError("wrong_peer", "heartbeat names another peer")
         return heartbeat
 
-    def _check(self, expected_peer_id: str) -> None:
-        if self.peer_id != expected_peer_id:
-            raise HeartbeatError("heartbeat names another peer")
-        if self.state not in STATES:
-            raise HeartbeatError(f"unknown state {self.state!r}")
-        for name in ("round", "num_applied", "latest_seq", "updates_published", "updates_merged"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise HeartbeatError(f"{name} must be a non-negative integer")
-        numbers: list[Any] = [self.tokens_per_s, self.staleness_mean, self.uptime_s, *self.sketch]
-        numbers.append(self.heartbeat_period_s)
-        if not all(isinstance(v, int | float) and math.isfinite(v) for v in numbers):
-            raise HeartbeatError("heartbeat carries a non-finite number")
-        if not all(isinstance(m, str) for m in self.maddrs) or len(self.sketch) > 256:
-            raise HeartbeatError("heartbeat has malformed addresses or sketch")
-        self._check_dashboard_fields()
 
-    def _check_dashboard_fields(self) -> None:
-        """What the dashboard shows as text or numbers is checked here, not trusted there."""
-        if not all(isinstance(v, str) for v in (self.org, self.version, self.device)):
-            raise HeartbeatError("org, version and device must be strings")
-        optional = (self.loss, self.val_loss, self.drift)
-        if not all(v is None or _is_finite_number(v) for v in optional):
-            raise HeartbeatError("loss, val_loss and drift must be finite numbers or null")
-        merged, rejections = self.merged_by_author, self.rejections
-        if not isinstance(merged, dict) or len(merged) > MAX_AUTHORS:
-            raise HeartbeatError(f"merged_by_author must map at most {MAX_AUTHORS} authors")
-        histogram = self.staleness_histogram
-        if not isinstance(histogram, list) or len(histogram) > len(STALENESS_BUCKETS):
-            raise HeartbeatError("staleness_histogram has too many buckets")
-        if not isinstance(rejections, dict):
-            raise HeartbeatError("rejections must map reasons to counts")
-        keys = [*merged, *rejections]
-        counts = [*merged.values(), *rejections.values(), *histogram]
-        if not all(isinstance(k, str) for k in keys) or not all(_is_count(c) for c in counts):
-            raise HeartbeatError("heartbeat counts must be non-negative integers")
+_ADAPTER: TypeAdapter[Heartbeat] = TypeAdapter(Heartbeat)
 
 
-def _is_finite_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+def sign_fields(fields: dict[str, object], identity: Identity) -> bytes:
+    """The wire form of a heartbeat body, whatever it holds (tests sign mistyped ones)."""
+    raw = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+    return MAGIC + struct.pack(">I", len(raw)) + raw + identity.sign(raw)
 
 
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+def _signed_body(blob: object, expected_peer_id: str) -> bytes:
+    """The JSON body of a heartbeat blob, once its signature by `expected_peer_id` checks."""
+    if not isinstance(blob, bytes) or len(blob) < 8 or blob[:4] != MAGIC:
+        raise HeartbeatError("malformed", "not a heartbeat")
+    (length,) = struct.unpack(">I", blob[4:8])
+    if length > MAX_BODY_BYTES:
+        raise HeartbeatError("too_large", f"heartbeat body of {length} bytes")
+    if len(blob) != 8 + length + SIGNATURE_BYTES:
+        raise HeartbeatError("malformed", "heartbeat has a wrong length")
+    raw, signature = blob[8 : 8 + length], blob[8 + length :]
+    if not verify_signature(expected_peer_id, raw, signature):
+        raise HeartbeatError("bad_signature", "heartbeat signature does not match its peer id")
+    return raw

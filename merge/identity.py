@@ -92,6 +92,7 @@ class Identity:
             raise IdentityError(
                 f"identity file {path} is corrupt: its public key does not match its seed."
             )
+        check_private_file(path, "identity file")
         return identity
 
     @classmethod
@@ -143,6 +144,35 @@ def verify_signature(peer_id: str, data: bytes, signature: bytes) -> bool:
     except (InvalidSignature, ValueError, TypeError):
         return False
     return True
+
+
+def check_private_file(path: Path, what: str) -> None:
+    """IdentityError unless only the owner may read ``path`` (a secret the others could copy)."""
+    try:
+        mode = path.stat().st_mode & 0o777
+    except OSError as e:
+        raise IdentityError(f"{what} {path} could not be read: {e.strerror}.") from e
+    if mode & 0o077:
+        raise IdentityError(
+            f"{what} {path} is readable by other users (mode {mode:04o}); run: chmod 600 {path}"
+        )
+
+
+def read_secret_file(path: str | Path, what: str) -> str:
+    """The first line of a private text file (a token), refused if others may read it."""
+    path = Path(path).expanduser()
+    try:
+        with path.open("rb") as f:
+            data = f.read(4097)
+    except OSError as e:
+        raise IdentityError(f"{what} {path} could not be read: {e.strerror or e}.") from None
+    check_private_file(path, what)
+    if len(data) > 4096:
+        raise IdentityError(f"{what} {path} is larger than 4 KiB: it does not hold a token.")
+    lines = data.decode("utf-8", errors="replace").strip().splitlines()
+    if not lines or not lines[0].strip():
+        raise IdentityError(f"{what} {path} is empty.")
+    return lines[0].strip()
 
 
 def _read_key_file(path: Path) -> bytes:

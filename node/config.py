@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
 from dht.addresses import listen_maddrs, parse_announce_maddr, parse_peer_maddr
+from merge.identity import read_secret_file
 
 DILOCO_HOME = Path("~/.diloco")
 
@@ -115,6 +116,8 @@ class JoinConfig:
     """Address the dashboard listens on; 0.0.0.0 opens it to the network (set a token)."""
     dashboard_token: str | None = None
     """Require 'Authorization: Bearer TOKEN' on every dashboard route (browser: /?token=TOKEN)."""
+    dashboard_token_file: str | None = None
+    """Read the dashboard token from this file (mode 0600): unlike --dashboard-token, not in ps."""
 
     def __post_init__(self) -> None:
         _check_choice("model", self.model, ("tiny", "small", "base"))
@@ -169,6 +172,12 @@ class JoinConfig:
             raise ValueError(
                 f"--dashboard-host must be an IP address such as 127.0.0.1, got '{host}'"
             ) from None
+        if self.dashboard_token_file is not None:
+            if self.dashboard_token is not None:
+                raise ValueError("give --dashboard-token or --dashboard-token-file, not both")
+            self.dashboard_token = read_secret_file(
+                self.dashboard_token_file, "--dashboard-token-file"
+            )
         token = self.dashboard_token
         if token is not None and not (token.isascii() and token.isprintable() and " " not in token):
             raise ValueError("--dashboard-token must be printable ASCII without spaces")

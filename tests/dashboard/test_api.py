@@ -8,6 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from dashboard import app as app_module
 from dashboard.app import STATIC_DIR, create_app
 from dashboard.history import History
 from dashboard.settings import DashboardSettings
@@ -121,7 +122,8 @@ def test_metrics_parse_as_prometheus_text(trained_node: Node) -> None:
 def test_token_guards_every_route(trained_node: Node) -> None:
     client = embedded_client(trained_node, token=TOKEN)
     routes = ["/", "/static/dashboard.js", "/api/swarm", "/api/node", "/api/history",
-              "/metrics", "/healthz", "/docs", "/openapi.json"]  # fmt: skip
+              "/metrics", "/healthz", "/docs", "/openapi.json",
+              "/docs-assets/swagger-ui-bundle.js", "/docs-assets/swagger-ui.css"]  # fmt: skip
 
     for route in routes:
         refused = client.get(route)
@@ -203,3 +205,24 @@ def test_openapi_documents_typed_responses(trained_node: Node) -> None:
 def test_unusable_tokens_are_refused(bad: str) -> None:
     with pytest.raises(ValueError, match="token"):
         DashboardSettings(token=bad)
+
+
+def test_docs_work_offline_from_local_files(trained_node: Node) -> None:
+    client = embedded_client(trained_node)
+    page = client.get("/docs")
+    assert page.status_code == 200
+    assert "://" not in page.text  # no CDN: every asset is served by the dashboard itself
+    assets = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    assert any(a.endswith("swagger-ui-bundle.js") for a in assets)
+    for asset in assets:
+        assert client.get(asset).status_code == 200, asset
+    assert client.get("/redoc").status_code == 404  # ReDoc would load from a CDN
+
+
+def test_docs_fall_back_to_a_page_built_from_the_schema(
+    trained_node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(app_module, "swagger_ui_dir", lambda: None)
+    page = embedded_client(trained_node).get("/docs")
+    assert page.status_code == 200 and "://" not in page.text
+    assert "<code>/api/swarm</code>" in page.text and "<code>/metrics</code>" in page.text

@@ -12,7 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from dht.heartbeat import MAX_AUTHORS, Heartbeat, HeartbeatError
+from dashboard.settings import StandaloneConfig
+from dht.heartbeat import MAX_AUTHORS, Heartbeat, HeartbeatError, sign_fields
 from merge.identity import Identity
 from node.cli import main
 from node.events import RecordingEventLog
@@ -85,6 +86,8 @@ def test_a_dashboard_port_in_use_is_one_clear_error(
         (["join", "--dashboard-port", "70000"], "--dashboard-port must be between 0 and 65535"),
         (["join", "--dashboard-host", "example.org"], "--dashboard-host must be an IP address"),
         (["join", "--dashboard-token", "tab\there"], "--dashboard-token must be printable"),
+        (["join", "--dashboard-token-file", "/nonexistent/token"], "could not be read"),
+        (["dashboard", "--peers", PEER, "--token-file", "/nonexistent"], "could not be read"),
     ],
 )
 def test_bad_dashboard_flags_give_one_clear_line(
@@ -100,6 +103,27 @@ def test_bad_dashboard_flags_give_one_clear_line(
     assert "Traceback" not in err
     (line,) = [line for line in err.splitlines() if "error:" in line]
     assert expected in line
+
+
+def test_a_token_file_keeps_the_token_off_the_command_line(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("from-a-file\n")
+    token_file.chmod(0o600)
+    config = node_config(tmp_path, dashboard_token_file=str(token_file))
+    assert config.dashboard_token == "from-a-file"
+    standalone = StandaloneConfig(peers=[PEER], token_file=str(token_file))
+    assert standalone.settings().token == "from-a-file"
+
+
+def test_a_token_file_others_may_read_is_one_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("from-a-file\n")
+    token_file.chmod(0o644)
+    assert main(["dashboard", "--peers", PEER, "--token-file", str(token_file)]) == 1
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert "readable by other users" in line and "from-a-file" not in line
 
 
 def test_node_heartbeat_carries_merged_counts_and_staleness(trained_node: Node) -> None:
@@ -128,7 +152,7 @@ def test_node_heartbeat_carries_merged_counts_and_staleness(trained_node: Node) 
 )
 def test_malformed_dashboard_fields_are_rejected(fields: dict[str, Any]) -> None:
     identity = Identity.generate()
-    heartbeat = dataclasses.replace(Heartbeat(peer_id=identity.peer_id), **fields)
+    body = dataclasses.asdict(Heartbeat(peer_id=identity.peer_id)) | fields
 
     with pytest.raises(HeartbeatError):
-        Heartbeat.verify(heartbeat.sign(identity), identity.peer_id)
+        Heartbeat.verify(sign_fields(body, identity), identity.peer_id)

@@ -4,7 +4,13 @@ from pathlib import Path
 
 import pytest
 
-from merge.identity import Identity, IdentityError, public_key_from_peer_id, verify_signature
+from merge.identity import (
+    Identity,
+    IdentityError,
+    public_key_from_peer_id,
+    read_secret_file,
+    verify_signature,
+)
 
 
 def test_save_load_round_trip_keeps_peer_id_and_signing_key(tmp_path: Path) -> None:
@@ -154,3 +160,32 @@ def test_p2p_daemon_reports_the_same_peer_id(tmp_path: Path) -> None:
             await p2p.shutdown()
 
     assert asyncio.run(daemon_peer_id()) == identity.peer_id
+
+
+def test_a_created_key_file_is_private(tmp_path: Path) -> None:
+    path = tmp_path / "keys" / "identity.key"
+    Identity.load_or_create(path)
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o644])
+def test_a_key_file_others_may_read_is_refused_in_one_line(tmp_path: Path, mode: int) -> None:
+    path = tmp_path / "identity.key"
+    Identity.generate().save(path)
+    path.chmod(mode)
+
+    with pytest.raises(IdentityError, match="readable by other users") as excinfo:
+        Identity.load(path)
+    assert "chmod 600" in str(excinfo.value) and "\n" not in str(excinfo.value)
+
+
+def test_a_token_file_gives_its_first_line_and_must_be_private(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    path.write_text("s3cret\n")
+    path.chmod(0o600)
+    assert read_secret_file(path, "token file") == "s3cret"
+    path.chmod(0o644)
+    with pytest.raises(IdentityError, match="readable by other users"):
+        read_secret_file(path, "token file")
+    with pytest.raises(IdentityError, match="could not be read"):
+        read_secret_file(tmp_path / "absent", "token file")

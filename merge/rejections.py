@@ -1,0 +1,59 @@
+"""Rejections counted per peer and reason, in bounded memory.
+
+Every input a node refuses (an update, a header, a heartbeat, a state) costs the sender a
+counter increment here. The totals by reason are exact; the per-peer table keeps the
+`max_peers` peers with the most rejections, so a flood of fresh identities cannot grow it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+MAX_PEERS = 256
+MAX_REASON_CHARS = 64
+
+
+class RejectionLog:
+    """Thread-safe: the merge thread, the network loop and the dashboard all use it."""
+
+    def __init__(self, max_peers: int = MAX_PEERS) -> None:
+        self._lock = threading.Lock()
+        self._by_reason: Counter[str] = Counter()
+        self._by_peer: dict[str, Counter[str]] = {}
+        self._max_peers = max_peers
+
+    def count(self, peer_id: str, reason: str) -> None:
+        reason = reason[:MAX_REASON_CHARS]
+        peer_id = str(peer_id)[:128]
+        with self._lock:
+            self._by_reason[reason] += 1
+            per_peer = self._by_peer.get(peer_id)
+            if per_peer is None:
+                self._make_room()
+                per_peer = self._by_peer[peer_id] = Counter()
+            per_peer[reason] += 1
+
+    def forget(self, peer_id: str) -> None:
+        """Drops a peer's row (it left); the totals by reason keep its rejections."""
+        with self._lock:
+            self._by_peer.pop(peer_id, None)
+
+    def by_reason(self) -> dict[str, int]:
+        with self._lock:
+            return dict(sorted(self._by_reason.items()))
+
+    def by_peer(self, limit: int | None = None) -> dict[str, dict[str, int]]:
+        """peer -> reason -> count, the peers with most rejections first."""
+        with self._lock:
+            rows = sorted(self._by_peer.items(), key=lambda kv: -sum(kv[1].values()))
+            return {peer: dict(sorted(c.items())) for peer, c in rows[:limit]}
+
+    def totals_by_peer(self, limit: int) -> dict[str, int]:
+        return {peer: sum(c.values()) for peer, c in self.by_peer(limit).items()}
+
+    def _make_room(self) -> None:
+        if len(self._by_peer) < self._max_peers:
+            return
+        smallest = min(self._by_peer, key=lambda peer: sum(self._by_peer[peer].values()))
+        del self._by_peer[smallest]
