@@ -5,6 +5,9 @@ DHT; the payload travels separately and is bound to the header by its SHA-256. T
 covers the header's canonical JSON, and parsing accepts only that canonical encoding, so a
 header has exactly one byte string on the wire.
 
+Header versions: v1 (the original fields) and v2 (adds ``learners``, the author's count of
+live learners). Both parse; a header re-serialises to the version it was signed in.
+
 Wire formats (integers little-endian):
     SignedHeader: b"DLH1" | u32 header length | canonical header JSON | 64-byte signature
     SignedUpdate: b"DLU1" | u32 header length | canonical header JSON | 64-byte signature | payload
@@ -23,7 +26,8 @@ from typing import Any
 
 from merge.identity import Identity, verify_signature
 
-ENVELOPE_VERSION = 1
+ENVELOPE_VERSION = 2
+"""The version :func:`seal` writes; version 1 headers (no ``learners``) still parse."""
 MAX_HEADER_JSON_BYTES = 4096
 SIGNATURE_BYTES = 64
 HEADER_MAGIC = b"DLH1"
@@ -37,6 +41,8 @@ _MAX_AUTHOR_CHARS = 128
 _MAX_CODEC_CHARS = 16
 _MAX_ABS_INT = 2**63 - 1
 _INT_FIELDS = ("seq", "base_applied", "published_applied", "inner_steps", "tokens", "numel")
+_V2_FIELDS = ("learners",)
+"""Fields a version 2 header adds (None in a version 1 header)."""
 _NUMBER_FIELDS = ("loss", "created_at")
 
 
@@ -77,6 +83,9 @@ class UpdateHeader:
     """Number of elements in the pseudo-gradient."""
     created_at: float
     """Unix time in seconds when the author sealed the update."""
+    learners: int | None = None
+    """Live learners the author counted when it published, itself included (v2; None in v1
+    headers). One round of that many updates makes one outer step (see merge.outer)."""
 
     def __post_init__(self) -> None:
         _check_header_fields(self)
@@ -90,20 +99,33 @@ class UpdateHeader:
     def update_id(self) -> tuple[str, int]:
         return (self.author, self.seq)
 
+    @property
+    def version(self) -> int:
+        """1 for a header without the v2 fields, else 2."""
+        return 1 if self.learners is None else 2
+
     def to_dict(self) -> dict[str, Any]:
-        """The wire dict: every field plus the envelope version ``"v"``."""
-        return {**dataclasses.asdict(self), "v": ENVELOPE_VERSION}
+        """The wire dict: the fields of its version plus the envelope version ``"v"``."""
+        d = dataclasses.asdict(self)
+        if self.version == 1:
+            for name in _V2_FIELDS:
+                del d[name]
+        return {**d, "v": self.version}
 
     @classmethod
     def from_dict(cls, d: object) -> UpdateHeader:
         """Parses an untrusted wire dict; raises EnvelopeError("malformed") on any deviation."""
         if not isinstance(d, dict):
             raise EnvelopeError("malformed", "header is not a JSON object")
-        if set(d) != _WIRE_KEYS:
+        version = d.get("v")
+        if type(version) is not int or version not in _WIRE_KEYS:
+            raise EnvelopeError("malformed", f"unsupported envelope version {version!r}")
+        if set(d) != _WIRE_KEYS[version]:
             raise EnvelopeError("malformed", "header keys differ from the expected set")
-        if type(d["v"]) is not int or d["v"] != ENVELOPE_VERSION:
-            raise EnvelopeError("malformed", f"unsupported envelope version {d['v']!r}")
-        return cls(**{k: v for k, v in d.items() if k != "v"})
+        header = cls(**{k: v for k, v in d.items() if k != "v"})
+        if header.version != version:
+            raise EnvelopeError("malformed", f"a v{version} header needs its v{version} fields")
+        return header
 
     def canonical_bytes(self) -> bytes:
         """The deterministic JSON encoding that the signature covers."""
@@ -112,7 +134,9 @@ class UpdateHeader:
         ).encode("ascii")
 
 
-_WIRE_KEYS = frozenset(f.name for f in dataclasses.fields(UpdateHeader)) | {"v"}
+_V2_KEYS = frozenset(f.name for f in dataclasses.fields(UpdateHeader)) | {"v"}
+_WIRE_KEYS = {1: _V2_KEYS - set(_V2_FIELDS), 2: _V2_KEYS}
+"""The exact key set of each envelope version's header."""
 
 
 @dataclass(frozen=True)
@@ -168,8 +192,9 @@ def seal(
     numel: int,
     payload: bytes,
     created_at: float | None = None,
+    learners: int = 1,
 ) -> SignedUpdate:
-    """Signs a payload and its header with ``identity``."""
+    """Signs a payload and its header (version 2) with ``identity``."""
     header = UpdateHeader(
         fingerprint=fingerprint,
         author=identity.peer_id,
@@ -183,6 +208,7 @@ def seal(
         codec=codec,
         numel=numel,
         created_at=time.time() if created_at is None else float(created_at),
+        learners=learners,
     )
     return SignedUpdate(header, identity.sign(header.canonical_bytes()), payload)
 
@@ -206,6 +232,10 @@ def _check_header_fields(h: UpdateHeader) -> None:
     for name in _INT_FIELDS:
         value = getattr(h, name)
         if type(value) is not int or abs(value) > _MAX_ABS_INT:
+            raise EnvelopeError("malformed", f"{name} must be a 64-bit integer")
+    for name in _V2_FIELDS:
+        value = getattr(h, name)
+        if value is not None and (type(value) is not int or abs(value) > _MAX_ABS_INT):
             raise EnvelopeError("malformed", f"{name} must be a 64-bit integer")
     for name in _NUMBER_FIELDS:
         if type(getattr(h, name)) not in (int, float):

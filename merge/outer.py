@@ -2,6 +2,14 @@
 
 A pseudo-gradient is theta_base - theta_local, so it points uphill like a gradient and the
 optimizers subtract it.
+
+Sized to the swarm: each update carries M, its author's count of live learners (signed in its
+header), and counts as 1/M of a round. One round of M equal updates moves the params exactly
+like one synchronous DiLoCo outer step (Nesterov, lr, momentum) on their mean, for any M:
+- delayed_nesterov (Liu et al. 2024): a plain step lr*w*g/M on every update; the momentum is
+  folded in once per round, when the updates' 1/M shares add up to one;
+- nesterov: momentum on every update, with the per-update decay, gradient and look-ahead
+  coefficients chosen so that the momentum decays by `momentum` per round, not per update.
 """
 
 from __future__ import annotations
@@ -28,8 +36,9 @@ class OuterConfig:
     """Outer learning rate."""
     momentum: float = 0.9
     """Nesterov momentum coefficient, in [0, 1)."""
-    delay: int = 4
-    """Updates between momentum steps of delayed_nesterov (N); 1 makes it plain Nesterov."""
+    delay: int | None = None
+    """delayed_nesterov only: a fixed round of N updates (each scaled 1/N) instead of the
+    learner count in each update's header; None follows the swarm."""
 
     def __post_init__(self) -> None:
         if self.kind not in get_args(OuterKind):
@@ -38,8 +47,12 @@ class OuterConfig:
             raise ValueError(f"outer lr must be a finite number > 0, got {self.lr!r}.")
         if not isinstance(self.momentum, int | float) or not 0 <= self.momentum < 1:
             raise ValueError(f"outer momentum must be in [0, 1), got {self.momentum!r}.")
-        if type(self.delay) is not int or self.delay < 1:
-            raise ValueError(f"outer delay must be an integer >= 1, got {self.delay!r}.")
+        if self.delay is not None and (type(self.delay) is not int or self.delay < 1):
+            raise ValueError(f"outer delay must be None or an integer >= 1, got {self.delay!r}.")
+
+
+_ROUND_TOLERANCE = 1e-9
+"""Round progress this close to a whole round counts as complete (float sums of 1/M)."""
 
 
 class OuterOptimizer(ABC):
@@ -55,11 +68,18 @@ class OuterOptimizer(ABC):
         self._count = 0
 
     @abstractmethod
-    def step(self, params: torch.Tensor, pseudo_gradient: torch.Tensor, weight: float) -> None:
-        """Applies ``weight * pseudo_gradient`` to ``params`` in place."""
+    def step(
+        self, params: torch.Tensor, pseudo_gradient: torch.Tensor, weight: float, learners: int = 1
+    ) -> None:
+        """Applies ``weight * pseudo_gradient`` as 1/``learners`` of a round, in place."""
+
+    @property
+    def momentum_buffer(self) -> torch.Tensor:
+        """The outer momentum (a view: read it under the replica's lock, never write it)."""
+        return self._buf
 
     def state_dict(self) -> dict[str, object]:
-        """Tensors (copies), ints and strs only: loadable with torch.load(weights_only=True)."""
+        """Tensors (copies), ints, floats and strs only: loadable with weights_only=True."""
         return {"kind": self.kind, "buf": self._buf.clone(), "count": self._count}
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
@@ -73,61 +93,110 @@ class OuterOptimizer(ABC):
             raise ValueError(f"outer state is for {state.get('kind')!r}, not {self.kind!r}.")
 
     def _weighted(
-        self, params: torch.Tensor, pseudo_gradient: torch.Tensor, weight: float
+        self, params: torch.Tensor, pseudo_gradient: torch.Tensor, weight: float, learners: int
     ) -> torch.Tensor:
         _check_flat("params", params, self.numel)
         _check_flat("pseudo_gradient", pseudo_gradient, self.numel)
         if not isinstance(weight, int | float) or not (math.isfinite(weight) and weight >= 0):
             raise ValueError(f"update weight must be a finite number >= 0, got {weight!r}.")
+        if type(learners) is not int or learners < 1:
+            raise ValueError(f"learners must be an integer >= 1, got {learners!r}.")
         return pseudo_gradient * weight
 
 
+@dataclass(frozen=True)
+class NesterovShares:
+    """Per-update coefficients of Nesterov momentum spread evenly over a round of M updates.
+
+    With b the momentum before an update g: params -= lr * (grad * g + look_ahead * b), then
+    b = decay * b + gain * g. After M equal updates g from momentum b0 this is exactly one
+    Nesterov step on g: b = momentum * b0 + g, params moved by -lr * (g + momentum * b).
+    """
+
+    decay: float
+    gain: float
+    grad: float
+    look_ahead: float
+
+    @classmethod
+    def of(cls, momentum: float, learners: int) -> NesterovShares:
+        m, mu = float(learners), momentum
+        decay = mu ** (1.0 / m)  # momentum decays by mu per round
+        gain = (1.0 - decay) / (1.0 - mu)  # the M gains sum (geometrically) to one g
+        look_ahead = mu * mu * gain  # sum over the round of look_ahead * b = mu^2 * b0
+        # sum over the round of the g terms that build up inside b, per unit of g:
+        built_up = (m - (1.0 - mu) / (1.0 - decay)) / (1.0 - decay) if decay > 0 else 0.0
+        grad = (1.0 + mu - look_ahead * gain * built_up) / m
+        return cls(decay=decay, gain=gain, grad=grad, look_ahead=look_ahead)
+
+
 class NesterovSGD(OuterOptimizer):
-    """torch.optim.SGD(nesterov=True) on the weighted pseudo-gradient, with the same arithmetic."""
+    """Nesterov momentum on every update, sized so a round of M updates is one Nesterov step.
+
+    With one learner (M = 1) it is torch.optim.SGD(nesterov=True), with the same arithmetic.
+    """
 
     kind = "nesterov"
 
-    def step(self, params: torch.Tensor, pseudo_gradient: torch.Tensor, weight: float) -> None:
-        g = self._weighted(params, pseudo_gradient, weight)
-        if self._count == 0:
-            self._buf.copy_(g)
-        else:
+    def step(
+        self, params: torch.Tensor, pseudo_gradient: torch.Tensor, weight: float, learners: int = 1
+    ) -> None:
+        g = self._weighted(params, pseudo_gradient, weight, learners)
+        if learners == 1:
             self._buf.mul_(self.momentum).add_(g)
-        params.add_(g.add_(self._buf, alpha=self.momentum), alpha=-self.lr)
+            params.add_(g.add_(self._buf, alpha=self.momentum), alpha=-self.lr)
+        else:
+            c = NesterovShares.of(self.momentum, learners)
+            params.add_(g, alpha=-self.lr * c.grad).add_(self._buf, alpha=-self.lr * c.look_ahead)
+            self._buf.mul_(c.decay).add_(g, alpha=c.gain)
         self._count += 1
 
 
 class DelayedNesterov(OuterOptimizer):
-    """Plain steps lr*g/N on every update; every N-th update, momentum over their mean.
+    """Plain steps lr*g/M on every update; once per round of M updates, the momentum on them.
 
-    With N = 1 it is Nesterov SGD.
+    A round completes when the 1/M shares of the updates since the last one add up to one
+    (M from each update's header, or the fixed ``delay``). With M = 1 it is Nesterov SGD.
     """
 
     kind = "delayed_nesterov"
 
-    def __init__(self, *, lr: float, momentum: float, delay: int, numel: int) -> None:
+    def __init__(self, *, lr: float, momentum: float, numel: int, delay: int | None = None) -> None:
         super().__init__(lr=lr, momentum=momentum, numel=numel)
         self.delay = delay
         self._acc = torch.zeros(numel, dtype=torch.float32)
+        self._progress = 0.0
 
-    def step(self, params: torch.Tensor, pseudo_gradient: torch.Tensor, weight: float) -> None:
-        g = self._weighted(params, pseudo_gradient, weight)
+    def step(
+        self, params: torch.Tensor, pseudo_gradient: torch.Tensor, weight: float, learners: int = 1
+    ) -> None:
+        g = self._weighted(params, pseudo_gradient, weight, learners)
+        share = 1.0 / (self.delay or learners)
+        g.mul_(share)
         self._acc.add_(g)
-        params.add_(g, alpha=-self.lr / self.delay)
+        params.add_(g, alpha=-self.lr)
         self._count += 1
-        if self._count % self.delay == 0:
-            self._buf.mul_(self.momentum).add_(self._acc, alpha=1.0 / self.delay)
+        self._progress += share
+        if self._progress >= 1.0 - _ROUND_TOLERANCE:
+            self._buf.mul_(self.momentum).add_(self._acc)
             params.add_(self._buf, alpha=-self.lr * self.momentum)
             self._acc.zero_()
+            self._progress = max(0.0, self._progress - 1.0)
+            if self._progress < _ROUND_TOLERANCE:
+                self._progress = 0.0
 
     def state_dict(self) -> dict[str, object]:
-        return {**super().state_dict(), "acc": self._acc.clone()}
+        return {**super().state_dict(), "acc": self._acc.clone(), "progress": self._progress}
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
         self._check_kind(state)
         acc = _state_tensor(state, "acc", self.numel)
+        progress = state.get("progress", 0.0)  # checkpoints before swarm sizing lack it
+        if type(progress) is not float or not 0.0 <= progress < 1.0:
+            raise ValueError(f"outer state 'progress' must be a float in [0, 1), got {progress!r}.")
         super().load_state_dict(state)
         self._acc.copy_(acc)
+        self._progress = progress
 
 
 def make_outer_optimizer(config: OuterConfig, numel: int) -> OuterOptimizer:

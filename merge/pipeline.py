@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from merge.codecs import CODECS, CodecError, get_codec
+from merge.correction import CorrectionConfig, correct
 from merge.envelope import EnvelopeError, SignedHeader, SignedUpdate, UpdateHeader, verify_header
 from merge.outer import OuterConfig
 from merge.replica import Replica
@@ -51,9 +52,13 @@ class MergeConfig:
     """Updates staler than this are rejected."""
     max_update_norm_ratio: float = 1.0
     """Updates whose pseudo-gradient norm exceeds this times the params norm are rejected."""
+    max_learners: int = 1024
+    """Updates whose header claims more live learners than this are rejected."""
+    correction: CorrectionConfig = field(default_factory=CorrectionConfig)
+    """Correction of stale updates against the outer momentum before they are applied."""
 
     def __post_init__(self) -> None:
-        for name in ("max_inner_steps", "max_tokens_per_step"):
+        for name in ("max_inner_steps", "max_tokens_per_step", "max_learners"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
@@ -78,6 +83,10 @@ class MergeResult:
     staleness: int
     weight: float
     reason: str | None
+    learners: int = 1
+    """The learner count the update was sized by (one round of that many makes a step)."""
+    blocks_corrected: int = 0
+    """Blocks of the update that the staleness correction changed."""
 
 
 class _Rejected(Exception):
@@ -111,7 +120,11 @@ class UpdatePipeline:
         return self._claims_reason(signed.header) or self._novelty_reason(signed.header)
 
     def weight_of(self, header: UpdateHeader) -> float:
-        """The update's weight: staleness weight times token weight, from the header alone."""
+        """The update's weight: staleness weight times token weight, from the header alone.
+
+        The outer step applies it as 1/learners of a round (see merge.outer), so a round of
+        the swarm's updates makes one outer step whatever the swarm's size.
+        """
         return staleness_weight(self.config.staleness, header.staleness) * token_weight(
             self.config.token_weight, header.tokens
         )
@@ -120,15 +133,18 @@ class UpdatePipeline:
         """Verifies, validates, weighs and applies one update; never raises for bad input."""
         header = update.header
         try:
-            weight = self._merge(update)
+            weight, blocks_corrected = self._merge(update)
         except _Rejected as rejected:
             return self._reject(header, rejected.reason)
         with self._stats_lock:
             self.num_merged += 1
         logger.debug("merged %s#%d with weight %.4g", header.author, header.seq, weight)
-        return MergeResult(True, header.author, header.seq, header.staleness, weight, None)
+        return MergeResult(
+            True, header.author, header.seq, header.staleness, weight, None,
+            learners_of(header), blocks_corrected,
+        )  # fmt: skip
 
-    def _merge(self, update: SignedUpdate) -> float:
+    def _merge(self, update: SignedUpdate) -> tuple[float, int]:
         header = update.header
         _raise_if(self.check_header(update.signed_header))
         pseudo_gradient = _decode_payload(update)
@@ -137,8 +153,10 @@ class UpdatePipeline:
         with self.replica.lock:
             _raise_if(self._novelty_reason(header))
             _raise_if(self._norm_reason(update_norm))
-            self.replica.apply(header, pseudo_gradient, weight)
-        return weight
+            momentum = self.replica.outer.momentum_buffer
+            corrected = correct(self.config.correction, pseudo_gradient, header.staleness, momentum)
+            self.replica.apply(header, corrected.pseudo_gradient, weight)
+        return weight, corrected.blocks_corrected
 
     def _claims_reason(self, h: UpdateHeader) -> str | None:
         limits = self.config
@@ -154,6 +172,8 @@ class UpdatePipeline:
             return "bad_steps"
         if not 0 < h.tokens <= h.inner_steps * limits.max_tokens_per_step:
             return "bad_tokens"
+        if not 1 <= learners_of(h) <= limits.max_learners:
+            return "bad_learners"
         if not math.isfinite(h.loss):
             return "non_finite"
         if h.staleness > limits.max_staleness:
@@ -180,6 +200,11 @@ class UpdatePipeline:
         level = logging.INFO if reason in _BENIGN_REASONS else logging.WARNING
         logger.log(level, "rejected update %s#%d: %s", header.author, header.seq, reason)
         return MergeResult(False, header.author, header.seq, header.staleness, 0.0, reason)
+
+
+def learners_of(header: UpdateHeader) -> int:
+    """The learner count an update is sized by; a v1 header (without one) counts as one."""
+    return 1 if header.learners is None else header.learners
 
 
 def _decode_payload(update: SignedUpdate) -> torch.Tensor:

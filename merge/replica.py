@@ -65,7 +65,8 @@ class Replica:
         with self.lock:
             if self.has_applied(header.author, header.seq):
                 raise ValueError(f"update {header.update_id} has already been applied.")
-            self.outer.step(self.params, pseudo_gradient, weight)
+            learners = 1 if header.learners is None else header.learners
+            self.outer.step(self.params, pseudo_gradient, weight, learners)
             self._record(header.author, header.seq)
 
     def snapshot(self) -> tuple[torch.Tensor, int]:

@@ -65,7 +65,7 @@ def test_canonical_bytes_are_sorted_compact_json_with_version() -> None:
     header = make_update().header
     decoded = json.loads(header.canonical_bytes())
 
-    assert decoded["v"] == 1
+    assert decoded["v"] == 2 and decoded["learners"] == 1
     assert list(decoded) == sorted(decoded)
     assert b" " not in header.canonical_bytes()
     assert UpdateHeader.from_dict(decoded) == header
@@ -170,7 +170,13 @@ def wrap_header_json(header_json: bytes, signature: bytes = bytes(64)) -> bytes:
         lambda d: d.update(seq=1.0),
         lambda d: d.update(tokens="5"),
         lambda d: d.update(loss="nan"),
-        lambda d: d.update(v=2),
+        lambda d: d.update(v=3),
+        lambda d: d.update(v=1),  # a v1 header has no learners
+        lambda d: d.pop("learners"),  # a v2 header has them
+        lambda d: d.update(learners=True),
+        lambda d: d.update(learners=2.0),
+        lambda d: d.update(learners=None),
+        lambda d: d.update(learners=2**64),
         lambda d: d.update(extra=1),
         lambda d: d.pop("codec"),
         lambda d: d.update(fingerprint="ab" * 31),
@@ -210,3 +216,27 @@ def test_non_finite_loss_survives_the_wire_for_the_pipeline_to_reject() -> None:
     update = dataclasses.replace(make_update().header, loss=float("inf"))
 
     assert SignedHeader.from_bytes(SignedHeader(update, bytes(64)).to_bytes()).header == update
+
+
+def test_version_1_headers_stay_valid_and_keep_their_bytes() -> None:
+    v1 = dataclasses.replace(make_update().header, learners=None)
+    signed = SignedHeader(v1, ALICE.sign(v1.canonical_bytes()))
+
+    parsed = SignedHeader.from_bytes(signed.to_bytes())
+
+    assert json.loads(v1.canonical_bytes())["v"] == 1
+    assert "learners" not in json.loads(v1.canonical_bytes())
+    assert parsed == signed and parsed.header.version == 1 and parsed.header.learners is None
+    verify_header(parsed)
+
+
+def test_learner_count_is_signed() -> None:
+    update = seal(
+        ALICE, fingerprint=FINGERPRINT, seq=1, base_applied=0, published_applied=0,
+        inner_steps=1, tokens=1, loss=1.0, codec="fp32", numel=1, payload=bytes(4), learners=5,
+    )  # fmt: skip
+    forged = SignedHeader(dataclasses.replace(update.header, learners=1), update.signature)
+
+    assert SignedHeader.from_bytes(update.signed_header.to_bytes()).header.learners == 5
+    verify_header(update.signed_header)
+    assert reason_of(lambda: verify_header(forged)) == "bad_signature"

@@ -2,6 +2,8 @@ import io
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from merge.outer import (
     DelayedNesterov,
@@ -133,6 +135,8 @@ def test_step_refuses_mismatched_inputs() -> None:
         optimizer.step(params, torch.zeros(3, dtype=torch.float64), 1.0)
     with pytest.raises(ValueError):
         optimizer.step(params, torch.zeros(3), float("nan"))
+    with pytest.raises(ValueError):
+        optimizer.step(params, torch.zeros(3), 1.0, learners=0)
     assert params.tolist() == [0.0, 0.0, 0.0]
 
 
@@ -140,7 +144,7 @@ def test_make_outer_optimizer_follows_the_config() -> None:
     assert isinstance(make_outer_optimizer(OuterConfig(kind="nesterov"), 3), NesterovSGD)
     delayed = make_outer_optimizer(OuterConfig(), 3)
     assert isinstance(delayed, DelayedNesterov)
-    assert (delayed.lr, delayed.momentum, delayed.delay) == (0.7, 0.9, 4)
+    assert (delayed.lr, delayed.momentum, delayed.delay) == (0.7, 0.9, None)
 
 
 @pytest.mark.parametrize(
@@ -150,3 +154,74 @@ def test_make_outer_optimizer_follows_the_config() -> None:
 def test_invalid_outer_config_is_refused(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         OuterConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def sync_diloco_step(
+    params: torch.Tensor, sgd: torch.optim.SGD, reference: torch.nn.Parameter, mean: torch.Tensor
+) -> None:
+    """One synchronous DiLoCo outer step on the mean pseudo-gradient (torch's Nesterov SGD)."""
+    reference.grad = mean.clone()
+    sgd.step()
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    learners=st.integers(1, 64),
+    momentum=st.sampled_from([0.0, 0.5, 0.9, 0.95]),
+    lr=st.sampled_from([0.1, 0.7, 1.0]),
+    kind=st.sampled_from(["nesterov", "delayed_nesterov"]),
+    seed=st.integers(0, 2**16),
+)
+def test_rounds_of_m_equal_updates_are_sync_nesterov_steps(
+    learners: int, momentum: float, lr: float, kind: str, seed: int
+) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    start = torch.randn(8, generator=generator)
+    ours = make_outer_optimizer(OuterConfig(kind=kind, lr=lr, momentum=momentum), 8)  # type: ignore[arg-type]
+    reference = torch.nn.Parameter(start.clone())
+    sgd = torch.optim.SGD([reference], lr=lr, momentum=momentum, nesterov=momentum > 0)
+    params = start.clone()
+    for _ in range(3):  # three rounds, so the momentum carries over
+        g = torch.randn(8, generator=generator)
+        for _ in range(learners):
+            ours.step(params, g, 1.0, learners)
+        sync_diloco_step(params, sgd, reference, g)
+        assert torch.allclose(params, reference.detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_delayed_nesterov_folds_the_momentum_once_per_round_of_shares() -> None:
+    # lr 1, m 0.5. Two updates of a 4-learner swarm, then one of a 2-learner swarm: 1/4 + 1/4
+    # + 1/2 is one round, so the momentum is folded on the third update, not before.
+    optimizer = DelayedNesterov(lr=1.0, momentum=0.5, numel=1)
+    params = torch.tensor([0.0])
+    for learners, expected in ((4, -1.0), (4, -2.0), (2, -6.0)):
+        optimizer.step(params, torch.tensor([4.0]), 1.0, learners)
+        assert params.tolist() == [expected]
+    # plain steps 1 + 1 + 2; then buf = 0.5*0 + (1 + 1 + 2) = 4, params -= 1 * 0.5 * 4
+    assert optimizer.state_dict()["buf"].tolist() == [4.0]  # type: ignore[attr-defined]
+    assert optimizer.state_dict()["progress"] == 0.0
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.integers(1, 32), min_size=1, max_size=60))
+def test_delayed_nesterov_folds_once_per_whole_round(counts: list[int]) -> None:
+    optimizer = DelayedNesterov(lr=1.0, momentum=0.5, numel=1)
+    params = torch.tensor([0.0])
+    folds = 0
+    for learners in counts:
+        before = optimizer.state_dict()["buf"].clone()  # type: ignore[attr-defined]
+        optimizer.step(params, torch.tensor([1.0]), 1.0, learners)
+        folds += not torch.equal(before, optimizer.state_dict()["buf"])
+    assert folds == int(sum(1 / m for m in counts) + 1e-9)
+    assert 0.0 <= optimizer.state_dict()["progress"] < 1.0  # type: ignore[operator]
+
+
+def test_delayed_nesterov_state_without_progress_loads_as_a_round_start() -> None:
+    optimizer = DelayedNesterov(lr=1.0, momentum=0.5, numel=2)
+    state = optimizer.state_dict()
+    del state["progress"]
+
+    optimizer.load_state_dict(state)
+
+    with pytest.raises(ValueError):
+        optimizer.load_state_dict({**state, "progress": 1.5})

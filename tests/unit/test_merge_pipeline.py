@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from merge.codecs import get_codec
+from merge.correction import CorrectionConfig
 from merge.envelope import SignedUpdate, seal
 from merge.identity import Identity
 from merge.outer import OuterConfig, make_outer_optimizer
@@ -119,6 +120,9 @@ def assert_rejected(pipeline: UpdatePipeline, update: SignedUpdate, reason: str)
         ({"delta": [0.1, float("inf"), 0.0, 0.0]}, "non_finite"),
         ({"delta": [10.0, 0.0, 0.0, 0.0]}, "norm_too_large"),
         ({"codec": "bf16", "payload": b"\x00" * 6}, "malformed"),
+        ({"learners": 0}, "bad_learners"),
+        ({"learners": 1025}, "bad_learners"),
+        ({"learners": -3}, "bad_learners"),
     ],
 )
 def test_invalid_updates_are_rejected_counted_and_change_nothing(
@@ -223,3 +227,82 @@ def test_merge_config_is_plain_json_and_validated() -> None:
         dataclasses.replace(CONFIG, max_update_norm_ratio=0.0)
     with pytest.raises(ValueError):
         UpdatePipeline(make_pipeline().replica, CONFIG, "not-a-fingerprint")
+
+
+SWARM = [Identity.from_private_bytes(bytes([i + 1]) * 32) for i in range(16)]
+
+
+@pytest.mark.parametrize("kind", ["nesterov", "delayed_nesterov"])
+@pytest.mark.parametrize("learners", [1, 2, 4, 8, 16])
+def test_a_round_of_m_equal_updates_is_one_sync_diloco_step(kind: str, learners: int) -> None:
+    """M learners, each publishing one full, fresh update per round, through the real path."""
+    config = dataclasses.replace(
+        CONFIG,
+        outer=OuterConfig(kind=kind, lr=0.7, momentum=0.9),  # type: ignore[arg-type]
+        token_weight=TokenWeightConfig(reference_tokens=1000),
+    )
+    generator = torch.Generator().manual_seed(learners)
+    start = torch.randn(64, generator=generator)
+    replica = Replica(start.clone(), make_outer_optimizer(config.outer, 64))
+    pipeline = UpdatePipeline(replica, config, FINGERPRINT)
+    reference = torch.nn.Parameter(start.clone())
+    sync = torch.optim.SGD([reference], lr=0.7, momentum=0.9, nesterov=True)
+    for round_ in range(3):
+        delta = 0.02 * torch.randn(64, generator=generator)
+        applied = replica.num_applied
+        for author in SWARM[:learners]:
+            update = make_update(
+                author, delta=delta.tolist(), seq=round_, base_applied=applied,
+                published_applied=applied, tokens=1000, learners=learners,
+            )  # fmt: skip
+            result = pipeline.submit(update)
+            assert result.accepted and result.weight == 1.0 and result.learners == learners
+        reference.grad = delta.clone()  # the mean of M equal pseudo-gradients
+        sync.step()
+        assert torch.allclose(replica.params, reference.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_version_1_update_counts_as_one_learner() -> None:
+    pipeline = make_pipeline()
+    update = make_update()
+    v1 = dataclasses.replace(update.header, learners=None)
+    old = SignedUpdate(v1, ALICE.sign(v1.canonical_bytes()), update.payload)
+
+    result = pipeline.submit(old)
+
+    assert result.accepted and result.learners == 1
+    assert pipeline.replica.params.tolist() == [0.90625, 2.0, 3.09375, 3.8125]
+
+
+def test_claiming_more_learners_only_shrinks_an_update() -> None:
+    few, many = make_pipeline(), make_pipeline()
+    assert few.submit(make_update(learners=1)).accepted
+    assert many.submit(make_update(learners=1024)).accepted
+
+    start = torch.tensor(START)
+    moved_few = float(torch.linalg.vector_norm(few.replica.params - start))
+    moved_many = float(torch.linalg.vector_norm(many.replica.params - start))
+    assert moved_many < moved_few / 100
+
+
+def test_correction_applies_only_to_conflicting_stale_updates() -> None:
+    config = dataclasses.replace(
+        CONFIG,
+        outer=OuterConfig(kind="nesterov", lr=0.5, momentum=0.5),
+        correction=CorrectionConfig(kind="heloco", block=2),
+    )
+    corrected, plain = make_pipeline(config), make_pipeline()
+    for pipeline in (corrected, plain):  # builds momentum along DELTA
+        assert pipeline.submit(make_update(seq=0)).accepted
+    opposite = [-x for x in DELTA]
+
+    result = corrected.submit(make_update(seq=1, delta=opposite))
+    reference = plain.submit(make_update(seq=1, delta=opposite))
+
+    assert result.accepted and result.blocks_corrected == 2
+    assert reference.blocks_corrected == 0
+    # the conflicting update is cut along the momentum, so it undoes less of the first one
+    start = torch.tensor(START)
+    kept = float(torch.linalg.vector_norm(corrected.replica.params - start))
+    undone = float(torch.linalg.vector_norm(plain.replica.params - start))
+    assert kept > undone

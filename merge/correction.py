@@ -1,0 +1,104 @@
+"""Direction-aware correction of stale pseudo-gradients against the outer momentum.
+
+After HeLoCo (Al Asif et al., arXiv 2606.00271): the outer momentum is the replica's best
+estimate of where training is heading; a stale pseudo-gradient was computed from an older
+model and parts of it may point against that heading. The flat pseudo-gradient is cut into
+fixed blocks of ``block`` elements; in each block b with cosine c_b = <g_b, m_b>/(|g_b||m_b|)
+between the update g and the momentum m:
+
+- aligned (c_b >= 0): the block passes unchanged;
+- conflicting (c_b < 0): the component along the momentum is shrunk,
+  g_b -= beta_b * <g_b, m_hat_b> m_hat_b, with beta_b = strength * min(1, |m_b| / |g_b|):
+  the less momentum there is behind the heading (relative to the update), the less it is
+  trusted (HeLoCo's confidence factor).
+
+Fresh updates (staleness 0) pass unchanged. A correction never lengthens a block, so the
+norm bound checked on the received update still holds for what is applied. The weakly
+aligned "reorientation" regime of the paper is not implemented.
+
+Consistency: the result is a pure function of (update, staleness, momentum). The momentum is
+the replica's own outer state, which is a function of the sequence of updates it has applied;
+replicas that applied the same updates in the same order compute bit-identical corrections,
+and replicas that differ only in the order of their last few updates differ in the momentum
+tail, and so by a correspondingly small amount here, as they already do in the outer step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import torch
+
+CorrectionKind = Literal["none", "heloco"]
+_TINY = 1e-30
+
+
+@dataclass(frozen=True, kw_only=True)
+class CorrectionConfig:
+    """How stale updates are corrected before the outer step; part of the run fingerprint."""
+
+    kind: CorrectionKind = "none"
+    """none: apply updates as received; heloco: shrink the blocks of a stale update that
+    conflict with the outer momentum (HeLoCo, arXiv 2606.00271)."""
+    strength: float = 1.0
+    """Largest share of a conflicting block's momentum component removed, in [0, 1]."""
+    block: int = 4096
+    """Elements per block of the flat pseudo-gradient whose alignment is judged on its own."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in get_args(CorrectionKind):
+            raise ValueError(f"correction kind must be one of {get_args(CorrectionKind)}.")
+        s = self.strength
+        if not isinstance(s, int | float) or not (math.isfinite(s) and 0 <= s <= 1):
+            raise ValueError(f"correction strength must be in [0, 1], got {s!r}.")
+        if type(self.block) is not int or self.block < 1:
+            raise ValueError(f"correction block must be an integer >= 1, got {self.block!r}.")
+
+
+@dataclass(frozen=True)
+class Correction:
+    """A corrected pseudo-gradient and how much of it was touched."""
+
+    pseudo_gradient: torch.Tensor
+    blocks_corrected: int
+    blocks: int
+
+
+def correct(
+    config: CorrectionConfig, pseudo_gradient: torch.Tensor, staleness: int, momentum: torch.Tensor
+) -> Correction:
+    """The update as it is applied: ``pseudo_gradient`` itself, or a corrected copy.
+
+    Pure: neither input is modified, and equal inputs give bit-identical outputs.
+    """
+    if pseudo_gradient.shape != momentum.shape or pseudo_gradient.dim() != 1:
+        raise ValueError("pseudo_gradient and momentum must be 1-D tensors of one shape.")
+    num_blocks = -(-pseudo_gradient.numel() // config.block)
+    if config.kind == "none" or staleness <= 0 or config.strength == 0 or num_blocks == 0:
+        return Correction(pseudo_gradient, 0, num_blocks)
+    g, m = _blocks(pseudo_gradient, config.block), _blocks(momentum, config.block)
+    g_dot_m, m_sq, g_sq = _dot(g, m), _dot(m, m), _dot(g, g)
+    g_norm, m_norm = g_sq.sqrt(), m_sq.sqrt()
+    conflicting = (g_dot_m < 0) & (m_sq > _TINY)
+    if not bool(conflicting.any()):
+        return Correction(pseudo_gradient, 0, num_blocks)
+    confidence = torch.clamp(m_norm / torch.clamp(g_norm, min=_TINY), max=1.0)
+    beta = torch.where(conflicting, config.strength * confidence, torch.zeros_like(confidence))
+    # g_b - beta * <g_b, m_b> / |m_b|^2 * m_b, zero for the blocks left alone.
+    along = beta * g_dot_m / torch.clamp(m_sq, min=_TINY)
+    corrected = (g - along.unsqueeze(1) * m).reshape(-1)[: pseudo_gradient.numel()]
+    return Correction(corrected.contiguous(), int(conflicting.sum()), num_blocks)
+
+
+def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Row-wise dot products, without a temporary the size of the rows."""
+    return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
+
+
+def _blocks(flat: torch.Tensor, block: int) -> torch.Tensor:
+    """``flat`` as rows of ``block`` elements, the last one zero-padded."""
+    pad = -flat.numel() % block
+    padded = torch.nn.functional.pad(flat, (0, pad)) if pad else flat
+    return padded.view(-1, block)

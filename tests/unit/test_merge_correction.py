@@ -1,0 +1,108 @@
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from merge.correction import CorrectionConfig, correct
+
+HELOCO = CorrectionConfig(kind="heloco", block=2)
+
+
+def test_aligned_update_passes_unchanged() -> None:
+    g = torch.tensor([1.0, 2.0, -1.0, 0.5])
+    m = torch.tensor([2.0, 1.0, -3.0, 0.0])  # both blocks have a positive dot product
+
+    result = correct(HELOCO, g, staleness=5, momentum=m)
+
+    assert result.pseudo_gradient is g
+    assert (result.blocks_corrected, result.blocks) == (0, 2)
+
+
+def test_conflicting_block_loses_its_component_against_the_momentum() -> None:
+    g = torch.tensor([1.0, 2.0, -1.0, 1.0])
+    m = torch.tensor([2.0, 1.0, 4.0, 0.0])  # block 0 aligned; block 1 dot -4: conflicting
+
+    result = correct(HELOCO, g, staleness=1, momentum=m)
+
+    # block 1: g - <g, m>/|m|^2 m = [-1, 1] - (-4/16) [4, 0] = [0, 1]
+    assert result.pseudo_gradient.tolist() == [1.0, 2.0, 0.0, 1.0]
+    assert result.blocks_corrected == 1
+    assert g.tolist() == [1.0, 2.0, -1.0, 1.0] and m.tolist() == [2.0, 1.0, 4.0, 0.0]
+
+
+def test_weak_momentum_is_trusted_less() -> None:
+    g = torch.tensor([-4.0, 0.0])
+    m = torch.tensor([1.0, 0.0])  # |m| / |g| = 1/4: a quarter of the conflict is removed
+
+    result = correct(CorrectionConfig(kind="heloco", block=2, strength=1.0), g, 2, m)
+
+    assert result.pseudo_gradient.tolist() == [-3.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    ("config", "staleness", "momentum"),
+    [
+        (CorrectionConfig(kind="none", block=2), 3, [1.0, 0.0, 1.0, 0.0]),
+        (HELOCO, 0, [1.0, 0.0, 1.0, 0.0]),  # a fresh update is not stale
+        (HELOCO, 3, [0.0, 0.0, 0.0, 0.0]),  # no momentum yet: no heading to judge by
+        (CorrectionConfig(kind="heloco", block=2, strength=0.0), 3, [1.0, 0.0, 1.0, 0.0]),
+    ],
+)
+def test_uncorrected_cases_return_the_update_itself(
+    config: CorrectionConfig, staleness: int, momentum: list[float]
+) -> None:
+    g = torch.tensor([-1.0, 0.0, -2.0, 1.0])
+
+    assert correct(config, g, staleness, torch.tensor(momentum)).pseudo_gradient is g
+
+
+def test_last_partial_block_is_judged_on_its_own() -> None:
+    g = torch.tensor([1.0, 1.0, 1.0, 1.0, -1.0])
+    m = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0])
+
+    result = correct(HELOCO, g, 1, m)
+
+    assert result.pseudo_gradient.tolist() == [1.0, 1.0, 1.0, 1.0, 0.0]
+    assert (result.blocks_corrected, result.blocks) == (1, 3)
+
+
+@pytest.mark.parametrize("kwargs", [{"kind": "pcgrad"}, {"strength": 1.5}, {"block": 0}])
+def test_invalid_config_is_refused(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        CorrectionConfig(**kwargs)  # type: ignore[arg-type]
+
+
+floats = st.floats(-4, 4, width=32, allow_subnormal=False)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    g_m=st.integers(1, 40).flatmap(
+        lambda n: st.tuples(
+            hnp.arrays("float32", n, elements=floats), hnp.arrays("float32", n, elements=floats)
+        )
+    ),
+    block=st.integers(1, 8),
+    strength=st.floats(0, 1),
+    staleness=st.integers(0, 20),
+)
+def test_correction_only_ever_removes_conflict(
+    g_m: tuple[object, object], block: int, strength: float, staleness: int
+) -> None:
+    g, m = (torch.from_numpy(a.copy()) for a in g_m)  # type: ignore[attr-defined]
+    config = CorrectionConfig(kind="heloco", block=block, strength=strength)
+
+    out = correct(config, g, staleness, m).pseudo_gradient
+    again = correct(config, g.clone(), staleness, m.clone()).pseudo_gradient
+
+    assert torch.equal(out, again)  # deterministic: every replica computes the same
+    tol = 1e-4
+    for start in range(0, g.numel(), block):
+        gb, mb, ob = g[start : start + block], m[start : start + block], out[start : start + block]
+        dot = float(gb @ mb)
+        if dot >= 0 or staleness == 0:
+            assert torch.equal(ob, gb)  # aligned (or fresh) blocks pass unchanged
+        else:
+            assert float(ob.norm()) <= float(gb.norm()) + tol  # never lengthened
+            assert dot - tol <= float(ob @ mb) <= tol  # less conflicting, never flipped over
