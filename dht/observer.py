@@ -12,8 +12,8 @@ from hivemind import DHT
 from hivemind.p2p import P2PDaemonError
 
 from dht.heartbeat import Heartbeat, HeartbeatError
+from dht.network import SwarmError
 from dht.reaper import OrphanReaper
-from dht.swarm import SwarmError
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,134 @@
+"""Membership: this node's signed heartbeats out, peers' heartbeats in, who is alive."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dht.heartbeat import Heartbeat, HeartbeatError
+from dht.network import Rejections, RunMismatchError, SwarmNetwork
+from merge.identity import Identity
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PeerView:
+    heartbeat: Heartbeat
+    last_seen: float
+    first_seen: float
+    gone: bool = False
+
+    def alive(self, period_s: float) -> bool:
+        return time.time() - self.last_seen < 3 * period_s
+
+
+class Membership:
+    """Publishes this node's heartbeat and run record; reads and verifies everyone else's."""
+
+    def __init__(
+        self,
+        network: SwarmNetwork,
+        identity: Identity,
+        *,
+        heartbeat_fn: Callable[[], Heartbeat],
+        reject: Rejections,
+        on_event: Callable[..., None],
+    ) -> None:
+        self.network = network
+        self.config = network.config
+        self.identity = identity
+        self.peer_id = identity.peer_id
+        self.peers: dict[str, PeerView] = {}
+        self._heartbeat_fn = heartbeat_fn
+        self._reject = reject
+        self._on_event = on_event
+        self._bad_heartbeats = _SeenSet(4096)
+
+    def alive_peers(self) -> list[Heartbeat]:
+        period = self.config.heartbeat_period_s
+        return [v.heartbeat for v in list(self.peers.values()) if v.alive(period)]
+
+    def is_alive(self, peer_id: str) -> bool:
+        view = self.peers.get(peer_id)
+        return view is not None and view.alive(self.config.heartbeat_period_s)
+
+    async def check_run(self) -> None:
+        """A node whose run id is trained with another configuration is told so, clearly."""
+        records = await self.network.dht_get(f"diloco-run/{self.config.run_id}")
+        others = {fp: summary for fp, summary in records.items() if fp != self.config.fingerprint}
+        if others and self.config.fingerprint not in records:
+            fingerprint, summary = next(iter(others.items()))
+            raise RunMismatchError(
+                f"run '{self.config.run_id}' in this swarm uses a different model or run "
+                f"configuration (fingerprint {str(fingerprint)[:12]}: {summary}) than this node "
+                f"(fingerprint {self.config.fingerprint[:12]}: {self.config.run_summary}); "
+                "join with the same settings or choose another --run-id"
+            )
+
+    async def send_heartbeat(self) -> None:
+        heartbeat = self._heartbeat_fn()
+        ttl = 3 * self.config.heartbeat_period_s
+        await self.network.dht_store(
+            f"{self.config.prefix}/peers", self.peer_id, heartbeat.sign(self.identity), ttl
+        )
+        await self.network.dht_store(
+            f"diloco-run/{self.config.run_id}",
+            self.config.fingerprint,
+            json.dumps(self.config.run_summary, sort_keys=True),
+            ttl,
+        )
+
+    async def poll(self) -> list[Heartbeat]:
+        """Read every peer's heartbeat; the verified ones, newest view of each peer updated."""
+        records = await self.network.dht_get(f"{self.config.prefix}/peers")
+        now = time.time()
+        seen: list[Heartbeat] = []
+        for peer_id, blob in records.items():
+            if peer_id == self.peer_id or not isinstance(peer_id, str):
+                continue
+            try:
+                heartbeat = Heartbeat.verify(blob, peer_id)
+            except HeartbeatError as exc:
+                if self._bad_heartbeats.add(hash(blob) if isinstance(blob, bytes) else 0):
+                    self._reject("bad_heartbeat", peer_id, str(exc))
+                continue
+            self._see_peer(heartbeat, now)
+            seen.append(heartbeat)
+        self._forget_dead_peers()
+        return seen
+
+    def _see_peer(self, heartbeat: Heartbeat, now: float) -> None:
+        view = self.peers.get(heartbeat.peer_id)
+        if view is None or not view.alive(self.config.heartbeat_period_s):
+            self._on_event("peer_joined", peer_id=heartbeat.peer_id, org=heartbeat.org)
+            self.peers[heartbeat.peer_id] = PeerView(heartbeat, now, now)
+        elif heartbeat.sent_at >= view.heartbeat.sent_at:
+            view.heartbeat, view.last_seen = heartbeat, now
+
+    def _forget_dead_peers(self) -> None:
+        for peer_id, view in list(self.peers.items()):
+            if not view.alive(self.config.heartbeat_period_s) and not view.gone:
+                view.gone = True
+                self._on_event("peer_left", peer_id=peer_id, last_seen=round(view.last_seen, 3))
+
+
+class _SeenSet:
+    """A bounded set: counts each bad record once instead of on every poll."""
+
+    def __init__(self, capacity: int) -> None:
+        self._items: OrderedDict[int, None] = OrderedDict()
+        self._capacity = capacity
+
+    def add(self, item: int) -> bool:
+        """True when `item` is new."""
+        if item in self._items:
+            return False
+        self._items[item] = None
+        if len(self._items) > self._capacity:
+            self._items.popitem(last=False)
+        return True

@@ -1,0 +1,266 @@
+"""The swarm's network core: one asyncio loop in a thread, this node's p2pd and DHT member.
+
+Every other swarm part (membership, gossip, state transfer) talks to the network through
+this class: DHT records with bounded waits, request/response streams, protocol names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+from collections import Counter
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from hivemind import DHT
+from hivemind.p2p import P2P, P2PDaemonError, PeerID
+from hivemind.utils import get_dht_time
+
+from dht.reaper import OrphanReaper
+from dht.transport import encode_request, receive_blob, send_blob
+from merge.identity import Identity
+from merge.pipeline import MergeResult
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+Handler = Callable[[Any, Any, Any], Awaitable[None]]
+
+
+class SwarmError(ValueError):
+    """The swarm could not be joined; the message says why in one sentence."""
+
+
+class RunMismatchError(SwarmError):
+    """The swarm trains the same run id with another model or merge configuration."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SwarmConfig:
+    run_id: str
+    fingerprint: str
+    run_summary: dict[str, Any]
+    """Model and merge settings, shown to a node whose configuration differs."""
+    identity_path: str
+    initial_peers: list[str] = field(default_factory=list)
+    host_maddrs: list[str] = field(default_factory=lambda: ["/ip4/127.0.0.1/tcp/0"])
+    announce_maddrs: list[str] = field(default_factory=list)
+    use_relay: bool = True
+    use_auto_relay: bool = False
+    client_mode: bool = False
+    serve_state: bool = True
+    heartbeat_period_s: float = 5.0
+    retain_updates: int = 16
+    max_update_bytes: int = 1 << 30
+    max_state_bytes: int = 4 << 30
+
+    @property
+    def prefix(self) -> str:
+        return f"diloco/{self.fingerprint[:16]}"
+
+    @property
+    def retention_ttl_s(self) -> float:
+        """Announcements outlive a few heartbeat periods but stay small: every subkey of an
+        author's record travels through hivemind's DHT pipe on each get (HIVEMIND.md item 1)."""
+        return max(60.0, 12 * self.heartbeat_period_s)
+
+
+class Rejections:
+    """Counts what peers sent that this node refused, and reports it as a merge result."""
+
+    def __init__(self, on_merge: Callable[[MergeResult], None]) -> None:
+        self.counts: Counter[str] = Counter()
+        self._on_merge = on_merge
+
+    def __call__(self, reason: str, author: str, detail: str, *, seq: int | None = None) -> None:
+        self.counts[reason] += 1
+        logger.info("rejected %s from %s (seq %s): %s", reason, author, seq, detail)
+        if reason != "bad_heartbeat":
+            self._on_merge(MergeResult(False, author, seq or -1, 0, 0.0, reason))
+
+
+class SwarmNetwork:
+    """p2pd, the DHT member and the loop they run on; thread-safe `call`, async internals."""
+
+    def __init__(self, config: SwarmConfig, identity: Identity) -> None:
+        self.config = config
+        self.peer_id = identity.peer_id
+        self.visible_maddrs: list[str] = []
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="swarm", daemon=True)
+        self._reaper = OrphanReaper()
+        self._p2p: P2P | None = None
+        self._dht: DHT | None = None
+        self._background: set[asyncio.Task[None]] = set()
+
+    # ---- start and stop ---------------------------------------------------------------------
+
+    def start(self, timeout_s: float) -> None:
+        self._reaper.start()
+        self._thread.start()
+        try:
+            self._p2p = self.call(self._create_p2p(), timeout_s)
+        except P2PDaemonError as exc:
+            reason = str(exc).splitlines()[-1] if str(exc) else type(exc).__name__
+            peers = ", ".join(self.config.initial_peers) or "none"
+            raise SwarmError(f"could not start the p2p daemon (peers: {peers}): {reason}") from None
+        assert self._p2p._child is not None
+        self._reaper.watch(self._p2p._child.pid)
+        self._dht = self._start_dht()
+        assert self._dht.pid is not None
+        self._reaper.watch(self._dht.pid)
+
+    def _start_dht(self) -> DHT:
+        # The DHT forks; do it from this (main) thread rather than the loop's, and without
+        # the node's SIGTERM handler, which would make the DHT child ignore SIGTERM.
+        previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        try:
+            return DHT(
+                initial_peers=self.config.initial_peers or None,
+                p2p=self._p2p,
+                start=True,
+                client_mode=self.config.client_mode,
+                shutdown_timeout=3,
+                wait_timeout=self.dht_wait_timeout_s,  # per request to one DHT member
+            )
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def read_visible_maddrs(self) -> list[str]:
+        assert self._dht is not None
+        self.visible_maddrs = [str(m) for m in self._dht.get_visible_maddrs(latest=True)]
+        return self.visible_maddrs
+
+    async def _create_p2p(self) -> P2P:
+        return await P2P.create(
+            initial_peers=self.config.initial_peers or None,
+            host_maddrs=self.config.host_maddrs,
+            announce_maddrs=self.config.announce_maddrs or None,
+            identity_path=self.config.identity_path,
+            use_relay=self.config.use_relay,
+            use_auto_relay=self.config.use_auto_relay,
+            dht_mode="client" if self.config.client_mode else "server",
+            check_if_identity_free=False,  # hivemind's check assumes RSA keys
+            startup_timeout=30,
+        )
+
+    def shutdown(self) -> None:
+        if self._thread.is_alive():
+            try:
+                self.call(self._cancel_tasks(), 10.0)
+            except Exception as exc:  # shutting down: report, keep going
+                logger.warning("stopping swarm tasks failed: %s", exc)
+        if self._dht is not None:
+            self._dht.shutdown()
+        if self._p2p is not None and self._thread.is_alive():
+            try:
+                self.call(self._p2p.shutdown(), 10.0)
+            except Exception as exc:
+                logger.warning("stopping p2pd failed: %s", exc)
+        if self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=5)
+        self._reaper.close()
+
+    async def _cancel_tasks(self) -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ---- the loop ---------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
+        """Run `coro` on the loop from another thread and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """A background task on the loop (call from the loop), kept referenced until done."""
+        task = asyncio.create_task(coro)
+        self._background.add(task)  # asyncio holds tasks weakly
+        task.add_done_callback(self._background.discard)
+        return task
+
+    def every(self, period_s: float, action: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run `action` every `period_s` seconds until shutdown; failures are logged."""
+        self.spawn(self._every(period_s, action))
+
+    async def _every(
+        self, period_s: float, action: Callable[[], Coroutine[Any, Any, None]]
+    ) -> None:
+        while True:
+            await asyncio.sleep(period_s)
+            try:
+                await action()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the network misbehaved; try again next period
+                logger.warning("%s failed: %s", getattr(action, "__name__", action), exc)
+
+    # ---- DHT records ------------------------------------------------------------------------
+
+    @property
+    def dht_wait_timeout_s(self) -> float:
+        return max(1.0, min(3.0, self.config.heartbeat_period_s))
+
+    async def dht_get(self, key: str) -> dict[Any, Any]:
+        """Subkey -> value of a dictionary record; {} when absent, malformed or too slow.
+
+        Bounded: a frozen DHT member must not stall the poll loop (peers would look dead).
+        """
+        assert self._dht is not None
+        try:
+            found = await asyncio.wait_for(
+                self._dht.get(key, latest=True, return_future=True),
+                timeout=2 * self.dht_wait_timeout_s + 1,
+            )
+        except TimeoutError:
+            logger.debug("DHT get %s timed out", key)
+            return {}
+        if found is None or not isinstance(found.value, dict):
+            return {}
+        return {subkey: item.value for subkey, item in found.value.items()}
+
+    async def dht_store(self, key: str, subkey: str | int, value: Any, ttl_s: float) -> None:
+        assert self._dht is not None
+        await self._dht.store(key, value, get_dht_time() + ttl_s, subkey=subkey, return_future=True)
+
+    # ---- streams ----------------------------------------------------------------------------
+
+    def protocol(self, name: str) -> str:
+        return f"/diloco/{self.config.fingerprint[:16]}/{name}/1"
+
+    async def add_handler(self, name: str, handler: Handler) -> None:
+        assert self._p2p is not None
+        await self._p2p.add_binary_stream_handler(self.protocol(name), handler)
+
+    async def open_stream(self, peer_id: str, name: str) -> tuple[Any, Any]:
+        """(reader, writer) of a new stream to `peer_id`'s `name` handler."""
+        assert self._p2p is not None
+        _, reader, writer = await self._p2p.call_binary_stream_handler(
+            PeerID.from_base58(peer_id), self.protocol(name)
+        )
+        return reader, writer
+
+    async def request(self, peer_id: str, name: str, max_bytes: int, *args: Any) -> bytes:
+        """Send a small JSON request to `peer_id`'s `name` handler; its one-blob answer."""
+        reader, writer = await self.open_stream(peer_id, name)
+        try:
+            await send_blob(writer, encode_request(args=list(args)))
+            return await receive_blob(reader, max_bytes=max_bytes)
+        finally:
+            writer.close()
+
+    async def send(self, peer_id: str, name: str, blob: bytes) -> None:
+        """One blob to `peer_id`'s `name` handler, no answer expected."""
+        _, writer = await self.open_stream(peer_id, name)
+        try:
+            await send_blob(writer, blob)
+        finally:
+            writer.close()
