@@ -260,6 +260,9 @@ class NodeProcess:
                 logger.warning("%s exited but its stdout is still held open", self.name)
 
     def _exit_status(self) -> str:
+        # stdout closes a moment before the process can be reaped: wait that moment out.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._popen().wait(EXIT_TIMEOUT_S)
         code = self._popen().poll()
         return "still running" if code is None else f"exit code {code}"
 

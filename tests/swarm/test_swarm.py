@@ -185,11 +185,14 @@ def _bootstrap_maddr(proc: subprocess.Popen[str]) -> str:
 
 
 def test_a_finished_node_lingers_serving_and_merging_before_it_leaves(launch: Launch) -> None:
-    a = launch(*RUN, "--max-rounds", "2", "--linger", "8", name="finisher")
+    # Long enough for the stayer to start, join and finish a round on a loaded machine.
+    linger_s = 30
+    a = launch(*RUN, "--max-rounds", "2", "--linger", str(linger_s), name="finisher")
     b = launch(*RUN, "--peers", a.wait_listening(START_S)[0], name="stayer")
+    b.wait_listening(START_S)
     lingering = a.wait_for_event("lingering", START_S)
     stopped = a.wait_for_event("stopped", MERGE_S)
-    assert stopped["reason"] == "max_rounds" and stopped["time"] - lingering["time"] >= 8
+    assert stopped["reason"] == "max_rounds" and stopped["time"] - lingering["time"] >= linger_s
     assert a.wait_exit(60) == 0
     merged_while_lingering = [
         e for e in merged_from(a, b.peer_id) if lingering["time"] < e["time"] < stopped["time"]
