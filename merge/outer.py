@@ -78,6 +78,10 @@ class OuterOptimizer(ABC):
         """The outer momentum (a view: read it under the replica's lock, never write it)."""
         return self._buf
 
+    def momentum_direction(self) -> torch.Tensor | None:
+        """The direction the replica has been moving in (the momentum); None before a step."""
+        return self._buf if self._count else None
+
     def state_dict(self) -> dict[str, object]:
         """Tensors (copies), ints, floats and strs only: loadable with weights_only=True."""
         return {"kind": self.kind, "buf": self._buf.clone(), "count": self._count}
@@ -184,6 +188,10 @@ class DelayedNesterov(OuterOptimizer):
             self._progress = max(0.0, self._progress - 1.0)
             if self._progress < _ROUND_TOLERANCE:
                 self._progress = 0.0
+
+    def momentum_direction(self) -> torch.Tensor | None:
+        """The momentum plus the updates not yet folded into it."""
+        return self._buf + self._acc / self.delay if self._count else None
 
     def state_dict(self) -> dict[str, object]:
         return {**super().state_dict(), "acc": self._acc.clone(), "progress": self._progress}

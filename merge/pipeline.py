@@ -14,6 +14,8 @@ import logging
 import math
 import re
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +26,7 @@ from merge.correction import CorrectionConfig, correct
 from merge.envelope import EnvelopeError, SignedHeader, SignedUpdate, UpdateHeader, verify_header
 from merge.outer import OuterConfig
 from merge.replica import Replica
+from merge.robust import RobustConfig, RobustFilter, Verdict
 from merge.weighting import StalenessConfig, TokenWeightConfig, staleness_weight, token_weight
 
 logger = logging.getLogger(__name__)
@@ -56,6 +59,12 @@ class MergeConfig:
     """Updates whose header claims more live learners than this are rejected."""
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     """Correction of stale updates against the outer momentum before they are applied."""
+    robust: RobustConfig = field(default_factory=RobustConfig)
+    """Norm bound relative to the median accepted norm; cosine bound to the outer momentum."""
+    max_clock_skew_s: float = 600.0
+    """Updates sealed more than this many seconds in the future (by our clock) are rejected."""
+    max_seq_jump: int = 1_000_000
+    """Updates whose seq is this far beyond the author's last applied seq are rejected."""
 
     def __post_init__(self) -> None:
         for name in ("max_inner_steps", "max_tokens_per_step", "max_learners"):
@@ -107,6 +116,12 @@ class UpdatePipeline:
         self.rejections: collections.Counter[str] = collections.Counter()
         self.num_merged = 0
         self._stats_lock = threading.Lock()
+        self.robust = RobustFilter(config.robust)
+        self.admit: Callable[[str], bool] | None = None
+        """Permissioned runs: whether an author may contribute (None: anyone may)."""
+        self.clock: Callable[[], float] = time.time
+        self._payloads: dict[tuple[str, int], str] = {}
+        """The payload hash applied under each update id: a second one is equivocation."""
 
     def check_header(self, signed: SignedHeader) -> str | None:
         """The rejection reason a header alone earns, or None; usable before fetching a payload.
@@ -117,7 +132,8 @@ class UpdatePipeline:
             verify_header(signed)
         except EnvelopeError as e:
             return e.reason
-        return self._claims_reason(signed.header) or self._novelty_reason(signed.header)
+        h = signed.header
+        return self._claims_reason(h) or self._trust_reason(h) or self._novelty_reason(h)
 
     def weight_of(self, header: UpdateHeader) -> float:
         """The update's weight: staleness weight times token weight, from the header alone.
@@ -151,12 +167,43 @@ class UpdatePipeline:
         update_norm = float(torch.linalg.vector_norm(pseudo_gradient))
         weight = self.weight_of(header)
         with self.replica.lock:
-            _raise_if(self._novelty_reason(header))
+            _raise_if(self._trust_reason(header) or self._novelty_reason(header))
             _raise_if(self._norm_reason(update_norm))
+            verdict = self._robust_verdict(header, pseudo_gradient)  # the update as sent
             momentum = self.replica.outer.momentum_buffer
             corrected = correct(self.config.correction, pseudo_gradient, header.staleness, momentum)
             self.replica.apply(header, corrected.pseudo_gradient, weight)
+            self.robust.accepted(verdict)
+            self._payloads[header.update_id] = header.payload_sha256
         return weight, corrected.blocks_corrected
+
+    def _trust_reason(self, h: UpdateHeader) -> str | None:
+        """Who may contribute, clocks and counters no honest peer produces, equivocation."""
+        if self.admit is not None and not self.admit(h.author):
+            return "not_allowed"
+        if h.created_at > self.clock() + self.config.max_clock_skew_s:
+            return "future_timestamp"
+        if h.seq > max(self.replica.last_seq(h.author), 0) + self.config.max_seq_jump:
+            return "seq_too_far"
+        applied = self._payloads.get(h.update_id)
+        if applied is not None and applied != h.payload_sha256:
+            return "equivocation"  # the same id with another payload: never applied twice
+        return None
+
+    def _robust_verdict(self, header: UpdateHeader, pseudo_gradient: torch.Tensor) -> Verdict:
+        verdict = self.robust.judge(pseudo_gradient, self.replica.outer.momentum_direction())
+        if verdict.reason is not None:
+            logger.warning(
+                "%s#%d: %s (norm %.4g, median %s, cosine %s)",
+                header.author,
+                header.seq,
+                verdict.reason,
+                verdict.norm,
+                verdict.median_norm,
+                verdict.cosine,
+            )
+            raise _Rejected(verdict.reason)
+        return verdict
 
     def _claims_reason(self, h: UpdateHeader) -> str | None:
         limits = self.config

@@ -94,8 +94,9 @@ def test_replayed_and_forged_updates_are_rejected_and_counted(tmp_path: Path) ->
         payload=torch.zeros(node.num_params).numpy().tobytes(),
     )
     node.report_merge(own.submit(replay))
-    assert own.rejections["duplicate"] == 1
-    assert events.of("update_rejected")[-1]["reason"] == "duplicate"
+    # seq 1 was applied with another payload: a second one under the same id is equivocation
+    assert own.rejections["equivocation"] == 1
+    assert events.of("update_rejected")[-1]["reason"] == "equivocation"
     assert torch.equal(node.replica.params, before)
 
 

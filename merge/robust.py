@@ -1,0 +1,123 @@
+"""Robust merging: refuse well-signed updates that would hurt the model.
+
+A norm cap relative to the parameters (the pipeline's `max_update_norm_ratio`) stops gross
+updates, but a hostile peer can stay just under it: honest pseudo-gradients are ~10 % of the
+parameter norm, so a cap of 1x leaves room for updates ten times larger than anyone else's,
+and a well-scaled update can still point against the training direction. Two checks close
+that gap, both pure functions of the replica's state and the update:
+
+- norm outlier: once `warmup` updates are accepted, an update whose norm exceeds
+  `max_norm_to_median` times the median norm of the last `window` accepted updates is
+  refused (reason `norm_outlier`);
+- against momentum: an update whose cosine to the outer optimizer's momentum (the direction
+  the swarm has been moving in) is below `min_cosine` is refused (reason
+  `against_momentum`): it would undo the swarm's progress rather than add to it.
+
+Why replicas decide alike: the median window and the momentum are the same on every replica
+up to the order of the last few updates (the consistency model of DESIGN.md). A median of 32
+moves little when a few entries differ, and the thresholds sit far from honest values
+(honest norms stay within ~2x of the median, honest cosines are positive: measured in
+tests/unit/test_merge_robust.py and README), so an honest update is accepted everywhere and
+a hostile one far beyond the thresholds is refused everywhere. Only an update crafted to sit
+on a threshold can be judged differently by two replicas; the refusal is counted and logged
+with its figures on each of them.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+REASONS = ("norm_outlier", "against_momentum")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RobustConfig:
+    """Thresholds of the robust checks; part of the run fingerprint (every replica uses them)."""
+
+    window: int = 32
+    """Accepted update norms the median is taken over."""
+    warmup: int = 4
+    """Accepted updates before the relative norm bound applies."""
+    max_norm_to_median: float = 4.0
+    """Updates with a norm above this times the median accepted norm are refused (0: off)."""
+    min_cosine: float = -0.5
+    """Updates whose cosine to the outer momentum is below this are refused (-1: off)."""
+
+    def __post_init__(self) -> None:
+        if type(self.window) is not int or self.window < 1:
+            raise ValueError(f"robust window must be an integer >= 1, got {self.window!r}.")
+        if type(self.warmup) is not int or not 1 <= self.warmup <= self.window:
+            raise ValueError(
+                f"robust warmup must be an integer in [1, window], got {self.warmup!r}."
+            )
+        ratio = self.max_norm_to_median
+        if not isinstance(ratio, int | float) or not (math.isfinite(ratio) and ratio >= 0):
+            raise ValueError(f"max_norm_to_median must be a finite number >= 0, got {ratio!r}.")
+        if not isinstance(self.min_cosine, int | float) or not -1 <= self.min_cosine <= 1:
+            raise ValueError(f"min_cosine must be in [-1, 1], got {self.min_cosine!r}.")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the robust checks decided about one update, with the figures they used."""
+
+    reason: str | None
+    norm: float
+    median_norm: float | None
+    cosine: float | None
+
+
+class RobustFilter:
+    """The running median of accepted norms; callers hold the replica's lock around it."""
+
+    def __init__(self, config: RobustConfig) -> None:
+        self.config = config
+        self._norms: deque[float] = deque(maxlen=config.window)
+
+    def judge(self, pseudo_gradient: torch.Tensor, momentum: torch.Tensor | None) -> Verdict:
+        """The verdict on one decoded, finite update; pure: it changes no state."""
+        norm = float(torch.linalg.vector_norm(pseudo_gradient))
+        median = self.median_norm()
+        cosine = _cosine(pseudo_gradient, norm, momentum)
+        reason = None
+        bound = self.config.max_norm_to_median
+        if median is not None and bound > 0 and norm > bound * median:
+            reason = "norm_outlier"
+        elif cosine is not None and cosine < self.config.min_cosine:
+            reason = "against_momentum"
+        return Verdict(reason, norm, median, cosine)
+
+    def accepted(self, verdict: Verdict) -> None:
+        """Records the norm of an update that was applied."""
+        self._norms.append(verdict.norm)
+
+    def median_norm(self) -> float | None:
+        """The median accepted norm, or None during warm-up."""
+        if len(self._norms) < self.config.warmup:
+            return None
+        return statistics.median(self._norms)
+
+    def state_dict(self) -> dict[str, object]:
+        return {"norms": list(self._norms)}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        norms = state.get("norms")
+        if not isinstance(norms, list) or not all(
+            isinstance(n, float) and math.isfinite(n) and n >= 0 for n in norms
+        ):
+            raise ValueError("robust state 'norms' must be a list of finite norms.")
+        self._norms = deque(norms[-self.config.window :], maxlen=self.config.window)
+
+
+def _cosine(g: torch.Tensor, g_norm: float, momentum: torch.Tensor | None) -> float | None:
+    if momentum is None or g_norm == 0:
+        return None
+    m_norm = float(torch.linalg.vector_norm(momentum))
+    if m_norm == 0 or not math.isfinite(m_norm):
+        return None
+    return float(torch.dot(g, momentum)) / (g_norm * m_norm)

@@ -1,0 +1,168 @@
+"""Robust merging and the pipeline's trust checks: hostile but well-signed updates are refused."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from merge.codecs import get_codec
+from merge.envelope import seal
+from merge.identity import Identity
+from merge.outer import OuterConfig, make_outer_optimizer
+from merge.pipeline import MergeConfig, UpdatePipeline
+from merge.replica import Replica
+from merge.robust import RobustConfig, RobustFilter
+from merge.weighting import TokenWeightConfig
+
+FINGERPRINT = hashlib.sha256(b"run").hexdigest()
+HONEST = Identity.from_private_bytes(b"h" * 32)
+MALLORY = Identity.from_private_bytes(b"m" * 32)
+NUMEL = 64
+CONFIG = MergeConfig(
+    outer=OuterConfig(kind="nesterov", lr=0.1, momentum=0.9),
+    token_weight=TokenWeightConfig(reference_tokens=1000),
+    max_inner_steps=100,
+    max_tokens_per_step=100,
+)
+DIRECTION = torch.linspace(-1, 1, NUMEL)
+
+
+def make_pipeline() -> UpdatePipeline:
+    params = torch.full((NUMEL,), 10.0)  # norm 80: honest updates of norm ~1 are ~1 %
+    replica = Replica(params, make_outer_optimizer(CONFIG.outer, NUMEL))
+    pipeline = UpdatePipeline(replica, CONFIG, FINGERPRINT)
+    pipeline.clock = lambda: 1000.0
+    return pipeline
+
+
+def update(identity: Identity, seq: int, delta: torch.Tensor, **overrides: object):  # type: ignore[no-untyped-def]
+    fields: dict[str, object] = dict(
+        fingerprint=FINGERPRINT, seq=seq, base_applied=0, published_applied=0, inner_steps=10,
+        tokens=1000, loss=2.0, codec="fp32", numel=NUMEL, created_at=999.0,
+    )  # fmt: skip
+    fields.update(overrides)
+    payload = fields.pop("payload", None) or get_codec("fp32").encode(delta.float())
+    return seal(identity, payload=payload, **fields)  # type: ignore[arg-type]
+
+
+def honest_delta(seed: int) -> torch.Tensor:
+    """An honest pseudo-gradient: the training direction plus noise, norm ~1."""
+    g = torch.Generator().manual_seed(seed)
+    noisy = DIRECTION + 0.5 * torch.randn(NUMEL, generator=g) / NUMEL**0.5
+    return noisy / DIRECTION.norm()
+
+
+def warmed_up() -> UpdatePipeline:
+    pipeline = make_pipeline()
+    for seq in range(1, 9):
+        assert pipeline.submit(update(HONEST, seq, honest_delta(seq))).accepted
+    return pipeline
+
+
+def test_a_near_cap_update_is_refused_relative_to_the_median_norm() -> None:
+    pipeline = warmed_up()
+    big = honest_delta(99) * 20  # norm ~20: under the params-norm cap (80), 20x the honest ones
+
+    result = pipeline.submit(update(MALLORY, 1, big))
+
+    assert not result.accepted and result.reason == "norm_outlier"
+    assert pipeline.rejections["norm_outlier"] == 1
+
+
+def test_a_well_scaled_update_against_the_momentum_is_refused() -> None:
+    pipeline = warmed_up()
+    before = pipeline.replica.params.clone()
+
+    result = pipeline.submit(update(MALLORY, 1, -honest_delta(99)))
+
+    assert not result.accepted and result.reason == "against_momentum"
+    assert torch.equal(pipeline.replica.params, before)
+
+
+def test_honest_updates_pass_both_checks() -> None:
+    pipeline = warmed_up()
+    for seq in range(9, 30):
+        result = pipeline.submit(update(HONEST, seq, honest_delta(seq) * (0.7 + 0.02 * seq)))
+        assert result.accepted, result.reason
+
+
+def test_during_warm_up_only_the_absolute_cap_applies() -> None:
+    pipeline = make_pipeline()
+    assert pipeline.submit(update(HONEST, 1, honest_delta(1) * 20)).accepted
+    assert pipeline.robust.median_norm() is None
+
+
+def test_a_second_payload_under_an_applied_id_is_equivocation() -> None:
+    pipeline = make_pipeline()
+    assert pipeline.submit(update(MALLORY, 1, honest_delta(1))).accepted
+    same = pipeline.submit(update(MALLORY, 1, honest_delta(1)))
+    other = pipeline.submit(update(MALLORY, 1, honest_delta(2)))
+
+    assert same.reason == "duplicate"
+    assert other.reason == "equivocation"
+    assert pipeline.check_header(update(MALLORY, 1, honest_delta(3)).signed_header) == (
+        "equivocation"
+    )
+
+
+def test_far_future_timestamps_and_seqs_are_refused_before_the_payload() -> None:
+    pipeline = make_pipeline()
+    ten_years = 10 * 365 * 86400.0
+    future = update(MALLORY, 1, honest_delta(1), created_at=1000.0 + ten_years)
+    far = update(MALLORY, 10**12, honest_delta(1))
+
+    assert pipeline.check_header(future.signed_header) == "future_timestamp"
+    assert pipeline.check_header(far.signed_header) == "seq_too_far"
+    assert pipeline.submit(far).reason == "seq_too_far"
+    assert pipeline.replica.num_applied == 0
+
+
+def test_a_permissioned_pipeline_ignores_authors_outside_the_list() -> None:
+    pipeline = make_pipeline()
+    pipeline.admit = {HONEST.peer_id}.__contains__
+
+    assert pipeline.submit(update(MALLORY, 1, honest_delta(1))).reason == "not_allowed"
+    assert pipeline.submit(update(HONEST, 1, honest_delta(1))).accepted
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    norms=st.lists(st.floats(0.1, 10.0), min_size=4, max_size=40),
+    scale=st.floats(0.01, 100.0),
+    order=st.randoms(use_true_random=False),
+)
+def test_verdicts_depend_on_the_accepted_norms_not_their_order(
+    norms: list[float], scale: float, order: object
+) -> None:
+    """Replicas that accepted the same updates in another order judge the next one alike."""
+    config = RobustConfig(window=64, warmup=4)
+    first, second = RobustFilter(config), RobustFilter(config)
+    shuffled = list(norms)
+    order.shuffle(shuffled)  # type: ignore[attr-defined]
+    for a, b in zip(norms, shuffled, strict=True):
+        first.accepted(first.judge(torch.tensor([a]), None))
+        second.accepted(second.judge(torch.tensor([b]), None))
+    probe = torch.tensor([scale])
+    assert first.judge(probe, None).reason == second.judge(probe, None).reason
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(-1e3, 1e3), min_size=2, max_size=16), st.floats(0.01, 1e3))
+def test_the_cosine_check_is_scale_free(values: list[float], scale: float) -> None:
+    """Scaling an update does not move it past the cosine bound: only its direction counts."""
+    g = torch.tensor(values, dtype=torch.float64)
+    momentum = torch.ones(len(values), dtype=torch.float64)
+    judge = RobustFilter(RobustConfig()).judge
+    assert judge(g, momentum).reason == judge(g * scale, momentum).reason
+
+
+@pytest.mark.parametrize(
+    "bad", [{"window": 0}, {"warmup": 0}, {"max_norm_to_median": -1.0}, {"min_cosine": -2.0}]
+)
+def test_bad_robust_settings_are_refused(bad: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        RobustConfig(**bad)  # type: ignore[arg-type]
