@@ -191,7 +191,7 @@ class DelayedNesterov(OuterOptimizer):
 
     def momentum_direction(self) -> torch.Tensor | None:
         """The momentum plus the updates not yet folded into it."""
-        return self._buf + self._acc / self.delay if self._count else None
+        return self._buf + self._acc if self._count else None  # _acc holds scaled shares
 
     def state_dict(self) -> dict[str, object]:
         return {**super().state_dict(), "acc": self._acc.clone(), "progress": self._progress}

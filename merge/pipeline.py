@@ -169,9 +169,11 @@ class UpdatePipeline:
         with self.replica.lock:
             _raise_if(self._trust_reason(header) or self._novelty_reason(header))
             _raise_if(self._norm_reason(update_norm))
-            verdict = self._robust_verdict(header, pseudo_gradient)  # the update as sent
             momentum = self.replica.outer.momentum_buffer
             corrected = correct(self.config.correction, pseudo_gradient, header.staleness, momentum)
+            # Judged after the staleness correction: what remains hostile once an honest stale
+            # update's conflict with the momentum has been corrected is refused.
+            verdict = self._robust_verdict(header, corrected.pseudo_gradient)
             self.replica.apply(header, corrected.pseudo_gradient, weight)
             self.robust.accepted(verdict)
             self._payloads[header.update_id] = header.payload_sha256

@@ -74,10 +74,10 @@ def test_node_route_counts_rejected_updates(trained_node: Node) -> None:
     node = embedded_client(trained_node).get("/api/node").json()
 
     assert node["peer_id"] == trained_node.peer_id
-    assert node["rejections"] == {"duplicate": 1} and node["rejected_total"] == 1
+    assert node["rejections"] == {"equivocation": 1} and node["rejected_total"] == 1
     assert node["num_applied"] == 2 and node["round"] == 2
     timeline = embedded_client(trained_node).get("/api/history").json()["timeline"]
-    assert timeline[-1]["kind"] == "rejected" and "duplicate" in timeline[-1]["detail"]
+    assert timeline[-1]["kind"] == "rejected" and "equivocation" in timeline[-1]["detail"]
 
 
 def test_history_has_a_loss_point_per_round_and_the_events_pass_through(

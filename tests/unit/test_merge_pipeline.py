@@ -14,6 +14,7 @@ from merge.identity import Identity
 from merge.outer import OuterConfig, make_outer_optimizer
 from merge.pipeline import MergeConfig, MergeResult, UpdatePipeline
 from merge.replica import Replica
+from merge.robust import RobustConfig
 from merge.weighting import StalenessConfig, TokenWeightConfig
 
 FINGERPRINT = hashlib.sha256(b"run").hexdigest()
@@ -286,12 +287,17 @@ def test_claiming_more_learners_only_shrinks_an_update() -> None:
 
 
 def test_correction_applies_only_to_conflicting_stale_updates() -> None:
+    lenient = RobustConfig(min_cosine=-1.0)  # an update against the momentum is not refused here
     config = dataclasses.replace(
         CONFIG,
         outer=OuterConfig(kind="nesterov", lr=0.5, momentum=0.5),
         correction=CorrectionConfig(kind="heloco", block=2),
+        robust=lenient,
     )
-    corrected, plain = make_pipeline(config), make_pipeline()
+    corrected, plain = (
+        make_pipeline(config),
+        make_pipeline(dataclasses.replace(CONFIG, robust=lenient)),
+    )
     for pipeline in (corrected, plain):  # builds momentum along DELTA
         assert pipeline.submit(make_update(seq=0)).accepted
     opposite = [-x for x in DELTA]
