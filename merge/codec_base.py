@@ -11,6 +11,9 @@ from typing import Protocol
 
 import torch
 
+Buffer = bytes | bytearray | memoryview
+"""What decoders read: a received payload, or a view of one inside its envelope."""
+
 MAX_NUMEL = 2**40
 """Larger vectors are refused before any size arithmetic (a 4 TiB fp32 model)."""
 
@@ -40,8 +43,12 @@ class Codec(Protocol):
         """Encodes a 1-D fp32 CPU tensor, little-endian."""
         ...
 
-    def decode(self, data: bytes, numel: int) -> torch.Tensor:
+    def decode(self, data: Buffer, numel: int) -> torch.Tensor:
         """Decodes into a fresh, writable 1-D fp32 tensor of ``numel`` elements."""
+        ...
+
+    def decode_view(self, data: Buffer, numel: int) -> torch.Tensor:
+        """Like decode, but the result may share memory with ``data``: never write to it."""
         ...
 
 

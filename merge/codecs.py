@@ -8,10 +8,13 @@ drops is carried into the next round's.
 
 from __future__ import annotations
 
+import sys
+import warnings
+
 import numpy as np
 import torch
 
-from merge.codec_base import Codec, CodecError, check_flat, check_length
+from merge.codec_base import Buffer, Codec, CodecError, check_flat, check_length
 from merge.quantize import Int4Codec, Int8Codec
 from merge.sparse import SparseTopKCodec
 
@@ -32,11 +35,20 @@ class Fp32Codec:
         check_flat(flat)
         return flat.detach().contiguous().numpy().astype("<f4", copy=False).tobytes()
 
-    def decode(self, data: bytes, numel: int) -> torch.Tensor:
+    def decode(self, data: Buffer, numel: int) -> torch.Tensor:
         view = check_length(self, data, numel)
         out = torch.empty(numel, dtype=torch.float32)
         out.numpy()[:] = np.frombuffer(view, dtype="<f4", count=numel)
         return out
+
+    def decode_view(self, data: Buffer, numel: int) -> torch.Tensor:
+        """The payload's own memory read as fp32: no copy, the merge path's fast case."""
+        view = check_length(self, data, numel)
+        if sys.byteorder != "little" or numel == 0:
+            return self.decode(data, numel)
+        with warnings.catch_warnings():  # it aliases immutable bytes on purpose, read-only
+            warnings.filterwarnings("ignore", "The given buffer is not writable", UserWarning)
+            return torch.frombuffer(view, dtype=torch.float32, count=numel)
 
 
 class Bf16Codec:
@@ -58,11 +70,14 @@ class Bf16Codec:
         bits = flat.detach().to(torch.bfloat16).view(torch.int16).numpy()
         return bits.astype("<i2", copy=False).tobytes()
 
-    def decode(self, data: bytes, numel: int) -> torch.Tensor:
+    def decode(self, data: Buffer, numel: int) -> torch.Tensor:
         view = check_length(self, data, numel)
         bits = torch.empty(numel, dtype=torch.int16)
         bits.numpy()[:] = np.frombuffer(view, dtype="<i2", count=numel)
         return bits.view(torch.bfloat16).to(torch.float32)
+
+    def decode_view(self, data: Buffer, numel: int) -> torch.Tensor:
+        return self.decode(data, numel)
 
 
 CODECS: dict[str, Codec] = {

@@ -163,19 +163,22 @@ class SignedUpdate:
 
     header: UpdateHeader
     signature: bytes
-    payload: bytes
+    payload: bytes | memoryview
+    """The encoded pseudo-gradient; parsed updates hold a read-only view into the envelope."""
 
     @property
     def signed_header(self) -> SignedHeader:
         return SignedHeader(self.header, self.signature)
 
     def to_bytes(self) -> bytes:
-        return _pack(UPDATE_MAGIC, self.header, self.signature) + self.payload
+        return b"".join((_pack(UPDATE_MAGIC, self.header, self.signature), self.payload))
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SignedUpdate:
+        """Parses without copying the payload out of immutable ``data`` (it can be 100s of MB)."""
         header, signature, end = _unpack(UPDATE_MAGIC, data)
-        return cls(header, signature, bytes(_byte_view(data)[end:]))
+        payload = _byte_view(data)[end:]
+        return cls(header, signature, payload if payload.readonly else bytes(payload))
 
 
 def seal(

@@ -163,8 +163,7 @@ class UpdatePipeline:
     def _merge(self, update: SignedUpdate) -> tuple[float, int]:
         header = update.header
         _raise_if(self.check_header(update.signed_header))
-        pseudo_gradient = _decode_payload(update)
-        update_norm = float(torch.linalg.vector_norm(pseudo_gradient))
+        pseudo_gradient, update_norm = _decode_payload(update)
         weight = self.weight_of(header)
         with self.replica.lock:
             _raise_if(self._trust_reason(header) or self._novelty_reason(header))
@@ -256,17 +255,21 @@ def learners_of(header: UpdateHeader) -> int:
     return 1 if header.learners is None else header.learners
 
 
-def _decode_payload(update: SignedUpdate) -> torch.Tensor:
+def _decode_payload(update: SignedUpdate) -> tuple[torch.Tensor, float]:
+    """The pseudo-gradient (possibly aliasing the payload: read-only) and its finite norm."""
     header = update.header
     if hashlib.sha256(update.payload).hexdigest() != header.payload_sha256:
         raise _Rejected("payload_hash_mismatch")
     try:
-        pseudo_gradient = get_codec(header.codec).decode(update.payload, header.numel)
+        pseudo_gradient = get_codec(header.codec).decode_view(update.payload, header.numel)
     except CodecError:
         raise _Rejected("malformed") from None
-    if not bool(torch.isfinite(pseudo_gradient).all()):
-        raise _Rejected("non_finite")
-    return pseudo_gradient
+    # One pass: a NaN or infinity anywhere makes the norm non-finite.
+    update_norm = float(torch.linalg.vector_norm(pseudo_gradient))
+    if not math.isfinite(update_norm):
+        finite = bool(torch.isfinite(pseudo_gradient).all())
+        raise _Rejected("norm_too_large" if finite else "non_finite")
+    return pseudo_gradient, update_norm
 
 
 def _raise_if(reason: str | None) -> None:

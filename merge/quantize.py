@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from merge.codec_base import CodecError, check_flat, check_length, num_blocks
+from merge.codec_base import Buffer, CodecError, check_flat, check_length, num_blocks
 
 
 class _BlockwiseCodec:
@@ -54,6 +54,12 @@ class _BlockwiseCodec:
             raise CodecError(f"{self.name} payload has a scale out of range or not finite.")
         return scales
 
+    def decode(self, data: Buffer, numel: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def decode_view(self, data: Buffer, numel: int) -> torch.Tensor:
+        return self.decode(data, numel)
+
     def _dequantize(self, codes: torch.Tensor, scales: torch.Tensor, numel: int) -> torch.Tensor:
         out = torch.empty(numel, dtype=torch.float32)
         full = numel // self.block * self.block
@@ -81,7 +87,7 @@ class Int8Codec(_BlockwiseCodec):
         scales, codes = self.quantize(flat)
         return _le_f32(scales) + codes.numpy().tobytes()
 
-    def decode(self, data: bytes, numel: int) -> torch.Tensor:
+    def decode(self, data: Buffer, numel: int) -> torch.Tensor:
         view = check_length(self, data, numel)
         scales = self._scales(view, numel)
         codes = torch.from_numpy(np.frombuffer(view[4 * scales.numel() :], dtype=np.int8).copy())
@@ -107,7 +113,7 @@ class Int4Codec(_BlockwiseCodec):
         packed = pairs[:, 0] | (pairs[:, 1] << 4)
         return _le_f32(scales) + packed.numpy().tobytes()
 
-    def decode(self, data: bytes, numel: int) -> torch.Tensor:
+    def decode(self, data: Buffer, numel: int) -> torch.Tensor:
         view = check_length(self, data, numel)
         scales = self._scales(view, numel)
         packed = torch.from_numpy(np.frombuffer(view[4 * scales.numel() :], dtype=np.uint8).copy())

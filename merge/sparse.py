@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from merge.codec_base import CodecError, check_flat, check_length, num_blocks
+from merge.codec_base import Buffer, CodecError, check_flat, check_length, num_blocks
 
 _LEVEL_BYTES = 8
 _INDEX_BYTES = 2
@@ -65,7 +65,7 @@ class SparseTopKCodec:
             + packed.numpy().tobytes()
         )
 
-    def decode(self, data: bytes, numel: int) -> torch.Tensor:
+    def decode(self, data: Buffer, numel: int) -> torch.Tensor:
         view = check_length(self, data, numel)
         num_chunks = num_blocks(numel, self.chunk)
         levels, indices, codes = self._parse(view, num_chunks)
@@ -77,6 +77,9 @@ class SparseTopKCodec:
         out = torch.zeros(numel, dtype=torch.float32)
         out[positions[inside]] = values[inside]
         return out
+
+    def decode_view(self, data: Buffer, numel: int) -> torch.Tensor:
+        return self.decode(data, numel)
 
     def _parse(
         self, view: memoryview, num_chunks: int
