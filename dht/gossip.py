@@ -3,30 +3,42 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor
 from typing import Any
 
+from dht.catchup import CatchUp, CatchUpConfig, Fetch, parse_ranges, to_ranges
 from dht.heartbeat import Heartbeat
 from dht.membership import Membership
 from dht.network import Rejections, SwarmNetwork
 from dht.state_transfer import TransferStats
-from dht.transport import TransportError, decode_request, receive_blob, send_blob, send_refusal
+from dht.transport import (
+    TransportError,
+    decode_request,
+    encode_request,
+    receive_blob,
+    send_blob,
+    send_refusal,
+)
 from merge.envelope import EnvelopeError, SignedHeader, SignedUpdate
 from merge.pipeline import MergeResult, UpdatePipeline
 
 logger = logging.getLogger(__name__)
-GAP_PATIENCE_S = 30.0
-"""How long a later update of an author waits for a missing earlier one before skipping it."""
-MAX_PUSHED_PER_AUTHOR = 256
-"""Pushed headers buffered per author before they are merged; more are dropped (DHT has them)."""
+MAX_SUMMARY_BYTES = 1 << 20
+MAX_SUMMARY_IDS = 1 << 20
 
 
 class Gossip:
-    """Moves signed updates between peers: push notifications, DHT announcements, fetches."""
+    """Moves signed updates between peers: push notifications, DHT announcements, fetches,
+    and repair by comparing applied digests and exchanging per-author summaries.
+
+    What to fetch, from whom and what counts as lost is decided by `CatchUp` (pure); this
+    class only does the talking.
+    """
 
     def __init__(
         self,
@@ -47,74 +59,124 @@ class Gossip:
         self.replica = pipeline.replica
         self.fetches: deque[TransferStats] = deque(maxlen=1000)
         self.active = False
+        self.catchup = CatchUp(self._catchup_config(), self.peer_id, self.replica)
         self._merge_pool = merge_pool
         self._reject = reject
         self._on_merge = on_merge
         self._on_event = on_event
         self._retained: OrderedDict[tuple[str, int], SignedUpdate] = OrderedDict()
-        self._pushed: dict[str, dict[int, bytes]] = {}
-        self._processed: dict[str, int] = {}
-        self._author_tasks: dict[str, asyncio.Task[None]] = {}
-        self._gaps: dict[tuple[str, int], float] = {}
+        self._lookups: dict[str, asyncio.Task[None]] = {}
+        self._looked_up: dict[str, int] = {}
+        self._wake: asyncio.Event | None = None
+
+    def _catchup_config(self) -> CatchUpConfig:
+        period = self.config.heartbeat_period_s
+        return CatchUpConfig(
+            lost_after_s=self.config.gap_wait_s,
+            retry_s=min(2.0, period),
+            mismatch_grace_s=2 * period,
+            summary_period_s=2 * period,
+        )
+
+    @property
+    def num_lost(self) -> int:
+        """Updates this node knows exist but that no live peer could give it."""
+        return len(self.catchup.lost)
 
     async def register(self) -> None:
         await self.network.add_handler("update", self.rpc_update)
         await self.network.add_handler("notify", self.rpc_notify)
+        await self.network.add_handler("summary", self.rpc_summary)
+
+    async def start(self) -> None:
+        self.active = True
+        self._wake = asyncio.Event()
+        self.network.spawn(self._pump())
 
     def on_heartbeats(self, heartbeats: list[Heartbeat]) -> None:
-        """Start catching up with every author announcing more than this node has."""
+        """Look up announcements of authors ahead of us; compare notes with peers whose
+        applied set differs from ours."""
         if not self.active:
             return
         for heartbeat in heartbeats:
-            if heartbeat.latest_seq > self._floor(heartbeat.peer_id):
-                self._ensure_author_task(heartbeat.peer_id)
+            author = heartbeat.peer_id
+            known = max(self.catchup.max_seen(author), self.replica.last_seq(author))
+            if heartbeat.latest_seq > max(known, self._looked_up.get(author, 0)):
+                self._looked_up[author] = heartbeat.latest_seq
+                self._lookup(author, self._lookup_announcements(author))
+        digests = {h.peer_id: h.applied_digest for h in self.membership.alive_peers()}
+        own = self.replica.applied_digest()
+        for peer_id in self.catchup.summary_peers(time.monotonic(), own, digests):
+            self.network.spawn(self._exchange_summaries(peer_id))
+        self._kick()
 
-    # ---- catch-up ---------------------------------------------------------------------------
+    # ---- the pump: act on CatchUp's decisions ----------------------------------------------
 
-    def _ensure_author_task(self, author: str) -> None:
-        task = self._author_tasks.get(author)
-        if task is None or task.done():
-            self._author_tasks[author] = asyncio.create_task(self._catch_up(author))
+    def _kick(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
 
-    async def _catch_up(self, author: str) -> None:
-        """Fetch and merge `author`'s announced updates in seq order (replays are rejected).
+    async def _pump(self) -> None:
+        assert self._wake is not None
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self._pump_period_s)
+            self._wake.clear()
+            self._step()
 
-        Headers pushed by the author are used as they are; the DHT is asked only when the
-        next seq is missing, so a slow or frozen DHT member does not slow merging.
-        """
-        floor = self._floor(author)
-        announced: dict[Any, Any] = self._pushed.pop(author, {})
-        if floor + 1 not in announced:
-            announced |= await self.network.dht_get(f"{self.config.prefix}/updates/{author}")
-        for seq in sorted(s for s in announced if isinstance(s, int) and s > floor):
-            if seq > floor + 1 and not self._give_up_gap(author, floor + 1, seq):
-                self._pushed.setdefault(author, {}).update(announced)
-                return  # an earlier seq is still on its way: merge in order
-            signed = self._parse_announcement(author, seq, announced[seq])
-            if signed is not None and not await self._fetch_and_merge(signed):
-                return  # payload unavailable for now: retry on a later poll
-            self._processed[author] = floor = seq
-        if self._pushed.get(author):
-            self._author_tasks[author] = asyncio.create_task(self._catch_up(author))
+    @property
+    def _pump_period_s(self) -> float:
+        return min(1.0, self.config.heartbeat_period_s / 2)
 
-    def _floor(self, author: str) -> int:
-        """The last seq of `author` this node has merged or given up on (seqs start at 1)."""
-        return max(0, self._processed.get(author, 0), self.replica.last_seq(author))
+    def _step(self) -> None:
+        now = time.monotonic()
+        alive = {h.peer_id for h in self.membership.alive_peers()}
+        for author, seq in self.catchup.declare_lost(now, alive):
+            self._on_event("update_lost", author=author, seq=seq, num_lost=self.num_lost)
+            logger.warning("update %s#%d is lost: no live peer holds it", author, seq)
+        for author in self.catchup.holder_lookups(now, alive):
+            self._lookup(f"holders/{author}", self._lookup_holders(author))
+        for fetch in self.catchup.next_fetches(now, alive):
+            self.network.spawn(self._fetch_and_merge(fetch))
 
-    def _give_up_gap(self, author: str, missing: int, next_seq: int) -> bool:
-        """Wait a while for a missing seq before skipping it (its author may have died)."""
-        if not self._out_of_patience(author, missing):
-            return False
-        for seq in range(missing, next_seq):
-            self._reject("unavailable", author, "never announced", seq=seq)
-        return True
+    def _lookup(self, key: str, coro: Coroutine[Any, Any, None]) -> None:
+        """One DHT lookup per key at a time."""
+        task = self._lookups.get(key)
+        if task is not None and not task.done():
+            coro.close()
+            return
+        self._lookups[key] = self.network.spawn(coro)
 
-    def _out_of_patience(self, author: str, seq: int) -> bool:
-        first_seen = self._gaps.setdefault((author, seq), time.monotonic())
-        if time.monotonic() - first_seen < GAP_PATIENCE_S:
-            return False
-        del self._gaps[(author, seq)]
-        return True
+    # ---- what the node hears ----------------------------------------------------------------
+
+    def _on_header(self, signed: SignedHeader) -> None:
+        header = signed.header
+        reason = self.pipeline.check_header(signed)
+        if reason == "duplicate":
+            return
+        if reason is not None:
+            self._reject(reason, header.author, "header check failed", seq=header.seq)
+            self.catchup.fetched(header.update_id)  # settled: not worth fetching
+            return
+        if self.catchup.announced(header.author, header.seq, signed, time.monotonic()):
+            self._kick()
+
+    async def _lookup_announcements(self, author: str) -> None:
+        announced = await self.network.dht_get(f"{self.config.prefix}/updates/{author}")
+        for seq, blob in announced.items():
+            if isinstance(seq, int) and not self.catchup.knows((author, seq)):
+                signed = self._parse_announcement(author, seq, blob)
+                if signed is not None:
+                    self._on_header(signed)
+
+    async def _lookup_holders(self, author: str) -> None:
+        holders = await self.network.dht_get(f"{self.config.prefix}/holders/{author}")
+        now = time.monotonic()
+        for subkey in holders:
+            seq, _, peer_id = str(subkey).partition(":")
+            if seq.isdigit() and peer_id:
+                self.catchup.holders(author, int(seq), [peer_id], now)
+        self._kick()
 
     def _parse_announcement(self, author: str, seq: int, blob: object) -> SignedHeader | None:
         try:
@@ -123,56 +185,96 @@ class Gossip:
             signed = SignedHeader.from_bytes(blob)
         except EnvelopeError as exc:
             self._reject(exc.reason, author, str(exc), seq=seq)
+            self.catchup.fetched((author, seq))
             return None
         if signed.header.author != author or signed.header.seq != seq:
             self._reject("malformed", author, "announcement key disagrees with header", seq=seq)
-            return None
-        reason = self.pipeline.check_header(signed)
-        if reason is not None:
-            if reason not in ("duplicate", "replay"):
-                self._reject(reason, author, "header check failed", seq=seq)
+            self.catchup.fetched((author, seq))
             return None
         return signed
 
-    async def _fetch_and_merge(self, signed: SignedHeader) -> bool:
-        """False when the payload could not be had yet and is worth retrying later."""
-        header = signed.header
-        data = await self._fetch_update(header.author, header.seq)
+    async def _fetch_and_merge(self, fetch: Fetch) -> None:
+        uid = fetch.update_id
+        update = await self._fetch_update(fetch)
+        if update is None:
+            self.catchup.failed(uid, fetch.peer_id, time.monotonic())
+            self._kick()
+            return
+        loop = asyncio.get_running_loop()
+        result = await loop.run_in_executor(self._merge_pool, self.pipeline.submit, update)
+        self.catchup.fetched(uid)
+        if result.reason != "duplicate":
+            self._on_merge(result)
+        if result.accepted:
+            self._retain(update)
+        self._kick()
+
+    async def _fetch_update(self, fetch: Fetch) -> SignedUpdate | None:
+        """The update from `fetch.peer_id`, or None when it could not or would not give it."""
+        data = await self._fetch_from(fetch.peer_id, fetch.author, fetch.seq)
         if data is None:
-            author_alive = self.membership.is_alive(header.author)
-            if author_alive and not self._out_of_patience(header.author, header.seq):
-                return False
-            self._reject("unavailable", header.author, "no live peer holds it", seq=header.seq)
-            return True
+            return None
         try:
             update = SignedUpdate.from_bytes(data)
         except EnvelopeError as exc:
-            self._reject(exc.reason, header.author, str(exc), seq=header.seq)
-            return True
-        if update.signed_header != signed:
-            self._reject("malformed", header.author, "payload header differs", seq=header.seq)
-            return True
-        loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(self._merge_pool, self.pipeline.submit, update)
-        self._on_merge(result)
-        if result.accepted:
-            self._retain(update)
-        return True
+            self._reject(exc.reason, fetch.peer_id, str(exc), seq=fetch.seq)
+            return None
+        if update.header.update_id != fetch.update_id:
+            self._reject("malformed", fetch.peer_id, "served another update", seq=fetch.seq)
+            return None
+        return update
+
+    # ---- repair: per-author summaries ------------------------------------------------------
+
+    def _summary(self) -> bytes:
+        applied = to_ranges(self.replica.applied)
+        retained: dict[str, list[int]] = {}
+        for author, seq in list(self._retained):
+            retained.setdefault(author, []).append(seq)
+        return encode_request(applied=applied, retained=to_ranges(retained))
+
+    def _learn_summary(self, peer_id: str, blob: bytes) -> int:
+        fields = decode_request(blob)
+        applied = parse_ranges(fields.get("applied"), max_ids=MAX_SUMMARY_IDS)
+        retained = parse_ranges(fields.get("retained"), max_ids=MAX_SUMMARY_IDS)
+        num_new = self.catchup.summary(peer_id, applied, retained, time.monotonic())
+        if num_new:
+            logger.info("repair: %d updates to fetch after comparing with %s", num_new, peer_id)
+            self._on_event("repair", peer_id=peer_id, num_missing=num_new)
+            self._kick()
+        return num_new
+
+    async def _exchange_summaries(self, peer_id: str) -> None:
+        try:
+            reader, writer = await self.network.open_stream(peer_id, "summary")
+            try:
+                await send_blob(writer, self._summary())
+                answer = await asyncio.wait_for(
+                    receive_blob(reader, max_bytes=MAX_SUMMARY_BYTES), timeout=10.0
+                )
+            finally:
+                writer.close()
+            self._learn_summary(peer_id, answer)
+        except (TimeoutError, TransportError, OSError) as exc:
+            logger.debug("summary exchange with %s failed: %s", peer_id, exc)
+        except ValueError as exc:
+            self._reject("bad_summary", peer_id, str(exc))
+
+    async def rpc_summary(self, info: Any, reader: Any, writer: Any) -> None:
+        peer_id = str(info.peer_id)
+        try:
+            request = await receive_blob(reader, max_bytes=MAX_SUMMARY_BYTES)
+            await send_blob(writer, self._summary())
+            if self.active:
+                self._learn_summary(peer_id, request)
+        except (TransportError, OSError) as exc:
+            logger.debug("summary request from %s failed: %s", peer_id, exc)
+        except ValueError as exc:
+            self._reject("bad_summary", peer_id, str(exc))
+        finally:
+            writer.close()
 
     # ---- fetching ---------------------------------------------------------------------------
-
-    async def _fetch_update(self, author: str, seq: int) -> bytes | None:
-        """The update's bytes from its author or, failing that, from any peer holding it."""
-        data = await self._fetch_from(author, author, seq)
-        if data is not None:
-            return data
-        holders = await self.network.dht_get(f"{self.config.prefix}/holders/{author}")
-        for subkey in holders:
-            if isinstance(subkey, str) and subkey.startswith(f"{seq}:"):
-                data = await self._fetch_from(subkey.split(":", 1)[1], author, seq)
-                if data is not None:
-                    return data
-        return None
 
     async def _fetch_from(self, peer_id: str, author: str, seq: int) -> bytes | None:
         if peer_id == self.peer_id:
@@ -259,11 +361,8 @@ class Gossip:
     async def rpc_notify(self, info: Any, reader: Any, writer: Any) -> None:
         try:
             signed = SignedHeader.from_bytes(await receive_blob(reader, max_bytes=8192))
-            author = signed.header.author
-            pending = self._pushed.setdefault(author, {}) if self.active else {}
-            if author != self.peer_id and self.active and len(pending) < MAX_PUSHED_PER_AUTHOR:
-                pending[signed.header.seq] = signed.to_bytes()
-                self._ensure_author_task(author)
+            if signed.header.author != self.peer_id and self.active:
+                self._on_header(signed)
         except (TransportError, EnvelopeError, OSError) as exc:
             logger.debug("notification from %s dropped: %s", info.peer_id, exc)
         finally:

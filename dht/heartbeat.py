@@ -112,6 +112,8 @@ class Heartbeat:
         default_factory=dict
     )
     """The peers whose input this node rejected most, with how often (at most 16)."""
+    num_lost: Count = 0
+    """Updates this node knows were published but no live peer could give it."""
 
     def sign(self, identity: Identity) -> bytes:
         if identity.peer_id != self.peer_id:

@@ -53,6 +53,8 @@ class SwarmConfig:
     serve_state: bool = True
     heartbeat_period_s: float = 5.0
     retain_updates: int = 16
+    gap_wait_s: float = 30.0
+    """How long an update that no live peer offers is waited for before it counts as lost."""
     max_update_bytes: int = 1 << 30
     max_state_bytes: int = 4 << 30
 

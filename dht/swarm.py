@@ -99,6 +99,11 @@ class Swarm:
     def visible_maddrs(self) -> list[str]:
         return self.network.visible_maddrs
 
+    @property
+    def num_lost(self) -> int:
+        """Updates this node knows exist but that no live peer could give it."""
+        return self.gossip.num_lost
+
     def alive_peers(self) -> list[Heartbeat]:
         return self.membership.alive_peers()
 
@@ -151,7 +156,7 @@ class Swarm:
         self.network.every(self.config.heartbeat_period_s, self.membership.send_heartbeat)
 
     async def _start_gossip(self) -> None:
-        self.gossip.active = True
+        await self.gossip.start()
         await self._poll()
         self.network.every(self._poll_period_s, self._poll)
 

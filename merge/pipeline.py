@@ -232,8 +232,8 @@ class UpdatePipeline:
         with self.replica.lock:
             if self.replica.has_applied(h.author, h.seq):
                 return "duplicate"
-            if h.seq <= self.replica.last_seq(h.author):
-                return "replay"
+        # No "seq <= last applied" rule: an update that arrives late or after a later one of
+        # its author is still applied; membership in the applied set is what counts.
         return None
 
     def _norm_reason(self, update_norm: float) -> str | None:

@@ -110,6 +110,8 @@ class JoinConfig:
     """Seconds between heartbeats; a peer silent for three periods drops out."""
     retain_updates: int = 16
     """Updates kept per author to serve to peers that missed them."""
+    gap_wait: float = 30.0
+    """Seconds an update that no live peer offers is waited for before it counts as lost."""
     dashboard_port: int | None = None
     """Serve the swarm dashboard on this port (0: any free port; default: no dashboard)."""
     dashboard_host: str = "127.0.0.1"
@@ -154,6 +156,8 @@ class JoinConfig:
         if not 0.2 <= self.heartbeat_period <= 3600:
             raise ValueError("--heartbeat-period must be between 0.2 and 3600 seconds")
         _check_positive("retain_updates", self.retain_updates)
+        if not 0 < self.gap_wait <= 86400:
+            raise ValueError("--gap-wait must be between 0 and 86400 seconds")
         if len(self.org) > 64:
             raise ValueError("--org must be at most 64 characters long")
         if self.warmup_steps < 0 or self.eval_batches < 0:

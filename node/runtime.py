@@ -170,6 +170,7 @@ class Node:
             serve_state=c.serve_state,
             heartbeat_period_s=c.heartbeat_period,
             retain_updates=c.retain_updates,
+            gap_wait_s=c.gap_wait,
             max_update_bytes=4 * self.num_params + (1 << 16),
             max_state_bytes=16 * self.num_params + (64 << 20),
         )
@@ -404,6 +405,7 @@ class Node:
             eval_s=round(t.eval_s, 4),
             drift=self.drift(),
             peers_alive=len(self.swarm.alive_peers()) if self.swarm is not None else 0,
+            lost=self.swarm.num_lost if self.swarm is not None else 0,
         )
 
     # ---- what the swarm sees -----------------------------------------------------------------
@@ -464,6 +466,7 @@ class Node:
             merged_by_author=self._merged_counts(num_applied),
             staleness_histogram=list(self._staleness_counts),
             heartbeat_period_s=self.config.heartbeat_period,
+            num_lost=self.swarm.num_lost if self.swarm is not None else 0,
         )
 
     def _merged_counts(self, num_applied: int) -> dict[str, int]:

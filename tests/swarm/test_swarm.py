@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from dht.observer import SwarmObserver
 from tests.conftest import REPO
 from tests.swarm.conftest import NodeProcess
 
@@ -39,10 +40,10 @@ def wait_merged(node: NodeProcess, author: str, *, after_seq: int = 0, timeout_s
     )
 
 
-def start_swarm(launch: Launch, count: int) -> list[NodeProcess]:
-    first = launch(*RUN, name="node0")
+def start_swarm(launch: Launch, count: int, *extra: str) -> list[NodeProcess]:
+    first = launch(*RUN, *extra, name="node0")
     maddr = first.wait_listening(START_S)[0]
-    rest = [launch(*RUN, "--peers", maddr, name=f"node{i}") for i in range(1, count)]
+    rest = [launch(*RUN, *extra, "--peers", maddr, name=f"node{i}") for i in range(1, count)]
     for node in rest:
         node.wait_listening(START_S)
     return [first, *rest]
@@ -89,6 +90,36 @@ def test_three_nodes_train_together_and_survive_the_bootstrap_dying(launch: Laun
     for old in (b, c):
         merged = wait_merged(old, newcomer.peer_id, after_seq=first_own["seq"] - 1)
         assert merged["seq"] == first_own["seq"]
+
+
+def test_a_node_frozen_past_the_gap_wait_comes_back_to_the_same_applied_set(
+    launch: Launch,
+) -> None:
+    gap_wait_s, frozen_s = 3, 10
+    nodes = start_swarm(launch, 3, "--gap-wait", str(gap_wait_s), "--max-rounds", "6",
+                        "--linger", "90")  # fmt: skip
+    a, b, c = nodes
+    wait_merged(c, a.peer_id)
+    wait_merged(c, b.peer_id)
+    c.pause()  # the whole node: learner, DHT process and p2pd
+    try:
+        time.sleep(frozen_s)  # the freeze itself is the fault under test
+    finally:
+        c.resume()
+    for node in nodes:
+        node.wait_for_event("lingering", START_S)  # its last update is published
+    published = {n.peer_id: max(e["seq"] or 0 for e in n.events("round_done")) for n in nodes}
+    with SwarmObserver([a.maddrs[0]]) as observer:
+        deadline = time.monotonic() + MERGE_S
+        while True:
+            peers = [p.heartbeat for p in observer.snapshot("diloco-default")[0].peers]
+            digests = {h.applied_digest for h in peers}
+            counts = [h.num_applied for h in peers]
+            if len(peers) == 3 and len(digests) == 1 and counts == [sum(published.values())] * 3:
+                break
+            assert time.monotonic() < deadline, f"replicas did not converge: {peers}"
+            time.sleep(1.0)
+    assert all(h.num_lost == 0 for h in peers)
 
 
 def test_a_node_with_another_model_config_is_refused_clearly(launch: Launch) -> None:

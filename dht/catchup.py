@@ -1,0 +1,323 @@
+"""Catch-up and repair decisions, with no network: what to fetch, from whom, what is lost.
+
+The swarm layer feeds this class what it hears (announced headers, holder records, peers'
+per-author summaries, failed fetches) and asks it what to do next. Updates are identified by
+(author, seq) and judged by membership in the replica's applied set, never by "seq <= last":
+an update that arrives late, out of order or twice is applied exactly once. An update this
+node wants but that no live peer holds for `lost_after_s` is declared lost (and counted by
+the caller); it is wanted again if a holder shows up later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+UpdateId = tuple[str, int]
+Ranges = dict[str, list[tuple[int, int]]]
+"""Per author, sorted disjoint inclusive seq ranges: {"alice": [(1, 4), (7, 7)]}."""
+MAX_SUMMARY_AUTHORS = 1024
+MAX_RANGES_PER_AUTHOR = 4096
+
+
+class AppliedSet(Protocol):
+    def has_applied(self, author: str, seq: int) -> bool: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class CatchUpConfig:
+    lost_after_s: float = 30.0
+    """How long an update no live peer offers is waited for before it is counted lost."""
+    retry_s: float = 2.0
+    """How long after a failed fetch the same source may be asked again (if it claims it)."""
+    mismatch_grace_s: float = 2.0
+    """How long applied digests must differ before summaries are exchanged with that peer."""
+    summary_period_s: float = 5.0
+    """Least time between two summary exchanges with the same peer."""
+    max_in_flight: int = 4
+    """Fetches running at once."""
+
+    def __post_init__(self) -> None:
+        for name in ("lost_after_s", "retry_s", "mismatch_grace_s", "summary_period_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}.")
+        if self.max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {self.max_in_flight!r}.")
+
+
+@dataclass(frozen=True)
+class Fetch:
+    author: str
+    seq: int
+    peer_id: str
+
+    @property
+    def update_id(self) -> UpdateId:
+        return (self.author, self.seq)
+
+
+@dataclass
+class _Want:
+    header: object | None
+    sources: set[str]
+    sourceless_since: float | None
+    failed_at: dict[str, float] = field(default_factory=dict)
+    in_flight: str | None = None
+
+
+class CatchUp:
+    """The wanted updates of one node and the decisions about them; not thread-safe."""
+
+    def __init__(self, config: CatchUpConfig, self_id: str, applied: AppliedSet) -> None:
+        self.config = config
+        self.self_id = self_id
+        self._applied = applied
+        self._wants: dict[UpdateId, _Want] = {}
+        self._settled: set[UpdateId] = set()
+        self.lost: set[UpdateId] = set()
+        self.num_recovered = 0
+        self._max_seen: dict[str, int] = {}
+        self._mismatch_since: dict[str, float] = {}
+        self._last_summary: dict[str, float] = {}
+        self._holder_lookup_at: dict[str, float] = {}
+
+    # ---- what the node hears ------------------------------------------------------------------
+
+    def announced(
+        self, author: str, seq: int, header: object | None, now: float, holder: str | None = None
+    ) -> bool:
+        """An update exists and `holder` (the author when None) holds it; True when newly wanted."""
+        self._max_seen[author] = max(seq, self._max_seen.get(author, 0))
+        return self._want((author, seq), [holder or author], now, header)
+
+    def holders(self, author: str, seq: int, peer_ids: Iterable[str], now: float) -> None:
+        """Peers that hold (author, seq), from a holder record."""
+        self._want((author, seq), peer_ids, now, None, create=False)
+
+    def summary(self, peer_id: str, applied: Ranges, retained: Ranges, now: float) -> int:
+        """A peer's applied and retained ranges; the number of updates newly wanted."""
+        held = set(iter_ids(retained))
+        num_new = 0
+        for uid in iter_ids(applied):
+            sources = [peer_id] if uid in held else []
+            num_new += self._want(uid, sources, now, None, revive=uid in held)
+        for uid in held:
+            self._want(uid, [peer_id], now, None, create=False, revive=True)
+        self._last_summary[peer_id] = now
+        return num_new
+
+    def fetched(self, uid: UpdateId, *, settled: bool = True) -> None:
+        """The fetch of `uid` ended with an update merged or rejected for good."""
+        want = self._wants.get(uid)
+        if want is not None:
+            want.in_flight = None
+        if settled:
+            self._wants.pop(uid, None)
+            if not self._applied.has_applied(*uid):
+                self._settled.add(uid)
+
+    def failed(self, uid: UpdateId, peer_id: str, now: float) -> None:
+        """`peer_id` could not deliver `uid`: ask someone else, or it again after retry_s."""
+        want = self._wants.get(uid)
+        if want is None:
+            return
+        want.in_flight = None
+        want.failed_at[peer_id] = now
+        want.sources.discard(peer_id)
+        if not want.sources and want.sourceless_since is None:
+            want.sourceless_since = now
+
+    def knows(self, uid: UpdateId) -> bool:
+        """True when `uid` is wanted, applied, settled or lost: nothing new to learn about it."""
+        return (
+            uid in self._wants
+            or uid in self._settled
+            or uid in self.lost
+            or self._applied.has_applied(*uid)
+        )
+
+    def max_seen(self, author: str) -> int:
+        """The highest seq of `author` this node has heard announced (0 if none)."""
+        return self._max_seen.get(author, 0)
+
+    # ---- what the node does next --------------------------------------------------------------
+
+    def next_fetches(self, now: float, alive: set[str]) -> list[Fetch]:
+        """Fetches to start now, at most max_in_flight running; lowest seqs of each author first."""
+        budget = self.config.max_in_flight - sum(
+            w.in_flight is not None for w in self._wants.values()
+        )
+        fetches: list[Fetch] = []
+        for uid in sorted(self._wants):
+            if budget <= 0:
+                break
+            peer_id = self._pick_source(uid, now, alive)
+            if peer_id is not None:
+                self._wants[uid].in_flight = peer_id
+                fetches.append(Fetch(uid[0], uid[1], peer_id))
+                budget -= 1
+        return fetches
+
+    def declare_lost(self, now: float, alive: set[str]) -> list[UpdateId]:
+        """Wanted updates that no live peer has offered for lost_after_s; no longer wanted."""
+        lost: list[UpdateId] = []
+        for uid, want in list(self._wants.items()):
+            if self._applied.has_applied(*uid):
+                del self._wants[uid]
+                continue
+            if want.in_flight is not None or self._live_sources(want, alive):
+                want.sourceless_since = None
+                continue
+            if want.sourceless_since is None:
+                want.sourceless_since = now
+            elif now - want.sourceless_since >= self.config.lost_after_s:
+                del self._wants[uid]
+                self.lost.add(uid)
+                lost.append(uid)
+        return lost
+
+    def holder_lookups(self, now: float, alive: set[str]) -> list[str]:
+        """Authors whose wanted updates have no live source: look up their holder records."""
+        authors = set()
+        for (author, _), want in self._wants.items():
+            if want.in_flight is None and not self._live_sources(want, alive):
+                authors.add(author)
+        due = [
+            a
+            for a in sorted(authors)
+            if now - self._holder_lookup_at.get(a, -1e18) >= self.config.retry_s
+        ]
+        for author in due:
+            self._holder_lookup_at[author] = now
+        return due
+
+    def summary_peers(self, now: float, own_digest: str, digests: Mapping[str, str]) -> list[str]:
+        """Live peers whose applied digest has differed from ours long enough to compare notes."""
+        due: list[str] = []
+        for peer_id, digest in sorted(digests.items()):
+            if digest == own_digest:
+                self._mismatch_since.pop(peer_id, None)
+                continue
+            since = self._mismatch_since.setdefault(peer_id, now)
+            last = self._last_summary.get(peer_id, -1e18)
+            if (
+                now - since >= self.config.mismatch_grace_s
+                and now - last >= self.config.summary_period_s
+            ):
+                self._last_summary[peer_id] = now
+                due.append(peer_id)
+        return due
+
+    @property
+    def num_wanted(self) -> int:
+        return len(self._wants)
+
+    def wanted(self) -> list[UpdateId]:
+        return sorted(self._wants)
+
+    # ---- internals ----------------------------------------------------------------------------
+
+    def _want(
+        self,
+        uid: UpdateId,
+        sources: Iterable[str],
+        now: float,
+        header: object | None,
+        *,
+        create: bool = True,
+        revive: bool = False,
+    ) -> bool:
+        """Only a summary revives a lost update: it lists what a live peer holds right now,
+        where announcements and holder records may be older than an eviction."""
+        fresh = {s for s in sources if s != self.self_id}
+        if uid in self._settled or self._applied.has_applied(*uid):
+            return False
+        want = self._wants.get(uid)
+        if want is None:
+            if uid in self.lost and not (revive and fresh):
+                return False
+            if not create and uid not in self.lost:
+                return False
+            if uid in self.lost:
+                self.lost.discard(uid)
+                self.num_recovered += 1
+            author = uid[0]
+            maybe = {author} if author != self.self_id else set()
+            self._wants[uid] = _Want(header, fresh | maybe, None if fresh | maybe else now)
+            return True
+        want.sources |= fresh
+        if header is not None and want.header is None:
+            want.header = header
+        return False
+
+    def _live_sources(self, want: _Want, alive: set[str]) -> list[str]:
+        return sorted(s for s in want.sources if s in alive)
+
+    def _pick_source(self, uid: UpdateId, now: float, alive: set[str]) -> str | None:
+        want = self._wants[uid]
+        if want.in_flight is not None or self._applied.has_applied(*uid):
+            return None
+        ready = [
+            s
+            for s in self._live_sources(want, alive)
+            if now - want.failed_at.get(s, -1e18) >= self.config.retry_s
+        ]
+        if not ready:
+            return None
+        return uid[0] if uid[0] in ready else ready[0]
+
+
+# ---- compact summaries ----------------------------------------------------------------------
+
+
+def to_ranges(seqs_by_author: Mapping[str, Iterable[int]]) -> Ranges:
+    """{author: seqs} as sorted disjoint inclusive ranges."""
+    ranges: Ranges = {}
+    for author, seqs in seqs_by_author.items():
+        runs: list[tuple[int, int]] = []
+        for seq in sorted(set(seqs)):
+            if runs and seq == runs[-1][1] + 1:
+                runs[-1] = (runs[-1][0], seq)
+            else:
+                runs.append((seq, seq))
+        if runs:
+            ranges[author] = runs
+    return ranges
+
+
+def iter_ids(ranges: Ranges) -> Iterable[UpdateId]:
+    for author, runs in ranges.items():
+        for lo, hi in runs:
+            for seq in range(lo, hi + 1):
+                yield (author, seq)
+
+
+def parse_ranges(value: object, *, max_ids: int) -> Ranges:
+    """Ranges from untrusted JSON; ValueError when malformed or naming more than max_ids ids."""
+    if not isinstance(value, dict) or len(value) > MAX_SUMMARY_AUTHORS:
+        raise ValueError("a summary must map at most 1024 authors to seq ranges")
+    ranges: Ranges = {}
+    total = 0
+    for author, runs in value.items():
+        if not isinstance(author, str) or not 0 < len(author) <= 128:
+            raise ValueError("a summary author must be a short string")
+        if not isinstance(runs, list) or len(runs) > MAX_RANGES_PER_AUTHOR:
+            raise ValueError("a summary lists too many ranges")
+        parsed = [_parse_run(run) for run in runs]
+        total += sum(hi - lo + 1 for lo, hi in parsed)
+        if total > max_ids:
+            raise ValueError(f"a summary names more than {max_ids} updates")
+        ranges[author] = parsed
+    return ranges
+
+
+def _parse_run(run: object) -> tuple[int, int]:
+    if (
+        not isinstance(run, list | tuple)
+        or len(run) != 2
+        or not all(type(v) is int for v in run)
+        or not 0 <= run[0] <= run[1]
+    ):
+        raise ValueError("a summary range must be [lo, hi] with 0 <= lo <= hi")
+    return (run[0], run[1])

@@ -1,0 +1,174 @@
+"""Catch-up and repair decisions under scheduled (author, seq) faults, on a fake transport."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dht.catchup import CatchUp, CatchUpConfig, iter_ids, parse_ranges, to_ranges
+from tests.unit.catchup_sim import CONFIG, Schedule, SimNode, SimSwarm
+
+PEERS = ["a", "b", "c", "d"]
+ALL = {(author, seq) for author in PEERS for seq in (1, 2, 3)}
+SETTLE_S = 40.0
+
+
+def publish_all(swarm: SimSwarm, seqs: range = range(1, 4)) -> None:
+    for seq in seqs:
+        for author in swarm.nodes:
+            if swarm.nodes[author].alive:
+                swarm.publish(author, seq)
+        swarm.step()
+
+
+def test_every_push_arriving_once_needs_no_repair() -> None:
+    swarm = SimSwarm(PEERS)
+    publish_all(swarm)
+    swarm.run(SETTLE_S)
+    assert all(applied == ALL for applied in swarm.applied_sets())
+    assert swarm.num_fetches == len(ALL) * 3 and not swarm.lost_events
+
+
+def test_a_dropped_push_is_repaired_from_a_summary() -> None:
+    schedule = Schedule(deliveries={("b", ("a", 2)): []})
+    swarm = SimSwarm(PEERS, schedule)
+    publish_all(swarm)
+    swarm.run(SETTLE_S)
+    assert all(applied == ALL for applied in swarm.applied_sets())
+
+
+def test_a_late_update_is_fetched_after_later_ones_of_its_author_were_applied() -> None:
+    schedule = Schedule(deliveries={("b", ("a", 1)): [20.0]}, partition=({"a"}, 25.0, 1e9))
+    swarm = SimSwarm(["a", "b"], schedule)
+    swarm.nodes["a"].retained.add(("a", 1))
+    swarm.nodes["a"].applied.add(("a", 1))  # published without telling b until t=20
+    schedule.deliveries[("b", ("a", 1))] = [20.0]
+    swarm.publish("a", 2)
+    swarm.pushes.append((20.0, "b", ("a", 1)))
+    swarm.run(1.0)
+    assert swarm.nodes["b"].applied == {("a", 2)}
+    swarm.run(21.0)
+    assert swarm.nodes["b"].applied == {("a", 1), ("a", 2)}
+
+
+def test_duplicates_are_applied_once_and_fetched_once() -> None:
+    uid = ("a", 1)
+    schedule = Schedule(deliveries={("b", uid): [0.5, 1.0, 1.5, 30.0]})
+    swarm = SimSwarm(["a", "b"], schedule)
+    swarm.publish(*uid)
+    swarm.run(SETTLE_S)
+    assert swarm.nodes["b"].applied == {uid}
+    assert swarm.num_fetches == 1
+
+
+def test_an_update_its_dead_author_gave_one_peer_reaches_the_others() -> None:
+    schedule = Schedule(deaths={"a": 1.0})
+    for receiver in ("c", "d"):
+        schedule.deliveries[(receiver, ("a", 1))] = []
+    swarm = SimSwarm(PEERS, schedule)
+    swarm.publish("a", 1)
+    swarm.run(SETTLE_S)
+    assert [n.applied for n in swarm.live()] == [{("a", 1)}] * 3
+    assert not swarm.lost_events
+
+
+def test_an_update_no_live_peer_holds_is_declared_lost_once_and_not_fetched_forever() -> None:
+    schedule = Schedule(deaths={"a": 1.0}, deliveries={("b", ("a", 2)): [0.5]})
+    swarm = SimSwarm(["a", "b"], schedule)
+    swarm.nodes["a"].retained = set()
+    swarm.publish("a", 1)
+    swarm.nodes["a"].retained.clear()  # evicted before anybody fetched it
+    swarm.nodes["a"].applied.add(("a", 2))  # announced to b, held by nobody
+    schedule.deliveries.clear()
+    swarm.nodes["b"].catchup.announced("a", 2, None, 0.0)
+    swarm.run(SETTLE_S)
+    assert ("a", 2) in swarm.nodes["b"].catchup.lost
+    assert swarm.lost_events.count(("b", ("a", 2))) == 1
+    fetches = swarm.num_fetches
+    swarm.run(2 * SETTLE_S)
+    assert swarm.num_fetches == fetches, "a lost update is not fetched again without a holder"
+
+
+def test_a_partition_that_heals_ends_in_equal_applied_sets() -> None:
+    schedule = Schedule(partition=({"a", "b"}, 0.0, 20.0))
+    swarm = SimSwarm(PEERS, schedule)
+    publish_all(swarm)
+    swarm.run(15.0)
+    assert swarm.nodes["a"].applied != swarm.nodes["c"].applied
+    swarm.run(20.0 + SETTLE_S)
+    assert all(applied == ALL for applied in swarm.applied_sets())
+
+
+def test_a_partition_longer_than_the_retention_loses_updates_and_says_so() -> None:
+    schedule = Schedule(partition=({"a"}, 0.0, 30.0), retain_limit=2)
+    swarm = SimSwarm(["a", "b"], schedule)
+    publish_all(swarm, range(1, 6))
+    swarm.run(30.0 + SETTLE_S)
+    a, b = swarm.nodes["a"], swarm.nodes["b"]
+    missing_at_a = {("b", s) for s in range(1, 6)} - a.applied
+    assert missing_at_a == {("b", 1), ("b", 2), ("b", 3)}
+    assert a.catchup.lost == missing_at_a, "what no peer retains is counted lost, not dropped"
+    assert b.catchup.lost == {("a", 1), ("a", 2), ("a", 3)}
+
+
+def test_a_holder_showing_up_later_recovers_a_lost_update() -> None:
+    node = SimNode("b")
+    catchup = node.catchup
+    catchup.announced("a", 1, None, 0.0)
+    catchup.failed(("a", 1), "a", 0.0)
+    assert catchup.declare_lost(CONFIG.lost_after_s + 1, {"a"}) == [("a", 1)]
+    catchup.holders("a", 1, ["c"], 15.0)  # a holder record may be stale: not trusted for it
+    assert catchup.next_fetches(15.0, {"c"}) == []
+    catchup.summary("c", {}, {"a": [(1, 1)]}, 20.0)  # a live peer says it holds it now
+    assert [f.peer_id for f in catchup.next_fetches(20.0, {"c"})] == ["c"]
+    assert catchup.lost == set() and catchup.num_recovered == 1
+
+
+def test_fetches_are_bounded_and_lowest_seqs_go_first() -> None:
+    catchup = CatchUp(CatchUpConfig(max_in_flight=2), "b", SimNode("b"))
+    for seq in (5, 3, 4, 1):
+        catchup.announced("a", seq, None, 0.0)
+    assert [f.seq for f in catchup.next_fetches(0.0, {"a"})] == [1, 3]
+    assert catchup.next_fetches(0.0, {"a"}) == []
+
+
+def test_summaries_wait_out_the_grace_and_then_the_period() -> None:
+    catchup = SimNode("b").catchup
+    assert catchup.summary_peers(0.0, "x", {"a": "y"}) == []
+    assert catchup.summary_peers(CONFIG.mismatch_grace_s, "x", {"a": "y"}) == ["a"]
+    assert catchup.summary_peers(CONFIG.mismatch_grace_s + 0.1, "x", {"a": "y"}) == []
+    assert catchup.summary_peers(10.0, "y", {"a": "y"}) == []
+
+
+def test_ranges_round_trip_and_untrusted_ranges_are_refused() -> None:
+    ranges = to_ranges({"a": [3, 1, 2, 7], "b": []})
+    assert ranges == {"a": [(1, 3), (7, 7)]}
+    assert parse_ranges({"a": [[1, 3], [7, 7]]}, max_ids=10) == ranges
+    assert sorted(iter_ids(ranges)) == [("a", 1), ("a", 2), ("a", 3), ("a", 7)]
+    for bad in ({"a": [[3, 1]]}, {"a": [[1, True]]}, {"a": "x"}, [1], {"a": [[0, 10**9]]}):
+        with pytest.raises(ValueError):
+            parse_ranges(bad, max_ids=1000)
+
+
+updates = st.sets(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(1, 6)), min_size=1)
+arrivals = st.lists(st.floats(0.5, 30.0), max_size=3)  # [] drops, two or more duplicate
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data(), published=updates)
+def test_any_arrival_order_drops_and_duplicates_end_in_equal_applied_sets(
+    data: st.DataObject, published: set[tuple[str, int]]
+) -> None:
+    peers = ["a", "b", "c"]
+    schedule = Schedule()
+    for uid in published:
+        for receiver in peers:
+            if receiver != uid[0]:
+                schedule.deliveries[(receiver, uid)] = data.draw(arrivals)
+    swarm = SimSwarm(peers, schedule)
+    for uid in sorted(published, key=lambda u: data.draw(st.floats(0, 1))):
+        swarm.publish(*uid)
+    swarm.run(45.0)
+    assert all(applied == published for applied in swarm.applied_sets())
+    assert not swarm.lost_events
