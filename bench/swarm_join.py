@@ -1,10 +1,15 @@
-"""A newcomer joins a 3-node loopback swarm: join latency, state download and update fetch rates.
+"""A newcomer joins a loopback swarm: join latency, state download and update fetch rates,
+and the memory that the state transfer costs the donor and the newcomer.
 
     python -m bench.swarm_join                    # small model, 3 nodes + 1 newcomer
     python -m bench.swarm_join --model tiny       # quicker
+    python -m bench.swarm_join --model base --nodes 1 --batch-size 1 --inner-steps 1 \
+        --warmup-rounds 1                          # the state transfer of a `base` replica
 
 Each transfer rate is printed beside hivemind's raw binary stream between two p2pd daemons
-measured in the same run on the same machine (ratio). The final line is JSON.
+measured in the same run on the same machine (ratio). Peak RSS of the donor's and the
+newcomer's main process during the transfer, above what each held just before it, is
+printed as a multiple of the replica's size. The final line is JSON.
 """
 
 from __future__ import annotations
@@ -14,9 +19,12 @@ import asyncio
 import json
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
+import psutil
 from hivemind.p2p import P2P
 
 from bench.procs import ChildProcess, python_module
@@ -29,6 +37,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="small", choices=("tiny", "small", "base"))
     parser.add_argument("--inner-steps", type=int, default=5)
+    parser.add_argument("--nodes", type=int, default=3, help="nodes before the newcomer")
+    parser.add_argument("--batch-size", type=int, default=None, help="sequences per inner step")
     parser.add_argument("--warmup-rounds", type=int, default=2, help="rounds before the newcomer")
     parser.add_argument("--timeout", type=float, default=900, help="bound on every wait, seconds")
     args = parser.parse_args()
@@ -42,14 +52,19 @@ def main() -> None:
         **swarm,
         "raw_stream_mb_per_s": round(raw, 1),
         "state_download_ratio_to_raw": round(swarm["state_download_mb_per_s"] / raw, 3),
-        "update_fetch_ratio_to_raw": round(swarm["update_fetch_mb_per_s"] / raw, 3),
     }
+    if swarm["update_fetch_mb_per_s"] is not None:
+        figures["update_fetch_ratio_to_raw"] = round(swarm["update_fetch_mb_per_s"] / raw, 3)
+    for key, value in figures.items():
+        print(f"{key:>36}: {value}")
     print(json.dumps(figures))
 
 
-def measure_swarm(args: argparse.Namespace) -> dict[str, float]:
+def measure_swarm(args: argparse.Namespace) -> dict[str, Any]:
     run = ["--model", args.model, "--inner-steps", str(args.inner_steps), "--threads", "1",
            "--eval-batches", "1", "--heartbeat-period", "2"]  # fmt: skip
+    if args.batch_size:
+        run += ["--batch-size", str(args.batch_size)]
     nodes: list[ChildProcess] = []
     with tempfile.TemporaryDirectory() as tmp:
         try:
@@ -61,7 +76,7 @@ def measure_swarm(args: argparse.Namespace) -> dict[str, float]:
 
 def _run_swarm(
     tmp: Path, run: list[str], nodes: list[ChildProcess], args: argparse.Namespace
-) -> dict[str, float]:
+) -> dict[str, Any]:
     def launch(name: str, *extra: str) -> ChildProcess:
         argv = python_module("node", "join", "--log-format", "json", "--host", "127.0.0.1",
                              "--port", "0", *run, *extra)  # fmt: skip
@@ -71,7 +86,7 @@ def _run_swarm(
 
     first = launch("node0")
     maddr = first.wait_event("listening", args.timeout)["maddrs"][0]
-    others = [launch(f"node{i}", "--peers", maddr) for i in (1, 2)]
+    others = [launch(f"node{i}", "--peers", maddr) for i in range(1, args.nodes)]
     for node in [first, *others]:
         node.wait_for(
             lambda e: e.get("event") == "round_done" and e["round"] >= args.warmup_rounds,
@@ -80,8 +95,13 @@ def _run_swarm(
         )
     joined_at = time.time()
     newcomer = launch("newcomer", "--peers", maddr)
-    listening = newcomer.wait_event("listening", args.timeout)
-    state = newcomer.wait_event("state_downloaded", args.timeout)
+    with RssSampler([first, *others, newcomer]) as rss:
+        listening = newcomer.wait_event("listening", args.timeout)
+        state = newcomer.wait_event("state_downloaded", args.timeout)
+        time.sleep(1.0)  # the donor's side may end a moment after the newcomer's
+    donor = next(n for n in [first, *others] if n.of("listening")[0]["peer_id"] == state["peer_id"])
+    replica_bytes = state["megabytes"] * 1e6
+    window = (listening["time"], state["time"] + 1.0)
     first_own = newcomer.wait_for(
         lambda e: e.get("event") == "update_merged" and e["author"] == listening["peer_id"],
         args.timeout,
@@ -97,16 +117,55 @@ def _run_swarm(
         "the newcomer's first update merged by node0",
     )
     fetches = [e for node in [first, *others] for e in node.of("update_fetched")]
+    fetch_rate = statistics.median(e["mb_per_s"] for e in fetches) if fetches else None
     return {
         "join_to_listening_s": round(listening["time"] - joined_at, 2),
         "join_to_state_s": round(state["time"] - joined_at, 2),
         "join_to_first_merged_update_s": round(merged_elsewhere["time"] - joined_at, 2),
         "state_megabytes": state["megabytes"],
         "state_download_mb_per_s": state["mb_per_s"],
-        "update_megabytes": statistics.median(e["megabytes"] for e in fetches),
-        "update_fetch_mb_per_s": round(statistics.median(e["mb_per_s"] for e in fetches), 2),
+        "donor_rss_over_replica": round(rss.growth(donor, window) / replica_bytes, 3),
+        "newcomer_rss_over_replica": round(rss.growth(newcomer, window) / replica_bytes, 3),
+        "update_megabytes": statistics.median(e["megabytes"] for e in fetches) if fetches else 0,
+        "update_fetch_mb_per_s": round(fetch_rate, 2) if fetch_rate is not None else None,
         "num_fetches": len(fetches),
     }
+
+
+class RssSampler:
+    """Samples the resident memory of each child's main process every 20 ms."""
+
+    def __init__(self, children: list[ChildProcess], period_s: float = 0.02) -> None:
+        self._children = children
+        self._period_s = period_s
+        self._samples: dict[str, list[tuple[float, int]]] = {c.name: [] for c in children}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        procs = {c.name: psutil.Process(c.pid) for c in self._children}
+        while not self._stop.wait(self._period_s):
+            now = time.time()
+            for name, proc in procs.items():
+                try:
+                    self._samples[name].append((now, proc.memory_info().rss))
+                except psutil.Error:
+                    continue
+
+    def growth(self, child: ChildProcess, window: tuple[float, float]) -> float:
+        """Peak RSS within `window` minus the last sample before it, in bytes (rounded)."""
+        samples = self._samples[child.name]
+        before = [rss for t, rss in samples if t < window[0]] or [samples[0][1]]
+        during = [rss for t, rss in samples if window[0] <= t <= window[1]] or before
+        return float(max(0, max(during) - before[-1]))
 
 
 async def raw_stream_mb_per_s() -> float:

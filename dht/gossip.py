@@ -6,15 +6,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor
+from pathlib import Path
 from typing import Any
 
 from dht.catchup import CatchUp, CatchUpConfig, Fetch, parse_ranges, to_ranges
 from dht.heartbeat import Heartbeat
 from dht.membership import Membership
 from dht.network import Rejections, SwarmNetwork
+from dht.retention import RetainedUpdates
 from dht.state_transfer import TransferStats
 from dht.transport import (
     TransportError,
@@ -64,7 +66,11 @@ class Gossip:
         self._reject = reject
         self._on_merge = on_merge
         self._on_event = on_event
-        self._retained: OrderedDict[tuple[str, int], SignedUpdate] = OrderedDict()
+        self.retained = RetainedUpdates(
+            per_author=self.config.retain_updates,
+            budget_bytes=self.config.retain_bytes,
+            spill_dir=Path(self.config.spill_dir) if self.config.spill_dir else None,
+        )
         self._lookups: dict[str, asyncio.Task[None]] = {}
         self._looked_up: dict[str, int] = {}
         self._wake: asyncio.Event | None = None
@@ -206,7 +212,7 @@ class Gossip:
         if result.reason != "duplicate":
             self._on_merge(result)
         if result.accepted:
-            self._retain(update)
+            await self._retain(update)
         self._kick()
 
     async def _fetch_update(self, fetch: Fetch) -> SignedUpdate | None:
@@ -229,7 +235,7 @@ class Gossip:
     def _summary(self) -> bytes:
         applied = to_ranges(self.replica.applied)
         retained: dict[str, list[int]] = {}
-        for author, seq in list(self._retained):
+        for author, seq in self.retained.ids():
             retained.setdefault(author, []).append(seq)
         return encode_request(applied=applied, retained=to_ranges(retained))
 
@@ -310,7 +316,7 @@ class Gossip:
 
     async def publish(self, update: SignedUpdate) -> None:
         header = update.header
-        self._retain(update, announce_holder=False)
+        await self._retain(update, announce_holder=False)
         blob = update.signed_header.to_bytes()
         await self.network.dht_store(
             f"{self.config.prefix}/updates/{header.author}",
@@ -324,12 +330,10 @@ class Gossip:
             return_exceptions=True,
         )
 
-    def _retain(self, update: SignedUpdate, *, announce_holder: bool = True) -> None:
+    async def _retain(self, update: SignedUpdate, *, announce_holder: bool = True) -> None:
         author, seq = update.header.update_id
-        self._retained[(author, seq)] = update
-        per_author = [key for key in self._retained if key[0] == author]
-        for old in per_author[: -self.config.retain_updates]:
-            del self._retained[old]
+        # Off the loop: beyond the memory budget this writes to disk.
+        await asyncio.to_thread(self.retained.put, (author, seq), update.to_bytes())
         if announce_holder and not self.config.client_mode:
             # In the background: a DHT store can wait seconds on an unresponsive member,
             # and the next update must not wait for it.
@@ -348,11 +352,12 @@ class Gossip:
             args = decode_request(await receive_blob(reader, max_bytes=4096)).get("args")
             if not isinstance(args, list) or len(args) != 2:
                 raise TransportError("malformed request")
-            update = self._retained.get((str(args[0]), int(args[1])))
-            if update is None:
+            uid = (str(args[0]), int(args[1]))
+            data = await asyncio.to_thread(self.retained.get, uid)
+            if data is None:
                 await send_refusal(writer, "not held")
             else:
-                await send_blob(writer, update.to_bytes())
+                await send_blob(writer, data)
         except (TransportError, ValueError, TypeError, OSError) as exc:
             logger.debug("update request failed: %s", exc)
         finally:

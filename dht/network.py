@@ -53,6 +53,12 @@ class SwarmConfig:
     serve_state: bool = True
     heartbeat_period_s: float = 5.0
     retain_updates: int = 16
+    retain_bytes: int = 256 << 20
+    """Retained updates held in memory; older ones spill to a per-node directory on disk."""
+    spill_dir: str | None = None
+    """Where that directory is created (default: the system's temporary directory)."""
+    max_state_streams: int = 2
+    """State downloads served at once; more are refused (the newcomer asks another donor)."""
     gap_wait_s: float = 30.0
     """How long an update that no live peer offers is waited for before it counts as lost."""
     max_update_bytes: int = 1 << 30

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import io
+import json
 import logging
 import time
 from collections import Counter
@@ -11,15 +11,23 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from dht.heartbeat import Heartbeat
 from dht.membership import Membership
 from dht.network import Rejections, SwarmNetwork
-from dht.transport import TransportError, receive_blob, send_blob, send_refusal
+from dht.tensor_stream import (
+    join_tensors,
+    parse_spec,
+    receive_tensor,
+    send_tensor,
+    split_tensors,
+    tensor_spec,
+)
+from dht.transport import TransportError, encode_request, receive_blob, send_blob, send_refusal
 from merge.replica import Replica
 
 logger = logging.getLogger(__name__)
+BUSY = "busy serving other newcomers"
+MAX_META_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,7 @@ class StateTransfer:
         self.replica = replica
         self._merge_pool = merge_pool
         self._reject = reject
+        self._num_serving = 0
 
     async def register(self) -> None:
         await self.network.add_handler("state", self.rpc_state)
@@ -60,20 +69,34 @@ class StateTransfer:
             await receive_blob(reader, max_bytes=4096)
             if not self.config.serve_state:
                 await send_refusal(writer, "this node does not serve state")
-                return
-            loop = asyncio.get_running_loop()
-            blob = await loop.run_in_executor(None, self._state_blob)
-            await send_blob(writer, blob)
-            logger.info("served replica state (%.1f MB) to %s", len(blob) / 1e6, info.peer_id)
+            elif self._num_serving >= self.config.max_state_streams:
+                await send_refusal(writer, BUSY)
+            else:
+                self._num_serving += 1
+                try:
+                    num_bytes = await self._stream_state(writer)
+                finally:
+                    self._num_serving -= 1
+                logger.info("served replica state (%.1f MB) to %s", num_bytes / 1e6, info.peer_id)
         except (TransportError, OSError) as exc:
             logger.debug("state request failed: %s", exc)
         finally:
             writer.close()
 
-    def _state_blob(self) -> bytes:
-        buffer = io.BytesIO()
-        torch.save(self.replica.state_dict(), buffer)
-        return buffer.getvalue()
+    async def _stream_state(self, writer: Any) -> int:
+        """The replica as a JSON tree followed by its tensors' raw bytes, chunk by chunk.
+
+        One consistent copy of the replica is taken (under its lock, off the loop); nothing
+        is serialized as a whole.
+        """
+        state = await asyncio.get_running_loop().run_in_executor(None, self.replica.state_dict)
+        tree, tensors = split_tensors(state)
+        meta = json.dumps({"tree": tree, "tensors": [tensor_spec(t) for t in tensors]}).encode()
+        await send_blob(writer, meta)
+        num_bytes = len(meta)
+        for tensor in tensors:
+            num_bytes += await send_tensor(writer, tensor)
+        return num_bytes
 
     async def download(self) -> TransferStats | None:
         """Replace the replica with the most advanced live peer's, if any peer is ahead."""
@@ -83,20 +106,41 @@ class StateTransfer:
         ):
             await self.membership.poll()
             await asyncio.sleep(0.2)
-        for donor in self._donors():
-            started = time.perf_counter()
-            try:
-                limit = self.config.max_state_bytes
-                blob = await self.network.request(donor.peer_id, "state", limit)
-                state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
-                await asyncio.get_running_loop().run_in_executor(
-                    self._merge_pool, self.replica.load_state_dict, state
-                )
-            except Exception as exc:  # an untrusted donor: try the next one
-                self._reject("bad_state", donor.peer_id, str(exc))
-                continue
-            return TransferStats(len(blob), time.perf_counter() - started, donor.peer_id)
-        return None
+        while True:
+            busy = False
+            for donor in self._donors():
+                try:
+                    return await self._download_from(donor.peer_id)
+                except TransportError as exc:
+                    busy |= BUSY in str(exc)
+                    if BUSY not in str(exc):
+                        self._reject("bad_state", donor.peer_id, str(exc))
+                except Exception as exc:  # an untrusted donor: try the next one
+                    self._reject("bad_state", donor.peer_id, str(exc))
+            if not busy:
+                return None
+            await asyncio.sleep(1.0)  # every donor is serving others: bounded by the caller
+
+    async def _download_from(self, peer_id: str) -> TransferStats:
+        started = time.perf_counter()
+        reader, writer = await self.network.open_stream(peer_id, "state")
+        try:
+            await send_blob(writer, encode_request(version=2))
+            meta = json.loads(await receive_blob(reader, max_bytes=MAX_META_BYTES))
+            if not isinstance(meta, dict) or not isinstance(meta.get("tensors"), list):
+                raise ValueError("malformed state header")
+            specs = [parse_spec(spec) for spec in meta["tensors"]]
+            total = sum(spec.nbytes for spec in specs)
+            if total > self.config.max_state_bytes:
+                raise TransportError(f"state of {total} bytes exceeds the cap")
+            tensors = [await receive_tensor(reader, spec) for spec in specs]
+        finally:
+            writer.close()
+        state = join_tensors(meta.get("tree"), tensors)
+        await asyncio.get_running_loop().run_in_executor(
+            self._merge_pool, self.replica.load_state_dict, state
+        )
+        return TransferStats(total, time.perf_counter() - started, peer_id)
 
     def _donors(self) -> list[Heartbeat]:
         """Peers ahead of us that serve state, most advanced first; majority digest preferred."""

@@ -143,6 +143,7 @@ class Swarm:
 
     def shutdown(self) -> None:
         self.network.shutdown()
+        self.gossip.retained.close()
         self._merge_pool.shutdown(wait=True, cancel_futures=True)
 
     # ---- on the loop ------------------------------------------------------------------------

@@ -110,6 +110,8 @@ class JoinConfig:
     """Seconds between heartbeats; a peer silent for three periods drops out."""
     retain_updates: int = 16
     """Updates kept per author to serve to peers that missed them."""
+    retain_mb: float = 256.0
+    """Megabytes of retained updates held in memory; beyond it they spill to disk."""
     gap_wait: float = 30.0
     """Seconds an update that no live peer offers is waited for before it counts as lost."""
     dashboard_port: int | None = None
@@ -156,6 +158,8 @@ class JoinConfig:
         if not 0.2 <= self.heartbeat_period <= 3600:
             raise ValueError("--heartbeat-period must be between 0.2 and 3600 seconds")
         _check_positive("retain_updates", self.retain_updates)
+        if not 0 <= self.retain_mb <= 1e7:
+            raise ValueError("--retain-mb must be between 0 and 10000000")
         if not 0 < self.gap_wait <= 86400:
             raise ValueError("--gap-wait must be between 0 and 86400 seconds")
         if len(self.org) > 64:

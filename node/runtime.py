@@ -171,6 +171,7 @@ class Node:
             heartbeat_period_s=c.heartbeat_period,
             retain_updates=c.retain_updates,
             gap_wait_s=c.gap_wait,
+            retain_bytes=int(c.retain_mb * 1e6),
             max_update_bytes=4 * self.num_params + (1 << 16),
             max_state_bytes=16 * self.num_params + (64 << 20),
         )

@@ -1,0 +1,117 @@
+"""Updates a node keeps to serve to peers that missed them: a byte budget in memory, the rest
+spilled to a per-node directory on disk that is removed when the node stops."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+UpdateId = tuple[str, int]
+
+
+class RetainedUpdates:
+    """The last `per_author` updates of each author, as wire bytes; thread-safe.
+
+    At most `budget_bytes` are held in memory; older updates beyond it are written to disk
+    (one file each) and read back when a peer asks for them.
+    """
+
+    def __init__(self, *, per_author: int, budget_bytes: int, spill_dir: Path | None = None):
+        if per_author < 1 or budget_bytes < 0:
+            raise ValueError("retention needs per_author >= 1 and budget_bytes >= 0.")
+        self.per_author = per_author
+        self.budget_bytes = budget_bytes
+        self._spill_root = spill_dir
+        self._dir: Path | None = None
+        self._lock = threading.Lock()
+        self._memory: OrderedDict[UpdateId, bytes] = OrderedDict()
+        self._on_disk: dict[UpdateId, int] = {}
+        self._by_author: dict[str, list[int]] = {}
+        self.memory_bytes = 0
+        self.disk_bytes = 0
+
+    def put(self, uid: UpdateId, data: bytes) -> None:
+        with self._lock:
+            if uid in self._memory or uid in self._on_disk:
+                return
+            self._memory[uid] = data
+            self.memory_bytes += len(data)
+            seqs = self._by_author.setdefault(uid[0], [])
+            seqs.append(uid[1])
+            seqs.sort()
+            while len(seqs) > self.per_author:
+                self._drop((uid[0], seqs.pop(0)))
+            self._spill_over_budget()
+
+    def get(self, uid: UpdateId) -> bytes | None:
+        with self._lock:
+            data = self._memory.get(uid)
+            if data is not None or uid not in self._on_disk:
+                return data
+            path = self._path(uid)
+        try:
+            return path.read_bytes()
+        except OSError:  # evicted meanwhile
+            return None
+
+    def ids(self) -> list[UpdateId]:
+        with self._lock:
+            return [*self._memory, *self._on_disk]
+
+    def __contains__(self, uid: object) -> bool:
+        with self._lock:
+            return uid in self._memory or uid in self._on_disk
+
+    def close(self) -> None:
+        """Forget everything and remove the spill directory."""
+        with self._lock:
+            self._memory.clear()
+            self._on_disk.clear()
+            self._by_author.clear()
+            self.memory_bytes = self.disk_bytes = 0
+            if self._dir is not None:
+                shutil.rmtree(self._dir, ignore_errors=True)
+                self._dir = None
+
+    # ---- internals (lock held) -------------------------------------------------------------
+
+    def _spill_over_budget(self) -> None:
+        while self.memory_bytes > self.budget_bytes and self._memory:
+            uid, data = self._memory.popitem(last=False)
+            self.memory_bytes -= len(data)
+            try:
+                self._path(uid).write_bytes(data)
+            except OSError as exc:  # a full disk costs retention, never the node
+                logger.warning("could not spill update %s#%d to disk: %s", *uid, exc)
+                self._forget_seq(uid)
+                continue
+            self._on_disk[uid] = len(data)
+            self.disk_bytes += len(data)
+
+    def _drop(self, uid: UpdateId) -> None:
+        data = self._memory.pop(uid, None)
+        if data is not None:
+            self.memory_bytes -= len(data)
+        size = self._on_disk.pop(uid, None)
+        if size is not None:
+            self.disk_bytes -= size
+            self._path(uid).unlink(missing_ok=True)
+
+    def _forget_seq(self, uid: UpdateId) -> None:
+        seqs = self._by_author.get(uid[0], [])
+        if uid[1] in seqs:
+            seqs.remove(uid[1])
+
+    def _path(self, uid: UpdateId) -> Path:
+        if self._dir is None:
+            root = self._spill_root
+            if root is not None:
+                root.mkdir(parents=True, exist_ok=True)
+            self._dir = Path(tempfile.mkdtemp(prefix="diloco-spill-", dir=root))
+        safe_author = "".join(c if c.isalnum() else "_" for c in uid[0])[:128]
+        return self._dir / f"{safe_author}-{uid[1]}.update"

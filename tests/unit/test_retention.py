@@ -1,0 +1,35 @@
+"""Retained updates: a memory budget, spilling to disk beyond it, a per-author cap, cleanup."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dht.retention import RetainedUpdates
+
+
+def test_updates_beyond_the_memory_budget_spill_to_disk_and_read_back(tmp_path: Path) -> None:
+    retained = RetainedUpdates(per_author=10, budget_bytes=250, spill_dir=tmp_path)
+    blobs = {("a", seq): bytes([seq]) * 100 for seq in range(1, 5)}
+    for uid, blob in blobs.items():
+        retained.put(uid, blob)
+    assert retained.memory_bytes <= 250 and retained.disk_bytes == 200
+    assert {uid: retained.get(uid) for uid in blobs} == blobs
+    assert len(list(tmp_path.glob("*/*.update"))) == 2
+
+
+def test_only_the_last_updates_of_each_author_are_kept(tmp_path: Path) -> None:
+    retained = RetainedUpdates(per_author=2, budget_bytes=0, spill_dir=tmp_path)
+    for seq in (3, 1, 2):
+        retained.put(("a", seq), b"x")
+    retained.put(("b", 1), b"y")
+    assert sorted(retained.ids()) == [("a", 2), ("a", 3), ("b", 1)]
+    assert retained.get(("a", 1)) is None
+    assert len(list(tmp_path.glob("*/*.update"))) == 3  # budget 0: everything on disk
+
+
+def test_close_removes_the_spill_directory(tmp_path: Path) -> None:
+    retained = RetainedUpdates(per_author=4, budget_bytes=0, spill_dir=tmp_path)
+    retained.put(("../evil", 1), b"z")
+    assert retained.get(("../evil", 1)) == b"z"
+    retained.close()
+    assert list(tmp_path.iterdir()) == [] and retained.ids() == []
