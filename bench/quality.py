@@ -1,15 +1,27 @@
-"""Quality at equal tokens: one learner, synchronous DiLoCo (M learners), the async swarm (M).
+"""Quality: the async swarm against synchronous DiLoCo, at equal tokens or equal wall time.
 
     python -m bench.quality                          # tiny model, M = 4, 10 rounds of H = 20 each
     python -m bench.quality --learners 2 --rounds 20
+    python -m bench.quality --hetero 1,2,4 --budget-s 150   # mixed hardware, equal wall time
 
-The same model, corpus (the default stdlib corpus) and inner AdamW, three ways:
+Equal tokens (default): the same model, corpus (the default stdlib corpus) and inner AdamW,
+three ways:
 - single: one learner, plain AdamW for M x rounds x H steps (the data-parallel reference);
 - sync_diloco: M workers of bench/sync_baseline.py, each `rounds` rounds of H steps, pseudo-
   gradients all-reduced with hivemind's DecentralizedAverager, outer Nesterov (0.7, 0.9);
 - async: M real `diloco-node join` processes with --max-rounds rounds (this project).
-Every final model is evaluated here on the same validation batches. Target (issue 5): the async
-final validation loss within 3% of synchronous DiLoCo's. The final line is JSON.
+Target (issue 10): the async final validation loss within 1% of synchronous DiLoCo's.
+
+Mixed hardware (--hetero 1,2,4): one learner per listed slow-down factor (--speed-factor: each
+inner step is followed by a sleep of F-1 times its measured duration, an emulation of slower
+hardware), every run given the same wall-clock budget:
+- sync_diloco: the baseline workers, every round waiting for the slowest (H steps each);
+- async: `diloco-node join --max-time BUDGET --round-time T`, T calibrated as H steps of the
+  fastest learner, so slower learners run proportionally fewer steps per round (dynamic local
+  updates), with the HeLoCo-style correction (--correction heloco);
+- async_uncorrected: the same without the correction.
+Targets: async at least 5% lower validation loss than sync, and lower than async_uncorrected.
+Every final model is evaluated here on the same validation batches. The final line is JSON.
 """
 
 from __future__ import annotations
@@ -55,6 +67,24 @@ class QualityConfig:
     """Genesis seed shared by every run."""
     threads: int = 1
     """torch threads per learner process (the single learner uses learners x threads)."""
+    hetero: str | None = None
+    """Mixed hardware at equal wall time: comma-separated slow-down factors, one learner each."""
+    budget_s: float = 150.0
+    """--hetero: wall-clock seconds of training per run."""
+    round_time: float | None = None
+    """--hetero: the async round time (default: H steps of the fastest learner, calibrated)."""
+
+    def speeds(self) -> list[float]:
+        """The slow-down factors of --hetero (empty without it)."""
+        if not self.hetero:
+            return []
+        try:
+            speeds = [float(f) for f in self.hetero.split(",")]
+        except ValueError:
+            raise ValueError(f"--hetero takes factors such as 1,2,4; got {self.hetero!r}") from None
+        if len(speeds) < 2 or not all(1.0 <= f <= 100.0 for f in speeds):
+            raise ValueError(f"--hetero needs two or more factors in [1, 100], not {self.hetero!r}")
+        return speeds
 
 
 class Evaluator:
@@ -73,7 +103,7 @@ class Evaluator:
             num_batches=config.eval_batches,
         )
 
-    def learner(self, steps: int, seed: str) -> Learner:
+    def learner(self, steps: int, seed: str, speed_factor: float = 1.0) -> Learner:
         model = build_model(self.model_config, self.config.seed)
         sampler = ShardSampler(
             self.split.train,
@@ -87,6 +117,7 @@ class Evaluator:
             grad_clip=1.0,
             warmup_steps=100,
             decay_steps=steps,
+            speed_factor=speed_factor,
         )
         return Learner(model, sampler, inner, torch.device("cpu"))
 
@@ -125,7 +156,7 @@ def run_learners(
     children: list[ChildProcess] = []
     try:
         started = time.perf_counter()
-        for rank in range(config.learners):
+        for rank in range(len(config.speeds()) or config.learners):
             peers = ["--peers", children[0].of("listening")[0]["maddrs"][0]] if children else []
             child = ChildProcess(
                 f"{name}/{rank}", [*argv(rank), *peers], home=home / f"{name}{rank}"
@@ -140,57 +171,128 @@ def run_learners(
         reap_all(children)
 
 
-def run_sync(config: QualityConfig, ev: Evaluator, home: Path) -> dict:
+@dataclass(frozen=True)
+class Schedule:
+    """How long runs last: equal tokens (max_rounds) or equal wall time (budget_s)."""
+
+    decay_steps: int
+    """Inner cosine decay horizon, the same for every learner of every run."""
+    budget_s: float | None = None
+    """Wall-clock seconds of training per run (equal wall time), else None."""
+    round_time: float | None = None
+    """The async learners' round time (dynamic local updates), else None."""
+    matchmaking_s: float = 2.0
+    """How long a sync worker waits for the others at the barrier."""
+
+    def speed(self, config: QualityConfig, rank: int) -> float:
+        speeds = config.speeds()
+        return speeds[rank] if speeds else 1.0
+
+
+def equal_tokens(config: QualityConfig) -> Schedule:
+    return Schedule(decay_steps=config.rounds * config.inner_steps)
+
+
+def equal_wall_time(config: QualityConfig, step_s: float) -> Schedule:
+    """Rounds of the fastest learner's H steps; the sync barrier waits for the slowest."""
+    round_time = config.round_time or round(config.inner_steps * step_s, 3)
+    slowest_round = config.inner_steps * step_s * max(config.speeds())
+    return Schedule(
+        decay_steps=max(1, int(config.budget_s / step_s)),
+        budget_s=config.budget_s,
+        round_time=round_time,
+        matchmaking_s=round(2 * slowest_round + 5, 1),
+    )
+
+
+def run_sync(config: QualityConfig, ev: Evaluator, home: Path, schedule: Schedule) -> dict:
     start_file = home / "go"
+    limit = cli_flags(max_time=schedule.budget_s) if schedule.budget_s else []
+    limit += cli_flags(max_rounds=config.rounds) if not schedule.budget_s else []
     common = cli_flags(
-        mode="diloco", num_nodes=config.learners, model=config.model, seed=config.seed,
-        inner_steps=config.inner_steps, max_rounds=config.rounds, threads=config.threads,
-        lr_decay_steps=config.rounds * config.inner_steps, run_id=f"quality{int(time.time())}",
-        start_file=start_file,
-    )  # fmt: skip
+        mode="diloco", num_nodes=len(config.speeds()) or config.learners, model=config.model,
+        seed=config.seed, inner_steps=config.inner_steps, threads=config.threads,
+        lr_decay_steps=schedule.decay_steps, run_id=f"quality{int(time.time())}",
+        start_file=start_file, matchmaking_s=schedule.matchmaking_s,
+    ) + limit  # fmt: skip
 
     def argv(rank: int) -> list[str]:
-        own = cli_flags(rank=rank, final_params=home / f"final{rank}.pt")
+        own = cli_flags(
+            rank=rank, final_params=home / f"final{rank}.pt",
+            speed_factor=schedule.speed(config, rank),
+        )  # fmt: skip
         return python_module("bench.sync_baseline", *common, *own)
 
     children, seconds = run_learners(config, home, "sync", argv, start_file.touch)
     rounds = [e for c in children for e in c.of("round_done")]
+    committed = [e for e in rounds if e["committed"]]
     return {
         "method": "sync_diloco",
-        "learners": config.learners,
+        "learners": len(children),
         "steps": len(rounds) * config.inner_steps,
         "tokens": len(rounds) * config.inner_steps * ev.tokens_per_step,
         "val_loss": ev.val_loss(torch.load(home / "final0.pt", weights_only=True)),
-        "rounds_lost": sum(not e["committed"] for e in rounds),
+        "rounds_committed": len(committed) // max(1, len(children)),
+        "rounds_lost": len(rounds) - len(committed),
+        "wait_s_mean": round(sum(e["wait_s"] for e in rounds) / max(1, len(rounds)), 3),
         "seconds": round(seconds, 1),
     }
 
 
-def run_async(config: QualityConfig, ev: Evaluator, home: Path) -> dict:
-    run_id = f"quality{int(time.time())}"
+def run_async(
+    config: QualityConfig, ev: Evaluator, home: Path, schedule: Schedule,
+    name: str = "async", correction: str = "none",
+) -> dict:  # fmt: skip
+    run_id = f"{name.replace('_', '-')}{int(time.time())}"
+    limit = cli_flags(max_time=schedule.budget_s) if schedule.budget_s else []
+    limit += cli_flags(max_rounds=config.rounds) if not schedule.budget_s else []
+    limit += cli_flags(round_time=schedule.round_time) if schedule.round_time else []
     common = cli_flags(
         log_format="json", model=config.model, run_id=run_id, inner_steps=config.inner_steps,
-        max_rounds=config.rounds, seed=config.seed, threads=config.threads, eval_batches=1,
-        host="127.0.0.1", port=0, heartbeat_period=1, linger=10,
-    )  # fmt: skip
+        seed=config.seed, threads=config.threads, eval_batches=1, host="127.0.0.1", port=0,
+        heartbeat_period=1, linger=10, lr_decay_steps=schedule.decay_steps, correction=correction,
+    ) + limit  # fmt: skip
+
+    def argv(rank: int) -> list[str]:
+        speed = cli_flags(speed_factor=schedule.speed(config, rank))
+        return python_module("node", "join", *common, *speed)
+
     # --linger: a learner that finishes first keeps serving its last update to the others.
-    children, seconds = run_learners(
-        config, home, "async", lambda _: python_module("node", "join", *common)
-    )
-    replicas = [_replica(home / f"async{n}", run_id) for n in range(config.learners)]
+    children, seconds = run_learners(config, home, name, argv)
+    replicas = [_replica(home / f"{name}{n}", run_id) for n in range(len(children))]
     num_applied, params = max(replicas, key=lambda r: r[0])
-    steps = sum(len(c.of("round_done")) for c in children) * config.inner_steps
+    rounds = [e for c in children for e in c.of("round_done")]
+    merged = [e for c in children[:1] for e in c.of("update_merged")]
     return {
-        "method": "async",
-        "learners": config.learners,
-        "steps": steps,
-        "tokens": steps * ev.tokens_per_step,
+        "method": name,
+        "learners": len(children),
+        "correction": correction,
+        "steps": sum(e["tokens"] for e in rounds) // ev.tokens_per_step,
+        "tokens": sum(e["tokens"] for e in rounds),
         "val_loss": ev.val_loss(params),
         "val_loss_per_node": [ev.val_loss(p) for _, p in replicas],
         "num_applied": num_applied,
-        "updates_published": config.learners * config.rounds,
+        "updates_published": sum(e["seq"] is not None for e in rounds),
+        "rounds_per_node": [len(c.of("round_done")) for c in children],
+        "steps_per_round_per_node": [_mean_steps(c, ev) for c in children],
+        "staleness_mean": round(sum(e["staleness"] for e in merged) / max(1, len(merged)), 2),
+        "blocks_corrected": sum(e.get("blocks_corrected", 0) for e in merged),
         "seconds": round(seconds, 1),
     }
+
+
+def _mean_steps(child: ChildProcess, ev: Evaluator) -> float:
+    rounds = child.of("round_done")
+    return round(sum(e["tokens"] for e in rounds) / ev.tokens_per_step / max(1, len(rounds)), 1)
+
+
+def calibrate_step_s(config: QualityConfig, ev: Evaluator, steps: int = 10) -> float:
+    """Mean seconds of one inner step of an undelayed learner (threads as the learners)."""
+    torch.set_num_threads(config.threads)
+    learner = ev.learner(steps, "quality/calibrate")
+    learner.run_round(3, lambda: False, lambda _: None)  # warm up
+    stats = learner.run_round(steps, lambda: False, lambda _: None)
+    return stats.compute_s / stats.num_steps
 
 
 def _replica(home: Path, run_id: str) -> tuple[int, torch.Tensor]:
@@ -203,32 +305,72 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_dataclass_arguments(parser, QualityConfig)
     config: QualityConfig = dataclass_from_args(QualityConfig, parser.parse_args())
+    try:
+        config.speeds()
+    except ValueError as e:
+        parser.error(str(e))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     ev = Evaluator(config)
+    summary = hetero(config, ev) if config.hetero else equal_tokens_runs(config, ev)
+    summary |= {"config": asdict(config), "initial_val_loss": ev.val_loss(_genesis(config, ev))}
+    print(json.dumps({"benchmark": "quality", **summary}))
+
+
+def equal_tokens_runs(config: QualityConfig, ev: Evaluator) -> dict:
+    schedule = equal_tokens(config)
     with tempfile.TemporaryDirectory(prefix="quality-") as tmp:
         runs = [
             run_single(config, ev),
-            run_sync(config, ev, Path(tmp)),
-            run_async(config, ev, Path(tmp)),
+            run_sync(config, ev, Path(tmp), schedule),
+            run_async(config, ev, Path(tmp), schedule),
         ]
-    sync_loss = runs[1]["val_loss"]
+    _print_runs(runs, runs[1]["val_loss"])
+    return {
+        "mode": "equal_tokens",
+        "async_val_loss": runs[2]["val_loss"],
+        "sync_val_loss": runs[1]["val_loss"],
+        "single_val_loss": runs[0]["val_loss"],
+        "async_within_1pct": abs(runs[2]["ratio_to_sync_diloco"] - 1) <= 0.01,
+        "runs": runs,
+    }
+
+
+def hetero(config: QualityConfig, ev: Evaluator) -> dict:
+    step_s = calibrate_step_s(config, ev)
+    schedule = equal_wall_time(config, step_s)
+    print(f"calibrated step {step_s * 1000:.1f} ms; {schedule}")
+    with tempfile.TemporaryDirectory(prefix="quality-") as tmp:
+        home = Path(tmp)
+        runs = [
+            run_sync(config, ev, home, schedule),
+            run_async(config, ev, home, schedule, "async", correction="heloco"),
+            run_async(config, ev, home, schedule, "async_uncorrected", correction="none"),
+        ]
+    sync, corrected, uncorrected = (r["val_loss"] for r in runs)
+    _print_runs(runs, sync)
+    return {
+        "mode": "hetero",
+        "speeds": config.speeds(),
+        "async_val_loss": corrected,
+        "sync_val_loss": sync,
+        "async_uncorrected_val_loss": uncorrected,
+        "async_vs_sync": round(corrected / sync, 4),
+        "async_5pct_below_sync": corrected <= 0.95 * sync,
+        "corrected_below_uncorrected": corrected < uncorrected,
+        "calibrated_step_s": round(step_s, 4),
+        "round_time_s": schedule.round_time,
+        "budget_s": schedule.budget_s,
+        "runs": runs,
+    }
+
+
+def _print_runs(runs: list[dict], sync_loss: float) -> None:
     for run in runs:
         run["ratio_to_sync_diloco"] = round(run["val_loss"] / sync_loss, 4)
         print(
-            f"{run['method']:<12} val loss {run['val_loss']:.4f}  "
+            f"{run['method']:<18} val loss {run['val_loss']:.4f}  "
             f"ratio to sync DiLoCo {run['ratio_to_sync_diloco']:.4f}  tokens {run['tokens']:,}"
         )
-    print(
-        json.dumps(
-            {
-                "benchmark": "quality",
-                "config": asdict(config),
-                "runs": runs,
-                "initial_val_loss": ev.val_loss(_genesis(config, ev)),
-                "async_within_3pct": abs(runs[2]["ratio_to_sync_diloco"] - 1) <= 0.03,
-            }
-        )
-    )
 
 
 def _genesis(config: QualityConfig, ev: Evaluator) -> torch.Tensor:

@@ -75,6 +75,12 @@ class WorkerConfig:
     """Inner cosine decay horizon in steps (as diloco-node without --max-rounds)."""
     max_rounds: int | None = None
     """Stop after this many committed rounds (default: run until interrupted)."""
+    max_time: float | None = None
+    """Stop after this many seconds of training from the start barrier (a round in flight is
+    lost, as an async node's is)."""
+    speed_factor: float = 1.0
+    """Emulated slower hardware: each inner step is followed by a sleep of F-1 times its
+    duration (as diloco-node --speed-factor)."""
     threads: int = 1
     """CPU threads for torch."""
     host: str = "127.0.0.1"
@@ -129,6 +135,7 @@ def make_learner(config: WorkerConfig) -> Learner:
         grad_clip=1.0,
         warmup_steps=config.warmup_steps,
         decay_steps=config.lr_decay_steps,
+        speed_factor=config.speed_factor,
     )
     return Learner(build_model(shape, config.seed), sampler, inner, torch.device("cpu"))
 
@@ -148,6 +155,7 @@ class SyncWorker:
         self.lock = threading.Lock()
         self.round = 0
         self.stop = threading.Event()
+        self.started_at: float | None = None
         self.checkpoint_path = Path(config.checkpoint_dir).expanduser() / CHECKPOINT_FILE
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -178,14 +186,24 @@ class SyncWorker:
             time.sleep(0.1)
         if c.peers:
             self.catch_up(wait_for_barrier=self._swarm_round() > 0)
+        self.started_at = time.monotonic()
         emit("started", peer_id=str(self.dht.peer_id), round=self.round, rank=c.rank)
 
     def run(self) -> str:
         while not self.stop.is_set():
             if self.config.max_rounds is not None and self.round >= self.config.max_rounds:
                 return "max_rounds"
+            if self.time_exhausted():
+                return "max_time"
             self.run_round()
         return "interrupted"
+
+    def time_exhausted(self) -> bool:
+        limit, started = self.config.max_time, self.started_at
+        return limit is not None and started is not None and time.monotonic() - started >= limit
+
+    def should_stop(self) -> bool:
+        return self.stop.is_set() or self.time_exhausted()
 
     def shutdown(self, reason: str) -> None:
         self.save_checkpoint()
@@ -201,7 +219,7 @@ class SyncWorker:
         start = time.perf_counter()
         base = self.params.clone()
         self.learner.load_params(base)
-        stats = self.learner.run_round(self.inner_steps, self.stop.is_set, lambda _: None)
+        stats = self.learner.run_round(self.inner_steps, self.should_stop, lambda _: None)
         if stats.num_steps < self.inner_steps:
             return  # interrupted mid-round
         inner_s = time.perf_counter() - start

@@ -52,8 +52,12 @@ class JoinConfig:
     """Outer learning rate."""
     outer_momentum: float = 0.9
     """Outer Nesterov momentum."""
-    outer_delay: int = 4
-    """Delayed Nesterov: fold the momentum in every N-th merged update."""
+    outer_delay: int | None = None
+    """Delayed Nesterov: a fixed round of N updates (default: each update's signed count of
+    live learners, so a round of the swarm's updates is one outer step at any swarm size)."""
+    correction: str = "none"
+    """Correction of stale updates before the outer step: none, or heloco (shrink the parts
+    of a stale update that conflict with the outer momentum, arXiv 2606.00271)."""
     staleness: str = "polynomial"
     """Staleness weighting: constant, polynomial (1+s)^-a, hinge or exponential."""
     staleness_a: float = 0.5
@@ -64,6 +68,12 @@ class JoinConfig:
     """Weigh an update by the tokens it trained on (tokens) or not at all (none)."""
     codec: str = "bf16"
     """Encoding of published pseudo-gradients: fp32 or bf16."""
+    round_time: float | None = None
+    """Dynamic local updates: each round runs as many inner steps as fit in this many seconds
+    (at most --inner-steps), so slower hardware publishes smaller updates as often."""
+    speed_factor: float = 1.0
+    """Emulate slower hardware (tests, benchmarks): each inner step is followed by a sleep of
+    F-1 times its measured duration."""
     max_rounds: int | None = None
     """Stop after this many rounds (default: run until interrupted)."""
     max_time: float | None = None
@@ -130,19 +140,20 @@ class JoinConfig:
             "staleness", self.staleness, ("constant", "polynomial", "hinge", "exponential")
         )
         _check_choice("token-weighting", self.token_weighting, ("tokens", "none"))
+        _check_choice("correction", self.correction, ("none", "heloco"))
         _check_choice("codec", self.codec, ("fp32", "bf16"))
         _check_choice("device", self.device, ("auto", "cpu", "cuda"))
         _check_choice("log-level", self.log_level.upper(), ("DEBUG", "INFO", "WARNING", "ERROR"))
         _check_choice("log-format", self.log_format, ("rich", "json"))
         if not self.run_id or len(self.run_id) > 64:
             raise ValueError("--run-id must be 1 to 64 characters long")
-        for name in ("inner_steps", "checkpoint_every", "outer_delay"):
+        for name in ("inner_steps", "checkpoint_every"):
             _check_positive(name, getattr(self, name))
-        for name in ("batch_size", "max_rounds", "threads", "lr_decay_steps"):
+        for name in ("batch_size", "max_rounds", "threads", "lr_decay_steps", "outer_delay"):
             value = getattr(self, name)
             if value is not None:
                 _check_positive(name, value)
-        for name in ("inner_lr", "max_time", "outer_lr"):
+        for name in ("inner_lr", "max_time", "outer_lr", "round_time"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise ValueError(f"--{_flag(name)} must be a positive number, got {value}")
@@ -150,6 +161,8 @@ class JoinConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"--{_flag(name)} must be a non-negative number, got {value}")
+        if not 1.0 <= self.speed_factor <= 1000.0:
+            raise ValueError(f"--speed-factor must be between 1 and 1000, got {self.speed_factor}")
         if not 0 <= self.outer_momentum < 1:
             raise ValueError(f"--outer-momentum must be in [0, 1), got {self.outer_momentum}")
         listen_maddrs(self.host, self.port)  # raises for a bad --host or --port

@@ -28,6 +28,14 @@ class InnerConfig:
     """Linear warmup length in steps."""
     decay_steps: int
     """Cosine decay horizon in steps; the rate floors at 10% of peak after it."""
+    speed_factor: float = 1.0
+    """Emulated slower hardware: after each inner step, sleep F-1 times its measured duration,
+    so the learner runs F times slower (1: full speed)."""
+
+    def __post_init__(self) -> None:
+        f = self.speed_factor
+        if not isinstance(f, int | float) or not (math.isfinite(f) and 1.0 <= f <= 1000.0):
+            raise ValueError(f"speed factor must be a number in [1, 1000], got {f!r}.")
 
 
 @dataclass(frozen=True)
@@ -45,7 +53,11 @@ class RoundStats:
     loss: float
     """Mean training loss over the round."""
     compute_s: float
-    """Wall time spent inside inner steps."""
+    """Wall time spent inside inner steps (emulated slow-down included)."""
+    stopped_early: bool = False
+    """The round was interrupted by should_stop (a partial round; not to be published)."""
+    emulated_s: float = 0.0
+    """Of compute_s, the sleep that emulates slower hardware (--speed-factor)."""
 
 
 def inner_lr(config: InnerConfig, step: int) -> float:
@@ -54,6 +66,11 @@ def inner_lr(config: InnerConfig, step: int) -> float:
         return config.lr * (step + 1) / config.warmup_steps
     progress = min(1.0, (step - config.warmup_steps) / max(1, config.decay_steps))
     return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _next_step_overruns(max_seconds: float | None, spent_s: float, steps: int) -> bool:
+    """Whether one more step of the round's mean duration would end past ``max_seconds``."""
+    return max_seconds is not None and steps > 0 and spent_s + spent_s / steps > max_seconds
 
 
 def resolve_device(name: str) -> torch.device:
@@ -101,23 +118,49 @@ class Learner:
         num_steps: int,
         should_stop: Callable[[], bool],
         on_step: Callable[[StepStats], None],
+        max_seconds: float | None = None,
     ) -> RoundStats:
+        """Up to ``num_steps`` inner steps; with ``max_seconds``, as many as fit in that time.
+
+        Dynamic local updates: a round with a time limit stops before a step that would end
+        past it (judged by the round's mean step time so far), after at least one step.
+        """
         self.model.train()
         losses: list[float] = []
         tokens = 0
-        compute_s = 0.0
+        compute_s = emulated_s = 0.0
+        stopped_early = False
         for _ in range(num_steps):
             if should_stop():
+                stopped_early = True
+                break
+            if _next_step_overruns(max_seconds, compute_s, len(losses)):
                 break
             start = time.perf_counter()
             loss, batch_tokens = self._inner_step()
+            emulated_s += self._emulate_slower_hardware(time.perf_counter() - start)
             elapsed = time.perf_counter() - start
             compute_s += elapsed
             tokens += batch_tokens
             losses.append(loss)
             on_step(StepStats(len(losses), loss, batch_tokens / max(elapsed, 1e-9)))
         mean_loss = sum(losses) / len(losses) if losses else float("nan")
-        return RoundStats(num_steps=len(losses), tokens=tokens, loss=mean_loss, compute_s=compute_s)
+        return RoundStats(
+            num_steps=len(losses),
+            tokens=tokens,
+            loss=mean_loss,
+            compute_s=compute_s,
+            stopped_early=stopped_early,
+            emulated_s=emulated_s,
+        )
+
+    def _emulate_slower_hardware(self, step_s: float) -> float:
+        """Sleeps F-1 times the step's duration; returns the seconds slept."""
+        if self.config.speed_factor <= 1.0:
+            return 0.0
+        start = time.perf_counter()
+        time.sleep((self.config.speed_factor - 1.0) * step_s)
+        return time.perf_counter() - start
 
     def _inner_step(self) -> tuple[float, int]:
         x, y = self.sampler.next_batch()

@@ -18,6 +18,7 @@ from dht.addresses import join_hint, listen_maddrs
 from dht.heartbeat import MAX_AUTHORS, STALENESS_BUCKETS, Heartbeat, staleness_bucket
 from dht.swarm import Swarm, SwarmConfig
 from merge.codecs import get_codec
+from merge.correction import CorrectionConfig
 from merge.envelope import seal
 from merge.identity import Identity
 from merge.outer import OuterConfig, make_outer_optimizer
@@ -71,6 +72,7 @@ def merge_config_from(config: JoinConfig, tokens_per_step: int) -> MergeConfig:
         ),
         max_inner_steps=config.inner_steps,
         max_tokens_per_step=tokens_per_step,
+        correction=CorrectionConfig(kind=config.correction),  # type: ignore[arg-type]
     )
 
 
@@ -119,6 +121,7 @@ class Node:
             grad_clip=config.grad_clip,
             warmup_steps=config.warmup_steps,
             decay_steps=config.lr_decay_steps or max_steps or 100_000,
+            speed_factor=config.speed_factor,
         )
         self.learner = Learner(model, sampler, inner, self.device)
         self.val_batches = (
@@ -294,9 +297,10 @@ class Node:
         base, base_applied = self.replica.snapshot()
         self.learner.load_params(base)
         stats = self.learner.run_round(
-            self.config.inner_steps, self._should_interrupt, self._report_step
-        )
-        if stats.num_steps < self.config.inner_steps:
+            self.config.inner_steps, self._should_interrupt, self._report_step,
+            self.config.round_time,
+        )  # fmt: skip
+        if stats.stopped_early or stats.num_steps == 0:
             return None  # interrupted: a partial round is not published
         t_inner = time.perf_counter()
         pseudo_gradient = base - self.learner.params_vector()
@@ -314,6 +318,7 @@ class Node:
             codec=self.codec.name,
             numel=pseudo_gradient.numel(),
             payload=payload,
+            learners=self.live_learners(),
         )
         t_seal = time.perf_counter()
         result = self.pipeline.submit(update)
@@ -373,6 +378,8 @@ class Node:
                 seq=result.seq,
                 staleness=result.staleness,
                 weight=round(result.weight, 6),
+                learners=result.learners,
+                blocks_corrected=result.blocks_corrected,
                 num_applied=self.replica.num_applied,
             )
         else:
@@ -408,6 +415,12 @@ class Node:
             peers_alive=len(self.swarm.alive_peers()) if self.swarm is not None else 0,
             lost=self.swarm.num_lost if self.swarm is not None else 0,
         )
+
+    def live_learners(self) -> int:
+        """This node and its alive peers that are not idle: the M its update is sized by."""
+        if self.swarm is None:
+            return 1
+        return 1 + sum(h.state != "idle" for h in self.swarm.alive_peers())
 
     # ---- what the swarm sees -----------------------------------------------------------------
 
