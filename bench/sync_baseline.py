@@ -81,6 +81,8 @@ class WorkerConfig:
     speed_factor: float = 1.0
     """Emulated slower hardware: each inner step is followed by a sleep of F-1 times its
     duration (as diloco-node --speed-factor)."""
+    emulated_step_s: float | None = None
+    """With --speed-factor F: each inner step lasts F times this (as diloco-node)."""
     threads: int = 1
     """CPU threads for torch."""
     host: str = "127.0.0.1"
@@ -136,6 +138,7 @@ def make_learner(config: WorkerConfig) -> Learner:
         warmup_steps=config.warmup_steps,
         decay_steps=config.lr_decay_steps,
         speed_factor=config.speed_factor,
+        emulated_step_s=config.emulated_step_s,
     )
     return Learner(build_model(shape, config.seed), sampler, inner, torch.device("cpu"))
 

@@ -74,6 +74,9 @@ class JoinConfig:
     speed_factor: float = 1.0
     """Emulate slower hardware (tests, benchmarks): each inner step is followed by a sleep of
     F-1 times its measured duration."""
+    emulated_step_s: float | None = None
+    """With --speed-factor F: pace every inner step to last F times this many seconds instead
+    (benchmarks on a shared machine: the emulated speed does not follow its load)."""
     max_rounds: int | None = None
     """Stop after this many rounds (default: run until interrupted)."""
     max_time: float | None = None
@@ -153,7 +156,7 @@ class JoinConfig:
             value = getattr(self, name)
             if value is not None:
                 _check_positive(name, value)
-        for name in ("inner_lr", "max_time", "outer_lr", "round_time"):
+        for name in ("inner_lr", "max_time", "outer_lr", "round_time", "emulated_step_s"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise ValueError(f"--{_flag(name)} must be a positive number, got {value}")

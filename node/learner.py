@@ -31,11 +31,17 @@ class InnerConfig:
     speed_factor: float = 1.0
     """Emulated slower hardware: after each inner step, sleep F-1 times its measured duration,
     so the learner runs F times slower (1: full speed)."""
+    emulated_step_s: float | None = None
+    """With it, the emulation paces instead: each inner step lasts speed_factor times this
+    many seconds (the rest slept), whatever the machine's load (benchmarks)."""
 
     def __post_init__(self) -> None:
         f = self.speed_factor
         if not isinstance(f, int | float) or not (math.isfinite(f) and 1.0 <= f <= 1000.0):
             raise ValueError(f"speed factor must be a number in [1, 1000], got {f!r}.")
+        pace = self.emulated_step_s
+        if pace is not None and not (math.isfinite(pace) and pace > 0):
+            raise ValueError(f"emulated step time must be a positive number, got {pace!r}.")
 
 
 @dataclass(frozen=True)
@@ -155,11 +161,14 @@ class Learner:
         )
 
     def _emulate_slower_hardware(self, step_s: float) -> float:
-        """Sleeps F-1 times the step's duration; returns the seconds slept."""
-        if self.config.speed_factor <= 1.0:
+        """Sleeps F-1 times the step's duration (or up to F x the paced step time); returns
+        the seconds slept."""
+        factor, pace = self.config.speed_factor, self.config.emulated_step_s
+        delay = (factor - 1.0) * step_s if pace is None else factor * pace - step_s
+        if delay <= 0:
             return 0.0
         start = time.perf_counter()
-        time.sleep((self.config.speed_factor - 1.0) * step_s)
+        time.sleep(delay)
         return time.perf_counter() - start
 
     def _inner_step(self) -> tuple[float, int]:

@@ -122,6 +122,7 @@ class Node:
             warmup_steps=config.warmup_steps,
             decay_steps=config.lr_decay_steps or max_steps or 100_000,
             speed_factor=config.speed_factor,
+            emulated_step_s=config.emulated_step_s,
         )
         self.learner = Learner(model, sampler, inner, self.device)
         self.val_batches = (

@@ -22,12 +22,12 @@ class Bigram(nn.Module):
         return logits, nn.functional.cross_entropy(logits.view(-1, 256), y.reshape(-1))
 
 
-def make_learner(speed_factor: float = 1.0) -> Learner:
+def make_learner(speed_factor: float = 1.0, emulated_step_s: float | None = None) -> Learner:
     corpus = load_corpus(CORPUS)
     sampler = ShardSampler(split_corpus(corpus).train, seed="t", batch_size=2, block_size=16)
     inner = InnerConfig(
         lr=1e-3, weight_decay=0.1, grad_clip=1.0, warmup_steps=2, decay_steps=10,
-        speed_factor=speed_factor,
+        speed_factor=speed_factor, emulated_step_s=emulated_step_s,
     )  # fmt: skip
     return Learner(Bigram(), sampler, inner, torch.device("cpu"))
 
@@ -45,6 +45,15 @@ def test_speed_factor_really_slows_the_inner_steps() -> None:
     assert stats.num_steps == 3
     assert stats.emulated_s >= 0.9 * 2.0 * real_s  # it slept F-1 = 2 times each step
     assert make_learner().run_round(1, lambda: False, lambda _: None).emulated_s == 0.0
+
+
+def test_paced_steps_last_factor_times_the_emulated_step_time() -> None:
+    stats = make_learner(speed_factor=2.0, emulated_step_s=0.04).run_round(
+        3, lambda: False, lambda _: None
+    )
+
+    assert stats.compute_s >= 3 * 2 * 0.04  # each step padded to 80 ms, whatever it took
+    assert stats.emulated_s > 0
 
 
 def test_a_timed_round_takes_at_least_one_step_and_at_most_h() -> None:
