@@ -1,9 +1,13 @@
-"""The dashboard inside a node (`join --dashboard-port`): reads the Node object directly."""
+"""The dashboard inside a node (`join --dashboard-port`): reads the node's status snapshot.
+
+It knows the node only as a callable returning a `node.snapshot.NodeStatus`, so it never
+imports `node.runtime` nor touches the node's attributes.
+"""
 
 from __future__ import annotations
 
-import time
-from typing import TYPE_CHECKING, cast
+from collections.abc import Callable
+from typing import cast
 
 from dashboard.app import create_app
 from dashboard.history import History, HistoryTee
@@ -13,9 +17,9 @@ from dashboard.settings import DashboardSettings
 from dashboard.sources import PolledSource
 from dashboard.view import PeerRecord, SwarmState
 from node.events import EventLog
+from node.snapshot import NodeStatus
 
-if TYPE_CHECKING:
-    from node.runtime import Node
+StatusFn = Callable[[], NodeStatus]
 
 
 class EmbeddedSource(PolledSource):
@@ -23,26 +27,23 @@ class EmbeddedSource(PolledSource):
 
     mode: Mode = "embedded"
 
-    def __init__(self, node: Node, settings: DashboardSettings, history: History) -> None:
-        super().__init__(node.config.run_id, settings, history)
-        self._node = node
+    def __init__(
+        self, run_id: str, status: StatusFn, settings: DashboardSettings, history: History
+    ) -> None:
+        super().__init__(run_id, settings, history)
+        self._status = status
 
     def read(self) -> SwarmState:
-        node = self._node
-        own = node.heartbeat()
-        now = time.time()
-        peers = [PeerRecord(own, alive=True, last_seen_s=0.0, local=True)]
-        if node.swarm is not None:
-            period = node.swarm.config.heartbeat_period_s
-            for view in list(node.swarm.peers.values()):
-                peers.append(PeerRecord(view.heartbeat, view.alive(period), now - view.last_seen))
-        return SwarmState(node.config.run_id, node.fingerprint, self.mode, peers, now)
+        status = self._status()
+        peers = [PeerRecord(status.own, alive=True, last_seen_s=0.0, local=True)]
+        peers += [PeerRecord(p.heartbeat, p.alive, p.last_seen_s) for p in status.peers]
+        return SwarmState(status.run_id, status.fingerprint, self.mode, peers, status.taken_at)
 
     def node(self) -> NodeOut:
         """Read now, not at the last poll: the local node is cheap to ask."""
         state = self.state()
-        own = self._node.heartbeat()
-        fetches = list(self._node.swarm.fetches) if self._node.swarm is not None else []
+        status = self._status()
+        own = status.own
         return NodeOut(
             peer_id=own.peer_id,
             org=own.org,
@@ -65,24 +66,29 @@ class EmbeddedSource(PolledSource):
             peers_alive=sum(p.alive and not p.local for p in state.peers),
             rejections=dict(sorted(own.rejections.items())),
             rejected_total=sum(own.rejections.values()),
-            fetches=len(fetches),
-            fetched_megabytes=round(sum(f.num_bytes for f in fetches) / 1e6, 3),
+            fetches=status.fetches,
+            fetched_megabytes=round(status.fetched_bytes / 1e6, 3),
         )
 
 
 class EmbeddedDashboard:
     """Created with the node (the port is checked then), served once the node has joined."""
 
-    def __init__(self, node: Node) -> None:
-        config = node.config
-        assert config.dashboard_port is not None
-        self.settings = DashboardSettings(
-            host=config.dashboard_host, port=config.dashboard_port, token=config.dashboard_token
-        )
+    def __init__(
+        self,
+        *,
+        host: str,
+        port: int,
+        token: str | None,
+        run_id: str,
+        peer_id: str,
+        status: StatusFn,
+    ) -> None:
+        self.settings = DashboardSettings(host=host, port=port, token=token)
         check_free(self.settings.host, self.settings.port)
         self.history = History(self.settings)
-        self.source = EmbeddedSource(node, self.settings, self.history)
-        self._local_peer_id = node.peer_id
+        self.source = EmbeddedSource(run_id, status, self.settings, self.history)
+        self._local_peer_id = peer_id
         self._server: DashboardServer | None = None
 
     def tee(self, events: EventLog) -> EventLog:

@@ -5,38 +5,42 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-import psutil
-import torch
-from torch.nn.utils import parameters_to_vector
-
-from dht.addresses import join_hint, listen_maddrs
-from dht.heartbeat import MAX_AUTHORS, STALENESS_BUCKETS, Heartbeat, staleness_bucket
-from dht.swarm import Swarm, SwarmConfig
+from dht.addresses import join_hint
+from dht.heartbeat import MAX_AUTHORS, Heartbeat
+from dht.swarm import Swarm
 from merge.codecs import get_codec
-from merge.correction import CorrectionConfig
 from merge.envelope import seal
 from merge.identity import Identity
-from merge.outer import OuterConfig, make_outer_optimizer
-from merge.pipeline import MergeConfig, MergeResult, UpdatePipeline
-from merge.replica import Replica
-from merge.sketch import ReplicaSketch, relative_distance
-from merge.weighting import StalenessConfig, TokenWeightConfig
+from merge.pipeline import MergeResult, UpdatePipeline
+from merge.sketch import ReplicaSketch
+from node.builders import (
+    build_learner,
+    build_replica,
+    build_run_spec,
+    build_validation,
+    configure_torch,
+    host_facts,
+    merge_config_from,
+    swarm_config_from,
+)
 from node.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from node.config import JoinConfig, run_fingerprint
-from node.data import ShardSampler, load_corpus, split_corpus, validation_batches
+from node.config import JoinConfig
+from node.data import load_corpus, split_corpus
 from node.events import EventLog
-from node.learner import InnerConfig, Learner, StepStats, resolve_device
-from node.model import DEFAULT_BATCH_SIZE, DEFAULT_INNER_LR, build_model, model_config
+from node.learner import StepStats, resolve_device
+from node.model import build_model
+from node.snapshot import NodeStatus, PeerSighting
+from node.stats import LastRound, NodeStats, ReplicaView
 
 if TYPE_CHECKING:
     from dashboard.embedded import EmbeddedDashboard
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["Node", "RoundTimings", "merge_config_from"]
 
 
 @dataclass(frozen=True)
@@ -53,134 +57,57 @@ class RoundTimings:
         return self.encode_s + self.seal_s + self.merge_s
 
 
-def merge_config_from(config: JoinConfig, tokens_per_step: int) -> MergeConfig:
-    return MergeConfig(
-        outer=OuterConfig(
-            kind=config.outer_optimizer,  # type: ignore[arg-type]
-            lr=config.outer_lr,
-            momentum=config.outer_momentum,
-            delay=config.outer_delay,
-        ),
-        staleness=StalenessConfig(
-            kind=config.staleness,  # type: ignore[arg-type]
-            a=config.staleness_a,
-            b=config.staleness_b,
-        ),
-        token_weight=TokenWeightConfig(
-            kind=config.token_weighting,  # type: ignore[arg-type]
-            reference_tokens=config.inner_steps * tokens_per_step,
-        ),
-        max_inner_steps=config.inner_steps,
-        max_tokens_per_step=tokens_per_step,
-        correction=CorrectionConfig(kind=config.correction),  # type: ignore[arg-type]
-    )
-
-
 class Node:
     """One learner with its replica of the global model."""
 
     def __init__(self, config: JoinConfig, events: EventLog) -> None:
         self.config = config
-        self.events = events
         self.identity, _ = Identity.load_or_create(config.identity_path)
         self.peer_id = self.identity.peer_id
         self.device = resolve_device(config.device)
-        if config.threads:
-            torch.set_num_threads(config.threads)
+        configure_torch(config)
         self.corpus = load_corpus(config.data)
         split = split_corpus(self.corpus)
-        self.model_config = model_config(config.model, self.corpus.vocab_size)
-        batch_size = config.batch_size or DEFAULT_BATCH_SIZE[config.model]
-        tokens_per_step = batch_size * self.model_config.block_size
-        self.merge_config = merge_config_from(config, tokens_per_step)
-        self.fingerprint = run_fingerprint(
-            {
-                "run_id": config.run_id,
-                "seed": config.seed,
-                "model": self.model_config.as_dict(),
-                "merge": self.merge_config.as_dict(),
-            }
-        )
+        self.spec = build_run_spec(config, self.corpus)
+        self.model_config, self.merge_config = self.spec.model, self.spec.merge
+        self.fingerprint = self.spec.fingerprint
         model = build_model(self.model_config, config.seed)
-        genesis = parameters_to_vector(model.parameters()).detach().float().clone()
-        outer = make_outer_optimizer(self.merge_config.outer, genesis.numel())
-        self.replica = Replica(genesis, outer)
+        self.replica = build_replica(model, self.merge_config)
+        self.num_params = self.replica.numel
         self.pipeline = UpdatePipeline(self.replica, self.merge_config, self.fingerprint)
         self.codec = get_codec(config.codec)
-        self.num_params = genesis.numel()
-        sampler = ShardSampler(
-            split.train,
-            seed=f"{config.run_id}/{self.peer_id}",
-            batch_size=batch_size,
-            block_size=self.model_config.block_size,
-        )
-        max_steps = (config.max_rounds or 0) * config.inner_steps
-        inner = InnerConfig(
-            lr=config.inner_lr or DEFAULT_INNER_LR[config.model],
-            weight_decay=config.weight_decay,
-            grad_clip=config.grad_clip,
-            warmup_steps=config.warmup_steps,
-            decay_steps=config.lr_decay_steps or max_steps or 100_000,
-            speed_factor=config.speed_factor,
-            emulated_step_s=config.emulated_step_s,
-        )
-        self.learner = Learner(model, sampler, inner, self.device)
-        self.val_batches = (
-            validation_batches(
-                split.val,
-                batch_size=batch_size,
-                block_size=self.model_config.block_size,
-                num_batches=config.eval_batches,
-            )
-            if config.eval_batches
-            else []
-        )
-        self.round = 0
-        self.seq = 0
-        self.published_seq = 0
-        self.state = "syncing"
-        self.last_round: dict[str, Any] = {"loss": None, "val_loss": None, "tokens_per_s": 0.0}
-        self._staleness_sum = 0
-        self._staleness_counts = [0] * len(STALENESS_BUCKETS)
-        self._merged_by_author: tuple[int, dict[str, int]] = (-1, {})
+        self.learner = build_learner(config, self.spec, model, split, self.peer_id, self.device)
+        self.val_batches = build_validation(config, self.spec, split)
+        self.stats = NodeStats()
         self.sketcher = ReplicaSketch(self.num_params, self.fingerprint)
-        self._sketches: OrderedDict[str, list[float]] = OrderedDict()
+        self._host = host_facts(self.device)
         self._stop = threading.Event()
         self._started_at = time.monotonic()
-        self.dashboard: EmbeddedDashboard | None = None
-        if config.dashboard_port is not None:
-            # The dashboard sits above node/: imported only when asked for.
-            from dashboard.embedded import EmbeddedDashboard
+        self.dashboard = self._build_dashboard()
+        self.events = self.dashboard.tee(events) if self.dashboard is not None else events
+        self.swarm = self._build_swarm() if config.swarm else None
+        self._record_replica()
 
-            self.dashboard = EmbeddedDashboard(self)
-            self.events = self.dashboard.tee(events)
-        self.swarm = self._make_swarm() if config.swarm else None
-
-    def _make_swarm(self) -> Swarm:
+    def _build_dashboard(self) -> EmbeddedDashboard | None:
         c = self.config
-        summary = {"model": c.model, **self.model_config.as_dict(), "seed": c.seed}
-        summary |= {"inner_steps": c.inner_steps, "outer": c.outer_optimizer}
-        swarm_config = SwarmConfig(
+        if c.dashboard_port is None:
+            return None
+        # The dashboard sits above node/: imported only when asked for. It sees the node only
+        # through `status()`, and imports nothing of node.runtime.
+        from dashboard.embedded import EmbeddedDashboard
+
+        return EmbeddedDashboard(
+            host=c.dashboard_host,
+            port=c.dashboard_port,
+            token=c.dashboard_token,
             run_id=c.run_id,
-            fingerprint=self.fingerprint,
-            run_summary=summary,
-            identity_path=str(c.identity_path),
-            initial_peers=list(c.peers or []),
-            host_maddrs=listen_maddrs(c.host, c.port),
-            announce_maddrs=list(c.announce or []),
-            use_relay=c.relay,
-            use_auto_relay=c.auto_relay,
-            client_mode=c.client_mode,
-            serve_state=c.serve_state,
-            heartbeat_period_s=c.heartbeat_period,
-            retain_updates=c.retain_updates,
-            gap_wait_s=c.gap_wait,
-            retain_bytes=int(c.retain_mb * 1e6),
-            max_update_bytes=4 * self.num_params + (1 << 16),
-            max_state_bytes=16 * self.num_params + (64 << 20),
+            peer_id=self.peer_id,
+            status=self.status,
         )
+
+    def _build_swarm(self) -> Swarm:
         return Swarm(
-            swarm_config,
+            swarm_config_from(self.config, self.spec, self.num_params),
             self.identity,
             self.replica,
             self.pipeline,
@@ -188,6 +115,44 @@ class Node:
             on_merge=self.report_merge,
             on_event=self.events.emit,
         )
+
+    # ---- figures written from two threads, kept in self.stats ------------------------------
+
+    @property
+    def round(self) -> int:
+        return self.stats.round
+
+    @round.setter
+    def round(self, value: int) -> None:
+        self.stats.set_round(value)
+
+    @property
+    def seq(self) -> int:
+        return self.stats.seq
+
+    @seq.setter
+    def seq(self, value: int) -> None:
+        self.stats.set_seq(value)
+
+    @property
+    def published_seq(self) -> int:
+        return self.stats.published_seq
+
+    @published_seq.setter
+    def published_seq(self, value: int) -> None:
+        self.stats.set_published_seq(value)
+
+    @property
+    def state(self) -> str:
+        return self.stats.state
+
+    @state.setter
+    def state(self, value: str) -> None:
+        self.stats.set_state(value)
+
+    @property
+    def last_round(self) -> LastRound:
+        return self.stats.last_round
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -239,7 +204,7 @@ class Node:
         # A node that rejoins with the same identity continues its seq numbers.
         self.seq = max(self.seq, self.replica.last_seq(self.peer_id), self.swarm.announced_seq())
         self.published_seq = self.seq
-        self._record_sketch()
+        self._record_replica()
         self.swarm.start_gossip()
 
     def _train(self) -> None:
@@ -342,11 +307,7 @@ class Node:
         )
         published = self.seq if result.accepted else None
         self._report_round(stats.loss, stats.tokens, val_loss, timings, t_eval - start, published)
-        self.last_round = {
-            "loss": stats.loss,
-            "val_loss": val_loss,
-            "tokens_per_s": stats.tokens / max(t_eval - start, 1e-9),
-        }
+        self.stats.finish_round(stats.loss, val_loss, stats.tokens / max(t_eval - start, 1e-9))
         return result
 
     def _evaluate_replica(self) -> float | None:
@@ -370,9 +331,8 @@ class Node:
     def report_merge(self, result: MergeResult) -> None:
         """Called for every update, own or peer's, from whichever thread merged it."""
         if result.accepted:
-            self._staleness_sum += result.staleness
-            self._staleness_counts[staleness_bucket(max(0, result.staleness))] += 1
-            self._record_sketch()
+            self.stats.count_merge(result.staleness)
+            self._record_replica()
             self.events.emit(
                 "update_merged",
                 author=result.author,
@@ -425,74 +385,83 @@ class Node:
 
     # ---- what the swarm sees -----------------------------------------------------------------
 
-    def _record_sketch(self) -> None:
+    def _record_replica(self) -> None:
+        """Sketch the replica where it changed (the merging thread), never in a heartbeat."""
         with self.replica.lock:
             digest = self.replica.applied_digest()
-            self._sketches[digest] = self.sketcher(self.replica.params)
-        while len(self._sketches) > 256:
-            self._sketches.popitem(last=False)
+            sketch = self.sketcher(self.replica.params)
+            num_applied = self.replica.num_applied
+            applied = self.replica.applied
+        top = sorted(applied, key=lambda author: len(applied[author]), reverse=True)
+        merged = tuple((author, len(applied[author])) for author in top[:MAX_AUTHORS])
+        self.stats.record_replica(ReplicaView(digest, tuple(sketch), num_applied, merged))
 
     def drift(self) -> float | None:
         """Largest relative distance to a live peer's replica holding the same applied set."""
         if self.swarm is None:
             return None
-        distances = [
-            relative_distance(h.sketch, self._sketches[h.applied_digest])
-            for h in self.swarm.alive_peers()
-            if h.applied_digest in self._sketches
-        ]
-        known = [d for d in distances if d is not None]
-        return round(max(known), 6) if known else None
+        return self.stats.drift(self.swarm.alive_peers())
 
     def heartbeat(self) -> Heartbeat:
-        with self.replica.lock:
-            digest = self.replica.applied_digest()
-            sketch = self.sketcher(self.replica.params)
-            num_applied = self.replica.num_applied
+        """Built from figures kept up to date elsewhere: cheap enough for the swarm's loop."""
+        s = self.stats.snapshot()
         merged = self.pipeline.num_merged
         rejections = dict(self.pipeline.rejections)
         if self.swarm is not None:
-            for reason, count in self.swarm.rejections.items():
+            for reason, count in list(self.swarm.rejections.items()):
                 rejections[reason] = rejections.get(reason, 0) + count
         return Heartbeat(
             peer_id=self.peer_id,
             org=self.config.org,
-            version=_package_version(),
-            device=str(self.device),
-            memory_gb=round(_device_memory_gb(self.device), 1),
-            state=self.state,
-            round=self.round,
-            tokens_per_s=round(float(self.last_round["tokens_per_s"]), 1),
-            loss=self.last_round["loss"],
-            val_loss=self.last_round["val_loss"],
-            num_applied=num_applied,
-            applied_digest=digest,
-            latest_seq=self.published_seq,
-            updates_published=self.published_seq,
+            version=self._host.version,
+            device=self._host.device,
+            memory_gb=self._host.memory_gb,
+            state=s.state,
+            round=s.round,
+            tokens_per_s=round(float(s.last_round.tokens_per_s), 1),
+            loss=s.last_round.loss,
+            val_loss=s.last_round.val_loss,
+            num_applied=s.replica.num_applied,
+            applied_digest=s.replica.applied_digest,
+            latest_seq=s.published_seq,
+            updates_published=s.published_seq,
             updates_merged=merged,
-            staleness_mean=round(self._staleness_sum / max(merged, 1), 4),
+            staleness_mean=round(s.staleness_sum / max(merged, 1), 4),
             drift=self.drift(),
-            sketch=sketch,
+            sketch=list(s.replica.sketch),
             uptime_s=round(time.monotonic() - self._started_at, 1),
             maddrs=self.swarm.visible_maddrs if self.swarm is not None else [],
             serves_state=self.config.serve_state,
             rejections=rejections,
             sent_at=time.time(),
-            merged_by_author=self._merged_counts(num_applied),
-            staleness_histogram=list(self._staleness_counts),
+            merged_by_author=dict(s.replica.merged_by_author),
+            staleness_histogram=list(s.staleness_counts),
             heartbeat_period_s=self.config.heartbeat_period,
             num_lost=self.swarm.num_lost if self.swarm is not None else 0,
         )
 
-    def _merged_counts(self, num_applied: int) -> dict[str, int]:
-        """Updates per author in the applied set (the authors with most first), for goodput."""
-        cached_at, counts = self._merged_by_author
-        if cached_at != num_applied:
-            applied = self.replica.applied
-            top = sorted(applied, key=lambda author: len(applied[author]), reverse=True)
-            counts = {author: len(applied[author]) for author in top[:MAX_AUTHORS]}
-            self._merged_by_author = (num_applied, counts)
-        return counts
+    def status(self) -> NodeStatus:
+        """One read-only picture of the node and the peers it sees (for the dashboard)."""
+        own = self.heartbeat()
+        now = time.time()
+        peers: tuple[PeerSighting, ...] = ()
+        fetches: list[Any] = []
+        if self.swarm is not None:
+            period = self.swarm.config.heartbeat_period_s
+            peers = tuple(
+                PeerSighting(view.heartbeat, view.alive(period), now - view.last_seen)
+                for view in list(self.swarm.peers.values())
+            )
+            fetches = list(self.swarm.fetches)
+        return NodeStatus(
+            run_id=self.config.run_id,
+            fingerprint=self.fingerprint,
+            own=own,
+            peers=peers,
+            fetches=len(fetches),
+            fetched_bytes=sum(f.num_bytes for f in fetches),
+            taken_at=now,
+        )
 
     # ---- checkpoints -----------------------------------------------------------------------
 
@@ -524,22 +493,10 @@ class Node:
             raise CheckpointError(f"checkpoint in {path} is damaged ({exc})") from None
         # A node that rejoins with the same identity continues its seq numbers.
         self.seq = max(own_seq, self.replica.last_seq(self.peer_id), 0)
+        self._record_replica()
         self.events.emit(
             "resumed",
             path=str(self.config.checkpoint_path),
             round=self.round,
             num_applied=self.replica.num_applied,
         )
-
-
-def _package_version() -> str:
-    try:
-        return version("diloco-node")
-    except PackageNotFoundError:
-        return "0+unknown"
-
-
-def _device_memory_gb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory / 2**30
-    return psutil.virtual_memory().total / 2**30

@@ -1,0 +1,35 @@
+"""One read-only picture of a running node, for whatever shows it (the embedded dashboard).
+
+A leaf module: readers depend on this, never on `node.runtime`, so nothing above the node
+(dashboard/) needs the Node class and the node never hands out its mutable insides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dht.heartbeat import Heartbeat
+
+
+@dataclass(frozen=True)
+class PeerSighting:
+    """A peer as this node's swarm last saw it."""
+
+    heartbeat: Heartbeat
+    alive: bool
+    last_seen_s: float
+    """Seconds since its last heartbeat arrived."""
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    run_id: str
+    fingerprint: str
+    own: Heartbeat
+    """This node's heartbeat, built now (unsigned)."""
+    peers: tuple[PeerSighting, ...]
+    fetches: int
+    """Update payloads fetched from peers (bounded history)."""
+    fetched_bytes: int
+    taken_at: float
+    """Unix time of the snapshot."""

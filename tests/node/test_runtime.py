@@ -1,0 +1,69 @@
+"""The node's structure: heartbeats and status are cheap reads of figures kept elsewhere."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from node.config import JoinConfig
+from node.events import RecordingEventLog
+from node.runtime import Node
+
+SMALL_CORPUS = str(Path(torch.__file__).parent / "functional.py")
+
+
+def offline_node(tmp_path: Path, **overrides: object) -> Node:
+    config = JoinConfig(
+        **{
+            "model": "tiny",
+            "data": SMALL_CORPUS,
+            "inner_steps": 2,
+            "batch_size": 2,
+            "eval_batches": 1,
+            "threads": 1,
+            "identity": str(tmp_path / "id.key"),
+            "checkpoint_dir": str(tmp_path / "ckpt"),
+            "log_format": "json",
+            "swarm": False,
+            **overrides,
+        }  # type: ignore[arg-type]
+    )
+    return Node(config, RecordingEventLog())
+
+
+class CountingSketcher:
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+        self.calls = 0
+
+    def __call__(self, params: torch.Tensor) -> list[float]:
+        self.calls += 1
+        return self.inner(params)  # type: ignore[operator, no-any-return]
+
+
+def test_heartbeats_reuse_the_sketch_taken_when_the_replica_changed(tmp_path: Path) -> None:
+    node = offline_node(tmp_path)
+    sketcher = CountingSketcher(node.sketcher)
+    node.sketcher = sketcher  # type: ignore[assignment]
+    for _ in range(5):
+        node.heartbeat()
+    assert sketcher.calls == 0, "a heartbeat sketched the replica (heavy work on the swarm loop)"
+
+    node.run_round()
+    beat = node.heartbeat()
+    assert sketcher.calls == 1  # once, where the own update was merged
+    assert beat.num_applied == node.replica.num_applied == 1
+    assert beat.applied_digest == node.replica.applied_digest()
+    assert beat.sketch == sketcher.inner(node.replica.params)  # type: ignore[operator]
+    assert beat.round == 1 and beat.latest_seq == 0  # offline: nothing published
+    assert beat.merged_by_author == {node.peer_id: 1}
+
+
+def test_status_is_one_snapshot_of_the_node(tmp_path: Path) -> None:
+    node = offline_node(tmp_path)
+    node.run_round()
+    status = node.status()
+    assert status.run_id == node.config.run_id and status.fingerprint == node.fingerprint
+    assert status.own.round == 1 and status.own.loss is not None
+    assert status.peers == () and status.fetches == 0
