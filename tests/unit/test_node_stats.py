@@ -7,6 +7,7 @@ import sys
 import threading
 
 from dht.heartbeat import Heartbeat
+from merge.identity import Identity
 from node.stats import NodeStats, ReplicaView
 from tests.conftest import REPO
 
@@ -31,10 +32,12 @@ def test_merges_counted_from_two_threads_are_all_kept() -> None:
 
 def test_drift_compares_only_replicas_with_an_applied_set_we_held() -> None:
     stats = NodeStats()
-    stats.record_replica(ReplicaView("aaa", (1.0, 0.0), 1, ()))
-    stats.record_replica(ReplicaView("bbb", (0.0, 2.0), 2, ()))
-    same = Heartbeat(peer_id="p1", applied_digest="aaa", sketch=[1.1, 0.0])
-    unknown = Heartbeat(peer_id="p2", applied_digest="zzz", sketch=[9.0, 9.0])
+    a, b, z = "a" * 64, "b" * 64, "f" * 64
+    stats.record_replica(ReplicaView(a, (1.0, 0.0), 1, ()))
+    stats.record_replica(ReplicaView(b, (0.0, 2.0), 2, ()))
+    p1, p2 = Identity.generate().peer_id, Identity.generate().peer_id
+    same = Heartbeat(peer_id=p1, applied_digest=a, sketch=[1.1, 0.0])
+    unknown = Heartbeat(peer_id=p2, applied_digest=z, sketch=[9.0, 9.0])
     assert stats.drift([unknown]) is None
     assert stats.drift([same, unknown]) == 0.1
     assert stats.snapshot().replica.num_applied == 2
