@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +58,48 @@ class RoundTimings:
         return self.encode_s + self.seal_s + self.merge_s
 
 
+class _Resketcher:
+    """Sketches the replica on its own thread whenever told it changed.
+
+    The swarm reports peer merges from its event loop; sketching there would stall heartbeats
+    and gossip. Until started (offline, or before joining) the caller sketches in place.
+    """
+
+    def __init__(self, record: Callable[[], None]) -> None:
+        self._record = record
+        self._dirty = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="resketch", daemon=True)
+        self._thread.start()
+
+    def changed(self) -> bool:
+        """Ask for a new sketch; False if the thread is not running (sketch in place then)."""
+        if self._thread is None or self._closed:
+            return False
+        self._dirty.set()
+        return True
+
+    def stop(self) -> None:
+        self._closed = True
+        self._dirty.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while True:
+            self._dirty.wait()
+            if self._closed:
+                return
+            self._dirty.clear()
+            try:
+                self._record()
+            except Exception:  # a failed sketch must not end the node's sketching
+                logger.exception("sketching the replica failed")
+
+
 class Node:
     """One learner with its replica of the global model."""
 
@@ -86,6 +129,7 @@ class Node:
         self.dashboard = self._build_dashboard()
         self.events = self.dashboard.tee(events) if self.dashboard is not None else events
         self.swarm = self._build_swarm() if config.swarm else None
+        self._resketcher = _Resketcher(self._record_replica)
         self._record_replica()
 
     def _build_dashboard(self) -> EmbeddedDashboard | None:
@@ -172,6 +216,7 @@ class Node:
                 self.dashboard.stop()
             if self.swarm is not None:
                 self.swarm.shutdown()
+            self._resketcher.stop()
 
     def _start_dashboard(self) -> None:
         """Once the swarm's DHT process has forked: no server thread may hold a lock then."""
@@ -205,6 +250,7 @@ class Node:
         self.seq = max(self.seq, self.replica.last_seq(self.peer_id), self.swarm.announced_seq())
         self.published_seq = self.seq
         self._record_replica()
+        self._resketcher.start()  # after the DHT's fork: no thread of ours may exist then
         self.swarm.start_gossip()
 
     def _train(self) -> None:
@@ -332,7 +378,8 @@ class Node:
         """Called for every update, own or peer's, from whichever thread merged it."""
         if result.accepted:
             self.stats.count_merge(result.staleness)
-            self._record_replica()
+            if not self._resketcher.changed():
+                self._record_replica()
             self.events.emit(
                 "update_merged",
                 author=result.author,
