@@ -99,13 +99,18 @@ class OuterOptimizer(ABC):
     def _weighted(
         self, params: torch.Tensor, pseudo_gradient: torch.Tensor, weight: float, learners: int
     ) -> torch.Tensor:
+        self._check_step(params, pseudo_gradient, weight, learners)
+        return pseudo_gradient * weight
+
+    def _check_step(
+        self, params: torch.Tensor, pseudo_gradient: torch.Tensor, weight: float, learners: int
+    ) -> None:
         _check_flat("params", params, self.numel)
         _check_flat("pseudo_gradient", pseudo_gradient, self.numel)
         if not isinstance(weight, int | float) or not (math.isfinite(weight) and weight >= 0):
             raise ValueError(f"update weight must be a finite number >= 0, got {weight!r}.")
         if type(learners) is not int or learners < 1:
             raise ValueError(f"learners must be an integer >= 1, got {learners!r}.")
-        return pseudo_gradient * weight
 
 
 @dataclass(frozen=True)
@@ -170,15 +175,16 @@ class DelayedNesterov(OuterOptimizer):
         self.delay = delay
         self._acc = torch.zeros(numel, dtype=torch.float32)
         self._progress = 0.0
+        self._direction: torch.Tensor | None = None
 
     def step(
         self, params: torch.Tensor, pseudo_gradient: torch.Tensor, weight: float, learners: int = 1
     ) -> None:
-        g = self._weighted(params, pseudo_gradient, weight, learners)
+        self._check_step(params, pseudo_gradient, weight, learners)
         share = 1.0 / (self.delay or learners)
-        g.mul_(share)
-        self._acc.add_(g)
-        params.add_(g, alpha=-self.lr)
+        # Scaled on the fly: no temporary the size of the model (the merge path's cost).
+        self._acc.add_(pseudo_gradient, alpha=weight * share)
+        params.add_(pseudo_gradient, alpha=-self.lr * weight * share)
         self._count += 1
         self._progress += share
         if self._progress >= 1.0 - _ROUND_TOLERANCE:
@@ -190,8 +196,18 @@ class DelayedNesterov(OuterOptimizer):
                 self._progress = 0.0
 
     def momentum_direction(self) -> torch.Tensor | None:
-        """The momentum plus the updates not yet folded into it."""
-        return self._buf + self._acc if self._count else None  # _acc holds scaled shares
+        """The momentum plus the updates not yet folded into it (_acc holds scaled shares).
+
+        A buffer reused by the next call: read it under the replica's lock, never write it.
+        (Allocating a model-sized tensor per merged update costs more than the sum itself.)
+        """
+        if not self._count:
+            return None
+        if self._progress == 0.0:
+            return self._buf
+        if self._direction is None:
+            self._direction = torch.empty_like(self._buf)
+        return torch.add(self._buf, self._acc, out=self._direction)
 
     def state_dict(self) -> dict[str, object]:
         return {**super().state_dict(), "acc": self._acc.clone(), "progress": self._progress}

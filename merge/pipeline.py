@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
 import logging
 import math
 import re
@@ -23,7 +22,14 @@ import torch
 
 from merge.codecs import CODECS, CodecError, get_codec
 from merge.correction import CorrectionConfig, correct
-from merge.envelope import EnvelopeError, SignedHeader, SignedUpdate, UpdateHeader, verify_header
+from merge.envelope import (
+    EnvelopeError,
+    SignedHeader,
+    SignedUpdate,
+    UpdateHeader,
+    payload_matches,
+    verify_header,
+)
 from merge.outer import OuterConfig
 from merge.replica import Replica
 from merge.robust import RobustConfig, RobustFilter, Verdict
@@ -172,10 +178,12 @@ class UpdatePipeline:
             corrected = correct(self.config.correction, pseudo_gradient, header.staleness, momentum)
             # Judged after the staleness correction: what remains hostile once an honest stale
             # update's conflict with the momentum has been corrected is refused.
-            verdict = self._robust_verdict(header, corrected.pseudo_gradient)
+            unchanged = corrected.pseudo_gradient is pseudo_gradient
+            norm = update_norm if unchanged else None
+            verdict = self._robust_verdict(header, corrected.pseudo_gradient, norm)
             self.replica.apply(header, corrected.pseudo_gradient, weight)
             self.robust.accepted(verdict)
-            self._payloads[header.update_id] = header.payload_sha256
+            self._payloads[header.update_id] = header.payload_digest
         return weight, corrected.blocks_corrected
 
     def _trust_reason(self, h: UpdateHeader) -> str | None:
@@ -187,12 +195,15 @@ class UpdatePipeline:
         if h.seq > max(self.replica.last_seq(h.author), 0) + self.config.max_seq_jump:
             return "seq_too_far"
         applied = self._payloads.get(h.update_id)
-        if applied is not None and applied != h.payload_sha256:
+        if applied is not None and applied != h.payload_digest:
             return "equivocation"  # the same id with another payload: never applied twice
         return None
 
-    def _robust_verdict(self, header: UpdateHeader, pseudo_gradient: torch.Tensor) -> Verdict:
-        verdict = self.robust.judge(pseudo_gradient, self.replica.outer.momentum_direction())
+    def _robust_verdict(
+        self, header: UpdateHeader, pseudo_gradient: torch.Tensor, norm: float | None
+    ) -> Verdict:
+        momentum = self.replica.outer.momentum_direction()
+        verdict = self.robust.judge(pseudo_gradient, momentum, norm)
         if verdict.reason is not None:
             logger.warning(
                 "%s#%d: %s (norm %.4g, median %s, cosine %s)",
@@ -258,7 +269,7 @@ def learners_of(header: UpdateHeader) -> int:
 def _decode_payload(update: SignedUpdate) -> tuple[torch.Tensor, float]:
     """The pseudo-gradient (possibly aliasing the payload: read-only) and its finite norm."""
     header = update.header
-    if hashlib.sha256(update.payload).hexdigest() != header.payload_sha256:
+    if not payload_matches(header, update.payload):
         raise _Rejected("payload_hash_mismatch")
     try:
         pseudo_gradient = get_codec(header.codec).decode_view(update.payload, header.numel)

@@ -79,9 +79,16 @@ class RobustFilter:
         self.config = config
         self._norms: deque[float] = deque(maxlen=config.window)
 
-    def judge(self, pseudo_gradient: torch.Tensor, momentum: torch.Tensor | None) -> Verdict:
-        """The verdict on one decoded, finite update; pure: it changes no state."""
-        norm = float(torch.linalg.vector_norm(pseudo_gradient))
+    def judge(
+        self,
+        pseudo_gradient: torch.Tensor,
+        momentum: torch.Tensor | None,
+        norm: float | None = None,
+    ) -> Verdict:
+        """The verdict on one decoded, finite update (of ``norm``, when the caller has it);
+        pure: it changes no state."""
+        if norm is None:
+            norm = float(torch.linalg.vector_norm(pseudo_gradient))
         median = self.median_norm()
         cosine = _cosine(pseudo_gradient, norm, momentum)
         reason = None

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import blake3
 import pytest
 
 from merge.envelope import (
@@ -55,7 +56,8 @@ def test_seal_fills_author_hash_and_counters() -> None:
     header = update.header
 
     assert header.author == ALICE.peer_id
-    assert header.payload_sha256 == hashlib.sha256(update.payload).hexdigest()
+    assert header.payload_blake3 == blake3.blake3(update.payload).hexdigest()
+    assert header.payload_sha256 is None and header.version == 3
     assert header.staleness == 3
     assert header.update_id == (ALICE.peer_id, 7)
     verify(update)
@@ -65,7 +67,7 @@ def test_canonical_bytes_are_sorted_compact_json_with_version() -> None:
     header = make_update().header
     decoded = json.loads(header.canonical_bytes())
 
-    assert decoded["v"] == 2 and decoded["learners"] == 1
+    assert decoded["v"] == 3 and decoded["learners"] == 1 and "payload_sha256" not in decoded
     assert list(decoded) == sorted(decoded)
     assert b" " not in header.canonical_bytes()
     assert UpdateHeader.from_dict(decoded) == header
@@ -170,7 +172,8 @@ def wrap_header_json(header_json: bytes, signature: bytes = bytes(64)) -> bytes:
         lambda d: d.update(seq=1.0),
         lambda d: d.update(tokens="5"),
         lambda d: d.update(loss="nan"),
-        lambda d: d.update(v=3),
+        lambda d: d.update(v=4),
+        lambda d: d.update(v=2),  # a v2 header binds its payload by SHA-256
         lambda d: d.update(v=1),  # a v1 header has no learners
         lambda d: d.pop("learners"),  # a v2 header has them
         lambda d: d.update(learners=True),
@@ -180,7 +183,9 @@ def wrap_header_json(header_json: bytes, signature: bytes = bytes(64)) -> bytes:
         lambda d: d.update(extra=1),
         lambda d: d.pop("codec"),
         lambda d: d.update(fingerprint="ab" * 31),
-        lambda d: d.update(payload_sha256="G" * 64),
+        lambda d: d.update(payload_sha256="0" * 64),  # v3 has BLAKE3 only
+        lambda d: d.update(payload_blake3="G" * 64),
+        lambda d: d.update(payload_blake3=None),
         lambda d: d.update(author="x" * 129),
         lambda d: d.update(codec="c" * 17),
         lambda d: d.update(numel=2**70),
@@ -218,8 +223,32 @@ def test_non_finite_loss_survives_the_wire_for_the_pipeline_to_reject() -> None:
     assert SignedHeader.from_bytes(SignedHeader(update, bytes(64)).to_bytes()).header == update
 
 
+def sha256_header(update: SignedUpdate, version: int) -> UpdateHeader:
+    """The update's header as a v1 or v2 author wrote it: payload bound by SHA-256."""
+    learners = None if version == 1 else update.header.learners
+    sha = hashlib.sha256(update.payload).hexdigest()
+    return dataclasses.replace(
+        update.header, payload_blake3=None, payload_sha256=sha, learners=learners
+    )
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_sha256_versions_still_verify_and_catch_a_changed_payload(version: int) -> None:
+    update = make_update()
+    header = sha256_header(update, version)
+    old = SignedUpdate(header, ALICE.sign(header.canonical_bytes()), update.payload)
+
+    parsed = SignedUpdate.from_bytes(old.to_bytes())
+    tampered = SignedUpdate(header, old.signature, bytes(len(update.payload)))
+
+    assert parsed == old and parsed.header.version == version
+    assert parsed.header.payload_digest == f"sha256:{header.payload_sha256}"
+    verify(parsed)
+    assert reason_of(lambda: verify(tampered)) == "payload_hash_mismatch"
+
+
 def test_version_1_headers_stay_valid_and_keep_their_bytes() -> None:
-    v1 = dataclasses.replace(make_update().header, learners=None)
+    v1 = sha256_header(make_update(), 1)
     signed = SignedHeader(v1, ALICE.sign(v1.canonical_bytes()))
 
     parsed = SignedHeader.from_bytes(signed.to_bytes())

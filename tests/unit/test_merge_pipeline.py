@@ -267,7 +267,8 @@ def test_a_round_of_m_equal_updates_is_one_sync_diloco_step(kind: str, learners:
 def test_a_version_1_update_counts_as_one_learner() -> None:
     pipeline = make_pipeline()
     update = make_update()
-    v1 = dataclasses.replace(update.header, learners=None)
+    sha = hashlib.sha256(update.payload).hexdigest()
+    v1 = dataclasses.replace(update.header, learners=None, payload_blake3=None, payload_sha256=sha)
     old = SignedUpdate(v1, ALICE.sign(v1.canonical_bytes()), update.payload)
 
     result = pipeline.submit(old)
