@@ -1,0 +1,171 @@
+"""Strict parsers for what peers send besides heartbeats: headers, DHT records, state manifests.
+
+Everything a peer hands this node (a notify stream, a DHT announcement, a holder or run
+record, the manifest at the head of a state stream) goes through one of these functions
+before anything reads it. Each checks the size first (before it allocates or decodes),
+parses into a strict typed model, and raises :class:`MessageError` with a reason that the
+caller counts per peer; nothing else escapes, whatever the bytes (fuzzed in
+tests/unit/test_messages.py).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from merge.envelope import MAX_HEADER_JSON_BYTES, EnvelopeError, SignedHeader, verify_header
+
+MAX_SIGNED_HEADER_BYTES = 8 + MAX_HEADER_JSON_BYTES + 64
+MAX_SEQ = 2**53
+MAX_RUN_SUMMARY_BYTES = 4096
+MAX_STATE_META_BYTES = 64 << 20
+MAX_STATE_TENSORS = 64
+MAX_TENSOR_DIMS = 8
+MAX_TENSOR_DIM = 1 << 40
+REASONS = ("malformed", "bad_signature", "too_large", "wrong_author")
+
+PeerId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[1-9A-HJ-NP-Za-km-z]+$")]
+Seq = Annotated[int, Field(ge=0, le=MAX_SEQ)]
+Hex64 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class MessageError(ValueError):
+    """A peer's message that this node refuses; ``reason`` is what the rejection is counted as."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        assert reason in REASONS, reason
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, frozen=True, extra="forbid")
+
+
+M = TypeVar("M", bound=_Strict)
+_ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8}
+
+
+# ---- update headers (notify streams and DHT announcements) ------------------------------------
+
+
+def parse_signed_header(
+    blob: object, *, author: str | None = None, seq: int | None = None
+) -> SignedHeader:
+    """A header as received, its signature verified; checked against the key it came under.
+
+    Nothing about an author may be stored or marked before this returns: a header that names
+    an author it is not signed by is refused here, on every path.
+    """
+    if not isinstance(blob, bytes):
+        raise MessageError("malformed", "a header is bytes")
+    if len(blob) > MAX_SIGNED_HEADER_BYTES:
+        raise MessageError("too_large", f"header of {len(blob)} bytes")
+    try:
+        signed = SignedHeader.from_bytes(blob)
+        verify_header(signed)
+    except EnvelopeError as exc:
+        reason = "bad_signature" if exc.reason == "bad_signature" else "malformed"
+        raise MessageError(reason, str(exc)) from None
+    header = signed.header
+    if (author is not None and header.author != author) or (seq is not None and header.seq != seq):
+        raise MessageError("wrong_author", "the header disagrees with the key it was found under")
+    return signed
+
+
+# ---- DHT records --------------------------------------------------------------------------------
+
+
+class HolderRecord(_Strict):
+    """`holders/AUTHOR` subkey "SEQ:HOLDER": HOLDER retains AUTHOR's update SEQ."""
+
+    seq: Annotated[int, Field(ge=1, le=MAX_SEQ)]
+    holder: PeerId
+
+
+def parse_holder(subkey: object, value: object) -> HolderRecord:
+    if not isinstance(subkey, str) or len(subkey) > 160 or value is not True:
+        raise MessageError("malformed", "holder records are 'SEQ:PEER_ID' -> true")
+    seq, _, holder = subkey.partition(":")
+    if not seq.isascii() or not seq.isdigit() or len(seq) > 16:
+        raise MessageError("malformed", "holder record seq is not a number")
+    return _validated(HolderRecord, {"seq": int(seq), "holder": holder})
+
+
+class RunRecord(_Strict):
+    """`diloco-run/RUN_ID` subkey FINGERPRINT -> the run's settings as JSON (shown to people)."""
+
+    fingerprint: Hex64
+    summary: dict[str, str | int | float | bool | None]
+
+
+def parse_run_record(subkey: object, value: object) -> RunRecord:
+    if not isinstance(value, str) or len(value) > MAX_RUN_SUMMARY_BYTES:
+        raise MessageError("malformed", "a run record is a JSON string of at most 4 KiB")
+    try:
+        summary = json.loads(value)
+    except (ValueError, RecursionError):
+        raise MessageError("malformed", "a run record is not JSON") from None
+    return _validated(RunRecord, {"fingerprint": subkey, "summary": summary})
+
+
+def parse_announced_seq(subkey: object) -> int:
+    """`updates/AUTHOR` subkeys are seqs."""
+    if type(subkey) is not int or not 0 <= subkey <= MAX_SEQ:
+        raise MessageError("malformed", "an announcement's subkey is its seq")
+    return subkey
+
+
+# ---- state manifests ----------------------------------------------------------------------------
+
+
+class TensorEntry(_Strict):
+    dtype: Literal["float32", "float16", "bfloat16", "int64"]
+    shape: Annotated[
+        list[Annotated[int, Field(ge=0, lt=MAX_TENSOR_DIM)]], Field(max_length=MAX_TENSOR_DIMS)
+    ]
+
+    @property
+    def nbytes(self) -> int:
+        numel = 1
+        for size in self.shape:
+            numel *= size
+        return numel * _ITEM_BYTES[self.dtype]
+
+
+class StateManifest(_Strict):
+    """The head of a state stream: the replica's JSON tree and the tensors that follow it."""
+
+    tree: dict[str, object]
+    tensors: Annotated[list[TensorEntry], Field(max_length=MAX_STATE_TENSORS)]
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+
+def parse_state_manifest(raw: object, *, max_state_bytes: int) -> StateManifest:
+    """The manifest of a state stream; its announced tensors are sized before any is read."""
+    if not isinstance(raw, bytes | bytearray):
+        raise MessageError("malformed", "a state manifest is bytes")
+    if len(raw) > MAX_STATE_META_BYTES:
+        raise MessageError("too_large", f"state manifest of {len(raw)} bytes")
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise MessageError("malformed", "the state manifest is not JSON") from None
+    manifest = _validated(StateManifest, data)
+    if manifest.num_bytes > max_state_bytes:
+        raise MessageError("too_large", f"state of {manifest.num_bytes} bytes exceeds the cap")
+    return manifest
+
+
+def _validated(model: type[M], data: object) -> M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or model.__name__
+        raise MessageError("malformed", f"{model.__name__} {where}: {first['msg']}") from None

@@ -1,0 +1,165 @@
+"""Every decoder of peer input raises only the project's own error, whatever the bytes.
+
+Property-based (hypothesis): arbitrary bytes, and valid messages with bytes mutated, through
+the envelope, the header parser, the codecs, DHT records and the state manifest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dht.messages import (
+    MessageError,
+    parse_holder,
+    parse_run_record,
+    parse_signed_header,
+    parse_state_manifest,
+)
+from merge.codecs import CODECS, CodecError, get_codec
+from merge.envelope import EnvelopeError, SignedUpdate, seal
+from merge.identity import Identity
+
+FAST = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+ALICE, MALLORY = Identity.generate(), Identity.generate()
+FINGERPRINT = hashlib.sha256(b"run").hexdigest()
+PAYLOAD = get_codec("fp32").encode(torch.arange(8, dtype=torch.float32))
+
+
+def sealed(identity: Identity = ALICE, seq: int = 3) -> SignedUpdate:
+    """The same bytes on every call (hypothesis replays its examples)."""
+    return seal(
+        identity, fingerprint=FINGERPRINT, seq=seq, base_applied=0, published_applied=1,
+        inner_steps=1, tokens=10, loss=1.0, codec="fp32", numel=8, payload=PAYLOAD, created_at=1.0,
+    )  # fmt: skip
+
+
+def mutate(data: bytes, draw: st.DataObject) -> bytes:
+    index = draw.draw(st.integers(0, len(data) - 1))
+    return data[:index] + draw.draw(st.binary(max_size=6)) + data[index + 1 :]
+
+
+def test_a_signed_header_parses_and_is_bound_to_its_key() -> None:
+    blob = sealed().signed_header.to_bytes()
+    assert parse_signed_header(blob, author=ALICE.peer_id, seq=3).header.seq == 3
+    with pytest.raises(MessageError) as raised:
+        parse_signed_header(blob, author=MALLORY.peer_id)
+    assert raised.value.reason == "wrong_author"
+
+
+def test_a_header_in_another_authors_name_is_refused_before_anything_stores_it() -> None:
+    forged = sealed(MALLORY)
+    header = forged.header.__class__(**{**forged.header.__dict__, "author": ALICE.peer_id})
+    blob = type(forged.signed_header)(header, forged.signature).to_bytes()
+    with pytest.raises(MessageError) as raised:
+        parse_signed_header(blob)
+    assert raised.value.reason == "bad_signature"
+
+
+def test_an_oversized_header_is_refused_before_it_is_parsed() -> None:
+    with pytest.raises(MessageError) as raised:
+        parse_signed_header(b"DLH1" + bytes(10_000))
+    assert raised.value.reason == "too_large"
+
+
+@FAST
+@given(st.binary(max_size=600))
+def test_arbitrary_bytes_as_a_header(blob: bytes) -> None:
+    with pytest.raises(MessageError):
+        parse_signed_header(blob)
+
+
+@FAST
+@given(st.data())
+def test_mutated_headers_raise_only_message_errors(data: st.DataObject) -> None:
+    blob = mutate(sealed().signed_header.to_bytes(), data)
+    with contextlib.suppress(MessageError):
+        parse_signed_header(blob)
+
+
+@FAST
+@given(st.data())
+def test_mutated_envelopes_raise_only_envelope_errors(data: st.DataObject) -> None:
+    blob = mutate(sealed().to_bytes(), data)
+    with contextlib.suppress(EnvelopeError):
+        SignedUpdate.from_bytes(blob)
+
+
+@FAST
+@given(st.sampled_from(sorted(CODECS)), st.binary(max_size=256), st.integers(-5, 300))
+def test_codecs_decode_arbitrary_bytes_or_raise_codec_errors(
+    name: str, payload: bytes, numel: int
+) -> None:
+    try:
+        decoded = get_codec(name).decode(payload, numel)
+    except CodecError:
+        return
+    assert decoded.shape == (numel,) and decoded.dtype == torch.float32
+
+
+def test_an_unknown_codec_is_a_codec_error() -> None:
+    with pytest.raises(CodecError):
+        get_codec("int3")
+
+
+@FAST
+@given(st.text(max_size=200) | st.integers() | st.none(), st.booleans() | st.text(max_size=5))
+def test_holder_records_raise_only_message_errors(subkey: object, value: object) -> None:
+    try:
+        record = parse_holder(subkey, value)
+    except MessageError:
+        return
+    assert record.seq >= 1 and record.holder
+
+
+def test_a_holder_record_parses() -> None:
+    record = parse_holder(f"7:{ALICE.peer_id}", True)
+    assert (record.seq, record.holder) == (7, ALICE.peer_id)
+
+
+@FAST
+@given(st.text(max_size=80) | st.integers(), st.text(max_size=300) | st.binary(max_size=30))
+def test_run_records_raise_only_message_errors(subkey: object, value: object) -> None:
+    with contextlib.suppress(MessageError):
+        parse_run_record(subkey, value)
+
+
+def test_a_run_record_parses_and_huge_ones_are_refused() -> None:
+    record = parse_run_record(FINGERPRINT, json.dumps({"model": "tiny", "seed": 0}))
+    assert record.summary["model"] == "tiny"
+    with pytest.raises(MessageError):
+        parse_run_record(FINGERPRINT, json.dumps({"x": "y" * 5000}))
+
+
+MANIFEST = json.dumps(
+    {"tree": {"params": {"__tensor__": 0}, "num_applied": 3},
+     "tensors": [{"dtype": "float32", "shape": [8]}]}
+).encode()  # fmt: skip
+
+
+def test_a_state_manifest_is_sized_before_any_tensor_is_read() -> None:
+    assert parse_state_manifest(MANIFEST, max_state_bytes=1024).num_bytes == 32
+    huge = json.dumps({"tree": {}, "tensors": [{"dtype": "float32", "shape": [1 << 39, 4]}]})
+    with pytest.raises(MessageError) as raised:
+        parse_state_manifest(huge.encode(), max_state_bytes=1 << 30)
+    assert raised.value.reason == "too_large"
+
+
+@FAST
+@given(st.data())
+def test_mutated_state_manifests_raise_only_message_errors(data: st.DataObject) -> None:
+    with contextlib.suppress(MessageError):
+        parse_state_manifest(mutate(MANIFEST, data), max_state_bytes=1 << 20)
+
+
+@FAST
+@given(st.binary(max_size=300))
+def test_arbitrary_bytes_as_a_state_manifest(blob: bytes) -> None:
+    with pytest.raises(MessageError):
+        parse_state_manifest(blob, max_state_bytes=1 << 20)

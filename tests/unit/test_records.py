@@ -1,0 +1,53 @@
+"""OwnerValidator on its own: a protected record is valid only as its owner signed it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hivemind.dht.validation import DHTRecord
+from hivemind.utils import MSGPackSerializer
+
+from dht.records import OwnerValidator, owner_subkey, subkey_owner
+from merge.identity import Identity
+
+OWNER, OTHER = Identity.generate(), Identity.generate()
+
+
+def record(identity: Identity, value: bytes = b"beat", expiration: float = 100.0) -> DHTRecord:
+    subkey = MSGPackSerializer.dumps(owner_subkey(identity.peer_id))
+    return DHTRecord(b"key-id", subkey, value, expiration)
+
+
+def signed(identity: Identity, **changes: object) -> DHTRecord:
+    plain = record(identity)
+    value = OwnerValidator(identity).sign_value(plain)
+    return dataclasses.replace(plain, value=value, **changes)  # type: ignore[arg-type]
+
+
+def test_the_owner_signs_and_everyone_validates_and_strips() -> None:
+    reader = OwnerValidator()
+    good = signed(OWNER)
+    assert reader.validate(good) and reader.strip_value(good) == b"beat"
+
+
+def test_tampering_with_value_expiration_or_key_invalidates_it() -> None:
+    reader = OwnerValidator()
+    good = signed(OWNER)
+    assert not reader.validate(dataclasses.replace(good, value=b"x" + good.value))
+    assert not reader.validate(dataclasses.replace(good, expiration_time=10**9))
+    assert not reader.validate(dataclasses.replace(good, key=b"other-key"))
+
+
+def test_nobody_else_can_write_or_sign_the_owners_subkey() -> None:
+    reader = OwnerValidator()
+    assert not reader.validate(record(OWNER))  # unsigned
+    assert OwnerValidator(OTHER).sign_value(record(OWNER)) == b"beat"  # refuses to sign
+    theirs = signed(OTHER)
+    assert not reader.validate(dataclasses.replace(theirs, subkey=record(OWNER).subkey))
+
+
+def test_unprotected_records_pass_untouched() -> None:
+    plain = DHTRecord(b"k", MSGPackSerializer.dumps("fingerprint"), b"v", 1.0)
+    assert OwnerValidator(OWNER).validate(plain)
+    assert OwnerValidator(OWNER).sign_value(plain) == b"v"
+    assert subkey_owner("fingerprint") is None and subkey_owner(7) is None
