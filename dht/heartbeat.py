@@ -35,7 +35,7 @@ MAX_LOSS = 1e6
 MAX_SKETCH = 256
 MAX_MADDRS = 16
 MAX_REJECTION_REASONS = 64
-REASONS = ("malformed", "bad_signature", "wrong_peer", "too_large")
+REASONS = ("malformed", "bad_signature", "wrong_peer", "too_large", "not_allowed")
 
 PeerId = Annotated[str, Field(min_length=1, max_length=128)]
 Label = Annotated[str, Field(max_length=64)]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from dht.heartbeat import Heartbeat, HeartbeatError
 from dht.network import Rejections, RunMismatchError, SwarmNetwork
+from dht.records import owner_subkey, subkey_owner
 from merge.identity import Identity
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,8 @@ class Membership:
         self._reject = reject
         self._on_event = on_event
         self._bad_heartbeats = _SeenSet(4096)
+        self.admit: Callable[[str], bool] | None = None
+        """Permissioned runs: whether a peer may take part (None: anyone may)."""
 
     def alive_peers(self) -> list[Heartbeat]:
         period = self.config.heartbeat_period_s
@@ -73,8 +76,12 @@ class Membership:
     async def send_heartbeat(self) -> None:
         heartbeat = self._heartbeat_fn()
         ttl = 3 * self.config.heartbeat_period_s
+        # An owner subkey: only this node's key can write it (dht.records.OwnerValidator).
         await self.network.dht_store(
-            f"{self.config.prefix}/peers", self.peer_id, heartbeat.sign(self.identity), ttl
+            f"{self.config.prefix}/peers",
+            owner_subkey(self.peer_id),
+            heartbeat.sign(self.identity),
+            ttl,
         )
         await self.network.dht_store(
             f"diloco-run/{self.config.run_id}",
@@ -88,26 +95,42 @@ class Membership:
         records = await self.network.dht_get(f"{self.config.prefix}/peers")
         now = time.time()
         seen: list[Heartbeat] = []
-        for peer_id, blob in records.items():
-            if peer_id == self.peer_id or not isinstance(peer_id, str):
-                continue
-            try:
-                heartbeat = Heartbeat.verify(blob, peer_id)
-            except HeartbeatError as exc:
-                if self._bad_heartbeats.add(hash(blob) if isinstance(blob, bytes) else 0):
-                    self._reject("bad_heartbeat", peer_id, str(exc))
-                continue
-            self._see_peer(heartbeat, now)
-            seen.append(heartbeat)
+        for subkey, blob in records.items():
+            heartbeat = self._parse(subkey, blob)
+            if heartbeat is not None:
+                self._see_peer(heartbeat, now)
+                seen.append(heartbeat)
         self._forget_dead_peers()
         return seen
 
+    def _parse(self, subkey: object, blob: object) -> Heartbeat | None:
+        """The verified heartbeat of the peer owning `subkey`; each bad record counted once."""
+        peer_id = subkey_owner(subkey)
+        if peer_id == self.peer_id:
+            return None
+        try:
+            if peer_id is None:
+                raise HeartbeatError("malformed", "a heartbeat record's subkey names no owner")
+            if self.admit is not None and not self.admit(peer_id):
+                raise HeartbeatError("not_allowed", "the peer is not in the allow list")
+            return Heartbeat.verify(blob, peer_id)
+        except HeartbeatError as exc:
+            if self._bad_heartbeats.add(
+                hash((str(subkey), blob if isinstance(blob, bytes) else 0))
+            ):
+                reason = "not_allowed" if exc.reason == "not_allowed" else f"heartbeat_{exc.reason}"
+                self._reject(reason, peer_id or str(subkey)[:128], str(exc), update=False)
+            return None
+
     def _see_peer(self, heartbeat: Heartbeat, now: float) -> None:
+        """Only a newer heartbeat refreshes a peer: a replayed record keeps nobody alive."""
         view = self.peers.get(heartbeat.peer_id)
         if view is None or not view.alive(self.config.heartbeat_period_s):
+            if view is not None and heartbeat.sent_at <= view.heartbeat.sent_at:
+                return  # the record a dead peer left behind
             self._on_event("peer_joined", peer_id=heartbeat.peer_id, org=heartbeat.org)
             self.peers[heartbeat.peer_id] = PeerView(heartbeat, now, now)
-        elif heartbeat.sent_at >= view.heartbeat.sent_at:
+        elif heartbeat.sent_at > view.heartbeat.sent_at:
             view.heartbeat, view.last_seen = heartbeat, now
 
     def _forget_dead_peers(self) -> None:

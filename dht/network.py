@@ -20,9 +20,11 @@ from hivemind.p2p import P2P, P2PDaemonError, PeerID
 from hivemind.utils import get_dht_time
 
 from dht.reaper import OrphanReaper
+from dht.records import OwnerValidator
 from dht.transport import encode_request, receive_blob, send_blob
 from merge.identity import Identity
 from merge.pipeline import MergeResult
+from merge.rejections import RejectionLog
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -76,16 +78,24 @@ class SwarmConfig:
 
 
 class Rejections:
-    """Counts what peers sent that this node refused, and reports it as a merge result."""
+    """Counts what peers sent that this node refused (by reason, and per peer in `log`), and
+    reports refused updates as merge results."""
 
-    def __init__(self, on_merge: Callable[[MergeResult], None]) -> None:
+    def __init__(
+        self, on_merge: Callable[[MergeResult], None], log: RejectionLog | None = None
+    ) -> None:
         self.counts: Counter[str] = Counter()
+        self.log = log if log is not None else RejectionLog()
         self._on_merge = on_merge
 
-    def __call__(self, reason: str, author: str, detail: str, *, seq: int | None = None) -> None:
+    def __call__(
+        self, reason: str, author: str, detail: str, *, seq: int | None = None, update: bool = True
+    ) -> None:
+        """`update=False` for what is not an update (heartbeats): no merge result for it."""
         self.counts[reason] += 1
+        self.log.count(author, reason)
         logger.info("rejected %s from %s (seq %s): %s", reason, author, seq, detail)
-        if reason != "bad_heartbeat":
+        if update and reason != "bad_heartbeat":
             self._on_merge(MergeResult(False, author, seq or -1, 0, 0.0, reason))
 
 
@@ -95,6 +105,7 @@ class SwarmNetwork:
     def __init__(self, config: SwarmConfig, identity: Identity) -> None:
         self.config = config
         self.peer_id = identity.peer_id
+        self._identity = identity
         self.visible_maddrs: list[str] = []
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="swarm", daemon=True)
@@ -132,6 +143,8 @@ class SwarmNetwork:
                 client_mode=self.config.client_mode,
                 shutdown_timeout=3,
                 wait_timeout=self.dht_wait_timeout_s,  # per request to one DHT member
+                # [owner:PEER_ID] subkeys (heartbeats) only their owner can write
+                record_validators=[OwnerValidator(self._identity)],
             )
         finally:
             signal.signal(signal.SIGTERM, previous)

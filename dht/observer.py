@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import threading
@@ -12,8 +13,10 @@ from hivemind import DHT
 from hivemind.p2p import P2PDaemonError
 
 from dht.heartbeat import Heartbeat, HeartbeatError
+from dht.messages import MessageError, parse_run_record
 from dht.network import SwarmError
 from dht.reaper import OrphanReaper
+from dht.records import OwnerValidator, subkey_owner
 
 logger = logging.getLogger(__name__)
 
@@ -55,16 +58,24 @@ class SwarmObserver:
 
     def snapshot(self, run_id: str) -> list[SwarmSnapshot]:
         """One snapshot per configuration seen under `run_id` (normally exactly one)."""
-        runs = self._get(f"diloco-run/{run_id}")
-        return [self._read_run(run_id, str(fp), str(summary)) for fp, summary in runs.items()]
+        runs = []
+        for fingerprint, summary in self._get(f"diloco-run/{run_id}").items():
+            try:
+                runs.append(parse_run_record(fingerprint, summary))
+            except MessageError as exc:
+                logger.info("ignoring a run record: %s", exc)
+        return [self._read_run(run_id, r.fingerprint, json.dumps(r.summary)) for r in runs]
 
     def _read_run(self, run_id: str, fingerprint: str, summary: str) -> SwarmSnapshot:
         now = time.time()
         peers: list[PeerStatus] = []
         rejected = 0
-        for peer_id, blob in self._get(f"diloco/{fingerprint[:16]}/peers").items():
+        for subkey, blob in self._get(f"diloco/{fingerprint[:16]}/peers").items():
+            peer_id = subkey_owner(subkey)
             try:
-                heartbeat = Heartbeat.verify(blob, str(peer_id))
+                if peer_id is None:
+                    raise HeartbeatError("malformed", "a heartbeat record's subkey names no owner")
+                heartbeat = Heartbeat.verify(blob, peer_id)
             except HeartbeatError as exc:
                 logger.info("ignoring heartbeat from %s: %s", peer_id, exc)
                 rejected += 1
@@ -100,6 +111,7 @@ def _start_dht(initial_peers: list[str], timeout_s: float) -> DHT:
         return DHT(
             initial_peers=initial_peers,
             client_mode=True,
+            record_validators=[OwnerValidator()],  # reads owner-signed heartbeats only
             start=True,
             startup_timeout=timeout_s,
             shutdown_timeout=3,

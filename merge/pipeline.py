@@ -31,6 +31,7 @@ from merge.envelope import (
     verify_header,
 )
 from merge.outer import OuterConfig
+from merge.rejections import RejectionLog
 from merge.replica import Replica
 from merge.robust import RobustConfig, RobustFilter, Verdict
 from merge.weighting import StalenessConfig, TokenWeightConfig, staleness_weight, token_weight
@@ -120,6 +121,8 @@ class UpdatePipeline:
         self.config = config
         self.fingerprint = fingerprint
         self.rejections: collections.Counter[str] = collections.Counter()
+        self.rejection_log = RejectionLog()
+        """Rejections per peer and reason: this pipeline's and the swarm's (shared with it)."""
         self.num_merged = 0
         self._stats_lock = threading.Lock()
         self.robust = RobustFilter(config.robust)
@@ -256,6 +259,7 @@ class UpdatePipeline:
     def _reject(self, header: UpdateHeader, reason: str) -> MergeResult:
         with self._stats_lock:
             self.rejections[reason] += 1
+        self.rejection_log.count(header.author, reason)
         level = logging.INFO if reason in _BENIGN_REASONS else logging.WARNING
         logger.log(level, "rejected update %s#%d: %s", header.author, header.seq, reason)
         return MergeResult(False, header.author, header.seq, header.staleness, 0.0, reason)
