@@ -35,8 +35,8 @@ def save_checkpoint(directory: Path, state: dict[str, Any]) -> Path:
     return path
 
 
-def load_checkpoint(directory: Path, fingerprint: str) -> dict[str, Any] | None:
-    """The checkpoint in `directory`, None if there is none; CheckpointError if it is unusable."""
+def read_checkpoint(directory: Path) -> dict[str, Any] | None:
+    """The checkpoint in `directory` of whichever run, None if there is none (for export)."""
     path = directory / CHECKPOINT_FILE
     if not path.exists():
         return None
@@ -46,6 +46,15 @@ def load_checkpoint(directory: Path, fingerprint: str) -> dict[str, Any] | None:
         raise CheckpointError(f"checkpoint {path} is corrupt or unreadable ({exc})") from None
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {path} is not a diloco-node checkpoint")
+    return state
+
+
+def load_checkpoint(directory: Path, fingerprint: str) -> dict[str, Any] | None:
+    """The checkpoint in `directory`, None if there is none; CheckpointError if it is unusable."""
+    path = directory / CHECKPOINT_FILE
+    state = read_checkpoint(directory)
+    if state is None:
+        return None
     if state.get("fingerprint") != fingerprint:
         raise CheckpointError(
             f"checkpoint {path} belongs to a different run or model configuration; "

@@ -57,6 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_dataclass_arguments(dashboard, StandaloneConfig)
     dashboard.set_defaults(handler=run_dashboard)
+    export = commands.add_parser(
+        "export", help="write a checkpoint's model as safetensors + config.json (transformers)"
+    )
+    export.add_argument("--checkpoint-dir", required=True, help="directory join checkpointed to")
+    export.add_argument("--out", required=True, help="directory to write the model to")
+    export.add_argument(
+        "--model", help="model the run trained, for a checkpoint that does not record it"
+    )
+    export.set_defaults(handler=run_export)
     keygen = commands.add_parser("keygen", help="create an Ed25519 identity key")
     keygen.add_argument("--identity", default=JoinConfig.identity, help="key file to write")
     keygen.add_argument("--force", action="store_true", help="replace an existing key")
@@ -126,6 +135,18 @@ class _LoggedEvents:
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from node.export import export_checkpoint
+
+    checkpoint_dir = Path(args.checkpoint_dir).expanduser()
+    result = export_checkpoint(checkpoint_dir, Path(args.out).expanduser(), args.model)
+    print(
+        f"wrote {result.out}: {result.model}, {result.num_params:,} parameters, "
+        f"replica of round {result.round}"
+    )
+    return 0
 
 
 def run_keygen(args: argparse.Namespace) -> int:

@@ -18,6 +18,14 @@ from dht.addresses import listen_maddrs, parse_announce_maddr, parse_peer_maddr
 from merge.identity import read_secret_file
 
 DILOCO_HOME = Path("~/.diloco")
+MODEL_SIZES = ("tiny", "small", "base")
+HF_ARCHITECTURES = ("llama", "gpt2")
+MODEL_NAMES = MODEL_SIZES + tuple(f"hf:{a}-{s}" for a in HF_ARCHITECTURES for s in MODEL_SIZES)
+
+
+def model_size(name: str) -> str:
+    """The size preset of a model name: hf:llama-tiny -> tiny, small -> small."""
+    return name.rsplit("-", 1)[-1] if name.startswith("hf:") else name
 
 
 @dataclass(kw_only=True)
@@ -27,7 +35,8 @@ class JoinConfig:
     run_id: str = "diloco-default"
     """Name of the run; nodes with the same run id, model and merge settings train together."""
     model: str = "small"
-    """Model preset: tiny (CPU tests), small (~10M params) or base (~125M params)."""
+    """Model: tiny (CPU tests), small (~10M params), base (~125M params), or a transformers
+    architecture of that size, hf:ARCH-SIZE with ARCH llama or gpt2 (e.g. hf:llama-small)."""
     data: str | None = None
     """Text file, directory of text files or uint16 .bin; default: this Python's stdlib source."""
     seed: int = 0
@@ -137,7 +146,7 @@ class JoinConfig:
     """Read the dashboard token from this file (mode 0600): unlike --dashboard-token, not in ps."""
 
     def __post_init__(self) -> None:
-        _check_choice("model", self.model, ("tiny", "small", "base"))
+        _check_choice("model", self.model, MODEL_NAMES)
         _check_choice("outer-optimizer", self.outer_optimizer, ("nesterov", "delayed_nesterov"))
         _check_choice(
             "staleness", self.staleness, ("constant", "polynomial", "hinge", "exponential")

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from node.config import MODEL_NAMES, model_size
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,23 +46,32 @@ PRESETS: dict[str, ModelConfig] = {
     "small": ModelConfig(n_layer=6, n_head=6, n_embd=384, block_size=256),
     "base": ModelConfig(n_layer=18, n_head=12, n_embd=768, block_size=1024),
 }
-DEFAULT_INNER_LR: dict[str, float] = {"tiny": 3e-3, "small": 1e-3, "base": 4e-4}
-DEFAULT_BATCH_SIZE: dict[str, int] = {"tiny": 16, "small": 16, "base": 8}
+_INNER_LR = {"tiny": 3e-3, "small": 1e-3, "base": 4e-4}
+_BATCH_SIZE = {"tiny": 16, "small": 16, "base": 8}
+# Keyed by model name (tiny, hf:llama-tiny, ...): an hf: model takes its size's defaults.
+DEFAULT_INNER_LR: dict[str, float] = {name: _INNER_LR[model_size(name)] for name in MODEL_NAMES}
+DEFAULT_BATCH_SIZE: dict[str, int] = {name: _BATCH_SIZE[model_size(name)] for name in MODEL_NAMES}
 
 
-def model_config(preset: str, vocab_size: int = 256) -> ModelConfig:
-    if preset not in PRESETS:
-        choices = ", ".join(PRESETS)
-        raise ValueError(f"unknown model preset {preset!r}; choose one of {choices}")
-    p = PRESETS[preset]
-    return ModelConfig(
-        n_layer=p.n_layer,
-        n_head=p.n_head,
-        n_embd=p.n_embd,
-        block_size=p.block_size,
-        vocab_size=vocab_size,
-        dropout=p.dropout,
-    )
+def model_config(name: str, vocab_size: int = 256) -> ModelConfig:
+    """The shapes of model `name`: a preset (tiny/small/base) or hf:ARCH-SIZE."""
+    if name not in MODEL_NAMES:
+        choices = ", ".join(MODEL_NAMES)
+        raise ValueError(f"unknown model {name!r}; choose one of {choices}")
+    p = PRESETS[model_size(name)]
+    shape: dict[str, Any] = {
+        "n_layer": p.n_layer,
+        "n_head": p.n_head,
+        "n_embd": p.n_embd,
+        "block_size": p.block_size,
+        "vocab_size": vocab_size,
+        "dropout": p.dropout,
+    }
+    if name.startswith("hf:"):
+        from node.hf_model import HFModelConfig
+
+        return HFModelConfig(arch=name[3:].rsplit("-", 1)[0], **shape)
+    return ModelConfig(**shape)
 
 
 class CausalSelfAttention(nn.Module):
@@ -125,13 +137,13 @@ class GPT(nn.Module):
         residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
         for name, p in self.named_parameters():
             if name.endswith("proj.weight"):
-                _normal_(p, residual_std, generator)
+                normal_portable_(p, residual_std, generator)
             elif name.endswith(".bias"):
                 nn.init.zeros_(p)
             elif "ln_" in name:
                 nn.init.ones_(p)
             else:
-                _normal_(p, 0.02, generator)
+                normal_portable_(p, 0.02, generator)
 
     def num_params(self) -> int:
         # parameters() deduplicates the tied embedding, so it is counted once.
@@ -155,7 +167,8 @@ class GPT(nn.Module):
         return logits, loss
 
 
-def _normal_(p: Tensor, std: float, generator: torch.Generator | None) -> None:
+def normal_portable_(p: Tensor, std: float, generator: torch.Generator | None) -> None:
+    """Fill `p` from N(0, std) with the same samples on every machine."""
     # torch's float32 normal_ takes a different (SIMD) code path per CPU capability, so its
     # samples differ between machines; the float64 path is scalar and portable.
     sample = torch.empty(p.shape, dtype=torch.float64, device="cpu")
@@ -163,11 +176,17 @@ def _normal_(p: Tensor, std: float, generator: torch.Generator | None) -> None:
     p.copy_(sample)
 
 
-def build_model(config: ModelConfig, seed: int) -> GPT:
-    """Build a GPT whose initial parameters depend only on (config, seed).
+def build_model(config: ModelConfig, seed: int) -> nn.Module:
+    """Build a model whose initial parameters depend only on (config, seed).
 
     The result is bit-identical on every machine and leaves the caller's global RNG state
-    untouched. It lives on the CPU; move it to a device afterwards.
+    untouched. It lives on the CPU; move it to a device afterwards. Its forward maps
+    (idx, targets) to (logits, loss), for the built-in GPT and hf: models alike.
     """
+    if hasattr(config, "arch"):
+        from node.hf_model import HFModelConfig, build_hf_model
+
+        assert isinstance(config, HFModelConfig)
+        return build_hf_model(config, seed)
     with torch.random.fork_rng(devices=[]):  # the layers' default init draws from it
         return GPT(config, generator=torch.Generator().manual_seed(seed))

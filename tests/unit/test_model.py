@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 
+from node.config import MODEL_NAMES, MODEL_SIZES
 from node.model import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_INNER_LR,
@@ -40,11 +41,12 @@ def test_meta_count_matches_a_built_model(param_counts: dict[str, int]):
 
 
 def test_every_preset_has_defaults():
-    assert set(PRESETS) == set(DEFAULT_INNER_LR) == set(DEFAULT_BATCH_SIZE)
+    assert set(MODEL_NAMES) == set(DEFAULT_INNER_LR) == set(DEFAULT_BATCH_SIZE)
+    assert set(PRESETS) == set(MODEL_SIZES)
 
 
 def test_unknown_preset_names_the_choices():
-    with pytest.raises(ValueError, match="unknown model preset 'huge'; choose one of tiny"):
+    with pytest.raises(ValueError, match="unknown model 'huge'; choose one of tiny"):
         model_config("huge")
 
 
