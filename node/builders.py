@@ -130,6 +130,12 @@ def build_learner(
         batch_size=spec.batch_size,
         block_size=spec.model.block_size,
     )
+    if torch.distributed.is_initialized():  # a rank of a multi-GPU node (node.distributed)
+        from node.distributed import ShardedLearner
+
+        return ShardedLearner(
+            model, sampler, inner_config(config), device, parallel=config.parallel
+        )
     return Learner(model, sampler, inner_config(config), device)
 
 

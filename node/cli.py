@@ -41,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"diloco-node {package_version()}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    join = commands.add_parser("join", help="train, and merge everyone's pseudo-gradients")
+    join = commands.add_parser(
+        "join", help="train, and merge everyone's pseudo-gradients", usage="%(prog)s [options]"
+    )
     add_dataclass_arguments(join, JoinConfig)
     join.set_defaults(handler=run_join)
     status = commands.add_parser("status", help="print the swarm's peers without training")
@@ -80,11 +82,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_join(args: argparse.Namespace) -> int:
     config: JoinConfig = dataclass_from_args(JoinConfig, args)
+    from node.distributed import run_multiprocess_join, torchrun_rank
+
+    if config.nproc_per_node > 1 or torchrun_rank() is not None:
+        return run_multiprocess_join(config, args.argv)
     from node.events import configure_logging, make_event_log
     from node.runtime import Node
+    from node.tracking import tracked
 
     configure_logging(config.log_level, config.log_format)
-    events = make_event_log(config.log_format)
+    events = tracked(make_event_log(config.log_format), config)
     try:
         node = Node(config, events)
         with _stop_on_signals(node.request_stop):
@@ -189,7 +196,9 @@ class _stop_on_signals:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # a multi-GPU join re-executes itself under torchrun with these
     try:
         return int(args.handler(args))
     except KeyboardInterrupt:

@@ -12,7 +12,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, get_args, get_origin, get_type_hints
 
 from dht.addresses import listen_maddrs, parse_announce_maddr, parse_peer_maddr
 from merge.identity import read_secret_file
@@ -36,7 +36,9 @@ class JoinConfig:
     """Name of the run; nodes with the same run id, model and merge settings train together."""
     model: str = "small"
     """Model: tiny (CPU tests), small (~10M params), base (~125M params), or a transformers
-    architecture of that size, hf:ARCH-SIZE with ARCH llama or gpt2 (e.g. hf:llama-small)."""
+    architecture of that size, hf:ARCH-SIZE with ARCH llama or gpt2 (e.g. hf:llama-small);
+    auto: tiny on a CPU, small on a GPU under 16 GiB, base above (all nodes of a run must
+    end up with the same model)."""
     data: str | None = None
     """Text file, directory of text files or uint16 .bin; default: this Python's stdlib source."""
     seed: int = 0
@@ -104,6 +106,18 @@ class JoinConfig:
     """Training device: auto, cpu or cuda (bf16 autocast on CUDA)."""
     threads: int | None = None
     """CPU threads for torch (default: torch's choice)."""
+    nproc_per_node: int = 1
+    """Processes (GPUs) training this node together with torch.distributed, launched with
+    torchrun; rank 0 alone talks to the swarm. --batch-size is the node's, split over them."""
+    parallel: str = "ddp"
+    """How a multi-process node shares the model: ddp (a full copy per GPU) or fsdp (FSDP2,
+    parameters, gradients and optimizer state sharded, for models that do not fit one GPU)."""
+    tensorboard: str | None = None
+    """Write per-round metrics (loss, val loss, tokens/s, staleness, drift, MB, goodput) as
+    TensorBoard events under DIR/RUN_ID/PEER_ID."""
+    wandb: bool = False
+    """Log per-round metrics to Weights & Biases (offline unless WANDB_API_KEY, a wandb login
+    or WANDB_MODE says otherwise)."""
     log_level: str = "INFO"
     """Logging level: DEBUG, INFO, WARNING or ERROR."""
     log_format: str = "rich"
@@ -145,18 +159,51 @@ class JoinConfig:
     dashboard_token_file: str | None = None
     """Read the dashboard token from this file (mode 0600): unlike --dashboard-token, not in ps."""
 
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
+        "model": ("auto", *MODEL_NAMES),
+        "outer_optimizer": ("nesterov", "delayed_nesterov"),
+        "staleness": ("constant", "polynomial", "hinge", "exponential"),
+        "token_weighting": ("tokens", "none"),
+        "correction": ("none", "heloco"),
+        "codec": ("fp32", "bf16"),
+        "device": ("auto", "cpu", "cuda"),
+        "parallel": ("ddp", "fsdp"),
+        "log_level": ("DEBUG", "INFO", "WARNING", "ERROR"),
+        "log_format": ("rich", "json"),
+    }
+    FLAG_GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "training": (
+            "run_id", "model", "data", "seed", "inner_steps", "round_time", "batch_size",
+            "inner_lr", "weight_decay", "grad_clip", "warmup_steps", "lr_decay_steps",
+            "max_rounds", "max_time", "linger", "eval_batches", "device", "threads",
+            "nproc_per_node", "parallel", "speed_factor", "emulated_step_s",
+        ),
+        "outer optimizer and merging": (
+            "outer_optimizer", "outer_lr", "outer_momentum", "outer_delay", "staleness",
+            "staleness_a", "staleness_b", "token_weighting", "correction", "codec",
+        ),
+        "network": (
+            "swarm", "peers", "host", "port", "announce", "relay", "auto_relay", "client_mode",
+            "identity", "org", "serve_state", "heartbeat_period", "retain_updates", "retain_mb",
+            "gap_wait",
+        ),
+        "dashboard": (
+            "dashboard_port", "dashboard_host", "dashboard_token", "dashboard_token_file",
+        ),
+        "checkpoints": ("checkpoint_dir", "checkpoint_every"),
+        "logging and tracking": ("log_level", "log_format", "tensorboard", "wandb"),
+    }  # fmt: skip
+    """`join --help` shows the flags in these groups (a field in none goes under "other")."""
+
     def __post_init__(self) -> None:
-        _check_choice("model", self.model, MODEL_NAMES)
-        _check_choice("outer-optimizer", self.outer_optimizer, ("nesterov", "delayed_nesterov"))
-        _check_choice(
-            "staleness", self.staleness, ("constant", "polynomial", "hinge", "exponential")
-        )
-        _check_choice("token-weighting", self.token_weighting, ("tokens", "none"))
-        _check_choice("correction", self.correction, ("none", "heloco"))
-        _check_choice("codec", self.codec, ("fp32", "bf16"))
-        _check_choice("device", self.device, ("auto", "cpu", "cuda"))
-        _check_choice("log-level", self.log_level.upper(), ("DEBUG", "INFO", "WARNING", "ERROR"))
-        _check_choice("log-format", self.log_format, ("rich", "json"))
+        if self.model == "auto":
+            from node.model import auto_model  # imports torch: only when asked
+
+            self.model = auto_model(self.device)
+        for name, allowed in self.CHOICES.items():
+            value = getattr(self, name)
+            _check_choice(_flag(name), value.upper() if name == "log_level" else value, allowed)
+        _check_positive("nproc_per_node", self.nproc_per_node)
         if not self.run_id or len(self.run_id) > 64:
             raise ValueError("--run-id must be 1 to 64 characters long")
         for name in ("inner_steps", "checkpoint_every"):
@@ -265,12 +312,19 @@ def field_docs(cls: type) -> dict[str, str]:
 def add_dataclass_arguments(
     parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = ()
 ) -> None:
-    """One --flag per field of `cls`, typed from its annotation, help from its docstring."""
+    """One --flag per field of `cls`, typed from its annotation, help from its docstring.
+
+    A class may name the allowed values of a field (CHOICES: shown as {a,b,c}) and put its
+    flags in titled groups (FLAG_GROUPS); fields in no group go under "other options".
+    """
     docs = field_docs(cls)
     hints = get_type_hints(cls)
+    choices: dict[str, tuple[str, ...]] = getattr(cls, "CHOICES", {})
+    groups = _argument_groups(parser, getattr(cls, "FLAG_GROUPS", {}))
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
+        target = groups.get(f.name, parser)
         default = None if f.default is dataclasses.MISSING else f.default
         help_text = docs.get(f.name, "")
         if default is not None and default is not False:
@@ -279,14 +333,24 @@ def add_dataclass_arguments(
         help_text = help_text.replace("%", "%%")  # argparse formats help with %
         options: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_text}
         annotation = hints[f.name]
+        metavar = "{" + ",".join(choices[f.name]) + "}" if f.name in choices else f.name.upper()
         if annotation is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, **options)
+            target.add_argument(flag, action=argparse.BooleanOptionalAction, **options)
         elif _is_list(annotation):
-            parser.add_argument(flag, nargs="+", metavar="MADDR", **options)
+            target.add_argument(flag, nargs="+", metavar="MADDR", **options)
         else:
-            parser.add_argument(
-                flag, type=_scalar_type(annotation), metavar=f.name.upper(), **options
-            )
+            target.add_argument(flag, type=_scalar_type(annotation), metavar=metavar, **options)
+
+
+def _argument_groups(
+    parser: argparse.ArgumentParser, flag_groups: dict[str, tuple[str, ...]]
+) -> dict[str, Any]:
+    """field name -> the argparse group its flag goes in."""
+    by_field: dict[str, Any] = {}
+    for title, names in flag_groups.items():
+        group = parser.add_argument_group(title)
+        by_field |= dict.fromkeys(names, group)
+    return by_field
 
 
 def dataclass_from_args(cls: type, args: argparse.Namespace) -> Any:

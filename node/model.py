@@ -53,6 +53,14 @@ DEFAULT_INNER_LR: dict[str, float] = {name: _INNER_LR[model_size(name)] for name
 DEFAULT_BATCH_SIZE: dict[str, int] = {name: _BATCH_SIZE[model_size(name)] for name in MODEL_NAMES}
 
 
+def auto_model(device: str) -> str:
+    """--model auto: tiny on a CPU, base on a GPU with >= 16 GiB, else small."""
+    if device == "cpu" or not torch.cuda.is_available():
+        return "tiny"
+    memory = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    return "base" if memory >= 16 * 2**30 else "small"
+
+
 def model_config(name: str, vocab_size: int = 256) -> ModelConfig:
     """The shapes of model `name`: a preset (tiny/small/base) or hf:ARCH-SIZE."""
     if name not in MODEL_NAMES:

@@ -515,6 +515,7 @@ class Node:
     def state_dict(self) -> dict[str, Any]:
         return {
             "fingerprint": self.fingerprint,
+            "model": {"name": self.config.model, "vocab_size": self.spec.model.vocab_size},
             "peer_id": self.peer_id,
             "round": self.round,
             "seq": self.seq,

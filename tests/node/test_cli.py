@@ -29,7 +29,7 @@ def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
     [
         (["join", "--inner-steps", "zero"], "invalid int value"),
         (["join", "--inner-steps", "0"], "--inner-steps must be a positive integer"),
-        (["join", "--model", "huge"], "--model must be one of tiny, small, base"),
+        (["join", "--model", "huge"], "--model must be one of auto, tiny, small, base"),
         (["join", "--outer-lr", "nan"], "invalid float value"),
         (["join", "--no-such-flag"], "unrecognized arguments"),
         (["join", "--codec", "int3"], "--codec must be one of"),

@@ -48,12 +48,9 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _export(checkpoint_dir: Path, out: Path, model: str) -> None:
-    args = ["export", "--checkpoint-dir", str(checkpoint_dir), "--out", str(out)]
     state = read_checkpoint(checkpoint_dir)
-    assert state is not None
-    if checkpoint_model(state) is None:  # a checkpoint written before it recorded the model
-        args += ["--model", model]
-    assert main(args) == 0
+    assert state is not None and checkpoint_model(state) == (model, 256)
+    assert main(["export", "--checkpoint-dir", str(checkpoint_dir), "--out", str(out)]) == 0
 
 
 def _replica_model(checkpoint_dir: Path, model: str) -> torch.nn.Module:

@@ -1,0 +1,462 @@
+"""A multi-GPU node: the inner loop on torch.distributed, rank 0 alone in the swarm.
+
+`diloco-node join --nproc-per-node N` starts N ranks of itself with torchrun's environment
+(RANK, WORLD_SIZE, MASTER_ADDR, ...; plain `torchrun --nproc-per-node N -m node join ...`
+works the same). Every rank then trains one
+model together, DDP (a full copy per rank) or FSDP2 (`--parallel fsdp`, parameters sharded
+for models that do not fit one device), so the node publishes one pseudo-gradient per round
+as if it were one big device. Rank 0 runs the ordinary Node (swarm, replica, checkpoints);
+its learner is a ShardedLearner that tells the other ranks what to do next with a small
+command broadcast; the others run `follow` and never touch the network.
+
+Every rank draws the node's global batch from the same seeded sampler and keeps its own
+rows, so the global batch (and the sampler state in rank 0's checkpoint) is exactly that of
+a single-process node with the same --batch-size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from node.data import ShardSampler
+from node.learner import InnerConfig, Learner, RoundStats, StepStats, _next_step_overruns
+
+if TYPE_CHECKING:
+    from node.config import JoinConfig
+
+logger = logging.getLogger(__name__)
+
+PARALLEL_CHOICES = ("ddp", "fsdp")
+# Commands rank 0 broadcasts to the other ranks: (command, argument).
+_STOP, _LOAD, _ROUND, _GATHER, _EVAL, _STATE, _LOAD_STATE = range(7)
+# Rank 0's verdict before each inner step.
+_GO, _STOPPED, _OUT_OF_TIME = range(3)
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == 0
+
+
+def torchrun_rank() -> RankInfo | None:
+    """This process's place in a torchrun launch, None outside one (or with a single rank)."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1 or "LOCAL_RANK" not in os.environ:
+        return None
+    return RankInfo(
+        rank=int(os.environ["RANK"]),
+        world_size=world_size,
+        local_rank=int(os.environ["LOCAL_RANK"]),
+    )
+
+
+def launch_local_ranks(nproc_per_node: int, argv: Sequence[str]) -> int:
+    """Run `python -m node ARGV` as N ranks on this machine, with torchrun's environment.
+
+    Ctrl+C or SIGTERM reaches rank 0 as SIGTERM (a terminal's Ctrl+C also reaches it
+    directly; SIGTERM after SIGINT is still a clean stop), which stops the node cleanly and
+    releases the others. If a rank fails, the others are ended; the exit code is rank 0's.
+    """
+    env = os.environ | {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "WORLD_SIZE": str(nproc_per_node),
+        "LOCAL_WORLD_SIZE": str(nproc_per_node),
+    }
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-m", "node", *argv],
+            env=env | {"RANK": str(rank), "LOCAL_RANK": str(rank)},
+        )
+        for rank in range(nproc_per_node)
+    ]
+
+    def stop_rank_zero(signum: int, frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            ranks[0].send_signal(signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, stop_rank_zero) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        _wait_for_ranks(ranks)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for proc in ranks:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return ranks[0].returncode
+
+
+def _wait_for_ranks(ranks: list[subprocess.Popen[bytes]], grace_s: float = 30.0) -> None:
+    """Until every rank has exited; once rank 0 is gone or any rank failed, `grace_s` more."""
+    deadline: float | None = None
+    while any(proc.poll() is None for proc in ranks):
+        codes = [proc.poll() for proc in ranks]
+        if deadline is None and (codes[0] is not None or any(c for c in codes if c)):
+            deadline = time.monotonic() + grace_s
+        if deadline is not None and time.monotonic() > deadline:
+            logger.error("ranks %s did not exit after rank 0 did; ending them", codes)
+            return
+        time.sleep(0.2)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def init_ranks(rank: RankInfo, device_name: str) -> torch.device:
+    """Join the process group (NCCL on CUDA, gloo on CPU); the device this rank trains on."""
+    use_cuda = device_name == "cuda" or (device_name == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        torch.cuda.set_device(rank.local_rank)
+    # Ranks > 0 wait in a broadcast while rank 0 joins the swarm, merges or lingers; if rank 0
+    # dies, torchrun ends the others, so the wait needs no short timeout.
+    dist.init_process_group(backend="nccl" if use_cuda else "gloo", timeout=timedelta(days=1))
+    return torch.device("cuda", rank.local_rank) if use_cuda else torch.device("cpu")
+
+
+class RankSlice:
+    """A sampler that draws the node's whole batch and yields this rank's rows of it."""
+
+    def __init__(self, sampler: ShardSampler, rank: int, world_size: int) -> None:
+        self.sampler = sampler
+        self.rank = rank
+        self.world_size = world_size
+
+    def next_batch(self) -> tuple[Tensor, Tensor]:
+        x, y = self.sampler.next_batch()
+        rows = x.size(0) // self.world_size
+        if rows * self.world_size != x.size(0):
+            raise ValueError(
+                f"--batch-size {x.size(0)} must be divisible by --nproc-per-node {self.world_size}"
+            )
+        mine = slice(self.rank * rows, (self.rank + 1) * rows)
+        return x[mine], y[mine]
+
+    def state_dict(self) -> dict[str, int]:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: Any) -> None:
+        self.sampler.load_state_dict(state)
+
+
+class ShardedLearner(Learner):
+    """One rank's learner: the model under DDP or FSDP2, gradients averaged over the ranks.
+
+    On rank 0 every public method first broadcasts its command, so the other ranks, waiting
+    in `follow`, make the same collective calls in the same order.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        sampler: ShardSampler,
+        config: InnerConfig,
+        device: torch.device,
+        *,
+        parallel: str = "ddp",
+    ) -> None:
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.sharded = parallel == "fsdp"
+        # NCCL moves only device tensors, gloo only CPU ones.
+        self._comm = device if dist.get_backend() == "nccl" else torch.device("cpu")
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.module = model.to(device)
+        if self.sharded:
+            _fully_shard(self.module, device)
+        rows = RankSlice(sampler, self.rank, self.world_size)
+        super().__init__(self.module, rows, config, device)  # type: ignore[arg-type]
+        if not self.sharded:
+            self.model = nn.parallel.DistributedDataParallel(
+                self.module,
+                device_ids=[device.index] if device.type == "cuda" else None,
+                forward_sync_buffers=False,  # buffers are constants (rotary tables)
+            )
+
+    # ---- what rank 0 asks, everyone does ---------------------------------------------------
+
+    def load_params(self, flat: Tensor) -> None:
+        self._command(_LOAD)
+        flat = self._broadcast_tensor(flat)
+        if not self.sharded:
+            super().load_params(flat.to(self.device))
+            return
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        offset = 0
+        with torch.no_grad():
+            for param in self.module.parameters():
+                shard = cast(DTensor, param)  # fully_shard made every parameter a DTensor
+                full = flat[offset : offset + param.numel()].view(param.shape).to(self.device)
+                param.copy_(distribute_tensor(full, shard.device_mesh, shard.placements))
+                offset += param.numel()
+
+    def run_round(
+        self,
+        num_steps: int,
+        should_stop: Callable[[], bool],
+        on_step: Callable[[StepStats], None],
+        max_seconds: float | None = None,
+    ) -> RoundStats:
+        """Rank 0 decides before each step, for every rank: go on, stop (interrupted), or
+        end the round because the next step would overrun --round-time."""
+        self._command(_ROUND, num_steps)
+        started, steps = time.perf_counter(), [0]
+
+        def verdict() -> int:
+            if should_stop():
+                return _STOPPED
+            spent_s = time.perf_counter() - started
+            return _OUT_OF_TIME if _next_step_overruns(max_seconds, spent_s, steps[0]) else _GO
+
+        def counted(step: StepStats) -> None:
+            steps[0] += 1
+            on_step(step)
+
+        agreed = self._agreed(verdict)
+        last = [_GO]
+
+        def stop() -> bool:
+            last[0] = agreed()
+            return last[0] != _GO
+
+        stats = super().run_round(num_steps, stop, counted)
+        return replace(stats, stopped_early=False) if last[0] == _OUT_OF_TIME else stats
+
+    def params_vector(self) -> Tensor:
+        if not self.sharded:
+            return super().params_vector()  # every rank holds the same full parameters
+        self._command(_GATHER)
+        from torch.distributed.tensor import DTensor
+
+        with torch.no_grad():
+            shards = [cast(DTensor, p) for p in self.module.parameters()]
+            full = [shard.full_tensor().reshape(-1) for shard in shards]
+            return torch.cat(full).float().cpu()
+
+    def evaluate(self, batches: list[tuple[Tensor, Tensor]]) -> float:
+        if not self.sharded:
+            return _evaluate(self, self.module, batches)  # rank 0 alone: no collective
+        self._command(_EVAL)
+        box = [batches]
+        dist.broadcast_object_list(box, src=0)
+        loss = _evaluate(self, self.model, box[0])
+        self.module.reshard()  # type: ignore[operator]  # FSDP keeps the root gathered after forward
+        return loss
+
+    def state_dict(self) -> dict[str, Any]:
+        if not self.sharded:
+            return super().state_dict()
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+        )
+
+        self._command(_STATE)
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        optimizer = get_optimizer_state_dict(self.module, self.optimizer, options=options)
+        return {**super().state_dict(), "optimizer": optimizer, "parallel": "fsdp"}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._command(_LOAD_STATE)
+        box: list[dict[str, Any] | None] = [state if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        assert box[0] is not None
+        state = box[0]
+        if not self.sharded:
+            super().load_state_dict(state)
+            return
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True)
+        set_optimizer_state_dict(
+            self.module, self.optimizer, optim_state_dict=state["optimizer"], options=options
+        )
+        self.step = int(state["step"])
+        self.sampler.load_state_dict(state["sampler"])
+
+    def release(self) -> None:
+        """Rank 0: let the other ranks exit; then leave the process group."""
+        self._command(_STOP)
+        dist.destroy_process_group()
+
+    # ---- plumbing --------------------------------------------------------------------------
+
+    def _inner_step(self) -> tuple[float, int]:
+        loss, tokens = super()._inner_step()
+        return loss, tokens * self.world_size  # the node trained on every rank's rows
+
+    def _command(self, command: int, argument: int = 0) -> None:
+        if self.rank == 0:
+            dist.broadcast(torch.tensor([command, argument], device=self._comm), src=0)
+
+    def receive_command(self) -> tuple[int, int]:
+        box = torch.zeros(2, dtype=torch.int64, device=self._comm)
+        dist.broadcast(box, src=0)
+        return int(box[0]), int(box[1])
+
+    def _broadcast_tensor(self, flat: Tensor) -> Tensor:
+        size = torch.tensor([flat.numel() if self.rank == 0 else 0], device=self._comm)
+        dist.broadcast(size, src=0)
+        buffer = (
+            flat.to(self._comm, torch.float32).contiguous()
+            if self.rank == 0
+            else torch.empty(int(size.item()), dtype=torch.float32, device=self._comm)
+        )
+        dist.broadcast(buffer, src=0)
+        return buffer
+
+    def _agreed(self, verdict: Callable[[], int]) -> Callable[[], int]:
+        """Rank 0's verdict, broadcast: every rank takes the same number of steps."""
+
+        def agreed() -> int:
+            flag = torch.tensor([verdict() if self.rank == 0 else 0], device=self._comm)
+            dist.broadcast(flag, src=0)
+            return int(flag.item())
+
+        return agreed
+
+
+def follow(learner: ShardedLearner) -> None:
+    """Ranks > 0: do what rank 0 asks until it says stop (or its process group goes away)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)  # rank 0 decides when the node stops
+    handlers: dict[int, Callable[[int], object]] = {
+        _LOAD: lambda _: learner.load_params(torch.empty(0)),
+        _ROUND: lambda steps: learner.run_round(steps, lambda: False, lambda _: None, None),
+        _GATHER: lambda _: learner.params_vector(),
+        _EVAL: lambda _: learner.evaluate([]),
+        _STATE: lambda _: learner.state_dict(),
+        _LOAD_STATE: lambda _: learner.load_state_dict({}),
+    }
+    while True:
+        command, argument = learner.receive_command()
+        if command == _STOP:
+            dist.destroy_process_group()
+            return
+        handlers[command](argument)
+
+
+def _evaluate(learner: Learner, model: nn.Module, batches: list[tuple[Tensor, Tensor]]) -> float:
+    original = learner.model
+    learner.model = model
+    try:
+        return Learner.evaluate(learner, batches)
+    finally:
+        learner.model = original
+
+
+def _fully_shard(model: nn.Module, device: torch.device) -> None:
+    """FSDP2: each transformer block its own unit, then the rest (embeddings, head) at the root."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for module in list(model.modules()):
+        if isinstance(module, nn.ModuleList):  # the blocks of the built-in GPT and of hf: models
+            for block in module:
+                fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def run_multiprocess_join(config: JoinConfig, argv: Sequence[str]) -> int:
+    """`join --nproc-per-node N`: start the ranks; as one of them (or under torchrun): train."""
+    rank = torchrun_rank()
+    if rank is None:
+        from node.model import DEFAULT_BATCH_SIZE
+
+        batch_size = config.batch_size or DEFAULT_BATCH_SIZE[config.model]
+        if batch_size % config.nproc_per_node:
+            raise ValueError(
+                f"the node's batch of {batch_size} sequences does not split over "
+                f"--nproc-per-node {config.nproc_per_node}; pass a --batch-size divisible by it"
+            )
+        return launch_local_ranks(config.nproc_per_node, argv)
+    return run_ranked_join(config, rank)
+
+
+def run_ranked_join(config: JoinConfig, rank: RankInfo) -> int:
+    """One rank of a multi-GPU node: rank 0 runs the Node, the others follow it."""
+    from node.events import configure_logging, make_event_log
+    from node.tracking import tracked
+
+    device = init_ranks(rank, config.device)
+    if not rank.is_leader:
+        configure_logging("WARNING", "rich")
+        follow(_follower_learner(config, _shared_peer_id(config, rank), device))
+        return 0
+    from node.cli import _stop_on_signals
+    from node.runtime import Node
+
+    configure_logging(config.log_level, config.log_format)
+    _shared_peer_id(config, rank)
+    events = make_event_log(config.log_format)
+    events = tracked(events, config)
+    try:
+        node = Node(config, events)
+        assert isinstance(node.learner, ShardedLearner)
+        try:
+            with _stop_on_signals(node.request_stop):
+                node.run()
+        finally:
+            with contextlib.suppress(Exception):  # a rank that died has closed the group
+                node.learner.release()
+    finally:
+        events.close()
+    return 0
+
+
+def _shared_peer_id(config: JoinConfig, rank: RankInfo) -> str:
+    """Rank 0's peer id, which seeds the node's data shard on every rank."""
+    box: list[str | None] = [None]
+    if rank.is_leader:
+        from merge.identity import Identity
+
+        box[0] = Identity.load_or_create(config.identity_path)[0].peer_id
+    dist.broadcast_object_list(box, src=0)
+    assert box[0] is not None
+    return box[0]
+
+
+def _follower_learner(config: JoinConfig, peer_id: str, device: torch.device) -> ShardedLearner:
+    """The same model, sampler and optimizer that rank 0's Node builds, on this rank."""
+    from node.builders import build_learner, build_run_spec, configure_torch
+    from node.data import load_corpus, split_corpus
+    from node.model import build_model
+
+    configure_torch(config)
+    corpus = load_corpus(config.data)
+    spec = build_run_spec(config, corpus)
+    model = build_model(spec.model, config.seed)
+    learner = build_learner(config, spec, model, split_corpus(corpus), peer_id, device)
+    assert isinstance(learner, ShardedLearner)
+    return learner

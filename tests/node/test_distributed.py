@@ -1,0 +1,70 @@
+"""A multi-process node (gloo, 2 ranks on the CPU) computes the single-process pseudo-gradient."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from node.data import ShardSampler
+from node.distributed import ShardedLearner, follow
+from node.learner import InnerConfig, Learner
+from node.model import build_model, model_config
+
+INNER = InnerConfig(lr=3e-3, weight_decay=0.1, grad_clip=1.0, warmup_steps=2, decay_steps=10)
+NUM_STEPS = 3
+GLOBAL_BATCH = 4
+
+
+def _sampler() -> ShardSampler:
+    tokens = np.random.default_rng(0).integers(0, 256, 20_000).astype(np.uint16)
+    return ShardSampler(tokens, seed="node", batch_size=GLOBAL_BATCH, block_size=32)
+
+
+def _genesis() -> tuple[torch.nn.Module, torch.Tensor]:
+    """The tiny model in float64: the comparison sees the algorithm, not fp32 summation order
+    (which AdamW's first steps amplify to ~2e-5 relative for any change of batch split)."""
+    model = build_model(model_config("tiny"), seed=0)
+    base = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    return model.double(), base
+
+
+def _rank(rank: int, world_size: int, init_file: str, out: str, parallel: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size
+    )
+    model, base = _genesis()
+    learner = ShardedLearner(model, _sampler(), INNER, torch.device("cpu"), parallel=parallel)
+    if rank != 0:
+        follow(learner)
+        return
+    learner.load_params(base)
+    stats = learner.run_round(NUM_STEPS, lambda: False, lambda _: None)
+    torch.save({"delta": base - learner.params_vector(), "tokens": stats.tokens}, out)
+    learner.release()
+
+
+def _single_process() -> tuple[torch.Tensor, int]:
+    model, base = _genesis()
+    learner = Learner(model, _sampler(), INNER, torch.device("cpu"))
+    learner.load_params(base)
+    stats = learner.run_round(NUM_STEPS, lambda: False, lambda _: None)
+    return base - learner.params_vector(), stats.tokens
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_ranks_give_the_single_process_pseudo_gradient(tmp_path: Path, parallel: str) -> None:
+    out = tmp_path / "delta.pt"
+    args = (2, str(tmp_path / "rendezvous"), str(out), parallel)
+    mp.start_processes(_rank, args=args, nprocs=2, join=True, start_method="spawn")
+    ranked = torch.load(out, weights_only=True)
+    expected, tokens = _single_process()
+    relative = (ranked["delta"] - expected).norm() / expected.norm()
+    print(f"{parallel}: relative difference {float(relative):.3g}")
+    assert relative < 1e-5, relative
+    assert ranked["tokens"] == tokens == NUM_STEPS * GLOBAL_BATCH * 32

@@ -1,0 +1,27 @@
+"""A node of two processes (torch.distributed, gloo on the CPU) joins a swarm like any other."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.swarm.test_swarm import MERGE_S, RUN, START_S, Launch, wait_merged
+
+pytestmark = pytest.mark.swarm
+
+
+def test_a_two_process_node_trains_in_the_swarm_like_any_other(launch: Launch) -> None:
+    single = launch(*RUN, name="single")
+    maddr = single.wait_listening(START_S)[0]
+    pair = launch(*RUN, "--nproc-per-node", "2", "--peers", maddr, name="pair")
+    pair.wait_listening(START_S)
+    wait_merged(single, pair.peer_id)
+    wait_merged(pair, single.peer_id)
+    # Its update counts the node's whole batch: 10 inner steps x 16 sequences x 128 bytes.
+    done = pair.wait_for_event("round_done", MERGE_S)
+    assert done["tokens"] == 10 * 16 * 128
+    assert len(pair.events("listening")) == 1, "rank 1 must stay off the swarm"
+    assert pair.stop() == 0
+    stopped = pair.wait_for_event("stopped", 5)
+    assert stopped["reason"] == "interrupted"
+    assert pair.events("checkpoint_saved"), pair.stderr_tail()
+    assert "Traceback" not in pair.stderr_tail(200), pair.stderr_tail(200)
