@@ -39,6 +39,7 @@ import torch
 from torch.nn.utils import parameters_to_vector
 
 from bench.procs import ChildProcess, cli_flags, python_module, reap_all
+from node.checkpoint import read_checkpoint
 from node.config import add_dataclass_arguments, dataclass_from_args
 from node.data import ShardSampler, load_corpus, split_corpus, validation_batches
 from node.learner import InnerConfig, Learner
@@ -308,8 +309,9 @@ def calibrate_step_s(config: QualityConfig, ev: Evaluator, steps: int = 10) -> f
 
 
 def _replica(home: Path, run_id: str) -> tuple[int, torch.Tensor]:
-    path = home / ".diloco" / "checkpoints" / run_id / "checkpoint.pt"
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = read_checkpoint(home / ".diloco" / "checkpoints" / run_id)
+    if state is None:
+        raise RuntimeError(f"learner in {home} left no checkpoint")
     return int(state["replica"]["num_applied"]), state["replica"]["params"]
 
 

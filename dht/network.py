@@ -7,11 +7,12 @@ this class: DHT records with bounded waits, request/response streams, protocol n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import threading
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -155,6 +156,10 @@ class SwarmNetwork:
         return self.visible_maddrs
 
     async def _create_p2p(self) -> P2P:
+        with _children_in_own_session():
+            return await self._spawn_p2p()
+
+    async def _spawn_p2p(self) -> P2P:
         return await P2P.create(
             initial_peers=self.config.initial_peers or None,
             host_maddrs=self.config.host_maddrs,
@@ -285,3 +290,25 @@ class SwarmNetwork:
             await send_blob(writer, blob)
         finally:
             writer.close()
+
+
+@contextlib.contextmanager
+def _children_in_own_session() -> Iterator[None]:
+    """Start p2pd in its own session (hivemind offers no option for it).
+
+    A terminal's Ctrl+C (SIGINT) and hang-up (SIGHUP) go to the whole foreground process
+    group; in its own session p2pd is spared, so the node can still publish its last update
+    and then stop p2pd itself. The orphan reaper still ends p2pd if the node dies.
+    Only the swarm's loop thread spawns processes through asyncio while this is in effect.
+    """
+    original = asyncio.subprocess.create_subprocess_exec
+
+    async def spawn(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
+        kwargs.setdefault("start_new_session", True)
+        return await original(*args, **kwargs)
+
+    asyncio.subprocess.create_subprocess_exec = spawn  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        asyncio.subprocess.create_subprocess_exec = original  # type: ignore[assignment]

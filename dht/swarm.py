@@ -141,6 +141,12 @@ class Swarm:
         self._publishing.add(future)
         future.add_done_callback(self._publishing.discard)
 
+    def drain(self, timeout_s: float) -> int:
+        """Wait up to `timeout_s` for this node's publishes in flight; how many did not end."""
+        pending = list(self._publishing)
+        concurrent.futures.wait(pending, timeout=timeout_s)
+        return sum(not f.done() for f in pending)
+
     def shutdown(self) -> None:
         self.network.shutdown()
         self.gossip.retained.close()

@@ -174,14 +174,15 @@ def run_keygen(args: argparse.Namespace) -> int:
 
 
 class _stop_on_signals:
-    """First SIGINT/SIGTERM asks the node to stop cleanly; a second SIGINT aborts at once."""
+    """First SIGINT/SIGTERM/SIGHUP asks the node to stop cleanly (it saves its partial round);
+    a second SIGINT aborts at once."""
 
     def __init__(self, request_stop: object) -> None:
         self._request_stop = request_stop
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> None:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def __exit__(self, *exc: object) -> None:

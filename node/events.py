@@ -26,9 +26,13 @@ class EventLog(Protocol):
 class JsonEventLog:
     """One JSON object per line on stdout, each with an `event` field and a unix `time`."""
 
+    PROGRESS_PERIOD_S = 5.0
+    """At most one `progress` event per this many seconds (the first step of a run at once)."""
+
     def __init__(self, stream: TextIO | None = None) -> None:
         self._stream = stream or sys.stdout
         self._lock = threading.Lock()
+        self._last_progress = -float("inf")
 
     def emit(self, event: str, **fields: Any) -> None:
         line = json.dumps({"event": event, "time": round(time.time(), 3), **fields}, default=str)
@@ -37,7 +41,11 @@ class JsonEventLog:
             self._stream.flush()
 
     def progress(self, **fields: Any) -> None:
-        """Per-step progress is too chatty for machines; round_done carries the figures."""
+        """Per-step progress, thinned out: a long round still shows it is moving."""
+        now = time.monotonic()
+        if now - self._last_progress >= self.PROGRESS_PERIOD_S:
+            self._last_progress = now
+            self.emit("progress", **fields)
 
     def close(self) -> None:
         self._stream.flush()
@@ -107,7 +115,8 @@ def _describe(event: str, f: dict[str, Any]) -> str | None:
     if event in ("peer_joined", "peer_left"):
         return f"peer {f['peer_id']} {'joined' if event == 'peer_joined' else 'left'}"
     if event == "resumed":
-        return f"resumed from {f['path']} at round {f['round']} ({f['num_applied']} updates)"
+        at = f", step {f['step']} of round {f['round'] + 1}" if f.get("step") else ""
+        return f"resumed from {f['path']} at round {f['round']}{at} ({f['num_applied']} updates)"
     if event == "round_done":
         val = f"  val {f['val_loss']:.4f}" if f.get("val_loss") is not None else ""
         return (
@@ -117,7 +126,8 @@ def _describe(event: str, f: dict[str, Any]) -> str | None:
     if event == "update_rejected":
         return f"[yellow]rejected update from {f['author']}: {f['reason']}[/]"
     if event == "checkpoint_saved":
-        return f"checkpoint saved to {f['path']}"
+        partial = f" (round {f['round'] + 1} kept at step {f['step']})" if f.get("step") else ""
+        return f"checkpoint saved to {f['path']}{partial}"
     if event == "stopped":
         return f"stopped after {f['round']} rounds ({f['reason']})"
     return None

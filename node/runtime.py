@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from dht.addresses import join_hint
@@ -27,12 +27,13 @@ from node.builders import (
     merge_config_from,
     swarm_config_from,
 )
-from node.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from node.checkpoint import CheckpointError, Layout, load_checkpoint, save_checkpoint
 from node.config import JoinConfig
 from node.data import load_corpus, split_corpus
 from node.events import EventLog
-from node.learner import StepStats, resolve_device
+from node.learner import RoundStats, StepStats, resolve_device
 from node.model import build_model
+from node.progress import RoundProgress
 from node.snapshot import NodeStatus, PeerSighting
 from node.stats import LastRound, NodeStats, ReplicaView
 
@@ -40,6 +41,9 @@ if TYPE_CHECKING:
     from dashboard.embedded import EmbeddedDashboard
 
 logger = logging.getLogger(__name__)
+
+DRAIN_TIMEOUT_S = 15.0
+"""How long a stopping node waits for its own update to be announced and pushed to peers."""
 
 __all__ = ["Node", "RoundTimings", "merge_config_from"]
 
@@ -130,6 +134,8 @@ class Node:
         self.events = self.dashboard.tee(events) if self.dashboard is not None else events
         self.swarm = self._build_swarm() if config.swarm else None
         self._resketcher = _Resketcher(self._record_replica)
+        self._partial: RoundProgress | None = None
+        self._step_offset = 0
         self._record_replica()
 
     def _build_dashboard(self) -> EmbeddedDashboard | None:
@@ -215,8 +221,20 @@ class Node:
             if self.dashboard is not None:
                 self.dashboard.stop()
             if self.swarm is not None:
+                self._drain_publishes()
                 self.swarm.shutdown()
             self._resketcher.stop()
+
+    def _drain_publishes(self) -> None:
+        """Let an update being published reach the swarm before leaving (bounded)."""
+        assert self.swarm is not None
+        left = self.swarm.drain(DRAIN_TIMEOUT_S)
+        if left:
+            logger.warning(
+                "%d own update(s) still being published after %.0f s; leaving without them",
+                left,
+                DRAIN_TIMEOUT_S,
+            )
 
     def _start_dashboard(self) -> None:
         """Once the swarm's DHT process has forked: no server thread may hold a lock then."""
@@ -306,14 +324,22 @@ class Node:
     def run_round(self) -> MergeResult | None:
         """H inner steps from the newest replica, then publish the pseudo-gradient."""
         start = time.perf_counter()
-        base, base_applied = self.replica.snapshot()
-        self.learner.load_params(base)
+        begun = self._begin_round()
+        base, base_applied = begun.base, begun.base_applied
         stats = self.learner.run_round(
-            self.config.inner_steps, self._should_interrupt, self._report_step,
-            self.config.round_time,
-        )  # fmt: skip
-        if stats.stopped_early or stats.num_steps == 0:
-            return None  # interrupted: a partial round is not published
+            self.config.inner_steps - begun.steps_done,
+            self._should_interrupt,
+            self._report_step,
+            _remaining(self.config.round_time, begun.inner_s),
+        )
+        done = begun.extended(stats, time.perf_counter() - start)
+        if stats.stopped_early or done.steps_done == 0:
+            # Interrupted: not published; kept (and checkpointed) to be finished later.
+            params = self.learner.params_vector()
+            self._partial = replace(done, params=params) if done.steps_done else None
+            return None
+        self._partial = None
+        stats = done.as_round_stats()
         t_inner = time.perf_counter()
         pseudo_gradient = base - self.learner.params_vector()
         payload = self.codec.encode(pseudo_gradient)
@@ -345,16 +371,29 @@ class Node:
         val_loss = self._evaluate_replica()
         t_eval = time.perf_counter()
         timings = RoundTimings(
-            inner_s=t_inner - start,
+            inner_s=t_inner - start + begun.inner_s,
             encode_s=t_encode - t_inner,
             seal_s=t_seal - t_encode,
             merge_s=t_merge - t_seal,
             eval_s=t_eval - t_merge,
         )
         published = self.seq if result.accepted else None
-        self._report_round(stats.loss, stats.tokens, val_loss, timings, t_eval - start, published)
-        self.stats.finish_round(stats.loss, val_loss, stats.tokens / max(t_eval - start, 1e-9))
+        round_s = t_eval - start + begun.inner_s
+        self._report_round(stats, val_loss, timings, round_s, published, begun.steps_done)
+        self.stats.finish_round(stats.loss, val_loss, stats.tokens / max(round_s, 1e-9))
         return result
+
+    def _begin_round(self) -> RoundProgress:
+        """The unfinished round saved at the last stop, else a new one from the replica."""
+        partial = self._partial
+        if partial is not None and partial.params is not None:
+            self.learner.load_params(partial.params)
+            self._step_offset = partial.steps_done
+            return partial
+        base, base_applied = self.replica.snapshot()
+        self.learner.load_params(base)
+        self._step_offset = 0
+        return RoundProgress(base, base_applied)
 
     def _evaluate_replica(self) -> float | None:
         if not self.val_batches:
@@ -368,7 +407,7 @@ class Node:
     def _report_step(self, step: StepStats) -> None:
         self.events.progress(
             round=self.round + 1,
-            step=step.step,
+            step=step.step + self._step_offset,
             inner_steps=self.config.inner_steps,
             loss=step.loss,
             tokens_per_s=step.tokens_per_s,
@@ -397,17 +436,21 @@ class Node:
 
     def _report_round(
         self,
-        loss: float,
-        tokens: int,
+        stats: RoundStats,
         val_loss: float | None,
         t: RoundTimings,
         round_s: float,
         seq: int | None,
+        resumed_at_step: int,
     ) -> None:
+        loss, tokens = stats.loss, stats.tokens
         self.events.emit(
             "round_done",
             round=self.round,
             seq=seq,
+            steps=stats.num_steps,
+            resumed_at_step=resumed_at_step,
+            learner_step=self.learner.step,
             loss=round(loss, 6),
             val_loss=val_loss,
             tokens=tokens,
@@ -513,6 +556,7 @@ class Node:
     # ---- checkpoints -----------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
+        partial = self._partial
         return {
             "fingerprint": self.fingerprint,
             "model": {"name": self.config.model, "vocab_size": self.spec.model.vocab_size},
@@ -521,15 +565,21 @@ class Node:
             "seq": self.seq,
             "replica": self.replica.state_dict(),
             "learner": self.learner.state_dict(),
+            "partial_round": partial.state_dict() if partial is not None else None,
         }
 
+    def param_layout(self) -> Layout:
+        """The model's parameters in the replica's flat order (names for the weights file)."""
+        return [(name, p.shape) for name, p in self.learner.model.named_parameters()]
+
     def save_checkpoint(self) -> None:
-        path = save_checkpoint(self.config.checkpoint_path, self.state_dict())
-        self.events.emit("checkpoint_saved", path=str(path), round=self.round)
+        path = save_checkpoint(self.config.checkpoint_path, self.state_dict(), self.param_layout())
+        step = self._partial.steps_done if self._partial is not None else 0
+        self.events.emit("checkpoint_saved", path=str(path), round=self.round, step=step)
 
     def _resume(self) -> None:
         path = self.config.checkpoint_path
-        state = load_checkpoint(path, self.fingerprint)
+        state = load_checkpoint(path, self.fingerprint, self.param_layout())
         if state is None:
             return
         try:
@@ -537,6 +587,10 @@ class Node:
             self.learner.load_state_dict(state["learner"])
             self.round = int(state["round"])
             own_seq = int(state["seq"]) if state["peer_id"] == self.peer_id else 0
+            partial = state.get("partial_round")
+            if partial is not None:
+                inner_steps = self.config.inner_steps
+                self._partial = RoundProgress.from_state_dict(partial, self.num_params, inner_steps)
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             raise CheckpointError(f"checkpoint in {path} is damaged ({exc})") from None
         # A node that rejoins with the same identity continues its seq numbers.
@@ -546,5 +600,11 @@ class Node:
             "resumed",
             path=str(self.config.checkpoint_path),
             round=self.round,
+            step=self._partial.steps_done if self._partial is not None else 0,
             num_applied=self.replica.num_applied,
         )
+
+
+def _remaining(limit_s: float | None, spent_s: float) -> float | None:
+    """What is left of a round's time limit after `spent_s` (None: no limit)."""
+    return None if limit_s is None else max(limit_s - spent_s, 0.0)

@@ -6,11 +6,11 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from bench.chaos import ChaosConfig, Fault, Phase
 from bench.chaos_accounting import account
 from bench.procs import ChildProcess
+from node.checkpoint import read_checkpoint
 
 pytestmark = pytest.mark.swarm
 MERGE_S = 120.0
@@ -29,7 +29,8 @@ def applied_sets(phase: Phase) -> list[set[tuple[str, int]]]:
     sets = []
     for node in range(phase.config.nodes):
         path = phase.home / f"node{node}" / ".diloco" / "checkpoints" / phase.run_id
-        state = torch.load(path / "checkpoint.pt", map_location="cpu", weights_only=True)
+        state = read_checkpoint(path)
+        assert state is not None, f"no checkpoint in {path}"
         applied = state["replica"]["applied"]
         sets.append({(author, seq) for author, seqs in applied.items() for seq in seqs})
     return sets

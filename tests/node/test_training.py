@@ -129,7 +129,7 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_quickly(node_home: Path) -> None:
         assert time.monotonic() - stopped_at < 10
         assert proc.returncode == 0
         assert '"event": "stopped"' in out
-        assert (node_home / "ckpt" / "checkpoint.pt").exists()
+        assert (node_home / "ckpt" / "checkpoint.json").exists()
         _, alive = psutil.wait_procs(children, timeout=5)
         assert not alive, f"left behind: {[p.name() for p in alive]}"
     finally:

@@ -1,0 +1,83 @@
+"""A round's inner steps so far: what a stopped node keeps so that resuming redoes none."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from node.learner import RoundStats
+
+
+@dataclass(frozen=True)
+class RoundProgress:
+    """Where the current round stands; with `params` it can be finished after a restart."""
+
+    base: torch.Tensor
+    """The replica the round started from: the pseudo-gradient is base - params."""
+    base_applied: int
+    """Updates in that replica (the staleness of the update is counted from it)."""
+    steps_done: int = 0
+    tokens: int = 0
+    loss_sum: float = 0.0
+    inner_s: float = 0.0
+    """Seconds of inner steps so far (across restarts)."""
+    params: torch.Tensor | None = None
+    """Inner parameters after `steps_done` steps; None for a round not begun."""
+
+    def extended(self, stats: RoundStats, seconds: float) -> RoundProgress:
+        """This progress plus the steps of `stats` (params are taken separately, if needed)."""
+        loss_sum = stats.loss * stats.num_steps if stats.num_steps else 0.0
+        return replace(
+            self,
+            steps_done=self.steps_done + stats.num_steps,
+            tokens=self.tokens + stats.tokens,
+            loss_sum=self.loss_sum + loss_sum,
+            inner_s=self.inner_s + seconds,
+        )
+
+    def as_round_stats(self) -> RoundStats:
+        return RoundStats(
+            num_steps=self.steps_done,
+            tokens=self.tokens,
+            loss=self.loss_sum / max(self.steps_done, 1),
+            compute_s=self.inner_s,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """Loadable with torch.load(weights_only=True)."""
+        if self.params is None:
+            raise ValueError("a round without inner parameters cannot be saved")
+        return {
+            "base": self.base,
+            "base_applied": self.base_applied,
+            "steps_done": self.steps_done,
+            "tokens": self.tokens,
+            "loss_sum": self.loss_sum,
+            "inner_s": self.inner_s,
+            "params": self.params,
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any], numel: int, max_steps: int) -> RoundProgress:
+        """ValueError unless the saved round fits this model and is unfinished."""
+        base, params = state["base"], state["params"]
+        for name, tensor in (("base", base), ("params", params)):
+            ok = isinstance(tensor, torch.Tensor) and tensor.dtype == torch.float32
+            if not ok or tensor.shape != (numel,):
+                raise ValueError(f"partial round {name} is not an fp32 vector of {numel}")
+        steps, tokens, applied = state["steps_done"], state["tokens"], state["base_applied"]
+        if not all(type(v) is int and v >= 0 for v in (steps, tokens, applied)):
+            raise ValueError("partial round counters must be non-negative integers")
+        if not 0 < steps < max_steps:
+            raise ValueError(f"partial round has {steps} steps; a round has {max_steps}")
+        return cls(
+            base=base,
+            base_applied=applied,
+            steps_done=steps,
+            tokens=tokens,
+            loss_sum=float(state["loss_sum"]),
+            inner_s=float(state["inner_s"]),
+            params=params,
+        )
