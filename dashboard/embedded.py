@@ -66,6 +66,7 @@ class EmbeddedSource(PolledSource):
             peers_alive=sum(p.alive and not p.local for p in state.peers),
             rejections=dict(sorted(own.rejections.items())),
             rejected_total=sum(own.rejections.values()),
+            rejected_peers=own.rejected_peers,
             fetches=status.fetches,
             fetched_megabytes=round(status.fetched_bytes / 1e6, 3),
         )

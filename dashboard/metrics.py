@@ -60,6 +60,15 @@ class SwarmCollector(Collector):
             for reason, count in sorted(node.rejections.items()):
                 rejections.add_metric([reason], count)
             yield rejections
+            by_peer = CounterMetricFamily(
+                "diloco_node_rejections_by_peer",
+                "Input this node rejected, from the peers it rejected most",
+                labels=["peer_id", "reason"],
+            )
+            for peer_id, reasons in sorted(node.rejected_peers.items()):
+                for reason, count in sorted(reasons.items()):
+                    by_peer.add_metric([peer_id, reason], count)
+            yield by_peer
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:

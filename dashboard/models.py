@@ -118,6 +118,8 @@ class NodeOut(_Model):
     rejections: dict[str, int]
     """Rejected updates and heartbeats by reason (bad signature, replay, stale, ...)."""
     rejected_total: int
+    rejected_peers: dict[str, dict[str, int]] = {}
+    """The peers this node rejected most: peer id -> reason -> count."""
     fetches: int
     """Update payloads fetched from peers."""
     fetched_megabytes: float

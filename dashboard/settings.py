@@ -6,6 +6,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from dht.addresses import parse_peer_maddr
+from merge.allowlist import AllowList
 from merge.identity import read_secret_file
 from node.config import JoinConfig
 
@@ -69,6 +70,8 @@ class StandaloneConfig:
     """Require 'Authorization: Bearer TOKEN' on every route (browser: open /?token=TOKEN once)."""
     token_file: str | None = None
     """Read the token from this file (mode 0600): unlike --token, it does not show in ps."""
+    allow_keys: str | None = None
+    """Permissioned run: show only the peers this TOML/YAML allow list names, under its orgs."""
     log_level: str = "INFO"
     """Logging level: DEBUG, INFO, WARNING or ERROR."""
     log_format: str = "rich"
@@ -88,6 +91,8 @@ class StandaloneConfig:
             if self.token is not None:
                 raise ValueError("give --token or --token-file, not both")
             self.token = read_secret_file(self.token_file, "--token-file")
+        if self.allow_keys is not None:
+            AllowList.load(self.allow_keys)  # one clear error before the DHT starts
         self.settings()  # raises for a bad --host, --port or --token
 
     def settings(self) -> DashboardSettings:

@@ -6,6 +6,7 @@ Liveness and the timeline are derived here, from when each peer's heartbeat last
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from dashboard.sources import PolledSource
 from dashboard.view import PeerRecord, SwarmState
 from dht.heartbeat import Heartbeat
 from dht.observer import SwarmObserver, SwarmSnapshot
+from merge.allowlist import AllowList
 from node.events import EventLog
 
 DEFAULT_HEARTBEAT_PERIOD_S = 5.0
@@ -54,10 +56,12 @@ class StandaloneSource(PolledSource):
         history: History,
         *,
         clock: Callable[[], float] = time.time,
+        allowlist: AllowList | None = None,
     ) -> None:
         super().__init__(run_id, settings, history)
         self._observer = observer
         self._clock = clock
+        self._allowlist = allowlist
         self._fingerprint = ""
         self._tracked: dict[str, _Tracked] = {}
 
@@ -65,7 +69,9 @@ class StandaloneSource(PolledSource):
         snapshot = self._choose(self._observer.snapshot(self.run_id))
         now = self._clock()
         for peer in snapshot.peers if snapshot is not None else []:
-            self._see(peer.heartbeat, now)
+            heartbeat = self._admitted(peer.heartbeat)
+            if heartbeat is not None:
+                self._see(heartbeat, now)
         for peer_id, tracked in self._tracked.items():
             if tracked.alive and now - tracked.last_seen > self._alive_window_s(tracked):
                 tracked.alive = False
@@ -76,6 +82,13 @@ class StandaloneSource(PolledSource):
             for t in sorted(self._tracked.values(), key=_order)
         ]
         return SwarmState(self.run_id, self._fingerprint, self.mode, peers, now)
+
+    def _admitted(self, heartbeat: Heartbeat) -> Heartbeat | None:
+        """Permissioned: listed peers only, under the organization the allow list gives them."""
+        if self._allowlist is None:
+            return heartbeat
+        org = self._allowlist.org_of(heartbeat.peer_id)
+        return None if org is None else dataclasses.replace(heartbeat, org=org)
 
     def _choose(self, snapshots: list[SwarmSnapshot]) -> SwarmSnapshot | None:
         """The configuration with the most peers (normally the only one) under the run id."""
@@ -131,7 +144,10 @@ def serve(config: StandaloneConfig, events: EventLog, stop: threading.Event) -> 
     check_free(settings.host, settings.port)  # before the DHT's seconds of start-up
     assert config.peers is not None
     with SwarmObserver(config.peers) as observer:
-        source = StandaloneSource(observer, config.run_id, settings, History(settings))
+        allowlist = AllowList.load(config.allow_keys) if config.allow_keys else None
+        source = StandaloneSource(
+            observer, config.run_id, settings, History(settings), allowlist=allowlist
+        )
         server = DashboardServer(create_app(source, settings), settings.host, settings.port)
         source.start()
         try:

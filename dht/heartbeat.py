@@ -35,6 +35,8 @@ MAX_LOSS = 1e6
 MAX_SKETCH = 256
 MAX_MADDRS = 16
 MAX_REJECTION_REASONS = 64
+MAX_REJECTED_PEERS = 8
+MAX_REJECTED_REASONS = 8
 REASONS = ("malformed", "bad_signature", "wrong_peer", "too_large", "not_allowed")
 
 PeerId = Annotated[str, Field(min_length=1, max_length=128)]
@@ -108,10 +110,11 @@ class Heartbeat:
     """Updates this node merged since it started, counted per STALENESS_BUCKETS bucket."""
     heartbeat_period_s: Annotated[float, Field(ge=0, le=3600, allow_inf_nan=False)] = 0.0
     """The sender's heartbeat period: observers call it dead after three silent periods."""
-    rejected_peers: Annotated[dict[PeerId, Count], Field(max_length=16)] = dataclasses.field(
-        default_factory=dict
-    )
-    """The peers whose input this node rejected most, with how often (at most 16)."""
+    rejected_peers: Annotated[
+        dict[PeerId, Annotated[dict[Label, Count], Field(max_length=MAX_REJECTED_REASONS)]],
+        Field(max_length=MAX_REJECTED_PEERS),
+    ] = dataclasses.field(default_factory=dict)
+    """The peers whose input this node rejected most: peer -> reason -> count."""
     num_lost: Count = 0
     """Updates this node knows were published but no live peer could give it."""
 

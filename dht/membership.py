@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -51,6 +52,8 @@ class Membership:
         self._bad_heartbeats = _SeenSet(4096)
         self.admit: Callable[[str], bool] | None = None
         """Permissioned runs: whether a peer may take part (None: anyone may)."""
+        self.org_of: Callable[[str], str | None] | None = None
+        """Permissioned runs: a peer's organization from the allow list, not its own claim."""
 
     def alive_peers(self) -> list[Heartbeat]:
         period = self.config.heartbeat_period_s
@@ -113,7 +116,7 @@ class Membership:
                 raise HeartbeatError("malformed", "a heartbeat record's subkey names no owner")
             if self.admit is not None and not self.admit(peer_id):
                 raise HeartbeatError("not_allowed", "the peer is not in the allow list")
-            return Heartbeat.verify(blob, peer_id)
+            heartbeat = Heartbeat.verify(blob, peer_id)
         except HeartbeatError as exc:
             if self._bad_heartbeats.add(
                 hash((str(subkey), blob if isinstance(blob, bytes) else 0))
@@ -121,6 +124,8 @@ class Membership:
                 reason = "not_allowed" if exc.reason == "not_allowed" else f"heartbeat_{exc.reason}"
                 self._reject(reason, peer_id or str(subkey)[:128], str(exc), update=False)
             return None
+        org = self.org_of(heartbeat.peer_id) if self.org_of is not None else None
+        return heartbeat if org is None else dataclasses.replace(heartbeat, org=org)
 
     def _see_peer(self, heartbeat: Heartbeat, now: float) -> None:
         """Only a newer heartbeat refreshes a peer: a replayed record keeps nobody alive."""

@@ -49,8 +49,11 @@ class RejectionLog:
             rows = sorted(self._by_peer.items(), key=lambda kv: -sum(kv[1].values()))
             return {peer: dict(sorted(c.items())) for peer, c in rows[:limit]}
 
-    def totals_by_peer(self, limit: int) -> dict[str, int]:
-        return {peer: sum(c.values()) for peer, c in self.by_peer(limit).items()}
+    def top(self, max_peers: int, max_reasons: int) -> dict[str, dict[str, int]]:
+        """The `max_peers` most rejected peers, each with its `max_reasons` main reasons."""
+        with self._lock:
+            rows = sorted(self._by_peer.items(), key=lambda kv: -sum(kv[1].values()))
+            return {peer: dict(c.most_common(max_reasons)) for peer, c in rows[:max_peers]}
 
     def _make_room(self) -> None:
         if len(self._by_peer) < self._max_peers:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, ClassVar, get_args, get_origin, get_type_hints
 
 from dht.addresses import listen_maddrs, parse_announce_maddr, parse_peer_maddr
+from merge.allowlist import AllowList
 from merge.identity import read_secret_file
 
 DILOCO_HOME = Path("~/.diloco")
@@ -158,6 +159,9 @@ class JoinConfig:
     """Require 'Authorization: Bearer TOKEN' on every dashboard route (browser: /?token=TOKEN)."""
     dashboard_token_file: str | None = None
     """Read the dashboard token from this file (mode 0600): unlike --dashboard-token, not in ps."""
+    allow_keys: str | None = None
+    """Permissioned run: TOML or YAML file mapping organizations to the peer ids or Ed25519
+    public keys that may contribute; others are ignored and counted (default: open swarm)."""
 
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
         "model": ("auto", *MODEL_NAMES),
@@ -258,6 +262,8 @@ class JoinConfig:
             self.dashboard_token = read_secret_file(
                 self.dashboard_token_file, "--dashboard-token-file"
             )
+        if self.allow_keys is not None:
+            AllowList.load(self.allow_keys)  # one clear error now, not after the swarm starts
         token = self.dashboard_token
         if token is not None and not (token.isascii() and token.isprintable() and " " not in token):
             raise ValueError("--dashboard-token must be printable ASCII without spaces")

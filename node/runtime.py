@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -10,12 +11,20 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from dht.addresses import join_hint
-from dht.heartbeat import MAX_AUTHORS, Heartbeat
+from dht.heartbeat import (
+    MAX_AUTHORS,
+    MAX_LOSS,
+    MAX_REJECTED_PEERS,
+    MAX_REJECTED_REASONS,
+    Heartbeat,
+)
 from dht.swarm import Swarm
+from merge.allowlist import AllowList
 from merge.codecs import get_codec
 from merge.envelope import seal
 from merge.identity import Identity
 from merge.pipeline import MergeResult, UpdatePipeline
+from merge.rejections import RejectionLog
 from merge.sketch import ReplicaSketch
 from node.builders import (
     build_learner,
@@ -132,7 +141,9 @@ class Node:
         self._started_at = time.monotonic()
         self.dashboard = self._build_dashboard()
         self.events = self.dashboard.tee(events) if self.dashboard is not None else events
+        self.allowlist = AllowList.load(config.allow_keys) if config.allow_keys else None
         self.swarm = self._build_swarm() if config.swarm else None
+        self._apply_allowlist()
         self._resketcher = _Resketcher(self._record_replica)
         self._partial: RoundProgress | None = None
         self._step_offset = 0
@@ -154,6 +165,15 @@ class Node:
             peer_id=self.peer_id,
             status=self.status,
         )
+
+    def _apply_allowlist(self) -> None:
+        """Permissioned run: only listed keys contribute, shown under the file's organization."""
+        if self.allowlist is None:
+            return
+        self.pipeline.admit = self.allowlist.allows
+        if self.swarm is not None:
+            self.swarm.membership.admit = self.allowlist.allows
+            self.swarm.membership.org_of = self.allowlist.org_of
 
     def _build_swarm(self) -> Swarm:
         return Swarm(
@@ -492,6 +512,10 @@ class Node:
             return None
         return self.stats.drift(self.swarm.alive_peers())
 
+    @property
+    def _rejection_log(self) -> RejectionLog:
+        return self.pipeline.rejection_log
+
     def heartbeat(self) -> Heartbeat:
         """Built from figures kept up to date elsewhere: cheap enough for the swarm's loop."""
         s = self.stats.snapshot()
@@ -509,8 +533,8 @@ class Node:
             state=s.state,
             round=s.round,
             tokens_per_s=round(float(s.last_round.tokens_per_s), 1),
-            loss=s.last_round.loss,
-            val_loss=s.last_round.val_loss,
+            loss=_reportable_loss(s.last_round.loss),
+            val_loss=_reportable_loss(s.last_round.val_loss),
             num_applied=s.replica.num_applied,
             applied_digest=s.replica.applied_digest,
             latest_seq=s.published_seq,
@@ -528,6 +552,9 @@ class Node:
             staleness_histogram=list(s.staleness_counts),
             heartbeat_period_s=self.config.heartbeat_period,
             num_lost=self.swarm.num_lost if self.swarm is not None else 0,
+            rejected_peers=self.pipeline.rejection_log.top(
+                MAX_REJECTED_PEERS, MAX_REJECTED_REASONS
+            ),
         )
 
     def status(self) -> NodeStatus:
@@ -608,3 +635,8 @@ class Node:
 def _remaining(limit_s: float | None, spent_s: float) -> float | None:
     """What is left of a round's time limit after `spent_s` (None: no limit)."""
     return None if limit_s is None else max(limit_s - spent_s, 0.0)
+
+
+def _reportable_loss(loss: float | None) -> float | None:
+    """A diverged loss (inf, nan, huge) is reported as unknown: peers refuse such heartbeats."""
+    return loss if loss is not None and math.isfinite(loss) and 0 <= loss <= MAX_LOSS else None

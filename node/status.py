@@ -28,6 +28,8 @@ def peer_row(peer: PeerStatus) -> dict[str, Any]:
         "device": h.device,
         "version": h.version,
         "last_seen_s": round(peer.last_seen_s, 1),
+        "rejections": dict(h.rejections),
+        "rejected_peers": {p: dict(reasons) for p, reasons in h.rejected_peers.items()},
     }
 
 
@@ -70,3 +72,17 @@ def print_status(run_id: str, snapshots: list[SwarmSnapshot], *, as_json: bool) 
                 f"{row['last_seen_s']:.0f}s ago",
             )
         console.print(table)
+        _print_rejections(console, snap)
+
+
+def _print_rejections(console: Console, snap: SwarmSnapshot) -> None:
+    """Who rejected whom and why: each peer's most rejected peers, per reason."""
+    lines = [
+        f"  {p.heartbeat.peer_id[-12:]} rejected {offender[-12:]}: "
+        + ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items()))
+        for p in snap.peers
+        for offender, reasons in p.heartbeat.rejected_peers.items()
+    ]
+    if lines:
+        console.print("rejections (peer, offender, reasons):")
+        console.print("\n".join(lines), markup=False, highlight=False)

@@ -75,6 +75,7 @@ def test_node_route_counts_rejected_updates(trained_node: Node) -> None:
 
     assert node["peer_id"] == trained_node.peer_id
     assert node["rejections"] == {"equivocation": 1} and node["rejected_total"] == 1
+    assert node["rejected_peers"] == {trained_node.peer_id: {"equivocation": 1}}
     assert node["num_applied"] == 2 and node["round"] == 2
     timeline = embedded_client(trained_node).get("/api/history").json()["timeline"]
     assert timeline[-1]["kind"] == "rejected" and "equivocation" in timeline[-1]["detail"]
@@ -104,6 +105,8 @@ def test_history_has_a_loss_point_per_round_and_the_events_pass_through(
 
 def test_metrics_parse_as_prometheus_text(trained_node: Node) -> None:
     trained_node.pipeline.rejections["bad_signature"] += 3
+    for _ in range(3):
+        trained_node.pipeline.rejection_log.count("12D3KooWforger", "bad_signature")
     response = embedded_client(trained_node).get("/metrics")
 
     assert response.status_code == 200
@@ -117,6 +120,9 @@ def test_metrics_parse_as_prometheus_text(trained_node: Node) -> None:
     assert {s.labels["staleness"]: s.value for s in by_staleness}["0"] == 2
     rejected = {s.labels["reason"]: s.value for s in families["diloco_node_rejections"].samples}
     assert rejected["bad_signature"] == 3
+    (by_peer,) = families["diloco_node_rejections_by_peer"].samples
+    assert by_peer.labels == {"peer_id": "12D3KooWforger", "reason": "bad_signature"}
+    assert by_peer.value == 3
 
 
 def test_token_guards_every_route(trained_node: Node) -> None:

@@ -11,7 +11,9 @@ from dashboard.settings import DashboardSettings
 from dashboard.standalone import StandaloneSource
 from dashboard.view import swarm_out
 from dht.heartbeat import Heartbeat
+from merge.allowlist import AllowList
 from merge.identity import Identity
+from node.status import print_status, status_document
 from tests.dashboard.conftest import Clock, FakeObserver
 
 SETTINGS = DashboardSettings(port=0, poll_period_s=2.0)
@@ -148,3 +150,29 @@ def test_history_is_bounded(swarm: Swarm) -> None:
     assert len(history.swarm) == 5 and len(history.peers[0].points) == 3
     assert len(history.timeline) == 4
     assert len(swarm.history.to_out(max_points=2).swarm) == 2
+
+
+def test_a_permissioned_dashboard_shows_listed_peers_under_the_files_orgs(swarm: Swarm) -> None:
+    a = swarm.peer_id("a")
+    swarm.source._allowlist = AllowList({a: "lab-from-file"})  # b is not listed
+    swarm.beat("a", org="claimed-org")
+    swarm.beat("b")
+
+    peers = swarm.read()["peers"]
+
+    assert [(p["peer_id"], p["org"]) for p in peers] == [(a, "lab-from-file")]
+
+
+def test_status_shows_rejections_per_peer_and_reason(
+    swarm: Swarm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    b = swarm.peer_id("b")
+    swarm.beat("a", rejections={"bad_signature": 3}, rejected_peers={b: {"bad_signature": 3}})
+    snapshots = swarm.observer.snapshot("run")
+
+    document = status_document("run", snapshots)
+    print_status("run", snapshots, as_json=False)
+
+    (row,) = document["runs"][0]["peers"]
+    assert row["rejected_peers"] == {b: {"bad_signature": 3}}
+    assert f"rejected {b[-12:]}: 3 bad_signature" in capsys.readouterr().out

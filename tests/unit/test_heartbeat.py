@@ -52,7 +52,8 @@ def test_an_honest_heartbeat_round_trips() -> None:
         {"maddrs": ["/ip4/1.2.3.4/tcp/1"] * 17},
         {"unknown_field": 1},
         {"sketch": [float("nan")]},
-        {"rejected_peers": {"p": -1}},
+        {"rejected_peers": {"p": {"replay": -1}}},
+        {"rejected_peers": {f"p{i}": {} for i in range(9)}},
     ],
 )
 def test_mistyped_or_out_of_range_fields_are_rejected(changes: dict[str, Any]) -> None:
