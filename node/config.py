@@ -189,7 +189,7 @@ class JoinConfig:
         "network": (
             "swarm", "peers", "host", "port", "announce", "relay", "auto_relay", "client_mode",
             "identity", "org", "serve_state", "heartbeat_period", "retain_updates", "retain_mb",
-            "gap_wait",
+            "gap_wait", "allow_keys",
         ),
         "dashboard": (
             "dashboard_port", "dashboard_host", "dashboard_token", "dashboard_token_file",
