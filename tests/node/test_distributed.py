@@ -45,8 +45,14 @@ def _rank(rank: int, world_size: int, init_file: str, out: str, parallel: str) -
         return
     learner.load_params(base)
     stats = learner.run_round(NUM_STEPS, lambda: False, lambda _: None)
-    torch.save({"delta": base - learner.params_vector(), "tokens": stats.tokens}, out)
-    learner.release()
+    delta = base - learner.params_vector()
+    # Rank 0 decides when a round ends, for every rank: at --round-time, or interrupted.
+    timed = learner.run_round(50, lambda: False, lambda _: None, max_seconds=1e-9)
+    asks = iter([False, False, True])
+    interrupted = learner.run_round(50, lambda: next(asks), lambda _: None)
+    rounds = [(r.num_steps, r.stopped_early) for r in (timed, interrupted)]
+    torch.save({"delta": delta, "tokens": stats.tokens, "rounds": rounds}, out)
+    learner.release()  # the other ranks exit only if they took the same steps
 
 
 def _single_process() -> tuple[torch.Tensor, int]:
@@ -65,6 +71,6 @@ def test_two_ranks_give_the_single_process_pseudo_gradient(tmp_path: Path, paral
     ranked = torch.load(out, weights_only=True)
     expected, tokens = _single_process()
     relative = (ranked["delta"] - expected).norm() / expected.norm()
-    print(f"{parallel}: relative difference {float(relative):.3g}")
     assert relative < 1e-5, relative
     assert ranked["tokens"] == tokens == NUM_STEPS * GLOBAL_BATCH * 32
+    assert ranked["rounds"] == [(1, False), (2, True)]
