@@ -192,8 +192,11 @@ class ShardedLearner(Learner):
             _fully_shard(self.module, device)
         rows = RankSlice(sampler, self.rank, self.world_size)
         super().__init__(self.module, rows, config, device)  # type: ignore[arg-type]
+        # self.model stays the plain module (its parameter names are a single process's);
+        # only the inner step runs through DDP, which averages the gradients.
+        self._ddp: nn.Module | None = None
         if not self.sharded:
-            self.model = nn.parallel.DistributedDataParallel(
+            self._ddp = nn.parallel.DistributedDataParallel(
                 self.module,
                 device_ids=[device.index] if device.type == "cuda" else None,
                 forward_sync_buffers=False,  # buffers are constants (rotary tables)
@@ -262,11 +265,11 @@ class ShardedLearner(Learner):
 
     def evaluate(self, batches: list[tuple[Tensor, Tensor]]) -> float:
         if not self.sharded:
-            return _evaluate(self, self.module, batches)  # rank 0 alone: no collective
+            return super().evaluate(batches)  # rank 0 alone: no collective
         self._command(_EVAL)
         box = [batches]
         dist.broadcast_object_list(box, src=0)
-        loss = _evaluate(self, self.model, box[0])
+        loss = super().evaluate(box[0])
         self.module.reshard()  # type: ignore[operator]  # FSDP keeps the root gathered after forward
         return loss
 
@@ -312,7 +315,12 @@ class ShardedLearner(Learner):
     # ---- plumbing --------------------------------------------------------------------------
 
     def _inner_step(self) -> tuple[float, int]:
-        loss, tokens = super()._inner_step()
+        if self._ddp is not None:
+            self.model = self._ddp
+        try:
+            loss, tokens = super()._inner_step()
+        finally:
+            self.model = self.module
         return loss, tokens * self.world_size  # the node trained on every rank's rows
 
     def _command(self, command: int, argument: int = 0) -> None:
@@ -364,15 +372,6 @@ def follow(learner: ShardedLearner) -> None:
             dist.destroy_process_group()
             return
         handlers[command](argument)
-
-
-def _evaluate(learner: Learner, model: nn.Module, batches: list[tuple[Tensor, Tensor]]) -> float:
-    original = learner.model
-    learner.model = model
-    try:
-        return Learner.evaluate(learner, batches)
-    finally:
-        learner.model = original
 
 
 def _fully_shard(model: nn.Module, device: torch.device) -> None:
