@@ -399,8 +399,19 @@ def run_multiprocess_join(config: JoinConfig, argv: Sequence[str]) -> int:
                 f"the node's batch of {batch_size} sequences does not split over "
                 f"--nproc-per-node {config.nproc_per_node}; pass a --batch-size divisible by it"
             )
+        _check_devices(config.device, config.nproc_per_node)
         return launch_local_ranks(config.nproc_per_node, argv)
     return run_ranked_join(config, rank)
+
+
+def _check_devices(device: str, nproc_per_node: int) -> None:
+    """One GPU per rank: more ranks than GPUs is a clear error, not a CUDA one later."""
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if use_cuda and nproc_per_node > torch.cuda.device_count():
+        raise ValueError(
+            f"--nproc-per-node {nproc_per_node} needs as many GPUs; "
+            f"this machine has {torch.cuda.device_count()}"
+        )
 
 
 def run_ranked_join(config: JoinConfig, rank: RankInfo) -> int:
