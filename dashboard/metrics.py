@@ -41,6 +41,8 @@ class SwarmCollector(Collector):
         yield _gauge("diloco_swarm_tokens_per_second", "Sum over live peers", t.tokens_per_s)
         yield _gauge("diloco_updates_published", "Updates published", t.updates_published)
         yield _gauge("diloco_updates_merged", "Updates every live replica holds", t.updates_merged)
+        yield _gauge("diloco_bytes_sent", "Bytes live peers sent to peers", t.bytes_sent)
+        yield _gauge("diloco_bytes_received", "Bytes live peers received", t.bytes_received)
         if t.goodput is not None:
             yield _gauge("diloco_goodput_ratio", "Merged everywhere / published", t.goodput)
         if t.drift is not None:

@@ -58,6 +58,10 @@ class Totals(_Model):
     """Largest drift any live peer reports."""
     peers_known: int
     """Live and dead peers this dashboard has seen."""
+    bytes_sent: int
+    """Bytes the live peers sent to peers since they started (their heartbeats' sum)."""
+    bytes_received: int
+    """Bytes the live peers received from peers since they started."""
     updates_published: int
     """Updates published by every peer seen, live or dead."""
     val_loss: float | None

@@ -94,6 +94,8 @@ def totals(state: SwarmState) -> Totals:
         goodput=_ratio(merged, published),
         drift=max(drifts) if drifts else None,
         peers_known=len(state.peers),
+        bytes_sent=sum(h.bytes_sent for h in alive),
+        bytes_received=sum(h.bytes_received for h in alive),
         updates_published=published,
         val_loss=round(statistics.fmean(val_losses), 6) if val_losses else None,
     )

@@ -110,6 +110,10 @@ class Heartbeat:
     """Updates this node merged since it started, counted per STALENESS_BUCKETS bucket."""
     heartbeat_period_s: Annotated[float, Field(ge=0, le=3600, allow_inf_nan=False)] = 0.0
     """The sender's heartbeat period: observers call it dead after three silent periods."""
+    bytes_sent: Count = 0
+    """Bytes the sender sent to peers over streams since it started (updates, state, ...)."""
+    bytes_received: Count = 0
+    """Bytes the sender received from peers over streams since it started."""
     rejected_peers: Annotated[
         dict[PeerId, Annotated[dict[Label, Count], Field(max_length=MAX_REJECTED_REASONS)]],
         Field(max_length=MAX_REJECTED_PEERS),

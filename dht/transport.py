@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import struct
+import threading
 from typing import Any
 
 HEADER = struct.Struct(">BQ")  # status byte, payload length
@@ -16,8 +17,35 @@ class TransportError(ConnectionError):
     """A peer sent something we will not read, or refused a request."""
 
 
+class WireBytes:
+    """Bytes this process moved over peer streams (blobs with their framing); thread-safe.
+
+    One node per process: these are the node's bytes on the wire. hivemind's own DHT RPCs
+    (heartbeat records, announcements in the DHT) are not counted.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sent = 0
+        self._received = 0
+
+    def add(self, *, sent: int = 0, received: int = 0) -> None:
+        with self._lock:
+            self._sent += sent
+            self._received += received
+
+    def totals(self) -> tuple[int, int]:
+        """(sent, received) since the process started."""
+        with self._lock:
+            return self._sent, self._received
+
+
+WIRE_BYTES = WireBytes()
+
+
 async def send_blob(writer: asyncio.StreamWriter, data: bytes, *, status: int = OK) -> None:
     writer.write(HEADER.pack(status, len(data)))
+    WIRE_BYTES.add(sent=HEADER.size + len(data))
     view = memoryview(data)
     for offset in range(0, len(view), CHUNK_BYTES):
         writer.write(view[offset : offset + CHUNK_BYTES])
@@ -32,6 +60,7 @@ async def receive_blob(reader: asyncio.StreamReader, *, max_bytes: int) -> bytes
         if length > max_bytes:
             raise TransportError(f"peer announced {length} bytes, more than the {max_bytes} cap")
         data = await reader.readexactly(length)
+        WIRE_BYTES.add(received=HEADER.size + length)
     except asyncio.IncompleteReadError as exc:
         raise TransportError("peer closed the stream early") from exc
     if status == REFUSED:

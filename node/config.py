@@ -16,6 +16,7 @@ from typing import Any, ClassVar, get_args, get_origin, get_type_hints
 
 from dht.addresses import listen_maddrs, parse_announce_maddr, parse_peer_maddr
 from merge.allowlist import AllowList
+from merge.codecs import CODECS
 from merge.identity import read_secret_file
 
 DILOCO_HOME = Path("~/.diloco")
@@ -79,7 +80,8 @@ class JoinConfig:
     token_weighting: str = "tokens"
     """Weigh an update by the tokens it trained on (tokens) or not at all (none)."""
     codec: str = "bf16"
-    """Encoding of published pseudo-gradients: fp32 or bf16."""
+    """Encoding of published pseudo-gradients: fp32, bf16, int8 or int4 (blockwise), or sparse
+    (top 1.6% of each 4096 entries, 2 bits each); the last three carry error feedback."""
     round_time: float | None = None
     """Dynamic local updates: each round runs as many inner steps as fit in this many seconds
     (at most --inner-steps), so slower hardware publishes smaller updates as often."""
@@ -169,7 +171,7 @@ class JoinConfig:
         "staleness": ("constant", "polynomial", "hinge", "exponential"),
         "token_weighting": ("tokens", "none"),
         "correction": ("none", "heloco"),
-        "codec": ("fp32", "bf16"),
+        "codec": tuple(CODECS),
         "device": ("auto", "cpu", "cuda"),
         "parallel": ("ddp", "fsdp"),
         "log_level": ("DEBUG", "INFO", "WARNING", "ERROR"),

@@ -19,9 +19,11 @@ from dht.heartbeat import (
     Heartbeat,
 )
 from dht.swarm import Swarm
+from dht.transport import WIRE_BYTES
 from merge.allowlist import AllowList
 from merge.codecs import get_codec
 from merge.envelope import seal
+from merge.feedback import Compressor
 from merge.identity import Identity
 from merge.pipeline import MergeResult, UpdatePipeline
 from merge.rejections import RejectionLog
@@ -132,6 +134,8 @@ class Node:
         self.num_params = self.replica.numel
         self.pipeline = UpdatePipeline(self.replica, self.merge_config, self.fingerprint)
         self.codec = get_codec(config.codec)
+        # Error feedback for the lossy codecs: what a payload drops goes into the next round's.
+        self.compressor = Compressor(self.codec, self.num_params)
         self.learner = build_learner(config, self.spec, model, split, self.peer_id, self.device)
         self.val_batches = build_validation(config, self.spec, split)
         self.stats = NodeStats()
@@ -362,7 +366,7 @@ class Node:
         stats = done.as_round_stats()
         t_inner = time.perf_counter()
         pseudo_gradient = base - self.learner.params_vector()
-        payload = self.codec.encode(pseudo_gradient)
+        payload = self.compressor.encode(pseudo_gradient)
         t_encode = time.perf_counter()
         update = seal(
             self.identity,
@@ -399,7 +403,10 @@ class Node:
         )
         published = self.seq if result.accepted else None
         round_s = t_eval - start + begun.inner_s
-        self._report_round(stats, val_loss, timings, round_s, published, begun.steps_done)
+        update_bytes = len(update.to_bytes()) if result.accepted else 0
+        self._report_round(
+            stats, val_loss, timings, round_s, published, begun.steps_done, update_bytes
+        )
         self.stats.finish_round(stats.loss, val_loss, stats.tokens / max(round_s, 1e-9))
         return result
 
@@ -462,8 +469,10 @@ class Node:
         round_s: float,
         seq: int | None,
         resumed_at_step: int,
+        update_bytes: int,
     ) -> None:
         loss, tokens = stats.loss, stats.tokens
+        bytes_sent, bytes_received = WIRE_BYTES.totals()
         self.events.emit(
             "round_done",
             round=self.round,
@@ -485,6 +494,10 @@ class Node:
             drift=self.drift(),
             peers_alive=len(self.swarm.alive_peers()) if self.swarm is not None else 0,
             lost=self.swarm.num_lost if self.swarm is not None else 0,
+            codec=self.codec.name,
+            update_bytes=update_bytes,
+            bytes_sent=bytes_sent,
+            bytes_received=bytes_received,
         )
 
     def live_learners(self) -> int:
@@ -524,6 +537,7 @@ class Node:
         if self.swarm is not None:
             for reason, count in list(self.swarm.rejections.items()):
                 rejections[reason] = rejections.get(reason, 0) + count
+        bytes_sent, bytes_received = WIRE_BYTES.totals()
         return Heartbeat(
             peer_id=self.peer_id,
             org=self.config.org,
@@ -555,6 +569,8 @@ class Node:
             rejected_peers=self.pipeline.rejection_log.top(
                 MAX_REJECTED_PEERS, MAX_REJECTED_REASONS
             ),
+            bytes_sent=bytes_sent,
+            bytes_received=bytes_received,
         )
 
     def status(self) -> NodeStatus:
@@ -593,6 +609,7 @@ class Node:
             "replica": self.replica.state_dict(),
             "learner": self.learner.state_dict(),
             "partial_round": partial.state_dict() if partial is not None else None,
+            "error_feedback": self.compressor.state_dict(),
         }
 
     def param_layout(self) -> Layout:
@@ -612,6 +629,8 @@ class Node:
         try:
             self.replica.load_state_dict(state["replica"])
             self.learner.load_state_dict(state["learner"])
+            if "error_feedback" in state:  # checkpoints before codecs with error feedback lack it
+                self.compressor.load_state_dict(state["error_feedback"])
             self.round = int(state["round"])
             own_seq = int(state["seq"]) if state["peer_id"] == self.peer_id else 0
             partial = state.get("partial_round")

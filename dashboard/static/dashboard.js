@@ -51,6 +51,14 @@ function fmtCount(x) {
   return Math.round(x).toLocaleString("en-US");
 }
 
+function fmtBytes(x) {
+  if (!isNum(x)) return "–";
+  const units = ["B", "KB", "MB", "GB", "TB"];
+  let i = 0;
+  while (Math.abs(x) >= 1000 && i < units.length - 1) { x /= 1000; i += 1; }
+  return (i ? x.toFixed(1) : String(Math.round(x))) + " " + units[i];
+}
+
 const fmtPct = (x) => (isNum(x) ? (100 * x).toFixed(1) + "%" : "–");
 
 function fmtDrift(x) {
@@ -230,6 +238,8 @@ function renderKpis(swarm, history) {
     ? `${fmtCount(t.updates_merged)} of ${fmtCount(t.updates_published)} updates everywhere`
     : "no update published yet";
   $("drift").textContent = fmtDrift(t.drift);
+  $("wire-bytes").textContent = fmtBytes(t.bytes_sent);
+  $("wire-bytes-sub").textContent = `sent by live peers · ${fmtBytes(t.bytes_received)} received`;
   const rate = history.merges_per_minute.at(-1);
   $("merge-rate").textContent = rate ? rate.updates_per_min.toFixed(1) : "–";
 }
