@@ -1,0 +1,222 @@
+"""Bytes on the wire against data-parallel all-reduce, and quality of each codec at equal tokens.
+
+    python -m bench.wire                                  # small sizes; tiny model trained
+    python -m bench.wire --train-rounds 4 --codecs bf16,sparse
+
+Bytes: for every codec, a real pseudo-gradient of the `--model` size is encoded and sealed;
+the envelope (header, signature, payload) and the announcement (signed header) are measured
+as the bytes that travel. Under gossip each of M learners receives the M - 1 other updates of
+a round and, by symmetry, serves M - 1 copies of its own: (M - 1) x (envelope + announcement)
+sent and as many received per round of H inner steps. Data-parallel training instead
+all-reduces an fp32 gradient every inner step; a ring all-reduce sends and receives
+2 (M - 1) / M gradient sizes per learner per step. Heartbeats and DHT upkeep (a few KB every
+few seconds whatever the codec) are left out of both.
+
+Quality: `--train-learners` learners train the `--train-model` in one process, each round
+from the replica, and publish through the real path (error feedback, encode, seal, the
+UpdatePipeline's verify, decode, weigh and apply). Every codec sees the same data in the same
+order for the same tokens; the final validation loss is compared with bf16's.
+
+Peak-to-mean: a learner's upload is binned per inner step, each publication in the step
+after it is sealed, as gossip serves it (P fragments published on staggered steps split it).
+
+Targets (issue 9): >= 1,000x fewer bytes than DP with the sparse codec, H = 100, M = 8;
+int8, int4 and sparse within 1% of bf16's validation loss. The final line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from bench.quality import Evaluator, QualityConfig
+from merge.codecs import CODECS, get_codec
+from merge.envelope import SignedUpdate, seal
+from merge.feedback import Compressor
+from merge.identity import Identity
+from merge.outer import OuterConfig, make_outer_optimizer
+from merge.pipeline import MergeConfig, UpdatePipeline
+from merge.replica import Replica
+from merge.weighting import TokenWeightConfig
+from node.model import build_model, model_config
+
+FINGERPRINT = hashlib.sha256(b"bench.wire").hexdigest()
+DP_GRADIENT_BYTES = 4
+"""Bytes per element of the gradient data-parallel training all-reduces (fp32)."""
+
+
+@dataclass(kw_only=True)
+class WireConfig:
+    """What bench.wire measures."""
+
+    model: str = "small"
+    """Model whose size the bytes are measured at."""
+    learners: int = 8
+    """M for the bytes comparison."""
+    inner_steps: int = 100
+    """H for the bytes comparison."""
+    codecs: str = "bf16,int8,int4,sparse"
+    """Codecs compared (bf16 first: the quality reference)."""
+    train_model: str = "tiny"
+    """Model trained for the quality comparison."""
+    train_learners: int = 4
+    """Learners of the quality comparison."""
+    train_rounds: int = 12
+    """Rounds of the quality comparison."""
+    train_inner_steps: int = 25
+    """H of the quality comparison."""
+    eval_batches: int = 16
+    """Validation batches of the final evaluation."""
+    threads: int = 2
+    """torch threads."""
+
+
+def seal_payload(
+    author: Identity, codec: str, payload: bytes, numel: int, *, seq: int, applied: int,
+    tokens: int, inner_steps: int, learners: int,
+) -> SignedUpdate:  # fmt: skip
+    return seal(
+        author,
+        fingerprint=FINGERPRINT,
+        seq=seq,
+        base_applied=applied,
+        published_applied=applied,
+        inner_steps=inner_steps,
+        tokens=tokens,
+        loss=3.0,
+        codec=codec,
+        numel=numel,
+        payload=payload,
+        learners=learners,
+    )
+
+
+def wire_bytes(codec: str, numel: int, inner_steps: int, learners: int) -> tuple[int, int]:
+    """(envelope, announcement) bytes of a real sealed update of ``numel`` elements."""
+    pseudo_gradient = torch.randn(numel, generator=torch.Generator().manual_seed(0)) * 1e-3
+    payload = Compressor(get_codec(codec), numel).encode(pseudo_gradient)
+    update = seal_payload(
+        Identity.from_private_bytes(b"w" * 32), codec, payload, numel, seq=12345, applied=67890,
+        tokens=inner_steps * 4096, inner_steps=inner_steps, learners=learners,
+    )  # fmt: skip
+    return len(update.to_bytes()), len(update.signed_header.to_bytes())
+
+
+def dp_bytes_per_step(numel: int, learners: int) -> float:
+    """Sent + received per learner per step by a ring all-reduce of an fp32 gradient."""
+    return 2 * 2 * (learners - 1) / learners * numel * DP_GRADIENT_BYTES
+
+
+def swarm_bytes_per_step(envelope: int, announcement: int, learners: int, h: int) -> float:
+    """Sent + received per learner per inner step under gossip (see the module docstring)."""
+    return 2 * (learners - 1) * (envelope + announcement) / h
+
+
+def peak_to_mean(fragment_bytes: list[int], h: int) -> float:
+    """Peak over mean of a learner's upload per inner step; fragment p goes out at step p*H/P."""
+    per_step = [0.0] * h
+    for p, size in enumerate(fragment_bytes):
+        per_step[p * h // len(fragment_bytes)] += size
+    return max(per_step) / (sum(per_step) / h)
+
+
+def train(codec: str, config: WireConfig, ev: Evaluator) -> tuple[float, float]:
+    """Final validation loss and seconds of `train_rounds` rounds of M learners with ``codec``."""
+    started = time.perf_counter()
+    h, m = config.train_inner_steps, config.train_learners
+    genesis = torch.nn.utils.parameters_to_vector(
+        build_model(ev.model_config, 0).parameters()
+    ).detach()
+    pipeline = make_pipeline(genesis, h, ev.tokens_per_step)
+    learners = [ev.learner(config.train_rounds * h, f"wire/{rank}") for rank in range(m)]
+    compressors = [Compressor(get_codec(codec), genesis.numel()) for _ in range(m)]
+    authors = [Identity.from_private_bytes(bytes([rank + 1]) * 32) for rank in range(m)]
+    for round_index in range(config.train_rounds):
+        base, applied = pipeline.replica.snapshot()
+        updates = []
+        for learner, compressor, author in zip(learners, compressors, authors, strict=True):
+            learner.load_params(base)
+            stats = learner.run_round(h, lambda: False, lambda _: None)
+            payload = compressor.encode(base - learner.params_vector())
+            updates.append(
+                seal_payload(
+                    author,
+                    codec,
+                    payload,
+                    genesis.numel(),
+                    seq=round_index,
+                    applied=applied,
+                    tokens=stats.tokens,
+                    inner_steps=h,
+                    learners=m,
+                )  # fmt: skip
+            )
+        for update in updates:
+            result = pipeline.submit(SignedUpdate.from_bytes(update.to_bytes()))
+            if not result.accepted:
+                raise SystemExit(f"{codec}: an update was rejected ({result.reason})")
+    return ev.val_loss(pipeline.replica.params), time.perf_counter() - started
+
+
+def make_pipeline(genesis: torch.Tensor, h: int, tokens_per_step: int) -> UpdatePipeline:
+    """The node's defaults: a round of M updates (each saying M) makes one outer step."""
+    config = MergeConfig(
+        outer=OuterConfig(),
+        token_weight=TokenWeightConfig(reference_tokens=h * tokens_per_step),
+        max_inner_steps=h,
+        max_tokens_per_step=tokens_per_step,
+    )
+    outer = make_outer_optimizer(config.outer, genesis.numel())
+    return UpdatePipeline(Replica(genesis.clone(), outer), config, FINGERPRINT)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for name, default in asdict(WireConfig()).items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
+    config = WireConfig(**vars(parser.parse_args()))
+    codecs = config.codecs.split(",")
+    unknown = [c for c in codecs if c not in CODECS]
+    if unknown or codecs[0] != "bf16":
+        parser.error(f"--codecs: known codecs, bf16 first (unknown: {unknown})")
+    torch.set_num_threads(config.threads)
+    numel = sum(p.numel() for p in build_model(model_config(config.model), 0).parameters())
+    dp = dp_bytes_per_step(numel, config.learners)
+    print(f"{config.model}: {numel:,} params; DP all-reduce {dp / 1e6:.2f} MB/learner/step")
+    ev = Evaluator(
+        QualityConfig(model=config.train_model, eval_batches=config.eval_batches, seed=0)
+    )
+    rows, reference_loss = [], None
+    for codec in codecs:
+        envelope, announcement = wire_bytes(codec, numel, config.inner_steps, config.learners)
+        swarm = swarm_bytes_per_step(envelope, announcement, config.learners, config.inner_steps)
+        val_loss, seconds = train(codec, config, ev)
+        reference_loss = reference_loss or val_loss
+        row = {
+            "codec": codec,
+            "fragments": 1,
+            "bytes_ratio_vs_dp": round(dp / swarm, 1),
+            "val_loss_ratio_vs_bf16": round(val_loss / reference_loss, 5),
+            "peak_to_mean": round(peak_to_mean([envelope], config.inner_steps), 2),
+            "envelope_bytes": envelope,
+            "bytes_per_learner_per_step": round(swarm, 1),
+            "val_loss": val_loss,
+            "train_seconds": round(seconds, 1),
+        }
+        rows.append(row)
+        print(
+            f"{codec:>6}: envelope {envelope / 1e6:8.3f} MB, {swarm / 1e3:9.2f} KB/learner/step, "
+            f"{row['bytes_ratio_vs_dp']:>9}x less than DP; val loss {val_loss:.4f} "
+            f"({row['val_loss_ratio_vs_bf16']:.4f} of bf16), peak/mean {row['peak_to_mean']}"
+        )
+    summary = {"benchmark": "wire", "config": asdict(config), "num_params": numel}
+    print(json.dumps({**summary, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
