@@ -18,7 +18,10 @@ UpdatePipeline's verify, decode, weigh and apply). Every codec sees the same dat
 order for the same tokens; the final validation loss is compared with bf16's.
 
 Peak-to-mean: a learner's upload is binned per inner step, each publication in the step
-after it is sealed, as gossip serves it (P fragments published on staggered steps split it).
+it is sealed at, as gossip serves it at once. With `--fragments P` the rows with P fragments
+are projections: the model's tensors bin-packed into P fragments (merge/fragments.py), each a
+real sealed envelope of its size, published on staggered steps; nodes do not publish
+fragments yet, so those rows have no training run (val_loss_ratio_vs_bf16 is null).
 
 Targets (issue 9): >= 1,000x fewer bytes than DP with the sparse codec, H = 100, M = 8;
 int8, int4 and sparse within 1% of bf16's validation loss. The final line is JSON.
@@ -38,6 +41,7 @@ from bench.quality import Evaluator, QualityConfig
 from merge.codecs import CODECS, get_codec
 from merge.envelope import SignedUpdate, seal
 from merge.feedback import Compressor
+from merge.fragments import partition, publish_steps
 from merge.identity import Identity
 from merge.outer import OuterConfig, make_outer_optimizer
 from merge.pipeline import MergeConfig, UpdatePipeline
@@ -74,6 +78,8 @@ class WireConfig:
     """Validation batches of the final evaluation."""
     threads: int = 2
     """torch threads."""
+    fragments: int = 4
+    """P of the projected fragment rows (1: none)."""
 
 
 def seal_payload(
@@ -118,11 +124,19 @@ def swarm_bytes_per_step(envelope: int, announcement: int, learners: int, h: int
 
 
 def peak_to_mean(fragment_bytes: list[int], h: int) -> float:
-    """Peak over mean of a learner's upload per inner step; fragment p goes out at step p*H/P."""
+    """Peak over mean of a learner's upload per inner step, fragments on staggered steps."""
     per_step = [0.0] * h
-    for p, size in enumerate(fragment_bytes):
-        per_step[p * h // len(fragment_bytes)] += size
+    for step, size in zip(publish_steps(len(fragment_bytes), h), fragment_bytes, strict=True):
+        per_step[step - 1] += size
     return max(per_step) / (sum(per_step) / h)
+
+
+def fragment_wire_bytes(
+    codec: str, tensor_sizes: list[int], num_fragments: int, h: int, learners: int
+) -> list[tuple[int, int]]:
+    """(envelope, announcement) bytes of each fragment of a bin-packed model."""
+    parts = partition(tensor_sizes, num_fragments)
+    return [wire_bytes(codec, sum(tensor_sizes[i] for i in part), h, learners) for part in parts]
 
 
 def train(codec: str, config: WireConfig, ev: Evaluator) -> tuple[float, float]:
@@ -175,6 +189,28 @@ def make_pipeline(genesis: torch.Tensor, h: int, tokens_per_step: int) -> Update
     return UpdatePipeline(Replica(genesis.clone(), outer), config, FINGERPRINT)
 
 
+def fragment_row(codec: str, tensor_sizes: list[int], config: WireConfig, dp: float) -> dict:
+    """A projected row: P real fragment envelopes on the staggered schedule (not trained)."""
+    h, m = config.inner_steps, config.learners
+    parts = fragment_wire_bytes(codec, tensor_sizes, config.fragments, h, m)
+    swarm = sum(swarm_bytes_per_step(e, a, m, h) for e, a in parts)
+    row = {
+        "codec": codec,
+        "fragments": len(parts),
+        "bytes_ratio_vs_dp": round(dp / swarm, 1),
+        "val_loss_ratio_vs_bf16": None,
+        "peak_to_mean": round(peak_to_mean([e for e, _ in parts], h), 2),
+        "envelope_bytes": [e for e, _ in parts],
+        "bytes_per_learner_per_step": round(swarm, 1),
+        "projected": True,
+    }
+    print(
+        f"{codec:>6} in {len(parts)} fragments (projected): {swarm / 1e3:9.2f} KB/learner/step, "
+        f"{row['bytes_ratio_vs_dp']:>9}x less than DP, peak/mean {row['peak_to_mean']}"
+    )
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name, default in asdict(WireConfig()).items():
@@ -185,7 +221,8 @@ def main() -> None:
     if unknown or codecs[0] != "bf16":
         parser.error(f"--codecs: known codecs, bf16 first (unknown: {unknown})")
     torch.set_num_threads(config.threads)
-    numel = sum(p.numel() for p in build_model(model_config(config.model), 0).parameters())
+    tensor_sizes = [p.numel() for p in build_model(model_config(config.model), 0).parameters()]
+    numel = sum(tensor_sizes)
     dp = dp_bytes_per_step(numel, config.learners)
     print(f"{config.model}: {numel:,} params; DP all-reduce {dp / 1e6:.2f} MB/learner/step")
     ev = Evaluator(
@@ -214,6 +251,8 @@ def main() -> None:
             f"{row['bytes_ratio_vs_dp']:>9}x less than DP; val loss {val_loss:.4f} "
             f"({row['val_loss_ratio_vs_bf16']:.4f} of bf16), peak/mean {row['peak_to_mean']}"
         )
+        if config.fragments > 1:
+            rows.append(fragment_row(codec, tensor_sizes, config, dp))
     summary = {"benchmark": "wire", "config": asdict(config), "num_params": numel}
     print(json.dumps({**summary, "rows": rows}))
 
