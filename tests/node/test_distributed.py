@@ -5,13 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from node.data import ShardSampler
-from node.distributed import ShardedLearner, follow
+from node.distributed import PARALLEL_CHOICES, ShardedLearner, follow
 from node.learner import InnerConfig, Learner
 from node.model import build_model, model_config
 
@@ -33,11 +32,17 @@ def _genesis() -> tuple[torch.nn.Module, torch.Tensor]:
     return model.double(), base
 
 
-def _rank(rank: int, world_size: int, init_file: str, out: str, parallel: str) -> None:
+def _rank(rank: int, world_size: int, tmp: str) -> None:
+    """Both ways of sharing the model, one after the other, in one pair of processes."""
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size
-    )
+    for parallel in PARALLEL_CHOICES:
+        dist.init_process_group(
+            "gloo", init_method=f"file://{tmp}/rendezvous-{parallel}", rank=rank, world_size=2
+        )
+        _one_node(rank, parallel, Path(tmp) / f"{parallel}.pt")
+
+
+def _one_node(rank: int, parallel: str, out: Path) -> None:
     model, base = _genesis()
     learner = ShardedLearner(model, _sampler(), INNER, torch.device("cpu"), parallel=parallel)
     if rank != 0:
@@ -63,14 +68,12 @@ def _single_process() -> tuple[torch.Tensor, int]:
     return base - learner.params_vector(), stats.tokens
 
 
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
-def test_two_ranks_give_the_single_process_pseudo_gradient(tmp_path: Path, parallel: str) -> None:
-    out = tmp_path / "delta.pt"
-    args = (2, str(tmp_path / "rendezvous"), str(out), parallel)
-    mp.start_processes(_rank, args=args, nprocs=2, join=True, start_method="spawn")
-    ranked = torch.load(out, weights_only=True)
+def test_two_ranks_give_the_single_process_pseudo_gradient(tmp_path: Path) -> None:
+    mp.start_processes(_rank, args=(2, str(tmp_path)), nprocs=2, join=True, start_method="spawn")
     expected, tokens = _single_process()
-    relative = (ranked["delta"] - expected).norm() / expected.norm()
-    assert relative < 1e-5, relative
-    assert ranked["tokens"] == tokens == NUM_STEPS * GLOBAL_BATCH * 32
-    assert ranked["rounds"] == [(1, False), (2, True)]
+    for parallel in PARALLEL_CHOICES:
+        ranked = torch.load(tmp_path / f"{parallel}.pt", weights_only=True)
+        relative = (ranked["delta"] - expected).norm() / expected.norm()
+        assert relative < 1e-5, (parallel, relative)
+        assert ranked["tokens"] == tokens == NUM_STEPS * GLOBAL_BATCH * 32
+        assert ranked["rounds"] == [(1, False), (2, True)], parallel
