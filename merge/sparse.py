@@ -26,12 +26,15 @@ _CODES_PER_BYTE = 4
 
 
 class SparseTopKCodec:
-    """Top 64 of every 4096 entries (1.56 %), 2 bits each: 0.037 bytes per element."""
+    """Top 120 of every 4096 entries (2.9 %), 2 bits each: 0.068 bytes per element.
+
+    At 64 of 4096 (1.6 %, 0.037 bytes) bench.wire's tiny model ended 6 % above bf16's
+    validation loss at equal tokens; at 120, 2 %, still > 1000x below data-parallel bytes."""
 
     name = "sparse"
     error_feedback = True
 
-    def __init__(self, chunk: int = 4096, k: int = 64) -> None:
+    def __init__(self, chunk: int = 4096, k: int = 120) -> None:
         if not 0 < chunk <= 2**16 or not 0 < k <= chunk or k % (2 * _CODES_PER_BYTE):
             raise ValueError("sparse codec needs 0 < k <= chunk <= 65536 with k a multiple of 8.")
         self.chunk = chunk

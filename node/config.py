@@ -81,7 +81,7 @@ class JoinConfig:
     """Weigh an update by the tokens it trained on (tokens) or not at all (none)."""
     codec: str = "bf16"
     """Encoding of published pseudo-gradients: fp32, bf16, int8 or int4 (blockwise), or sparse
-    (top 1.6% of each 4096 entries, 2 bits each); the last three carry error feedback."""
+    (top 2.9% of each 4096 entries, 2 bits each); the last three carry error feedback."""
     round_time: float | None = None
     """Dynamic local updates: each round runs as many inner steps as fit in this many seconds
     (at most --inner-steps), so slower hardware publishes smaller updates as often."""
