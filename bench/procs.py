@@ -32,16 +32,29 @@ STDERR_LINES = 400
 """stderr lines kept per child, quoted when a wait fails."""
 EXIT_TIMEOUT_S = 10.0
 """How long a signalled child gets to exit before its group is killed."""
+STDOUT_GRACE_S = 5.0
+"""After the main process exits, how long its stdout may stay open (a forked DHT process
+holds it until the node's reaper has taken it: at most ~3.3 s)."""
+TAIL_LINES = 40
+"""stderr lines quoted when a wait fails."""
+
+
+class WaitError(TimeoutError, AssertionError):
+    """An awaited event did not come: timed out, or the child exited first (with its stderr).
+
+    A TimeoutError for benchmarks and an AssertionError for tests: one launcher serves both.
+    """
 
 
 class ChildProcess:
-    """One child process and the JSON events it has printed so far."""
+    """One child process, in its own process group, and the JSON events it has printed."""
 
     def __init__(self, name: str, argv: list[str], *, home: Path, prefix: list[str] | None = None):
         self.name = name
         self.argv = [*(prefix or []), *argv]
         self.home = home
         self.events: list[Event] = []
+        """Every JSON event so far, each with the "time" it was printed (or read)."""
         self.stderr: deque[str] = deque(maxlen=STDERR_LINES)
         self.started_at = 0.0
         self.exited_at: float | None = None
@@ -50,6 +63,8 @@ class ChildProcess:
         self._proc: subprocess.Popen[str] | None = None
 
     def start(self) -> ChildProcess:
+        if self._proc is not None:
+            raise AssertionError(f"{self.name} is already started")
         self.home.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "HOME": str(self.home), "PYTHONUNBUFFERED": "1"}
         self._proc = subprocess.Popen(
@@ -67,12 +82,14 @@ class ChildProcess:
         assert self._proc.stdout is not None and self._proc.stderr is not None
         for stream, on_line in ((self._proc.stdout, self._on_stdout), (self._proc.stderr, None)):
             threading.Thread(target=self._read, args=(stream, on_line), daemon=True).start()
-        logger.info("%s: started pid %d", self.name, self._proc.pid)
+        logger.info("%s: started pid %d: %s", self.name, self._proc.pid, " ".join(self.argv))
         return self
 
     @property
     def pid(self) -> int:
-        assert self._proc is not None, f"{self.name} is not started"
+        """The main process; start_new_session makes it its group's id too."""
+        if self._proc is None:
+            raise AssertionError(f"{self.name} is not started")
         return self._proc.pid
 
     def alive(self) -> bool:
@@ -80,13 +97,26 @@ class ChildProcess:
 
     # ---- faults ----------------------------------------------------------------------------
 
+    def signal(self, sig: int) -> None:
+        """Send `sig` to the main process only."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL the main process only, like a crash; its children are left to themselves."""
+        self.signal(signal.SIGKILL)
+
     def crash(self) -> None:
         """kill -9 of the whole process group: the node and its DHT process and p2pd."""
         self._signal_group(signal.SIGKILL)
         self._wait(EXIT_TIMEOUT_S)
 
     def pause(self) -> None:
+        """SIGSTOP the whole process group: the node, its DHT process and p2pd all freeze."""
         self._signal_group(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal_group(signal.SIGCONT)
 
     def renice(self, niceness: int) -> None:
         """Set the CPU niceness of every process in the group (root may lower it)."""
@@ -94,20 +124,18 @@ class ChildProcess:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.setpriority(os.PRIO_PGRP, self.pid, niceness)
 
-    def resume(self) -> None:
-        self._signal_group(signal.SIGCONT)
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """Ctrl+C (a clean stop that saves a checkpoint), then SIGKILL of the group if slow."""
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """Ctrl+C (a clean stop that saves a checkpoint), then SIGKILL of the group if slow;
+        the exit code."""
         self.interrupt()
         self.finish(timeout_s)
+        return self._proc.poll() if self._proc is not None else None
 
     def interrupt(self) -> None:
         """Send Ctrl+C (SIGINT) to the main process, resuming the group first if frozen."""
         if self.alive():
             self.resume()
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGINT)
+            self.signal(signal.SIGINT)
 
     def finish(self, timeout_s: float) -> None:
         """Wait up to `timeout_s` for the child to exit, then reap its group."""
@@ -123,6 +151,15 @@ class ChildProcess:
         self._signal_group(signal.SIGKILL)
         self._wait(EXIT_TIMEOUT_S)
 
+    def wait_exit(self, timeout_s: float) -> int:
+        """The exit code (negative: killed by that signal), once stdout is read to its end."""
+        if self._proc is None or not self._wait(timeout_s):
+            raise WaitError(f"{self.name} did not exit within {timeout_s} s\n{self.stderr_tail()}")
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._closed, STDOUT_GRACE_S):
+                logger.warning("%s exited but its stdout is still held open", self.name)
+        return self._proc.returncode
+
     def leftovers(self) -> list[psutil.Process]:
         """Live processes of this child: its group, or anything carrying its HOME."""
         if self._proc is None:
@@ -136,30 +173,71 @@ class ChildProcess:
                     found.append(proc)
         return found
 
+    def leftover_processes(self, timeout_s: float = EXIT_TIMEOUT_S) -> list[psutil.Process]:
+        """leftovers() still alive after waiting up to `timeout_s` for them to go."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            alive = self.leftovers()
+            if not alive or time.monotonic() >= deadline:
+                return alive
+            time.sleep(0.1)
+
     # ---- events ----------------------------------------------------------------------------
 
-    def of(self, name: str) -> list[Event]:
+    def of(self, name: str | None = None) -> list[Event]:
+        """The events called `name` so far (all of them when None)."""
         with self._cond:
-            return [e for e in self.events if e.get("event") == name]
+            return [e for e in self.events if name is None or e.get("event") == name]
 
     def wait_for(self, predicate: Callable[[Event], bool], timeout_s: float, what: str) -> Event:
-        """The first event satisfying `predicate`; raises TimeoutError with the stderr tail."""
+        """The first event (already seen or still to come) that satisfies `predicate`."""
         deadline = time.monotonic() + timeout_s
+        checked = 0
         with self._cond:
             while True:
-                for event in self.events:
+                for event in self.events[checked:]:
                     if predicate(event):
                         return event
+                checked = len(self.events)
                 remaining = deadline - time.monotonic()
                 if self._closed or remaining <= 0:
                     break
                 self._cond.wait(min(remaining, 0.25))
-        tail = "\n".join(list(self.stderr)[-30:])
-        status = "it exited first" if self._closed else f"not seen within {timeout_s:.0f} s"
-        raise TimeoutError(f"{self.name}: {what}: {status}\n{tail}")
+        status = f"exited ({self._exit_status()})" if self._closed else "timed out"
+        raise WaitError(f"{self.name}: {what}: {status} after {timeout_s} s\n{self.stderr_tail()}")
 
-    def wait_event(self, name: str, timeout_s: float) -> Event:
-        return self.wait_for(lambda e: e.get("event") == name, timeout_s, f"waiting for {name}")
+    def wait_event(self, name: str, timeout_s: float, **fields: Any) -> Event:
+        """The first `name` event whose fields include `fields`."""
+        return self.wait_for(
+            lambda e: e.get("event") == name and all(e.get(k) == v for k, v in fields.items()),
+            timeout_s,
+            f"waiting for {name} {fields or ''}".rstrip(),
+        )
+
+    wait_for_event = wait_event
+
+    def wait_listening(self, timeout_s: float) -> list[str]:
+        """A node's full multiaddrs (with /p2p/<peer id>) that peers can join through."""
+        return list(self.wait_event("listening", timeout_s)["maddrs"])
+
+    @property
+    def maddrs(self) -> list[str]:
+        found = self.of("listening")
+        if not found:
+            raise AssertionError(f"{self.name} has not reported listening; use wait_listening")
+        return list(found[0]["maddrs"])
+
+    @property
+    def peer_id(self) -> str:
+        for event in self.of():
+            if event.get("event") in ("listening", "started") and "peer_id" in event:
+                return str(event["peer_id"])
+        raise AssertionError(f"{self.name} has not reported its peer id yet")
+
+    def stderr_tail(self, num_lines: int = TAIL_LINES) -> str:
+        with self._cond:
+            lines = list(self.stderr)[-num_lines:]
+        return f"--- last {len(lines)} stderr lines of {self.name} ---\n" + "\n".join(lines)
 
     # ---- internals -------------------------------------------------------------------------
 
@@ -185,6 +263,12 @@ class ChildProcess:
         else:
             self.stderr.append(f"[stdout] {line}")
 
+    def _exit_status(self) -> str:
+        # stdout closes a moment before the process can be reaped: wait that moment out.
+        self._wait(EXIT_TIMEOUT_S)
+        code = self._proc.poll() if self._proc is not None else None
+        return "still running" if code is None else f"exit code {code}"
+
     def _signal_group(self, sig: int) -> None:
         if self._proc is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -199,6 +283,17 @@ class ChildProcess:
         if self.exited_at is None:
             self.exited_at = time.time()
         return True
+
+
+NODE_COMMAND = ["join", "--log-format", "json", "--host", "127.0.0.1", "--port", "0"]
+"""How tests and benchmarks start a node: JSON events, loopback, any free port."""
+
+
+def node_process(
+    name: str, *args: str, home: Path, command: list[str] | None = None
+) -> ChildProcess:
+    """A `python -m node` child (not started); later args override NODE_COMMAND's defaults."""
+    return ChildProcess(name, python_module("node", *(command or NODE_COMMAND), *args), home=home)
 
 
 def python_module(module: str, *args: str) -> list[str]:

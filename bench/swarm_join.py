@@ -102,6 +102,7 @@ def _run_swarm(
     donor = next(n for n in [first, *others] if n.of("listening")[0]["peer_id"] == state["peer_id"])
     replica_bytes = state["megabytes"] * 1e6
     window = (listening["time"], state["time"] + 1.0)
+    own = (listening["time"], state["time"])  # the newcomer starts training right after
     first_own = newcomer.wait_for(
         lambda e: e.get("event") == "update_merged" and e["author"] == listening["peer_id"],
         args.timeout,
@@ -125,7 +126,7 @@ def _run_swarm(
         "state_megabytes": state["megabytes"],
         "state_download_mb_per_s": state["mb_per_s"],
         "donor_rss_over_replica": round(rss.growth(donor, window) / replica_bytes, 3),
-        "newcomer_rss_over_replica": round(rss.growth(newcomer, window) / replica_bytes, 3),
+        "newcomer_rss_over_replica": round(rss.growth(newcomer, own) / replica_bytes, 3),
         "update_megabytes": statistics.median(e["megabytes"] for e in fetches) if fetches else 0,
         "update_fetch_mb_per_s": round(fetch_rate, 2) if fetch_rate is not None else None,
         "num_fetches": len(fetches),

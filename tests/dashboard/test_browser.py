@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from bench.procs import node_process
 from tests.conftest import REPO
 from tests.swarm.conftest import NodeProcess, _reap_all
 
@@ -31,21 +32,18 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-back
 Launch = Callable[..., NodeProcess]
 
 
-class DashboardProcess(NodeProcess):
-    """`diloco-node dashboard --log-format json --port 0` with the harness's readers."""
-
-    command = ["dashboard", "--log-format", "json", "--port", "0"]
+DASHBOARD_COMMAND = ["dashboard", "--log-format", "json", "--port", "0"]
 
 
 @pytest.fixture
-def dashboard_process(tmp_path: Path) -> Iterator[Callable[..., DashboardProcess]]:
+def dashboard_process(tmp_path: Path) -> Iterator[Callable[..., NodeProcess]]:
     started: list[NodeProcess] = []
 
-    def _start(*args: str) -> DashboardProcess:
-        process = DashboardProcess("dashboard")
+    def _start(*args: str) -> NodeProcess:
+        home = tmp_path / "homes" / "dashboard"
+        process = node_process("dashboard", *args, home=home, command=DASHBOARD_COMMAND)
         started.append(process)
-        process.start(list(args), home=tmp_path / "homes" / "dashboard")
-        return process
+        return process.start()
 
     try:
         yield _start
@@ -112,7 +110,7 @@ def save_screenshot(driver: Any, name: str) -> Path:
 
 
 def test_page_shows_two_live_peers_learning_then_one_dead(
-    launch: Launch, dashboard_process: Callable[..., DashboardProcess], browser: Any
+    launch: Launch, dashboard_process: Callable[..., NodeProcess], browser: Any
 ) -> None:
     first = launch(*RUN, "--org", "alpha", name="node0")
     maddr = first.wait_listening(START_S)[0]

@@ -19,9 +19,9 @@ def test_a_lone_node_runs_its_rounds_and_leaves_nothing_behind(launch: Launch) -
         lambda e: e.get("event") == "round_done" and e["round"] == 2, 180, "round 2"
     )
     assert node.wait_exit(60) == 0, node.stderr_tail()
-    assert [e["round"] for e in node.events("round_done")] == [1, 2]
+    assert [e["round"] for e in node.of("round_done")] == [1, 2]
     assert done["num_applied"] == 2
-    assert node.events("stopped")[-1]["reason"] == "max_rounds"
+    assert node.of("stopped")[-1]["reason"] == "max_rounds"
     assert node.leftover_processes() == []
 
 

@@ -24,12 +24,12 @@ def wait_merged_count(node: NodeProcess, author: str, count: int) -> list[dict]:
         lambda e: (
             e.get("event") == "update_merged"
             and e["author"] == author
-            and sum(m["author"] == author for m in node.events("update_merged")) >= count
+            and sum(m["author"] == author for m in node.of("update_merged")) >= count
         ),
         MERGE_S,
         f"{node.name} merging {count} updates of {author}",
     )
-    return [e for e in node.events("update_merged") if e["author"] == author]
+    return [e for e in node.of("update_merged") if e["author"] == author]
 
 
 def test_a_three_times_slower_node_keeps_contributing_at_its_own_pace(launch: Launch) -> None:
@@ -56,9 +56,9 @@ def test_a_three_times_slower_node_keeps_contributing_at_its_own_pace(launch: La
         assert merged["weight"] == pytest.approx(expected / (INNER_STEPS * TOKENS_PER_STEP), 1e-4)
     # The slow node fits fewer steps into a round, so its updates carry fewer tokens and weigh
     # less than the fast node's updates at the same staleness would.
-    fast_tokens = [e["tokens"] for e in fast.events("round_done") if e["seq"] is not None]
+    fast_tokens = [e["tokens"] for e in fast.of("round_done") if e["seq"] is not None]
     assert max(tokens.values()) < max(fast_tokens)
     # ... and the swarm learns: the fast node's replica, slow updates merged in, improves.
-    started = fast.events("started")[0]["val_loss"]
-    assert fast.events("round_done")[-1]["val_loss"] < started
-    assert slow.events("round_done")[-1]["val_loss"] < slow.events("started")[0]["val_loss"]
+    started = fast.of("started")[0]["val_loss"]
+    assert fast.of("round_done")[-1]["val_loss"] < started
+    assert slow.of("round_done")[-1]["val_loss"] < slow.of("started")[0]["val_loss"]

@@ -19,9 +19,9 @@ def test_a_two_process_node_trains_in_the_swarm_like_any_other(launch: Launch) -
     # Its update counts the node's whole batch: 10 inner steps x 16 sequences x 128 bytes.
     done = pair.wait_for_event("round_done", MERGE_S)
     assert done["tokens"] == 10 * 16 * 128
-    assert len(pair.events("listening")) == 1, "rank 1 must stay off the swarm"
+    assert len(pair.of("listening")) == 1, "rank 1 must stay off the swarm"
     assert pair.stop() == 0
     stopped = pair.wait_for_event("stopped", 5)
     assert stopped["reason"] == "interrupted"
-    assert pair.events("checkpoint_saved"), pair.stderr_tail()
+    assert pair.of("checkpoint_saved"), pair.stderr_tail()
     assert "Traceback" not in pair.stderr_tail(200), pair.stderr_tail(200)

@@ -27,7 +27,7 @@ MERGE_S = 90
 
 
 def merged_from(node: NodeProcess, author: str) -> list[dict]:
-    return [e for e in node.events("update_merged") if e["author"] == author]
+    return [e for e in node.of("update_merged") if e["author"] == author]
 
 
 def wait_merged(node: NodeProcess, author: str, *, after_seq: int = 0, timeout_s: float = MERGE_S):
@@ -57,12 +57,12 @@ def test_three_nodes_train_together_and_survive_the_bootstrap_dying(launch: Laun
                 wait_merged(node, other.peer_id)
 
     for node in nodes:
-        started = node.events("started")[0]
+        started = node.of("started")[0]
         latest = node.wait_for(
             lambda e: e.get("event") == "round_done" and e["peers_alive"] == 2, MERGE_S, "peers"
         )
         assert latest["val_loss"] < started["val_loss"], node.name
-    drifts = [e["drift"] for n in nodes for e in n.events("round_done") if e["drift"] is not None]
+    drifts = [e["drift"] for n in nodes for e in n.of("round_done") if e["drift"] is not None]
     assert drifts, "replicas with equal applied sets should have been compared"
     assert max(drifts) < 0.05, drifts
 
@@ -108,7 +108,7 @@ def test_a_node_frozen_past_the_gap_wait_comes_back_to_the_same_applied_set(
         c.resume()
     for node in nodes:
         node.wait_for_event("lingering", START_S)  # its last update is published
-    published = {n.peer_id: max(e["seq"] or 0 for e in n.events("round_done")) for n in nodes}
+    published = {n.peer_id: max(e["seq"] or 0 for e in n.of("round_done")) for n in nodes}
     with SwarmObserver([a.maddrs[0]]) as observer:
         deadline = time.monotonic() + MERGE_S
         while True:
@@ -175,13 +175,13 @@ def test_a_forged_update_is_rejected_and_counted_and_training_goes_on(
         "the forged update being rejected",
     )
     assert rejected["author"] == forger.stdout.strip()
-    rounds_then = len(victim.events("round_done"))
+    rounds_then = len(victim.of("round_done"))
     victim.wait_for(
         lambda e: e.get("event") == "round_done" and e["round"] > rounds_then + 1,
         MERGE_S,
         "training to go on",
     )
-    assert not [e for e in victim.events("update_merged") if e["author"] == rejected["author"]]
+    assert not [e for e in victim.of("update_merged") if e["author"] == rejected["author"]]
 
 
 def test_a_plain_hivemind_dht_peer_can_bootstrap_the_swarm(launch: Launch) -> None:
@@ -231,7 +231,7 @@ def test_a_finished_node_lingers_serving_and_merging_before_it_leaves(launch: La
     assert merged_while_lingering, "a lingering node keeps merging its peers' updates"
     # The finisher's last update reached the stayer: merged, or in the replica it downloaded.
     last_seq = stopped["seq"]
-    downloaded = b.events("state_downloaded")
+    downloaded = b.of("state_downloaded")
     # (before the stayer's first update, the finisher's are the only ones in the swarm)
     if not (downloaded and downloaded[0]["num_applied"] >= last_seq):
         wait_merged(b, a.peer_id, after_seq=last_seq - 1)

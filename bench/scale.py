@@ -1,0 +1,257 @@
+"""N nodes on loopback with one crash a minute: do live replicas agree, what does a node pay?
+
+    python -m bench.scale                            # N = 2, 4, 8; tiny; ~8 minutes on 2 cores
+    python -m bench.scale --sizes 2 4 8 16 --train-s 300    # longer
+
+For each N: all nodes train `tiny` with a small H for --train-s seconds while one node a
+minute is killed with SIGKILL (its whole process group) and restarted at once with the same
+identity and checkpoints. Then every node stops publishing and lingers. Measured, from the
+nodes' signed heartbeats (read through a DHT observer every second) and their JSON events:
+
+- agree_share: share of samples in which every live node reported the same applied digest
+  (while training, updates in flight count as disagreement);
+- converge_s: after the last publish, how long until all live replicas hold one applied set;
+- max_drift: the largest relative distance between two replicas with equal applied sets;
+- rss_mb: resident memory of each node's main process (mean of per-node peaks, and max);
+- mb_received_per_round: update and state payload megabytes one node fetched per round it
+  trained (DHT records and heartbeats excluded), and the same divided by N - 1;
+- lost: updates declared lost (no live holder), summed over the last heartbeats.
+
+The figures for `base` at 100 and 1000 nodes are extrapolated from the measured per-update
+payload: under gossip of full updates each node receives every other node's update once per
+round, so a node's bytes per round grow as (N - 1) x the update size. The final line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench.procs import ChildProcess, node_process, reap_all
+from dht.observer import SwarmObserver
+
+RUN_ID = "bench-scale"
+
+
+@dataclass
+class Slot:
+    """One node's place in the swarm: its HOME survives restarts, its processes do not."""
+
+    name: str
+    home: Path
+    children: list[ChildProcess] = field(default_factory=list)
+
+    @property
+    def current(self) -> ChildProcess:
+        return self.children[-1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--train-s", type=float, default=75.0, help="training time per N")
+    parser.add_argument("--kill-every", type=float, default=60.0, help="seconds between crashes")
+    parser.add_argument("--linger-s", type=float, default=40.0, help="bound on convergence")
+    parser.add_argument("--inner-steps", type=int, default=5)
+    parser.add_argument("--timeout", type=float, default=300.0, help="bound on start-up waits")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    results = [measure(n, args) for n in args.sizes]
+    summary = {
+        "benchmark": "scale",
+        "model": "tiny",
+        "inner_steps": args.inner_steps,
+        "sizes": results,
+        "extrapolated_base": extrapolate(results),
+    }
+    print(json.dumps(summary))
+
+
+def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        slots = [Slot(f"node{i}", Path(tmp) / f"node{i}") for i in range(n)]
+        try:
+            result = _measure(slots, args)
+        finally:
+            reap_all([c for slot in slots for c in slot.children])
+    print(f"N={n}: " + ", ".join(f"{k}={v}" for k, v in result.items()), flush=True)
+    return result
+
+
+def _measure(slots: list[Slot], args: argparse.Namespace) -> dict[str, Any]:
+    run = ["--model", "tiny", "--run-id", RUN_ID, "--threads", "1", "--inner-steps",
+           str(args.inner_steps), "--eval-batches", "0", "--heartbeat-period", "1",
+           "--gap-wait", "10", "--linger", str(args.linger_s + 30)]  # fmt: skip
+    train_until = 0.0
+
+    def start(slot: Slot, peers: list[str]) -> ChildProcess:
+        remaining = max(1.0, train_until - time.time()) if train_until else args.train_s
+        extra = ["--max-time", f"{remaining:.0f}", *(["--peers", peers[0]] if peers else [])]
+        child = node_process(slot.name, *run, *extra, home=slot.home).start()
+        slot.children.append(child)
+        return child
+
+    bootstrap = start(slots[0], []).wait_listening(args.timeout)
+    for slot in slots[1:]:
+        start(slot, bootstrap)
+    for slot in slots:
+        slot.current.wait_event("started", args.timeout)
+    train_until = time.time() + args.train_s
+    sampler = Sampler(slots, bootstrap)
+    with sampler:
+        kills = _crash_loop(slots, args, train_until, start, sampler)
+        converge_s = sampler.wait_converged(train_until, args.linger_s)
+    return _figures(slots, sampler, kills, converge_s)
+
+
+def _crash_loop(slots, args, train_until, start, sampler) -> int:  # type: ignore[no-untyped-def]
+    rng = random.Random(args.seed)
+    kills = 0
+    next_kill = time.time() + args.kill_every
+    while time.time() < train_until:
+        time.sleep(0.5)
+        if time.time() >= next_kill and time.time() < train_until - 10:
+            victim = rng.choice(slots)
+            victim.current.crash()
+            kills += 1
+            peers = [s.current.maddrs[0] for s in slots if s is not victim and s.current.alive()]
+            start(victim, peers).wait_event("started", args.timeout)
+            next_kill = time.time() + args.kill_every
+    return kills
+
+
+class Sampler:
+    """Every second: each node's last heartbeat (through a DHT observer) and main-process RSS."""
+
+    def __init__(self, slots: list[Slot], peers: list[str]) -> None:
+        self._slots = slots
+        self._observer = SwarmObserver(peers)
+        self.samples: list[tuple[float, list[Any]]] = []
+        self.rss: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._observer.close()
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            try:
+                runs = self._observer.snapshot(RUN_ID)
+            except Exception:  # a slow DHT: skip this sample
+                continue
+            fresh = [p.heartbeat for r in runs for p in r.peers if p.last_seen_s < 3.0]
+            self.samples.append((time.time(), fresh))
+            for slot in self._slots:
+                if slot.current.alive():
+                    try:
+                        rss = psutil.Process(slot.current.pid).memory_info().rss
+                    except psutil.Error:
+                        continue
+                    self.rss[slot.name] = max(self.rss.get(slot.name, 0), rss)
+
+    def wait_converged(self, train_until: float, bound_s: float) -> float | None:
+        """Seconds from the end of training until every live node reports one applied set."""
+        deadline = train_until + bound_s
+        while time.time() < deadline:
+            time.sleep(0.5)
+            if not self.samples:
+                continue
+            at, beats = self.samples[-1]
+            settled = at > train_until + 2 and all(h.state == "idle" for h in beats)
+            if settled and len(beats) == len(self._slots) and _agree(beats):
+                return round(at - train_until, 1)
+        return None
+
+
+def _agree(beats: list[Any]) -> bool:
+    return len({h.applied_digest for h in beats}) == 1
+
+
+def _figures(
+    slots: list[Slot], sampler: Sampler, kills: int, converge_s: float | None
+) -> dict[str, Any]:
+    n = len(slots)
+    training = [beats for _, beats in sampler.samples if len(beats) >= 2]
+    events = [e for slot in slots for child in slot.children for e in child.events]
+    rounds_done = [e for e in events if e.get("event") == "round_done"]
+    drifts = [e["drift"] for e in rounds_done if e.get("drift") is not None]
+    per_round = []
+    for slot in slots:
+        slot_events = [e for child in slot.children for e in child.events]
+        rounds = sum(e.get("event") == "round_done" for e in slot_events)
+        received = sum(
+            e["megabytes"]
+            for e in slot_events
+            if e.get("event") in ("update_fetched", "state_downloaded")
+        )
+        if rounds:
+            per_round.append(received / rounds)
+    fetched = [e["megabytes"] for e in events if e.get("event") == "update_fetched"]
+    last_beats = sampler.samples[-1][1] if sampler.samples else []
+    rss = [v / 1e6 for v in sampler.rss.values()]
+    mb_per_round = statistics.mean(per_round) if per_round else 0.0
+    return {
+        "n": n,
+        "kills": kills,
+        "samples": len(training),
+        "agree_share": round(sum(map(_agree, training)) / max(len(training), 1), 3),
+        "converged": converge_s is not None,
+        "converge_s": converge_s,
+        "max_drift": max(drifts) if drifts else None,
+        "rss_mb_mean": round(statistics.mean(rss), 1) if rss else None,
+        "rss_mb_max": round(max(rss), 1) if rss else None,
+        "update_mb": round(statistics.median(fetched), 4) if fetched else None,
+        "mb_received_per_round": round(mb_per_round, 3),
+        "mb_received_per_round_per_peer": round(mb_per_round / max(n - 1, 1), 4),
+        "lost": sum(h.num_lost for h in last_beats),
+    }
+
+
+def extrapolate(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-node megabytes per round for `base` at 100 and 1000 nodes, gossiping full updates.
+
+    Measured: the megabytes one node received per round per other node, for tiny. Scaled by
+    base's parameter count over tiny's, times N - 1.
+    """
+    per_peer = [r["mb_received_per_round_per_peer"] for r in results if r["n"] > 1]
+    if not per_peer:
+        return {}
+    ratio = _num_params("base") / _num_params("tiny")
+    measured = statistics.mean(per_peer)
+    tiny_update_mb = statistics.median(r["update_mb"] for r in results if r["update_mb"])
+    return {
+        "base_update_mb": round(tiny_update_mb * ratio, 1),
+        "measured_tiny_mb_per_round_per_peer": round(measured, 4),
+        "mb_per_node_per_round": {n: round(measured * ratio * (n - 1), 1) for n in (100, 1000)},
+    }
+
+
+def _num_params(preset: str) -> int:
+    import torch
+
+    from node.model import build_model, model_config
+
+    with torch.device("meta"):
+        model = build_model(model_config(preset), 0)
+    return sum(p.numel() for p in model.parameters())
+
+
+if __name__ == "__main__":
+    main()
