@@ -22,6 +22,7 @@ def peer_row(peer: PeerStatus) -> dict[str, Any]:
         "loss": h.loss,
         "val_loss": h.val_loss,
         "applied": h.num_applied,
+        "lost": h.num_lost,
         "updates_published": h.updates_published,
         "updates_merged": h.updates_merged,
         "drift": h.drift,
