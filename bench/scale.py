@@ -31,6 +31,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,7 +106,7 @@ def _measure(slots: list[Slot], args: argparse.Namespace) -> dict[str, Any]:
     for slot in slots[1:]:
         start(slot, bootstrap)
     for slot in slots:
-        slot.current.wait_event("started", args.timeout)
+        _wait_started(slot, lambda s=slot: start(s, bootstrap), args.timeout)
     train_until = time.time() + args.train_s
     sampler = Sampler(slots, bootstrap)
     with sampler:
@@ -125,9 +126,24 @@ def _crash_loop(slots, args, train_until, start, sampler) -> int:  # type: ignor
             victim.current.crash()
             kills += 1
             peers = [s.current.maddrs[0] for s in slots if s is not victim and s.current.alive()]
-            start(victim, peers).wait_event("started", args.timeout)
+            start(victim, peers)
+            _wait_started(victim, lambda v=victim, p=peers: start(v, p), args.timeout)
             next_kill = time.time() + args.kill_every
     return kills
+
+
+def _wait_started(slot: Slot, restart: Any, timeout_s: float, attempts: int = 3) -> None:
+    """Wait for the node's `started`; a node that exits first (a DHT bootstrap that timed out
+    on an overloaded machine) is started again, up to `attempts` times in all."""
+    for attempt in range(attempts):
+        try:
+            slot.current.wait_event("started", timeout_s)
+            return
+        except TimeoutError:
+            if slot.current.alive() or attempt == attempts - 1:
+                raise
+            print(f"{slot.name} exited before it started; starting it again", flush=True)
+            restart()
 
 
 class Sampler:
@@ -221,6 +237,9 @@ def _figures(
         "mb_received_per_round": round(mb_per_round, 3),
         "mb_received_per_round_per_peer": round(mb_per_round / max(n - 1, 1), 4),
         "lost": sum(h.num_lost for h in last_beats),
+        "final_num_applied": sorted(h.num_applied for h in last_beats),
+        "final_digests": len({h.applied_digest for h in last_beats}),
+        "rejections": dict(sum((Counter(h.rejections) for h in last_beats), Counter())),
     }
 
 
