@@ -60,7 +60,7 @@ class Slot:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 8])
-    parser.add_argument("--train-s", type=float, default=75.0, help="training time per N")
+    parser.add_argument("--train-s", type=float, default=80.0, help="training time per N")
     parser.add_argument("--kill-every", type=float, default=60.0, help="seconds between crashes")
     parser.add_argument("--linger-s", type=float, default=40.0, help="bound on convergence")
     parser.add_argument("--inner-steps", type=int, default=5)
@@ -121,7 +121,7 @@ def _crash_loop(slots, args, train_until, start, sampler) -> int:  # type: ignor
     next_kill = time.time() + args.kill_every
     while time.time() < train_until:
         time.sleep(0.5)
-        if time.time() >= next_kill and time.time() < train_until - 10:
+        if time.time() >= next_kill and time.time() < train_until - 5:
             victim = rng.choice(slots)
             victim.current.crash()
             kills += 1
