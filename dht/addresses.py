@@ -50,14 +50,26 @@ def parse_announce_maddr(text: str) -> Multiaddr:
     return maddr
 
 
-def listen_maddrs(host: str, port: int) -> list[str]:
-    """The host_maddrs to listen on for --host HOST --port PORT (port 0: any free port)."""
+LOCALHOST = "localhost"
+
+
+def host_ip(host: str) -> str:
+    """An IP address for --host: `localhost` is 127.0.0.1, anything else must be an IP."""
+    host = host.strip()
+    if host.lower() == LOCALHOST:
+        return "127.0.0.1"
     try:
-        ip = ipaddress.ip_address(host)
+        return ipaddress.ip_address(host).compressed
     except ValueError:
         raise AddressError(
-            f"--host must be an IP address such as 0.0.0.0 or 127.0.0.1, got '{host}'"
+            f"--host must be an IP address such as 0.0.0.0 or 127.0.0.1 (or localhost), "
+            f"got '{host}'"
         ) from None
+
+
+def listen_maddrs(host: str, port: int) -> list[str]:
+    """The host_maddrs to listen on for --host HOST --port PORT (port 0: any free port)."""
+    ip = ipaddress.ip_address(host_ip(host))
     if isinstance(port, bool) or not 0 <= port <= 65535:
         raise AddressError(f"--port must be between 0 and 65535, got {port}")
     return [f"/ip{ip.version}/{ip.compressed}/tcp/{port}"]

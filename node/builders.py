@@ -152,7 +152,10 @@ def build_validation(
     )
 
 
-def swarm_config_from(config: JoinConfig, spec: RunSpec, num_params: int) -> SwarmConfig:
+def swarm_config_from(
+    config: JoinConfig, spec: RunSpec, num_params: int, port: int | None = None
+) -> SwarmConfig:
+    """`port`: the one preflight settled on (default: --port)."""
     summary = {"model": config.model, **spec.model.as_dict(), "seed": config.seed}
     summary |= {"inner_steps": config.inner_steps, "outer": config.outer_optimizer}
     return SwarmConfig(
@@ -161,7 +164,7 @@ def swarm_config_from(config: JoinConfig, spec: RunSpec, num_params: int) -> Swa
         run_summary=summary,
         identity_path=str(config.identity_path),
         initial_peers=list(config.peers or []),
-        host_maddrs=listen_maddrs(config.host, config.port),
+        host_maddrs=listen_maddrs(config.host, config.port if port is None else port),
         announce_maddrs=list(config.announce or []),
         use_relay=config.relay,
         use_auto_relay=config.auto_relay,

@@ -98,11 +98,16 @@ def save_checkpoint(directory: Path, state: dict[str, Any], layout: Layout) -> P
 
 def read_checkpoint(directory: Path) -> dict[str, Any] | None:
     """The checkpoint in `directory` of whichever run, None if there is none (export, benches):
-    the replica's params flat, in the order they were saved."""
+    the replica's params flat, in the order they were saved. Given a run's directory
+    (~/.diloco/checkpoints/RUN_ID) with one node's checkpoint in it, that one."""
     manifest_path = directory / MANIFEST_FILE
     if not manifest_path.exists():
         legacy = directory / LEGACY_FILE
-        return _torch_load(legacy) if legacy.exists() else None
+        if legacy.exists():
+            return _torch_load(legacy)
+        nodes = [d for d in directory.glob("*/") if (d / MANIFEST_FILE).exists()]
+        # A run's directory holding one node's (the default layout): that node's.
+        return read_checkpoint(nodes[0]) if len(nodes) == 1 else None
     fingerprint = str(json.loads(manifest_path.read_text()).get("fingerprint"))
     state = load_checkpoint(directory, fingerprint, None)
     assert state is not None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, get_args, get_origin, get_type_hints
 
-from dht.addresses import listen_maddrs, parse_announce_maddr, parse_peer_maddr
+from dht.addresses import host_ip, listen_maddrs, parse_announce_maddr, parse_peer_maddr
 from merge.allowlist import AllowList
 from merge.codecs import CODECS
 from merge.identity import read_secret_file
@@ -100,9 +100,10 @@ class JoinConfig:
     eval_batches: int = 4
     """Validation batches evaluated on the replica after every round (0 disables)."""
     checkpoint_dir: str | None = None
-    """Directory for checkpoints; join resumes from it (default: ~/.diloco/checkpoints/RUN_ID)."""
+    """Checkpoint directory, locked while the node runs; join resumes from it
+    (default: ~/.diloco/checkpoints/RUN_ID/PEER_ID)."""
     checkpoint_every: int = 10
-    """Save a checkpoint every N rounds (and always on Ctrl+C or SIGTERM)."""
+    """Save a checkpoint every N rounds (and always on Ctrl+C, SIGTERM or SIGHUP)."""
     identity: str = str(DILOCO_HOME / "identity.key")
     """Ed25519 identity key file (libp2p format), created with mode 0600 on first use."""
     device: str = "auto"
@@ -132,7 +133,8 @@ class JoinConfig:
     host: str = "0.0.0.0"
     """Address to listen on for peers (use 127.0.0.1 to stay on this machine)."""
     port: int = 31337
-    """TCP port to listen on for peers (0: any free port)."""
+    """TCP port to listen on for peers (0: any free port; when 31337 is taken by another
+    node on this machine, any free port)."""
     announce: list[str] | None = None
     """Public multiaddrs to announce, e.g. /ip4/203.0.113.7/tcp/31337 behind a port forward."""
     relay: bool = True
@@ -230,7 +232,8 @@ class JoinConfig:
             raise ValueError(f"--speed-factor must be between 1 and 1000, got {self.speed_factor}")
         if not 0 <= self.outer_momentum < 1:
             raise ValueError(f"--outer-momentum must be in [0, 1), got {self.outer_momentum}")
-        listen_maddrs(self.host, self.port)  # raises for a bad --host or --port
+        self.host = host_ip(self.host)  # raises for a bad --host; localhost is 127.0.0.1
+        listen_maddrs(self.host, self.port)  # raises for a bad --port
         self.peers = [str(parse_peer_maddr(p)) for p in self.peers or []] or None
         self.announce = [str(parse_announce_maddr(a)) for a in self.announce or []] or None
         if not 0.2 <= self.heartbeat_period <= 3600:
@@ -252,6 +255,8 @@ class JoinConfig:
                 f"--dashboard-port must be between 0 and 65535, got {self.dashboard_port}"
             )
         try:
+            if self.dashboard_host.strip().lower() == "localhost":
+                self.dashboard_host = "127.0.0.1"
             ipaddress.ip_address(self.dashboard_host)
         except ValueError:
             host = self.dashboard_host
@@ -270,10 +275,17 @@ class JoinConfig:
         if token is not None and not (token.isascii() and token.isprintable() and " " not in token):
             raise ValueError("--dashboard-token must be printable ASCII without spaces")
 
+    def checkpoint_path(self, peer_id: str) -> Path:
+        """--checkpoint-dir, else ~/.diloco/checkpoints/RUN_ID/PEER_ID (one per node)."""
+        if self.checkpoint_dir:
+            return Path(self.checkpoint_dir).expanduser()
+        return (self.run_checkpoints / peer_id).expanduser()
+
     @property
-    def checkpoint_path(self) -> Path:
-        base = self.checkpoint_dir or str(DILOCO_HOME / "checkpoints" / self.run_id)
-        return Path(base).expanduser()
+    def run_checkpoints(self) -> Path:
+        """Where this run's nodes keep their default checkpoint dirs (and did before 0.2:
+        directly in it)."""
+        return (DILOCO_HOME / "checkpoints" / self.run_id).expanduser()
 
     @property
     def identity_path(self) -> Path:

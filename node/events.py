@@ -125,6 +125,8 @@ def _describe(event: str, f: dict[str, Any]) -> str | None:
         )
     if event == "update_rejected":
         return f"[yellow]rejected update from {f['author']}: {f['reason']}[/]"
+    if event == "checkpoint_moved":
+        return f"moved this node's checkpoint from {f['src']} to {f['path']}"
     if event == "checkpoint_saved":
         partial = f" (round {f['round'] + 1} kept at step {f['step']})" if f.get("step") else ""
         return f"checkpoint saved to {f['path']}{partial}"

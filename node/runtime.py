@@ -43,6 +43,8 @@ from node.config import JoinConfig
 from node.data import load_corpus, split_corpus
 from node.events import EventLog
 from node.learner import RoundStats, StepStats, resolve_device
+from node.lifecycle import adopt_legacy_checkpoint, preflight
+from node.locks import checkpoint_lock, identity_lock
 from node.model import build_model
 from node.progress import RoundProgress
 from node.snapshot import NodeStatus, PeerSighting
@@ -120,8 +122,19 @@ class Node:
 
     def __init__(self, config: JoinConfig, events: EventLog) -> None:
         self.config = config
+        self._locks = [identity_lock(config.identity_path).acquire()]
+        try:
+            self._build(config, events)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, config: JoinConfig, events: EventLog) -> None:
         self.identity, _ = Identity.load_or_create(config.identity_path)
         self.peer_id = self.identity.peer_id
+        self.checkpoint_dir = config.checkpoint_path(self.peer_id)
+        self._locks.append(checkpoint_lock(self.checkpoint_dir).acquire())
+        self._moved_checkpoint = adopt_legacy_checkpoint(config, self.peer_id)
         self.device = resolve_device(config.device)
         configure_torch(config)
         self.corpus = load_corpus(config.data)
@@ -181,7 +194,7 @@ class Node:
 
     def _build_swarm(self) -> Swarm:
         return Swarm(
-            swarm_config_from(self.config, self.spec, self.num_params),
+            swarm_config_from(self.config, self.spec, self.num_params, preflight(self.config)),
             self.identity,
             self.replica,
             self.pipeline,
@@ -233,7 +246,15 @@ class Node:
     def request_stop(self) -> None:
         self._stop.set()
 
+    def close(self) -> None:
+        """Release the identity and checkpoint dir for another node (run() does it at exit)."""
+        for lock in reversed(self._locks):
+            lock.release()
+
     def run(self) -> None:
+        if self._moved_checkpoint is not None:
+            moved = str(self._moved_checkpoint)
+            self.events.emit("checkpoint_moved", src=moved, path=str(self.checkpoint_dir))
         self._resume()
         try:
             if self.swarm is not None:
@@ -248,6 +269,7 @@ class Node:
                 self._drain_publishes()
                 self.swarm.shutdown()
             self._resketcher.stop()
+            self.close()
 
     def _drain_publishes(self) -> None:
         """Let an update being published reach the swarm before leaving (bounded)."""
@@ -617,12 +639,12 @@ class Node:
         return [(name, p.shape) for name, p in self.learner.model.named_parameters()]
 
     def save_checkpoint(self) -> None:
-        path = save_checkpoint(self.config.checkpoint_path, self.state_dict(), self.param_layout())
+        path = save_checkpoint(self.checkpoint_dir, self.state_dict(), self.param_layout())
         step = self._partial.steps_done if self._partial is not None else 0
         self.events.emit("checkpoint_saved", path=str(path), round=self.round, step=step)
 
     def _resume(self) -> None:
-        path = self.config.checkpoint_path
+        path = self.checkpoint_dir
         state = load_checkpoint(path, self.fingerprint, self.param_layout())
         if state is None:
             return
@@ -644,7 +666,7 @@ class Node:
         self._record_replica()
         self.events.emit(
             "resumed",
-            path=str(self.config.checkpoint_path),
+            path=str(self.checkpoint_dir),
             round=self.round,
             step=self._partial.steps_done if self._partial is not None else 0,
             num_applied=self.replica.num_applied,

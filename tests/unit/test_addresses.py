@@ -102,9 +102,16 @@ def test_listen_maddrs_for_host_and_port(host: str, port: int, expected: str) ->
     assert str(Multiaddr(expected)) == expected
 
 
-@pytest.mark.parametrize("host", ["localhost", "1.2.3", "", "example.org"])
+@pytest.mark.parametrize("host", ["localhost", "LocalHost", " localhost "])
+def test_listen_maddrs_take_localhost_as_the_loopback_address(host: str) -> None:
+    assert listen_maddrs(host, 0) == ["/ip4/127.0.0.1/tcp/0"]
+
+
+@pytest.mark.parametrize("host", ["1.2.3", "", "example.org", "localhost.example"])
 def test_listen_maddrs_refuses_a_host_that_is_not_an_ip(host: str) -> None:
-    message = f"--host must be an IP address such as 0.0.0.0 or 127.0.0.1, got '{host}'"
+    message = (
+        f"--host must be an IP address such as 0.0.0.0 or 127.0.0.1 (or localhost), got '{host}'"
+    )
     with pytest.raises(AddressError) as info:
         listen_maddrs(host, 31337)
     assert str(info.value) == message
