@@ -12,9 +12,11 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
+from dht.budget import PeerBudget
 from dht.catchup import CatchUp, CatchUpConfig, Fetch, parse_ranges, to_ranges
 from dht.heartbeat import Heartbeat
 from dht.membership import Membership
+from dht.messages import MAX_SIGNED_HEADER_BYTES, MessageError, parse_signed_header
 from dht.network import Rejections, SwarmNetwork
 from dht.retention import RetainedUpdates
 from dht.state_transfer import TransferStats
@@ -31,6 +33,10 @@ from merge.pipeline import MergeResult, UpdatePipeline
 
 logger = logging.getLogger(__name__)
 MAX_SUMMARY_BYTES = 1 << 20
+NOTIFY_RATE_PER_S = 20.0
+"""Pushed headers a peer may send per second on average (an honest one sends one a round)."""
+NOTIFY_BURST = 64.0
+NOTIFY_READ_TIMEOUT_S = 10.0
 MAX_SUMMARY_IDS = 1 << 20
 
 
@@ -73,6 +79,7 @@ class Gossip:
         )
         self._lookups: dict[str, asyncio.Task[None]] = {}
         self._looked_up: dict[str, int] = {}
+        self._notify_budget = PeerBudget(rate_per_s=NOTIFY_RATE_PER_S, burst=NOTIFY_BURST)
         self._wake: asyncio.Event | None = None
 
     def _catchup_config(self) -> CatchUpConfig:
@@ -162,7 +169,8 @@ class Gossip:
             return
         if reason is not None:
             self._reject(reason, header.author, "header check failed", seq=header.seq)
-            self.catchup.fetched(header.update_id)  # settled: not worth fetching
+            if reason != "bad_signature":  # a forged header says nothing of the real update
+                self.catchup.fetched(header.update_id)  # settled: not worth fetching
             return
         if self.catchup.announced(header.author, header.seq, signed, time.monotonic()):
             self._kick()
@@ -190,12 +198,11 @@ class Gossip:
                 raise EnvelopeError("malformed", "announcement is not bytes")
             signed = SignedHeader.from_bytes(blob)
         except EnvelopeError as exc:
+            # Anyone can write this DHT record: junk in it settles nothing about the author.
             self._reject(exc.reason, author, str(exc), seq=seq)
-            self.catchup.fetched((author, seq))
             return None
         if signed.header.author != author or signed.header.seq != seq:
             self._reject("malformed", author, "announcement key disagrees with header", seq=seq)
-            self.catchup.fetched((author, seq))
             return None
         return signed
 
@@ -364,11 +371,30 @@ class Gossip:
             writer.close()
 
     async def rpc_notify(self, info: Any, reader: Any, writer: Any) -> None:
+        """A pushed header: verified before anything about its author is stored or marked.
+
+        Only peers with a live signed heartbeat may push, within a per-peer budget, and only
+        headers of authors with a live heartbeat are kept: fresh keys get no state here.
+        """
+        sender = str(info.peer_id)
         try:
-            signed = SignedHeader.from_bytes(await receive_blob(reader, max_bytes=8192))
-            if signed.header.author != self.peer_id and self.active:
-                self._on_header(signed)
-        except (TransportError, EnvelopeError, OSError) as exc:
-            logger.debug("notification from %s dropped: %s", info.peer_id, exc)
+            if not self._notify_budget.allow(sender, time.monotonic()):
+                self._reject("notify_rate", sender, "notify budget spent", update=False)
+                return
+            blob = await asyncio.wait_for(
+                receive_blob(reader, max_bytes=MAX_SIGNED_HEADER_BYTES), NOTIFY_READ_TIMEOUT_S
+            )
+            signed = parse_signed_header(blob)
+            author = signed.header.author
+            if author == self.peer_id or not self.active:
+                return
+            if not (self.membership.is_alive(sender) and self.membership.is_alive(author)):
+                self._reject("notify_unknown_peer", sender, "no live heartbeat", update=False)
+                return
+            self._on_header(signed)
+        except MessageError as exc:  # counted against who sent it, not whom it names
+            self._reject(f"notify_{exc.reason}", sender, str(exc), update=False)
+        except (TransportError, TimeoutError, OSError) as exc:
+            logger.debug("notification from %s dropped: %s", sender, exc)
         finally:
             writer.close()
