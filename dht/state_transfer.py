@@ -14,6 +14,7 @@ from typing import Any
 from dht.heartbeat import Heartbeat
 from dht.membership import Membership
 from dht.network import Rejections, SwarmNetwork
+from dht.state_check import check_donor_state
 from dht.tensor_stream import (
     join_tensors,
     parse_spec,
@@ -24,6 +25,7 @@ from dht.tensor_stream import (
 )
 from dht.transport import TransportError, encode_request, receive_blob, send_blob, send_refusal
 from merge.replica import Replica
+from merge.sketch import ReplicaSketch
 
 logger = logging.getLogger(__name__)
 BUSY = "busy serving other newcomers"
@@ -60,6 +62,7 @@ class StateTransfer:
         self._merge_pool = merge_pool
         self._reject = reject
         self._num_serving = 0
+        self._sketch = ReplicaSketch(replica.numel, network.config.fingerprint)
 
     async def register(self) -> None:
         await self.network.add_handler("state", self.rpc_state)
@@ -137,6 +140,9 @@ class StateTransfer:
         finally:
             writer.close()
         state = join_tensors(meta.get("tree"), tensors)
+        if not isinstance(state, dict):
+            raise ValueError("malformed state")
+        check_donor_state(state, peer_id, self.membership.alive_peers(), self._sketch)
         await asyncio.get_running_loop().run_in_executor(
             self._merge_pool, self.replica.load_state_dict, state
         )
