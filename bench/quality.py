@@ -263,7 +263,8 @@ def run_async(
     common = cli_flags(
         log_format="json", model=config.model, run_id=run_id, inner_steps=config.inner_steps,
         seed=config.seed, threads=config.threads, eval_batches=1, host="127.0.0.1", port=0,
-        heartbeat_period=1, linger=10, lr_decay_steps=schedule.decay_steps, correction=correction,
+        heartbeat_period=1, linger=_linger_s(schedule), lr_decay_steps=schedule.decay_steps,
+        correction=correction,
     ) + limit  # fmt: skip
 
     def argv(rank: int) -> list[str]:
@@ -292,6 +293,11 @@ def run_async(
         "blocks_corrected": sum(e.get("blocks_corrected", 0) for e in merged),
         "seconds": round(seconds, 1),
     }
+
+
+def _linger_s(schedule: Schedule) -> float:
+    """Long enough for the last learner's last round to reach those that finished first."""
+    return max(10.0, round(2 * (schedule.round_time or 0) + 10, 1))
 
 
 def _mean_steps(child: ChildProcess, ev: Evaluator) -> float:

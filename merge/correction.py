@@ -8,9 +8,11 @@ between the update g and the momentum m:
 
 - aligned (c_b >= 0): the block passes unchanged;
 - conflicting (c_b < 0): the component along the momentum is shrunk,
-  g_b -= beta_b * <g_b, m_hat_b> m_hat_b, with beta_b = strength * min(1, |m_b| / |g_b|):
-  the less momentum there is behind the heading (relative to the update), the less it is
-  trusted (HeLoCo's confidence factor).
+  g_b -= beta_b * <g_b, m_hat_b> m_hat_b, with beta_b = strength * |c_b| * min(1, |m_b|/|g_b|):
+  the more directly a block opposes the heading, the more of its opposition is removed (a
+  block that is nearly orthogonal, as noise is, keeps almost all of it: the shrinkage is
+  proportional to |c_b| as in HeLoCo), and the less momentum there is behind the heading
+  (relative to the update), the less it is trusted (HeLoCo's confidence factor).
 
 Fresh updates (staleness 0) pass unchanged. A correction never lengthens a block, so the
 norm bound checked on the received update still holds for what is applied. The weakly
@@ -85,7 +87,10 @@ def correct(
     if not bool(conflicting.any()):
         return Correction(pseudo_gradient, 0, num_blocks)
     confidence = torch.clamp(m_norm / torch.clamp(g_norm, min=_TINY), max=1.0)
-    beta = torch.where(conflicting, config.strength * confidence, torch.zeros_like(confidence))
+    cosine = torch.clamp(-g_dot_m / torch.clamp(g_norm * m_norm, min=_TINY), max=1.0)
+    beta = torch.where(
+        conflicting, config.strength * cosine * confidence, torch.zeros_like(confidence)
+    )
     # g_b - beta * <g_b, m_b> / |m_b|^2 * m_b, zero for the blocks left alone.
     along = beta * g_dot_m / torch.clamp(m_sq, min=_TINY)
     corrected = (g - along.unsqueeze(1) * m).reshape(-1)[: pseudo_gradient.numel()]

@@ -20,15 +20,19 @@ def test_aligned_update_passes_unchanged() -> None:
 
 
 def test_conflicting_block_loses_its_component_against_the_momentum() -> None:
-    g = torch.tensor([1.0, 2.0, -1.0, 1.0])
-    m = torch.tensor([2.0, 1.0, 4.0, 0.0])  # block 0 aligned; block 1 dot -4: conflicting
+    g = torch.tensor([1.0, 2.0, -2.0, 0.0, -1.0, 1.0])
+    m = torch.tensor([2.0, 1.0, 4.0, 0.0, 4.0, 0.0])  # block 0 aligned; 1 opposed; 2 at 135 deg
 
-    result = correct(HELOCO, g, staleness=1, momentum=m)
+    result = correct(CorrectionConfig(kind="heloco", block=2), g, staleness=1, momentum=m)
 
-    # block 1: g - <g, m>/|m|^2 m = [-1, 1] - (-4/16) [4, 0] = [0, 1]
-    assert result.pseudo_gradient.tolist() == [1.0, 2.0, 0.0, 1.0]
-    assert result.blocks_corrected == 1
-    assert g.tolist() == [1.0, 2.0, -1.0, 1.0] and m.tolist() == [2.0, 1.0, 4.0, 0.0]
+    # block 1 is anti-parallel (c = -1): its whole momentum component goes
+    # block 2: c = -1/sqrt(2), so that share of its component along m goes: -1 + 1/sqrt(2)
+    expected = [1.0, 2.0, 0.0, 0.0, -1.0 + 0.5**0.5, 1.0]
+    assert result.pseudo_gradient.tolist() == pytest.approx(expected, abs=1e-6)
+    assert result.pseudo_gradient[:2].tolist() == [1.0, 2.0]  # aligned: bit-identical
+    assert result.blocks_corrected == 2
+    assert g.tolist() == [1.0, 2.0, -2.0, 0.0, -1.0, 1.0]  # inputs untouched
+    assert m.tolist() == [2.0, 1.0, 4.0, 0.0, 4.0, 0.0]
 
 
 def test_weak_momentum_is_trusted_less() -> None:
