@@ -69,12 +69,14 @@ class Membership:
         others = {fp: summary for fp, summary in records.items() if fp != self.config.fingerprint}
         if others and self.config.fingerprint not in records:
             fingerprint, summary = next(iter(others.items()))
-            raise RunMismatchError(
+            error = RunMismatchError(
                 f"run '{self.config.run_id}' in this swarm uses a different model or run "
                 f"configuration (fingerprint {str(fingerprint)[:12]}: {summary}) than this node "
                 f"(fingerprint {self.config.fingerprint[:12]}: {self.config.run_summary}); "
                 "join with the same settings or choose another --run-id"
             )
+            error.theirs = summary
+            raise error
 
     async def send_heartbeat(self) -> None:
         heartbeat = self._heartbeat_fn()

@@ -39,6 +39,9 @@ class SwarmError(ValueError):
 class RunMismatchError(SwarmError):
     """The swarm trains the same run id with another model or merge configuration."""
 
+    theirs: object = None
+    """The swarm's run summary (JSON), for the node to say which settings differ."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class SwarmConfig:

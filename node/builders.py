@@ -153,11 +153,18 @@ def build_validation(
 
 
 def swarm_config_from(
-    config: JoinConfig, spec: RunSpec, num_params: int, port: int | None = None
+    config: JoinConfig,
+    spec: RunSpec,
+    num_params: int,
+    port: int | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> SwarmConfig:
-    """`port`: the one preflight settled on (default: --port)."""
-    summary = {"model": config.model, **spec.model.as_dict(), "seed": config.seed}
+    """`port`: the one preflight settled on (default: --port); `settings`: the run's
+    non-default fingerprint settings (node.fingerprint), published for refused nodes."""
+    summary: dict[str, Any] = {"model": config.model, **spec.model.as_dict(), "seed": config.seed}
     summary |= {"inner_steps": config.inner_steps, "outer": config.outer_optimizer}
+    if settings is not None:
+        summary["settings"] = settings
     return SwarmConfig(
         run_id=config.run_id,
         fingerprint=spec.fingerprint,

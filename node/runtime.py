@@ -18,7 +18,7 @@ from dht.heartbeat import (
     MAX_REJECTED_REASONS,
     Heartbeat,
 )
-from dht.swarm import Swarm
+from dht.swarm import RunMismatchError, Swarm
 from dht.transport import WIRE_BYTES
 from merge.allowlist import AllowList
 from merge.codecs import get_codec
@@ -42,6 +42,7 @@ from node.checkpoint import CheckpointError, Layout, load_checkpoint, save_check
 from node.config import JoinConfig
 from node.data import load_corpus, split_corpus
 from node.events import EventLog
+from node.fingerprint import describe_differences, fingerprint_settings, join_arguments
 from node.learner import RoundStats, StepStats, resolve_device
 from node.lifecycle import adopt_legacy_checkpoint, preflight
 from node.locks import checkpoint_lock, identity_lock
@@ -142,6 +143,7 @@ class Node:
         self.spec = build_run_spec(config, self.corpus)
         self.model_config, self.merge_config = self.spec.model, self.spec.merge
         self.fingerprint = self.spec.fingerprint
+        self.run_settings = fingerprint_settings(config, self.corpus)
         model = build_model(self.model_config, config.seed)
         self.replica = build_replica(model, self.merge_config)
         self.num_params = self.replica.numel
@@ -194,7 +196,13 @@ class Node:
 
     def _build_swarm(self) -> Swarm:
         return Swarm(
-            swarm_config_from(self.config, self.spec, self.num_params, preflight(self.config)),
+            swarm_config_from(
+                self.config,
+                self.spec,
+                self.num_params,
+                preflight(self.config),
+                self.run_settings,
+            ),
             self.identity,
             self.replica,
             self.pipeline,
@@ -292,8 +300,16 @@ class Node:
 
     def join_swarm(self) -> None:
         assert self.swarm is not None
-        maddrs = self.swarm.start()
-        extra = ["--run-id", self.config.run_id, "--model", self.config.model]
+        try:
+            maddrs = self.swarm.start()
+        except RunMismatchError as exc:
+            differences = describe_differences(exc.theirs, self.run_settings)
+            raise RunMismatchError(
+                f"run '{self.config.run_id}' in this swarm uses a different model or run "
+                f"configuration ({differences}); join with the command its nodes print, "
+                "or pick another --run-id"
+            ) from None
+        extra = join_arguments(self.run_settings)
         self.events.emit(
             "listening",
             peer_id=self.peer_id,

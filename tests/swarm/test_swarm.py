@@ -129,6 +129,7 @@ def test_a_node_with_another_model_config_is_refused_clearly(launch: Launch) -> 
     assert other.wait_exit(START_S) != 0
     error = other.stderr_tail()
     assert "different model or run configuration" in error
+    assert "seed: swarm 0, yours 7" in error  # each differing setting named, not two dicts
     assert "Traceback" not in error
 
 
