@@ -103,6 +103,9 @@ class MergeResult:
     """The learner count the update was sized by (one round of that many makes a step)."""
     blocks_corrected: int = 0
     """Blocks of the update that the staleness correction changed."""
+    robust: str | None = None
+    """A robust verdict (merge.robust.REASONS) that clipped or zeroed the update's contribution;
+    its id is applied all the same, so replicas keep one applied set."""
 
 
 class _Rejected(Exception):
@@ -158,7 +161,7 @@ class UpdatePipeline:
         """Verifies, validates, weighs and applies one update; never raises for bad input."""
         header = update.header
         try:
-            weight, blocks_corrected = self._merge(update)
+            weight, blocks_corrected, robust = self._merge(update)
         except _Rejected as rejected:
             return self._reject(header, rejected.reason)
         with self._stats_lock:
@@ -166,10 +169,10 @@ class UpdatePipeline:
         logger.debug("merged %s#%d with weight %.4g", header.author, header.seq, weight)
         return MergeResult(
             True, header.author, header.seq, header.staleness, weight, None,
-            learners_of(header), blocks_corrected,
+            learners_of(header), blocks_corrected, robust,
         )  # fmt: skip
 
-    def _merge(self, update: SignedUpdate) -> tuple[float, int]:
+    def _merge(self, update: SignedUpdate) -> tuple[float, int, str | None]:
         header = update.header
         _raise_if(self.check_header(update.signed_header))
         pseudo_gradient, update_norm = _decode_payload(update)
@@ -180,14 +183,21 @@ class UpdatePipeline:
             momentum = self.replica.outer.momentum_buffer
             corrected = correct(self.config.correction, pseudo_gradient, header.staleness, momentum)
             # Judged after the staleness correction: what remains hostile once an honest stale
-            # update's conflict with the momentum has been corrected is refused.
+            # update's conflict with the momentum has been corrected is clipped or zeroed.
             unchanged = corrected.pseudo_gradient is pseudo_gradient
             norm = update_norm if unchanged else None
-            verdict = self._robust_verdict(header, corrected.pseudo_gradient, norm)
+            direction = self.replica.outer.momentum_direction()
+            verdict = self.robust.judge(corrected.pseudo_gradient, direction, norm)
+            # A robust verdict never refuses the id: replicas judge against their own recent
+            # history, so a refusal on one and an acceptance on another would leave their
+            # applied sets apart for good. The id is applied everywhere; what a verdict
+            # removes is the update's contribution (clipped to the bound, or zeroed).
+            weight *= self._robust_scale(header, verdict)
             self.replica.apply(header, corrected.pseudo_gradient, weight)
-            self.robust.accepted(verdict)
+            if verdict.reason is None:
+                self.robust.accepted(verdict)
             self._payloads[header.update_id] = header.payload_digest
-        return weight, corrected.blocks_corrected
+        return weight, corrected.blocks_corrected, verdict.reason
 
     def _trust_reason(self, h: UpdateHeader) -> str | None:
         """Who may contribute, clocks and counters no honest peer produces, equivocation."""
@@ -202,23 +212,27 @@ class UpdatePipeline:
             return "equivocation"  # the same id with another payload: never applied twice
         return None
 
-    def _robust_verdict(
-        self, header: UpdateHeader, pseudo_gradient: torch.Tensor, norm: float | None
-    ) -> Verdict:
-        momentum = self.replica.outer.momentum_direction()
-        verdict = self.robust.judge(pseudo_gradient, momentum, norm)
-        if verdict.reason is not None:
-            logger.warning(
-                "%s#%d: %s (norm %.4g, median %s, cosine %s)",
-                header.author,
-                header.seq,
-                verdict.reason,
-                verdict.norm,
-                verdict.median_norm,
-                verdict.cosine,
-            )
-            raise _Rejected(verdict.reason)
-        return verdict
+    def _robust_scale(self, header: UpdateHeader, verdict: Verdict) -> float:
+        """The share of the update's contribution the robust checks let through, in [0, 1]."""
+        if verdict.reason is None:
+            return 1.0
+        with self._stats_lock:
+            self.rejections[verdict.reason] += 1
+        self.rejection_log.count(header.author, verdict.reason)
+        logger.warning(
+            "%s#%d: %s (norm %.4g, median %s, cosine %s); its contribution is %s",
+            header.author,
+            header.seq,
+            verdict.reason,
+            verdict.norm,
+            verdict.median_norm,
+            verdict.cosine,
+            "clipped" if verdict.reason == "norm_outlier" else "zeroed",
+        )
+        if verdict.reason == "norm_outlier" and verdict.median_norm is not None:
+            bound = self.config.robust.max_norm_to_median * verdict.median_norm
+            return min(1.0, bound / verdict.norm)
+        return 0.0
 
     def _claims_reason(self, h: UpdateHeader) -> str | None:
         limits = self.config

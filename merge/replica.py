@@ -61,12 +61,17 @@ class Replica:
             return seq in self._applied.get(author, ())
 
     def apply(self, header: UpdateHeader, pseudo_gradient: torch.Tensor, weight: float) -> None:
-        """Steps the outer optimizer with the update and records its id."""
+        """Steps the outer optimizer with the update and records its id.
+
+        An update of weight 0 contributes nothing: its id is recorded, the params and the outer
+        optimizer's state stay as they are.
+        """
         with self.lock:
             if self.has_applied(header.author, header.seq):
                 raise ValueError(f"update {header.update_id} has already been applied.")
-            learners = 1 if header.learners is None else header.learners
-            self.outer.step(self.params, pseudo_gradient, weight, learners)
+            if weight != 0:
+                learners = 1 if header.learners is None else header.learners
+                self.outer.step(self.params, pseudo_gradient, weight, learners)
             self._record(header.author, header.seq)
 
     def snapshot(self) -> tuple[torch.Tensor, int]:

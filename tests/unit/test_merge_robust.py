@@ -63,24 +63,48 @@ def warmed_up() -> UpdatePipeline:
     return pipeline
 
 
-def test_a_near_cap_update_is_refused_relative_to_the_median_norm() -> None:
-    pipeline = warmed_up()
+def test_a_near_cap_update_is_clipped_to_the_bound_relative_to_the_median_norm() -> None:
+    pipeline, reference = warmed_up(), warmed_up()
+    median = pipeline.robust.median_norm()
+    assert median is not None
     big = honest_delta(99) * 20  # norm ~20: under the params-norm cap (80), 20x the honest ones
+    bounded = big * (4.0 * median / float(big.norm()))  # the same direction at the bound
 
     result = pipeline.submit(update(MALLORY, 1, big))
+    assert reference.submit(update(MALLORY, 1, bounded)).accepted
 
-    assert not result.accepted and result.reason == "norm_outlier"
+    assert result.accepted and result.robust == "norm_outlier"
     assert pipeline.rejections["norm_outlier"] == 1
+    assert pipeline.replica.has_applied(MALLORY.peer_id, 1)  # one applied set everywhere
+    torch.testing.assert_close(pipeline.replica.params, reference.replica.params)
+    assert pipeline.robust.median_norm() == median  # an outlier does not move the median
 
 
-def test_a_well_scaled_update_against_the_momentum_is_refused() -> None:
+def test_a_well_scaled_update_against_the_momentum_contributes_nothing() -> None:
     pipeline = warmed_up()
     before = pipeline.replica.params.clone()
 
     result = pipeline.submit(update(MALLORY, 1, -honest_delta(99)))
 
-    assert not result.accepted and result.reason == "against_momentum"
+    assert result.accepted and result.robust == "against_momentum" and result.weight == 0.0
+    assert pipeline.rejections["against_momentum"] == 1
+    assert pipeline.replica.has_applied(MALLORY.peer_id, 1)
     assert torch.equal(pipeline.replica.params, before)
+
+
+@settings(max_examples=20, deadline=None)
+@given(order=st.permutations(list(range(12))))
+def test_replicas_with_different_histories_keep_one_applied_set(order: list[int]) -> None:
+    """Verdicts depend on each replica's recent history; applied sets must not."""
+    updates = [update(HONEST, seq, honest_delta(seq) * (1 + 3 * (seq % 4))) for seq in range(12)]
+    updates += [update(MALLORY, 1, honest_delta(50) * 20), update(MALLORY, 2, -honest_delta(51))]
+    first, second = make_pipeline(), make_pipeline()
+    for u in updates:
+        assert first.submit(u).accepted
+    for i in [*order, 12, 13]:
+        assert second.submit(updates[i]).accepted
+
+    assert first.replica.applied_digest() == second.replica.applied_digest()
 
 
 def test_honest_updates_pass_both_checks() -> None:
