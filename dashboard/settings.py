@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from dht.addresses import parse_peer_maddr
 from merge.allowlist import AllowList
 from merge.identity import read_secret_file
-from node.config import JoinConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,8 +59,8 @@ class StandaloneConfig:
 
     peers: list[str] | None = None
     """Multiaddrs of any swarm members (required), e.g. the address a node printed at start."""
-    run_id: str = JoinConfig.run_id
-    """Run to show."""
+    run_id: str | None = None
+    """Run to show (default: the one run found through the peers; the default run if none yet)."""
     host: str = "127.0.0.1"
     """Address to listen on; 0.0.0.0 opens the dashboard to the network (set a token)."""
     port: int = 8000
@@ -83,7 +82,7 @@ class StandaloneConfig:
                 "--peers is required: the multiaddr of any swarm member, as a node prints it"
             )
         self.peers = [str(parse_peer_maddr(p)) for p in self.peers]
-        if not self.run_id or len(self.run_id) > 64:
+        if self.run_id is not None and not 0 < len(self.run_id) <= 64:
             raise ValueError("--run-id must be 1 to 64 characters long")
         _check_choice("log-level", self.log_level.upper(), ("DEBUG", "INFO", "WARNING", "ERROR"))
         _check_choice("log-format", self.log_format, ("rich", "json"))

@@ -23,6 +23,7 @@ from dashboard.view import PeerRecord, SwarmState
 from dht.heartbeat import Heartbeat
 from dht.observer import SwarmObserver, SwarmSnapshot
 from merge.allowlist import AllowList
+from node.config import JoinConfig
 from node.events import EventLog
 
 DEFAULT_HEARTBEAT_PERIOD_S = 5.0
@@ -138,21 +139,32 @@ def _order(tracked: _Tracked) -> tuple[bool, str, str]:
     return (not tracked.alive, tracked.heartbeat.org, tracked.heartbeat.peer_id)
 
 
+def choose_run(run_ids: list[str]) -> str:
+    """The run a dashboard without --run-id shows: the only one found, or the default run
+    while none is; several are a one-line error naming them."""
+    if len(run_ids) > 1:
+        raise ValueError(
+            f"this swarm trains several runs ({', '.join(run_ids)}): choose one with --run-id"
+        )
+    return run_ids[0] if run_ids else JoinConfig.run_id
+
+
 def serve(config: StandaloneConfig, events: EventLog, stop: threading.Event) -> None:
     """Join the DHT as a client, serve the dashboard until `stop` is set, then leave."""
     settings = config.settings()
     check_free(settings.host, settings.port)  # before the DHT's seconds of start-up
     assert config.peers is not None
     with SwarmObserver(config.peers) as observer:
+        run_id = config.run_id or choose_run(observer.run_ids())
         allowlist = AllowList.load(config.allow_keys) if config.allow_keys else None
         source = StandaloneSource(
-            observer, config.run_id, settings, History(settings), allowlist=allowlist
+            observer, run_id, settings, History(settings), allowlist=allowlist
         )
         server = DashboardServer(create_app(source, settings), settings.host, settings.port)
         source.start()
         try:
             url = server.start()
-            events.emit("dashboard", url=url, run_id=config.run_id, peers=config.peers)
+            events.emit("dashboard", url=url, run_id=run_id, peers=config.peers)
             while not stop.wait(0.5):
                 pass
         finally:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dht.heartbeat import Heartbeat, HeartbeatError
+from dht.messages import RUN_LISTING_KEY
 from dht.network import Rejections, RunMismatchError, SwarmNetwork
 from dht.records import owner_subkey, subkey_owner
 from merge.identity import Identity
@@ -94,6 +95,7 @@ class Membership:
             json.dumps(self.config.run_summary, sort_keys=True),
             ttl,
         )
+        await self.network.dht_store(RUN_LISTING_KEY, self.config.run_id, True, ttl)
 
     async def poll(self) -> list[Heartbeat]:
         """Read every peer's heartbeat; the verified ones, newest view of each peer updated."""

@@ -111,6 +111,21 @@ def parse_run_record(subkey: object, value: object) -> RunRecord:
     return _validated(RunRecord, {"fingerprint": subkey, "summary": summary})
 
 
+RUN_LISTING_KEY = "diloco-runs"
+"""Subkey RUN_ID -> True for every run trained in this DHT: how `status` and `dashboard` find
+runs when no --run-id is given. Anyone can add a name; what a name shows is still verified."""
+MAX_RUN_ID_CHARS = 64
+
+
+def parse_run_listing(subkey: object) -> str:
+    """A run id listed under RUN_LISTING_KEY."""
+    if not isinstance(subkey, str) or not 0 < len(subkey) <= MAX_RUN_ID_CHARS:
+        raise MessageError("malformed", "a listed run id is a string of 1 to 64 characters")
+    if not subkey.isprintable():
+        raise MessageError("malformed", "a listed run id has unprintable characters")
+    return subkey
+
+
 def parse_announced_seq(subkey: object) -> int:
     """`updates/AUTHOR` subkeys are seqs."""
     if type(subkey) is not int or not 0 <= subkey <= MAX_SEQ:

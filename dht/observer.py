@@ -13,12 +13,19 @@ from hivemind import DHT
 from hivemind.p2p import P2PDaemonError
 
 from dht.heartbeat import Heartbeat, HeartbeatError
-from dht.messages import MessageError, parse_run_record
+from dht.messages import (
+    RUN_LISTING_KEY,
+    MessageError,
+    parse_run_listing,
+    parse_run_record,
+)
 from dht.network import SwarmError
 from dht.reaper import OrphanReaper
 from dht.records import OwnerValidator, subkey_owner
 
 logger = logging.getLogger(__name__)
+MAX_LISTED_RUNS = 32
+"""Runs `status` shows when no run id is given."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,16 @@ class SwarmObserver:
             ) from None
         if self._dht.pid is not None:
             self._reaper.watch(self._dht.pid)
+
+    def run_ids(self, limit: int = MAX_LISTED_RUNS) -> list[str]:
+        """The run ids trained in this DHT (sorted; at most `limit`), malformed ones ignored."""
+        found = set()
+        for subkey in self._get(RUN_LISTING_KEY):
+            try:
+                found.add(parse_run_listing(subkey))
+            except MessageError as exc:
+                logger.info("ignoring a listed run: %s", exc)
+        return sorted(found)[:limit]
 
     def snapshot(self, run_id: str) -> list[SwarmSnapshot]:
         """One snapshot per configuration seen under `run_id` (normally exactly one)."""

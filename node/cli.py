@@ -48,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     join.set_defaults(handler=run_join)
     status = commands.add_parser("status", help="print the swarm's peers without training")
     status.add_argument("--peers", nargs="+", required=True, metavar="MADDR", help="any members")
-    status.add_argument("--run-id", default=JoinConfig.run_id, help="run to show")
+    status.add_argument(
+        "--run-id", default=None, help="run to show (default: every run found through the peers)"
+    )
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
     status.set_defaults(handler=run_status)
     # The dashboard sits above node/; its settings module imports nothing heavy.
@@ -108,7 +110,8 @@ def run_status(args: argparse.Namespace) -> int:
 
     peers = [str(parse_peer_maddr(p)) for p in args.peers]
     with SwarmObserver(peers) as observer:
-        snapshots = observer.snapshot(args.run_id)
+        run_ids = [args.run_id] if args.run_id is not None else observer.run_ids()
+        snapshots = [snap for run_id in run_ids for snap in observer.snapshot(run_id)]
     print_status(args.run_id, snapshots, as_json=args.json)
     return 0
 

@@ -34,11 +34,13 @@ def peer_row(peer: PeerStatus) -> dict[str, Any]:
     }
 
 
-def status_document(run_id: str, snapshots: list[SwarmSnapshot]) -> dict[str, Any]:
+def status_document(run_id: str | None, snapshots: list[SwarmSnapshot]) -> dict[str, Any]:
+    """`run_id` None: the runs were found through the DHT rather than named by the user."""
     return {
         "run_id": run_id,
         "runs": [
             {
+                "run_id": snap.run_id,
                 "fingerprint": snap.fingerprint,
                 "config": snap.run_summary,
                 "peers": [peer_row(p) for p in snap.peers],
@@ -48,15 +50,17 @@ def status_document(run_id: str, snapshots: list[SwarmSnapshot]) -> dict[str, An
     }
 
 
-def print_status(run_id: str, snapshots: list[SwarmSnapshot], *, as_json: bool) -> None:
+def print_status(run_id: str | None, snapshots: list[SwarmSnapshot], *, as_json: bool) -> None:
     if as_json:
         print(json.dumps(status_document(run_id, snapshots)))
         return
     console = Console()
     if not snapshots:
-        console.print(f"no live peers train run '{run_id}' in this swarm")
+        wanted = "any run" if run_id is None else f"run '{run_id}'"
+        console.print(f"no live peers train {wanted} in this swarm")
     for snap in snapshots:
-        table = Table(title=f"run '{run_id}' ({snap.fingerprint[:12]}): {len(snap.peers)} peers")
+        title = f"run '{snap.run_id}' ({snap.fingerprint[:12]}): {len(snap.peers)} peers"
+        table = Table(title=title)
         for column in ("peer", "org", "state", "round", "tokens/s", "loss", "applied", "seen"):
             table.add_column(column, justify="left" if column in ("peer", "org") else "right")
         for peer in snap.peers:

@@ -51,3 +51,18 @@ def test_a_foreign_or_far_future_write_never_hides_a_peers_heartbeat(members: li
     owner.store(KEY, b"heartbeat-2", get_dht_time() + 30, subkey=subkey)
     seen = reader.get(KEY, latest=True)
     assert seen is not None and seen.value[subkey].value == b"heartbeat-2"
+
+
+def test_status_and_dashboard_find_the_runs_a_swarm_trains(members: list[DHT]) -> None:
+    """Without --run-id, `status` lists what the DHT's run listing names; junk is skipped."""
+    from dht.messages import RUN_LISTING_KEY
+    from dht.observer import SwarmObserver
+
+    node = DHT(start=True, record_validators=[OwnerValidator()])
+    members.append(node)
+    expiry = get_dht_time() + 60
+    for subkey in ("alpha", "beta", "x" * 65, "bad\nname"):
+        assert node.store(RUN_LISTING_KEY, True, expiry, subkey=subkey)
+
+    with SwarmObserver([str(m) for m in node.get_visible_maddrs()]) as observer:
+        assert observer.run_ids() == ["alpha", "beta"]

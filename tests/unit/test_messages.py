@@ -163,3 +163,17 @@ def test_mutated_state_manifests_raise_only_message_errors(data: st.DataObject) 
 def test_arbitrary_bytes_as_a_state_manifest(blob: bytes) -> None:
     with pytest.raises(MessageError):
         parse_state_manifest(blob, max_state_bytes=1 << 20)
+
+
+def test_a_listed_run_id_is_a_short_printable_string() -> None:
+    from dashboard.standalone import choose_run
+    from dht.messages import parse_run_listing
+
+    assert parse_run_listing("diloco-default") == "diloco-default"
+    for junk in (7, None, "", "x" * 65, "a\x00b"):
+        with pytest.raises(MessageError):
+            parse_run_listing(junk)
+    assert choose_run([]) == "diloco-default"  # nothing trains yet: the default run
+    assert choose_run(["lab-run"]) == "lab-run"
+    with pytest.raises(ValueError, match="choose one with --run-id"):
+        choose_run(["a", "b"])
