@@ -94,11 +94,15 @@ def parse_holder(subkey: object, value: object) -> HolderRecord:
     return _validated(HolderRecord, {"seq": int(seq), "holder": holder})
 
 
+_Setting = str | int | float | bool | None
+
+
 class RunRecord(_Strict):
     """`diloco-run/RUN_ID` subkey FINGERPRINT -> the run's settings as JSON (shown to people)."""
 
     fingerprint: Hex64
-    summary: dict[str, str | int | float | bool | None]
+    summary: dict[str, _Setting | dict[str, _Setting]]
+    """Flat settings, and one level of nesting (the non-default fingerprint settings)."""
 
 
 def parse_run_record(subkey: object, value: object) -> RunRecord:

@@ -177,3 +177,18 @@ def test_a_listed_run_id_is_a_short_printable_string() -> None:
     assert choose_run(["lab-run"]) == "lab-run"
     with pytest.raises(ValueError, match="choose one with --run-id"):
         choose_run(["a", "b"])
+
+
+def test_a_run_record_with_the_non_default_settings_parses() -> None:
+    """Nodes publish their non-default fingerprint settings nested in the run record; a strict
+    parser that refused them made `status` and the dashboard find no run at all."""
+    import json
+
+    from dht.messages import parse_run_record
+
+    settings = {"run_id": "lab", "model": "tiny", "inner_steps": 10, "outer_lr": 0.5}
+    summary = {"model": "tiny", "seed": 0, "outer": "delayed_nesterov", "settings": settings}
+    record = parse_run_record("ab" * 32, json.dumps(summary))
+    assert record.summary == summary
+    with pytest.raises(MessageError):
+        parse_run_record("ab" * 32, json.dumps({"settings": {"deeper": {"x": 1}}}))
