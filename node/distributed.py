@@ -310,7 +310,7 @@ class ShardedLearner(Learner):
     def release(self) -> None:
         """Rank 0: let the other ranks exit; then leave the process group."""
         self._command(_STOP)
-        dist.destroy_process_group()
+        _leave_group()
 
     # ---- plumbing --------------------------------------------------------------------------
 
@@ -354,6 +354,13 @@ class ShardedLearner(Learner):
         return agreed
 
 
+def _leave_group() -> None:
+    """Every rank leaves together: a rank that tore down its gloo pairs while another still
+    read the stop command aborted that rank ("terminate called without an active exception")."""
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def follow(learner: ShardedLearner) -> None:
     """Ranks > 0: do what rank 0 asks until it says stop (or its process group goes away)."""
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -369,7 +376,7 @@ def follow(learner: ShardedLearner) -> None:
     while True:
         command, argument = learner.receive_command()
         if command == _STOP:
-            dist.destroy_process_group()
+            _leave_group()
             return
         handlers[command](argument)
 
