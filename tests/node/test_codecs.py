@@ -11,22 +11,12 @@ from merge.codecs import get_codec
 from node.config import JoinConfig
 from node.events import RecordingEventLog
 from node.runtime import Node
+from tests.node.test_training import _config as offline_config
 
 
 def _config(tmp_path: Path, checkpoint: str, **overrides: Any) -> JoinConfig:
-    base: dict[str, Any] = dict(
-        model="tiny",
-        data=str(Path(torch.__file__).parent / "functional.py"),
-        inner_steps=3,
-        batch_size=4,
-        eval_batches=1,
-        identity=str(tmp_path / "id.key"),
-        checkpoint_dir=str(tmp_path / checkpoint),
-        log_format="json",
-        swarm=False,
-        codec="sparse",
-    )
-    return JoinConfig(**{**base, **overrides})
+    """test_training's offline node, publishing with the sparse codec."""
+    return offline_config(tmp_path, checkpoint, **{"codec": "sparse", **overrides})
 
 
 def test_sparse_codec_resumes_bit_identical_with_its_residual(tmp_path: Path) -> None:
