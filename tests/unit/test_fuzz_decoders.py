@@ -1,0 +1,237 @@
+"""Fuzzing of the decoders tests/unit/test_messages.py and test_heartbeat.py leave out.
+
+Each takes untrusted peer input: a repair summary, a request on a stream, a state stream's
+manifest and tree, a DHT record (owner-protected or not), an announcement's subkey, a header
+whose JSON an attacker chose and signed, a payload any codec decodes in place, and a whole
+signed update submitted to the merge pipeline. Arbitrary or mutated input raises only the
+project's own validation error (or, for the pipeline, is a counted rejection, never an
+exception).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import struct
+from typing import Any
+
+import pytest
+import torch
+from hivemind.dht.validation import DHTRecord
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dht.catchup import parse_ranges
+from dht.messages import MessageError, parse_announced_seq, parse_run_listing
+from dht.records import _OWNER_RE, OwnerValidator, owner_subkey
+from dht.tensor_stream import join_tensors, parse_spec
+from dht.transport import TransportError, decode_request
+from merge.codecs import CODECS, CodecError, get_codec
+from merge.envelope import EnvelopeError, SignedHeader, SignedUpdate, seal
+from merge.identity import Identity
+from merge.outer import OuterConfig, make_outer_optimizer
+from merge.pipeline import MergeConfig, UpdatePipeline
+from merge.replica import Replica
+from merge.weighting import TokenWeightConfig
+
+FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+MALLORY = Identity.from_private_bytes(b"m" * 32)
+OWNER = Identity.from_private_bytes(b"o" * 32)
+FINGERPRINT = hashlib.sha256(b"fuzz").hexdigest()
+NUMEL = 16
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+def mutate(data: bytes, draw: st.DataObject) -> bytes:
+    index = draw.draw(st.integers(0, len(data) - 1))
+    return data[:index] + draw.draw(st.binary(max_size=6)) + data[index + 1 :]
+
+
+# ---- repair summaries and stream requests ---------------------------------------------------
+
+
+@FAST
+@given(JSON)
+def test_summaries_of_any_json_raise_only_value_errors(value: Any) -> None:
+    try:
+        ranges = parse_ranges(value, max_ids=1000)
+    except ValueError:
+        return
+    assert sum(hi - lo + 1 for runs in ranges.values() for lo, hi in runs) <= 1000
+
+
+def test_a_summary_naming_a_huge_range_is_refused_before_it_is_walked() -> None:
+    with pytest.raises(ValueError, match="more than"):
+        parse_ranges({"a": [[0, 10**15]]}, max_ids=1 << 20)
+
+
+@FAST
+@given(st.binary(max_size=200) | JSON.map(lambda v: json.dumps(v).encode()))
+def test_stream_requests_raise_only_transport_errors(blob: bytes) -> None:
+    with contextlib.suppress(TransportError):
+        assert isinstance(decode_request(blob), dict)
+
+
+# ---- state streams ------------------------------------------------------------------------
+
+
+@FAST
+@given(JSON)
+def test_tensor_specs_raise_only_value_errors(spec: Any) -> None:
+    with contextlib.suppress(ValueError):
+        parsed = parse_spec(spec)
+        assert len(parsed.shape) <= 8 and parsed.nbytes >= 0
+
+
+@FAST
+@given(JSON, st.integers(0, 3))
+def test_state_trees_raise_only_value_errors(tree: Any, num_tensors: int) -> None:
+    tensors = [torch.zeros(2) for _ in range(num_tensors)]
+    with contextlib.suppress(ValueError):
+        join_tensors(tree, tensors)
+
+
+def test_a_state_tree_naming_a_tensor_it_did_not_send_is_refused() -> None:
+    for index in (1, -1, True, "0", 1.0):
+        with pytest.raises(ValueError):
+            join_tensors({"params": {"__tensor__": index}}, [torch.zeros(1)])
+
+
+# ---- DHT records --------------------------------------------------------------------------
+
+
+def _record(subkey: bytes, value: bytes, expiration: float = 100.0) -> DHTRecord:
+    return DHTRecord(key=b"diloco/x/peers", subkey=subkey, value=value, expiration_time=expiration)
+
+
+@FAST
+@given(st.binary(max_size=200), st.binary(max_size=200))
+def test_the_owner_validator_answers_any_record_with_a_bool(subkey: bytes, value: bytes) -> None:
+    validator = OwnerValidator()
+    assert validator.validate(_record(subkey, value)) in (True, False)
+    assert isinstance(validator.strip_value(_record(subkey, value)), bytes)
+
+
+@FAST
+@given(st.data())
+def test_a_mutated_owner_record_is_refused(data: st.DataObject) -> None:
+    """Whatever an attacker changes in a signed heartbeat record (subkey, value, signature,
+    expiration), no validator accepts it as an owner record any more (a subkey mutated out of
+    the `[owner:...]` form is an ordinary, unprotected record)."""
+    subkey = owner_subkey(OWNER.peer_id).encode()
+    signer = OwnerValidator(OWNER)
+    record = _record(subkey, b"heartbeat")
+    signed = dataclasses.replace(record, value=signer.sign_value(record))
+    assert OwnerValidator().validate(signed)
+    part = data.draw(st.sampled_from(["subkey", "value", "expiration"]))
+    if part == "expiration":
+        forged = dataclasses.replace(signed, expiration_time=data.draw(st.floats(101, 1e12)))
+    else:
+        forged = dataclasses.replace(signed, **{part: mutate(getattr(signed, part), data)})
+    if forged != signed and OwnerValidator().validate(forged):
+        assert not _OWNER_RE.search(forged.subkey), "a changed owner record was accepted"
+
+
+@FAST
+@given(JSON | st.binary(max_size=20))
+def test_announcement_subkeys_and_run_listings_raise_only_message_errors(subkey: Any) -> None:
+    with contextlib.suppress(MessageError):
+        assert parse_announced_seq(subkey) >= 0
+    with contextlib.suppress(MessageError):
+        assert parse_run_listing(subkey).isprintable()
+
+
+# ---- headers whose JSON the attacker chose and signed ---------------------------------------
+
+
+def _signed_header_blob(fields: dict[str, Any]) -> bytes:
+    raw = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+    return b"DLH1" + struct.pack("<I", len(raw)) + raw + MALLORY.sign(raw)
+
+
+VALID_HEADER = seal(
+    MALLORY, fingerprint=FINGERPRINT, seq=1, base_applied=0, published_applied=0, inner_steps=1,
+    tokens=1, loss=1.0, codec="fp32", numel=NUMEL, payload=bytes(4 * NUMEL), created_at=1.0,
+).header.to_dict()  # fmt: skip
+
+
+@FAST
+@given(st.dictionaries(st.sampled_from(sorted(VALID_HEADER)), JSON, max_size=4))
+def test_signed_headers_with_any_field_values_raise_only_envelope_errors(
+    changes: dict[str, Any],
+) -> None:
+    with contextlib.suppress(EnvelopeError):
+        signed = SignedHeader.from_bytes(_signed_header_blob(VALID_HEADER | changes))
+        assert (
+            signed.header.canonical_bytes()
+            == json.dumps(
+                VALID_HEADER | changes, sort_keys=True, separators=(",", ":"), ensure_ascii=True
+            ).encode()
+        )
+
+
+# ---- payloads and whole updates -------------------------------------------------------------
+
+
+@FAST
+@given(st.sampled_from(sorted(CODECS)), st.binary(max_size=256), st.integers(-5, 300))
+def test_codecs_decode_arbitrary_bytes_in_place_or_raise_codec_errors(
+    name: str, payload: bytes, numel: int
+) -> None:
+    try:
+        decoded = get_codec(name).decode_view(payload, numel)
+    except CodecError:
+        return
+    assert decoded.shape == (numel,) and decoded.dtype == torch.float32
+
+
+def _pipeline() -> UpdatePipeline:
+    config = MergeConfig(
+        outer=OuterConfig(kind="nesterov", lr=0.5, momentum=0.5),
+        token_weight=TokenWeightConfig(reference_tokens=100),
+        max_inner_steps=100,
+        max_tokens_per_step=100,
+    )
+    replica = Replica(torch.ones(NUMEL), make_outer_optimizer(config.outer, NUMEL))
+    return UpdatePipeline(replica, config, FINGERPRINT)
+
+
+@FAST
+@given(
+    codec=st.sampled_from(sorted(CODECS)),
+    numel=st.sampled_from([NUMEL, NUMEL - 1, NUMEL + 1, 0]),
+    payload=st.binary(max_size=4 * NUMEL + 16)
+    | st.lists(
+        st.floats(width=32) | st.sampled_from([float("nan"), float("inf"), 1e30]),
+        min_size=NUMEL,
+        max_size=NUMEL,
+    ).map(lambda xs: get_codec("fp32").encode(torch.tensor(xs, dtype=torch.float32))),
+    seq=st.integers(0, 2**63 - 1),
+    created_at=st.floats(0, 1e12),
+)
+def test_any_signed_update_is_merged_or_rejected_with_a_reason_never_raised(
+    codec: str, numel: int, payload: bytes, seq: int, created_at: float
+) -> None:
+    pipeline = _pipeline()
+    before = pipeline.replica.params.clone()
+    update = seal(
+        MALLORY, fingerprint=FINGERPRINT, seq=seq, base_applied=0, published_applied=0,
+        inner_steps=1, tokens=1, loss=1.0, codec=codec, numel=numel, payload=payload,
+        created_at=created_at,
+    )  # fmt: skip
+    result = pipeline.submit(SignedUpdate.from_bytes(update.to_bytes()))
+    params = pipeline.replica.params
+    assert bool(torch.isfinite(params).all())
+    if result.accepted:
+        assert pipeline.replica.has_applied(MALLORY.peer_id, seq)
+    else:
+        assert result.reason and pipeline.rejections[result.reason] == 1
+        assert torch.equal(params, before)
