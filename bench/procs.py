@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -49,8 +50,18 @@ class WaitError(TimeoutError, AssertionError):
 class ChildProcess:
     """One child process, in its own process group, and the JSON events it has printed."""
 
-    def __init__(self, name: str, argv: list[str], *, home: Path, prefix: list[str] | None = None):
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        home: Path,
+        prefix: list[str] | None = None,
+        max_open_files: int | None = None,
+    ):
         self.name = name
+        self.max_open_files = max_open_files
+        """RLIMIT_NOFILE of the child (and everything it spawns); None: inherited."""
         self.argv = [*(prefix or []), *argv]
         self.home = home
         self.events: list[Event] = []
@@ -77,6 +88,7 @@ class ChildProcess:
             text=True,
             errors="replace",
             start_new_session=True,
+            preexec_fn=self._limit_open_files if self.max_open_files is not None else None,
         )
         self.started_at = time.time()
         assert self._proc.stdout is not None and self._proc.stderr is not None
@@ -84,6 +96,11 @@ class ChildProcess:
             threading.Thread(target=self._read, args=(stream, on_line), daemon=True).start()
         logger.info("%s: started pid %d: %s", self.name, self._proc.pid, " ".join(self.argv))
         return self
+
+    def _limit_open_files(self) -> None:
+        """In the forked child, before exec: cap its file descriptors."""
+        assert self.max_open_files is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.max_open_files, self.max_open_files))
 
     @property
     def pid(self) -> int:
@@ -290,10 +307,15 @@ NODE_COMMAND = ["join", "--log-format", "json", "--host", "127.0.0.1", "--port",
 
 
 def node_process(
-    name: str, *args: str, home: Path, command: list[str] | None = None
+    name: str,
+    *args: str,
+    home: Path,
+    command: list[str] | None = None,
+    max_open_files: int | None = None,
 ) -> ChildProcess:
     """A `python -m node` child (not started); later args override NODE_COMMAND's defaults."""
-    return ChildProcess(name, python_module("node", *(command or NODE_COMMAND), *args), home=home)
+    argv = python_module("node", *(command or NODE_COMMAND), *args)
+    return ChildProcess(name, argv, home=home, max_open_files=max_open_files)
 
 
 def python_module(module: str, *args: str) -> list[str]:

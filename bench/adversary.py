@@ -1,0 +1,565 @@
+"""A hostile participant that speaks the real protocol, built from this package's own classes.
+
+It joins a swarm the way a node does (a node.runtime.Node with the run's settings, so its
+fingerprint, signed heartbeats, DHT records and libp2p streams are the real ones; it does not
+train), then runs attack classes one at a time against the honest nodes it finds, and after
+each one reads what the honest nodes counted from their signed heartbeats (what
+`diloco-node status` shows). One JSON event per line on stdout:
+
+    {"event": "ready", "peer_id": ..., "honest": [...]}
+    {"event": "attack", "attack": NAME, "sent": N, "rejected": {reason: n}, "by_node": {...},
+     "rounds": {...}, "applied": {...}, "digests": {...}, "started_at": t0, "ended_at": t1}
+    {"event": "poison_ready"}   (poisoned_state: start a newcomer now)
+    {"event": "done"}
+
+Usage: python -m bench.adversary --peers MADDR --home DIR [--attacks a,b] [--sybils N]
+           [--settle S] -- RUN_ARGS (the honest nodes' run flags: model, inner steps, ...)
+
+Attack classes (ATTACKS): forged_header, wrong_shape, nan_inf, norm_1000x, against_direction,
+replay, equivocation, oversized, notify_flood, sybil, bad_heartbeats, far_future,
+mixed_subkeys, poisoned_state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import json
+import logging
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import torch
+from hivemind.utils import get_dht_time
+
+import dht.network
+from dht.heartbeat import Heartbeat, sign_fields
+from dht.messages import RUN_LISTING_KEY
+from dht.records import _OWNER_RE, _SIGNATURE_MARK, OwnerValidator, _serialize, owner_subkey
+from dht.tensor_stream import send_tensor, split_tensors, tensor_spec
+from dht.transport import decode_request, receive_blob, send_blob, send_refusal
+from merge.codecs import get_codec
+from merge.envelope import SignedHeader, SignedUpdate, seal
+from merge.identity import Identity
+from node.cli import build_parser
+from node.config import JoinConfig, dataclass_from_args
+from node.events import JsonEventLog, RecordingEventLog
+from node.runtime import Node
+
+logger = logging.getLogger("bench.adversary")
+TEN_YEARS_S = 10 * 365 * 86400
+SYBIL_BATCH = 100
+"""Sybil heartbeats per DHT call (~60 KB: small enough for hivemind's DHT pipe)."""
+UpdateId = tuple[str, int]
+
+
+class SybilValidator(OwnerValidator):
+    """The adversary's DHT member: signs owner records for every key it holds (its Sybils),
+    signs records in other peers' names with a junk signature (honest members must refuse
+    them), and keeps whatever it is sent."""
+
+    def __init__(self, identity: Identity | None, keys: dict[str, Identity]) -> None:
+        super().__init__(identity)
+        self._keys = keys
+
+    def validate(self, record: Any) -> bool:
+        """Its own Sybils' records pass; anyone else's are checked as honest members check
+        them (else its own view of the swarm would hold the junk it wrote)."""
+        owners = set(_OWNER_RE.findall(record.subkey or b""))
+        if len(owners) == 1 and owners.pop().decode() in self._keys:
+            return True
+        return super().validate(record)
+
+    def sign_value(self, record: Any) -> bytes:
+        owners = set(_OWNER_RE.findall(record.subkey or b""))
+        if len(owners) != 1 or self._identity is None:
+            return bytes(record.value)
+        owner = owners.pop().decode()
+        if owner == self._identity.peer_id:
+            return super().sign_value(record)
+        key = self._keys.get(owner)
+        signature = key.sign(_serialize(record)) if key is not None else bytes(64)
+        return bytes(record.value) + _SIGNATURE_MARK + signature
+
+
+class Adversary:
+    """Attacks on the honest nodes of a swarm, through a real node's network parts."""
+
+    def __init__(self, node: Node, emit: Callable[..., None], sybils: list[Identity]) -> None:
+        assert node.swarm is not None
+        self.node = node
+        self.swarm = node.swarm
+        self.net = node.swarm.network
+        self.emit = emit
+        self.sybils = sybils
+        self.fake_ids = {s.peer_id for s in sybils}
+        self.served: dict[UpdateId, dict[str | None, bytes]] = {}
+        """Payloads this adversary serves, per requesting peer (None: anyone else)."""
+        self.poison = False
+        self.poisons_served = 0
+        self._seq = 0
+        self._original_stream_state = self.swarm.transfer._stream_state
+        # Hooks on the real parts (registered as stream handlers when the swarm starts).
+        self.swarm.gossip.rpc_update = self.rpc_update  # type: ignore[method-assign]
+        self.swarm.transfer._stream_state = self.stream_state  # type: ignore[method-assign]
+        self.swarm.membership._heartbeat_fn = self.heartbeat
+
+    # ---- what the honest nodes say -------------------------------------------------------------
+
+    def honest(self) -> list[Heartbeat]:
+        own = {self.node.peer_id} | self.fake_ids
+        return sorted(
+            (h for h in self.swarm.alive_peers() if h.peer_id not in own), key=lambda h: h.peer_id
+        )
+
+    def wait_honest(self, count: int, min_applied: int, timeout_s: float) -> list[Heartbeat]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            honest = self.honest()
+            if len(honest) >= count and all(h.num_applied >= min_applied for h in honest):
+                return honest
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"honest nodes not ready: {[h.peer_id for h in honest]}")
+            time.sleep(0.5)
+
+    def observe(self) -> dict[str, Heartbeat]:
+        return {h.peer_id: h for h in self.honest()}
+
+    # ---- the real protocol -------------------------------------------------------------------
+
+    def call(self, coro: Coroutine[Any, Any, Any], timeout_s: float = 60.0) -> Any:
+        return self.net.call(coro, timeout_s)
+
+    def next_seq(self) -> int:
+        self._seq = max(self._seq, self.node.seq) + 1
+        return self._seq
+
+    def seal(
+        self,
+        payload: torch.Tensor | bytes,
+        *,
+        identity: Identity | None = None,
+        seq: int | None = None,
+        numel: int | None = None,
+        codec: str = "fp32",
+        created_at: float | None = None,
+    ) -> SignedUpdate:
+        if isinstance(payload, torch.Tensor):
+            payload = get_codec("fp32").encode(payload.float())
+        applied = self.node.replica.num_applied
+        return seal(
+            identity or self.node.identity,
+            fingerprint=self.node.fingerprint,
+            seq=self.next_seq() if seq is None else seq,
+            base_applied=applied,
+            published_applied=applied,
+            inner_steps=self.node.config.inner_steps,
+            tokens=self.node.merge_config.token_weight.reference_tokens,
+            loss=1.0,
+            codec=codec,
+            numel=self.node.num_params if numel is None else numel,
+            payload=payload,
+            created_at=created_at,
+            learners=1 + len(self.honest()),
+        )
+
+    def notify(self, peer_ids: list[str], blob: bytes) -> int:
+        """Push `blob` on each peer's notify stream; how many streams took it."""
+
+        async def push() -> list[object]:
+            return await asyncio.gather(
+                *(asyncio.wait_for(self.net.send(p, "notify", blob), 10.0) for p in peer_ids),
+                return_exceptions=True,
+            )
+
+        return sum(not isinstance(r, BaseException) for r in self.call(push()))
+
+    def offer(self, update: SignedUpdate, per_peer: dict[str, bytes] | None = None) -> int:
+        """Serve `update` (or another payload per peer) and notify every honest node of it."""
+        self.served[update.header.update_id] = {None: update.to_bytes(), **(per_peer or {})}
+        return self.notify([h.peer_id for h in self.honest()], update.signed_header.to_bytes())
+
+    async def rpc_update(self, info: Any, reader: Any, writer: Any) -> None:
+        """The real handler's protocol; what it serves is the adversary's choice."""
+        try:
+            args = decode_request(await receive_blob(reader, max_bytes=4096)).get("args")
+            uid = (str(args[0]), int(args[1]))  # type: ignore[index]
+            blobs = self.served.get(uid)
+            if blobs is None:
+                data = await asyncio.to_thread(self.swarm.gossip.retained.get, uid)
+            else:
+                data = blobs.get(str(info.peer_id), blobs[None])
+            if data is None:
+                await send_refusal(writer, "not held")
+            else:
+                await send_blob(writer, data)
+        except Exception as exc:  # a hostile server does not care
+            logger.debug("update request failed: %s", exc)
+        finally:
+            writer.close()
+
+    def dht_store(self, key: str, subkey: str | int, value: object, ttl_s: float = 60.0) -> bool:
+        try:
+            self.call(self.net.dht_store(key, subkey, value, ttl_s), 30.0)
+            return True
+        except Exception as exc:
+            logger.info("DHT store %s/%s failed: %s", key, subkey, exc)
+            return False
+
+    # ---- state served and heartbeat sent -------------------------------------------------------
+
+    def heartbeat(self) -> Heartbeat:
+        """Idle (it is no learner the honest nodes size their steps by); when poisoning, it
+        claims far more progress than anyone so that a newcomer picks it as donor."""
+        own = self.node.heartbeat()
+        extra = 1000 if self.poison else 0
+        return dataclasses.replace(own, state="idle", num_applied=own.num_applied + extra)
+
+    async def stream_state(self, writer: Any) -> int:
+        if not self.poison:
+            return await self._original_stream_state(writer)
+        state = self.node.replica.state_dict()
+        params = state["params"]
+        assert isinstance(params, torch.Tensor)
+        state["params"] = (
+            params + torch.randn_like(params) * float(params.norm()) / params.numel() ** 0.5
+        )
+        tree, tensors = split_tensors(state)
+        meta = json.dumps({"tree": tree, "tensors": [tensor_spec(t) for t in tensors]}).encode()
+        await send_blob(writer, meta)
+        num_bytes = len(meta)
+        for tensor in tensors:
+            num_bytes += await send_tensor(writer, tensor)
+        self.poisons_served += 1
+        return num_bytes
+
+    # ---- payload material ----------------------------------------------------------------------
+
+    def direction(self) -> torch.Tensor:
+        """The swarm's training direction (the outer momentum of this node's replica), unit."""
+        with self.node.replica.lock:
+            momentum = self.node.replica.outer.momentum_direction()
+            d = momentum.clone() if momentum is not None else torch.randn(self.node.num_params)
+        return d / d.norm().clamp_min(1e-12)
+
+    def typical_norm(self) -> float:
+        with self.node.replica.lock:
+            median = self.node.pipeline.robust.median_norm()
+        return median if median is not None else 1e-3 * float(self.node.replica.params.norm())
+
+    def benign(self, scale: float = 0.5) -> torch.Tensor:
+        return self.direction() * scale * self.typical_norm()
+
+    # ---- the attacks ---------------------------------------------------------------------------
+
+    def forged_header(self) -> int:
+        """Headers in an honest author's name signed by the attacker, and an own header changed
+        after signing: on notify streams and as DHT announcements."""
+        sent = 0
+        honest = self.honest()
+        for victim in honest:
+            others = [h.peer_id for h in honest if h.peer_id != victim.peer_id]
+            for ahead in (1, 2, 3):
+                seq = victim.latest_seq + ahead
+                mine = self.seal(self.benign(), seq=seq)
+                header = dataclasses.replace(mine.header, author=victim.peer_id)
+                blob = SignedHeader(header, mine.signature).to_bytes()
+                sent += self.notify(others, blob)
+                key = f"{self.swarm.config.prefix}/updates/{victim.peer_id}"
+                sent += self.dht_store(key, seq, blob, ttl_s=1e5)  # outlives the real record
+        own = self.seal(self.benign())
+        tampered = dataclasses.replace(own.header, loss=0.5)
+        sent += self.notify(
+            [h.peer_id for h in honest], SignedHeader(tampered, own.signature).to_bytes()
+        )
+        return sent
+
+    def wrong_shape(self) -> int:
+        """Valid signatures over a wrong element count, a payload of the wrong length, an
+        unknown codec."""
+        n = self.node.num_params
+        sent = self.offer(self.seal(torch.zeros(n + 1), numel=n + 1))
+        sent += self.offer(self.seal(torch.zeros(n - 1), numel=n))
+        sent += self.offer(self.seal(bytes(4 * n), codec="int3"))
+        return sent
+
+    def nan_inf(self) -> int:
+        sent = 0
+        for bad in (float("nan"), float("inf"), -float("inf")):
+            payload = self.benign()
+            payload[len(payload) // 2] = bad
+            sent += self.offer(self.seal(payload))
+        return sent
+
+    def norm_1000x(self) -> int:
+        return self.offer(self.seal(self.direction() * 1000 * self.typical_norm()))
+
+    def against_direction(self) -> int:
+        """Near the norm bound (4x the median), pointed against the training direction."""
+        sent = 0
+        for _ in range(3):
+            # 2.5x the median: inside the norm bound (4x) wherever the median is a little lower
+            sent += self.offer(self.seal(-self.direction() * 2.5 * self.typical_norm()))
+            time.sleep(0.5)
+        return sent
+
+    def replay(self) -> int:
+        """Headers already merged, pushed again: an honest author's and the adversary's own."""
+        sent = 0
+        honest = [h.peer_id for h in self.honest()]
+        for uid in self.swarm.gossip.retained.ids()[-4:]:
+            data = self.swarm.gossip.retained.get(uid)
+            if data is not None:
+                sent += self.notify(honest, SignedUpdate.from_bytes(data).signed_header.to_bytes())
+        for blobs in list(self.served.values())[-4:]:
+            sent += self.notify(
+                honest, SignedUpdate.from_bytes(blobs[None]).signed_header.to_bytes()
+            )
+        return sent
+
+    def equivocation(self) -> int:
+        """Two signed payloads under one update id, one per honest node; then each node is told
+        of the payload the other one got."""
+        honest = [h.peer_id for h in self.honest()]
+        seq = self.next_seq()
+        a = self.seal(self.benign(0.5), seq=seq)
+        b = self.seal(self.benign(0.25), seq=seq)
+        variants = [a, b]
+        per_peer = {p: variants[i % 2].to_bytes() for i, p in enumerate(honest)}
+        self.served[a.header.update_id] = {None: a.to_bytes(), **per_peer}
+        sent = 0
+        for i, peer in enumerate(honest):
+            sent += self.notify([peer], variants[i % 2].signed_header.to_bytes())
+        time.sleep(3 * self.swarm.config.heartbeat_period_s)  # both fetched and merged
+        for i, peer in enumerate(honest):
+            sent += self.notify([peer], variants[(i + 1) % 2].signed_header.to_bytes())
+        return sent
+
+    def oversized(self) -> int:
+        """A header blob 16x the cap; payloads just over and far over the update size cap."""
+        honest = [h.peer_id for h in self.honest()]
+        blob = self.seal(self.benign()).signed_header.to_bytes()
+        sent = self.notify(honest, blob + bytes(16 * 4096))
+        n = self.node.num_params
+        sent += self.offer(self.seal(bytes(4 * n + 1024)))
+        sent += self.offer(self.seal(bytes(4 * n + (1 << 17))))
+        return sent
+
+    def notify_flood(self, count: int = 400) -> int:
+        """Headers signed by fresh keys (none has a heartbeat), as fast as streams open."""
+        honest = [h.peer_id for h in self.honest()]
+        blobs = [
+            self.seal(
+                torch.zeros(4), identity=Identity.generate(), seq=1, numel=4
+            ).signed_header.to_bytes()
+            for _ in range(count)
+        ]
+
+        async def flood() -> list[object]:
+            sends = [
+                asyncio.wait_for(self.net.send(p, "notify", blob), 20.0)
+                for blob in blobs
+                for p in honest
+            ]
+            return await asyncio.gather(*sends, return_exceptions=True)
+
+        return sum(not isinstance(r, BaseException) for r in self.call(flood(), 120.0))
+
+    def sybil(self, duration_s: float = 10.0) -> int:
+        """Every Sybil key keeps a valid signed heartbeat in the DHT (claiming to train, ahead
+        in seq, with another applied set) for `duration_s`, refreshed as fast as it can."""
+        assert self.net._dht is not None
+        key = f"{self.swarm.config.prefix}/peers"
+        period = self.swarm.config.heartbeat_period_s
+        deadline = time.monotonic() + duration_s
+        sent = 0
+        while time.monotonic() < deadline:
+            expiration = get_dht_time() + 3 * period
+            for i in range(8, len(self.sybils), SYBIL_BATCH):
+                batch = self.sybils[i : i + SYBIL_BATCH]
+                beats = [
+                    Heartbeat(peer_id=s.peer_id, state="training", latest_seq=5,
+                              applied_digest="ab" * 32, sent_at=time.time(),
+                              heartbeat_period_s=period).sign(s)
+                    for s in batch
+                ]  # fmt: skip
+                subkeys = [owner_subkey(s.peer_id) for s in batch]
+                store = functools.partial(_store_many, key, subkeys, beats, expiration)
+                stored = self.net._dht.run_coroutine(store)
+                sent += sum(bool(ok) for ok in stored.values())
+        return sent
+
+    def bad_heartbeats(self) -> int:
+        """Mistyped heartbeats, one claiming an honest peer's id, one under a subkey that names
+        no owner, and honest peers' records overwritten with a later expiration."""
+        key = f"{self.swarm.config.prefix}/peers"
+        honest = self.honest()
+        victim = honest[0].peer_id
+        mistyped: list[dict[str, object]] = [
+            {"sketch": None},
+            {"applied_digest": ["x"]},
+            {"sent_at": "yesterday"},
+            {"loss": 10**400},
+            {"val_loss": 1e308},
+            {"rejections": {str(i): i for i in range(1000)}},
+        ]
+        sent = 0
+        for key_of, change in zip(self.sybils[:6], mistyped, strict=True):
+            fields = dataclasses.asdict(Heartbeat(peer_id=key_of.peer_id, sent_at=time.time()))
+            blob = sign_fields(fields | change, key_of)
+            sent += self.dht_store(key, owner_subkey(key_of.peer_id), blob)
+        claimer = self.sybils[6]
+        claim = Heartbeat(peer_id=victim, sent_at=time.time() + 1000)
+        blob = sign_fields(dataclasses.asdict(claim), claimer)
+        sent += self.dht_store(key, owner_subkey(claimer.peer_id), blob)
+        sent += self.dht_store(
+            key, victim, Heartbeat(peer_id=self.sybils[7].peer_id).sign(self.sybils[7])
+        )
+        for h in honest:  # a later expiration, signed with junk (SybilValidator)
+            junk = Heartbeat(peer_id=h.peer_id, state="idle", sent_at=time.time() + 1000)
+            sent += self.dht_store(
+                key, owner_subkey(h.peer_id), sign_fields(dataclasses.asdict(junk), claimer), 10**6
+            )
+        return sent
+
+    def far_future(self) -> int:
+        sent = self.offer(self.seal(self.benign(), seq=max(self.node.seq, 1) + 10**12))
+        sent += self.offer(self.seal(self.benign(), created_at=time.time() + TEN_YEARS_S))
+        return sent
+
+    def mixed_subkeys(self) -> int:
+        """Dictionary records whose subkeys mix int and str, where peers read them."""
+        prefix = self.swarm.config.prefix
+        victim = self.honest()[0].peer_id
+        writes: list[tuple[str, str | int, object]] = [
+            (f"{prefix}/updates/{victim}", "junk", b"x"),
+            (f"{prefix}/updates/{self.node.peer_id}", "junk", b"x"),
+            (f"{prefix}/peers", 12345, b"x"),
+            (f"{prefix}/holders/{victim}", 7, True),
+            (RUN_LISTING_KEY, 5, True),
+            (f"diloco-run/{self.node.config.run_id}", 99, "x"),
+        ]
+        return sum(self.dht_store(k, s, v) for k, s, v in writes)
+
+    def poisoned_state(self, wait_s: float = 90.0) -> int:
+        """Serve a state with noised parameters while claiming the most progress; the harness
+        starts a newcomer on `poison_ready`."""
+        self.poison = True
+        self.emit("poison_ready", peer_id=self.node.peer_id)
+        deadline = time.monotonic() + wait_s
+        while self.poisons_served == 0 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(2 * self.swarm.config.heartbeat_period_s)  # the newcomer tries the next donor
+        self.poison = False
+        return self.poisons_served
+
+    # ---- one class at a time ---------------------------------------------------------------------
+
+    def run(self, name: str, settle_s: float) -> None:
+        before = self.observe()
+        started = time.time()
+        try:
+            sent = int(getattr(self, name)())
+            error = None
+        except Exception as exc:  # report and carry on with the next class
+            logger.exception("attack %s failed", name)
+            sent, error = 0, f"{type(exc).__name__}: {exc}"
+        time.sleep(settle_s)
+        after = self.observe()
+        by_node: dict[str, dict[str, int]] = {}
+        total: Counter[str] = Counter()
+        for peer_id, beat in after.items():
+            old = before[peer_id].rejections if peer_id in before else {}
+            delta = {r: n - old.get(r, 0) for r, n in beat.rejections.items() if n > old.get(r, 0)}
+            by_node[peer_id] = delta
+            total.update(delta)
+        self.emit(
+            "attack",
+            attack=name,
+            sent=sent,
+            error=error,
+            rejected=dict(total),
+            by_node=by_node,
+            rounds={p: h.round for p, h in after.items()},
+            rounds_before={p: h.round for p, h in before.items()},
+            applied={p: h.num_applied for p, h in after.items()},
+            digests={p: h.applied_digest for p, h in after.items()},
+            val_loss={p: h.val_loss for p, h in after.items()},
+            drift={p: h.drift for p, h in after.items()},
+            started_at=round(started, 3),
+            ended_at=round(time.time(), 3),
+        )
+
+
+async def _store_many(
+    key: str, subkeys: list[str], values: list[bytes], expiration: float, _dht: Any, node: Any
+) -> dict[Any, bool]:
+    """Many subkeys of one key in one DHT call (run in the DHT process: picklable)."""
+    return await node.store_many(  # type: ignore[no-any-return]
+        [key] * len(subkeys), values, expiration, subkeys=subkeys
+    )
+
+
+ATTACKS = (
+    "forged_header", "wrong_shape", "nan_inf", "norm_1000x", "against_direction", "replay",
+    "equivocation", "oversized", "notify_flood", "bad_heartbeats", "far_future",
+    "mixed_subkeys", "sybil", "poisoned_state",
+)  # fmt: skip
+"""Every attack class, in the order they run by default (the swarm-wide ones last)."""
+
+
+def build_node(peers: str, home: Path, run_args: list[str], sybils: list[Identity]) -> Node:
+    keys = {s.peer_id: s for s in sybils}
+    # The adversary's own DHT member signs for its Sybils (resolved when the swarm starts).
+    dht.network.OwnerValidator = lambda identity: SybilValidator(identity, keys)  # type: ignore[assignment,misc]
+    args = build_parser().parse_args(
+        ["join", *run_args, "--peers", peers, "--host", "127.0.0.1", "--port", "0",
+         "--identity", str(home / "id.key"), "--checkpoint-dir", str(home / "ckpt")]
+    )  # fmt: skip
+    return Node(dataclass_from_args(JoinConfig, args), RecordingEventLog())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peers", required=True)
+    parser.add_argument("--home", required=True, type=Path)
+    parser.add_argument("--attacks", default=",".join(ATTACKS))
+    parser.add_argument("--sybils", type=int, default=1000, help="fake identities (>= 8)")
+    parser.add_argument("--settle", type=float, default=3.0, help="seconds after each attack")
+    parser.add_argument("--honest", type=int, default=2, help="honest nodes to wait for")
+    parser.add_argument("--min-applied", type=int, default=6)
+    parser.add_argument("run_args", nargs="*")
+    args = parser.parse_args(argv)
+    attacks = [a for a in args.attacks.split(",") if a]
+    unknown = sorted(set(attacks) - set(ATTACKS))
+    if unknown:
+        parser.error(f"unknown attacks {unknown}; choose from {', '.join(ATTACKS)}")
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    events = JsonEventLog()
+    sybils = [Identity.generate() for _ in range(max(args.sybils, 8))]
+    args.home.mkdir(parents=True, exist_ok=True)
+    node = build_node(args.peers, args.home, args.run_args, sybils)
+    adversary = Adversary(node, events.emit, sybils)
+    try:
+        node.join_swarm()
+        honest = adversary.wait_honest(args.honest, args.min_applied, 180.0)
+        events.emit("ready", peer_id=node.peer_id, honest=[h.peer_id for h in honest])
+        for name in attacks:
+            adversary.run(name, args.settle)
+        events.emit("done")
+    finally:
+        with contextlib.suppress(Exception):
+            node.swarm.shutdown()  # type: ignore[union-attr]
+        node.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""A hostile participant (bench.adversary, speaking the real protocol) against two honest nodes.
+
+One honest pair and one adversary that runs several attack classes in turn; per class, the
+honest nodes count the rejection with its reason (their own update_rejected events, and the
+counters in their signed heartbeats), keep training, and end with the same applied set.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from bench.procs import ChildProcess, python_module
+from dht.observer import SwarmObserver
+from tests.swarm.conftest import NodeProcess
+
+pytestmark = pytest.mark.swarm
+Launch = Callable[..., NodeProcess]
+RUN = ["--model", "tiny", "--threads", "1", "--inner-steps", "5", "--eval-batches", "1",
+       "--heartbeat-period", "1", "--gap-wait", "8", "--seed", "0"]  # fmt: skip
+ROUNDS = 20
+START_S = 120
+ATTACK_S = 240
+MAX_OPEN_FILES = 1024
+ATTACKS = ["forged_header", "wrong_shape", "nan_inf", "norm_1000x", "against_direction",
+           "equivocation", "far_future", "oversized", "notify_flood", "bad_heartbeats",
+           "mixed_subkeys"]  # fmt: skip
+EXPECTED = {
+    "forged_header": {"notify_bad_signature"},
+    "wrong_shape": {"wrong_size", "malformed", "unknown_codec"},
+    "nan_inf": {"non_finite"},
+    "against_direction": {"against_momentum"},
+    "equivocation": {"equivocation"},
+    "far_future": {"seq_too_far", "future_timestamp"},
+    "oversized": {"malformed"},
+    "bad_heartbeats": {"heartbeat_malformed", "heartbeat_wrong_peer"},
+}
+"""Reasons each class must be counted under, on the honest nodes together."""
+
+
+@pytest.fixture
+def adversary_home(tmp_path: Path) -> Iterator[list[ChildProcess]]:
+    started: list[ChildProcess] = []
+    try:
+        yield started
+    finally:
+        for child in started:
+            child.reap()
+        survivors = [p for child in started for p in child.leftover_processes()]
+        for proc in survivors:
+            proc.kill()
+        assert not survivors, f"adversary processes outlived it: {survivors}"
+
+
+def start_adversary(home: Path, maddr: str, attacks: list[str], *extra: str) -> ChildProcess:
+    argv = python_module(
+        "bench.adversary", "--peers", maddr, "--home", str(home), "--attacks", ",".join(attacks),
+        "--settle", "2", "--min-applied", "4", *extra, "--", *RUN,
+    )  # fmt: skip
+    return ChildProcess("adversary", argv, home=home).start()
+
+
+def test_honest_nodes_count_each_attack_keep_training_and_agree(
+    launch: Launch, tmp_path: Path, adversary_home: list[ChildProcess]
+) -> None:
+    honest_args = [*RUN, "--max-rounds", str(ROUNDS), "--linger", "120"]
+    a = launch(*honest_args, name="honest0")
+    maddr = a.wait_listening(START_S)[0]
+    b = launch(*honest_args, "--peers", maddr, name="honest1")
+    b.wait_listening(START_S)
+    adversary = start_adversary(tmp_path / "adversary", maddr, ATTACKS, "--sybils", "8")
+    adversary_home.append(adversary)
+    ready = adversary.wait_event("ready", START_S)
+    done = adversary.wait_event("done", ATTACK_S)
+    attacks = {e["attack"]: e for e in adversary.of("attack")}
+    assert list(attacks) == ATTACKS
+    for name, event in attacks.items():
+        assert event["error"] is None, (name, event["error"])
+        assert set(event["rounds"]) == {a.peer_id, b.peer_id}, f"{name}: an honest node vanished"
+    for name, reasons in EXPECTED.items():
+        counted = set(attacks[name]["rejected"])
+        assert reasons <= counted, f"{name}: counted {attacks[name]['rejected']}"
+    flood = attacks["notify_flood"]["rejected"]
+    assert flood.get("notify_rate", 0) + flood.get("notify_unknown_peer", 0) > 0, flood
+    big = attacks["norm_1000x"]["rejected"]
+    assert big.get("norm_too_large", 0) + big.get("norm_outlier", 0) > 0, big
+
+    # The honest nodes' own logs name the adversary for every update they refused.
+    for node in (a, b):
+        refused = Counter(
+            e["reason"] for e in node.of("update_rejected") if e["author"] == ready["peer_id"]
+        )
+        assert {"non_finite", "wrong_size", "seq_too_far", "future_timestamp"} <= set(refused)
+        assert not [e for e in node.of("update_rejected") if e["author"] in (a.peer_id, b.peer_id)]
+
+    # They kept training through the attacks, finished their rounds and agree on what they
+    # applied (every honest update included: nothing censored).
+    for node in (a, b):
+        during = [e for e in node.of("round_done") if ready["time"] <= e["time"] <= done["time"]]
+        assert during, f"{node.name} did not train while attacked"
+        node.wait_event("lingering", START_S + 10 * ROUNDS)
+    published = {n.peer_id: max(e["seq"] or 0 for e in n.of("round_done")) for n in (a, b)}
+    with SwarmObserver([maddr]) as observer:
+        deadline = time.monotonic() + 60
+        while True:
+            peers = {
+                p.heartbeat.peer_id: p.heartbeat
+                for p in observer.snapshot("diloco-default")[0].peers
+                if p.heartbeat.peer_id in published
+            }
+            merged = {
+                pid: {h.merged_by_author.get(author, 0) for author in published}
+                for pid, h in peers.items()
+            }
+            if (
+                len(peers) == 2
+                and len({h.applied_digest for h in peers.values()}) == 1
+                and all(
+                    h.merged_by_author.get(author, 0) >= seq
+                    for h in peers.values()
+                    for author, seq in published.items()
+                )
+            ):
+                break
+            assert time.monotonic() < deadline, f"honest replicas disagree: {merged}"
+            time.sleep(1)
