@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import json
 import logging
 import sys
@@ -37,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hivemind.utils import get_dht_time
 
 import dht.network
 from dht.heartbeat import Heartbeat, sign_fields
@@ -55,8 +53,10 @@ from node.runtime import Node
 
 logger = logging.getLogger("bench.adversary")
 TEN_YEARS_S = 10 * 365 * 86400
-SYBIL_BATCH = 100
-"""Sybil heartbeats per DHT call (~60 KB: small enough for hivemind's DHT pipe)."""
+FLOOD_STREAMS = 64
+"""Notify streams the flood keeps open at once."""
+SYBIL_BATCH = 64
+"""Sybil heartbeats stored at once."""
 UpdateId = tuple[str, int]
 
 
@@ -363,11 +363,13 @@ class Adversary:
         ]
 
         async def flood() -> list[object]:
-            sends = [
-                asyncio.wait_for(self.net.send(p, "notify", blob), 20.0)
-                for blob in blobs
-                for p in honest
-            ]
+            streams = asyncio.Semaphore(FLOOD_STREAMS)
+
+            async def send(peer_id: str, blob: bytes) -> None:
+                async with streams:
+                    await asyncio.wait_for(self.net.send(peer_id, "notify", blob), 20.0)
+
+            sends = [send(p, blob) for blob in blobs for p in honest]
             return await asyncio.gather(*sends, return_exceptions=True)
 
         return sum(not isinstance(r, BaseException) for r in self.call(flood(), 120.0))
@@ -375,25 +377,30 @@ class Adversary:
     def sybil(self, duration_s: float = 10.0) -> int:
         """Every Sybil key keeps a valid signed heartbeat in the DHT (claiming to train, ahead
         in seq, with another applied set) for `duration_s`, refreshed as fast as it can."""
-        assert self.net._dht is not None
         key = f"{self.swarm.config.prefix}/peers"
         period = self.swarm.config.heartbeat_period_s
         deadline = time.monotonic() + duration_s
         sent = 0
+
+        async def store_all(beats: list[tuple[Identity, bytes]]) -> int:
+            stored = 0
+            for i in range(0, len(beats), SYBIL_BATCH):  # one DHT call per record: small pipes
+                stores = [
+                    asyncio.wait_for(self.net.dht_store(key, owner_subkey(s.peer_id), b, 30.0), 30)
+                    for s, b in beats[i : i + SYBIL_BATCH]
+                ]
+                results = await asyncio.gather(*stores, return_exceptions=True)
+                stored += sum(not isinstance(r, BaseException) for r in results)
+            return stored
+
         while time.monotonic() < deadline:
-            expiration = get_dht_time() + 3 * period
-            for i in range(8, len(self.sybils), SYBIL_BATCH):
-                batch = self.sybils[i : i + SYBIL_BATCH]
-                beats = [
-                    Heartbeat(peer_id=s.peer_id, state="training", latest_seq=5,
+            beats = [
+                (s, Heartbeat(peer_id=s.peer_id, state="training", latest_seq=5,
                               applied_digest="ab" * 32, sent_at=time.time(),
-                              heartbeat_period_s=period).sign(s)
-                    for s in batch
-                ]  # fmt: skip
-                subkeys = [owner_subkey(s.peer_id) for s in batch]
-                store = functools.partial(_store_many, key, subkeys, beats, expiration)
-                stored = self.net._dht.run_coroutine(store)
-                sent += sum(bool(ok) for ok in stored.values())
+                              heartbeat_period_s=period).sign(s))
+                for s in self.sybils[8:]
+            ]  # fmt: skip
+            sent += self.call(store_all(beats), 300.0)
         return sent
 
     def bad_heartbeats(self) -> int:
@@ -448,7 +455,7 @@ class Adversary:
         ]
         return sum(self.dht_store(k, s, v) for k, s, v in writes)
 
-    def poisoned_state(self, wait_s: float = 90.0) -> int:
+    def poisoned_state(self, wait_s: float = 150.0) -> int:
         """Serve a state with noised parameters while claiming the most progress; the harness
         starts a newcomer on `poison_ready`."""
         self.poison = True
@@ -473,6 +480,10 @@ class Adversary:
             sent, error = 0, f"{type(exc).__name__}: {exc}"
         time.sleep(settle_s)
         after = self.observe()
+        deadline = time.monotonic() + 20.0
+        while len(after) < len(before) and time.monotonic() < deadline:
+            time.sleep(0.5)  # this node's own loop may have been too busy to poll
+            after = self.observe()
         by_node: dict[str, dict[str, int]] = {}
         total: Counter[str] = Counter()
         for peer_id, beat in after.items():
@@ -496,15 +507,6 @@ class Adversary:
             started_at=round(started, 3),
             ended_at=round(time.time(), 3),
         )
-
-
-async def _store_many(
-    key: str, subkeys: list[str], values: list[bytes], expiration: float, _dht: Any, node: Any
-) -> dict[Any, bool]:
-    """Many subkeys of one key in one DHT call (run in the DHT process: picklable)."""
-    return await node.store_many(  # type: ignore[no-any-return]
-        [key] * len(subkeys), values, expiration, subkeys=subkeys
-    )
 
 
 ATTACKS = (

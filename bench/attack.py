@@ -164,7 +164,10 @@ def _follow_adversary(adversary: ChildProcess, launch: Any, maddr: str, timeout_
             launch("newcomer", "--peers", maddr, "--max-rounds", "3")
         return event.get("event") == "done"
 
-    adversary.wait_for(step, timeout_s, "the adversary finishing its attacks")
+    try:
+        adversary.wait_for(step, timeout_s, "the adversary finishing its attacks")
+    except WaitError as exc:  # report the classes that ran; the rows show which did not
+        print(f"adversary did not finish: {str(exc).splitlines()[0]}", file=sys.stderr)
 
 
 def rows_of(result: RunResult, clean: RunResult) -> list[dict[str, Any]]:
@@ -172,7 +175,7 @@ def rows_of(result: RunResult, clean: RunResult) -> list[dict[str, Any]]:
     rows = []
     for attack in result.attacks:
         ended = attack["ended_at"]
-        ratios, advanced, peers = [], [], [0]
+        ratios, advanced, peers = [], [], [0]  # peers alive as the honest rounds saw them
         for i, node in enumerate(result.honest):
             if node.name == "newcomer":
                 continue
@@ -195,6 +198,7 @@ def rows_of(result: RunResult, clean: RunResult) -> list[dict[str, Any]]:
                 "peak_rss_mb": round(result.rss.peak_at(ended), 1),
                 "max_fds": result.rss.max_fds(attack["started_at"], ended),
                 "max_peers_alive": max(peers),
+                "min_peers_alive": min(peers[1:], default=None),
                 "error": attack["error"],
             }
         )
@@ -217,8 +221,8 @@ def print_row(row: dict[str, Any]) -> None:
     print(
         f"{row['attack']:<18} sent {row['sent']:>5}  rejected {row['rejected']:>5}  "
         f"rounds +{row['rounds_advanced']:<3} loss x{ratio:<6} rss {row['peak_rss_mb']:>6.0f} MB"
-        f" fds {row['max_fds']:>4} peers {row['max_peers_alive']:>4}  {reasons}"
-        + (f"  ERROR {row['error']}" if row["error"] else ""),
+        f" fds {row['max_fds']:>4} peers {row['min_peers_alive']}-{row['max_peers_alive']}"
+        f"  {reasons}" + (f"  ERROR {row['error']}" if row["error"] else ""),
         flush=True,
     )
 
