@@ -6,8 +6,10 @@ covers the header's canonical JSON, and parsing accepts only that canonical enco
 header has exactly one byte string on the wire.
 
 Header versions: v1 (the original fields), v2 (adds ``learners``, the author's count of
-live learners) and v3 (binds the payload by BLAKE3, ``payload_blake3``, instead of SHA-256,
-``payload_sha256``: several times faster, so that merging keeps up with hashing). All parse;
+live learners), v3 (binds the payload by BLAKE3, ``payload_blake3``, instead of SHA-256,
+``payload_sha256``: several times faster, so that merging keeps up with hashing) and v4 (v3
+plus ``fragment`` and ``fragments``: the payload is fragment p of P of the model, see
+merge.fragments; a run with P = 1 keeps sealing v3). All parse;
 a header re-serialises to the version it was signed in, and its payload is checked with the
 hash that version names.
 
@@ -32,7 +34,8 @@ import blake3
 from merge.identity import Identity, verify_signature
 
 ENVELOPE_VERSION = 3
-"""The version :func:`seal` writes; version 1 and 2 headers still parse."""
+"""The version :func:`seal` writes for a whole-model update (v4 for a fragment); version 1
+and 2 headers still parse."""
 MAX_HEADER_JSON_BYTES = 4096
 SIGNATURE_BYTES = 64
 HEADER_MAGIC = b"DLH1"
@@ -48,7 +51,11 @@ _MAX_ABS_INT = 2**63 - 1
 _INT_FIELDS = ("seq", "base_applied", "published_applied", "inner_steps", "tokens", "numel")
 _V2_FIELDS = ("learners",)
 """Fields a version 2 header adds (None in a version 1 header)."""
-_PAYLOAD_HASH_FIELDS = {1: "payload_sha256", 2: "payload_sha256", 3: "payload_blake3"}
+_V4_FIELDS = ("fragment", "fragments")
+"""Fields a version 4 header adds (None in earlier versions)."""
+_PAYLOAD_HASH_FIELDS = {
+    1: "payload_sha256", 2: "payload_sha256", 3: "payload_blake3", 4: "payload_blake3",
+}  # fmt: skip
 """The field that binds the payload in each version; the other one is None."""
 _NUMBER_FIELDS = ("loss", "created_at")
 
@@ -95,6 +102,11 @@ class UpdateHeader:
     learners: int | None = None
     """Live learners the author counted when it published, itself included (v2; None in v1
     headers). One round of that many updates makes one outer step (see merge.outer)."""
+    fragment: int | None = None
+    """v4: which fragment of the model the payload is, in [0, fragments); None in v1 to v3
+    headers, whose payload is the whole model."""
+    fragments: int | None = None
+    """v4: P, the number of fragments the run splits the model into (merge.fragments)."""
 
     def __post_init__(self) -> None:
         _check_header_fields(self)
@@ -110,7 +122,9 @@ class UpdateHeader:
 
     @property
     def version(self) -> int:
-        """3 for a payload bound by BLAKE3; else 1 without the v2 fields, 2 with them."""
+        """4 for a fragment; 3 for a payload bound by BLAKE3; else 1 or 2 (v2 fields)."""
+        if self.fragment is not None:
+            return 4
         if self.payload_blake3 is not None:
             return 3
         return 1 if self.learners is None else 2
@@ -149,8 +163,11 @@ class UpdateHeader:
 
 
 _ALL_KEYS = frozenset(f.name for f in dataclasses.fields(UpdateHeader)) | {"v"}
-_V2_KEYS = _ALL_KEYS - {"payload_blake3"}
-_WIRE_KEYS = {1: _V2_KEYS - set(_V2_FIELDS), 2: _V2_KEYS, 3: _ALL_KEYS - {"payload_sha256"}}
+_V2_KEYS = _ALL_KEYS - {"payload_blake3", *_V4_FIELDS}
+_V4_KEYS = _ALL_KEYS - {"payload_sha256"}
+_WIRE_KEYS = {
+    1: _V2_KEYS - set(_V2_FIELDS), 2: _V2_KEYS, 3: _V4_KEYS - set(_V4_FIELDS), 4: _V4_KEYS,
+}  # fmt: skip
 """The exact key set of each envelope version's header."""
 
 
@@ -211,8 +228,10 @@ def seal(
     payload: bytes,
     created_at: float | None = None,
     learners: int = 1,
+    fragment: int | None = None,
+    fragments: int | None = None,
 ) -> SignedUpdate:
-    """Signs a payload and its header (version 3) with ``identity``."""
+    """Signs a payload and its header with ``identity``: version 3, or 4 for a fragment."""
     header = UpdateHeader(
         fingerprint=fingerprint,
         author=identity.peer_id,
@@ -227,6 +246,8 @@ def seal(
         numel=numel,
         created_at=time.time() if created_at is None else float(created_at),
         learners=learners,
+        fragment=fragment,
+        fragments=fragments,
     )
     return SignedUpdate(header, identity.sign(header.canonical_bytes()), payload)
 
@@ -248,7 +269,7 @@ def verify(update: SignedUpdate) -> None:
 
 def payload_matches(header: UpdateHeader, payload: bytes | memoryview) -> bool:
     """Whether ``payload`` hashes to what the header names, by its version's hash."""
-    if header.version == 3:
+    if header.payload_blake3 is not None:  # v3 and v4
         return blake3.blake3(payload).hexdigest() == header.payload_blake3
     return hashlib.sha256(payload).hexdigest() == header.payload_sha256
 
@@ -266,9 +287,19 @@ def _check_header_fields(h: UpdateHeader) -> None:
         if type(getattr(h, name)) not in (int, float):
             raise EnvelopeError("malformed", f"{name} must be a number")
     _check_string(h.fingerprint, "fingerprint", 64, hex64=True)
+    _check_fragment(h)
     _check_payload_hash(h)
     _check_string(h.author, "author", _MAX_AUTHOR_CHARS)
     _check_string(h.codec, "codec", _MAX_CODEC_CHARS)
+
+
+def _check_fragment(h: UpdateHeader) -> None:
+    """Both fragment fields or neither; fragment p of P with 0 <= p < P."""
+    p, count = h.fragment, h.fragments
+    if p is None and count is None:
+        return
+    if type(p) is not int or type(count) is not int or not 0 <= p < count <= _MAX_ABS_INT:
+        raise EnvelopeError("malformed", "fragment must be an integer in [0, fragments)")
 
 
 def _check_payload_hash(h: UpdateHeader) -> None:

@@ -2,14 +2,17 @@
 
 Each fragment is a set of whole tensors; the packing is balanced greedily (largest tensor
 first, into the lightest fragment), which keeps the largest fragment within 4/3 of the best
-possible packing and within one tensor of the mean. Fragment p is published at inner step
-p * H / P of each round, so a node's upload is spread over the round instead of sent at once.
+possible packing and within one tensor of the mean. Fragment p (from 0) is published after
+inner step (p + 1) * H / P of each round, so a node's upload is spread over the round instead
+of sent at once, and a node that dies mid-round has already published the fragments before.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+
+import torch
 
 
 def partition(sizes: Sequence[int], num_fragments: int) -> list[list[int]]:
@@ -36,3 +39,51 @@ def publish_steps(num_fragments: int, inner_steps: int) -> list[int]:
     if not 1 <= num_fragments <= inner_steps:
         raise ValueError(f"fragments must be in [1, H = {inner_steps}], got {num_fragments}.")
     return [(p + 1) * inner_steps // num_fragments for p in range(num_fragments)]
+
+
+class FragmentLayout:
+    """Where each fragment's tensors lie in the flat parameter vector (the replica's order).
+
+    Built from the model's tensor sizes in ``parameters()`` order, so every node of a run that
+    agrees on the model and P splits it identically. A fragment's vector (its pseudo-gradient,
+    its outer optimizer state) is its tensors concatenated in ascending order.
+    """
+
+    def __init__(self, sizes: Sequence[int], num_fragments: int) -> None:
+        self.sizes = tuple(sizes)
+        self.tensors = tuple(tuple(part) for part in partition(self.sizes, num_fragments))
+        offsets = [0]
+        for size in self.sizes:
+            offsets.append(offsets[-1] + size)
+        self.numel = offsets[-1]
+        self.ranges = tuple(
+            tuple((offsets[i], offsets[i + 1]) for i in part) for part in self.tensors
+        )
+        """Per fragment, the (start, end) of each of its tensors in the flat vector."""
+
+    @property
+    def num_fragments(self) -> int:
+        """P; fewer than asked only for a model with fewer tensors (partition refuses that)."""
+        return len(self.tensors)
+
+    def fragment_numel(self, fragment: int) -> int:
+        return sum(end - start for start, end in self.ranges[fragment])
+
+    def gather(self, flat: torch.Tensor, fragment: int) -> torch.Tensor:
+        """A copy of ``fragment``'s elements of ``flat``, its tensors concatenated."""
+        self._check(flat)
+        return torch.cat([flat[start:end] for start, end in self.ranges[fragment]])
+
+    def scatter(self, flat: torch.Tensor, fragment: int, values: torch.Tensor) -> None:
+        """Writes ``values`` (a fragment vector) into ``fragment``'s elements of ``flat``."""
+        self._check(flat)
+        if values.shape != (self.fragment_numel(fragment),):
+            raise ValueError(f"fragment {fragment} has {self.fragment_numel(fragment)} elements.")
+        offset = 0
+        for start, end in self.ranges[fragment]:
+            flat[start:end].copy_(values[offset : offset + end - start])
+            offset += end - start
+
+    def _check(self, flat: torch.Tensor) -> None:
+        if flat.shape != (self.numel,):
+            raise ValueError(f"a flat vector of this layout has {self.numel} elements.")

@@ -129,6 +129,10 @@ class UpdatePipeline:
         self.num_merged = 0
         self._stats_lock = threading.Lock()
         self.robust = RobustFilter(config.robust)
+        # One per fragment: norms and momenta of different fragments are not comparable.
+        self._robust = [self.robust] + [
+            RobustFilter(config.robust) for _ in range(1, replica.num_fragments)
+        ]
         self.admit: Callable[[str], bool] | None = None
         """Permissioned runs: whether an author may contribute (None: anyone may)."""
         self.clock: Callable[[], float] = time.time
@@ -153,7 +157,7 @@ class UpdatePipeline:
         The outer step applies it as 1/learners of a round (see merge.outer), so a round of
         the swarm's updates makes one outer step whatever the swarm's size.
         """
-        return staleness_weight(self.config.staleness, header.staleness) * token_weight(
+        return staleness_weight(self.config.staleness, staleness_of(header)) * token_weight(
             self.config.token_weight, header.tokens
         )
 
@@ -168,7 +172,7 @@ class UpdatePipeline:
             self.num_merged += 1
         logger.debug("merged %s#%d with weight %.4g", header.author, header.seq, weight)
         return MergeResult(
-            True, header.author, header.seq, header.staleness, weight, None,
+            True, header.author, header.seq, staleness_of(header), weight, None,
             learners_of(header), blocks_corrected, robust,
         )  # fmt: skip
 
@@ -179,15 +183,18 @@ class UpdatePipeline:
         weight = self.weight_of(header)
         with self.replica.lock:
             _raise_if(self._trust_reason(header) or self._novelty_reason(header))
-            _raise_if(self._norm_reason(update_norm))
-            momentum = self.replica.outer.momentum_buffer
-            corrected = correct(self.config.correction, pseudo_gradient, header.staleness, momentum)
+            _raise_if(self._norm_reason(update_norm, header.fragment))
+            outer = self.replica.outer_for(header.fragment)  # a fragment's: its own momentum
+            momentum = outer.momentum_buffer
+            staleness = staleness_of(header)
+            corrected = correct(self.config.correction, pseudo_gradient, staleness, momentum)
             # Judged after the staleness correction: what remains hostile once an honest stale
             # update's conflict with the momentum has been corrected is clipped or zeroed.
             unchanged = corrected.pseudo_gradient is pseudo_gradient
             norm = update_norm if unchanged else None
-            direction = self.replica.outer.momentum_direction()
-            verdict = self.robust.judge(corrected.pseudo_gradient, direction, norm)
+            direction = outer.momentum_direction()
+            robust = self._robust[header.fragment or 0]
+            verdict = robust.judge(corrected.pseudo_gradient, direction, norm)
             # A robust verdict never refuses the id: replicas judge against their own recent
             # history, so a refusal on one and an acceptance on another would leave their
             # applied sets apart for good. The id is applied everywhere; what a verdict
@@ -195,7 +202,7 @@ class UpdatePipeline:
             weight *= self._robust_scale(header, verdict)
             self.replica.apply(header, corrected.pseudo_gradient, weight)
             if verdict.reason is None:
-                self.robust.accepted(verdict)
+                robust.accepted(verdict)
             self._payloads[header.update_id] = header.payload_digest
         return weight, corrected.blocks_corrected, verdict.reason
 
@@ -240,8 +247,11 @@ class UpdatePipeline:
             return "wrong_run"
         if h.codec not in CODECS:
             return "unknown_codec"
-        if h.numel != self.replica.numel:
-            return "wrong_size"
+        run_fragments = self.replica.num_fragments
+        if h.fragments != (None if run_fragments == 1 else run_fragments):
+            return "bad_fragment"  # a whole update in a run with fragments, or the reverse
+        if h.numel != self.replica.update_numel(h.fragment):
+            return "wrong_size"  # for a fragment: not the size of that fragment of the model
         if h.seq < 0 or h.base_applied < 0 or h.base_applied > h.published_applied:
             return "bad_counters"
         if not 1 <= h.inner_steps <= limits.max_inner_steps:
@@ -252,7 +262,7 @@ class UpdatePipeline:
             return "bad_learners"
         if not math.isfinite(h.loss):
             return "non_finite"
-        if h.staleness > limits.max_staleness:
+        if staleness_of(h) > limits.max_staleness:
             return "too_stale"
         return None
 
@@ -264,8 +274,8 @@ class UpdatePipeline:
         # its author is still applied; membership in the applied set is what counts.
         return None
 
-    def _norm_reason(self, update_norm: float) -> str | None:
-        params_norm = float(torch.linalg.vector_norm(self.replica.params))
+    def _norm_reason(self, update_norm: float, fragment: int | None) -> str | None:
+        params_norm = self.replica.params_norm(fragment)
         if update_norm > self.config.max_update_norm_ratio * max(params_norm, _MIN_PARAMS_NORM):
             return "norm_too_large"
         return None
@@ -276,12 +286,21 @@ class UpdatePipeline:
         self.rejection_log.count(header.author, reason)
         level = logging.INFO if reason in _BENIGN_REASONS else logging.WARNING
         logger.log(level, "rejected update %s#%d: %s", header.author, header.seq, reason)
-        return MergeResult(False, header.author, header.seq, header.staleness, 0.0, reason)
+        return MergeResult(False, header.author, header.seq, staleness_of(header), 0.0, reason)
 
 
 def learners_of(header: UpdateHeader) -> int:
     """The learner count an update is sized by; a v1 header (without one) counts as one."""
     return 1 if header.learners is None else header.learners
+
+
+def staleness_of(header: UpdateHeader) -> int:
+    """Staleness in updates of the same share of the model: a fragment update (1 of P) counts
+    the updates applied during its round over P, as P fragments of each round were applied.
+
+    So a fragment is weighed and corrected like a whole update in the same swarm would be.
+    """
+    return header.staleness // (header.fragments or 1)
 
 
 def _decode_payload(update: SignedUpdate) -> tuple[torch.Tensor, float]:

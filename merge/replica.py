@@ -1,14 +1,20 @@
-"""The node's replica of the global model: flat parameters, outer optimizer, applied set."""
+"""The node's replica of the global model: flat parameters, outer optimizer, applied set.
+
+A run with fragments (merge.fragments, P > 1) has one outer optimizer per fragment, sized to
+it: a fragment update steps that fragment's parameters and momentum only, and its 1/M share
+of a round counts towards that fragment's round (Delayed Nesterov folds per fragment).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
 from merge.envelope import UpdateHeader
+from merge.fragments import FragmentLayout
 from merge.outer import OuterOptimizer
 
 
@@ -19,19 +25,37 @@ class Replica:
     that need a consistent copy use :meth:`snapshot`.
     """
 
-    def __init__(self, params: torch.Tensor, outer: OuterOptimizer) -> None:
+    def __init__(
+        self,
+        params: torch.Tensor,
+        outer: OuterOptimizer | Sequence[OuterOptimizer],
+        layout: FragmentLayout | None = None,
+    ) -> None:
+        """``outer``: one optimizer for the whole model, or with ``layout`` one per fragment."""
         if not isinstance(params, torch.Tensor) or params.dim() != 1:
             raise ValueError("replica params must be a 1-D tensor.")
         if params.dtype != torch.float32 or params.device.type != "cpu":
             raise ValueError(f"replica params must be fp32 on CPU, got {params.dtype}.")
-        if outer.numel != params.numel():
+        outers = [outer] if isinstance(outer, OuterOptimizer) else list(outer)
+        if layout is not None and layout.numel != params.numel():
             raise ValueError(
-                f"outer optimizer is sized for {outer.numel} elements, params have "
-                f"{params.numel()}."
+                f"fragment layout covers {layout.numel} elements, not {params.numel()}."
+            )
+        sizes = (
+            [params.numel()]
+            if layout is None
+            else [layout.fragment_numel(p) for p in range(layout.num_fragments)]
+        )
+        if [o.numel for o in outers] != sizes:
+            raise ValueError(
+                f"outer optimizers are sized for {[o.numel for o in outers]} elements, the "
+                f"{'fragments' if layout else 'params'} have {sizes}."
             )
         self.lock = threading.RLock()
         self.params = params.detach()
-        self.outer = outer
+        self.layout = layout
+        self.outers = outers
+        """One outer optimizer per fragment (just one without fragments)."""
         self._applied: dict[str, set[int]] = {}
         self._last_seq: dict[str, int] = {}
         self._num_applied = 0
@@ -39,6 +63,46 @@ class Replica:
     @property
     def numel(self) -> int:
         return self.params.numel()
+
+    @property
+    def num_fragments(self) -> int:
+        """P: 1 for a replica whose updates are whole-model ones."""
+        return 1 if self.layout is None else self.layout.num_fragments
+
+    @property
+    def outer(self) -> OuterOptimizer:
+        """The outer optimizer of a replica without fragments."""
+        if self.layout is not None:
+            raise AttributeError("a replica with fragments has one outer optimizer per fragment")
+        return self.outers[0]
+
+    def outer_for(self, fragment: int | None) -> OuterOptimizer:
+        """The optimizer an update of ``fragment`` steps (None: a whole-model update)."""
+        return self.outers[0 if fragment is None else fragment]
+
+    def update_numel(self, fragment: int | None) -> int:
+        """Elements of an update of ``fragment`` (None: a whole-model update)."""
+        if fragment is None or self.layout is None:
+            return self.numel
+        return self.layout.fragment_numel(fragment)
+
+    def params_norm(self, fragment: int | None = None) -> float:
+        """The L2 norm of the params, or of one fragment's (None: the whole model's)."""
+        with self.lock:
+            if fragment is None or self.layout is None:
+                return float(torch.linalg.vector_norm(self.params))
+            norms = [
+                torch.linalg.vector_norm(self.params[start:end])
+                for start, end in self.layout.ranges[fragment]
+            ]
+            return float(torch.linalg.vector_norm(torch.stack(norms)))
+
+    def fragment_params(self, fragment: int) -> tuple[torch.Tensor, int]:
+        """A copy of one fragment's params and the number of updates they include."""
+        with self.lock:
+            if self.layout is None:
+                return self.params.clone(), self._num_applied
+            return self.layout.gather(self.params, fragment), self._num_applied
 
     @property
     def num_applied(self) -> int:
@@ -69,10 +133,25 @@ class Replica:
         with self.lock:
             if self.has_applied(header.author, header.seq):
                 raise ValueError(f"update {header.update_id} has already been applied.")
+            if (header.fragment is None) != (self.layout is None):
+                raise ValueError(
+                    f"update {header.update_id} does not fit this replica's fragments."
+                )
             if weight != 0:
                 learners = 1 if header.learners is None else header.learners
-                self.outer.step(self.params, pseudo_gradient, weight, learners)
+                self._step(header.fragment, pseudo_gradient, weight, learners)
             self._record(header.author, header.seq)
+
+    def _step(
+        self, fragment: int | None, pseudo_gradient: torch.Tensor, weight: float, learners: int
+    ) -> None:
+        outer = self.outer_for(fragment)
+        if fragment is None or self.layout is None:
+            outer.step(self.params, pseudo_gradient, weight, learners)
+            return
+        params = self.layout.gather(self.params, fragment)
+        outer.step(params, pseudo_gradient, weight, learners)
+        self.layout.scatter(self.params, fragment, params)
 
     def snapshot(self) -> tuple[torch.Tensor, int]:
         """A copy of the params and the number of updates they include, taken atomically."""
@@ -90,7 +169,7 @@ class Replica:
         with self.lock:
             return {
                 "params": self.params.clone(),
-                "outer": self.outer.state_dict(),
+                "outer": self._outer_state(),
                 "applied": self.applied,
                 "num_applied": self._num_applied,
             }
@@ -109,12 +188,36 @@ class Replica:
         if type(num_applied) is not int or num_applied != sum(map(len, applied.values())):
             raise ValueError("replica state num_applied does not match its applied set.")
         with self.lock:
-            self.outer.load_state_dict(outer)
+            self._load_outer_state(outer)
             self.params.copy_(params)
             self._applied, self._last_seq, self._num_applied = {}, {}, 0
             for author, seqs in applied.items():
                 for seq in seqs:
                     self._record(author, seq)
+
+    def _outer_state(self) -> dict[str, object]:
+        """The optimizer's state; with fragments, {"fragments": [one state per fragment]}."""
+        if self.layout is None:
+            return self.outers[0].state_dict()
+        return {"fragments": [outer.state_dict() for outer in self.outers]}
+
+    def _load_outer_state(self, state: Mapping[str, object]) -> None:
+        if self.layout is None:
+            self.outers[0].load_state_dict(state)
+            return
+        states = state.get("fragments")
+        if not isinstance(states, list) or len(states) != len(self.outers):
+            raise ValueError(f"replica state must hold {len(self.outers)} fragment outer states.")
+        if not all(isinstance(s, Mapping) for s in states):
+            raise ValueError("replica state's fragment outer states must be mappings.")
+        backups = [outer.state_dict() for outer in self.outers]
+        try:
+            for outer, fragment_state in zip(self.outers, states, strict=True):
+                outer.load_state_dict(fragment_state)
+        except ValueError:  # all or nothing: a bad fragment state leaves the others as they were
+            for outer, backup in zip(self.outers, backups, strict=True):
+                outer.load_state_dict(backup)
+            raise
 
     def _record(self, author: str, seq: int) -> None:
         self._applied.setdefault(author, set()).add(seq)

@@ -18,6 +18,7 @@ from torch.nn.utils import parameters_to_vector
 from dht.addresses import listen_maddrs
 from dht.swarm import SwarmConfig
 from merge.correction import CorrectionConfig
+from merge.fragments import FragmentLayout
 from merge.outer import OuterConfig, make_outer_optimizer
 from merge.pipeline import MergeConfig
 from merge.replica import Replica
@@ -76,12 +77,15 @@ def merge_config_from(config: JoinConfig, tokens_per_step: int) -> MergeConfig:
 
 def fingerprint_spec(config: JoinConfig, model: ModelConfig, merge: MergeConfig) -> dict[str, Any]:
     """The run-level settings the fingerprint hashes."""
-    return {
+    spec: dict[str, Any] = {
         "run_id": config.run_id,
         "seed": config.seed,
         "model": model.as_dict(),
         "merge": merge.as_dict(),
     }
+    if config.fragments > 1:  # absent at P = 1: fingerprints from before fragments hold
+        spec["fragments"] = config.fragments
+    return spec
 
 
 def build_run_spec(config: JoinConfig, corpus: Corpus) -> RunSpec:
@@ -97,10 +101,17 @@ def configure_torch(config: JoinConfig) -> None:
         torch.set_num_threads(config.threads)
 
 
-def build_replica(model: nn.Module, merge: MergeConfig) -> Replica:
-    """The global model at genesis, with its outer optimizer."""
+def build_replica(model: nn.Module, merge: MergeConfig, fragments: int = 1) -> Replica:
+    """The global model at genesis, with its outer optimizer (one per fragment with P > 1)."""
     genesis = parameters_to_vector(model.parameters()).detach().float().clone()
-    return Replica(genesis, make_outer_optimizer(merge.outer, genesis.numel()))
+    if fragments == 1:
+        return Replica(genesis, make_outer_optimizer(merge.outer, genesis.numel()))
+    layout = FragmentLayout([p.numel() for p in model.parameters()], fragments)
+    outers = [
+        make_outer_optimizer(merge.outer, layout.fragment_numel(p))
+        for p in range(layout.num_fragments)
+    ]
+    return Replica(genesis, outers, layout)
 
 
 def inner_config(config: JoinConfig) -> InnerConfig:

@@ -82,6 +82,10 @@ class JoinConfig:
     codec: str = "bf16"
     """Encoding of published pseudo-gradients: fp32, bf16, int8 or int4 (blockwise), or sparse
     (top 2.9% of each 4096 entries, 2 bits each); the last three carry error feedback."""
+    fragments: int = 1
+    """Streaming DiLoCo: split the model into P fragments (tensors bin-packed by size) and
+    publish fragment p as its own signed update after inner step (p+1)*H/P of each round, so
+    uploads spread over the round; every node of a run must use the same P (1: whole updates)."""
     round_time: float | None = None
     """Dynamic local updates: each round runs as many inner steps as fit in this many seconds
     (at most --inner-steps), so slower hardware publishes smaller updates as often."""
@@ -189,6 +193,7 @@ class JoinConfig:
         "outer optimizer and merging": (
             "outer_optimizer", "outer_lr", "outer_momentum", "outer_delay", "staleness",
             "staleness_a", "staleness_b", "token_weighting", "correction", "codec",
+            "fragments",
         ),
         "network": (
             "swarm", "peers", "host", "port", "announce", "relay", "auto_relay", "client_mode",
@@ -214,8 +219,9 @@ class JoinConfig:
         _check_positive("nproc_per_node", self.nproc_per_node)
         if not self.run_id or len(self.run_id) > 64:
             raise ValueError("--run-id must be 1 to 64 characters long")
-        for name in ("inner_steps", "checkpoint_every"):
+        for name in ("inner_steps", "checkpoint_every", "fragments"):
             _check_positive(name, getattr(self, name))
+        self._check_fragments()
         for name in ("batch_size", "max_rounds", "threads", "lr_decay_steps", "outer_delay"):
             value = getattr(self, name)
             if value is not None:
@@ -248,6 +254,15 @@ class JoinConfig:
         if self.warmup_steps < 0 or self.eval_batches < 0:
             raise ValueError("--warmup-steps and --eval-batches must not be negative")
         self._check_dashboard()
+
+    def _check_fragments(self) -> None:
+        if self.fragments > self.inner_steps:
+            raise ValueError(
+                f"--fragments must be at most --inner-steps ({self.inner_steps}): one fragment "
+                f"is published per inner step at most, got {self.fragments}"
+            )
+        if self.fragments > 1 and self.nproc_per_node > 1:
+            raise ValueError("--fragments above 1 needs --nproc-per-node 1")
 
     def _check_dashboard(self) -> None:
         if self.dashboard_port is not None and not 0 <= self.dashboard_port <= 65535:

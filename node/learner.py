@@ -49,6 +49,8 @@ class StepStats:
     step: int
     loss: float
     tokens_per_s: float
+    tokens: int = 0
+    """Tokens of the step's batch."""
 
 
 @dataclass(frozen=True)
@@ -149,7 +151,7 @@ class Learner:
             compute_s += elapsed
             tokens += batch_tokens
             losses.append(loss)
-            on_step(StepStats(len(losses), loss, batch_tokens / max(elapsed, 1e-9)))
+            on_step(StepStats(len(losses), loss, batch_tokens / max(elapsed, 1e-9), batch_tokens))
         mean_loss = sum(losses) / len(losses) if losses else float("nan")
         return RoundStats(
             num_steps=len(losses),

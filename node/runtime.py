@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from dht.addresses import join_hint
 from dht.heartbeat import (
     MAX_AUTHORS,
@@ -50,6 +52,7 @@ from node.model import build_model
 from node.progress import RoundProgress
 from node.snapshot import NodeStatus, PeerSighting
 from node.stats import LastRound, NodeStats, ReplicaView
+from node.streaming import FragmentCompressors, FragmentStream
 
 if TYPE_CHECKING:
     from dashboard.embedded import EmbeddedDashboard
@@ -74,6 +77,18 @@ class RoundTimings:
     def overhead_s(self) -> float:
         """Time spent on the round outside inner steps and evaluation."""
         return self.encode_s + self.seal_s + self.merge_s
+
+
+@dataclass(frozen=True)
+class _Published:
+    """One update this node sealed and submitted (a whole-model one or a fragment)."""
+
+    result: MergeResult
+    update_bytes: int
+    """Bytes of the signed envelope, 0 when our own pipeline refused it (not published)."""
+    encode_s: float
+    seal_s: float
+    merge_s: float
 
 
 class _Resketcher:
@@ -145,12 +160,19 @@ class Node:
         self.fingerprint = self.spec.fingerprint
         self.run_settings = fingerprint_settings(config, self.corpus)
         model = build_model(self.model_config, config.seed)
-        self.replica = build_replica(model, self.merge_config)
+        self.replica = build_replica(model, self.merge_config, config.fragments)
         self.num_params = self.replica.numel
         self.pipeline = UpdatePipeline(self.replica, self.merge_config, self.fingerprint)
         self.codec = get_codec(config.codec)
         # Error feedback for the lossy codecs: what a payload drops goes into the next round's.
         self.compressor = Compressor(self.codec, self.num_params)
+        layout = self.replica.layout
+        # Streaming fragments (--fragments P > 1): per-fragment error feedback and rounds.
+        self.fragment_compressors = (
+            None if layout is None else FragmentCompressors(self.codec, layout)
+        )
+        self._stream: FragmentStream | None = None
+        self._round_published: list[_Published] = []
         self.learner = build_learner(config, self.spec, model, split, self.peer_id, self.device)
         self.val_batches = build_validation(config, self.spec, split)
         self.stats = NodeStats()
@@ -384,18 +406,28 @@ class Node:
     # ---- one round -------------------------------------------------------------------------
 
     def run_round(self) -> MergeResult | None:
-        """H inner steps from the newest replica, then publish the pseudo-gradient."""
+        """H inner steps from the newest replica, then publish the pseudo-gradient.
+
+        With fragments, fragment p is published during the round (see node.streaming); the
+        result returned is the last fragment's.
+        """
         start = time.perf_counter()
         begun = self._begin_round()
         base, base_applied = begun.base, begun.base_applied
+        self._round_published = []
         stats = self.learner.run_round(
             self.config.inner_steps - begun.steps_done,
             self._should_interrupt,
-            self._report_step,
+            self._on_step,
             _remaining(self.config.round_time, begun.inner_s),
         )
         done = begun.extended(stats, time.perf_counter() - start)
         if stats.stopped_early or done.steps_done == 0:
+            if self._stream is not None:
+                # Streaming: the fragments due so far are published; the others' steps since
+                # their last publication are dropped, and the next round starts afresh.
+                self._stream = self._partial = None
+                return None
             # Interrupted: not published; kept (and checkpointed) to be finished later.
             params = self.learner.params_vector()
             self._partial = replace(done, params=params) if done.steps_done else None
@@ -403,8 +435,59 @@ class Node:
         self._partial = None
         stats = done.as_round_stats()
         t_inner = time.perf_counter()
-        pseudo_gradient = base - self.learner.params_vector()
-        payload = self.compressor.encode(pseudo_gradient)
+        # Fragments published during the inner steps: their time is overhead, not steps.
+        in_steps_s = sum(p.encode_s + p.seal_s + p.merge_s for p in self._round_published)
+        if self._stream is not None:
+            for fragment in self._stream.unpublished(stats.num_steps):  # cut by --round-time
+                self._publish_fragment(self._stream, fragment, stats.num_steps)
+        else:
+            pseudo_gradient = base - self.learner.params_vector()
+            self._round_published.append(
+                self._publish(
+                    pseudo_gradient,
+                    self.compressor.encode,
+                    base_applied,
+                    stats.num_steps,
+                    stats.tokens,
+                    stats.loss,
+                )
+            )
+        published = self._round_published
+        self.round += 1
+        t_merge = time.perf_counter()
+        val_loss = self._evaluate_replica()
+        t_eval = time.perf_counter()
+        encode_s = sum(p.encode_s for p in published)
+        seal_s = sum(p.seal_s for p in published)
+        merge_s = sum(p.merge_s for p in published)
+        timings = RoundTimings(
+            inner_s=t_inner - start + begun.inner_s - in_steps_s,
+            encode_s=encode_s,
+            seal_s=seal_s,
+            merge_s=merge_s,
+            eval_s=t_eval - t_merge,
+        )
+        accepted = any(p.result.accepted for p in published)
+        round_s = t_eval - start + begun.inner_s
+        update_bytes = sum(p.update_bytes for p in published)
+        seq = self.seq if accepted else None
+        self._report_round(stats, val_loss, timings, round_s, seq, begun.steps_done, update_bytes)
+        self.stats.finish_round(stats.loss, val_loss, stats.tokens / max(round_s, 1e-9))
+        return published[-1].result if published else None
+
+    def _publish(
+        self,
+        pseudo_gradient: torch.Tensor,
+        encode: Callable[[torch.Tensor], bytes],
+        base_applied: int,
+        steps: int,
+        tokens: int,
+        loss: float,
+        fragment: int | None = None,
+    ) -> _Published:
+        """Encodes, seals and merges one of our updates, then gives it to the swarm."""
+        t_start = time.perf_counter()
+        payload = encode(pseudo_gradient)
         t_encode = time.perf_counter()
         update = seal(
             self.identity,
@@ -412,13 +495,15 @@ class Node:
             seq=self.seq + 1,
             base_applied=base_applied,
             published_applied=self.replica.num_applied,
-            inner_steps=stats.num_steps,
-            tokens=stats.tokens,
-            loss=stats.loss,
+            inner_steps=steps,
+            tokens=tokens,
+            loss=loss,
             codec=self.codec.name,
             numel=pseudo_gradient.numel(),
             payload=payload,
             learners=self.live_learners(),
+            fragment=fragment,
+            fragments=None if fragment is None else self.replica.num_fragments,
         )
         t_seal = time.perf_counter()
         result = self.pipeline.submit(update)
@@ -429,27 +514,63 @@ class Node:
             if self.swarm is not None:
                 self.swarm.publish(update)
                 self.published_seq = self.seq
-        self.round += 1
-        val_loss = self._evaluate_replica()
-        t_eval = time.perf_counter()
-        timings = RoundTimings(
-            inner_s=t_inner - start + begun.inner_s,
-            encode_s=t_encode - t_inner,
-            seal_s=t_seal - t_encode,
-            merge_s=t_merge - t_seal,
-            eval_s=t_eval - t_merge,
-        )
-        published = self.seq if result.accepted else None
-        round_s = t_eval - start + begun.inner_s
         update_bytes = len(update.to_bytes()) if result.accepted else 0
-        self._report_round(
-            stats, val_loss, timings, round_s, published, begun.steps_done, update_bytes
+        return _Published(
+            result, update_bytes, t_encode - t_start, t_seal - t_encode, t_merge - t_seal
         )
-        self.stats.finish_round(stats.loss, val_loss, stats.tokens / max(round_s, 1e-9))
-        return result
+
+    def _on_step(self, step: StepStats) -> None:
+        self._report_step(step)
+        stream = self._stream
+        if stream is None:
+            return
+        stream.record_step(step.tokens, step.loss)
+        at = step.step + self._step_offset
+        for fragment in stream.due(at):
+            self._publish_fragment(stream, fragment, at)
+
+    def _publish_fragment(self, stream: FragmentStream, fragment: int, step: int) -> None:
+        """Publishes the fragment's pseudo-gradient, then the learner adopts the merged
+        fragment (ours and the peers' merged so far): its next round starts from there."""
+        layout, compressors = self.replica.layout, self.fragment_compressors
+        assert layout is not None and compressors is not None
+        r = stream.rounds[fragment]
+        if r.steps == 0:
+            return
+        inner = self.learner.params_vector()
+        published = self._publish(
+            stream.pseudo_gradient(fragment, inner),
+            lambda g: compressors.encode(fragment, g),
+            r.base_applied, r.steps, r.tokens, r.loss, fragment,
+        )  # fmt: skip
+        self._round_published.append(published)
+        merged, applied = self.replica.fragment_params(fragment)
+        layout.scatter(inner, fragment, merged)
+        self.learner.load_params(inner)
+        stream.adopt(fragment, merged, applied)
+        self.events.emit(
+            "fragment_published",
+            round=self.round + 1,
+            step=step,
+            fragment=fragment,
+            seq=self.seq if published.result.accepted else None,
+            update_bytes=published.update_bytes,
+        )
 
     def _begin_round(self) -> RoundProgress:
-        """The unfinished round saved at the last stop, else a new one from the replica."""
+        """The unfinished round saved at the last stop, else a new one from the replica.
+
+        Streaming fragments: the learner keeps its params from round to round (each fragment
+        adopts the replica's at its own publication); only a new stream starts from it.
+        """
+        layout = self.replica.layout
+        if layout is not None:
+            self._step_offset = 0
+            if self._stream is None:
+                base, base_applied = self.replica.snapshot()
+                self.learner.load_params(base)
+                self._stream = FragmentStream(layout, self.config.inner_steps, base, base_applied)
+            return RoundProgress(self._stream.base, self._stream.rounds[0].base_applied)
         partial = self._partial
         if partial is not None and partial.params is not None:
             self.learner.load_params(partial.params)
@@ -463,9 +584,14 @@ class Node:
     def _evaluate_replica(self) -> float | None:
         if not self.val_batches:
             return None
+        # Streaming fragments train on across rounds: their params are put back afterwards.
+        inner = self.learner.params_vector() if self._stream is not None else None
         params, _ = self.replica.snapshot()
         self.learner.load_params(params)
-        return round(self.learner.evaluate(self.val_batches), 6)
+        val_loss = round(self.learner.evaluate(self.val_batches), 6)
+        if inner is not None:
+            self.learner.load_params(inner)
+        return val_loss
 
     # ---- reporting -------------------------------------------------------------------------
 
@@ -647,8 +773,11 @@ class Node:
             "replica": self.replica.state_dict(),
             "learner": self.learner.state_dict(),
             "partial_round": partial.state_dict() if partial is not None else None,
-            "error_feedback": self.compressor.state_dict(),
+            "error_feedback": self._error_feedback().state_dict(),
         }
+
+    def _error_feedback(self) -> Compressor | FragmentCompressors:
+        return self.compressor if self.fragment_compressors is None else self.fragment_compressors
 
     def param_layout(self) -> Layout:
         """The model's parameters in the replica's flat order (names for the weights file)."""
@@ -668,7 +797,7 @@ class Node:
             self.replica.load_state_dict(state["replica"])
             self.learner.load_state_dict(state["learner"])
             if "error_feedback" in state:  # checkpoints before codecs with error feedback lack it
-                self.compressor.load_state_dict(state["error_feedback"])
+                self._error_feedback().load_state_dict(state["error_feedback"])
             self.round = int(state["round"])
             own_seq = int(state["seq"]) if state["peer_id"] == self.peer_id else 0
             partial = state.get("partial_round")
