@@ -1,0 +1,34 @@
+"""A node with --fragments publishes its fragments on schedule and resumes its fragment state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from node.events import RecordingEventLog
+from node.runtime import Node
+from tests.node.test_training import _config
+
+
+def test_fragment_updates_are_published_on_schedule_and_survive_a_restart(tmp_path: Path) -> None:
+    config = dict(inner_steps=4, fragments=2, codec="int8", eval_batches=1)
+    first_events = RecordingEventLog()
+    first = Node(_config(tmp_path, "ckpt", max_rounds=2, **config), first_events)
+    first.run()
+
+    events = RecordingEventLog()
+    resumed = Node(_config(tmp_path, "ckpt", max_rounds=3, **config), events)
+    resumed.run()
+
+    assert events.of("resumed")[0]["num_applied"] == 4
+    all_published = first_events.of("fragment_published") + events.of("fragment_published")
+    published = [(e["round"], e["step"], e["fragment"], e["seq"]) for e in all_published]
+    assert published == [(1, 2, 0, 1), (1, 4, 1, 2), (2, 2, 0, 3), (2, 4, 1, 4),
+                         (3, 2, 0, 5), (3, 4, 1, 6)]  # fmt: skip
+    assert resumed.replica.applied == {resumed.peer_id: [1, 2, 3, 4, 5, 6]}
+    outer = resumed.replica.state_dict()["outer"]["fragments"]  # type: ignore[index]
+    assert [state["count"] for state in outer] == [3, 3]
+    rounds = first_events.of("round_done") + events.of("round_done")
+    assert [r["seq"] for r in rounds] == [2, 4, 6]
+    assert rounds[-1]["val_loss"] < first_events.of("started")[0]["val_loss"]
+    residual = resumed.state_dict()["error_feedback"]["residual"]
+    assert residual.shape == (resumed.num_params,) and bool(residual.abs().sum() > 0)
