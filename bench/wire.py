@@ -17,11 +17,13 @@ from the replica, and publish through the real path (error feedback, encode, sea
 UpdatePipeline's verify, decode, weigh and apply). Every codec sees the same data in the same
 order for the same tokens; the final validation loss is compared with bf16's.
 
-Peak-to-mean: a learner's upload is binned per inner step, each publication in the step
-it is sealed at, as gossip serves it at once. With `--fragments P` the rows with P fragments
-are projections: the model's tensors bin-packed into P fragments (merge/fragments.py), each a
-real sealed envelope of its size, published on staggered steps; nodes do not publish
-fragments yet, so those rows have no training run (val_loss_ratio_vs_bf16 is null).
+Peak-to-mean, measured: a real node (node.runtime.Node, offline, `--schedule-model`) trains
+one round of H = `--inner-steps` steps with each codec, once whole (P = 1) and once with
+`--fragments P`, and its upload is binned per inner step from what it published: the signed
+envelope bytes of each update (`update_bytes` of its `fragment_published` and `round_done`
+events) in the step it was sealed after, as gossip serves it at once. The P rows' bytes ratio
+comes from real sealed envelopes of the `--model`'s P fragments (its tensors bin-packed by
+merge/fragments.py); they have no equal-tokens training run (val_loss_ratio_vs_bf16 is null).
 
 Targets (issue 9): >= 1,000x fewer bytes than DP with the sparse codec, H = 100, M = 8;
 int8, int4 and sparse within 1% of bf16's validation loss. The final line is JSON.
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 
@@ -41,13 +44,16 @@ from bench.quality import Evaluator, QualityConfig
 from merge.codecs import CODECS, get_codec
 from merge.envelope import SignedUpdate, seal
 from merge.feedback import Compressor
-from merge.fragments import partition, publish_steps
+from merge.fragments import partition
 from merge.identity import Identity
 from merge.outer import OuterConfig, make_outer_optimizer
 from merge.pipeline import MergeConfig, UpdatePipeline
 from merge.replica import Replica
 from merge.weighting import TokenWeightConfig
+from node.config import JoinConfig
+from node.events import RecordingEventLog
 from node.model import build_model, model_config
+from node.runtime import Node
 
 FINGERPRINT = hashlib.sha256(b"bench.wire").hexdigest()
 DP_GRADIENT_BYTES = 4
@@ -79,7 +85,9 @@ class WireConfig:
     threads: int = 2
     """torch threads."""
     fragments: int = 4
-    """P of the projected fragment rows (1: none)."""
+    """P of the fragment rows (1: none)."""
+    schedule_model: str = "tiny"
+    """Model the node trains for one round to measure its publish schedule (peak-to-mean)."""
 
 
 def seal_payload(
@@ -123,12 +131,32 @@ def swarm_bytes_per_step(envelope: int, announcement: int, learners: int, h: int
     return 2 * (learners - 1) * (envelope + announcement) / h
 
 
-def peak_to_mean(fragment_bytes: list[int], h: int) -> float:
-    """Peak over mean of a learner's upload per inner step, fragments on staggered steps."""
-    per_step = [0.0] * h
-    for step, size in zip(publish_steps(len(fragment_bytes), h), fragment_bytes, strict=True):
-        per_step[step - 1] += size
-    return max(per_step) / (sum(per_step) / h)
+def peak_to_mean(per_step: list[int]) -> float:
+    """Peak over mean of a learner's upload per inner step over a round."""
+    return max(per_step) / (sum(per_step) / len(per_step))
+
+
+def published_per_step(codec: str, fragments: int, config: WireConfig) -> list[int]:
+    """Envelope bytes a real node published after each inner step of one round."""
+    h = config.inner_steps
+    with tempfile.TemporaryDirectory() as home:
+        events = RecordingEventLog()
+        node_config = JoinConfig(
+            model=config.schedule_model, inner_steps=h, fragments=fragments, codec=codec,
+            max_rounds=1, eval_batches=0, threads=config.threads, swarm=False, batch_size=1,
+            identity=f"{home}/identity.key", checkpoint_dir=f"{home}/checkpoints",
+            log_format="json",
+        )  # fmt: skip
+        Node(node_config, events).run()
+    per_step = [0] * h
+    for e in events.of("fragment_published"):
+        per_step[e["step"] - 1] += e["update_bytes"]
+    if fragments == 1:  # a whole update: sealed after the round's last step
+        (done,) = events.of("round_done")
+        per_step[done["steps"] - 1] += done["update_bytes"]
+    if sum(per_step) == 0 or len(events.of("update_merged")) != fragments:
+        raise SystemExit(f"{codec}, P = {fragments}: the node did not publish its updates")
+    return per_step
 
 
 def fragment_wire_bytes(
@@ -190,23 +218,27 @@ def make_pipeline(genesis: torch.Tensor, h: int, tokens_per_step: int) -> Update
 
 
 def fragment_row(codec: str, tensor_sizes: list[int], config: WireConfig, dp: float) -> dict:
-    """A projected row: P real fragment envelopes on the staggered schedule (not trained)."""
+    """A row with P fragments: bytes of real fragment envelopes, a node's measured schedule."""
     h, m = config.inner_steps, config.learners
     parts = fragment_wire_bytes(codec, tensor_sizes, config.fragments, h, m)
     swarm = sum(swarm_bytes_per_step(e, a, m, h) for e, a in parts)
+    per_step = published_per_step(codec, config.fragments, config)
     row = {
         "codec": codec,
         "fragments": len(parts),
         "bytes_ratio_vs_dp": round(dp / swarm, 1),
         "val_loss_ratio_vs_bf16": None,
-        "peak_to_mean": round(peak_to_mean([e for e, _ in parts], h), 2),
+        "peak_to_mean": round(peak_to_mean(per_step), 2),
         "envelope_bytes": [e for e, _ in parts],
         "bytes_per_learner_per_step": round(swarm, 1),
-        "projected": True,
+        "published_steps": [step + 1 for step, size in enumerate(per_step) if size],
+        "published_bytes": [size for size in per_step if size],
     }
     print(
-        f"{codec:>6} in {len(parts)} fragments (projected): {swarm / 1e3:9.2f} KB/learner/step, "
-        f"{row['bytes_ratio_vs_dp']:>9}x less than DP, peak/mean {row['peak_to_mean']}"
+        f"{codec:>6} in {len(parts)} fragments: {swarm / 1e3:9.2f} KB/learner/step, "
+        f"{row['bytes_ratio_vs_dp']:>9}x less than DP, peak/mean {row['peak_to_mean']} "
+        f"(measured: {config.schedule_model} published {row['published_bytes']} bytes after "
+        f"steps {row['published_steps']})"
     )
     return row
 
@@ -234,12 +266,13 @@ def main() -> None:
         swarm = swarm_bytes_per_step(envelope, announcement, config.learners, config.inner_steps)
         val_loss, seconds = train(codec, config, ev)
         reference_loss = reference_loss or val_loss
+        per_step = published_per_step(codec, 1, config)
         row = {
             "codec": codec,
             "fragments": 1,
             "bytes_ratio_vs_dp": round(dp / swarm, 1),
             "val_loss_ratio_vs_bf16": round(val_loss / reference_loss, 5),
-            "peak_to_mean": round(peak_to_mean([envelope], config.inner_steps), 2),
+            "peak_to_mean": round(peak_to_mean(per_step), 2),
             "envelope_bytes": envelope,
             "bytes_per_learner_per_step": round(swarm, 1),
             "val_loss": val_loss,

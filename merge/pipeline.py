@@ -183,7 +183,7 @@ class UpdatePipeline:
         weight = self.weight_of(header)
         with self.replica.lock:
             _raise_if(self._trust_reason(header) or self._novelty_reason(header))
-            _raise_if(self._norm_reason(update_norm, header.fragment))
+            _raise_if(self._norm_reason(update_norm))
             outer = self.replica.outer_for(header.fragment)  # a fragment's: its own momentum
             momentum = outer.momentum_buffer
             staleness = staleness_of(header)
@@ -274,8 +274,11 @@ class UpdatePipeline:
         # its author is still applied; membership in the applied set is what counts.
         return None
 
-    def _norm_reason(self, update_norm: float, fragment: int | None) -> str | None:
-        params_norm = self.replica.params_norm(fragment)
+    def _norm_reason(self, update_norm: float) -> str | None:
+        # Against the whole model's norm, a fragment's too: a fragment's own tensors can be
+        # small at genesis (an honest early fragment outgrows them); the per-fragment robust
+        # filter bounds a fragment against its own history.
+        params_norm = float(torch.linalg.vector_norm(self.replica.params))
         if update_norm > self.config.max_update_norm_ratio * max(params_norm, _MIN_PARAMS_NORM):
             return "norm_too_large"
         return None

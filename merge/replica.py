@@ -86,17 +86,6 @@ class Replica:
             return self.numel
         return self.layout.fragment_numel(fragment)
 
-    def params_norm(self, fragment: int | None = None) -> float:
-        """The L2 norm of the params, or of one fragment's (None: the whole model's)."""
-        with self.lock:
-            if fragment is None or self.layout is None:
-                return float(torch.linalg.vector_norm(self.params))
-            norms = [
-                torch.linalg.vector_norm(self.params[start:end])
-                for start, end in self.layout.ranges[fragment]
-            ]
-            return float(torch.linalg.vector_norm(torch.stack(norms)))
-
     def fragment_params(self, fragment: int) -> tuple[torch.Tensor, int]:
         """A copy of one fragment's params and the number of updates they include."""
         with self.lock:

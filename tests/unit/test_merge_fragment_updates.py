@@ -329,3 +329,20 @@ def test_a_fragment_is_as_stale_as_a_whole_update_of_the_same_swarm_would_be() -
     fragment = update(torch.ones(11), 2, 0, 2, base_applied=3, published_applied=10).header
 
     assert (staleness_of(whole), staleness_of(fragment)) == (7, 3)
+
+
+def test_a_fragment_may_outgrow_its_own_tensors_but_not_the_model() -> None:
+    """Fragment 1 holds 9 of 20 params: a norm above theirs but below the model's is honest."""
+    params = torch.cat([torch.full((11,), 3.0), torch.full((9,), 0.1)])  # model norm ~9.95
+    layout = FragmentLayout(SIZES, 2)
+    start = torch.empty(20)
+    layout.scatter(start, 0, params[:11])
+    layout.scatter(start, 1, params[11:])
+
+    def submit(value: float, seq: int) -> str | None:
+        replica = fragment_replica(start, SIZES, 2, CONFIG.outer)
+        pipeline = UpdatePipeline(replica, CONFIG, FINGERPRINT)
+        return pipeline.submit(update(torch.full((9,), value), seq, 1, 2)).reason
+
+    assert submit(1.0, 1) is None  # norm 3 against fragment norm 0.3, model norm ~9.95
+    assert submit(4.0, 2) == "norm_too_large"  # norm 12
