@@ -1,14 +1,21 @@
 """Merge path speed: parse + verify + decode + validate + apply one update, against SHA-256.
 
-    python -m bench.merge_speed                      # small, fp32, 8 updates of a swarm of 8
-    python -m bench.merge_speed --codec bf16 --model tiny
+    python -m bench.merge_speed                     # small: fp32 and bf16, 8 updates, swarm of 8
+    python -m bench.merge_speed --codecs bf16 --model tiny
 
 Each update goes the way a peer's does: the envelope bytes as received are parsed
 (SignedUpdate.from_bytes) and submitted to a real UpdatePipeline over a replica of the model's
 genesis parameters. SHA-256 over the same envelope bytes is timed in the same process,
 interleaved with the merges, so both see the same machine load; both rates are over all the
-updates (a round of M updates includes one fold of the outer momentum). Target (issue 9.3): merge
-GB/s >= 0.9 x SHA-256 GB/s. The final line is JSON.
+updates (a round of M updates includes one fold of the outer momentum). The updates look like a
+training swarm's: a shared direction plus as much noise of each update's own (pairwise cosine
+~0.5), so honest updates point along the outer momentum as they do in training.
+
+Beside the path, the same run times its floor: BLAKE3 over the payload, and the outer step
+alone (replica.apply of the decoded update), which no verification can avoid; and each codec's
+encode and decode of a model-sized vector (the codecs' speed figures; unit tests are not
+timed). Target (issue 9.3): merge GB/s >= 0.9 x SHA-256 GB/s. The final line is JSON: the
+first codec's figures at the top level, every codec's in "rows".
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import json
 import statistics
 import time
 
+import blake3
 import torch
 from torch.nn.utils import parameters_to_vector
 
@@ -53,9 +61,10 @@ def make_envelopes(
     author = Identity.from_private_bytes(b"m" * 32)
     codec = get_codec(codec_name)
     generator = torch.Generator().manual_seed(0)
+    direction = torch.randn(genesis.numel(), generator=generator)
     envelopes = []
     for seq in range(count):
-        delta = torch.randn(genesis.numel(), generator=generator) * 1e-4
+        delta = (direction + torch.randn(genesis.numel(), generator=generator)) * 1e-4
         update = seal(
             author,
             fingerprint=FINGERPRINT,
@@ -83,27 +92,40 @@ def time_s(fn: object) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="small", choices=("tiny", "small", "base"))
-    parser.add_argument("--codec", default="fp32", choices=sorted(CODECS))
+    parser.add_argument("--codecs", default="fp32,bf16", help="comma-separated, from CODECS")
     parser.add_argument("--updates", type=int, default=8)
     parser.add_argument("--learners", type=int, default=8, help="swarm size the updates claim (M)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     parser.add_argument("--profile", action="store_true", help="print a cProfile of the merges")
     args = parser.parse_args()
+    codecs = args.codecs.split(",")
+    if any(c not in CODECS for c in codecs):
+        parser.error(f"--codecs: each one of {sorted(CODECS)}")
     if args.threads:
         torch.set_num_threads(args.threads)
-
     genesis = parameters_to_vector(build_model(model_config(args.model), 0).parameters()).detach()
-    envelopes = make_envelopes(genesis, args.codec, args.updates + 1, args.learners)
+    rows = [measure(args, genesis, codec) for codec in codecs]
+    print(json.dumps({**rows[0], "codec_speed": codec_speed(genesis), "rows": rows}))
+
+
+def measure(args: argparse.Namespace, genesis: torch.Tensor, codec: str) -> dict:
+    """One codec's row: the merge path, SHA-256, BLAKE3 and the outer step, interleaved."""
+    envelopes = make_envelopes(genesis, codec, args.updates + 1, args.learners)
     pipeline = make_pipeline(genesis)
     merge_one(pipeline, envelopes.pop(0))  # warm-up: first-touch allocations, thread pools
-    merge_s, sha_s = [], []
+    floor = make_pipeline(genesis)  # the outer step alone, on a replica of its own
+    floor_one(floor, envelopes[0])
+    times: dict[str, list[float]] = {"merge": [], "sha": [], "blake3": [], "apply": []}
     profiler = _start_profile() if args.profile else None
     for wire in envelopes:
-        sha_s.append(time_s(lambda wire=wire: hashlib.sha256(wire).digest()))
-        merge_s.append(time_s(lambda wire=wire: merge_one(pipeline, wire)))
+        update = SignedUpdate.from_bytes(wire)
+        times["sha"].append(time_s(lambda wire=wire: hashlib.sha256(wire).digest()))
+        times["merge"].append(time_s(lambda wire=wire: merge_one(pipeline, wire)))
+        times["blake3"].append(time_s(lambda u=update: blake3.blake3(u.payload).digest()))
+        times["apply"].append(time_s(lambda u=update: floor_one(floor, u)))
     if profiler is not None:
         _print_profile(profiler)
-    report(args, genesis.numel(), len(envelopes[0]), merge_s, sha_s, pipeline)
+    return report(args, codec, genesis.numel(), len(envelopes[0]), times, pipeline)
 
 
 def merge_one(pipeline: UpdatePipeline, wire: bytes) -> None:
@@ -112,41 +134,78 @@ def merge_one(pipeline: UpdatePipeline, wire: bytes) -> None:
         raise SystemExit(f"the benchmark's update was rejected: {result.reason}")
 
 
+def floor_one(pipeline: UpdatePipeline, update: SignedUpdate | bytes) -> None:
+    """Decode and outer step only: what applying an update costs with no check at all."""
+    if isinstance(update, bytes):
+        update = SignedUpdate.from_bytes(update)
+    header = update.header
+    pseudo_gradient = get_codec(header.codec).decode_view(update.payload, header.numel)
+    replica = pipeline.replica
+    replica.outer.step(replica.params, pseudo_gradient, 1.0, header.learners or 1)
+
+
 def report(
     args: argparse.Namespace,
+    codec: str,
     numel: int,
     num_bytes: int,
-    merge_s: list[float],
-    sha_s: list[float],
+    times: dict[str, list[float]],
     pipeline: UpdatePipeline,
-) -> None:
+) -> dict:
     # Throughput over all the updates: a round of M of them includes one momentum fold.
-    merge_gbps = num_bytes * len(merge_s) / sum(merge_s) / 1e9
-    sha_gbps = num_bytes * len(sha_s) / sum(sha_s) / 1e9
+    gbps = {name: num_bytes * len(ts) / sum(ts) / 1e9 for name, ts in times.items()}
+    ms = {name: 1e3 * statistics.mean(ts) for name, ts in times.items()}
+    updates = len(times["merge"])
     print(
-        f"{args.model} ({numel:,} params), {args.codec}: {num_bytes / 1e6:.1f} MB per update, "
-        f"{len(merge_s)} updates merged"
+        f"{args.model} ({numel:,} params), {codec}: {num_bytes / 1e6:.1f} MB per update, "
+        f"{updates} updates merged"
     )
-    print(f"merge path: {merge_gbps:.2f} GB/s ({1e3 * statistics.mean(merge_s):.1f} ms/update)")
-    print(f"SHA-256:    {sha_gbps:.2f} GB/s ({1e3 * statistics.mean(sha_s):.1f} ms/update)")
-    ratio = merge_gbps / sha_gbps
-    print(f"ratio:      {ratio:.2f} (target >= {TARGET_RATIO})")
-    figures = {
+    for name, label in (
+        ("merge", "merge path"), ("sha", "SHA-256"), ("blake3", "BLAKE3"), ("apply", "outer step")
+    ):  # fmt: skip
+        print(f"  {label:11} {gbps[name]:6.2f} GB/s ({ms[name]:6.1f} ms/update)")
+    ratio = gbps["merge"] / gbps["sha"]
+    print(f"  ratio       {ratio:6.2f} (target >= {TARGET_RATIO}); outer step alone / SHA-256: "
+          f"{gbps['apply'] / gbps['sha']:.2f}")  # fmt: skip
+    return {
         "benchmark": "merge_speed",
         "model": args.model,
-        "codec": args.codec,
+        "codec": codec,
         "num_params": numel,
         "update_bytes": num_bytes,
-        "updates": len(merge_s),
+        "updates": updates,
         "learners": args.learners,
         "merged": pipeline.num_merged - 1,
-        "merge_gbps": round(merge_gbps, 3),
-        "sha256_gbps": round(sha_gbps, 3),
+        "merge_gbps": round(gbps["merge"], 3),
+        "sha256_gbps": round(gbps["sha"], 3),
         "ratio": round(ratio, 3),
+        "blake3_gbps": round(gbps["blake3"], 3),
+        "outer_step_gbps": round(gbps["apply"], 3),
+        "outer_step_ratio": round(gbps["apply"] / gbps["sha"], 3),
         "target_ratio": TARGET_RATIO,
         "torch_threads": torch.get_num_threads(),
     }
-    print(json.dumps(figures))
+
+
+def codec_speed(genesis: torch.Tensor) -> dict[str, dict[str, float]]:
+    """Encode and decode GB/s (of fp32 input) of every codec on a model-sized vector."""
+    flat = torch.randn(genesis.numel(), generator=torch.Generator().manual_seed(1)) * 1e-4
+    figures = {}
+    for name, codec in CODECS.items():
+        encode_s = min(time_s(lambda c=codec: c.encode(flat)) for _ in range(2))
+        payload = codec.encode(flat)
+        decode_s = min(
+            time_s(lambda c=codec, p=payload: c.decode(p, flat.numel())) for _ in range(2)
+        )
+        figures[name] = {
+            "encode_gbps": round(4 * flat.numel() / encode_s / 1e9, 3),
+            "decode_gbps": round(4 * flat.numel() / decode_s / 1e9, 3),
+        }
+        print(
+            f"  {name:>6}: encode {figures[name]['encode_gbps']:6.2f} GB/s, "
+            f"decode {figures[name]['decode_gbps']:6.2f} GB/s (of fp32 values)"
+        )
+    return figures
 
 
 def _start_profile() -> object:

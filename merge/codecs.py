@@ -46,9 +46,7 @@ class Fp32Codec:
         view = check_length(self, data, numel)
         if sys.byteorder != "little" or numel == 0:
             return self.decode(data, numel)
-        with warnings.catch_warnings():  # it aliases immutable bytes on purpose, read-only
-            warnings.filterwarnings("ignore", "The given buffer is not writable", UserWarning)
-            return torch.frombuffer(view, dtype=torch.float32, count=numel)
+        return _read_only_view(view, torch.float32, numel)
 
 
 class Bf16Codec:
@@ -71,13 +69,23 @@ class Bf16Codec:
         return bits.astype("<i2", copy=False).tobytes()
 
     def decode(self, data: Buffer, numel: int) -> torch.Tensor:
+        """One pass: the payload's bf16 values widened straight into a fresh fp32 vector."""
         view = check_length(self, data, numel)
-        bits = torch.empty(numel, dtype=torch.int16)
-        bits.numpy()[:] = np.frombuffer(view, dtype="<i2", count=numel)
-        return bits.view(torch.bfloat16).to(torch.float32)
+        if sys.byteorder != "little" or numel == 0:
+            bits = torch.empty(numel, dtype=torch.int16)
+            bits.numpy()[:] = np.frombuffer(view, dtype="<i2", count=numel)
+            return bits.view(torch.bfloat16).to(torch.float32)
+        return _read_only_view(view, torch.bfloat16, numel).to(torch.float32)
 
     def decode_view(self, data: Buffer, numel: int) -> torch.Tensor:
         return self.decode(data, numel)
+
+
+def _read_only_view(view: memoryview, dtype: torch.dtype, count: int) -> torch.Tensor:
+    """The buffer's own memory as a tensor (never written: it may alias immutable bytes)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The given buffer is not writable", UserWarning)
+        return torch.frombuffer(view, dtype=dtype, count=count)
 
 
 CODECS: dict[str, Codec] = {

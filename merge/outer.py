@@ -82,6 +82,11 @@ class OuterOptimizer(ABC):
         """The direction the replica has been moving in (the momentum); None before a step."""
         return self._buf if self._count else None
 
+    def momentum_parts(self) -> list[torch.Tensor]:
+        """Views that sum to :meth:`momentum_direction` (none before a step), without adding
+        them up: the merge path takes dot products with each (read them under the lock)."""
+        return [self._buf] if self._count else []
+
     def state_dict(self) -> dict[str, object]:
         """Tensors (copies), ints, floats and strs only: loadable with weights_only=True."""
         return {"kind": self.kind, "buf": self._buf.clone(), "count": self._count}
@@ -208,6 +213,11 @@ class DelayedNesterov(OuterOptimizer):
         if self._direction is None:
             self._direction = torch.empty_like(self._buf)
         return torch.add(self._buf, self._acc, out=self._direction)
+
+    def momentum_parts(self) -> list[torch.Tensor]:
+        if not self._count:
+            return []
+        return [self._buf] if self._progress == 0.0 else [self._buf, self._acc]
 
     def state_dict(self) -> dict[str, object]:
         return {**super().state_dict(), "acc": self._acc.clone(), "progress": self._progress}

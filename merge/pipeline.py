@@ -192,7 +192,7 @@ class UpdatePipeline:
             # update's conflict with the momentum has been corrected is clipped or zeroed.
             unchanged = corrected.pseudo_gradient is pseudo_gradient
             norm = update_norm if unchanged else None
-            direction = outer.momentum_direction()
+            direction = outer.momentum_parts()
             robust = self._robust[header.fragment or 0]
             verdict = robust.judge(corrected.pseudo_gradient, direction, norm)
             # A robust verdict never refuses the id: replicas judge against their own recent

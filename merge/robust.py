@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -70,6 +71,8 @@ class Verdict:
     norm: float
     median_norm: float | None
     cosine: float | None
+    """The cosine to the momentum; None without one, or when the update does not point
+    against it by enough to need the momentum's norm (cosine >= 0)."""
 
 
 class RobustFilter:
@@ -82,22 +85,35 @@ class RobustFilter:
     def judge(
         self,
         pseudo_gradient: torch.Tensor,
-        momentum: torch.Tensor | None,
+        momentum: torch.Tensor | Sequence[torch.Tensor] | None,
         norm: float | None = None,
     ) -> Verdict:
         """The verdict on one decoded, finite update (of ``norm``, when the caller has it);
-        pure: it changes no state."""
+        pure: it changes no state.
+
+        ``momentum`` is the direction the swarm has been moving in, or parts that sum to it
+        (the outer optimizer's momentum and the shares not yet folded into it): the update's
+        dot product with it is the sum of its dot products with the parts, so the sum itself
+        is never materialised. The momentum's norm is computed only when the cosine bound could
+        refuse the update: not for one along the momentum (dot product >= 0 with a negative
+        bound), whose verdict leaves the cosine out (None).
+        """
         if norm is None:
             norm = float(torch.linalg.vector_norm(pseudo_gradient))
         median = self.median_norm()
-        cosine = _cosine(pseudo_gradient, norm, momentum)
-        reason = None
         bound = self.config.max_norm_to_median
+        parts = _parts(momentum)
         if median is not None and bound > 0 and norm > bound * median:
-            reason = "norm_outlier"
-        elif cosine is not None and cosine < self.config.min_cosine:
-            reason = "against_momentum"
-        return Verdict(reason, norm, median, cosine)
+            return Verdict("norm_outlier", norm, median, _cosine(pseudo_gradient, norm, parts))
+        cosine = None
+        if parts and norm > 0 and self.config.min_cosine > -1:
+            dot = _dot(pseudo_gradient, parts)
+            # cos >= 0 > min_cosine needs no norm of the momentum; NaN falls through.
+            if not (dot >= 0 and self.config.min_cosine < 0):
+                cosine = _cosine_of(dot, norm, parts)
+        if cosine is not None and cosine < self.config.min_cosine:
+            return Verdict("against_momentum", norm, median, cosine)
+        return Verdict(None, norm, median, cosine)
 
     def accepted(self, verdict: Verdict) -> None:
         """Records the norm of an update that was applied."""
@@ -121,10 +137,39 @@ class RobustFilter:
         self._norms = deque(norms[-self.config.window :], maxlen=self.config.window)
 
 
-def _cosine(g: torch.Tensor, g_norm: float, momentum: torch.Tensor | None) -> float | None:
-    if momentum is None or g_norm == 0:
+def _parts(momentum: torch.Tensor | Sequence[torch.Tensor] | None) -> list[torch.Tensor]:
+    if momentum is None:
+        return []
+    return [momentum] if isinstance(momentum, torch.Tensor) else list(momentum)
+
+
+def _dot(g: torch.Tensor, parts: list[torch.Tensor]) -> float:
+    """<g, sum(parts)> as a sum of dot products: one pass over each part, no temporary."""
+    return math.fsum(float(torch.dot(g, part)) for part in parts)
+
+
+def _cosine(g: torch.Tensor, g_norm: float, parts: list[torch.Tensor]) -> float | None:
+    if not parts or g_norm == 0:
         return None
-    m_norm = float(torch.linalg.vector_norm(momentum))
+    return _cosine_of(_dot(g, parts), g_norm, parts)
+
+
+def _cosine_of(dot: float, g_norm: float, parts: list[torch.Tensor]) -> float | None:
+    """The cosine from the dot product; None when the momentum is zero or not finite."""
+    m_norm = float(torch.linalg.vector_norm(parts[0])) if len(parts) == 1 else _norm_of_sum(parts)
     if m_norm == 0 or not math.isfinite(m_norm):
         return None
-    return float(torch.dot(g, momentum)) / (g_norm * m_norm)
+    return dot / (g_norm * m_norm)
+
+
+def _norm_of_sum(parts: list[torch.Tensor]) -> float:
+    """|sum(parts)| from the parts' pairwise dot products: no model-sized temporary."""
+    squared = math.fsum(
+        (1.0 if i == j else 2.0) * float(torch.dot(parts[i], parts[j]))
+        for i in range(len(parts))
+        for j in range(i, len(parts))
+    )
+    if math.isfinite(squared) and squared > 1e-30:
+        return math.sqrt(squared)
+    # Squares that under- or overflow: the norm of the materialised sum, which torch scales.
+    return float(torch.linalg.vector_norm(torch.stack(parts).sum(0)))

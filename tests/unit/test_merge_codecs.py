@@ -1,5 +1,3 @@
-import time
-
 import pytest
 import torch
 
@@ -96,26 +94,35 @@ def test_unknown_codec_names_the_known_ones() -> None:
 
 
 @pytest.mark.parametrize("name", ["fp32", "bf16"])
-def test_ten_million_elements_round_trip_fast(name: str) -> None:
+def test_decode_and_decode_view_agree_on_the_tail_of_an_odd_length_vector(name: str) -> None:
+    # Speed is bench.merge_speed's figure (codec rows), not a timed test: a loaded machine
+    # fails any wall-clock bound. This checks the vectorised paths, whose tails differ.
     codec = get_codec(name)
-    values = torch.full((10_000_000,), 0.5)
+    values = spread_values(100_003)
+    payload = codec.encode(values)
 
-    start = time.perf_counter()
-    decoded = codec.decode(codec.encode(values), values.numel())
-    elapsed_s = time.perf_counter() - start
+    decoded, viewed = codec.decode(payload, values.numel()), codec.decode_view(payload, 100_003)
 
-    assert decoded[-1].item() == 0.5
-    assert elapsed_s < 0.4  # a Python-level loop would take tens of seconds
+    assert torch.equal(decoded, viewed)
+    expected = values.to(torch.bfloat16).float() if name == "bf16" else values
+    assert torch.equal(decoded[-7:], expected[-7:])
 
 
-@pytest.mark.parametrize("name", ["int8", "int4", "sparse"])
-def test_lossy_codecs_round_trip_four_million_elements_in_vectorised_time(name: str) -> None:
+@pytest.mark.parametrize("name", ["int8", "int4"])
+def test_quantized_codecs_decode_a_constant_vector_exactly_to_its_padded_end(name: str) -> None:
     codec = get_codec(name)
-    values = torch.full((4_000_000,), 0.5)
+    values = torch.full((100_003,), 0.5)  # the last block is padded
 
-    start = time.perf_counter()
     decoded = codec.decode(codec.encode(values), values.numel())
-    elapsed_s = time.perf_counter() - start
 
-    assert decoded.shape == values.shape and decoded.max().item() == 0.5
-    assert elapsed_s < 2.0  # a Python-level loop over the elements would take many seconds
+    assert torch.equal(decoded, values)
+
+
+def test_sparse_keeps_k_entries_of_every_chunk_including_the_padded_last() -> None:
+    codec = get_codec("sparse")
+    values = torch.full((100_003,), 0.5)  # 25 chunks of 4096, the last one padded
+
+    decoded = codec.decode(codec.encode(values), values.numel())
+
+    assert int((decoded == 0.5).sum()) == 25 * codec.k  # type: ignore[attr-defined]
+    assert int((decoded != 0).sum()) == 25 * codec.k  # type: ignore[attr-defined]

@@ -225,3 +225,15 @@ def test_delayed_nesterov_state_without_progress_loads_as_a_round_start() -> Non
 
     with pytest.raises(ValueError):
         optimizer.load_state_dict({**state, "progress": 1.5})
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.sampled_from(["nesterov", "delayed_nesterov"]), st.lists(st.integers(1, 4), max_size=9))
+def test_momentum_parts_sum_to_the_momentum_direction(kind: str, counts: list[int]) -> None:
+    optimizer = make_outer_optimizer(OuterConfig(kind=kind), 3)  # type: ignore[arg-type]
+    params, generator = torch.zeros(3), torch.Generator().manual_seed(len(counts))
+    for learners in counts:
+        optimizer.step(params, torch.randn(3, generator=generator), 1.0, learners)
+        direction, parts = optimizer.momentum_direction(), optimizer.momentum_parts()
+        assert direction is not None and torch.equal(sum(parts), direction)  # type: ignore[arg-type]
+    assert counts or optimizer.momentum_parts() == []

@@ -190,3 +190,43 @@ def test_the_cosine_check_is_scale_free(values: list[float], scale: float) -> No
 def test_bad_robust_settings_are_refused(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         RobustConfig(**bad)  # type: ignore[arg-type]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.floats(-1e3, 1e3), st.floats(-1e3, 1e3), st.floats(-1e3, 1e3)),
+             min_size=1, max_size=16),
+    st.floats(-1.0, 0.5),
+)  # fmt: skip
+def test_judging_against_the_momentum_parts_is_judging_against_their_sum(
+    columns: list[tuple[float, float, float]], min_cosine: float
+) -> None:
+    """The merge path passes the momentum as parts (never summed): the verdict is the same."""
+    g, buf, acc = torch.tensor(columns, dtype=torch.float64).unbind(1)
+    judge = RobustFilter(RobustConfig(min_cosine=min_cosine)).judge
+    by_parts, by_sum = judge(g, [buf, acc]), judge(g, buf + acc)
+    assert by_parts.reason == by_sum.reason
+    if by_parts.cosine is not None and by_sum.cosine is not None:
+        assert by_parts.cosine == pytest.approx(by_sum.cosine, rel=1e-9, abs=1e-9)
+    elif by_parts.cosine is None and by_sum.cosine is not None:  # left out: along the momentum
+        assert by_sum.cosine >= -1e-9 and min_cosine < 0
+
+
+def test_an_update_against_the_momentum_is_zeroed_mid_round() -> None:
+    """Delayed Nesterov mid-round: the direction is the momentum plus the unfolded shares."""
+    config = MergeConfig(
+        outer=OuterConfig(kind="delayed_nesterov", lr=0.1, momentum=0.9),
+        token_weight=CONFIG.token_weight,
+        max_inner_steps=100,
+        max_tokens_per_step=100,
+    )
+    replica = Replica(torch.full((NUMEL,), 10.0), make_outer_optimizer(config.outer, NUMEL))
+    pipeline = UpdatePipeline(replica, config, FINGERPRINT)
+    pipeline.clock = lambda: 1000.0
+    for seq in range(3):  # 3 of a round of 4: the momentum lives in the unfolded shares
+        assert pipeline.submit(update(HONEST, seq, honest_delta(seq), learners=4)).robust is None
+    assert len(replica.outer.momentum_parts()) == 2
+
+    result = pipeline.submit(update(MALLORY, 0, -honest_delta(9), learners=4))
+
+    assert result.accepted and result.robust == "against_momentum" and result.weight == 0.0
