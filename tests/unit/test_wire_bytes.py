@@ -35,3 +35,18 @@ def test_a_refused_oversized_blob_is_not_counted_as_received() -> None:
         asyncio.run(_exchange(b"x" * 5000, max_bytes=100))
 
     assert WIRE_BYTES.totals()[1] == received
+
+
+def test_the_dashboard_sums_the_bytes_of_live_peers_only() -> None:
+    from dashboard.view import PeerRecord, SwarmState, totals
+    from dht.heartbeat import Heartbeat
+
+    def record(peer: str, sent: int, received: int, alive: bool) -> PeerRecord:
+        beat = Heartbeat(peer_id=peer, bytes_sent=sent, bytes_received=received)
+        return PeerRecord(beat, alive=alive, last_seen_s=1.0)
+
+    peers = [record("a", 100, 7, True), record("b", 20, 3, True), record("c", 5000, 9, False)]
+
+    summed = totals(SwarmState("run", "", "standalone", peers, 0.0))
+
+    assert (summed.bytes_sent, summed.bytes_received) == (120, 10)
