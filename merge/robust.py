@@ -159,7 +159,7 @@ def _cosine_of(dot: float, g_norm: float, parts: list[torch.Tensor]) -> float | 
     m_norm = float(torch.linalg.vector_norm(parts[0])) if len(parts) == 1 else _norm_of_sum(parts)
     if m_norm == 0 or not math.isfinite(m_norm):
         return None
-    return dot / (g_norm * m_norm)
+    return dot / g_norm / m_norm  # not over their product, which can underflow to 0
 
 
 def _norm_of_sum(parts: list[torch.Tensor]) -> float:
