@@ -12,12 +12,12 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
-from dht.budget import PeerBudget
+from dht.budget import StreamLimits
 from dht.catchup import CatchUp, CatchUpConfig, Fetch, parse_ranges, to_ranges
 from dht.heartbeat import Heartbeat
 from dht.membership import Membership
 from dht.messages import MAX_SIGNED_HEADER_BYTES, MessageError, parse_signed_header
-from dht.network import Rejections, SwarmNetwork
+from dht.network import REQUEST_READ_TIMEOUT_S, Rejections, SwarmNetwork
 from dht.retention import RetainedUpdates
 from dht.state_transfer import TransferStats
 from dht.transport import (
@@ -33,11 +33,16 @@ from merge.pipeline import MergeResult, UpdatePipeline
 
 logger = logging.getLogger(__name__)
 MAX_SUMMARY_BYTES = 1 << 20
-NOTIFY_RATE_PER_S = 20.0
-"""Pushed headers a peer may send per second on average (an honest one sends one a round)."""
-NOTIFY_BURST = 64.0
-NOTIFY_READ_TIMEOUT_S = 10.0
 MAX_SUMMARY_IDS = 1 << 20
+NOTIFY_LIMITS = StreamLimits(rate_per_s=20.0, burst=64.0, max_in_flight=4, deadline_s=10.0)
+"""Pushed headers a peer may send (an honest one sends one a round)."""
+SUMMARY_LIMITS = StreamLimits(rate_per_s=1.0, burst=8.0, max_in_flight=2, deadline_s=20.0)
+"""Summary exchanges a peer may start (an honest one: one per summary period while digests
+differ)."""
+UPDATE_RATE_PER_S = 20.0
+"""Update fetches a peer may start per second (an honest one fetches each update once)."""
+UPDATE_BURST = 128.0
+UPDATE_IN_FLIGHT = 4
 
 
 class Gossip:
@@ -79,7 +84,6 @@ class Gossip:
         )
         self._lookups: dict[str, asyncio.Task[None]] = {}
         self._looked_up: dict[str, int] = {}
-        self._notify_budget = PeerBudget(rate_per_s=NOTIFY_RATE_PER_S, burst=NOTIFY_BURST)
         self._wake: asyncio.Event | None = None
 
     def _catchup_config(self) -> CatchUpConfig:
@@ -97,9 +101,15 @@ class Gossip:
         return len(self.catchup.lost)
 
     async def register(self) -> None:
-        await self.network.add_handler("update", self.rpc_update)
-        await self.network.add_handler("notify", self.rpc_notify)
-        await self.network.add_handler("summary", self.rpc_summary)
+        update_limits = StreamLimits(
+            rate_per_s=UPDATE_RATE_PER_S,
+            burst=UPDATE_BURST,
+            max_in_flight=UPDATE_IN_FLIGHT,
+            deadline_s=self._transfer_timeout_s,
+        )
+        await self.network.add_handler("update", self.rpc_update, update_limits)
+        await self.network.add_handler("notify", self.rpc_notify, NOTIFY_LIMITS)
+        await self.network.add_handler("summary", self.rpc_summary, SUMMARY_LIMITS)
 
     async def start(self) -> None:
         self.active = True
@@ -259,14 +269,13 @@ class Gossip:
 
     async def _exchange_summaries(self, peer_id: str) -> None:
         try:
-            reader, writer = await self.network.open_stream(peer_id, "summary")
-            try:
-                await send_blob(writer, self._summary())
-                answer = await asyncio.wait_for(
-                    receive_blob(reader, max_bytes=MAX_SUMMARY_BYTES), timeout=10.0
-                )
-            finally:
-                writer.close()
+            answer = await self.network.exchange(
+                peer_id,
+                "summary",
+                self._summary(),
+                max_bytes=MAX_SUMMARY_BYTES,
+                timeout_s=SUMMARY_LIMITS.deadline_s,
+            )
             self._learn_summary(peer_id, answer)
         except (TimeoutError, TransportError, OSError) as exc:
             logger.debug("summary exchange with %s failed: %s", peer_id, exc)
@@ -276,16 +285,16 @@ class Gossip:
     async def rpc_summary(self, info: Any, reader: Any, writer: Any) -> None:
         peer_id = str(info.peer_id)
         try:
-            request = await receive_blob(reader, max_bytes=MAX_SUMMARY_BYTES)
+            request = await asyncio.wait_for(
+                receive_blob(reader, max_bytes=MAX_SUMMARY_BYTES), REQUEST_READ_TIMEOUT_S
+            )
             await send_blob(writer, self._summary())
             if self.active:
                 self._learn_summary(peer_id, request)
-        except (TransportError, OSError) as exc:
+        except (TransportError, OSError, TimeoutError) as exc:
             logger.debug("summary request from %s failed: %s", peer_id, exc)
         except ValueError as exc:
             self._reject("bad_summary", peer_id, str(exc))
-        finally:
-            writer.close()
 
     # ---- fetching ---------------------------------------------------------------------------
 
@@ -294,9 +303,13 @@ class Gossip:
             return None
         started = time.perf_counter()
         try:
-            data = await asyncio.wait_for(
-                self.network.request(peer_id, "update", self.config.max_update_bytes, author, seq),
-                timeout=self._transfer_timeout_s,
+            data = await self.network.request(
+                peer_id,
+                "update",
+                self.config.max_update_bytes,
+                author,
+                seq,
+                timeout_s=self._transfer_timeout_s,
             )
         except (TimeoutError, TransportError, OSError, ValueError) as exc:
             logger.debug("fetching %s/%d from %s failed: %s", author, seq, peer_id, exc)
@@ -333,7 +346,7 @@ class Gossip:
         )
         peers = self.membership.alive_peers()
         await asyncio.gather(
-            *(asyncio.wait_for(self.network.send(h.peer_id, "notify", blob), 5.0) for h in peers),
+            *(self.network.send(h.peer_id, "notify", blob, timeout_s=5.0) for h in peers),
             return_exceptions=True,
         )
 
@@ -355,8 +368,12 @@ class Gossip:
     # ---- serving ----------------------------------------------------------------------------
 
     async def rpc_update(self, _info: Any, reader: Any, writer: Any) -> None:
+        """Serve a retained update (the stream's deadline and closing: SwarmNetwork)."""
         try:
-            args = decode_request(await receive_blob(reader, max_bytes=4096)).get("args")
+            request = await asyncio.wait_for(
+                receive_blob(reader, max_bytes=4096), REQUEST_READ_TIMEOUT_S
+            )
+            args = decode_request(request).get("args")
             if not isinstance(args, list) or len(args) != 2:
                 raise TransportError("malformed request")
             uid = (str(args[0]), int(args[1]))
@@ -365,24 +382,20 @@ class Gossip:
                 await send_refusal(writer, "not held")
             else:
                 await send_blob(writer, data)
-        except (TransportError, ValueError, TypeError, OSError) as exc:
+        except (TransportError, ValueError, TypeError, OSError, TimeoutError) as exc:
             logger.debug("update request failed: %s", exc)
-        finally:
-            writer.close()
 
     async def rpc_notify(self, info: Any, reader: Any, writer: Any) -> None:
         """A pushed header: verified before anything about its author is stored or marked.
 
-        Only peers with a live signed heartbeat may push, within a per-peer budget, and only
-        headers of authors with a live heartbeat are kept: fresh keys get no state here.
+        Only peers with a live signed heartbeat may push, within a per-peer budget
+        (NOTIFY_LIMITS, enforced by SwarmNetwork), and only headers of authors with a live
+        heartbeat are kept: fresh keys get no state here.
         """
         sender = str(info.peer_id)
         try:
-            if not self._notify_budget.allow(sender, time.monotonic()):
-                self._reject("notify_rate", sender, "notify budget spent", update=False)
-                return
             blob = await asyncio.wait_for(
-                receive_blob(reader, max_bytes=MAX_SIGNED_HEADER_BYTES), NOTIFY_READ_TIMEOUT_S
+                receive_blob(reader, max_bytes=MAX_SIGNED_HEADER_BYTES), REQUEST_READ_TIMEOUT_S
             )
             signed = parse_signed_header(blob)
             author = signed.header.author
@@ -396,5 +409,3 @@ class Gossip:
             self._reject(f"notify_{exc.reason}", sender, str(exc), update=False)
         except (TransportError, TimeoutError, OSError) as exc:
             logger.debug("notification from %s dropped: %s", sender, exc)
-        finally:
-            writer.close()

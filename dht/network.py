@@ -11,6 +11,7 @@ import contextlib
 import logging
 import signal
 import threading
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
@@ -18,8 +19,11 @@ from typing import Any, TypeVar
 
 from hivemind import DHT
 from hivemind.p2p import P2P, P2PDaemonError, PeerID
+from hivemind.p2p.p2p_daemon_bindings.utils import raise_if_failed, read_pbmsg_safe, write_pbmsg
+from hivemind.proto import p2pd_pb2
 from hivemind.utils import get_dht_time
 
+from dht.budget import StreamGuard, StreamLimits
 from dht.reaper import OrphanReaper
 from dht.records import OwnerValidator
 from dht.transport import encode_request, receive_blob, send_blob
@@ -28,6 +32,8 @@ from merge.pipeline import MergeResult
 from merge.rejections import RejectionLog
 
 logger = logging.getLogger(__name__)
+REQUEST_READ_TIMEOUT_S = 10.0
+"""How long a stream's small request (or answer) may take to arrive."""
 T = TypeVar("T")
 Handler = Callable[[Any, Any, Any], Awaitable[None]]
 
@@ -106,8 +112,11 @@ class Rejections:
 class SwarmNetwork:
     """p2pd, the DHT member and the loop they run on; thread-safe `call`, async internals."""
 
-    def __init__(self, config: SwarmConfig, identity: Identity) -> None:
+    def __init__(
+        self, config: SwarmConfig, identity: Identity, reject: Rejections | None = None
+    ) -> None:
         self.config = config
+        self._reject = reject
         self.peer_id = identity.peer_id
         self._identity = identity
         self.visible_maddrs: list[str] = []
@@ -265,34 +274,103 @@ class SwarmNetwork:
     def protocol(self, name: str) -> str:
         return f"/diloco/{self.config.fingerprint[:16]}/{name}/1"
 
-    async def add_handler(self, name: str, handler: Handler) -> None:
+    async def add_handler(self, name: str, handler: Handler, limits: StreamLimits) -> None:
+        """Serve `name` streams with `handler`, within `limits` per peer.
+
+        A peer over its budget has its stream closed at once (counted as `<name>_rate` or
+        `<name>_busy` against it); every stream ends by `limits.deadline_s` and its socket
+        is closed, whatever the handler did.
+        """
         assert self._p2p is not None
-        await self._p2p.add_binary_stream_handler(self.protocol(name), handler)
+        guard = StreamGuard(limits)
+
+        async def guarded(info: Any, reader: Any, writer: Any) -> None:
+            peer_id = str(info.peer_id)
+            refusal = guard.admit(peer_id, time.monotonic())
+            try:
+                if refusal is not None:  # closed unread: the cheapest answer to a flood
+                    self._count(f"{name}_{refusal}", peer_id, f"{name} stream refused")
+                    return
+                try:
+                    await asyncio.wait_for(handler(info, reader, writer), limits.deadline_s)
+                except TimeoutError:
+                    self._count(f"{name}_timeout", peer_id, f"{name} stream past its deadline")
+            except Exception as exc:  # a handler's bug must not leak the stream
+                logger.warning("%s stream from %s failed: %r", name, peer_id, exc)
+            finally:
+                if refusal is None:
+                    guard.release(peer_id)
+                writer.close()
+
+        await self._p2p.add_binary_stream_handler(self.protocol(name), guarded)
+
+    def _count(self, reason: str, peer_id: str, detail: str) -> None:
+        if self._reject is not None:
+            self._reject(reason, peer_id, detail, update=False)
 
     async def open_stream(self, peer_id: str, name: str) -> tuple[Any, Any]:
-        """(reader, writer) of a new stream to `peer_id`'s `name` handler."""
-        assert self._p2p is not None
-        _, reader, writer = await self._p2p.call_binary_stream_handler(
-            PeerID.from_base58(peer_id), self.protocol(name)
-        )
+        """(reader, writer) of a new stream to `peer_id`'s `name` handler.
+
+        hivemind's P2P.call_binary_stream_handler leaves its daemon connection open when the
+        daemon refuses the stream (unreachable peer, unknown protocol) or the call is
+        cancelled: one socket leaked per failed fetch until a garbage collection. This speaks
+        the same STREAM_OPEN request, and closes the connection on every failure.
+        """
+        assert self._p2p is not None and self._p2p._client is not None
+        control = self._p2p._client.control
+        reader, writer = await control.daemon_connector.open_connection()
+        try:
+            request = _stream_open_request(
+                PeerID.from_base58(peer_id).to_bytes(), self.protocol(name)
+            )
+            await write_pbmsg(writer, request)
+            response = p2pd_pb2.Response()
+            await read_pbmsg_safe(reader, response)
+            raise_if_failed(response)
+        except BaseException:
+            writer.close()
+            raise
         return reader, writer
 
-    async def request(self, peer_id: str, name: str, max_bytes: int, *args: Any) -> bytes:
-        """Send a small JSON request to `peer_id`'s `name` handler; its one-blob answer."""
-        reader, writer = await self.open_stream(peer_id, name)
-        try:
-            await send_blob(writer, encode_request(args=list(args)))
-            return await receive_blob(reader, max_bytes=max_bytes)
-        finally:
-            writer.close()
+    async def request(
+        self, peer_id: str, name: str, max_bytes: int, *args: Any, timeout_s: float
+    ) -> bytes:
+        """Send a small JSON request to `peer_id`'s `name` handler; its one-blob answer.
 
-    async def send(self, peer_id: str, name: str, blob: bytes) -> None:
-        """One blob to `peer_id`'s `name` handler, no answer expected."""
-        _, writer = await self.open_stream(peer_id, name)
-        try:
-            await send_blob(writer, blob)
-        finally:
-            writer.close()
+        Bounded by `timeout_s` in all (TimeoutError); the stream is closed however it ends.
+        """
+        request = encode_request(args=list(args))
+        return await self.exchange(peer_id, name, request, max_bytes=max_bytes, timeout_s=timeout_s)
+
+    async def exchange(
+        self, peer_id: str, name: str, blob: bytes, *, max_bytes: int, timeout_s: float
+    ) -> bytes:
+        """Send `blob` to `peer_id`'s `name` handler; its one-blob answer, within `timeout_s`
+        in all (TimeoutError). The stream is closed however it ends."""
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await self.open_stream(peer_id, name)
+            try:
+                await send_blob(writer, blob)
+                return await receive_blob(reader, max_bytes=max_bytes)
+            finally:
+                writer.close()
+
+    async def send(self, peer_id: str, name: str, blob: bytes, *, timeout_s: float) -> None:
+        """One blob to `peer_id`'s `name` handler, no answer expected; bounded by `timeout_s`."""
+        async with asyncio.timeout(timeout_s):
+            _, writer = await self.open_stream(peer_id, name)
+            try:
+                await send_blob(writer, blob)
+            finally:
+                writer.close()
+
+
+def _stream_open_request(peer: bytes, protocol: str) -> Any:
+    """p2pd's request to open a stream to `peer` speaking `protocol`."""
+    return p2pd_pb2.Request(
+        type=p2pd_pb2.Request.STREAM_OPEN,
+        streamOpen=p2pd_pb2.StreamOpenRequest(peer=peer, proto=[protocol]),
+    )
 
 
 @contextlib.contextmanager

@@ -11,9 +11,10 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
+from dht.budget import StreamLimits
 from dht.heartbeat import Heartbeat
 from dht.membership import Membership
-from dht.network import Rejections, SwarmNetwork
+from dht.network import REQUEST_READ_TIMEOUT_S, Rejections, SwarmNetwork
 from dht.state_check import check_donor_state
 from dht.tensor_stream import (
     join_tensors,
@@ -30,6 +31,11 @@ from merge.sketch import ReplicaSketch
 logger = logging.getLogger(__name__)
 BUSY = "busy serving other newcomers"
 MAX_META_BYTES = 64 << 20
+STATE_RATE_PER_S = 0.1
+"""State downloads a peer may start per second (an honest newcomer asks once)."""
+STATE_BURST = 3.0
+MIN_RATE_BYTES_PER_S = 2e6
+"""The slowest a state stream may be before it is cut: its deadline is sized from this."""
 
 
 @dataclass(frozen=True)
@@ -65,11 +71,22 @@ class StateTransfer:
         self._sketch = ReplicaSketch(replica.numel, network.config.fingerprint)
 
     async def register(self) -> None:
-        await self.network.add_handler("state", self.rpc_state)
+        limits = StreamLimits(
+            rate_per_s=STATE_RATE_PER_S,
+            burst=STATE_BURST,
+            max_in_flight=1,
+            deadline_s=self._transfer_timeout_s,
+        )
+        await self.network.add_handler("state", self.rpc_state, limits)
+
+    @property
+    def _transfer_timeout_s(self) -> float:
+        return 30.0 + self.config.max_state_bytes / MIN_RATE_BYTES_PER_S
 
     async def rpc_state(self, info: Any, reader: Any, writer: Any) -> None:
+        """Serve this replica (the stream's deadline and closing: SwarmNetwork)."""
         try:
-            await receive_blob(reader, max_bytes=4096)
+            await asyncio.wait_for(receive_blob(reader, max_bytes=4096), REQUEST_READ_TIMEOUT_S)
             if not self.config.serve_state:
                 await send_refusal(writer, "this node does not serve state")
             elif self._num_serving >= self.config.max_state_streams:
@@ -81,10 +98,8 @@ class StateTransfer:
                 finally:
                     self._num_serving -= 1
                 logger.info("served replica state (%.1f MB) to %s", num_bytes / 1e6, info.peer_id)
-        except (TransportError, OSError) as exc:
+        except (TransportError, OSError, TimeoutError) as exc:
             logger.debug("state request failed: %s", exc)
-        finally:
-            writer.close()
 
     async def _stream_state(self, writer: Any) -> int:
         """The replica as a JSON tree followed by its tensors' raw bytes, chunk by chunk.
@@ -125,28 +140,37 @@ class StateTransfer:
             await asyncio.sleep(1.0)  # every donor is serving others: bounded by the caller
 
     async def _download_from(self, peer_id: str) -> TransferStats:
+        """Bounded: a donor that stalls is cut after REQUEST_READ_TIMEOUT_S without a byte,
+        and the whole transfer after its deadline; the stream is closed however it ends."""
         started = time.perf_counter()
+        async with asyncio.timeout(self._transfer_timeout_s):
+            state, total = await self._receive_state(peer_id)
+        check_donor_state(state, peer_id, self.membership.alive_peers(), self._sketch)
+        await asyncio.get_running_loop().run_in_executor(
+            self._merge_pool, self.replica.load_state_dict, state
+        )
+        return TransferStats(total, time.perf_counter() - started, peer_id)
+
+    async def _receive_state(self, peer_id: str) -> tuple[dict[str, Any], int]:
+        timeout = REQUEST_READ_TIMEOUT_S
         reader, writer = await self.network.open_stream(peer_id, "state")
         try:
             await send_blob(writer, encode_request(version=2))
-            meta = json.loads(await receive_blob(reader, max_bytes=MAX_META_BYTES))
+            head = await asyncio.wait_for(receive_blob(reader, max_bytes=MAX_META_BYTES), timeout)
+            meta = json.loads(head)
             if not isinstance(meta, dict) or not isinstance(meta.get("tensors"), list):
                 raise ValueError("malformed state header")
             specs = [parse_spec(spec) for spec in meta["tensors"]]
             total = sum(spec.nbytes for spec in specs)
             if total > self.config.max_state_bytes:
                 raise TransportError(f"state of {total} bytes exceeds the cap")
-            tensors = [await receive_tensor(reader, spec) for spec in specs]
+            tensors = [await receive_tensor(reader, spec, read_timeout_s=timeout) for spec in specs]
         finally:
             writer.close()
         state = join_tensors(meta.get("tree"), tensors)
         if not isinstance(state, dict):
             raise ValueError("malformed state")
-        check_donor_state(state, peer_id, self.membership.alive_peers(), self._sketch)
-        await asyncio.get_running_loop().run_in_executor(
-            self._merge_pool, self.replica.load_state_dict, state
-        )
-        return TransferStats(total, time.perf_counter() - started, peer_id)
+        return state, total
 
     def _donors(self) -> list[Heartbeat]:
         """Peers ahead of us that serve state, most advanced first; majority digest preferred."""

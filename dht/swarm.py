@@ -53,8 +53,8 @@ class Swarm:
         self.config = config
         self.peer_id = identity.peer_id
         self.replica = replica
-        self.network = SwarmNetwork(config, identity)
         self._reject = Rejections(on_merge, pipeline.rejection_log)
+        self.network = SwarmNetwork(config, identity, self._reject)
         self._merge_pool = ThreadPoolExecutor(1, thread_name_prefix="merge")
         self.membership = Membership(
             self.network,

@@ -94,14 +94,18 @@ async def send_tensor(writer: asyncio.StreamWriter, tensor: torch.Tensor) -> int
     return len(view)
 
 
-async def receive_tensor(reader: asyncio.StreamReader, spec: TensorSpec) -> torch.Tensor:
-    """Read exactly spec.nbytes into a fresh tensor of that dtype and shape, chunk by chunk."""
+async def receive_tensor(
+    reader: asyncio.StreamReader, spec: TensorSpec, *, read_timeout_s: float
+) -> torch.Tensor:
+    """Read exactly spec.nbytes into a fresh tensor of that dtype and shape, chunk by chunk;
+    TimeoutError when a chunk takes longer than `read_timeout_s` to arrive."""
     buffer = torch.empty(spec.nbytes, dtype=torch.uint8)
     target = buffer.numpy().data.cast("B")
     offset = 0
     try:
         while offset < spec.nbytes:
-            chunk = await reader.readexactly(min(CHUNK_BYTES, spec.nbytes - offset))
+            size = min(CHUNK_BYTES, spec.nbytes - offset)
+            chunk = await asyncio.wait_for(reader.readexactly(size), read_timeout_s)
             target[offset : offset + len(chunk)] = chunk
             offset += len(chunk)
     except asyncio.IncompleteReadError as exc:

@@ -41,7 +41,7 @@ def test_a_state_tree_round_trips_through_the_stream() -> None:
         for tensor in tensors:
             await send_tensor(pipe, tensor)  # type: ignore[arg-type]
         specs = [parse_spec(tensor_spec(t)) for t in tensors]
-        received = [await receive_tensor(pipe.reader, spec) for spec in specs]
+        received = [await receive_tensor(pipe.reader, spec, read_timeout_s=5.0) for spec in specs]
         return join_tensors(tree, received)
 
     got = asyncio.run(round_trip())
@@ -55,7 +55,9 @@ def test_a_donor_that_sends_less_or_lies_about_tensors_is_refused() -> None:
         pipe = _Pipe()
         pipe.write(b"\x00" * 10)
         pipe.reader.feed_eof()
-        await receive_tensor(pipe.reader, parse_spec({"dtype": "float32", "shape": [4]}))
+        await receive_tensor(
+            pipe.reader, parse_spec({"dtype": "float32", "shape": [4]}), read_timeout_s=5.0
+        )
 
     with pytest.raises(TransportError):
         asyncio.run(short_read())
