@@ -15,9 +15,18 @@ from typing import Any
 from dht.budget import StreamLimits
 from dht.catchup import CatchUp, CatchUpConfig, Fetch, parse_ranges, to_ranges
 from dht.heartbeat import Heartbeat
-from dht.membership import Membership
-from dht.messages import MAX_SIGNED_HEADER_BYTES, MessageError, parse_signed_header
+from dht.membership import Membership, SeenSet
+from dht.messages import (
+    MAX_SIGNED_HEADER_BYTES,
+    MessageError,
+    announcement_subkey,
+    holder_subkey,
+    parse_announced_seq,
+    parse_holder,
+    parse_signed_header,
+)
 from dht.network import REQUEST_READ_TIMEOUT_S, Rejections, SwarmNetwork
+from dht.records import subkey_owner
 from dht.retention import RetainedUpdates
 from dht.state_transfer import TransferStats
 from dht.transport import (
@@ -85,6 +94,7 @@ class Gossip:
         self._lookups: dict[str, asyncio.Task[None]] = {}
         self._looked_up: dict[str, int] = {}
         self._wake: asyncio.Event | None = None
+        self._bad_records = SeenSet(4096)
 
     def _catchup_config(self) -> CatchUpConfig:
         period = self.config.heartbeat_period_s
@@ -187,34 +197,40 @@ class Gossip:
 
     async def _lookup_announcements(self, author: str) -> None:
         announced = await self.network.dht_get(f"{self.config.prefix}/updates/{author}")
-        for seq, blob in announced.items():
-            if isinstance(seq, int) and not self.catchup.knows((author, seq)):
-                signed = self._parse_announcement(author, seq, blob)
-                if signed is not None:
-                    self._on_header(signed)
+        for subkey, blob in announced.items():
+            signed = self._parse_announcement(author, subkey, blob)
+            if signed is not None and not self.catchup.knows(signed.header.update_id):
+                self._on_header(signed)
 
     async def _lookup_holders(self, author: str) -> None:
         holders = await self.network.dht_get(f"{self.config.prefix}/holders/{author}")
         now = time.monotonic()
-        for subkey in holders:
-            seq, _, peer_id = str(subkey).partition(":")
-            if seq.isdigit() and peer_id:
-                self.catchup.holders(author, int(seq), [peer_id], now)
+        for subkey, value in holders.items():
+            try:
+                record = parse_holder(subkey, value)
+            except MessageError as exc:
+                self._reject_record(f"holder_{exc.reason}", subkey, value, str(exc))
+                continue
+            self.catchup.holders(author, record.seq, [record.holder], now)
         self._kick()
 
-    def _parse_announcement(self, author: str, seq: int, blob: object) -> SignedHeader | None:
+    def _parse_announcement(self, author: str, subkey: object, blob: object) -> SignedHeader | None:
+        """Only `author` can write under its key (owner subkeys): the header it holds must
+        still be the author's, signed, with the seq the subkey names; each bad entry counted
+        once against its writer."""
         try:
-            if not isinstance(blob, bytes):
-                raise EnvelopeError("malformed", "announcement is not bytes")
-            signed = SignedHeader.from_bytes(blob)
-        except EnvelopeError as exc:
-            # Anyone can write this DHT record: junk in it settles nothing about the author.
-            self._reject(exc.reason, author, str(exc), seq=seq)
+            seq = parse_announced_seq(subkey, author)
+            return parse_signed_header(blob, author=author, seq=seq)
+        except MessageError as exc:
+            self._reject_record(f"announcement_{exc.reason}", subkey, blob, str(exc))
             return None
-        if signed.header.author != author or signed.header.seq != seq:
-            self._reject("malformed", author, "announcement key disagrees with header", seq=seq)
-            return None
-        return signed
+
+    def _reject_record(self, reason: str, subkey: object, value: object, detail: str) -> None:
+        """A bad DHT entry is counted once (not on every lookup), against the peer owning it."""
+        fingerprint = hash((str(subkey), value if isinstance(value, bytes) else repr(value)))
+        if self._bad_records.add(fingerprint):
+            writer = subkey_owner(subkey) or str(subkey)[:128]
+            self._reject(reason, writer, detail, update=False)
 
     async def _fetch_and_merge(self, fetch: Fetch) -> None:
         uid = fetch.update_id
@@ -340,7 +356,7 @@ class Gossip:
         blob = update.signed_header.to_bytes()
         await self.network.dht_store(
             f"{self.config.prefix}/updates/{header.author}",
-            header.seq,
+            announcement_subkey(header.author, header.seq),
             blob,
             self.config.retention_ttl_s,
         )
@@ -359,11 +375,17 @@ class Gossip:
             # and the next update must not wait for it.
             key = f"{self.config.prefix}/holders/{author}"
             ttl = self.config.retention_ttl_s
-            self.network.spawn(self.network.dht_store(key, f"{seq}:{self.peer_id}", True, ttl))
+            subkey = holder_subkey(self.peer_id, seq)
+            self.network.spawn(self.network.dht_store(key, subkey, True, ttl))
 
     async def announced_seq(self, author: str) -> int:
+        """The highest seq `author` announced that the DHT still holds (0 if none)."""
         announced = await self.network.dht_get(f"{self.config.prefix}/updates/{author}")
-        return max((s for s in announced if isinstance(s, int)), default=0)
+        seqs = [0]
+        for subkey in announced:
+            with contextlib.suppress(MessageError):
+                seqs.append(parse_announced_seq(subkey, author))
+        return max(seqs)
 
     # ---- serving ----------------------------------------------------------------------------
 

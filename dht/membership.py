@@ -50,7 +50,7 @@ class Membership:
         self._heartbeat_fn = heartbeat_fn
         self._reject = reject
         self._on_event = on_event
-        self._bad_heartbeats = _SeenSet(4096)
+        self._bad_heartbeats = SeenSet(4096)
         self.admit: Callable[[str], bool] | None = None
         """Permissioned runs: whether a peer may take part (None: anyone may)."""
         self.org_of: Callable[[str], str | None] | None = None
@@ -149,7 +149,7 @@ class Membership:
                 self._on_event("peer_left", peer_id=peer_id, last_seen=round(view.last_seen, 3))
 
 
-class _SeenSet:
+class SeenSet:
     """A bounded set: counts each bad record once instead of on every poll."""
 
     def __init__(self, capacity: int) -> None:

@@ -15,6 +15,7 @@ from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from dht.records import owner_subkey, subkey_owner
 from merge.envelope import MAX_HEADER_JSON_BYTES, EnvelopeError, SignedHeader, verify_header
 
 MAX_SIGNED_HEADER_BYTES = 8 + MAX_HEADER_JSON_BYTES + 64
@@ -79,19 +80,51 @@ def parse_signed_header(
 
 
 class HolderRecord(_Strict):
-    """`holders/AUTHOR` subkey "SEQ:HOLDER": HOLDER retains AUTHOR's update SEQ."""
+    """`holders/AUTHOR` subkey "[owner:HOLDER]SEQ" -> true: HOLDER retains AUTHOR's update SEQ.
+
+    Only HOLDER can write that subkey (dht.records.OwnerValidator): nobody can list another
+    peer as a holder, or erase its entry."""
 
     seq: Annotated[int, Field(ge=1, le=MAX_SEQ)]
     holder: PeerId
 
 
+def holder_subkey(holder: str, seq: int) -> str:
+    return owner_subkey(holder, str(seq))
+
+
 def parse_holder(subkey: object, value: object) -> HolderRecord:
-    if not isinstance(subkey, str) or len(subkey) > 160 or value is not True:
-        raise MessageError("malformed", "holder records are 'SEQ:PEER_ID' -> true")
-    seq, _, holder = subkey.partition(":")
-    if not seq.isascii() or not seq.isdigit() or len(seq) > 16:
-        raise MessageError("malformed", "holder record seq is not a number")
-    return _validated(HolderRecord, {"seq": int(seq), "holder": holder})
+    if value is not True:
+        raise MessageError("malformed", "holder records are '[owner:PEER_ID]SEQ' -> true")
+    holder, seq = _owned_seq(subkey)
+    return _validated(HolderRecord, {"seq": seq, "holder": holder})
+
+
+def announcement_subkey(author: str, seq: int) -> str:
+    """`updates/AUTHOR` subkey of AUTHOR's update SEQ: only AUTHOR can write it."""
+    return owner_subkey(author, str(seq))
+
+
+def parse_announced_seq(subkey: object, author: str) -> int:
+    """The seq an `updates/AUTHOR` subkey names; MessageError unless AUTHOR owns it."""
+    owner, seq = _owned_seq(subkey)
+    if owner != author:
+        raise MessageError("wrong_author", "an announcement under another author's key")
+    return seq
+
+
+def _owned_seq(subkey: object) -> tuple[str, int]:
+    """(owner, seq) of a "[owner:PEER_ID]SEQ" subkey."""
+    owner = subkey_owner(subkey)
+    if owner is None or not isinstance(subkey, str):
+        raise MessageError("malformed", "the subkey is not '[owner:PEER_ID]SEQ'")
+    digits = subkey[len(owner_subkey(owner)) :]
+    if not digits.isascii() or not digits.isdigit() or len(digits) > 16:
+        raise MessageError("malformed", "the subkey's seq is not a number")
+    seq = int(digits)
+    if not 1 <= seq <= MAX_SEQ:
+        raise MessageError("malformed", "the subkey's seq is out of range")
+    return owner, seq
 
 
 _Setting = str | int | float | bool | None
@@ -127,13 +160,6 @@ def parse_run_listing(subkey: object) -> str:
         raise MessageError("malformed", "a listed run id is a string of 1 to 64 characters")
     if not subkey.isprintable():
         raise MessageError("malformed", "a listed run id has unprintable characters")
-    return subkey
-
-
-def parse_announced_seq(subkey: object) -> int:
-    """`updates/AUTHOR` subkeys are seqs."""
-    if type(subkey) is not int or not 0 <= subkey <= MAX_SEQ:
-        raise MessageError("malformed", "an announcement's subkey is its seq")
     return subkey
 
 

@@ -14,6 +14,12 @@ the whole record (key, subkey, value and expiration), so
 
 It follows hivemind's own RSASignatureValidator (hivemind/dht/crypto.py), for the Ed25519
 keys that name peers here. Every DHT member of the swarm, the observer included, runs it.
+
+Every record of this swarm is a dictionary entry with a string subkey, so the validator also
+refuses any other record: a plain (subkey-less) value with a later expiration would replace a
+whole dictionary (every heartbeat at once), and subkeys of mixed types under one key make
+hivemind's storage raise TypeError (its expiration heap compares (expiration, subkey)
+tuples) on every later store and get of that key.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ _OWNER_PREFIX = re.compile(r"\[owner:([1-9A-HJ-NP-Za-km-z]{1,128})\]")
 _SIGNATURE_MARK = b"[ed25519]"
 _SIGNATURE_BYTES = 64
 _SUFFIX_BYTES = len(_SIGNATURE_MARK) + _SIGNATURE_BYTES
+MAX_SUBKEY_CHARS = 256
 
 
 def owner_subkey(peer_id: str, suffix: str = "") -> str:
@@ -54,7 +61,9 @@ class OwnerValidator(RecordValidatorBase):
         self._identity = identity
 
     def validate(self, record: DHTRecord) -> bool:
-        owners = set(_OWNER_RE.findall(record.subkey or b""))
+        if not _is_string_subkey(record.subkey):
+            return False
+        owners = set(_OWNER_RE.findall(record.subkey))
         if not owners:
             return True  # not a protected record
         if len(owners) > 1 or len(record.value) < _SUFFIX_BYTES:
@@ -83,6 +92,17 @@ class OwnerValidator(RecordValidatorBase):
 
     def merge_with(self, other: RecordValidatorBase) -> bool:
         return False
+
+
+def _is_string_subkey(subkey: bytes | None) -> bool:
+    """Whether a record's serialized subkey is a string of at most MAX_SUBKEY_CHARS."""
+    if not subkey or len(subkey) > 4 * MAX_SUBKEY_CHARS + 8:
+        return False
+    try:
+        value = MSGPackSerializer.loads(subkey)
+    except Exception:  # whatever msgpack makes of a peer's bytes
+        return False
+    return isinstance(value, str) and len(value) <= MAX_SUBKEY_CHARS
 
 
 def _split(value: bytes) -> tuple[bytes, bytes, bytes]:

@@ -8,10 +8,12 @@ foreign write is refused on store and on read, and the owner's newest record win
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
+from typing import Any
 
 import pytest
 from hivemind import DHT
-from hivemind.utils import get_dht_time
+from hivemind.utils import MSGPackSerializer, get_dht_time
 
 from dht.records import OwnerValidator, owner_subkey, subkey_owner
 from merge.identity import Identity
@@ -51,6 +53,55 @@ def test_a_foreign_or_far_future_write_never_hides_a_peers_heartbeat(members: li
     owner.store(KEY, b"heartbeat-2", get_dht_time() + 30, subkey=subkey)
     seen = reader.get(KEY, latest=True)
     assert seen is not None and seen.value[subkey].value == b"heartbeat-2"
+
+
+async def _raw_store(
+    _dht: DHT, node: Any, key: str, subkey: object, value: bytes, expiration: float
+) -> list[list[bool] | None]:
+    """Store straight into every known member's storage, as a patched client would."""
+    from hivemind.dht.routing import DHTID
+
+    payload = MSGPackSerializer.dumps(value)
+    stored = []
+    for peer in list(node.protocol.routing_table.peer_id_to_uid):
+        ok = await node.protocol.call_store(
+            peer, [DHTID.generate(source=key)], [payload], expiration, subkeys=[subkey]
+        )
+        stored.append(None if ok is None else list(ok))
+    return stored
+
+
+def test_a_plain_value_or_a_mixed_type_subkey_never_breaks_a_record(members: list[DHT]) -> None:
+    """Before: a str subkey stored with the same expiration as an int one made hivemind's
+    storage raise TypeError on the key (its expiration heap compares (expiration, subkey));
+    a plain value with a later expiration replaced the whole dictionary. Both are refused."""
+    owner = Identity.generate()
+    honest = DHT(start=True, record_validators=[OwnerValidator(owner)])
+    members.append(honest)
+    peers = [str(m) for m in honest.get_visible_maddrs()]
+    reader = DHT(initial_peers=peers, start=True, record_validators=[OwnerValidator()])
+    members.append(reader)
+    attacker = DHT(initial_peers=peers, start=True)
+    members.append(attacker)
+    subkey = owner_subkey(owner.peer_id, "7")
+
+    assert honest.store(KEY, b"announcement", get_dht_time() + 30, subkey=subkey)
+    seen = reader.get(KEY, latest=True)
+    assert seen is not None
+    expiration = seen.value[subkey].expiration_time
+    for junk in (7, b"raw", None, 2.5):
+        at = expiration + (10**6 if junk is None else 0)  # plain: a later expiration wins
+        stored = attacker.run_coroutine(
+            partial(_raw_store, key=KEY, subkey=junk, value=b"junk", expiration=at)
+        )
+        assert stored == [[False], [False]], junk  # both honest members refuse it
+    seen = reader.get(KEY, latest=True)
+    assert seen is not None and dict(seen.value) == {subkey: seen.value[subkey]}
+    assert seen.value[subkey].value == b"announcement"
+    later = owner_subkey(owner.peer_id, "8")
+    assert honest.store(KEY, b"next", get_dht_time() + 30, subkey=later)
+    seen = reader.get(KEY, latest=True)
+    assert seen is not None and set(seen.value) == {subkey, later}
 
 
 def test_status_and_dashboard_find_the_runs_a_swarm_trains(members: list[DHT]) -> None:

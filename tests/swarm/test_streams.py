@@ -22,7 +22,6 @@ from dht.budget import StreamLimits
 from dht.network import Rejections, SwarmConfig, SwarmNetwork
 from dht.transport import TransportError, receive_blob, send_blob
 from merge.identity import Identity
-from merge.pipeline import MergeResult
 
 pytestmark = pytest.mark.swarm
 

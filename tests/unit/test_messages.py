@@ -17,6 +17,9 @@ from hypothesis import strategies as st
 
 from dht.messages import (
     MessageError,
+    announcement_subkey,
+    holder_subkey,
+    parse_announced_seq,
     parse_holder,
     parse_run_record,
     parse_signed_header,
@@ -109,18 +112,36 @@ def test_an_unknown_codec_is_a_codec_error() -> None:
 
 
 @FAST
-@given(st.text(max_size=200) | st.integers() | st.none(), st.booleans() | st.text(max_size=5))
+@given(
+    st.text(max_size=200)
+    | st.integers()
+    | st.none()
+    | st.builds(lambda s: f"[owner:{ALICE.peer_id}]{s}", st.text(max_size=30)),
+    st.booleans() | st.text(max_size=5),
+)
 def test_holder_records_raise_only_message_errors(subkey: object, value: object) -> None:
     try:
         record = parse_holder(subkey, value)
     except MessageError:
         return
-    assert record.seq >= 1 and record.holder
+    assert record.seq >= 1 and record.holder == ALICE.peer_id
 
 
-def test_a_holder_record_parses() -> None:
-    record = parse_holder(f"7:{ALICE.peer_id}", True)
+def test_a_holder_record_names_its_owner_as_the_holder() -> None:
+    record = parse_holder(holder_subkey(ALICE.peer_id, 7), True)
     assert (record.seq, record.holder) == (7, ALICE.peer_id)
+    for junk in (f"7:{ALICE.peer_id}", 7, f"[owner:{ALICE.peer_id}]x", f"[owner:{ALICE.peer_id}]0"):
+        with pytest.raises(MessageError, match="malformed"):
+            parse_holder(junk, True)
+
+
+def test_an_announcement_subkey_must_belong_to_its_author() -> None:
+    mallory = MALLORY.peer_id
+    assert parse_announced_seq(announcement_subkey(ALICE.peer_id, 12), ALICE.peer_id) == 12
+    with pytest.raises(MessageError, match="wrong_author"):
+        parse_announced_seq(announcement_subkey(mallory, 12), ALICE.peer_id)
+    with pytest.raises(MessageError, match="malformed"):
+        parse_announced_seq(12, ALICE.peer_id)  # the old int subkeys
 
 
 @FAST

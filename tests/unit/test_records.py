@@ -51,3 +51,14 @@ def test_unprotected_records_pass_untouched() -> None:
     assert OwnerValidator(OWNER).validate(plain)
     assert OwnerValidator(OWNER).sign_value(plain) == b"v"
     assert subkey_owner("fingerprint") is None and subkey_owner(7) is None
+
+
+def test_only_string_subkeys_are_valid_records() -> None:
+    """A plain value would replace a whole dictionary record (every heartbeat at once), and
+    subkeys of mixed types make hivemind's storage raise TypeError: both are refused."""
+    reader = OwnerValidator()
+    for subkey in (None, 7, -1, 2.5, b"raw", True, [1], "x" * 300):
+        record = DHTRecord(b"k", MSGPackSerializer.dumps(subkey), b"v", 1.0)
+        assert not reader.validate(record), subkey
+    for junk in (b"", b"\xc1", b"\xda\xff\xff"):
+        assert not reader.validate(DHTRecord(b"k", junk, b"v", 1.0))
