@@ -25,11 +25,17 @@ from dht.messages import (
     parse_holder,
     parse_signed_header,
 )
-from dht.network import REQUEST_READ_TIMEOUT_S, Rejections, SwarmNetwork
+from dht.network import (
+    MIN_LINK_BYTES_PER_S,
+    REQUEST_READ_TIMEOUT_S,
+    Rejections,
+    SwarmNetwork,
+)
 from dht.records import subkey_owner
 from dht.retention import RetainedUpdates
 from dht.state_transfer import TransferStats
 from dht.transport import (
+    TooLargeError,
     TransportError,
     decode_request,
     encode_request,
@@ -301,8 +307,8 @@ class Gossip:
     async def rpc_summary(self, info: Any, reader: Any, writer: Any) -> None:
         peer_id = str(info.peer_id)
         try:
-            request = await asyncio.wait_for(
-                receive_blob(reader, max_bytes=MAX_SUMMARY_BYTES), REQUEST_READ_TIMEOUT_S
+            request = await receive_blob(
+                reader, max_bytes=MAX_SUMMARY_BYTES, stall_timeout_s=REQUEST_READ_TIMEOUT_S
             )
             await send_blob(writer, self._summary())
             if self.active:
@@ -327,6 +333,11 @@ class Gossip:
                 seq,
                 timeout_s=self._transfer_timeout_s,
             )
+        except TooLargeError as exc:
+            self._reject("too_large", peer_id, str(exc), seq=seq)
+            if peer_id == author:  # what its signed header names will not shrink: settled
+                self.catchup.fetched((author, seq))
+            return None
         except (TimeoutError, TransportError, OSError, ValueError) as exc:
             logger.debug("fetching %s/%d from %s failed: %s", author, seq, peer_id, exc)
             return None
@@ -345,8 +356,9 @@ class Gossip:
 
     @property
     def _transfer_timeout_s(self) -> float:
-        """Enough for the largest payload at 2 MB/s, plus connection set-up."""
-        return 10.0 + self.config.max_update_bytes / 2e6
+        """Enough for the largest payload over the slowest link, plus connection set-up; a
+        stalled transfer is cut much sooner (no byte for REQUEST_READ_TIMEOUT_S)."""
+        return 10.0 + self.config.max_update_bytes / MIN_LINK_BYTES_PER_S
 
     # ---- publishing and retention -----------------------------------------------------------
 
@@ -429,5 +441,9 @@ class Gossip:
             self._on_header(signed)
         except MessageError as exc:  # counted against who sent it, not whom it names
             self._reject(f"notify_{exc.reason}", sender, str(exc), update=False)
-        except (TransportError, TimeoutError, OSError) as exc:
+        except TooLargeError as exc:
+            self._reject("notify_too_large", sender, str(exc), update=False)
+        except TimeoutError:
+            self._reject("notify_timeout", sender, "no header within the timeout", update=False)
+        except (TransportError, OSError) as exc:
             logger.debug("notification from %s dropped: %s", sender, exc)

@@ -33,7 +33,11 @@ from merge.rejections import RejectionLog
 
 logger = logging.getLogger(__name__)
 REQUEST_READ_TIMEOUT_S = 10.0
-"""How long a stream's small request (or answer) may take to arrive."""
+"""How long a stream's small request may take to arrive, and the longest a transfer may go
+without a byte arriving (a stall)."""
+MIN_LINK_BYTES_PER_S = 125_000.0
+"""The slowest link (1 Mbit/s) a whole transfer's deadline is sized for; a stall is caught
+sooner, by REQUEST_READ_TIMEOUT_S without a byte."""
 T = TypeVar("T")
 Handler = Callable[[Any, Any, Any], Awaitable[None]]
 
@@ -346,12 +350,15 @@ class SwarmNetwork:
         self, peer_id: str, name: str, blob: bytes, *, max_bytes: int, timeout_s: float
     ) -> bytes:
         """Send `blob` to `peer_id`'s `name` handler; its one-blob answer, within `timeout_s`
-        in all (TimeoutError). The stream is closed however it ends."""
+        in all and with no stall over REQUEST_READ_TIMEOUT_S (TimeoutError). The stream is
+        closed however it ends."""
         async with asyncio.timeout(timeout_s):
             reader, writer = await self.open_stream(peer_id, name)
             try:
                 await send_blob(writer, blob)
-                return await receive_blob(reader, max_bytes=max_bytes)
+                return await receive_blob(
+                    reader, max_bytes=max_bytes, stall_timeout_s=REQUEST_READ_TIMEOUT_S
+                )
             finally:
                 writer.close()
 

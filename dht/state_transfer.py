@@ -14,7 +14,12 @@ from typing import Any
 from dht.budget import StreamLimits
 from dht.heartbeat import Heartbeat
 from dht.membership import Membership
-from dht.network import REQUEST_READ_TIMEOUT_S, Rejections, SwarmNetwork
+from dht.network import (
+    MIN_LINK_BYTES_PER_S,
+    REQUEST_READ_TIMEOUT_S,
+    Rejections,
+    SwarmNetwork,
+)
 from dht.state_check import check_donor_state
 from dht.tensor_stream import (
     join_tensors,
@@ -34,8 +39,6 @@ MAX_META_BYTES = 64 << 20
 STATE_RATE_PER_S = 0.1
 """State downloads a peer may start per second (an honest newcomer asks once)."""
 STATE_BURST = 3.0
-MIN_RATE_BYTES_PER_S = 2e6
-"""The slowest a state stream may be before it is cut: its deadline is sized from this."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,7 @@ class StateTransfer:
 
     @property
     def _transfer_timeout_s(self) -> float:
-        return 30.0 + self.config.max_state_bytes / MIN_RATE_BYTES_PER_S
+        return 30.0 + self.config.max_state_bytes / MIN_LINK_BYTES_PER_S
 
     async def rpc_state(self, info: Any, reader: Any, writer: Any) -> None:
         """Serve this replica (the stream's deadline and closing: SwarmNetwork)."""
@@ -156,7 +159,7 @@ class StateTransfer:
         reader, writer = await self.network.open_stream(peer_id, "state")
         try:
             await send_blob(writer, encode_request(version=2))
-            head = await asyncio.wait_for(receive_blob(reader, max_bytes=MAX_META_BYTES), timeout)
+            head = await receive_blob(reader, max_bytes=MAX_META_BYTES, stall_timeout_s=timeout)
             meta = json.loads(head)
             if not isinstance(meta, dict) or not isinstance(meta.get("tensors"), list):
                 raise ValueError("malformed state header")

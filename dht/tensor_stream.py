@@ -98,14 +98,16 @@ async def receive_tensor(
     reader: asyncio.StreamReader, spec: TensorSpec, *, read_timeout_s: float
 ) -> torch.Tensor:
     """Read exactly spec.nbytes into a fresh tensor of that dtype and shape, chunk by chunk;
-    TimeoutError when a chunk takes longer than `read_timeout_s` to arrive."""
+    TimeoutError when no byte arrived for `read_timeout_s` (a slow link is fine)."""
     buffer = torch.empty(spec.nbytes, dtype=torch.uint8)
     target = buffer.numpy().data.cast("B")
     offset = 0
     try:
         while offset < spec.nbytes:
             size = min(CHUNK_BYTES, spec.nbytes - offset)
-            chunk = await asyncio.wait_for(reader.readexactly(size), read_timeout_s)
+            chunk = await asyncio.wait_for(reader.read(size), read_timeout_s)  # what arrived
+            if not chunk:
+                raise asyncio.IncompleteReadError(b"", spec.nbytes - offset)
             target[offset : offset + len(chunk)] = chunk
             offset += len(chunk)
     except asyncio.IncompleteReadError as exc:

@@ -17,6 +17,15 @@ class TransportError(ConnectionError):
     """A peer sent something we will not read, or refused a request."""
 
 
+class TooLargeError(TransportError):
+    """A peer announced a blob over the reader's cap (nothing of it was read)."""
+
+
+STALL_CHUNK_BYTES = 64 << 10
+"""Blobs are read this much at a time when a stall timeout is set: a chunk must arrive
+within the timeout, so it is small enough to cross a slow link (64 KiB at 1 Mbit/s: 0.5 s)."""
+
+
 class WireBytes:
     """Bytes this process moved over peer streams (blobs with their framing); thread-safe.
 
@@ -53,13 +62,25 @@ async def send_blob(writer: asyncio.StreamWriter, data: bytes, *, status: int = 
     await writer.drain()
 
 
-async def receive_blob(reader: asyncio.StreamReader, *, max_bytes: int) -> bytes:
-    """The next blob; TransportError when the peer refused or announces more than max_bytes."""
+async def receive_blob(
+    reader: asyncio.StreamReader, *, max_bytes: int, stall_timeout_s: float | None = None
+) -> bytes:
+    """The next blob; TransportError when the peer refused or announces more than max_bytes
+    (TooLargeError). With `stall_timeout_s`, TimeoutError when no byte arrived for that long:
+    a slow link is fine, a stalled one is not."""
     try:
-        status, length = HEADER.unpack(await reader.readexactly(HEADER.size))
+        head = await _read(reader, HEADER.size, stall_timeout_s)
+        status, length = HEADER.unpack(head)
         if length > max_bytes:
-            raise TransportError(f"peer announced {length} bytes, more than the {max_bytes} cap")
-        data = await reader.readexactly(length)
+            raise TooLargeError(f"peer announced {length} bytes, more than the {max_bytes} cap")
+        if stall_timeout_s is None:
+            data = await reader.readexactly(length)
+        else:
+            parts = []
+            for offset in range(0, length, STALL_CHUNK_BYTES):
+                size = min(STALL_CHUNK_BYTES, length - offset)
+                parts.append(await _read(reader, size, stall_timeout_s))
+            data = b"".join(parts)
         WIRE_BYTES.add(received=HEADER.size + length)
     except asyncio.IncompleteReadError as exc:
         raise TransportError("peer closed the stream early") from exc
@@ -68,6 +89,12 @@ async def receive_blob(reader: asyncio.StreamReader, *, max_bytes: int) -> bytes
     if status != OK:
         raise TransportError(f"unknown status byte {status}")
     return data
+
+
+async def _read(reader: asyncio.StreamReader, size: int, stall_timeout_s: float | None) -> bytes:
+    if stall_timeout_s is None:
+        return await reader.readexactly(size)
+    return await asyncio.wait_for(reader.readexactly(size), stall_timeout_s)
 
 
 async def send_refusal(writer: asyncio.StreamWriter, reason: str) -> None:
