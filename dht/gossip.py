@@ -132,9 +132,9 @@ class Gossip:
         self._wake = asyncio.Event()
         self.network.spawn(self._pump())
 
-    def on_heartbeats(self, heartbeats: list[Heartbeat]) -> None:
+    def on_heartbeats(self, heartbeats: list[Heartbeat], own_digest: str) -> None:
         """Look up announcements of authors ahead of us; compare notes with peers whose
-        applied set differs from ours."""
+        applied set differs from ours (`own_digest`, computed off the loop by the caller)."""
         if not self.active:
             return
         for heartbeat in heartbeats:
@@ -144,8 +144,7 @@ class Gossip:
                 self._looked_up[author] = heartbeat.latest_seq
                 self._lookup(author, self._lookup_announcements(author))
         digests = {h.peer_id: h.applied_digest for h in self.membership.alive_peers()}
-        own = self.replica.applied_digest()
-        for peer_id in self.catchup.summary_peers(time.monotonic(), own, digests):
+        for peer_id in self.catchup.summary_peers(time.monotonic(), own_digest, digests):
             self.network.spawn(self._exchange_summaries(peer_id))
         self._kick()
 

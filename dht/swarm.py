@@ -168,7 +168,11 @@ class Swarm:
         self.network.every(self._poll_period_s, self._poll)
 
     async def _poll(self) -> None:
-        self.gossip.on_heartbeats(await self.membership.poll())
+        heartbeats = await self.membership.poll()
+        # Off the loop: a first digest after a merge sorts the whole applied set, under the
+        # replica's lock (later ones are cached until the applied set changes).
+        own_digest = await asyncio.to_thread(self.replica.applied_digest)
+        self.gossip.on_heartbeats(heartbeats, own_digest)
 
     @property
     def _poll_period_s(self) -> float:

@@ -59,6 +59,9 @@ class Replica:
         self._applied: dict[str, set[int]] = {}
         self._last_seq: dict[str, int] = {}
         self._num_applied = 0
+        self._version = 0
+        """Bumped whenever the applied set changes: the cached digest is for one version."""
+        self._digest: tuple[int, str] | None = None
 
     @property
     def numel(self) -> int:
@@ -148,10 +151,18 @@ class Replica:
             return self.params.clone(), self._num_applied
 
     def applied_digest(self) -> str:
-        """SHA-256 hex of the lexicographically sorted "author:seq\\n" lines of the applied set."""
+        """SHA-256 hex of the lexicographically sorted "author:seq\\n" lines of the applied set.
+
+        Cached until the applied set changes: the network loop asks for it on every poll."""
         with self.lock:
+            version = self._version
+            if self._digest is not None and self._digest[0] == version:
+                return self._digest[1]
             lines = sorted(f"{a}:{s}\n" for a, seqs in self._applied.items() for s in seqs)
-        return hashlib.sha256("".join(lines).encode()).hexdigest()
+        digest = hashlib.sha256("".join(lines).encode()).hexdigest()
+        with self.lock:
+            self._digest = (version, digest)
+        return digest
 
     def state_dict(self) -> dict[str, object]:
         """Copies of everything; loadable with torch.load(weights_only=True)."""
@@ -180,6 +191,7 @@ class Replica:
             self._load_outer_state(outer)
             self.params.copy_(params)
             self._applied, self._last_seq, self._num_applied = {}, {}, 0
+            self._version += 1
             for author, seqs in applied.items():
                 for seq in seqs:
                     self._record(author, seq)
@@ -210,6 +222,7 @@ class Replica:
 
     def _record(self, author: str, seq: int) -> None:
         self._applied.setdefault(author, set()).add(seq)
+        self._version += 1
         self._last_seq[author] = max(seq, self._last_seq.get(author, -1))
         self._num_applied += 1
 
