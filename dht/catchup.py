@@ -37,6 +37,9 @@ class CatchUpConfig:
     """Least time between two summary exchanges with the same peer."""
     max_in_flight: int = 4
     """Fetches running at once."""
+    max_wants: int = 1 << 16
+    """Updates wanted at once; what peers announce beyond that is ignored until some are
+    fetched or lost (a peer's summary can name a million ids: memory stays bounded)."""
 
     def __post_init__(self) -> None:
         for name in ("lost_after_s", "retry_s", "mismatch_grace_s", "summary_period_s"):
@@ -44,6 +47,8 @@ class CatchUpConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}.")
         if self.max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {self.max_in_flight!r}.")
+        if self.max_wants < 1:
+            raise ValueError(f"max_wants must be >= 1, got {self.max_wants!r}.")
 
 
 @dataclass(frozen=True)
@@ -74,7 +79,8 @@ class CatchUp:
         self.self_id = self_id
         self._applied = applied
         self._wants: dict[UpdateId, _Want] = {}
-        self._settled: set[UpdateId] = set()
+        self._settled: dict[UpdateId, None] = {}
+        """Updates fetched and refused for good, oldest first (bounded by max_wants)."""
         self.lost: set[UpdateId] = set()
         self.num_recovered = 0
         self._max_seen: dict[str, int] = {}
@@ -115,7 +121,9 @@ class CatchUp:
         if settled:
             self._wants.pop(uid, None)
             if not self._applied.has_applied(*uid):
-                self._settled.add(uid)
+                self._settled[uid] = None
+                if len(self._settled) > self.config.max_wants:  # forget the oldest
+                    del self._settled[next(iter(self._settled))]
 
     def failed(self, uid: UpdateId, peer_id: str, now: float) -> None:
         """`peer_id` could not deliver `uid`: ask someone else, or it again after retry_s."""
@@ -135,6 +143,32 @@ class CatchUp:
             or uid in self._settled
             or uid in self.lost
             or self._applied.has_applied(*uid)
+        )
+
+    def forget_peer(self, peer_id: str) -> None:
+        """`peer_id` left: drop what was kept about it as a peer and as an author.
+
+        Kept: wanted updates (another peer may still hold them), lost ones (counted), and the
+        applied set, which lives in the replica."""
+        for table in (self._max_seen, self._mismatch_since, self._last_summary):
+            table.pop(peer_id, None)
+        self._holder_lookup_at.pop(peer_id, None)
+        self._settled = {uid: None for uid in self._settled if uid[0] != peer_id}
+        for want in self._wants.values():
+            want.failed_at.pop(peer_id, None)
+            if want.in_flight is None:
+                want.sources.discard(peer_id)
+
+    def num_tracked(self) -> int:
+        """Entries kept in all tables: what bounded bookkeeping is measured by."""
+        return (
+            len(self._wants)
+            + len(self._settled)
+            + len(self.lost)
+            + len(self._max_seen)
+            + len(self._mismatch_since)
+            + len(self._last_summary)
+            + len(self._holder_lookup_at)
         )
 
     def max_seen(self, author: str) -> int:
@@ -238,6 +272,8 @@ class CatchUp:
             if uid in self.lost and not (revive and fresh):
                 return False
             if not create and uid not in self.lost:
+                return False
+            if len(self._wants) >= self.config.max_wants:
                 return False
             if uid in self.lost:
                 self.lost.discard(uid)

@@ -148,6 +148,15 @@ class Gossip:
             self.network.spawn(self._exchange_summaries(peer_id))
         self._kick()
 
+    def forget_peer(self, peer_id: str) -> None:
+        """`peer_id` left: release what was kept for it (its applied updates stay applied)."""
+        self._looked_up.pop(peer_id, None)
+        for key in (peer_id, f"holders/{peer_id}"):
+            task = self._lookups.get(key)
+            if task is not None and task.done():
+                del self._lookups[key]
+        self.catchup.forget_peer(peer_id)
+
     # ---- the pump: act on CatchUp's decisions ----------------------------------------------
 
     def _kick(self) -> None:
@@ -310,7 +319,7 @@ class Gossip:
                 reader, max_bytes=MAX_SUMMARY_BYTES, stall_timeout_s=REQUEST_READ_TIMEOUT_S
             )
             await send_blob(writer, self._summary())
-            if self.active:
+            if self.active and self.membership.is_alive(peer_id):  # no state for strangers
                 self._learn_summary(peer_id, request)
         except (TransportError, OSError, TimeoutError) as exc:
             logger.debug("summary request from %s failed: %s", peer_id, exc)

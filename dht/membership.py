@@ -55,6 +55,8 @@ class Membership:
         """Permissioned runs: whether a peer may take part (None: anyone may)."""
         self.org_of: Callable[[str], str | None] | None = None
         """Permissioned runs: a peer's organization from the allow list, not its own claim."""
+        self.on_left: Callable[[str], None] | None = None
+        """Called with a peer's id when it stops sending heartbeats (its state is released)."""
 
     def alive_peers(self) -> list[Heartbeat]:
         period = self.config.heartbeat_period_s
@@ -143,10 +145,22 @@ class Membership:
             view.heartbeat, view.last_seen = heartbeat, now
 
     def _forget_dead_peers(self) -> None:
+        """Peers silent for three periods left; their views are dropped once their last
+        heartbeat record has expired from the DHT too (so it cannot revive them)."""
+        now = time.time()
         for peer_id, view in list(self.peers.items()):
             if not view.alive(self.config.heartbeat_period_s) and not view.gone:
                 view.gone = True
                 self._on_event("peer_left", peer_id=peer_id, last_seen=round(view.last_seen, 3))
+                if self.on_left is not None:
+                    self.on_left(peer_id)
+            if view.gone and now - view.last_seen > self.forget_after_s:
+                del self.peers[peer_id]
+
+    @property
+    def forget_after_s(self) -> float:
+        """Longer than a heartbeat record lives in the DHT (3 periods), with a margin."""
+        return 20 * self.config.heartbeat_period_s
 
 
 class SeenSet:

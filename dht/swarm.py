@@ -79,6 +79,7 @@ class Swarm:
             merge_pool=self._merge_pool,
             reject=self._reject,
         )
+        self.membership.on_left = self.gossip.forget_peer
         self._publishing: set[concurrent.futures.Future[None]] = set()
 
     # ---- what the node and the dashboard read -----------------------------------------------

@@ -172,3 +172,26 @@ def test_any_arrival_order_drops_and_duplicates_end_in_equal_applied_sets(
     swarm.run(45.0)
     assert all(applied == published for applied in swarm.applied_sets())
     assert not swarm.lost_events
+
+
+def test_a_summary_naming_a_million_updates_is_bounded() -> None:
+    """A live peer's summary may name 10**6 ids (the parser's cap): at most max_wants are kept."""
+    catchup = CatchUp(CatchUpConfig(max_wants=1000), "b", SimNode("b"))
+    ranges = {f"sybil-{i}": [(1, 10_000)] for i in range(100)}
+    catchup.summary("mallory", ranges, ranges, now=0.0)
+    assert catchup.num_wanted == 1000
+    catchup.announced("a", 1, None, now=0.0)  # full: an honest one waits for room too
+    assert catchup.num_wanted == 1000
+
+
+def test_a_peer_that_leaves_takes_its_bookkeeping_with_it() -> None:
+    catchup = CatchUp(CatchUpConfig(), "b", SimNode("b"))
+    before = catchup.num_tracked()
+    for seq in range(1, 50):
+        catchup.announced("sybil", seq, None, now=0.0)
+        catchup.fetched(("sybil", seq))  # refused for good: settled
+    catchup.summary_peers(0.0, "mine", {"sybil": "theirs"})
+    catchup.holder_lookups(0.0, alive=set())
+    assert catchup.num_tracked() > before
+    catchup.forget_peer("sybil")
+    assert catchup.num_tracked() == before
