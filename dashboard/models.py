@@ -44,6 +44,10 @@ class PeerOut(_Model):
     uptime_s: float
     local: bool
     """True for the node that serves this dashboard (embedded mode)."""
+    rejections: dict[str, int] = {}
+    """What this peer refused, by reason (updates, heartbeats, streams, DHT records)."""
+    rejected_peers: dict[str, dict[str, int]] = {}
+    """The peers whose input this peer refused most: peer id -> reason -> count."""
 
 
 class Totals(_Model):

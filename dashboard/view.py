@@ -79,6 +79,8 @@ def peer_out(record: PeerRecord) -> PeerOut:
         version=h.version,
         uptime_s=h.uptime_s,
         local=record.local,
+        rejections=dict(sorted(h.rejections.items())),
+        rejected_peers={peer: dict(reasons) for peer, reasons in h.rejected_peers.items()},
     )
 
 

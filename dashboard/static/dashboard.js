@@ -339,6 +339,50 @@ function renderPeers(swarm) {
   $("peers-hint").textContent = `${peers.length - dead} alive` + (dead ? `, ${dead} dead` : "");
 }
 
+function rejectionRows(peers) {
+  // Each peer reports the peers it refused most; summed per offender and reason.
+  const rows = new Map();
+  for (const p of peers) {
+    for (const [offender, reasons] of Object.entries(p.rejected_peers || {})) {
+      const row = rows.get(offender) || { offender, total: 0, reasons: {}, reporters: [] };
+      for (const [reason, count] of Object.entries(reasons)) {
+        row.reasons[reason] = (row.reasons[reason] || 0) + count;
+        row.total += count;
+      }
+      row.reporters.push(p.peer_id);
+      rows.set(offender, row);
+    }
+  }
+  return [...rows.values()].sort((a, b) => (b.total - a.total) || a.offender.localeCompare(b.offender));
+}
+
+function renderRejections(swarm) {
+  const body = $("rejections").tBodies[0];
+  body.replaceChildren();
+  const rows = rejectionRows(swarm.peers);
+  if (!rows.length) {
+    const row = el("tr", { class: "empty-row" });
+    row.append(el("td", { colspan: "4" }, "no peer has refused anything"));
+    body.append(row);
+  }
+  for (const r of rows) {
+    const row = el("tr", { "data-offender": r.offender });
+    const who = el("td", { title: r.offender });
+    who.append(el("code", {}, shortId(r.offender)));
+    const reasons = el("td", { class: "reasons" });
+    for (const [reason, count] of Object.entries(r.reasons).sort((a, b) => b[1] - a[1])) {
+      reasons.append(el("span", { class: "reason", "data-reason": reason, "data-count": String(count) },
+        `${fmtCount(count)} ${reason}`));
+    }
+    const by = el("td");
+    for (const peerId of r.reporters) {
+      by.append(el("code", { title: peerId, style: `color:${colorOf(peerId)}` }, shortId(peerId)), " ");
+    }
+    row.append(who, el("td", { class: "num" }, fmtCount(r.total)), reasons, by);
+    body.append(row);
+  }
+}
+
 function renderOrgs(swarm) {
   const body = $("orgs").tBodies[0];
   body.replaceChildren();
@@ -408,6 +452,7 @@ async function tick() {
     renderKpis(swarm, history);
     renderCharts(swarm, history);
     renderPeers(swarm);
+    renderRejections(swarm);
     renderOrgs(swarm);
     renderTimeline(history);
     setBanner(null);

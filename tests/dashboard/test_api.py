@@ -232,3 +232,24 @@ def test_docs_fall_back_to_a_page_built_from_the_schema(
     page = embedded_client(trained_node).get("/docs")
     assert page.status_code == 200 and "://" not in page.text
     assert "<code>/api/swarm</code>" in page.text and "<code>/metrics</code>" in page.text
+
+
+def test_swarm_route_shows_what_each_peer_refused_and_from_whom() -> None:
+    import time
+
+    from dht.heartbeat import Heartbeat
+    from merge.identity import Identity
+
+    alice, mallory = Identity.generate(), Identity.generate()
+    observer = FakeObserver()
+    reasons = {"bad_signature": 3, "update_rate": 9}
+    beat = Heartbeat(
+        peer_id=alice.peer_id,
+        sent_at=time.time(),
+        rejections=reasons,
+        rejected_peers={mallory.peer_id: reasons},
+    )
+    observer.publish(beat, alice)
+    (peer,) = standalone_client(observer).get("/api/swarm").json()["peers"]
+    assert peer["rejections"] == reasons
+    assert peer["rejected_peers"] == {mallory.peer_id: reasons}

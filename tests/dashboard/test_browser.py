@@ -147,3 +147,62 @@ def test_page_shows_two_live_peers_learning_then_one_dead(
 
     assert dashboard.stop() == 0, dashboard.stderr_tail()  # Ctrl+C: a clean exit
     assert dashboard.leftover_processes() == [], "its DHT process and p2pd must not outlive it"
+
+
+def test_page_shows_who_refused_whom_and_why(browser: Any) -> None:
+    """Two peers report what they refused from a third (signed heartbeats, as the DHT hands
+    them out): the page sums them per offender and reason and names both reporters."""
+    import time
+
+    from dashboard.app import create_app
+    from dashboard.history import History
+    from dashboard.server import DashboardServer
+    from dashboard.settings import DashboardSettings
+    from dashboard.standalone import StandaloneSource
+    from dht.heartbeat import Heartbeat
+    from merge.identity import Identity
+    from tests.dashboard.conftest import FakeObserver
+
+    alice, bob, mallory = Identity.generate(), Identity.generate(), Identity.generate()
+    observer = FakeObserver()
+    refused = {
+        alice: {"bad_signature": 5, "notify_rate": 20},
+        bob: {"bad_signature": 2},
+    }
+    for identity, reasons in refused.items():
+        beat = Heartbeat(
+            peer_id=identity.peer_id,
+            sent_at=time.time(),
+            heartbeat_period_s=60.0,
+            rejections=reasons,
+            rejected_peers={mallory.peer_id: reasons},
+        )
+        observer.publish(beat, identity)
+    settings = DashboardSettings(port=0)
+    source = StandaloneSource(observer, "run", settings, History(settings))
+    server = DashboardServer(create_app(source, settings), "127.0.0.1", 0)
+    url = server.start()
+    try:
+        browser.get(url)
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        def rows(driver: Any) -> Any:
+            return driver.execute_script(
+                """
+                return [...document.querySelectorAll('#rejections tbody tr[data-offender]')]
+                  .map(r => ({offender: r.dataset.offender,
+                    total: r.children[1].textContent,
+                    reasons: Object.fromEntries([...r.querySelectorAll('.reason')]
+                      .map(s => [s.dataset.reason, Number(s.dataset.count)])),
+                    reporters: [...r.children[3].querySelectorAll('code')].map(c => c.title)}));
+                """
+            )
+
+        WebDriverWait(browser, PAGE_S, poll_frequency=0.5).until(lambda d: rows(d))
+        (row,) = rows(browser)
+        assert row["offender"] == mallory.peer_id and row["total"] == "27"
+        assert row["reasons"] == {"notify_rate": 20, "bad_signature": 7}
+        assert sorted(row["reporters"]) == sorted([alice.peer_id, bob.peer_id])
+        save_screenshot(browser, "dashboard-rejections.png")
+    finally:
+        server.stop()
