@@ -234,17 +234,25 @@ class Gossip:
         once against its writer."""
         try:
             seq = parse_announced_seq(subkey, author)
-            return parse_signed_header(blob, author=author, seq=seq)
         except MessageError as exc:
             self._reject_record(f"announcement_{exc.reason}", subkey, blob, str(exc))
             return None
+        try:
+            return parse_signed_header(blob, author=author, seq=seq)
+        except MessageError as exc:
+            # The author's own record (owner-signed): a bad header in it is its bad update.
+            self._reject_record(exc.reason, subkey, blob, str(exc), seq=seq)
+            return None
 
-    def _reject_record(self, reason: str, subkey: object, value: object, detail: str) -> None:
-        """A bad DHT entry is counted once (not on every lookup), against the peer owning it."""
+    def _reject_record(
+        self, reason: str, subkey: object, value: object, detail: str, *, seq: int | None = None
+    ) -> None:
+        """A bad DHT entry is counted once (not on every lookup), against the peer owning it;
+        with `seq`, as that peer's rejected update."""
         fingerprint = hash((str(subkey), value if isinstance(value, bytes) else repr(value)))
         if self._bad_records.add(fingerprint):
             writer = subkey_owner(subkey) or str(subkey)[:128]
-            self._reject(reason, writer, detail, update=False)
+            self._reject(reason, writer, detail, seq=seq, update=seq is not None)
 
     async def _fetch_and_merge(self, fetch: Fetch) -> None:
         uid = fetch.update_id
@@ -342,7 +350,7 @@ class Gossip:
                 timeout_s=self._transfer_timeout_s,
             )
         except TooLargeError as exc:
-            self._reject("too_large", peer_id, str(exc), seq=seq)
+            self._reject("too_large", peer_id, str(exc), seq=seq, update=peer_id == author)
             if peer_id == author:  # what its signed header names will not shrink: settled
                 self.catchup.fetched((author, seq))
             return None

@@ -19,14 +19,19 @@ from typing import Any, TypeVar
 
 from hivemind import DHT
 from hivemind.p2p import P2P, P2PDaemonError, PeerID
-from hivemind.p2p.p2p_daemon_bindings.utils import raise_if_failed, read_pbmsg_safe, write_pbmsg
+from hivemind.p2p.p2p_daemon_bindings.utils import (
+    ControlFailure,
+    raise_if_failed,
+    read_pbmsg_safe,
+    write_pbmsg,
+)
 from hivemind.proto import p2pd_pb2
 from hivemind.utils import get_dht_time
 
 from dht.budget import StreamGuard, StreamLimits
 from dht.reaper import OrphanReaper
 from dht.records import OwnerValidator
-from dht.transport import encode_request, receive_blob, send_blob
+from dht.transport import TransportError, encode_request, receive_blob, send_blob
 from merge.identity import Identity
 from merge.pipeline import MergeResult
 from merge.rejections import RejectionLog
@@ -331,6 +336,9 @@ class SwarmNetwork:
             response = p2pd_pb2.Response()
             await read_pbmsg_safe(reader, response)
             raise_if_failed(response)
+        except ControlFailure as exc:  # unreachable, or no such handler: a transport failure
+            writer.close()
+            raise TransportError(f"no stream to {peer_id}: {exc}") from None
         except BaseException:
             writer.close()
             raise

@@ -85,7 +85,7 @@ def test_failed_fetches_leave_no_socket_behind(
         after = _open_fds()
     finally:
         gc.enable()
-    assert outcomes == {"ControlFailure"}
+    assert outcomes == {"TransportError"}
     assert after - before <= 4, f"{after - before} descriptors left after 200 failed fetches"
 
 
