@@ -370,7 +370,7 @@ class SwarmNetwork:
             finally:
                 writer.close()
 
-    async def send(self, peer_id: str, name: str, blob: bytes, *, timeout_s: float) -> None:
+    async def send(self, peer_id: str, name: str, blob: bytes, *, timeout_s: float = 10.0) -> None:
         """One blob to `peer_id`'s `name` handler, no answer expected; bounded by `timeout_s`."""
         async with asyncio.timeout(timeout_s):
             _, writer = await self.open_stream(peer_id, name)

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 from hivemind.dht.validation import DHTRecord
+from hivemind.utils import MSGPackSerializer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -126,7 +127,7 @@ def test_a_mutated_owner_record_is_refused(data: st.DataObject) -> None:
     """Whatever an attacker changes in a signed heartbeat record (subkey, value, signature,
     expiration), no validator accepts it as an owner record any more (a subkey mutated out of
     the `[owner:...]` form is an ordinary, unprotected record)."""
-    subkey = owner_subkey(OWNER.peer_id).encode()
+    subkey = MSGPackSerializer.dumps(owner_subkey(OWNER.peer_id))  # as hivemind serializes it
     signer = OwnerValidator(OWNER)
     record = _record(subkey, b"heartbeat")
     signed = dataclasses.replace(record, value=signer.sign_value(record))
@@ -144,7 +145,7 @@ def test_a_mutated_owner_record_is_refused(data: st.DataObject) -> None:
 @given(JSON | st.binary(max_size=20))
 def test_announcement_subkeys_and_run_listings_raise_only_message_errors(subkey: Any) -> None:
     with contextlib.suppress(MessageError):
-        assert parse_announced_seq(subkey) >= 0
+        assert parse_announced_seq(subkey, "12D3KooWauthor") >= 1
     with contextlib.suppress(MessageError):
         assert parse_run_listing(subkey).isprintable()
 
