@@ -189,7 +189,8 @@ def swarm_config_from(
         client_mode=config.client_mode,
         serve_state=config.serve_state,
         heartbeat_period_s=config.heartbeat_period,
-        retain_updates=config.retain_updates,
+        # A round of P fragments is P updates of 1/P the size: the same rounds, the same bytes.
+        retain_updates=config.retain_updates * config.fragments,
         gap_wait_s=config.gap_wait,
         retain_bytes=int(config.retain_mb * 1e6),
         max_update_bytes=4 * num_params + (1 << 16),

@@ -154,7 +154,8 @@ class JoinConfig:
     heartbeat_period: float = 5.0
     """Seconds between heartbeats; a peer silent for three periods drops out."""
     retain_updates: int = 16
-    """Updates kept per author to serve to peers that missed them."""
+    """Updates kept per author to serve to peers that missed them (x P with --fragments P:
+    as many rounds)."""
     retain_mb: float = 256.0
     """Megabytes of retained updates held in memory; beyond it they spill to disk."""
     gap_wait: float = 30.0
