@@ -20,8 +20,9 @@ bf16 on unlimited links first: what the limit costs.
 Before the rows, one TCP transfer between two limited namespaces checks that tbf bites: its
 measured rate is reported next to the configured one. Per row: the nodes' own byte counters
 (`round_done` bytes_sent, up to the target), the bytes tbf let onto each node's link (tc's
-counters: what really crossed it, headers included) and their share of the link's rate, and
-how long a peer's update took from its author's round_done to a node's update_merged.
+counters: what really crossed it, headers included) and their share of the link's rate, peer
+updates merged per node and how long one took from its author's own merge (publishing) to
+the node's update_merged.
 The final line is JSON.
 """
 
@@ -142,6 +143,8 @@ class Swarm:
         self.run_id = f"slowlink-{int(time.time())}"
         self.children: list[ChildProcess] = []
         """The bootstrap peer, then the nodes."""
+        self.t0 = 0.0
+        """When the links were limited and the clock started."""
 
     @property
     def nodes(self) -> list[ChildProcess]:
@@ -216,16 +219,17 @@ class Swarm:
         return reap_all(self.children)
 
     def reached_at(self, node: int) -> Event | None:
-        """The first round_done of `node` whose val_loss is at or below the target."""
+        """The first round_done of `node` since t0 whose val_loss is at or below the target."""
         for event in self.nodes[node].of("round_done"):
             loss = event.get("val_loss")
-            if loss is not None and loss <= self.config.target_loss:
+            if event["time"] >= self.t0 and loss is not None and loss <= self.config.target_loss:
                 return event
         return None
 
-    def wait_target(self, t0: float) -> None:
+    def wait_target(self) -> None:
         """Until every node has reached the target or the budget is spent."""
-        while time.time() - t0 < self.config.budget_s:
+        self.t0 = time.time()
+        while time.time() - self.t0 < self.config.budget_s:
             if all(self.reached_at(n) for n in range(self.config.nodes)):
                 return
             for child in self.children:
@@ -258,13 +262,13 @@ def node_figures(swarm: Swarm, node: int, t0: float) -> dict:
 
 
 def merge_delays(swarm: Swarm, node: int, t0: float) -> list[float]:
-    """Seconds from a peer's publishing an update (its round_done) to `node` merging it, for
-    the peers' updates `node` merged after t0."""
+    """Seconds from a peer's publishing an update (its author merging it into its own replica,
+    just before it goes out) to `node` merging it, for peers' updates merged after t0."""
     published = {}
     for peer in swarm.nodes:
-        for event in peer.of("round_done"):
-            if event.get("seq") is not None:
-                published[(peer.peer_id, event["seq"])] = event["time"]
+        for event in peer.of("update_merged"):
+            if event["author"] == peer.peer_id:
+                published[(event["author"], event["seq"])] = event["time"]
     own = swarm.nodes[node].peer_id
     return [
         e["time"] - published[(e["author"], e["seq"])]
@@ -284,9 +288,8 @@ def run_row(
             swarm.start()
             for node in range(config.nodes if limited else 0):
                 lab.limit(node, config.link_mbit)
-            t0 = time.time()
-            swarm.wait_target(t0)
-            elapsed = time.time() - t0
+            swarm.wait_target()
+            t0, elapsed = swarm.t0, time.time() - swarm.t0
             wire = [lab.link_bytes(node) for node in range(config.nodes)]
         finally:
             survivors = swarm.stop()
@@ -310,6 +313,7 @@ def run_row(
         "wire_bytes_sent_per_node": round(mean(sent for sent, _ in wire)) if limited else None,
         "link_use": _link_use(wire, elapsed, config.link_mbit) if limited else None,
         "update_bytes": nodes[0]["update_bytes"],
+        "peer_updates_merged": _mean_of(nodes, "peer_updates_merged"),
         "merge_delay_s": _mean_of(nodes, "merge_delay_s"),
         "fetch_s": _mean_of(nodes, "fetch_s"),
         "final_val_loss": _mean_of(nodes, "final_val_loss"),
@@ -415,6 +419,7 @@ COLUMNS = (
     ("MB sent/node", ">13"),
     ("wire MB", ">8"),
     ("link use", ">9"),
+    ("merged", ">7"),
     ("delay s", ">8"),
     ("fetch s", ">8"),
     ("final val", ">10"),
@@ -437,6 +442,7 @@ def format_table(report: dict) -> str:
             _fmt(_mb(r["bytes_sent_per_node"]), 2),
             _fmt(_mb(r["wire_bytes_sent_per_node"]), 2),
             _fmt(r["link_use"], 2),
+            _fmt(r["peer_updates_merged"], 1),
             _fmt(r["merge_delay_s"], 1),
             _fmt(r["fetch_s"], 1),
             _fmt(r["final_val_loss"], 3),
