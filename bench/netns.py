@@ -26,8 +26,11 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 logger = logging.getLogger(__name__)
+REPO = Path(__file__).resolve().parents[1]
+"""Where `python -m bench.netns` runs from (the probe's two ends)."""
 
 SUBNET = "100.64.0"
 """First three octets of the node addresses (/24 inside the namespaces only)."""
@@ -202,11 +205,14 @@ class NetnsLab:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            cwd=REPO,
         )
         try:
             sender = [*self.exec_prefix(src), sys.executable, "-m", "bench.netns", "send"]
             sender += [self.address(dst), str(PROBE_PORT), str(num_bytes)]
-            subprocess.run(sender, check=True, capture_output=True, timeout=PROBE_TIMEOUT_S)
+            subprocess.run(
+                sender, check=True, capture_output=True, timeout=PROBE_TIMEOUT_S, cwd=REPO
+            )
             out, err = receiver.communicate(timeout=PROBE_TIMEOUT_S)
         finally:
             receiver.kill()
