@@ -50,15 +50,20 @@ def test_namespaces_are_gone_after_the_lab_even_on_an_exception() -> None:
 
 
 def test_ratios_are_against_bf16_with_whole_updates_and_unreached_rows_get_none() -> None:
+    def row(codec: str, link_mbit: float | None, seconds: float | None) -> dict:
+        return {"codec": codec, "fragments": 1, "link_mbit": link_mbit,
+                "reached": seconds is not None, "time_to_target_s": seconds}  # fmt: skip
+
     rows = [
-        {"codec": "bf16", "fragments": 1, "reached": True, "time_to_target_s": 100.0},
-        {"codec": "int8", "fragments": 1, "reached": True, "time_to_target_s": 50.0},
-        {"codec": "sparse", "fragments": 1, "reached": False, "time_to_target_s": None},
+        row("bf16", None, 60.0),
+        row("bf16", 2.0, 100.0),
+        row("int8", 2.0, 50.0),
+        row("sparse", 2.0, None),
         not_run("bf16", 4, "no --fragments"),
     ]
-    add_ratios(rows)
-    assert [r["ratio_vs_bf16"] for r in rows] == [1.0, 0.5, None, None]
-    assert rows[3]["note"] == "not run: no --fragments"
+    add_ratios(rows)  # against limited bf16: the unlimited row is the reference, not the base
+    assert [r["ratio_vs_bf16"] for r in rows] == [0.6, 1.0, 0.5, None, None]
+    assert rows[4]["note"] == "not run: no --fragments"
 
 
 def test_bad_settings_are_refused_with_one_clear_sentence() -> None:
