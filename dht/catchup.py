@@ -10,7 +10,7 @@ the caller); it is wanted again if a holder shows up later.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -37,6 +37,9 @@ class CatchUpConfig:
     """Least time between two summary exchanges with the same peer."""
     max_in_flight: int = 4
     """Fetches running at once."""
+    max_summaries: int = 4
+    """Summary exchanges started per poll (the others wait for a later poll): a thousand
+    peers with other digests cost a few streams at a time, not a thousand."""
     max_wants: int = 1 << 16
     """Updates wanted at once; what peers announce beyond that is ignored until some are
     fetched or lost (a peer's summary can name a million ids: memory stays bounded)."""
@@ -47,6 +50,8 @@ class CatchUpConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}.")
         if self.max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {self.max_in_flight!r}.")
+        if self.max_summaries < 1:
+            raise ValueError(f"max_summaries must be >= 1, got {self.max_summaries!r}.")
         if self.max_wants < 1:
             raise ValueError(f"max_wants must be >= 1, got {self.max_wants!r}.")
 
@@ -226,10 +231,18 @@ class CatchUp:
             self._holder_lookup_at[author] = now
         return due
 
-    def summary_peers(self, now: float, own_digest: str, digests: Mapping[str, str]) -> list[str]:
-        """Live peers whose applied digest has differed from ours long enough to compare notes."""
-        due: list[str] = []
-        for peer_id, digest in sorted(digests.items()):
+    def summary_peers(
+        self,
+        now: float,
+        own_digest: str,
+        digests: Mapping[str, str],
+        preferred: Container[str] = (),
+    ) -> list[str]:
+        """Live peers whose applied digest has differed from ours long enough to compare notes:
+        at most max_summaries, `preferred` peers first (those that contributed updates: a
+        crowd of fresh keys cannot starve them), then the least recently asked."""
+        candidates: list[str] = []
+        for peer_id, digest in digests.items():
             if digest == own_digest:
                 self._mismatch_since.pop(peer_id, None)
                 continue
@@ -239,8 +252,11 @@ class CatchUp:
                 now - since >= self.config.mismatch_grace_s
                 and now - last >= self.config.summary_period_s
             ):
-                self._last_summary[peer_id] = now
-                due.append(peer_id)
+                candidates.append(peer_id)
+        candidates.sort(key=lambda p: (p not in preferred, self._last_summary.get(p, -1e18), p))
+        due = candidates[: self.config.max_summaries]
+        for peer_id in due:
+            self._last_summary[peer_id] = now
         return due
 
     @property

@@ -144,7 +144,9 @@ class Gossip:
                 self._looked_up[author] = heartbeat.latest_seq
                 self._lookup(author, self._lookup_announcements(author))
         digests = {h.peer_id: h.applied_digest for h in self.membership.alive_peers()}
-        for peer_id in self.catchup.summary_peers(time.monotonic(), own_digest, digests):
+        contributed = {p for p in digests if self.replica.last_seq(p) >= 1}
+        now = time.monotonic()
+        for peer_id in self.catchup.summary_peers(now, own_digest, digests, contributed):
             self.network.spawn(self._exchange_summaries(peer_id))
         self._kick()
 

@@ -20,6 +20,7 @@ from dht.heartbeat import (
     MAX_REJECTED_REASONS,
     Heartbeat,
 )
+from dht.membership import count_learners
 from dht.swarm import RunMismatchError, Swarm
 from dht.transport import WIRE_BYTES
 from merge.allowlist import AllowList
@@ -665,10 +666,12 @@ class Node:
         )
 
     def live_learners(self) -> int:
-        """This node and its alive peers that are not idle: the M its update is sized by."""
+        """This node and its alive peers that learn (dht.membership.count_learners): the M
+        its update is sized by."""
         if self.swarm is None:
             return 1
-        return 1 + sum(h.state != "idle" for h in self.swarm.alive_peers())
+        alive = self.swarm.alive_peers()
+        return 1 + count_learners(alive, lambda peer_id: self.replica.last_seq(peer_id) >= 1)
 
     # ---- what the swarm sees -----------------------------------------------------------------
 

@@ -195,3 +195,15 @@ def test_a_peer_that_leaves_takes_its_bookkeeping_with_it() -> None:
     assert catchup.num_tracked() > before
     catchup.forget_peer("sybil")
     assert catchup.num_tracked() == before
+
+
+def test_a_crowd_of_mismatched_peers_costs_few_summaries_and_starves_no_contributor() -> (
+    None
+):
+    catchup = CatchUp(CatchUpConfig(mismatch_grace_s=0, summary_period_s=5), "b", SimNode("b"))
+    digests = {f"sybil-{i:04d}": "junk" for i in range(1000)} | {"zz-honest": "theirs"}
+    first = catchup.summary_peers(0.0, "mine", digests, preferred={"zz-honest"})
+    assert len(first) == CatchUpConfig().max_summaries and first[0] == "zz-honest"
+    second = catchup.summary_peers(1.0, "mine", digests, preferred={"zz-honest"})
+    assert len(second) == len(first) and not set(first) & set(second)  # least recently asked
+    assert catchup.summary_peers(5.0, "mine", digests, preferred={"zz-honest"})[0] == "zz-honest"
