@@ -197,9 +197,7 @@ def test_a_peer_that_leaves_takes_its_bookkeeping_with_it() -> None:
     assert catchup.num_tracked() == before
 
 
-def test_a_crowd_of_mismatched_peers_costs_few_summaries_and_starves_no_contributor() -> (
-    None
-):
+def test_a_crowd_of_mismatched_peers_costs_few_summaries_and_starves_no_contributor() -> None:
     catchup = CatchUp(CatchUpConfig(mismatch_grace_s=0, summary_period_s=5), "b", SimNode("b"))
     digests = {f"sybil-{i:04d}": "junk" for i in range(1000)} | {"zz-honest": "theirs"}
     first = catchup.summary_peers(0.0, "mine", digests, preferred={"zz-honest"})
