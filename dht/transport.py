@@ -53,13 +53,17 @@ WIRE_BYTES = WireBytes()
 
 
 async def send_blob(writer: asyncio.StreamWriter, data: bytes, *, status: int = OK) -> None:
+    """Counted chunk by chunk as the socket takes it: a stream the peer aborts (a fetch that
+    timed out over a slow link) counts what left, not the whole blob."""
     writer.write(HEADER.pack(status, len(data)))
-    WIRE_BYTES.add(sent=HEADER.size + len(data))
+    await writer.drain()
+    WIRE_BYTES.add(sent=HEADER.size)
     view = memoryview(data)
     for offset in range(0, len(view), CHUNK_BYTES):
-        writer.write(view[offset : offset + CHUNK_BYTES])
+        chunk = view[offset : offset + CHUNK_BYTES]
+        writer.write(chunk)
         await writer.drain()
-    await writer.drain()
+        WIRE_BYTES.add(sent=len(chunk))
 
 
 async def receive_blob(

@@ -59,3 +59,28 @@ def test_a_stalled_sender_is_cut_and_an_oversized_blob_refused_unread() -> None:
 
     with pytest.raises(TransportError, match="early"):
         asyncio.run(closed())
+
+
+class _AbortingWriter:
+    """A stream whose peer goes away after `chunks` chunks were taken."""
+
+    def __init__(self, chunks: int) -> None:
+        self.taken = 0
+        self.chunks = chunks
+
+    def write(self, data: bytes | memoryview) -> None:
+        self.taken += 1
+
+    async def drain(self) -> None:
+        if self.taken > self.chunks + 1:  # the header, then `chunks` chunks
+            raise ConnectionResetError("peer went away")
+
+
+def test_an_aborted_send_counts_only_what_left() -> None:
+    from dht.transport import CHUNK_BYTES, WIRE_BYTES, send_blob
+
+    sent_before, _ = WIRE_BYTES.totals()
+    with pytest.raises(ConnectionResetError):
+        asyncio.run(send_blob(_AbortingWriter(2), bytes(10 * CHUNK_BYTES)))  # type: ignore[arg-type]
+    sent, _ = WIRE_BYTES.totals()
+    assert sent - sent_before == HEADER.size + 2 * CHUNK_BYTES
