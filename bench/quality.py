@@ -48,6 +48,7 @@ from node.model import DEFAULT_BATCH_SIZE, DEFAULT_INNER_LR, build_model, model_
 logger = logging.getLogger(__name__)
 RUN_TIMEOUT_S = 900.0
 """Bound on any one training run."""
+SIZINGS = ("round-time", "dynamic-h")
 
 
 @dataclass(kw_only=True)
@@ -74,6 +75,9 @@ class QualityConfig:
     """--hetero: wall-clock seconds of training per run."""
     round_time: float | None = None
     """--hetero: the async round time (default: H steps of the fastest learner)."""
+    sizing: str = "round-time"
+    """--hetero: how async rounds are sized: round-time (a fixed wall time per round) or
+    dynamic-h (each learner's H follows its measured throughput, `join --dynamic-h`)."""
     pace: float = 2.0
     """--hetero: every learner's step lasts factor x pace x the calibrated step time (slept
     out), so runs get equal compute on a shared machine; 0 sleeps factor-1 x each measured
@@ -87,6 +91,8 @@ class QualityConfig:
             speeds = [float(f) for f in self.hetero.split(",")]
         except ValueError:
             raise ValueError(f"--hetero takes factors such as 1,2,4; got {self.hetero!r}") from None
+        if self.sizing not in SIZINGS:
+            raise ValueError(f"--sizing must be one of {', '.join(SIZINGS)}, not {self.sizing!r}")
         if len(speeds) < 2 or not all(1.0 <= f <= 100.0 for f in speeds):
             raise ValueError(f"--hetero needs two or more factors in [1, 100], not {self.hetero!r}")
         return speeds
@@ -259,7 +265,10 @@ def run_async(
     run_id = f"{name.replace('_', '-')}{int(time.time())}"
     limit = cli_flags(max_time=schedule.budget_s) if schedule.budget_s else []
     limit += cli_flags(max_rounds=config.rounds) if not schedule.budget_s else []
-    limit += cli_flags(round_time=schedule.round_time) if schedule.round_time else []
+    if config.sizing == "dynamic-h" and schedule.budget_s:
+        limit += ["--dynamic-h"]
+    elif schedule.round_time:
+        limit += cli_flags(round_time=schedule.round_time)
     common = cli_flags(
         log_format="json", model=config.model, run_id=run_id, inner_steps=config.inner_steps,
         seed=config.seed, threads=config.threads, eval_batches=1, host="127.0.0.1", port=0,
@@ -296,8 +305,9 @@ def run_async(
 
 
 def _linger_s(schedule: Schedule) -> float:
-    """Long enough for the last learner's last round to reach those that finished first."""
-    return max(10.0, round(2 * (schedule.round_time or 0) + 10, 1))
+    """Long enough for the last learner's last round to reach those that finished first
+    (a learner stops lingering once every peer has finished and its last update is merged)."""
+    return max(120.0, round(4 * (schedule.round_time or 0) + 30, 1))
 
 
 def _mean_steps(child: ChildProcess, ev: Evaluator) -> float:

@@ -43,6 +43,9 @@ logger = logging.getLogger(__name__)
 CHECKPOINT_FILE = "sync_checkpoint.pt"
 BARRIER_WAIT_S = 60.0
 """Longest wait of a worker that is behind for the others' next barrier."""
+LOST_IN_A_ROW = 4
+"""With --max-rounds: rounds lost in a row after which a worker takes the others to have
+finished the run without it (it fell behind and nobody is left to average with)."""
 
 
 @dataclass(kw_only=True)
@@ -157,6 +160,7 @@ class SyncWorker:
         self.outer = NesterovSGD(lr=lr, momentum=momentum, numel=self.params.numel())
         self.lock = threading.Lock()
         self.round = 0
+        self.lost_in_a_row = 0
         self.stop = threading.Event()
         self.started_at: float | None = None
         self.checkpoint_path = Path(config.checkpoint_dir).expanduser() / CHECKPOINT_FILE
@@ -196,10 +200,21 @@ class SyncWorker:
         while not self.stop.is_set():
             if self.config.max_rounds is not None and self.round >= self.config.max_rounds:
                 return "max_rounds"
+            if self.left_behind():
+                return "left_behind"
             if self.time_exhausted():
                 return "max_time"
             self.run_round()
         return "interrupted"
+
+    def left_behind(self) -> bool:
+        """The others finished their --max-rounds without this worker: the swarm announced
+        the last round, or no one averaged with it for LOST_IN_A_ROW rounds (gone, their
+        announcements expired with them). Training on alone would never end."""
+        limit = self.config.max_rounds
+        if limit is None or self.lost_in_a_row == 0:
+            return False
+        return self.lost_in_a_row >= LOST_IN_A_ROW or self._swarm_round() >= limit
 
     def time_exhausted(self) -> bool:
         limit, started = self.config.max_time, self.started_at
@@ -231,6 +246,7 @@ class SyncWorker:
         group_size, committed, behind = self._all_reduce()
         if committed:
             self._apply_mean()
+        self.lost_in_a_row = 0 if committed else self.lost_in_a_row + 1
         wait_s = time.perf_counter() - start - inner_s
         emit(
             "round_done",

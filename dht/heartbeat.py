@@ -78,6 +78,9 @@ class Heartbeat:
     state: Annotated[str, Field(pattern=f"^({'|'.join(STATES)})$")] = "training"
     round: Count = 0
     tokens_per_s: Rate = 0.0
+    steps_per_s: Rate = 0.0
+    """Inner steps per second of inner-step time (a moving average; 0: not measured yet).
+    Peers running --dynamic-h size their rounds by it (node.round_size)."""
     loss: Loss | None = None
     val_loss: Loss | None = None
     num_applied: Count = 0

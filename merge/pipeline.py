@@ -106,6 +106,8 @@ class MergeResult:
     robust: str | None = None
     """A robust verdict (merge.robust.REASONS) that clipped or zeroed the update's contribution;
     its id is applied all the same, so replicas keep one applied set."""
+    inner_steps: int = 0
+    """Inner steps behind the update, as its signed header says (0 for a rejected one)."""
 
 
 class _Rejected(Exception):
@@ -157,9 +159,9 @@ class UpdatePipeline:
         The outer step applies it as 1/learners of a round (see merge.outer), so a round of
         the swarm's updates makes one outer step whatever the swarm's size.
         """
-        return staleness_weight(self.config.staleness, staleness_of(header)) * token_weight(
-            self.config.token_weight, header.tokens
-        )
+        learners = learners_of(header)
+        staleness = staleness_weight(self.config.staleness, staleness_of(header), learners)
+        return staleness * token_weight(self.config.token_weight, header.tokens)
 
     def submit(self, update: SignedUpdate) -> MergeResult:
         """Verifies, validates, weighs and applies one update; never raises for bad input."""
@@ -173,7 +175,7 @@ class UpdatePipeline:
         logger.debug("merged %s#%d with weight %.4g", header.author, header.seq, weight)
         return MergeResult(
             True, header.author, header.seq, staleness_of(header), weight, None,
-            learners_of(header), blocks_corrected, robust,
+            learners_of(header), blocks_corrected, robust, header.inner_steps,
         )  # fmt: skip
 
     def _merge(self, update: SignedUpdate) -> tuple[float, int, str | None]:

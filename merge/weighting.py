@@ -1,4 +1,16 @@
-"""How much an update counts: staleness and token weights, pure functions of its header."""
+"""How much an update counts: staleness and token weights, pure functions of its header.
+
+Staleness is weighed in rounds of the swarm, the unit of the outer step (merge.outer): an
+update sized by M learners is one of M that a synchronous round would apply together, so the
+M - 1 other updates its replica merged while its round ran do not make it stale; those beyond
+them do, by 1/M of a round each. With s the updates applied while the round ran:
+
+    rounds stale = max(0, s - (M - 1)) / M
+
+so in a swarm of M equal learners an update of the current round weighs 1, as in synchronous
+DiLoCo, and a slow learner's update that missed k whole rounds is k rounds stale. With M = 1
+(one learner, or a v1 header) it is s itself.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +24,7 @@ TokenWeightKind = Literal["tokens", "none"]
 
 @dataclass(frozen=True, kw_only=True)
 class StalenessConfig:
-    """Down-weights an update by its staleness s (updates applied while its round ran)."""
+    """Down-weights an update by its staleness s, in rounds of the swarm (see above)."""
 
     kind: StalenessKind = "polynomial"
     """constant: 1; polynomial: (1+s)^-a (FedAsync); hinge: 1 up to s = b, then
@@ -29,10 +41,19 @@ class StalenessConfig:
         _check_finite_non_negative("staleness b", self.b)
 
 
-def staleness_weight(config: StalenessConfig, staleness: int) -> float:
+def rounds_stale(staleness: int, learners: int = 1) -> float:
+    """Rounds of the swarm an update missed: updates applied while its round ran, beyond the
+    ``learners`` - 1 others of its own round, in units of ``learners`` updates."""
     if staleness < 0:
         raise ValueError(f"staleness must be >= 0, got {staleness}.")
-    s, a = float(staleness), config.a
+    if type(learners) is not int or learners < 1:
+        raise ValueError(f"learners must be an integer >= 1, got {learners!r}.")
+    return max(0, staleness - (learners - 1)) / learners
+
+
+def staleness_weight(config: StalenessConfig, staleness: int, learners: int = 1) -> float:
+    """The weight of an update ``staleness`` updates stale, sized by ``learners`` learners."""
+    s, a = rounds_stale(staleness, learners), config.a
     if config.kind == "constant":
         return 1.0
     if config.kind == "polynomial":

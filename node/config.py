@@ -89,6 +89,10 @@ class JoinConfig:
     round_time: float | None = None
     """Dynamic local updates: each round runs as many inner steps as fit in this many seconds
     (at most --inner-steps), so slower hardware publishes smaller updates as often."""
+    dynamic_h: bool = False
+    """Dynamic local updates sized by throughput: this learner runs H x its inner steps per
+    second over the fastest live peer's (as far as that peer's updates bear it out), at least
+    H/16; peers report their rates in heartbeats."""
     speed_factor: float = 1.0
     """Emulate slower hardware (tests, benchmarks): each inner step is followed by a sleep of
     F-1 times its measured duration."""
@@ -186,8 +190,8 @@ class JoinConfig:
     }
     FLAG_GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {
         "training": (
-            "run_id", "model", "data", "seed", "inner_steps", "round_time", "batch_size",
-            "inner_lr", "weight_decay", "grad_clip", "warmup_steps", "lr_decay_steps",
+            "run_id", "model", "data", "seed", "inner_steps", "round_time", "dynamic_h",
+            "batch_size", "inner_lr", "weight_decay", "grad_clip", "warmup_steps", "lr_decay_steps",
             "max_rounds", "max_time", "linger", "eval_batches", "device", "threads",
             "nproc_per_node", "parallel", "speed_factor", "emulated_step_s",
         ),

@@ -51,6 +51,7 @@ from node.lifecycle import adopt_legacy_checkpoint, preflight
 from node.locks import checkpoint_lock, identity_lock
 from node.model import build_model
 from node.progress import RoundProgress
+from node.round_size import PeerRate, RoundSizeConfig, RoundSizer
 from node.snapshot import NodeStatus, PeerSighting
 from node.stats import LastRound, NodeStats, ReplicaView
 from node.streaming import FragmentCompressors, FragmentStream
@@ -177,6 +178,9 @@ class Node:
         self.learner = build_learner(config, self.spec, model, split, self.peer_id, self.device)
         self.val_batches = build_validation(config, self.spec, split)
         self.stats = NodeStats()
+        # Measured and reported always (peers may size by it); sizes rounds with --dynamic-h.
+        self.round_sizer = RoundSizer(RoundSizeConfig(max_steps=config.inner_steps))
+        self._round_steps = config.inner_steps
         self.sketcher = ReplicaSketch(self.num_params, self.fingerprint)
         self._host = host_facts(self.device)
         self._stop = threading.Event()
@@ -387,12 +391,22 @@ class Node:
         self.events.emit("stopped", round=self.round, reason=reason, seq=self.seq)
 
     def _linger(self) -> None:
-        """Keep serving and merging for --linger seconds, so peers still get our last update."""
+        """Keep serving and merging, so peers still get our last update and we get theirs:
+        until every live peer has finished and its last update is merged here, at most
+        --linger seconds."""
         if self.swarm is None or not self.config.linger:
             return
         self.state = "idle"
         self.events.emit("lingering", seconds=self.config.linger)
-        self._stop.wait(self.config.linger)
+        started = time.monotonic()
+        deadline = started + self.config.linger
+        # A peer's heartbeat says idle one period after it published its last update at most.
+        settle_s = 2 * self.config.heartbeat_period
+        while not self._stop.wait(min(settle_s, max(deadline - time.monotonic(), 0.0))):
+            swarm_done = peers_finished(self.swarm.alive_peers(), self.replica.last_seq)
+            if swarm_done or time.monotonic() >= deadline:
+                break
+        self.events.emit("lingered", seconds=round(time.monotonic() - started, 2))
 
     def _rounds_exhausted(self) -> bool:
         return self.config.max_rounds is not None and self.round >= self.config.max_rounds
@@ -416,12 +430,14 @@ class Node:
         begun = self._begin_round()
         base, base_applied = begun.base, begun.base_applied
         self._round_published = []
+        self._round_steps = self._planned_steps()
         stats = self.learner.run_round(
-            self.config.inner_steps - begun.steps_done,
+            self._round_steps - begun.steps_done,
             self._should_interrupt,
             self._on_step,
             _remaining(self.config.round_time, begun.inner_s),
         )
+        self.round_sizer.observe_round(stats.num_steps, stats.compute_s)
         done = begun.extended(stats, time.perf_counter() - start)
         if stats.stopped_early or done.steps_done == 0:
             if self._stream is not None:
@@ -582,6 +598,14 @@ class Node:
         self._step_offset = 0
         return RoundProgress(base, base_applied)
 
+    def _planned_steps(self) -> int:
+        """H, or with --dynamic-h H scaled by this learner's rate over the fastest live peer's."""
+        if not self.config.dynamic_h:
+            return self.config.inner_steps
+        peers = self.swarm.alive_peers() if self.swarm is not None else []
+        rates = [PeerRate(h.peer_id, h.steps_per_s) for h in peers if h.state == "training"]
+        return self.round_sizer.steps(rates)
+
     def _evaluate_replica(self) -> float | None:
         if not self.val_batches:
             return None
@@ -600,7 +624,7 @@ class Node:
         self.events.progress(
             round=self.round + 1,
             step=step.step + self._step_offset,
-            inner_steps=self.config.inner_steps,
+            inner_steps=self._round_steps,
             loss=step.loss,
             tokens_per_s=step.tokens_per_s,
         )
@@ -609,6 +633,8 @@ class Node:
         """Called for every update, own or peer's, from whichever thread merged it."""
         if result.accepted:
             self.stats.count_merge(result.staleness)
+            if result.author != self.peer_id:
+                self.round_sizer.observe_update(result.author, result.inner_steps, time.monotonic())
             if not self._resketcher.changed():
                 self._record_replica()
             self.events.emit(
@@ -643,6 +669,8 @@ class Node:
             round=self.round,
             seq=seq,
             steps=stats.num_steps,
+            planned_steps=self._round_steps,
+            steps_per_s=_rounded(self.round_sizer.own_rate),
             resumed_at_step=resumed_at_step,
             learner_step=self.learner.step,
             loss=round(loss, 6),
@@ -714,6 +742,7 @@ class Node:
             state=s.state,
             round=s.round,
             tokens_per_s=round(float(s.last_round.tokens_per_s), 1),
+            steps_per_s=_rounded(self.round_sizer.own_rate) or 0.0,
             loss=_reportable_loss(s.last_round.loss),
             val_loss=_reportable_loss(s.last_round.val_loss),
             num_applied=s.replica.num_applied,
@@ -821,9 +850,19 @@ class Node:
         )
 
 
+def peers_finished(peers: list[Heartbeat], last_seq: Callable[[str], int]) -> bool:
+    """Whether every peer has stopped training (idle) and its last update is applied here."""
+    return all(h.state == "idle" and last_seq(h.peer_id) >= h.latest_seq for h in peers)
+
+
 def _remaining(limit_s: float | None, spent_s: float) -> float | None:
     """What is left of a round's time limit after `spent_s` (None: no limit)."""
     return None if limit_s is None else max(limit_s - spent_s, 0.0)
+
+
+def _rounded(rate: float | None) -> float | None:
+    """A rate to six significant digits (None stays None)."""
+    return None if rate is None else float(f"{rate:.6g}")
 
 
 def _reportable_loss(loss: float | None) -> float | None:

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import torch
 
+from dht.heartbeat import Heartbeat
 from node.config import JoinConfig
 from node.events import RecordingEventLog
-from node.runtime import Node
+from node.runtime import Node, peers_finished
 
 SMALL_CORPUS = str(Path(torch.__file__).parent / "functional.py")
 
@@ -67,3 +68,25 @@ def test_status_is_one_snapshot_of_the_node(tmp_path: Path) -> None:
     assert status.run_id == node.config.run_id and status.fingerprint == node.fingerprint
     assert status.own.round == 1 and status.own.loss is not None
     assert status.peers == () and status.fetches == 0
+
+
+def test_heartbeats_report_the_inner_rate_that_peers_size_rounds_by(tmp_path: Path) -> None:
+    node = offline_node(tmp_path, dynamic_h=True, inner_steps=3)
+    assert node.heartbeat().steps_per_s == 0.0  # not measured yet
+
+    node.run_round()
+    done = node.events.of("round_done")[-1]  # type: ignore[attr-defined]
+    assert done["steps"] == done["planned_steps"] == 3  # alone: the fastest runs H
+    assert node.heartbeat().steps_per_s == done["steps_per_s"] > 0
+
+
+def test_lingering_ends_once_every_peer_finished_and_its_last_update_is_here() -> None:
+    applied = {"a": 4, "b": 2}
+
+    def beat(peer: str, state: str, latest: int) -> Heartbeat:
+        return Heartbeat(peer_id=peer, state=state, latest_seq=latest)
+
+    assert peers_finished([], applied.__getitem__)
+    assert peers_finished([beat("a", "idle", 4), beat("b", "idle", 2)], applied.__getitem__)
+    assert not peers_finished([beat("a", "idle", 4), beat("b", "training", 2)], applied.__getitem__)
+    assert not peers_finished([beat("a", "idle", 5)], applied.__getitem__)  # its last is missing

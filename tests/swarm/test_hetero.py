@@ -6,15 +6,22 @@ from collections.abc import Callable
 
 import pytest
 
+from merge.weighting import rounds_stale
 from tests.swarm.conftest import NodeProcess
 
 pytestmark = pytest.mark.swarm
 Launch = Callable[..., NodeProcess]
 INNER_STEPS = 10
 TOKENS_PER_STEP = 16 * 128  # the tiny preset's batch x block
-# Rounds last ~1.5 s of inner steps (dynamic local updates): the slow node fits fewer steps.
 RUN = ["--model", "tiny", "--threads", "1", "--inner-steps", str(INNER_STEPS), "--eval-batches",
-       "2", "--heartbeat-period", "1", "--round-time", "1.5"]  # fmt: skip
+       "2", "--heartbeat-period", "1"]  # fmt: skip
+SIZING = {
+    # Rounds last ~1.5 s of inner steps: the slow node fits fewer steps into one.
+    "round_time": ["--round-time", "1.5"],
+    # Rounds follow measured throughput: the slow node runs ~H/3 steps once it has measured
+    # itself and the fast node's updates bear out the rate its heartbeats report.
+    "dynamic_h": ["--dynamic-h"],
+}
 START_S = 120
 MERGE_S = 120
 
@@ -32,9 +39,13 @@ def wait_merged_count(node: NodeProcess, author: str, count: int) -> list[dict]:
     return [e for e in node.of("update_merged") if e["author"] == author]
 
 
-def test_a_three_times_slower_node_keeps_contributing_at_its_own_pace(launch: Launch) -> None:
-    fast = launch(*RUN, name="fast")
-    slow = launch(*RUN, "--speed-factor", "3", "--peers", fast.wait_listening(START_S)[0],
+@pytest.mark.parametrize("sizing", SIZING)
+def test_a_three_times_slower_node_keeps_contributing_at_its_own_pace(
+    launch: Launch, sizing: str
+) -> None:
+    run = [*RUN, *SIZING[sizing]]
+    fast = launch(*run, name="fast")
+    slow = launch(*run, "--speed-factor", "3", "--peers", fast.wait_listening(START_S)[0],
                   name="slow")  # fmt: skip
     slow.wait_listening(START_S)
 
@@ -43,7 +54,8 @@ def test_a_three_times_slower_node_keeps_contributing_at_its_own_pace(launch: La
 
     # Both keep contributing; once they see each other, updates are sized by two learners.
     assert {e["learners"] for e in from_slow[-2:] + from_fast[-2:]} == {2}
-    # The weight follows the signed header: staleness (1+s)^-0.5 times tokens / (H x batch).
+    # The weight follows the signed header: staleness (1+r)^-0.5, r the rounds of the swarm
+    # the update missed, times tokens / (H x batch).
     tokens = {}
     for merged in from_slow:
         published = slow.wait_for(
@@ -52,12 +64,18 @@ def test_a_three_times_slower_node_keeps_contributing_at_its_own_pace(launch: La
             f"slow reporting the round of seq {merged['seq']}",
         )
         tokens[merged["seq"]] = published["tokens"]
-        expected = (1 + merged["staleness"]) ** -0.5 * published["tokens"]
+        rounds = rounds_stale(merged["staleness"], merged["learners"])
+        expected = (1 + rounds) ** -0.5 * published["tokens"]
         assert merged["weight"] == pytest.approx(expected / (INNER_STEPS * TOKENS_PER_STEP), 1e-4)
-    # The slow node fits fewer steps into a round, so its updates carry fewer tokens and weigh
-    # less than the fast node's updates at the same staleness would.
+    # The slow node fits fewer steps into a round (with --dynamic-h, once it has measured
+    # itself), so its updates carry fewer tokens and weigh less than the fast node's would.
     fast_tokens = [e["tokens"] for e in fast.of("round_done") if e["seq"] is not None]
-    assert max(tokens.values()) < max(fast_tokens)
+    assert tokens[from_slow[-1]["seq"]] < max(fast_tokens)
+    if sizing == "dynamic_h":
+        # The fast node runs H; the slow one plans fewer steps once it has seen the fast one.
+        assert all(e["planned_steps"] == INNER_STEPS for e in fast.of("round_done"))
+        assert slow.of("round_done")[-1]["planned_steps"] < INNER_STEPS
+        assert fast.of("round_done")[-1]["steps_per_s"] > slow.of("round_done")[-1]["steps_per_s"]
     # ... and the swarm learns: the fast node's replica, slow updates merged in, improves.
     started = fast.of("started")[0]["val_loss"]
     assert fast.of("round_done")[-1]["val_loss"] < started

@@ -62,11 +62,21 @@ def test_accepted_update_moves_params_by_the_weighted_nesterov_step() -> None:
 
     result = pipeline.submit(make_update())
 
-    assert result == MergeResult(True, ALICE.peer_id, 0, 3, 0.25, None)
+    assert result == MergeResult(True, ALICE.peer_id, 0, 3, 0.25, None, inner_steps=10)
     # w = 0.5 * 0.5; g' = w*DELTA = [0.125, 0, -0.125, 0.25]; p -= lr * (1 + m) * g'
     assert pipeline.replica.params.tolist() == [0.90625, 2.0, 3.09375, 3.8125]
     assert pipeline.num_merged == 1 and pipeline.replica.num_applied == 1
     assert not pipeline.rejections
+
+
+def test_an_update_of_the_current_swarm_round_is_not_discounted_as_stale() -> None:
+    pipeline = make_pipeline()
+    # Sized by 4 learners, 3 others merged during its round: a round's peers, not staleness.
+    concurrent = make_update(learners=4)
+    late = make_update(published_applied=17, learners=4)  # 7 = 3 + one whole round missed
+
+    assert pipeline.weight_of(concurrent.header) == 0.5  # tokens only
+    assert pipeline.weight_of(late.header) == pytest.approx(0.5 * 2**-0.5)
 
 
 def test_weight_comes_from_the_signed_header_only() -> None:

@@ -1,8 +1,16 @@
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from merge.weighting import StalenessConfig, TokenWeightConfig, staleness_weight, token_weight
+from merge.weighting import (
+    StalenessConfig,
+    TokenWeightConfig,
+    rounds_stale,
+    staleness_weight,
+    token_weight,
+)
 
 
 @pytest.mark.parametrize(
@@ -27,6 +35,35 @@ def test_staleness_weight_matches_hand_computed_values(
     config: StalenessConfig, staleness: int, expected: float
 ) -> None:
     assert staleness_weight(config, staleness) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("staleness", "learners", "rounds"),
+    [(0, 1, 0.0), (3, 1, 3.0), (0, 4, 0.0), (3, 4, 0.0), (5, 4, 0.5), (7, 4, 1.0), (2, 3, 0.0)],
+)
+def test_staleness_counts_rounds_beyond_the_updates_own(
+    staleness: int, learners: int, rounds: float
+) -> None:
+    assert rounds_stale(staleness, learners) == rounds
+    expected = (1 + rounds) ** -0.5
+    assert staleness_weight(StalenessConfig(), staleness, learners) == pytest.approx(expected)
+
+
+@given(staleness=st.integers(0, 10_000), learners=st.integers(1, 256))
+def test_staleness_weight_never_grows_with_staleness(staleness: int, learners: int) -> None:
+    for config in (
+        StalenessConfig(),
+        StalenessConfig(kind="hinge"),
+        StalenessConfig(kind="exponential"),
+    ):
+        now = staleness_weight(config, staleness, learners)
+        assert 0 < now <= 1 or (config.kind == "exponential" and now == 0)
+        assert staleness_weight(config, staleness + 1, learners) <= now
+
+
+def test_learners_must_be_a_positive_integer() -> None:
+    with pytest.raises(ValueError):
+        rounds_stale(1, 0)
 
 
 def test_negative_staleness_is_refused() -> None:
