@@ -8,11 +8,11 @@ between the update g and the momentum m:
 
 - aligned (c_b >= 0): the block passes unchanged;
 - conflicting (c_b < 0): the component along the momentum is shrunk,
-  g_b -= beta_b * <g_b, m_hat_b> m_hat_b, with beta_b = strength * |c_b| * min(1, |m_b|/|g_b|):
-  the more directly a block opposes the heading, the more of its opposition is removed (a
-  block that is nearly orthogonal, as noise is, keeps almost all of it: the shrinkage is
-  proportional to |c_b| as in HeLoCo), and the less momentum there is behind the heading
-  (relative to the update), the less it is trusted (HeLoCo's confidence factor).
+  g_b -= beta_b * <g_b, m_hat_b> m_hat_b, with beta_b = min(strength * |c_b| * conf_b, 1) and
+  HeLoCo's confidence conf_b = |g_b| / (|g_b| + kappa |m_b|): the more directly a block
+  opposes the heading, the more of its opposition is removed (a block that is nearly
+  orthogonal, as noise is, keeps almost all of it), and the larger the update is beside the
+  momentum, the more it could turn the trajectory, so the more of its conflict goes.
 
 Fresh updates (staleness 0) pass unchanged. A correction never lengthens a block, so the
 norm bound checked on the received update still holds for what is applied. The weakly
@@ -48,6 +48,9 @@ class CorrectionConfig:
     """Largest share of a conflicting block's momentum component removed, in [0, 1]."""
     block: int = 4096
     """Elements per block of the flat pseudo-gradient whose alignment is judged on its own."""
+    kappa: float = 1.0
+    """HeLoCo's confidence |g|/(|g| + kappa |m|): how strongly a long momentum (beside the
+    update) tempers the correction."""
 
     def __post_init__(self) -> None:
         if self.kind not in get_args(CorrectionKind):
@@ -55,6 +58,9 @@ class CorrectionConfig:
         s = self.strength
         if not isinstance(s, int | float) or not (math.isfinite(s) and 0 <= s <= 1):
             raise ValueError(f"correction strength must be in [0, 1], got {s!r}.")
+        k = self.kappa
+        if not isinstance(k, int | float) or not (math.isfinite(k) and k >= 0):
+            raise ValueError(f"correction kappa must be a finite number >= 0, got {k!r}.")
         if type(self.block) is not int or self.block < 1:
             raise ValueError(f"correction block must be an integer >= 1, got {self.block!r}.")
 
@@ -86,10 +92,12 @@ def correct(
     conflicting = (g_dot_m < 0) & (m_sq > _TINY)
     if not bool(conflicting.any()):
         return Correction(pseudo_gradient, 0, num_blocks)
-    confidence = torch.clamp(m_norm / torch.clamp(g_norm, min=_TINY), max=1.0)
+    confidence = g_norm / torch.clamp(g_norm + config.kappa * m_norm, min=_TINY)
     cosine = torch.clamp(-g_dot_m / torch.clamp(g_norm * m_norm, min=_TINY), max=1.0)
     beta = torch.where(
-        conflicting, config.strength * cosine * confidence, torch.zeros_like(confidence)
+        conflicting,
+        torch.clamp(config.strength * cosine * confidence, max=1.0),
+        torch.zeros_like(confidence),
     )
     # g_b - beta * <g_b, m_b> / |m_b|^2 * m_b, zero for the blocks left alone.
     along = beta * g_dot_m / torch.clamp(m_sq, min=_TINY)

@@ -392,8 +392,8 @@ class Node:
 
     def _linger(self) -> None:
         """Keep serving and merging, so peers still get our last update and we get theirs:
-        until every live peer has finished and its last update is merged here, at most
-        --linger seconds."""
+        until every live peer has finished, its last update is merged here and ours there,
+        at most --linger seconds."""
         if self.swarm is None or not self.config.linger:
             return
         self.state = "idle"
@@ -403,7 +403,9 @@ class Node:
         # A peer's heartbeat says idle one period after it published its last update at most.
         settle_s = 2 * self.config.heartbeat_period
         while not self._stop.wait(min(settle_s, max(deadline - time.monotonic(), 0.0))):
-            swarm_done = peers_finished(self.swarm.alive_peers(), self.replica.last_seq)
+            own = len(self.replica.applied.get(self.peer_id, ()))
+            peers = self.swarm.alive_peers()
+            swarm_done = peers_finished(peers, self.replica.last_seq, self.peer_id, own)
             if swarm_done or time.monotonic() >= deadline:
                 break
         self.events.emit("lingered", seconds=round(time.monotonic() - started, 2))
@@ -850,9 +852,17 @@ class Node:
         )
 
 
-def peers_finished(peers: list[Heartbeat], last_seq: Callable[[str], int]) -> bool:
-    """Whether every peer has stopped training (idle) and its last update is applied here."""
-    return all(h.state == "idle" and last_seq(h.peer_id) >= h.latest_seq for h in peers)
+def peers_finished(
+    peers: list[Heartbeat], last_seq: Callable[[str], int], own_id: str, own_updates: int
+) -> bool:
+    """Whether every peer has stopped training (idle), its last update is applied here and,
+    by its heartbeat, our ``own_updates`` updates are applied there."""
+    return all(
+        h.state == "idle"
+        and last_seq(h.peer_id) >= h.latest_seq
+        and h.merged_by_author.get(own_id, 0) >= own_updates
+        for h in peers
+    )
 
 
 def _remaining(limit_s: float | None, spent_s: float) -> float | None:

@@ -80,13 +80,19 @@ def test_heartbeats_report_the_inner_rate_that_peers_size_rounds_by(tmp_path: Pa
     assert node.heartbeat().steps_per_s == done["steps_per_s"] > 0
 
 
-def test_lingering_ends_once_every_peer_finished_and_its_last_update_is_here() -> None:
+def test_lingering_ends_once_every_peer_finished_and_the_last_updates_crossed() -> None:
     applied = {"a": 4, "b": 2}
 
-    def beat(peer: str, state: str, latest: int) -> Heartbeat:
-        return Heartbeat(peer_id=peer, state=state, latest_seq=latest)
+    def beat(peer: str, state: str, latest: int, has_mine: int = 3) -> Heartbeat:
+        return Heartbeat(
+            peer_id=peer, state=state, latest_seq=latest, merged_by_author={"me": has_mine}
+        )
 
-    assert peers_finished([], applied.__getitem__)
-    assert peers_finished([beat("a", "idle", 4), beat("b", "idle", 2)], applied.__getitem__)
-    assert not peers_finished([beat("a", "idle", 4), beat("b", "training", 2)], applied.__getitem__)
-    assert not peers_finished([beat("a", "idle", 5)], applied.__getitem__)  # its last is missing
+    def finished(*peers: Heartbeat) -> bool:
+        return peers_finished(list(peers), applied.__getitem__, "me", 3)
+
+    assert finished()
+    assert finished(beat("a", "idle", 4), beat("b", "idle", 2))
+    assert not finished(beat("a", "idle", 4), beat("b", "training", 2))
+    assert not finished(beat("a", "idle", 5))  # its last update is not here yet
+    assert not finished(beat("a", "idle", 4, has_mine=2))  # our last one is not there yet

@@ -48,12 +48,13 @@ def test_speed_factor_really_slows_the_inner_steps() -> None:
 
 
 def test_paced_steps_last_factor_times_the_emulated_step_time() -> None:
-    stats = make_learner(speed_factor=2.0, emulated_step_s=0.04).run_round(
-        3, lambda: False, lambda _: None
-    )
+    learner = make_learner(speed_factor=2.0, emulated_step_s=0.04)
+    stats = learner.run_round(3, lambda: False, lambda _: None)
 
     assert stats.compute_s >= 3 * 2 * 0.04  # each step padded to 80 ms, whatever it took
-    assert stats.emulated_s > 0
+    # The pad is what the step left of 80 ms (none for a step slower than that: a loaded box).
+    assert learner._emulate_slower_hardware(0.03) >= 0.05
+    assert learner._emulate_slower_hardware(0.5) == 0.0
 
 
 def test_a_timed_round_takes_at_least_one_step_and_at_most_h() -> None:

@@ -23,7 +23,8 @@ def test_conflicting_block_loses_its_component_against_the_momentum() -> None:
     g = torch.tensor([1.0, 2.0, -2.0, 0.0, -1.0, 1.0])
     m = torch.tensor([2.0, 1.0, 4.0, 0.0, 4.0, 0.0])  # block 0 aligned; 1 opposed; 2 at 135 deg
 
-    result = correct(CorrectionConfig(kind="heloco", block=2), g, staleness=1, momentum=m)
+    # kappa 0: full confidence, so the geometry alone decides.
+    result = correct(CorrectionConfig(kind="heloco", block=2, kappa=0), g, 1, momentum=m)
 
     # block 1 is anti-parallel (c = -1): its whole momentum component goes
     # block 2: c = -1/sqrt(2), so that share of its component along m goes: -1 + 1/sqrt(2)
@@ -35,13 +36,17 @@ def test_conflicting_block_loses_its_component_against_the_momentum() -> None:
     assert m.tolist() == [2.0, 1.0, 4.0, 0.0, 4.0, 0.0]
 
 
-def test_weak_momentum_is_trusted_less() -> None:
-    g = torch.tensor([-4.0, 0.0])
-    m = torch.tensor([1.0, 0.0])  # |m| / |g| = 1/4: a quarter of the conflict is removed
+def test_an_update_large_beside_the_momentum_is_corrected_more() -> None:
+    # HeLoCo's confidence |g| / (|g| + kappa |m|): 4/5 of a long update's conflict goes,
+    # 1/5 of a short one's (beside a long momentum it can turn the trajectory less).
+    long, short = torch.tensor([-4.0, 0.0]), torch.tensor([-1.0, 0.0])
 
-    result = correct(CorrectionConfig(kind="heloco", block=2, strength=1.0), g, 2, m)
-
-    assert result.pseudo_gradient.tolist() == [-3.0, 0.0]
+    assert correct(HELOCO, long, 2, torch.tensor([1.0, 0.0])).pseudo_gradient.tolist() == (
+        pytest.approx([-0.8, 0.0])
+    )
+    assert correct(HELOCO, short, 2, torch.tensor([4.0, 0.0])).pseudo_gradient.tolist() == (
+        pytest.approx([-0.8, 0.0])
+    )
 
 
 @pytest.mark.parametrize(
@@ -67,11 +72,13 @@ def test_last_partial_block_is_judged_on_its_own() -> None:
 
     result = correct(HELOCO, g, 1, m)
 
-    assert result.pseudo_gradient.tolist() == [1.0, 1.0, 1.0, 1.0, 0.0]
+    assert result.pseudo_gradient.tolist() == [1.0, 1.0, 1.0, 1.0, -0.5]  # confidence 1/2
     assert (result.blocks_corrected, result.blocks) == (1, 3)
 
 
-@pytest.mark.parametrize("kwargs", [{"kind": "pcgrad"}, {"strength": 1.5}, {"block": 0}])
+@pytest.mark.parametrize(
+    "kwargs", [{"kind": "pcgrad"}, {"strength": 1.5}, {"block": 0}, {"kappa": -1.0}]
+)
 def test_invalid_config_is_refused(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         CorrectionConfig(**kwargs)  # type: ignore[arg-type]
@@ -90,12 +97,13 @@ floats = st.floats(-4, 4, width=32, allow_subnormal=False)
     block=st.integers(1, 8),
     strength=st.floats(0, 1),
     staleness=st.integers(0, 20),
+    kappa=st.floats(0, 4),
 )
 def test_correction_only_ever_removes_conflict(
-    g_m: tuple[object, object], block: int, strength: float, staleness: int
+    g_m: tuple[object, object], block: int, strength: float, staleness: int, kappa: float
 ) -> None:
     g, m = (torch.from_numpy(a.copy()) for a in g_m)  # type: ignore[attr-defined]
-    config = CorrectionConfig(kind="heloco", block=block, strength=strength)
+    config = CorrectionConfig(kind="heloco", block=block, strength=strength, kappa=kappa)
 
     out = correct(config, g, staleness, m).pseudo_gradient
     again = correct(config, g.clone(), staleness, m.clone()).pseudo_gradient
