@@ -21,7 +21,8 @@ hardware), every run given the same wall-clock budget:
   updates), with the HeLoCo-style correction (--correction heloco);
 - async_uncorrected: the same without the correction.
 Targets: async at least 5% lower validation loss than sync, and lower than async_uncorrected.
-Every final model is evaluated here on the same validation batches. The final line is JSON.
+Every final model is evaluated here on the same validation batches (the async figure: the mean over
+the replicas that hold every update). The final line is JSON.
 """
 
 from __future__ import annotations
@@ -282,7 +283,11 @@ def run_async(
     # --linger: a learner that finishes first keeps serving its last update to the others.
     children, seconds = run_learners(config, home, name, argv)
     replicas = [_replica(home / f"{name}{n}", run_id) for n in range(len(children))]
-    num_applied, params = max(replicas, key=lambda r: r[0])
+    per_node = [ev.val_loss(p) for _, p in replicas]
+    num_applied = max(n for n, _ in replicas)
+    # Replicas holding the same updates differ by the order they applied them in (the outer
+    # momentum folds at a different update on each): the figure is their mean.
+    full = [loss for (n, _), loss in zip(replicas, per_node, strict=True) if n == num_applied]
     rounds = [e for c in children for e in c.of("round_done")]
     merged = [e for c in children[:1] for e in c.of("update_merged")]
     return {
@@ -291,8 +296,8 @@ def run_async(
         "correction": correction,
         "steps": sum(e["tokens"] for e in rounds) // ev.tokens_per_step,
         "tokens": sum(e["tokens"] for e in rounds),
-        "val_loss": ev.val_loss(params),
-        "val_loss_per_node": [ev.val_loss(p) for _, p in replicas],
+        "val_loss": round(sum(full) / len(full), 5),
+        "val_loss_per_node": per_node,
         "num_applied": num_applied,
         "num_applied_per_node": [n for n, _ in replicas],
         "updates_published": sum(e["seq"] is not None for e in rounds),
