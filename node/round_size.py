@@ -83,7 +83,7 @@ class RoundSizer:
     def __init__(self, config: RoundSizeConfig) -> None:
         self.config = config
         self._own: float | None = None
-        self._arrivals: dict[str, deque[tuple[float, int]]] = {}
+        self._arrivals: dict[str, deque[tuple[float, float]]] = {}
         self._lock = threading.Lock()
 
     @property
@@ -100,7 +100,7 @@ class RoundSizer:
         with self._lock:
             self._own = rate if self._own is None else a * rate + (1 - a) * self._own
 
-    def observe_update(self, author: str, num_steps: int, at_s: float) -> None:
+    def observe_update(self, author: str, num_steps: float, at_s: float) -> None:
         """An update of ``author`` merged here at local time ``at_s`` (signed step count)."""
         if num_steps < 0 or not math.isfinite(at_s):
             return

@@ -636,7 +636,9 @@ class Node:
         if result.accepted:
             self.stats.count_merge(result.staleness)
             if result.author != self.peer_id:
-                self.round_sizer.observe_update(result.author, result.inner_steps, time.monotonic())
+                # A fragment update (1 of P) stands for 1/P of its round's steps.
+                steps = result.inner_steps / self.config.fragments
+                self.round_sizer.observe_update(result.author, steps, time.monotonic())
             if not self._resketcher.changed():
                 self._record_replica()
             self.events.emit(
