@@ -512,7 +512,7 @@ class Adversary:
 ATTACKS = (
     "forged_header", "wrong_shape", "nan_inf", "norm_1000x", "against_direction", "replay",
     "equivocation", "oversized", "notify_flood", "bad_heartbeats", "far_future",
-    "mixed_subkeys", "sybil", "poisoned_state",
+    "mixed_subkeys", "poisoned_state", "sybil",
 )  # fmt: skip
 """Every attack class, in the order they run by default (the swarm-wide ones last)."""
 

@@ -202,7 +202,26 @@ def rows_of(result: RunResult, clean: RunResult) -> list[dict[str, Any]]:
                 "error": attack["error"],
             }
         )
+        if attack["attack"] == "poisoned_state":
+            rows[-1]["newcomer"] = newcomer_outcome(result)
     return rows
+
+
+def newcomer_outcome(result: RunResult) -> dict[str, Any]:
+    """Whose state the newcomer loaded, and the donors it refused."""
+    newcomer = next((n for n in result.honest if n.name == "newcomer"), None)
+    if newcomer is None:
+        return {"started": False}
+    downloaded = newcomer.of("state_downloaded")
+    adversary = result.adversary.of("ready")[0]["peer_id"] if result.adversary else None
+    donor = downloaded[0]["peer_id"] if downloaded else None
+    return {
+        "started": True,
+        "donor": "adversary" if donor is not None and donor == adversary else donor and "honest",
+        "refused_donors": sum(
+            e.get("reason") == "bad_state" for e in newcomer.of("update_rejected")
+        ),
+    }
 
 
 def final_ratio(result: RunResult, clean: RunResult) -> float | None:
@@ -218,6 +237,8 @@ def final_ratio(result: RunResult, clean: RunResult) -> float | None:
 def print_row(row: dict[str, Any]) -> None:
     reasons = ", ".join(f"{r}={n}" for r, n in sorted(row["reasons"].items())) or "-"
     ratio = "-" if row["loss_ratio"] is None else f"{row['loss_ratio']:.3f}"
+    if "newcomer" in row:
+        reasons += f"; newcomer: {row['newcomer']}"
     print(
         f"{row['attack']:<18} sent {row['sent']:>5}  rejected {row['rejected']:>5}  "
         f"rounds +{row['rounds_advanced']:<3} loss x{ratio:<6} rss {row['peak_rss_mb']:>6.0f} MB"
@@ -230,9 +251,9 @@ def print_row(row: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--attacks", default=",".join(ATTACKS))
-    parser.add_argument("--rounds", type=int, default=45, help="rounds each honest node trains")
+    parser.add_argument("--rounds", type=int, default=40, help="rounds each honest node trains")
     parser.add_argument("--sybils", type=int, default=1000)
-    parser.add_argument("--settle", type=float, default=3.0)
+    parser.add_argument("--settle", type=float, default=2.0)
     parser.add_argument("--separate", action="store_true", help="one attacked run per class")
     args = parser.parse_args(argv)
     attacks = [a for a in args.attacks.split(",") if a]
