@@ -39,7 +39,7 @@ import torch
 
 import dht.network
 from dht.heartbeat import Heartbeat, sign_fields
-from dht.messages import RUN_LISTING_KEY
+from dht.messages import RUN_LISTING_KEY, announcement_subkey
 from dht.records import _OWNER_RE, _SIGNATURE_MARK, OwnerValidator, _serialize, owner_subkey
 from dht.tensor_stream import send_tensor, split_tensors, tensor_spec
 from dht.transport import decode_request, receive_blob, send_blob, send_refusal
@@ -273,7 +273,9 @@ class Adversary:
                 blob = SignedHeader(header, mine.signature).to_bytes()
                 sent += self.notify(others, blob)
                 key = f"{self.swarm.config.prefix}/updates/{victim.peer_id}"
-                sent += self.dht_store(key, seq, blob, ttl_s=1e5)  # outlives the real record
+                # under the victim's own announcement subkey, with a junk record signature and
+                # an expiration that outlives the real record
+                sent += self.dht_store(key, announcement_subkey(victim.peer_id, seq), blob, 1e5)
         own = self.seal(self.benign())
         tampered = dataclasses.replace(own.header, loss=0.5)
         sent += self.notify(
