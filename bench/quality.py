@@ -275,7 +275,7 @@ def run_async(
         seed=config.seed, threads=config.threads, eval_batches=1, host="127.0.0.1", port=0,
         heartbeat_period=1, linger=_linger_s(schedule), lr_decay_steps=schedule.decay_steps,
         correction=correction,
-    ) + limit  # fmt: skip
+    ) + ["--linger-until-done"] + limit  # fmt: skip
 
     def argv(rank: int) -> list[str]:
         return python_module("node", "join", *common, *schedule.emulation(config, rank))

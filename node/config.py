@@ -105,6 +105,9 @@ class JoinConfig:
     """Stop after this many seconds of wall time (default: run until interrupted)."""
     linger: float = 0.0
     """After --max-rounds or --max-time, keep serving and merging for this many seconds."""
+    linger_until_done: bool = False
+    """End --linger early once every live peer has finished and the last updates crossed
+    both ways (benchmarks that compare replicas; a lone node would leave at once)."""
     eval_batches: int = 4
     """Validation batches evaluated on the replica after every round (0 disables)."""
     checkpoint_dir: str | None = None
@@ -192,8 +195,8 @@ class JoinConfig:
         "training": (
             "run_id", "model", "data", "seed", "inner_steps", "round_time", "dynamic_h",
             "batch_size", "inner_lr", "weight_decay", "grad_clip", "warmup_steps", "lr_decay_steps",
-            "max_rounds", "max_time", "linger", "eval_batches", "device", "threads",
-            "nproc_per_node", "parallel", "speed_factor", "emulated_step_s",
+            "max_rounds", "max_time", "linger", "linger_until_done", "eval_batches", "device",
+            "threads", "nproc_per_node", "parallel", "speed_factor", "emulated_step_s",
         ),
         "outer optimizer and merging": (
             "outer_optimizer", "outer_lr", "outer_momentum", "outer_delay", "staleness",

@@ -391,9 +391,9 @@ class Node:
         self.events.emit("stopped", round=self.round, reason=reason, seq=self.seq)
 
     def _linger(self) -> None:
-        """Keep serving and merging, so peers still get our last update and we get theirs:
-        until every live peer has finished, its last update is merged here and ours there,
-        at most --linger seconds."""
+        """Keep serving and merging for --linger seconds, so peers still get our last update
+        and we get theirs; with --linger-until-done, only until every live peer has finished,
+        its last update is merged here and ours there."""
         if self.swarm is None or not self.config.linger:
             return
         self.state = "idle"
@@ -405,7 +405,9 @@ class Node:
         while not self._stop.wait(min(settle_s, max(deadline - time.monotonic(), 0.0))):
             own = len(self.replica.applied.get(self.peer_id, ()))
             peers = self.swarm.alive_peers()
-            swarm_done = peers_finished(peers, self.replica.last_seq, self.peer_id, own)
+            swarm_done = self.config.linger_until_done and peers_finished(
+                peers, self.replica.last_seq, self.peer_id, own
+            )
             if swarm_done or time.monotonic() >= deadline:
                 break
         self.events.emit("lingered", seconds=round(time.monotonic() - started, 2))
