@@ -55,6 +55,10 @@ class Membership:
         """Permissioned runs: whether a peer may take part (None: anyone may)."""
         self.org_of: Callable[[str], str | None] | None = None
         """Permissioned runs: a peer's organization from the allow list, not its own claim."""
+        self.sent_heartbeats = 0
+        """Heartbeats stored so far (a poll after the first must find this node's own)."""
+        self.incomplete_polls = 0
+        """Polls that missed this node's own heartbeat, so told nothing about absences."""
         self.on_left: Callable[[str], None] | None = None
         """Called with a peer's id when it stops sending heartbeats (its state is released)."""
 
@@ -98,6 +102,7 @@ class Membership:
             ttl,
         )
         await self.network.dht_store(RUN_LISTING_KEY, self.config.run_id, True, ttl)
+        self.sent_heartbeats += 1
 
     async def poll(self) -> list[Heartbeat]:
         """Read every peer's heartbeat; the verified ones, newest view of each peer updated."""
@@ -109,8 +114,22 @@ class Membership:
             if heartbeat is not None:
                 self._see_peer(heartbeat, now)
                 seen.append(heartbeat)
+        if self.sent_heartbeats and not any(subkey_owner(k) == self.peer_id for k in records):
+            self._hold_peers(now)
         self._forget_dead_peers()
         return seen
+
+    def _hold_peers(self, now: float) -> None:
+        """A read without this node's own live heartbeat was incomplete (timed out, or the
+        record too large to read whole, as ~1,000 Sybil heartbeats make it): its absences
+        prove nothing, so the peers alive before it stay alive. Otherwise a flood of valid
+        heartbeats from fresh keys would make honest nodes drop each other, and each would
+        then size its updates as a lone learner."""
+        self.incomplete_polls += 1
+        period = self.config.heartbeat_period_s
+        for view in self.peers.values():
+            if view.alive(period):
+                view.last_seen = max(view.last_seen, now - period)
 
     def _parse(self, subkey: object, blob: object) -> Heartbeat | None:
         """The verified heartbeat of the peer owning `subkey`; each bad record counted once."""
