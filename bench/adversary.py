@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import sys
 import time
@@ -41,7 +40,7 @@ import dht.network
 from dht.heartbeat import Heartbeat, sign_fields
 from dht.messages import RUN_LISTING_KEY, announcement_subkey
 from dht.records import _OWNER_RE, _SIGNATURE_MARK, OwnerValidator, _serialize, owner_subkey
-from dht.tensor_stream import send_tensor, split_tensors, tensor_spec
+from dht.state_transfer import send_state
 from dht.transport import decode_request, receive_blob, send_blob, send_refusal
 from merge.codecs import get_codec
 from merge.envelope import SignedHeader, SignedUpdate, seal
@@ -231,12 +230,7 @@ class Adversary:
         state["params"] = (
             params + torch.randn_like(params) * float(params.norm()) / params.numel() ** 0.5
         )
-        tree, tensors = split_tensors(state)
-        meta = json.dumps({"tree": tree, "tensors": [tensor_spec(t) for t in tensors]}).encode()
-        await send_blob(writer, meta)
-        num_bytes = len(meta)
-        for tensor in tensors:
-            num_bytes += await send_tensor(writer, tensor)
+        num_bytes = await send_state(writer, state)
         self.poisons_served += 1
         return num_bytes
 

@@ -111,13 +111,7 @@ class StateTransfer:
         is serialized as a whole.
         """
         state = await asyncio.get_running_loop().run_in_executor(None, self.replica.state_dict)
-        tree, tensors = split_tensors(state)
-        meta = json.dumps({"tree": tree, "tensors": [tensor_spec(t) for t in tensors]}).encode()
-        await send_blob(writer, meta)
-        num_bytes = len(meta)
-        for tensor in tensors:
-            num_bytes += await send_tensor(writer, tensor)
-        return num_bytes
+        return await send_state(writer, state)
 
     async def download(self) -> TransferStats | None:
         """Replace the replica with the most advanced live peer's, if any peer is ahead."""
@@ -185,3 +179,14 @@ class StateTransfer:
             key=lambda h: (h.num_applied, votes[(h.num_applied, h.applied_digest)]),
             reverse=True,
         )
+
+
+async def send_state(writer: Any, state: dict[str, Any]) -> int:
+    """`state` as a JSON tree followed by its tensors' raw bytes, chunk by chunk; bytes sent."""
+    tree, tensors = split_tensors(state)
+    meta = json.dumps({"tree": tree, "tensors": [tensor_spec(t) for t in tensors]}).encode()
+    await send_blob(writer, meta)
+    num_bytes = len(meta)
+    for tensor in tensors:
+        num_bytes += await send_tensor(writer, tensor)
+    return num_bytes
