@@ -7,9 +7,12 @@ import json
 import logging
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from dht.budget import StreamLimits
 from dht.heartbeat import Heartbeat
@@ -20,7 +23,7 @@ from dht.network import (
     Rejections,
     SwarmNetwork,
 )
-from dht.state_check import check_donor_state
+from dht.state_check import StateCheckError, check_donor_state
 from dht.tensor_stream import (
     join_tensors,
     parse_spec,
@@ -39,6 +42,9 @@ MAX_META_BYTES = 64 << 20
 STATE_RATE_PER_S = 0.1
 """State downloads a peer may start per second (an honest newcomer asks once)."""
 STATE_BURST = 3.0
+STATE_RECHECKS = 2
+"""Fresh heartbeat reads before a state the live peers contradict is refused: a heartbeat
+announces its author's updates up to a period late, and a donor's state is newer than it."""
 
 
 @dataclass(frozen=True)
@@ -142,11 +148,21 @@ class StateTransfer:
         started = time.perf_counter()
         async with asyncio.timeout(self._transfer_timeout_s):
             state, total = await self._receive_state(peer_id)
-        check_donor_state(state, peer_id, self.membership.alive_peers(), self._sketch)
+        await self._check_state(state, peer_id)
         await asyncio.get_running_loop().run_in_executor(
             self._merge_pool, self.replica.load_state_dict, state
         )
         return TransferStats(total, time.perf_counter() - started, peer_id)
+
+    async def _check_state(self, state: dict[str, Any], donor: str) -> None:
+        await check_with_fresh_heartbeats(
+            state,
+            donor,
+            self.membership.alive_peers,
+            self.membership.poll,
+            self._sketch,
+            period_s=self.config.heartbeat_period_s,
+        )
 
     async def _receive_state(self, peer_id: str) -> tuple[dict[str, Any], int]:
         timeout = REQUEST_READ_TIMEOUT_S
@@ -190,3 +206,29 @@ async def send_state(writer: Any, state: dict[str, Any]) -> int:
     for tensor in tensors:
         num_bytes += await send_tensor(writer, tensor)
     return num_bytes
+
+
+async def check_with_fresh_heartbeats(
+    state: dict[str, Any],
+    donor: str,
+    alive_peers: Callable[[], list[Heartbeat]],
+    poll: Callable[[], Awaitable[object]],
+    sketch: Callable[[torch.Tensor], list[float]],
+    *,
+    period_s: float,
+    rechecks: int = STATE_RECHECKS,
+) -> None:
+    """check_donor_state against the live peers' heartbeats, read again (`period_s` apart) up to
+    `rechecks` times while they contradict the state: with rounds shorter than a heartbeat
+    period, an honest donor's state holds its own or a peer's update that the author's last
+    heartbeat does not announce yet. StateCheckError once fresh heartbeats still contradict it."""
+    for attempt in range(rechecks + 1):
+        try:
+            check_donor_state(state, donor, alive_peers(), sketch)
+            return
+        except StateCheckError as exc:
+            if attempt == rechecks:
+                raise
+            logger.info("state of %s contradicted (%s); reading heartbeats again", donor, exc)
+            await asyncio.sleep(period_s)
+            await poll()
