@@ -131,6 +131,21 @@ class Adversary:
     def observe(self) -> dict[str, Heartbeat]:
         return {h.peer_id: h for h in self.honest()}
 
+    def observe_after(
+        self, since: float, count: int, timeout_s: float = 30.0
+    ) -> dict[str, Heartbeat]:
+        """The honest nodes' heartbeats once `count` of them were sent after `since` (so their
+        counters include what this class sent, however loaded the machine: heartbeats and this
+        node's polls lag), or whatever is there after `timeout_s`."""
+        time.sleep(max(since - time.time(), 0.0))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            after = self.observe()
+            fresh = [h for h in after.values() if h.sent_at >= since]
+            if len(fresh) >= count or time.monotonic() >= deadline:
+                return after
+            time.sleep(0.5)
+
     # ---- the real protocol -------------------------------------------------------------------
 
     def call(self, coro: Coroutine[Any, Any, Any], timeout_s: float = 60.0) -> Any:
@@ -474,12 +489,7 @@ class Adversary:
         except Exception as exc:  # report and carry on with the next class
             logger.exception("attack %s failed", name)
             sent, error = 0, f"{type(exc).__name__}: {exc}"
-        time.sleep(settle_s)
-        after = self.observe()
-        deadline = time.monotonic() + 20.0
-        while len(after) < len(before) and time.monotonic() < deadline:
-            time.sleep(0.5)  # this node's own loop may have been too busy to poll
-            after = self.observe()
+        after = self.observe_after(time.time() + settle_s, len(before))
         by_node: dict[str, dict[str, int]] = {}
         total: Counter[str] = Counter()
         for peer_id, beat in after.items():
