@@ -12,10 +12,12 @@ training swarm's: a shared direction plus as much noise of each update's own (pa
 ~0.5), so honest updates point along the outer momentum as they do in training.
 
 Beside the path, the same run times its floor: BLAKE3 over the payload, and the outer step
-alone (replica.apply of the decoded update), which no verification can avoid; and each codec's
-encode and decode of a model-sized vector (the codecs' speed figures; unit tests are not
-timed). Target (issue 9.3): merge GB/s >= 0.9 x SHA-256 GB/s. The final line is JSON: the
-first codec's figures at the top level, every codec's in "rows".
+alone (decode and outer.step of the update), which no verification can avoid; each stage of
+the path on its own, on a replica of its own ("stages_ms": hash, decode, update norm, params
+norm, robust dot products, outer step: where the time goes); and each codec's encode and
+decode of a model-sized vector (the codecs' speed figures; unit tests are not timed).
+Target (issue 9.3): merge GB/s >= 0.9 x SHA-256 GB/s. The final line is JSON: the first
+codec's figures at the top level, every codec's in "rows".
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ import blake3
 import torch
 from torch.nn.utils import parameters_to_vector
 
+from merge.codec_base import DecodesInto
 from merge.codecs import CODECS, get_codec
-from merge.envelope import SignedUpdate, seal
+from merge.envelope import SignedUpdate, payload_matches, seal
 from merge.identity import Identity
 from merge.outer import OuterConfig, make_outer_optimizer
 from merge.pipeline import MergeConfig, UpdatePipeline
@@ -112,20 +115,28 @@ def measure(args: argparse.Namespace, genesis: torch.Tensor, codec: str) -> dict
     """One codec's row: the merge path, SHA-256, BLAKE3 and the outer step, interleaved."""
     envelopes = make_envelopes(genesis, codec, args.updates + 1, args.learners)
     pipeline = make_pipeline(genesis)
-    merge_one(pipeline, envelopes.pop(0))  # warm-up: first-touch allocations, thread pools
+    warm_up = envelopes.pop(0)
+    merge_one(pipeline, warm_up)  # warm-up: first-touch allocations, thread pools
     floor = make_pipeline(genesis)  # the outer step alone, on a replica of its own
-    floor_one(floor, envelopes[0])
+    scratch = torch.empty(genesis.numel())  # the decode buffer the pipeline reuses
+    floor_one(floor, envelopes[0], scratch)
+    stages = make_pipeline(genesis)  # each stage on its own, on a third replica
+    stages_one(stages, SignedUpdate.from_bytes(warm_up), scratch)
     times: dict[str, list[float]] = {"merge": [], "sha": [], "blake3": [], "apply": []}
+    stage_times: dict[str, list[float]] = {}
     profiler = _start_profile() if args.profile else None
     for wire in envelopes:
         update = SignedUpdate.from_bytes(wire)
         times["sha"].append(time_s(lambda wire=wire: hashlib.sha256(wire).digest()))
         times["merge"].append(time_s(lambda wire=wire: merge_one(pipeline, wire)))
         times["blake3"].append(time_s(lambda u=update: blake3.blake3(u.payload).digest()))
-        times["apply"].append(time_s(lambda u=update: floor_one(floor, u)))
+        times["apply"].append(time_s(lambda u=update: floor_one(floor, u, scratch)))
+        for name, seconds in stages_one(stages, update, scratch).items():
+            stage_times.setdefault(name, []).append(seconds)
     if profiler is not None:
         _print_profile(profiler)
-    return report(args, codec, genesis.numel(), len(envelopes[0]), times, pipeline)
+    row = report(args, codec, genesis.numel(), len(envelopes[0]), times, pipeline)
+    return {**row, "stages_ms": report_stages(stage_times, times["sha"])}
 
 
 def merge_one(pipeline: UpdatePipeline, wire: bytes) -> None:
@@ -134,14 +145,55 @@ def merge_one(pipeline: UpdatePipeline, wire: bytes) -> None:
         raise SystemExit(f"the benchmark's update was rejected: {result.reason}")
 
 
-def floor_one(pipeline: UpdatePipeline, update: SignedUpdate | bytes) -> None:
+def floor_one(
+    pipeline: UpdatePipeline, update: SignedUpdate | bytes, scratch: torch.Tensor
+) -> None:
     """Decode and outer step only: what applying an update costs with no check at all."""
     if isinstance(update, bytes):
         update = SignedUpdate.from_bytes(update)
     header = update.header
-    pseudo_gradient = get_codec(header.codec).decode_view(update.payload, header.numel)
+    pseudo_gradient = decode(update, scratch)
     replica = pipeline.replica
     replica.outer.step(replica.params, pseudo_gradient, 1.0, header.learners or 1)
+
+
+def decode(update: SignedUpdate, scratch: torch.Tensor) -> torch.Tensor:
+    """The update decoded as the pipeline decodes it: into its reused buffer, or a view."""
+    header, codec = update.header, get_codec(update.header.codec)
+    if isinstance(codec, DecodesInto):
+        return codec.decode_into(update.payload, header.numel, scratch[: header.numel])
+    return codec.decode_view(update.payload, header.numel)
+
+
+def stages_one(
+    pipeline: UpdatePipeline, update: SignedUpdate, scratch: torch.Tensor
+) -> dict[str, float]:
+    """Seconds of each stage of the merge path, one after the other, as the pipeline runs
+    them (the params norm exactly: the path skips that pass while its bounds settle it)."""
+    header, replica = update.header, pipeline.replica
+    threads = torch.get_num_threads()
+    seconds = {"hash": time_s(lambda: payload_matches(header, update.payload, max_threads=threads))}
+    start = time.perf_counter()
+    pseudo_gradient = decode(update, scratch)
+    seconds["decode"] = time.perf_counter() - start
+    start = time.perf_counter()
+    norm = float(torch.linalg.vector_norm(pseudo_gradient))
+    seconds["update_norm"] = time.perf_counter() - start
+    seconds["params_norm"] = time_s(replica.params_norm)
+    parts = replica.outer.momentum_parts()
+    seconds["robust_dots"] = time_s(lambda: pipeline.robust.judge(pseudo_gradient, parts, norm))
+    seconds["outer_step"] = time_s(
+        lambda: replica.apply(header, pseudo_gradient, pipeline.weight_of(header), norm)
+    )
+    return seconds
+
+
+def report_stages(stage_times: dict[str, list[float]], sha: list[float]) -> dict[str, float]:
+    """Mean ms per update of each stage, printed beside SHA-256's."""
+    ms = {name: round(1e3 * statistics.mean(ts), 2) for name, ts in stage_times.items()}
+    ms["sha256"] = round(1e3 * statistics.mean(sha), 2)
+    print("  stages (ms/update, each alone): " + ", ".join(f"{k} {v:.1f}" for k, v in ms.items()))
+    return ms
 
 
 def report(

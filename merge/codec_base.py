@@ -7,7 +7,7 @@ before it allocates anything, and raises only :class:`CodecError` for bad input.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -50,6 +50,31 @@ class Codec(Protocol):
     def decode_view(self, data: Buffer, numel: int) -> torch.Tensor:
         """Like decode, but the result may share memory with ``data``: never write to it."""
         ...
+
+
+@runtime_checkable
+class DecodesInto(Protocol):
+    """A codec that can decode into a caller's buffer: the merge path reuses one across
+    updates instead of faulting in a fresh model-sized vector each time."""
+
+    def decode_into(self, data: Buffer, numel: int, out: torch.Tensor) -> torch.Tensor:
+        """Decodes into ``out`` (a contiguous 1-D fp32 CPU tensor of ``numel`` elements) and
+        returns it; the same values as :meth:`Codec.decode`."""
+        ...
+
+
+def check_out(out: object, numel: int) -> torch.Tensor:
+    """``out`` if it can take a decoded vector of ``numel`` elements; ValueError otherwise
+    (the caller's buffer is not network input)."""
+    if (
+        not isinstance(out, torch.Tensor)
+        or out.shape != (numel,)
+        or out.dtype != torch.float32
+        or out.device.type != "cpu"
+        or not out.is_contiguous()
+    ):
+        raise ValueError(f"decode_into needs a contiguous fp32 CPU tensor of {numel} elements.")
+    return out
 
 
 def check_flat(flat: torch.Tensor) -> None:

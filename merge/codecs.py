@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 import torch
 
-from merge.codec_base import Buffer, Codec, CodecError, check_flat, check_length
+from merge.codec_base import Buffer, Codec, CodecError, check_flat, check_length, check_out
 from merge.quantize import Int4Codec, Int8Codec
 from merge.sparse import SparseTopKCodec
 
@@ -71,11 +71,20 @@ class Bf16Codec:
     def decode(self, data: Buffer, numel: int) -> torch.Tensor:
         """One pass: the payload's bf16 values widened straight into a fresh fp32 vector."""
         view = check_length(self, data, numel)
+        return self._widen(view, numel, torch.empty(numel, dtype=torch.float32))
+
+    def decode_into(self, data: Buffer, numel: int, out: torch.Tensor) -> torch.Tensor:
+        """Like decode, into ``out``: a reused buffer is already faulted in, and a fresh
+        model-sized one costs its page faults, more than the widening itself."""
+        view = check_length(self, data, numel)
+        return self._widen(view, numel, check_out(out, numel))
+
+    def _widen(self, view: memoryview, numel: int, out: torch.Tensor) -> torch.Tensor:
         if sys.byteorder != "little" or numel == 0:
             bits = torch.empty(numel, dtype=torch.int16)
             bits.numpy()[:] = np.frombuffer(view, dtype="<i2", count=numel)
-            return bits.view(torch.bfloat16).to(torch.float32)
-        return _read_only_view(view, torch.bfloat16, numel).to(torch.float32)
+            return out.copy_(bits.view(torch.bfloat16))
+        return out.copy_(_read_only_view(view, torch.bfloat16, numel))  # exact: bf16 fits fp32
 
     def decode_view(self, data: Buffer, numel: int) -> torch.Tensor:
         return self.decode(data, numel)

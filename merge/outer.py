@@ -70,8 +70,13 @@ class OuterOptimizer(ABC):
     @abstractmethod
     def step(
         self, params: torch.Tensor, pseudo_gradient: torch.Tensor, weight: float, learners: int = 1
-    ) -> None:
-        """Applies ``weight * pseudo_gradient`` as 1/``learners`` of a round, in place."""
+    ) -> float | None:
+        """Applies ``weight * pseudo_gradient`` as 1/``learners`` of a round, in place.
+
+        Returns |a| when the step moved ``params`` by a * ``pseudo_gradient`` and nothing else
+        (so by at most |a| times its norm: what lets the replica bound its params norm without
+        a pass over them), or None when it moved them otherwise too (a momentum term).
+        """
 
     @property
     def momentum_buffer(self) -> torch.Tensor:
@@ -154,7 +159,7 @@ class NesterovSGD(OuterOptimizer):
 
     def step(
         self, params: torch.Tensor, pseudo_gradient: torch.Tensor, weight: float, learners: int = 1
-    ) -> None:
+    ) -> float | None:
         g = self._weighted(params, pseudo_gradient, weight, learners)
         if learners == 1:
             self._buf.mul_(self.momentum).add_(g)
@@ -164,6 +169,7 @@ class NesterovSGD(OuterOptimizer):
             params.add_(g, alpha=-self.lr * c.grad).add_(self._buf, alpha=-self.lr * c.look_ahead)
             self._buf.mul_(c.decay).add_(g, alpha=c.gain)
         self._count += 1
+        return None  # the params moved along the momentum too
 
 
 class DelayedNesterov(OuterOptimizer):
@@ -184,12 +190,13 @@ class DelayedNesterov(OuterOptimizer):
 
     def step(
         self, params: torch.Tensor, pseudo_gradient: torch.Tensor, weight: float, learners: int = 1
-    ) -> None:
+    ) -> float | None:
         self._check_step(params, pseudo_gradient, weight, learners)
         share = 1.0 / (self.delay or learners)
         # Scaled on the fly: no temporary the size of the model (the merge path's cost).
         self._acc.add_(pseudo_gradient, alpha=weight * share)
-        params.add_(pseudo_gradient, alpha=-self.lr * weight * share)
+        moved = -self.lr * weight * share
+        params.add_(pseudo_gradient, alpha=moved)
         self._count += 1
         self._progress += share
         if self._progress >= 1.0 - _ROUND_TOLERANCE:
@@ -199,6 +206,8 @@ class DelayedNesterov(OuterOptimizer):
             self._progress = max(0.0, self._progress - 1.0)
             if self._progress < _ROUND_TOLERANCE:
                 self._progress = 0.0
+            return None  # the fold moved the params along the momentum too
+        return abs(moved)
 
     def momentum_direction(self) -> torch.Tensor | None:
         """The momentum plus the updates not yet folded into it (_acc holds scaled shares).

@@ -8,18 +8,20 @@ weighs an update the same whatever order updates arrive in.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import math
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from merge.codec_base import DecodesInto
 from merge.codecs import CODECS, CodecError, get_codec
 from merge.correction import CorrectionConfig, correct
 from merge.envelope import (
@@ -140,6 +142,9 @@ class UpdatePipeline:
         self.clock: Callable[[], float] = time.time
         self._payloads: dict[tuple[str, int], str] = {}
         """The payload hash applied under each update id: a second one is equivocation."""
+        self._scratch: torch.Tensor | None = None
+        """The decode buffer reused across updates by codecs that decode into one (bf16)."""
+        self._scratch_lock = threading.Lock()
 
     def check_header(self, signed: SignedHeader) -> str | None:
         """The rejection reason a header alone earns, or None; usable before fetching a payload.
@@ -181,7 +186,30 @@ class UpdatePipeline:
     def _merge(self, update: SignedUpdate) -> tuple[float, int, str | None]:
         header = update.header
         _raise_if(self.check_header(update.signed_header))
-        pseudo_gradient, update_norm = _decode_payload(update)
+        with self._decode_buffer(header.codec, header.numel) as out:
+            pseudo_gradient, update_norm = _decode_payload(update, out)
+            return self._apply(header, pseudo_gradient, update_norm)
+
+    @contextlib.contextmanager
+    def _decode_buffer(self, codec: str, numel: int) -> Iterator[torch.Tensor | None]:
+        """The reused decode buffer (its first ``numel`` elements) while it is free and the
+        codec decodes into one; None otherwise (the codec allocates). ``numel`` was checked
+        against the replica's (check_header), so the buffer never outgrows the model."""
+        if not isinstance(CODECS[codec], DecodesInto) or not self._scratch_lock.acquire(
+            blocking=False
+        ):
+            yield None
+            return
+        try:
+            if self._scratch is None or self._scratch.numel() < numel:
+                self._scratch = torch.empty(max(numel, self.replica.numel), dtype=torch.float32)
+            yield self._scratch[:numel]
+        finally:
+            self._scratch_lock.release()
+
+    def _apply(
+        self, header: UpdateHeader, pseudo_gradient: torch.Tensor, update_norm: float
+    ) -> tuple[float, int, str | None]:
         weight = self.weight_of(header)
         with self.replica.lock:
             _raise_if(self._trust_reason(header) or self._novelty_reason(header))
@@ -202,7 +230,7 @@ class UpdatePipeline:
             # applied sets apart for good. The id is applied everywhere; what a verdict
             # removes is the update's contribution (clipped to the bound, or zeroed).
             weight *= self._robust_scale(header, verdict)
-            self.replica.apply(header, corrected.pseudo_gradient, weight)
+            self.replica.apply(header, corrected.pseudo_gradient, weight, norm)
             if verdict.reason is None:
                 robust.accepted(verdict)
             self._payloads[header.update_id] = header.payload_digest
@@ -280,8 +308,16 @@ class UpdatePipeline:
         # Against the whole model's norm, a fragment's too: a fragment's own tensors can be
         # small at genesis (an honest early fragment outgrows them); the per-fragment robust
         # filter bounds a fragment against its own history.
-        params_norm = float(torch.linalg.vector_norm(self.replica.params))
-        if update_norm > self.config.max_update_norm_ratio * max(params_norm, _MIN_PARAMS_NORM):
+        ratio = self.config.max_update_norm_ratio
+        bounds = self.replica.params_norm_bounds()
+        if bounds is not None:  # the verdict of the exact norm, when the bounds settle it
+            # x -> ratio * max(x, tiny) is monotone in floats, so lo <= norm <= hi carries over.
+            if update_norm <= ratio * max(bounds[0], _MIN_PARAMS_NORM):
+                return None
+            if update_norm > ratio * max(bounds[1], _MIN_PARAMS_NORM):
+                return "norm_too_large"
+        params_norm = self.replica.params_norm()
+        if update_norm > ratio * max(params_norm, _MIN_PARAMS_NORM):
             return "norm_too_large"
         return None
 
@@ -308,13 +344,20 @@ def staleness_of(header: UpdateHeader) -> int:
     return header.staleness // (header.fragments or 1)
 
 
-def _decode_payload(update: SignedUpdate) -> tuple[torch.Tensor, float]:
-    """The pseudo-gradient (possibly aliasing the payload: read-only) and its finite norm."""
+def _decode_payload(
+    update: SignedUpdate, out: torch.Tensor | None = None
+) -> tuple[torch.Tensor, float]:
+    """The pseudo-gradient (possibly aliasing the payload or ``out``: read-only) and its finite
+    norm. The payload is hashed on torch's threads: the rest of the path runs on them too."""
     header = update.header
-    if not payload_matches(header, update.payload):
+    if not payload_matches(header, update.payload, max_threads=torch.get_num_threads()):
         raise _Rejected("payload_hash_mismatch")
+    codec = get_codec(header.codec)
     try:
-        pseudo_gradient = get_codec(header.codec).decode_view(update.payload, header.numel)
+        if out is not None and isinstance(codec, DecodesInto):
+            pseudo_gradient = codec.decode_into(update.payload, header.numel, out)
+        else:
+            pseudo_gradient = codec.decode_view(update.payload, header.numel)
     except CodecError:
         raise _Rejected("malformed") from None
     # One pass: a NaN or infinity anywhere makes the norm non-finite.

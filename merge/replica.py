@@ -8,6 +8,7 @@ of a round counts towards that fragment's round (Delayed Nesterov folds per frag
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
 from collections.abc import Mapping, Sequence
 
@@ -16,6 +17,14 @@ import torch
 from merge.envelope import UpdateHeader
 from merge.fragments import FragmentLayout
 from merge.outer import OuterOptimizer
+
+NORM_SLACK = 0.05
+"""Relative widening of the params-norm bounds at each step they are carried through. They
+must hold what ``float(torch.linalg.vector_norm(params))`` would return, and torch's fp32 norm
+is off the exact one by ~4e-4 at 10M elements (measured), so they are kept far wider: only an
+update within ~5 % of the norm limit needs the exact params norm."""
+NORM_MAX_CHAIN = 32
+"""Steps the bounds are carried through before the params norm is computed again."""
 
 
 class Replica:
@@ -62,6 +71,9 @@ class Replica:
         self._version = 0
         """Bumped whenever the applied set changes: the cached digest is for one version."""
         self._digest: tuple[int, str] | None = None
+        self._norm_bounds: tuple[int, float, float, int] | None = None
+        """(params' torch version counter, lo, hi, steps carried): bounds on params_norm()
+        while the params are unchanged but for the steps that carried them."""
 
     @property
     def numel(self) -> int:
@@ -116,11 +128,40 @@ class Replica:
         with self.lock:
             return seq in self._applied.get(author, ())
 
-    def apply(self, header: UpdateHeader, pseudo_gradient: torch.Tensor, weight: float) -> None:
+    def params_norm(self) -> float:
+        """``float(torch.linalg.vector_norm(params))``: one pass over the params, after which
+        :meth:`params_norm_bounds` is exact until the next step."""
+        with self.lock:
+            norm = float(torch.linalg.vector_norm(self.params))
+            version = _tensor_version(self.params)
+            self._norm_bounds = None
+            if version is not None and math.isfinite(norm):
+                self._norm_bounds = (version, norm, norm, 0)
+            return norm
+
+    def params_norm_bounds(self) -> tuple[float, float] | None:
+        """(lo, hi) around what :meth:`params_norm` would return now, without reading the
+        params: carried from the last exact norm through the steps since, each of which moved
+        the params by at most |a| times the applied vector's norm. None when unknown (any
+        other change to the params, a momentum term, a fragment, no norm given to apply)."""
+        with self.lock:
+            bounds = self._norm_bounds
+            if bounds is None or bounds[0] != _tensor_version(self.params):
+                return None
+            return bounds[1], bounds[2]
+
+    def apply(
+        self,
+        header: UpdateHeader,
+        pseudo_gradient: torch.Tensor,
+        weight: float,
+        norm: float | None = None,
+    ) -> None:
         """Steps the outer optimizer with the update and records its id.
 
         An update of weight 0 contributes nothing: its id is recorded, the params and the outer
-        optimizer's state stay as they are.
+        optimizer's state stay as they are. ``norm``: the pseudo-gradient's norm, when the
+        caller has it (it keeps :meth:`params_norm_bounds` known through the step).
         """
         with self.lock:
             if self.has_applied(header.author, header.seq):
@@ -131,19 +172,41 @@ class Replica:
                 )
             if weight != 0:
                 learners = 1 if header.learners is None else header.learners
-                self._step(header.fragment, pseudo_gradient, weight, learners)
+                bounds = self.params_norm_bounds()
+                moved = self._step(header.fragment, pseudo_gradient, weight, learners)
+                self._carry_norm_bounds(bounds, moved, norm)
             self._record(header.author, header.seq)
 
     def _step(
         self, fragment: int | None, pseudo_gradient: torch.Tensor, weight: float, learners: int
-    ) -> None:
+    ) -> float | None:
+        """The outer step; |a| when it moved the params by a * pseudo_gradient alone."""
         outer = self.outer_for(fragment)
         if fragment is None or self.layout is None:
-            outer.step(self.params, pseudo_gradient, weight, learners)
-            return
+            return outer.step(self.params, pseudo_gradient, weight, learners)
         params = self.layout.gather(self.params, fragment)
         outer.step(params, pseudo_gradient, weight, learners)
         self.layout.scatter(self.params, fragment, params)
+        return None
+
+    def _carry_norm_bounds(
+        self, before: tuple[float, float] | None, moved: float | None, norm: float | None
+    ) -> None:
+        """Bounds after a step of |a| = ``moved`` along a vector of ``norm``: the params norm
+        changed by at most |a| * norm (triangle inequality), widened by NORM_SLACK for the
+        float error of the norms and of the step."""
+        chain = 0 if self._norm_bounds is None else self._norm_bounds[3] + 1
+        version = _tensor_version(self.params)
+        self._norm_bounds = None
+        if before is None or moved is None or norm is None or version is None:
+            return
+        if chain > NORM_MAX_CHAIN or not (math.isfinite(norm) and norm >= 0):
+            return
+        lo, hi = before
+        shift = moved * norm * (1.0 + NORM_SLACK)
+        lo, hi = max(0.0, (lo - shift) * (1.0 - NORM_SLACK)), (hi + shift) * (1.0 + NORM_SLACK)
+        if math.isfinite(hi):
+            self._norm_bounds = (version, lo, hi, chain)
 
     def snapshot(self) -> tuple[torch.Tensor, int]:
         """A copy of the params and the number of updates they include, taken atomically."""
@@ -225,6 +288,15 @@ class Replica:
         self._version += 1
         self._last_seq[author] = max(seq, self._last_seq.get(author, -1))
         self._num_applied += 1
+
+
+def _tensor_version(tensor: torch.Tensor) -> int | None:
+    """Torch's in-place version counter of ``tensor`` (bumped by every in-place op on it or a
+    view of it); None for an inference tensor, which has none."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None
 
 
 def _parse_applied(applied: object) -> dict[str, set[int]]:
