@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sys
 from pathlib import Path
 from typing import IO
 
@@ -53,6 +54,34 @@ class ResourceLock:
     @property
     def held(self) -> bool:
         return self._file is not None
+
+
+MAX_IDENTITY_SLOTS = 64
+"""Default identities one machine's nodes may take: identity.key, identity-2.key, ..."""
+
+
+def lock_identity(identity_path: Path, *, is_default: bool) -> tuple[Path, ResourceLock]:
+    """The identity this node runs with, locked.
+
+    An explicit --identity that another node holds is an error naming the flag. The default
+    one held by another node on this machine (several nodes started with default paths) moves
+    this node to the first free `identity-N.key` beside it, created on first use: the same
+    slot, so the same peer id and checkpoints, whenever it is free again.
+    """
+    try:
+        return identity_path, identity_lock(identity_path).acquire()
+    except InUseError:
+        if not is_default:
+            raise
+        first_error = sys.exc_info()[1]
+    for slot in range(2, MAX_IDENTITY_SLOTS + 1):
+        path = identity_path.with_name(f"{identity_path.stem}-{slot}{identity_path.suffix}")
+        try:
+            return path, identity_lock(path).acquire()
+        except InUseError:
+            continue
+    assert first_error is not None
+    raise first_error
 
 
 def identity_lock(identity_path: Path) -> ResourceLock:

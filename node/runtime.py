@@ -48,7 +48,7 @@ from node.events import EventLog
 from node.fingerprint import describe_differences, fingerprint_settings, join_arguments
 from node.learner import RoundStats, StepStats, resolve_device
 from node.lifecycle import adopt_legacy_checkpoint, preflight
-from node.locks import checkpoint_lock, identity_lock
+from node.locks import checkpoint_lock, lock_identity
 from node.model import build_model
 from node.progress import RoundProgress
 from node.round_size import PeerRate, RoundSizeConfig, RoundSizer
@@ -139,8 +139,18 @@ class Node:
     """One learner with its replica of the global model."""
 
     def __init__(self, config: JoinConfig, events: EventLog) -> None:
+        identity_path, held = lock_identity(
+            config.identity_path, is_default=config.identity == JoinConfig.identity
+        )
+        if identity_path != config.identity_path:
+            logger.warning(
+                "identity %s is in use by another node on this machine; this node runs as %s",
+                config.identity_path,
+                identity_path,
+            )
+            config = replace(config, identity=str(identity_path))
         self.config = config
-        self._locks = [identity_lock(config.identity_path).acquire()]
+        self._locks = [held]
         try:
             self._build(config, events)
         except BaseException:

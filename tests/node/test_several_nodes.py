@@ -23,7 +23,7 @@ TINY = ["join", "--model", "tiny", "--batch-size", "2", "--eval-batches", "1", "
         "--log-format", "json", "--host", "localhost"]  # fmt: skip
 
 
-def test_a_second_node_with_the_default_identity_is_refused_then_runs_with_its_own(
+def test_a_second_node_with_default_paths_runs_as_its_own_and_an_explicit_shared_key_is_refused(
     node_home: Path,
 ) -> None:
     first = subprocess.Popen(
@@ -46,19 +46,25 @@ def test_a_second_node_with_the_default_identity_is_refused_then_runs_with_its_o
                 started = json.loads(line)
         assert started is not None, "the first node did not start within 90 s"
 
-        code, _, err = run_cli([*TINY, "--max-rounds", "1"], home=node_home, timeout_s=60)
+        # Default paths: the second node takes the next free default identity.
+        run = [*TINY, "--max-rounds", "1", "--inner-steps", "2"]
+        code, events, err = run_cli(run, home=node_home, timeout_s=120)
+        assert code == 0, err[-2000:]
+        second = next(e for e in events if e["event"] == "started")["peer_id"]
+        assert second != started["peer_id"]
+        assert (node_home / ".diloco" / "identity-2.key").exists()
+
+        # It keeps that identity when restarted while the first still runs.
+        code, events, err = run_cli(run, home=node_home, timeout_s=120)
+        assert code == 0, err[-2000:]
+        assert next(e for e in events if e["event"] == "started")["peer_id"] == second
+
+        # An identity given explicitly is never swapped: in use, it is a one-line error.
+        shared = str(node_home / ".diloco" / "identity.key")
+        code, _, err = run_cli([*run, "--identity", shared], home=node_home, timeout_s=60)
         lines = [line for line in err.splitlines() if "error:" in line]
         assert code == 1 and len(lines) == 1, err[-2000:]
         assert "identity" in lines[0] and "in use" in lines[0] and "--identity" in lines[0]
-
-        second_key = str(node_home / "second.key")
-        code, events, err = run_cli(
-            [*TINY, "--identity", second_key, "--max-rounds", "1", "--inner-steps", "2"],
-            home=node_home,
-            timeout_s=120,
-        )
-        assert code == 0, err[-2000:]
-        second = next(e for e in events if e["event"] == "started")["peer_id"]
     finally:
         os.killpg(first.pid, signal.SIGINT)
         _, err = first.communicate(timeout=45)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dht.preflight import PreflightError, check_bootstrap_reachable, check_port_free
-from node.locks import InUseError, identity_lock
+from node.locks import InUseError, identity_lock, lock_identity
 from tests.conftest import REPO
 
 PEER = "12D3KooWGgtHxHyqJ2bBHB6YPBFu2yC7n1AVXsbuXrBjVt3jxY3E"
@@ -56,6 +56,31 @@ def test_a_held_identity_is_refused_and_freed_by_release(tmp_path: Path) -> None
         identity_lock(key).acquire()
     held.release()
     identity_lock(key).acquire().release()
+
+
+def test_a_held_default_identity_moves_the_next_node_to_the_first_free_slot(
+    tmp_path: Path,
+) -> None:
+    key = tmp_path / "identity.key"
+    first = identity_lock(key).acquire()
+    path, second = lock_identity(key, is_default=True)
+    assert path == tmp_path / "identity-2.key"
+    path3, third = lock_identity(key, is_default=True)
+    assert path3 == tmp_path / "identity-3.key"
+    second.release()
+    again, fourth = lock_identity(key, is_default=True)
+    assert again == tmp_path / "identity-2.key"  # the freed slot: same key, same peer id
+    for lock in (first, third, fourth):
+        lock.release()
+    assert lock_identity(key, is_default=True)[0] == key
+
+
+def test_a_held_explicit_identity_is_refused_not_swapped(tmp_path: Path) -> None:
+    key = tmp_path / "mine.key"
+    held = identity_lock(key).acquire()
+    with pytest.raises(InUseError, match="--identity"):
+        lock_identity(key, is_default=False)
+    held.release()
 
 
 def test_a_lock_of_a_killed_process_does_not_block_a_restart(tmp_path: Path) -> None:
