@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import os
+import signal
 import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
 from node.cli import main
-from tests.conftest import run_cli
+from tests.conftest import REPO, run_cli
 
 # A real text file of a few hundred KB that every machine with torch has.
 SMALL_CORPUS = str(Path(torch.__file__).parent / "functional.py")
@@ -125,3 +130,26 @@ def test_console_script_version_and_help(node_home: Path) -> None:
     assert code == 0
     code, _, err = run_cli(["join", "--max-rounds", "-1"], home=node_home, timeout_s=60)
     assert code != 0 and "Traceback" not in err
+
+
+def test_ctrl_c_while_the_cli_is_still_importing_is_one_line(node_home: Path) -> None:
+    """torch takes seconds to import; Ctrl+C then ends the command like Ctrl+C later does."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from node.entry import main; sys.exit(main())",
+         "join", "--model", "tiny"],
+        cwd=REPO,
+        env={**os.environ, "HOME": str(node_home)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    # Once torch's library is mapped the child is inside `import torch`, within the entry
+    # point's reach (the interpreter's own start, site.py included, is not).
+    deadline = time.monotonic() + 60
+    while not any("libtorch" in m.path for m in psutil.Process(proc.pid).memory_maps()):
+        assert proc.poll() is None and time.monotonic() < deadline, "torch never loaded"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and err.strip() == "diloco-node: interrupted"
