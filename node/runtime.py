@@ -52,6 +52,7 @@ from node.locks import checkpoint_lock, lock_identity
 from node.model import build_model
 from node.progress import RoundProgress
 from node.round_size import PeerRate, RoundSizeConfig, RoundSizer
+from node.seq_ledger import SeqLedger
 from node.snapshot import NodeStatus, PeerSighting
 from node.stats import LastRound, NodeStats, ReplicaView
 from node.streaming import FragmentCompressors, FragmentStream
@@ -170,6 +171,9 @@ class Node:
         self.spec = build_run_spec(config, self.corpus)
         self.model_config, self.merge_config = self.spec.model, self.spec.merge
         self.fingerprint = self.spec.fingerprint
+        # Beside the identity (held under its lock): the seqs it sealed, per run.
+        seqs_path = config.identity_path.with_name(config.identity_path.name + ".seqs")
+        self.seq_ledger = SeqLedger(seqs_path, self.fingerprint)
         self.run_settings = fingerprint_settings(config, self.corpus)
         model = build_model(self.model_config, config.seed)
         self.replica = build_replica(model, self.merge_config, config.fragments)
@@ -364,7 +368,12 @@ class Node:
                 mb_per_s=round(stats.mb_per_s, 2),
             )
         # A node that rejoins with the same identity continues its seq numbers.
-        self.seq = max(self.seq, self.replica.last_seq(self.peer_id), self.swarm.announced_seq())
+        self.seq = max(
+            self.seq,
+            self.replica.last_seq(self.peer_id),
+            self.swarm.announced_seq(),
+            self.seq_ledger.last(),
+        )
         self.published_seq = self.seq
         self._record_replica()
         self._resketcher.start()  # after the DHT's fork: no thread of ours may exist then
@@ -520,6 +529,8 @@ class Node:
         t_start = time.perf_counter()
         payload = encode(pseudo_gradient)
         t_encode = time.perf_counter()
+        # On disk before it is sealed: a restart never signs another payload under this seq.
+        self.seq_ledger.record(self.seq + 1)
         update = seal(
             self.identity,
             fingerprint=self.fingerprint,
@@ -855,7 +866,7 @@ class Node:
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             raise CheckpointError(f"checkpoint in {path} is damaged ({exc})") from None
         # A node that rejoins with the same identity continues its seq numbers.
-        self.seq = max(own_seq, self.replica.last_seq(self.peer_id), 0)
+        self.seq = max(own_seq, self.replica.last_seq(self.peer_id), self.seq_ledger.last(), 0)
         self._record_replica()
         self.events.emit(
             "resumed",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import psutil
 import torch
 
 from merge.envelope import seal
+from merge.identity import Identity
 from node.config import JoinConfig
 from node.events import RecordingEventLog
 from node.runtime import Node
@@ -55,8 +57,20 @@ def _config(tmp_path: Path, checkpoint: str, **overrides: Any) -> JoinConfig:
     return JoinConfig(**{**base, **overrides})
 
 
+def _same_identity_elsewhere(tmp_path: Path, name: str) -> str:
+    """The identity of `_config`'s id.key in another file: the same peer, a ledger of seqs
+    of its own (a separate world, not a restart of the same node)."""
+    Identity.load_or_create(tmp_path / "id.key")
+    copy = tmp_path / name
+    shutil.copy2(tmp_path / "id.key", copy)
+    return str(copy)
+
+
 def test_resume_from_checkpoint_is_bit_identical(tmp_path: Path) -> None:
-    straight = Node(_config(tmp_path, "straight", max_rounds=4), RecordingEventLog())
+    identity = _same_identity_elsewhere(tmp_path, "straight.key")
+    straight = Node(
+        _config(tmp_path, "straight", max_rounds=4, identity=identity), RecordingEventLog()
+    )
     straight.run()
 
     Node(_config(tmp_path, "split", max_rounds=2), RecordingEventLog()).run()
@@ -72,6 +86,23 @@ def test_resume_from_checkpoint_is_bit_identical(tmp_path: Path) -> None:
         other = b["outer"][key]
         assert torch.equal(value, other) if isinstance(value, torch.Tensor) else value == other
     assert resumed.seq == straight.seq == 4
+
+
+def test_a_node_restarted_from_an_older_checkpoint_never_reuses_a_seq(tmp_path: Path) -> None:
+    """It crashed after publishing seq 2 but before checkpointing it: the checkpoint says 1,
+    the seq ledger beside its key says 2, so its next update is seq 3, not another seq 2."""
+    Node(_config(tmp_path, "ckpt", max_rounds=1), RecordingEventLog()).run()
+    shutil.copytree(tmp_path / "ckpt", tmp_path / "round1")
+    Node(_config(tmp_path, "ckpt", max_rounds=2), RecordingEventLog()).run()
+    shutil.rmtree(tmp_path / "ckpt")
+    shutil.copytree(tmp_path / "round1", tmp_path / "ckpt")  # the checkpoint before the crash
+
+    events = RecordingEventLog()
+    node = Node(_config(tmp_path, "ckpt", max_rounds=2), events)
+    node.run()
+    assert events.of("resumed")[0]["round"] == 1
+    assert [e["seq"] for e in events.of("update_merged")] == [3]
+    assert node.replica.applied[node.peer_id] == [1, 3]
 
 
 def test_replayed_and_forged_updates_are_rejected_and_counted(tmp_path: Path) -> None:
