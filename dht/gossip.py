@@ -43,7 +43,8 @@ from dht.transport import (
     send_blob,
     send_refusal,
 )
-from merge.envelope import EnvelopeError, SignedHeader, SignedUpdate
+from merge.envelope import EnvelopeError, SignedHeader, SignedUpdate, UpdateHeader
+from merge.equivocation import MAX_PROOF_BYTES, Proof, ProofError
 from merge.pipeline import MergeResult, UpdatePipeline
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,8 @@ NOTIFY_LIMITS = StreamLimits(rate_per_s=20.0, burst=64.0, max_in_flight=4, deadl
 SUMMARY_LIMITS = StreamLimits(rate_per_s=1.0, burst=8.0, max_in_flight=2, deadline_s=20.0)
 """Summary exchanges a peer may start (an honest one: one per summary period while digests
 differ)."""
+EVIDENCE_LIMITS = StreamLimits(rate_per_s=2.0, burst=16.0, max_in_flight=2, deadline_s=10.0)
+"""Proofs of equivocation a peer may push (an honest one passes on each proof once)."""
 UPDATE_RATE_PER_S = 20.0
 """Update fetches a peer may start per second (an honest one fetches each update once)."""
 UPDATE_BURST = 128.0
@@ -126,6 +129,7 @@ class Gossip:
         await self.network.add_handler("update", self.rpc_update, update_limits)
         await self.network.add_handler("notify", self.rpc_notify, NOTIFY_LIMITS)
         await self.network.add_handler("summary", self.rpc_summary, SUMMARY_LIMITS)
+        await self.network.add_handler("evidence", self.rpc_evidence, EVIDENCE_LIMITS)
 
     async def start(self) -> None:
         self.active = True
@@ -205,6 +209,8 @@ class Gossip:
             return
         if reason is not None:
             self._reject(reason, header.author, "header check failed", seq=header.seq)
+            if reason == "equivocation":
+                self._on_evidence(self.pipeline.evidence(signed))
             if reason != "bad_signature":  # a forged header says nothing of the real update
                 self.catchup.fetched(header.update_id)  # settled: not worth fetching
             return
@@ -266,6 +272,8 @@ class Gossip:
         loop = asyncio.get_running_loop()
         result = await loop.run_in_executor(self._merge_pool, self.pipeline.submit, update)
         self.catchup.fetched(uid)
+        if result.reason == "equivocation":
+            self._on_evidence(self.pipeline.evidence(update.signed_header))
         if result.reason != "duplicate":
             self._on_merge(result)
         if result.accepted:
@@ -286,6 +294,60 @@ class Gossip:
             self._reject("malformed", fetch.peer_id, "served another update", seq=fetch.seq)
             return None
         return update
+
+    # ---- equivocation: proofs settled here and passed on -----------------------------------
+
+    def _on_evidence(self, proof: Proof | None, sender: str | None = None) -> None:
+        """Settle a proof off the loop (it may withdraw an applied update), then pass it on."""
+        if proof is not None and self.active:
+            self.network.spawn(self._settle(proof, sender))
+
+    async def _settle(self, proof: Proof, sender: str | None) -> None:
+        loop = asyncio.get_running_loop()
+        action = await loop.run_in_executor(
+            self._merge_pool, self.pipeline.learn_proof, proof, self._retained_update
+        )
+        self.catchup.fetched(proof.update_id)
+        if action == "none":
+            return
+        author, seq = proof.update_id
+        self._on_event("equivocation_proven", author=author, seq=seq, action=action)
+        blob = proof.to_bytes()
+        peers = [h.peer_id for h in self.membership.alive_peers() if h.peer_id != sender]
+        await asyncio.gather(
+            *(self.network.send(p, "evidence", blob, timeout_s=5.0) for p in peers),
+            return_exceptions=True,
+        )
+
+    def _retained_update(self, header: UpdateHeader) -> SignedUpdate | None:
+        """The update applied here under `header`'s id, from the retained copies (off the loop)."""
+        data = self.retained.get(header.update_id)
+        if data is None:
+            return None
+        try:
+            return SignedUpdate.from_bytes(data)
+        except EnvelopeError:
+            return None
+
+    async def rpc_evidence(self, info: Any, reader: Any, writer: Any) -> None:
+        """A pushed proof of equivocation: checked (both signatures, this run) before anything
+        is done with it; a bad one is counted against its sender."""
+        sender = str(info.peer_id)
+        try:
+            blob = await asyncio.wait_for(
+                receive_blob(reader, max_bytes=MAX_PROOF_BYTES), REQUEST_READ_TIMEOUT_S
+            )
+            if not self.membership.is_alive(sender):
+                self._reject("evidence_unknown_peer", sender, "no live heartbeat", update=False)
+                return
+            proof = Proof.from_bytes(blob, self.config.fingerprint)
+            self._on_evidence(proof, sender)
+        except ProofError as exc:
+            self._reject(f"evidence_{exc.reason}", sender, str(exc), update=False)
+        except TooLargeError as exc:
+            self._reject("evidence_too_large", sender, str(exc), update=False)
+        except (TransportError, OSError, TimeoutError) as exc:
+            logger.debug("evidence from %s dropped: %s", sender, exc)
 
     # ---- repair: per-author summaries ------------------------------------------------------
 

@@ -112,6 +112,14 @@ class OuterOptimizer(ABC):
         self._check_step(params, pseudo_gradient, weight, learners)
         return pseudo_gradient * weight
 
+    def withdraw(
+        self, params: torch.Tensor, pseudo_gradient: torch.Tensor, weight: float, learners: int = 1
+    ) -> None:
+        """Takes back the plain share ``lr * weight * g / learners`` that :meth:`step` moved the
+        params by (merge.equivocation); what momentum built on it decays like any tail."""
+        self._check_step(params, pseudo_gradient, weight, learners)
+        params.add_(pseudo_gradient, alpha=self.lr * weight / learners)
+
     def _check_step(
         self, params: torch.Tensor, pseudo_gradient: torch.Tensor, weight: float, learners: int
     ) -> None:
@@ -171,6 +179,16 @@ class NesterovSGD(OuterOptimizer):
         self._count += 1
         return None  # the params moved along the momentum too
 
+    def withdraw(
+        self, params: torch.Tensor, pseudo_gradient: torch.Tensor, weight: float, learners: int = 1
+    ) -> None:
+        """Takes back what :meth:`step` added for ``g``: its gradient share of the params and
+        its gain in the momentum (the look-ahead on the earlier momentum stays)."""
+        self._check_step(params, pseudo_gradient, weight, learners)
+        c = NesterovShares.of(self.momentum, learners)
+        params.add_(pseudo_gradient, alpha=self.lr * weight * c.grad)
+        self._buf.add_(pseudo_gradient, alpha=-weight * c.gain)
+
 
 class DelayedNesterov(OuterOptimizer):
     """Plain steps lr*g/M on every update; once per round of M updates, the momentum on them.
@@ -208,6 +226,15 @@ class DelayedNesterov(OuterOptimizer):
                 self._progress = 0.0
             return None  # the fold moved the params along the momentum too
         return abs(moved)
+
+    def withdraw(
+        self, params: torch.Tensor, pseudo_gradient: torch.Tensor, weight: float, learners: int = 1
+    ) -> None:
+        """Takes back the plain step; its share of the round's sum goes into the momentum
+        when the round folds (or went already) and decays from there, and the round's progress
+        stays (the other updates of the round complete it)."""
+        self._check_step(params, pseudo_gradient, weight, learners)
+        params.add_(pseudo_gradient, alpha=self.lr * weight / (self.delay or learners))
 
     def momentum_direction(self) -> torch.Tensor | None:
         """The momentum plus the updates not yet folded into it (_acc holds scaled shares).

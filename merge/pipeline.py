@@ -32,6 +32,7 @@ from merge.envelope import (
     payload_matches,
     verify_header,
 )
+from merge.equivocation import Action, EquivocationBook, Proof
 from merge.outer import OuterConfig
 from merge.rejections import RejectionLog
 from merge.replica import Replica
@@ -44,6 +45,7 @@ logger = logging.getLogger(__name__)
 _BENIGN_REASONS = frozenset({"duplicate", "replay", "too_stale", "wrong_run"})
 _MIN_PARAMS_NORM = 1e-12
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+_NO_GRADIENT = torch.empty(0)  # what a weight-0 apply is given: it reads none
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,8 +142,9 @@ class UpdatePipeline:
         self.admit: Callable[[str], bool] | None = None
         """Permissioned runs: whether an author may contribute (None: anyone may)."""
         self.clock: Callable[[], float] = time.time
-        self._payloads: dict[tuple[str, int], str] = {}
-        """The payload hash applied under each update id: a second one is equivocation."""
+        self.equivocation = EquivocationBook()
+        """The signed header applied under each recent id (a second payload under it is
+        equivocation) and the proofs this replica knows (merge.equivocation)."""
         self._scratch: torch.Tensor | None = None
         """The decode buffer reused across updates by codecs that decode into one (bf16)."""
         self._scratch_lock = threading.Lock()
@@ -233,7 +236,7 @@ class UpdatePipeline:
             self.replica.apply(header, corrected.pseudo_gradient, weight, norm)
             if verdict.reason is None:
                 robust.accepted(verdict)
-            self._payloads[header.update_id] = header.payload_digest
+            self.equivocation.first_seen(update.signed_header, weight)
         return weight, corrected.blocks_corrected, verdict.reason
 
     def _trust_reason(self, h: UpdateHeader) -> str | None:
@@ -244,10 +247,54 @@ class UpdatePipeline:
             return "future_timestamp"
         if h.seq > max(self.replica.last_seq(h.author), 0) + self.config.max_seq_jump:
             return "seq_too_far"
-        applied = self._payloads.get(h.update_id)
-        if applied is not None and applied != h.payload_digest:
+        if self.equivocation.is_equivocated(h.update_id):
+            return "equivocation"  # proven: no variant of it is applied here any more
+        applied = self.equivocation.applied_variant(h.update_id)
+        if applied is not None and applied[0].header.payload_digest != h.payload_digest:
             return "equivocation"  # the same id with another payload: never applied twice
         return None
+
+    def evidence(self, signed: SignedHeader) -> Proof | None:
+        """The proof of equivocation that `signed` makes with the variant applied here."""
+        with self.replica.lock:
+            return self.equivocation.conflict(signed)
+
+    def learn_proof(
+        self, proof: Proof, applied_update: Callable[[UpdateHeader], SignedUpdate | None]
+    ) -> Action:
+        """Settles a proven equivocation the same way on every replica: the id stays (or is
+        now) applied and contributes nothing. `applied_update` gives the variant this replica
+        applied (its retained copy), whose outer step is withdrawn."""
+        uid = proof.update_id
+        with self.replica.lock:
+            action = self.equivocation.learn(proof, applied=self.replica.has_applied(*uid))
+            if action == "record":
+                self.replica.apply(proof.first.header, _NO_GRADIENT, 0.0)
+            elif action == "withdraw":
+                self._withdraw(uid, applied_update)
+            self.equivocation.settled(uid)
+        if action != "none":
+            with self._stats_lock:
+                self.rejections["equivocation"] += 1
+            self.rejection_log.count(uid[0], "equivocation")
+            logger.warning("update %s#%d: equivocation proven; %s", uid[0], uid[1], action)
+        return action
+
+    def _withdraw(
+        self, uid: tuple[str, int], applied_update: Callable[[UpdateHeader], SignedUpdate | None]
+    ) -> None:
+        entry = self.equivocation.applied_variant(uid)
+        if entry is None:
+            logger.warning("update %s#%d: applied too long ago to withdraw", *uid)
+            return
+        header, weight = entry[0].header, entry[1]
+        update = applied_update(header) if weight != 0 else None
+        if update is None or update.header.payload_digest != header.payload_digest:
+            if weight != 0:
+                logger.warning("update %s#%d: its applied payload is gone; kept", *uid)
+            return
+        pseudo_gradient, _ = _decode_payload(update)
+        self.replica.withdraw(header, pseudo_gradient, weight)
 
     def _robust_scale(self, header: UpdateHeader, verdict: Verdict) -> float:
         """The share of the update's contribution the robust checks let through, in [0, 1]."""

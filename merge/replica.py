@@ -177,6 +177,23 @@ class Replica:
                 self._carry_norm_bounds(bounds, moved, norm)
             self._record(header.author, header.seq)
 
+    def withdraw(self, header: UpdateHeader, pseudo_gradient: torch.Tensor, weight: float) -> None:
+        """Takes back the outer step of an applied update (merge.equivocation); its id stays
+        applied."""
+        with self.lock:
+            if not self.has_applied(header.author, header.seq):
+                raise ValueError(f"update {header.update_id} has not been applied.")
+            if weight == 0:
+                return
+            learners = 1 if header.learners is None else header.learners
+            outer = self.outer_for(header.fragment)
+            if header.fragment is None or self.layout is None:
+                outer.withdraw(self.params, pseudo_gradient, weight, learners)
+                return
+            params = self.layout.gather(self.params, header.fragment)
+            outer.withdraw(params, pseudo_gradient, weight, learners)
+            self.layout.scatter(self.params, header.fragment, params)
+
     def _step(
         self, fragment: int | None, pseudo_gradient: torch.Tensor, weight: float, learners: int
     ) -> float | None:

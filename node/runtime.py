@@ -833,6 +833,7 @@ class Node:
             "learner": self.learner.state_dict(),
             "partial_round": partial.state_dict() if partial is not None else None,
             "error_feedback": self._error_feedback().state_dict(),
+            "equivocation": self.pipeline.equivocation.state_dict(),
         }
 
     def _error_feedback(self) -> Compressor | FragmentCompressors:
@@ -857,6 +858,8 @@ class Node:
             self.learner.load_state_dict(state["learner"])
             if "error_feedback" in state:  # checkpoints before codecs with error feedback lack it
                 self._error_feedback().load_state_dict(state["error_feedback"])
+            # Proven equivocations and the ids settled in this replica (merge.equivocation).
+            self.pipeline.equivocation.load_state_dict(state.get("equivocation"), self.fingerprint)
             self.round = int(state["round"])
             own_seq = int(state["seq"]) if state["peer_id"] == self.peer_id else 0
             partial = state.get("partial_round")

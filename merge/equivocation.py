@@ -1,0 +1,211 @@
+"""Equivocation: two signed payloads under one update id, its proof, and what every replica does.
+
+An update id (author, seq) names one payload. An author that signs two different payloads
+under one id has left evidence anyone can check: the two signed headers, same author and seq,
+different payload hashes, both signatures valid. Replicas that received different variants
+first would otherwise keep different contributions forever (each applies the id once), so the
+rule, the same on every replica whatever it received and in whichever order:
+
+- the id is applied everywhere (applied sets stay equal, as for robust verdicts) and
+  contributes nothing: a replica that applied a variant withdraws it ("withdraw"), one that
+  did not records the id with no contribution ("record");
+- the proof is passed on to peers, so every replica learns it; a replica that learns it again
+  does nothing ("none").
+
+What is withdrawn is the variant's own outer step (the plain share merge.outer applied); what
+the momentum already folded in decays like any update's tail, the drift the consistency model
+allows. Pure: no network, no replica; merge.pipeline and dht.gossip act on its answers.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Literal
+
+from merge.envelope import (
+    MAX_HEADER_JSON_BYTES,
+    SIGNATURE_BYTES,
+    EnvelopeError,
+    SignedHeader,
+    verify_header,
+)
+
+UpdateId = tuple[str, int]
+Action = Literal["withdraw", "record", "none"]
+PROOF_MAGIC = b"DLE1"
+MAX_HEADER_BLOB = 8 + MAX_HEADER_JSON_BYTES + SIGNATURE_BYTES
+MAX_PROOF_BYTES = len(PROOF_MAGIC) + 2 * (4 + MAX_HEADER_BLOB)
+MAX_PROOFS = 4096
+"""Proofs kept (and persisted); beyond it the oldest are dropped (their ids stay settled in
+the applied set)."""
+MAX_FIRST_SEEN = 8192
+"""Signed headers kept to notice a second variant of a recently applied id."""
+
+
+class ProofError(ValueError):
+    """Bytes that are not a valid proof of equivocation; ``reason`` names the failure."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Proof:
+    """Two signed headers of one author under one id with different payloads.
+
+    Canonical: the header with the lower payload hash first, so every replica that builds a
+    proof of the same pair builds the same bytes.
+    """
+
+    first: SignedHeader
+    second: SignedHeader
+
+    @property
+    def update_id(self) -> UpdateId:
+        return self.first.header.update_id
+
+    @classmethod
+    def of(cls, a: SignedHeader, b: SignedHeader) -> Proof:
+        """The canonical proof of `a` and `b` (raises ProofError when they prove nothing)."""
+        first, second = sorted((a, b), key=lambda s: s.header.payload_digest)
+        proof = cls(first, second)
+        proof.check()
+        return proof
+
+    def check(self, fingerprint: str | None = None) -> None:
+        """Raises ProofError unless this proves that the author equivocated (in this run)."""
+        a, b = self.first.header, self.second.header
+        if a.update_id != b.update_id:
+            raise ProofError("not_same_id", f"{a.update_id} and {b.update_id}")
+        if a.payload_digest >= b.payload_digest:  # equal: no conflict; greater: not canonical
+            raise ProofError("not_conflicting", "the payload hashes do not differ (in order)")
+        if fingerprint is not None and (a.fingerprint, b.fingerprint) != (fingerprint,) * 2:
+            raise ProofError("wrong_run", "a header of another run")
+        for signed in (self.first, self.second):
+            try:
+                verify_header(signed)
+            except EnvelopeError as exc:
+                raise ProofError(exc.reason, str(exc)) from None
+
+    def to_bytes(self) -> bytes:
+        parts = [self.first.to_bytes(), self.second.to_bytes()]
+        return PROOF_MAGIC + b"".join(struct.pack(">I", len(p)) + p for p in parts)
+
+    @classmethod
+    def from_bytes(cls, data: object, fingerprint: str | None = None) -> Proof:
+        """A proof as received, checked; raises ProofError for anything else."""
+        if not isinstance(data, bytes | bytearray):
+            raise ProofError("malformed", "a proof is bytes")
+        if len(data) > MAX_PROOF_BYTES:
+            raise ProofError("too_large", f"proof of {len(data)} bytes")
+        if not data.startswith(PROOF_MAGIC):
+            raise ProofError("malformed", "not a proof of equivocation")
+        view, offset, headers = bytes(data), len(PROOF_MAGIC), []
+        for _ in range(2):
+            if offset + 4 > len(view):
+                raise ProofError("malformed", "truncated")
+            (size,) = struct.unpack_from(">I", view, offset)
+            offset += 4
+            if size > MAX_HEADER_BLOB or offset + size > len(view):
+                raise ProofError("malformed", "header length out of range")
+            try:
+                headers.append(SignedHeader.from_bytes(view[offset : offset + size]))
+            except EnvelopeError as exc:
+                raise ProofError("malformed", str(exc)) from None
+            offset += size
+        if offset != len(view):
+            raise ProofError("malformed", "trailing bytes")
+        proof = cls(headers[0], headers[1])
+        proof.check(fingerprint)
+        return proof
+
+
+class EquivocationBook:
+    """Proofs known to this replica, the ids it has settled, and the first signed header of
+    each recently applied id (to notice a second variant). Bounded; not thread-safe (the
+    pipeline calls it under the replica's lock)."""
+
+    def __init__(self) -> None:
+        self._proofs: OrderedDict[UpdateId, Proof] = OrderedDict()
+        self._settled: set[UpdateId] = set()
+        self._first: OrderedDict[UpdateId, tuple[SignedHeader, float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._proofs)
+
+    def is_equivocated(self, uid: UpdateId) -> bool:
+        return uid in self._proofs
+
+    def proofs(self) -> list[Proof]:
+        return list(self._proofs.values())
+
+    def first_seen(self, signed: SignedHeader, weight: float) -> None:
+        """`signed` was applied with `weight`: a different variant of its id later is
+        equivocation, and what was applied can be withdrawn."""
+        uid = signed.header.update_id
+        self._first[uid] = (signed, weight)
+        self._first.move_to_end(uid)
+        while len(self._first) > MAX_FIRST_SEEN:
+            self._first.popitem(last=False)
+
+    def applied_variant(self, uid: UpdateId) -> tuple[SignedHeader, float] | None:
+        """The signed header applied under `uid` and its weight (recent ids only)."""
+        return self._first.get(uid)
+
+    def conflict(self, signed: SignedHeader) -> Proof | None:
+        """The proof that `signed` makes with the variant applied under its id, if they differ
+        (and `signed` is validly signed)."""
+        entry = self._first.get(signed.header.update_id)
+        if entry is None or entry[0].header.payload_digest == signed.header.payload_digest:
+            return None
+        first = entry[0]
+        try:
+            return Proof.of(first, signed)
+        except ProofError:
+            return None
+
+    def learn(self, proof: Proof, *, applied: bool) -> Action:
+        """What this replica does on (possibly again) learning `proof`; `applied`: whether the
+        id is in its applied set now. The caller carries the action out, then calls `settled`."""
+        uid = proof.update_id
+        if uid in self._settled:
+            return "none"
+        if uid not in self._proofs:
+            self._proofs[uid] = proof
+            while len(self._proofs) > MAX_PROOFS:
+                old, _ = self._proofs.popitem(last=False)
+                self._settled.discard(old)
+        return "withdraw" if applied else "record"
+
+    def settled(self, uid: UpdateId) -> None:
+        """The id's contribution is gone from this replica (withdrawn, or recorded as none)."""
+        if uid in self._proofs:
+            self._settled.add(uid)
+
+    def state_dict(self) -> dict[str, object]:
+        """Proof bytes and the settled ids: checkpointed with the replica they describe."""
+        return {
+            "proofs": [p.to_bytes() for p in self._proofs.values()],
+            "settled": sorted([a, s] for a, s in self._settled),
+        }
+
+    def load_state_dict(self, state: object, fingerprint: str | None = None) -> None:
+        """Restores what `state_dict` saved; entries that do not check out are skipped."""
+        self._proofs.clear()
+        self._settled.clear()
+        if not isinstance(state, dict):
+            return
+        for blob in state.get("proofs") or []:
+            try:
+                proof = Proof.from_bytes(blob, fingerprint)
+            except ProofError:
+                continue
+            self._proofs[proof.update_id] = proof
+        for entry in state.get("settled") or []:
+            if isinstance(entry, list | tuple) and len(entry) == 2:
+                uid = (str(entry[0]), int(entry[1]))
+                if uid in self._proofs:
+                    self._settled.add(uid)
