@@ -176,6 +176,8 @@ def rows_of(result: RunResult, clean: RunResult) -> list[dict[str, Any]]:
     for attack in result.attacks:
         ended = attack["ended_at"]
         ratios, advanced, peers = [], [], [0]  # peers alive as the honest rounds saw them
+        learners: list[int] = []  # the M each honest update was sized by, where it was merged
+        honest_ids = {n.peer_id for n in result.honest}
         for i, node in enumerate(result.honest):
             if node.name == "newcomer":
                 continue
@@ -187,6 +189,11 @@ def rows_of(result: RunResult, clean: RunResult) -> list[dict[str, Any]]:
             window = [e for e in node.of("round_done") if start <= e["time"] <= ended]
             advanced.append(len(window))
             peers += [e["peers_alive"] for e in window]
+            learners += [
+                e["learners"]
+                for e in node.of("update_merged")
+                if start <= e["time"] <= ended and e["author"] in honest_ids
+            ]
         rows.append(
             {
                 "attack": attack["attack"],
@@ -199,12 +206,21 @@ def rows_of(result: RunResult, clean: RunResult) -> list[dict[str, Any]]:
                 "max_fds": result.rss.max_fds(attack["started_at"], ended),
                 "max_peers_alive": max(peers),
                 "min_peers_alive": min(peers[1:], default=None),
+                "learners": [min(learners), max(learners)] if learners else None,
+                "replicas_agree": _replicas_agree(attack, honest_ids),
                 "error": attack["error"],
             }
         )
         if attack["attack"] == "poisoned_state":
             rows[-1]["newcomer"] = newcomer_outcome(result)
     return rows
+
+
+def _replicas_agree(attack: dict[str, Any], honest_ids: set[str]) -> bool | None:
+    """Whether the honest nodes reported one applied set when the class ended (for
+    equivocation: that they settled the id the same way)."""
+    digests = {d for p, d in attack.get("digests", {}).items() if p in honest_ids}
+    return len(digests) == 1 if digests else None
 
 
 def newcomer_outcome(result: RunResult) -> dict[str, Any]:
@@ -237,6 +253,10 @@ def final_ratio(result: RunResult, clean: RunResult) -> float | None:
 def print_row(row: dict[str, Any]) -> None:
     reasons = ", ".join(f"{r}={n}" for r, n in sorted(row["reasons"].items())) or "-"
     ratio = "-" if row["loss_ratio"] is None else f"{row['loss_ratio']:.3f}"
+    if row.get("learners"):
+        reasons += f"; M {row['learners'][0]}-{row['learners'][1]}"
+    if row.get("replicas_agree") is False:
+        reasons += "; applied sets differ"
     if "newcomer" in row:
         reasons += f"; newcomer: {row['newcomer']}"
     print(
@@ -268,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         rows: list[dict[str, Any]] = []
         crashed: list[str] = []
         ratios: list[float | None] = []
+        attacked_val: list[list[float | None]] = []
         for i, group in enumerate(groups):
             attacked = run_swarm(
                 work / f"attacked{i}", args.rounds, group, args.sybils, args.settle
@@ -281,10 +302,17 @@ def main(argv: list[str] | None = None) -> int:
             rows += group_rows
             crashed += attacked.crashed
             ratios.append(final_ratio(attacked, clean))
+            attacked_val.append([attacked.val_curve(n).get(args.rounds) for n in attacked.honest])
+            print(
+                f"attacked run {i}: final val loss {attacked_val[-1]} (clean {clean_val}), "
+                f"ratio {ratios[-1]}",
+                flush=True,
+            )
     known = [r for r in ratios if r is not None]
     summary = {
         "rows": rows,
         "clean_val_loss": clean_val,
+        "attacked_val_loss": attacked_val,
         "final_loss_ratio": max(known) if known else None,
         "within_tolerance": bool(known) and max(known) <= 1 + LOSS_TOLERANCE,
         "honest_crashed": crashed,

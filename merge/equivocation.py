@@ -131,7 +131,7 @@ class EquivocationBook:
     def __init__(self) -> None:
         self._proofs: OrderedDict[UpdateId, Proof] = OrderedDict()
         self._settled: set[UpdateId] = set()
-        self._first: OrderedDict[UpdateId, tuple[SignedHeader, float]] = OrderedDict()
+        self._first: OrderedDict[UpdateId, tuple[SignedHeader, float, int]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._proofs)
@@ -142,17 +142,17 @@ class EquivocationBook:
     def proofs(self) -> list[Proof]:
         return list(self._proofs.values())
 
-    def first_seen(self, signed: SignedHeader, weight: float) -> None:
-        """`signed` was applied with `weight`: a different variant of its id later is
-        equivocation, and what was applied can be withdrawn."""
+    def first_seen(self, signed: SignedHeader, weight: float, learners: int) -> None:
+        """`signed` was applied with `weight`, sized by `learners`: a different variant of its
+        id later is equivocation, and what was applied can be withdrawn."""
         uid = signed.header.update_id
-        self._first[uid] = (signed, weight)
+        self._first[uid] = (signed, weight, learners)
         self._first.move_to_end(uid)
         while len(self._first) > MAX_FIRST_SEEN:
             self._first.popitem(last=False)
 
-    def applied_variant(self, uid: UpdateId) -> tuple[SignedHeader, float] | None:
-        """The signed header applied under `uid` and its weight (recent ids only)."""
+    def applied_variant(self, uid: UpdateId) -> tuple[SignedHeader, float, int] | None:
+        """The signed header applied under `uid`, its weight and learner count (recent ids)."""
         return self._first.get(uid)
 
     def conflict(self, signed: SignedHeader) -> Proof | None:

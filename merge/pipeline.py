@@ -33,6 +33,7 @@ from merge.envelope import (
     verify_header,
 )
 from merge.equivocation import Action, EquivocationBook, Proof
+from merge.learners import LearnerFloor
 from merge.outer import OuterConfig
 from merge.rejections import RejectionLog
 from merge.replica import Replica
@@ -142,6 +143,9 @@ class UpdatePipeline:
         self.admit: Callable[[str], bool] | None = None
         """Permissioned runs: whether an author may contribute (None: anyone may)."""
         self.clock: Callable[[], float] = time.time
+        self.learner_floor = LearnerFloor()
+        """A floor under each update's signed learner count, from the recent applied updates'
+        authors and claims (merge.learners): a low claim cannot buy a whole outer step."""
         self.equivocation = EquivocationBook()
         """The signed header applied under each recent id (a second payload under it is
         equivocation) and the proofs this replica knows (merge.equivocation)."""
@@ -161,13 +165,14 @@ class UpdatePipeline:
         h = signed.header
         return self._claims_reason(h) or self._trust_reason(h) or self._novelty_reason(h)
 
-    def weight_of(self, header: UpdateHeader) -> float:
-        """The update's weight: staleness weight times token weight, from the header alone.
+    def weight_of(self, header: UpdateHeader, learners: int | None = None) -> float:
+        """The update's weight: staleness weight times token weight, from the header (and the
+        learner count it is sized by, its signed one unless given).
 
         The outer step applies it as 1/learners of a round (see merge.outer), so a round of
         the swarm's updates makes one outer step whatever the swarm's size.
         """
-        learners = learners_of(header)
+        learners = learners_of(header) if learners is None else learners
         staleness = staleness_weight(self.config.staleness, staleness_of(header), learners)
         return staleness * token_weight(self.config.token_weight, header.tokens)
 
@@ -175,7 +180,7 @@ class UpdatePipeline:
         """Verifies, validates, weighs and applies one update; never raises for bad input."""
         header = update.header
         try:
-            weight, blocks_corrected, robust = self._merge(update)
+            weight, blocks_corrected, robust, learners = self._merge(update)
         except _Rejected as rejected:
             return self._reject(header, rejected.reason)
         with self._stats_lock:
@@ -183,15 +188,15 @@ class UpdatePipeline:
         logger.debug("merged %s#%d with weight %.4g", header.author, header.seq, weight)
         return MergeResult(
             True, header.author, header.seq, staleness_of(header), weight, None,
-            learners_of(header), blocks_corrected, robust, header.inner_steps,
+            learners, blocks_corrected, robust, header.inner_steps,
         )  # fmt: skip
 
-    def _merge(self, update: SignedUpdate) -> tuple[float, int, str | None]:
+    def _merge(self, update: SignedUpdate) -> tuple[float, int, str | None, int]:
         header = update.header
         _raise_if(self.check_header(update.signed_header))
         with self._decode_buffer(header.codec, header.numel) as out:
             pseudo_gradient, update_norm = _decode_payload(update, out)
-            return self._apply(header, pseudo_gradient, update_norm)
+            return self._apply(update.signed_header, pseudo_gradient, update_norm)
 
     @contextlib.contextmanager
     def _decode_buffer(self, codec: str, numel: int) -> Iterator[torch.Tensor | None]:
@@ -211,11 +216,13 @@ class UpdatePipeline:
             self._scratch_lock.release()
 
     def _apply(
-        self, header: UpdateHeader, pseudo_gradient: torch.Tensor, update_norm: float
-    ) -> tuple[float, int, str | None]:
-        weight = self.weight_of(header)
+        self, signed: SignedHeader, pseudo_gradient: torch.Tensor, update_norm: float
+    ) -> tuple[float, int, str | None, int]:
+        header = signed.header
         with self.replica.lock:
             _raise_if(self._trust_reason(header) or self._novelty_reason(header))
+            learners = self.learner_floor.effective(header.author, learners_of(header))
+            weight = self.weight_of(header, learners)
             _raise_if(self._norm_reason(update_norm))
             outer = self.replica.outer_for(header.fragment)  # a fragment's: its own momentum
             momentum = outer.momentum_buffer
@@ -233,11 +240,12 @@ class UpdatePipeline:
             # applied sets apart for good. The id is applied everywhere; what a verdict
             # removes is the update's contribution (clipped to the bound, or zeroed).
             weight *= self._robust_scale(header, verdict)
-            self.replica.apply(header, corrected.pseudo_gradient, weight, norm)
+            self.replica.apply(header, corrected.pseudo_gradient, weight, norm, learners=learners)
             if verdict.reason is None:
                 robust.accepted(verdict)
-            self.equivocation.first_seen(update.signed_header, weight)
-        return weight, corrected.blocks_corrected, verdict.reason
+            self.learner_floor.applied(header.author, learners_of(header))
+            self.equivocation.first_seen(signed, weight, learners)
+        return weight, corrected.blocks_corrected, verdict.reason, learners
 
     def _trust_reason(self, h: UpdateHeader) -> str | None:
         """Who may contribute, clocks and counters no honest peer produces, equivocation."""
@@ -287,14 +295,14 @@ class UpdatePipeline:
         if entry is None:
             logger.warning("update %s#%d: applied too long ago to withdraw", *uid)
             return
-        header, weight = entry[0].header, entry[1]
+        header, weight, learners = entry[0].header, entry[1], entry[2]
         update = applied_update(header) if weight != 0 else None
         if update is None or update.header.payload_digest != header.payload_digest:
             if weight != 0:
                 logger.warning("update %s#%d: its applied payload is gone; kept", *uid)
             return
         pseudo_gradient, _ = _decode_payload(update)
-        self.replica.withdraw(header, pseudo_gradient, weight)
+        self.replica.withdraw(header, pseudo_gradient, weight, learners)
 
     def _robust_scale(self, header: UpdateHeader, verdict: Verdict) -> float:
         """The share of the update's contribution the robust checks let through, in [0, 1]."""

@@ -156,8 +156,11 @@ class Replica:
         pseudo_gradient: torch.Tensor,
         weight: float,
         norm: float | None = None,
+        *,
+        learners: int | None = None,
     ) -> None:
-        """Steps the outer optimizer with the update and records its id.
+        """Steps the outer optimizer with the update and records its id; sized by `learners`
+        (the pipeline's, merge.learners), else by the header's signed count.
 
         An update of weight 0 contributes nothing: its id is recorded, the params and the outer
         optimizer's state stay as they are. ``norm``: the pseudo-gradient's norm, when the
@@ -171,21 +174,23 @@ class Replica:
                     f"update {header.update_id} does not fit this replica's fragments."
                 )
             if weight != 0:
-                learners = 1 if header.learners is None else header.learners
+                if learners is None:
+                    learners = 1 if header.learners is None else header.learners
                 bounds = self.params_norm_bounds()
                 moved = self._step(header.fragment, pseudo_gradient, weight, learners)
                 self._carry_norm_bounds(bounds, moved, norm)
             self._record(header.author, header.seq)
 
-    def withdraw(self, header: UpdateHeader, pseudo_gradient: torch.Tensor, weight: float) -> None:
-        """Takes back the outer step of an applied update (merge.equivocation); its id stays
-        applied."""
+    def withdraw(
+        self, header: UpdateHeader, pseudo_gradient: torch.Tensor, weight: float, learners: int
+    ) -> None:
+        """Takes back the outer step of an applied update, applied with `weight` and sized by
+        `learners` (merge.equivocation); its id stays applied."""
         with self.lock:
             if not self.has_applied(header.author, header.seq):
                 raise ValueError(f"update {header.update_id} has not been applied.")
             if weight == 0:
                 return
-            learners = 1 if header.learners is None else header.learners
             outer = self.outer_for(header.fragment)
             if header.fragment is None or self.layout is None:
                 outer.withdraw(self.params, pseudo_gradient, weight, learners)

@@ -105,7 +105,7 @@ def test_the_book_decides_once_per_id() -> None:
 
 def test_the_book_notices_a_second_variant_of_an_applied_id() -> None:
     book = EquivocationBook()
-    book.first_seen(A.signed_header, 0.5)
+    book.first_seen(A.signed_header, 0.5, 4)
     assert book.conflict(A.signed_header) is None
     found = book.conflict(B.signed_header)
     assert found is not None and found.to_bytes() == proof().to_bytes()

@@ -1,0 +1,87 @@
+"""The floor under a signed learner count: a low claim buys no more than an honest one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from merge.identity import Identity
+from merge.learners import LearnerFloor
+from tests.unit.test_merge_pipeline import ALICE, BOB, make_pipeline, make_update
+
+CAROL = Identity.from_private_bytes(b"c" * 32)
+
+
+def floor_after(history: list[tuple[str, int]], window: int = 256) -> LearnerFloor:
+    floor = LearnerFloor(window)
+    for author, claim in history:
+        floor.applied(author, claim)
+    return floor
+
+
+def test_honest_claims_of_one_swarm_are_kept() -> None:
+    floor = floor_after([(a, 3) for _ in range(4) for a in "abc"])
+    assert [floor.effective(a, 3) for a in "abc"] == [3, 3, 3]
+    assert floor.effective("newcomer", 1) == 3  # sized like the others from its first update
+
+
+def test_a_liar_claiming_one_learner_is_sized_like_the_others() -> None:
+    floor = floor_after([("a", 3), ("b", 3), ("liar", 1)] * 3)
+    assert floor.effective("liar", 1) == 3
+    assert floor.effective("a", 3) == 3  # the liar's low claim does not lower anyone
+
+
+def test_a_minority_claiming_huge_counts_does_not_dilute_honest_updates() -> None:
+    floor = floor_after([("a", 3), ("b", 3), ("c", 3), ("liar", 1024)] * 2)
+    assert floor.effective("a", 3) == 3
+
+
+def test_the_floor_never_exceeds_the_authors_seen() -> None:
+    floor = floor_after([("liar", 1024)] * 5)  # one honest node beside one liar
+    assert floor.effective("honest", 2) == 2
+
+
+def test_authors_leave_the_window() -> None:
+    floor = floor_after([("a", 4), ("b", 4), ("c", 4)] + [("d", 1), ("e", 1)] * 3, window=6)
+    assert floor.floor("x") == 1  # a, b and c are out of the last 6 updates
+
+
+def test_no_history_no_floor() -> None:
+    assert LearnerFloor().effective("a", 1) == 1
+    with pytest.raises(ValueError):
+        LearnerFloor(0)
+
+
+history = st.lists(st.tuples(st.sampled_from("abcdef"), st.integers(1, 64)), max_size=40)
+
+
+@settings(max_examples=100, deadline=None)
+@given(history, st.sampled_from("abcdefg"), st.integers(1, 64), st.integers(1, 16))
+def test_floor_properties(events, author, claim, window) -> None:  # type: ignore[no-untyped-def]
+    floor = floor_after(events, window)
+    recent = events[-window:]
+    latest = dict(recent)  # each author's last claim in the window
+    others = [c for a, c in latest.items() if a != author]
+    effective = floor.effective(author, claim)
+    assert effective >= claim  # a floor: claiming more always shrinks one's own update
+    if effective > claim:  # raised: never beyond the authors seen nor the others' claims
+        assert effective <= len(set(latest) | {author})
+        assert effective <= max(others)
+    # Only the window's latest claims matter (replicas that applied the same recent updates
+    # agree), not what came before it.
+    assert floor.floor(author) == floor_after(recent, window).floor(author)
+
+
+def test_a_low_claim_through_the_pipeline_moves_the_replica_no_more_than_an_honest_one() -> None:
+    honest, lied = make_pipeline(), make_pipeline()
+    for p in (honest, lied):
+        for i, who in enumerate((ALICE, BOB) * 2):
+            assert p.submit(make_update(who, seq=i, learners=3)).accepted
+    before = honest.replica.params.clone()
+    assert torch.equal(before, lied.replica.params)
+    fair = honest.submit(make_update(CAROL, seq=1, learners=3))
+    low = lied.submit(make_update(CAROL, seq=1, learners=1))
+    assert fair.accepted and low.accepted and low.learners == 3
+    assert torch.equal(honest.replica.params, lied.replica.params)
