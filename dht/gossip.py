@@ -57,6 +57,10 @@ SUMMARY_LIMITS = StreamLimits(rate_per_s=1.0, burst=8.0, max_in_flight=2, deadli
 differ)."""
 EVIDENCE_LIMITS = StreamLimits(rate_per_s=2.0, burst=16.0, max_in_flight=2, deadline_s=10.0)
 """Proofs of equivocation a peer may push (an honest one passes on each proof once)."""
+MAX_LOOKUPS = 64
+"""DHT lookups (announcements, holders) running at once."""
+MAX_LOOKUPS_PER_POLL = 8
+"""Announcement lookups started per membership poll."""
 UPDATE_RATE_PER_S = 20.0
 """Update fetches a peer may start per second (an honest one fetches each update once)."""
 UPDATE_BURST = 128.0
@@ -141,12 +145,18 @@ class Gossip:
         applied set differs from ours (`own_digest`, computed off the loop by the caller)."""
         if not self.active:
             return
-        for heartbeat in heartbeats:
+        started = 0
+        # Contributors first: a flood of fresh keys claiming seqs waits behind them, and costs
+        # at most MAX_LOOKUPS_PER_POLL DHT reads a poll (the rest are looked up later).
+        for heartbeat in sorted(heartbeats, key=lambda h: self.replica.last_seq(h.peer_id) < 1):
             author = heartbeat.peer_id
             known = max(self.catchup.max_seen(author), self.replica.last_seq(author))
             if heartbeat.latest_seq > max(known, self._looked_up.get(author, 0)):
+                if started >= MAX_LOOKUPS_PER_POLL or self._lookups_in_flight() >= MAX_LOOKUPS:
+                    break
                 self._looked_up[author] = heartbeat.latest_seq
                 self._lookup(author, self._lookup_announcements(author))
+                started += 1
         digests = {h.peer_id: h.applied_digest for h in self.membership.alive_peers()}
         contributed = {p for p in digests if self.replica.last_seq(p) >= 1}
         now = time.monotonic()
@@ -193,12 +203,17 @@ class Gossip:
             self.network.spawn(self._fetch_and_merge(fetch))
 
     def _lookup(self, key: str, coro: Coroutine[Any, Any, None]) -> None:
-        """One DHT lookup per key at a time."""
+        """One DHT lookup per key at a time; finished ones are dropped (the map stays small)."""
         task = self._lookups.get(key)
         if task is not None and not task.done():
             coro.close()
             return
+        if len(self._lookups) >= MAX_LOOKUPS:
+            self._lookups = {k: t for k, t in self._lookups.items() if not t.done()}
         self._lookups[key] = self.network.spawn(coro)
+
+    def _lookups_in_flight(self) -> int:
+        return sum(not task.done() for task in self._lookups.values())
 
     # ---- what the node hears ----------------------------------------------------------------
 

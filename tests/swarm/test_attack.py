@@ -101,6 +101,10 @@ def test_honest_nodes_count_each_attack_keep_training_and_agree(
             e["reason"] for e in node.of("update_rejected") if e["author"] == ready["peer_id"]
         )
         assert {"non_finite", "wrong_size", "seq_too_far", "future_timestamp"} <= set(refused)
+        # The two variants of the equivocated id: each node proved it and settled it (the id
+        # applied with no contribution), whichever variant it had applied first.
+        proven = [e for e in node.of("equivocation_proven") if e["author"] == ready["peer_id"]]
+        assert proven and {e["action"] for e in proven} <= {"withdraw", "record"}, proven
         bad = [e for e in node.of("update_rejected") if e["author"] in (a.peer_id, b.peer_id)]
         refusals = [line for line in node.stderr_tail(10_000).splitlines() if "rejected" in line]
         assert not bad, refusals
