@@ -8,15 +8,23 @@ between the update g and the momentum m:
 
 - aligned (c_b >= 0): the block passes unchanged;
 - conflicting (c_b < 0): the component along the momentum is shrunk,
-  g_b -= beta_b * <g_b, m_hat_b> m_hat_b, with beta_b = min(strength * |c_b| * conf_b, 1) and
-  HeLoCo's confidence conf_b = |g_b| / (|g_b| + kappa |m_b|): the more directly a block
+  g_b -= beta_b * <g_b, m_hat_b> m_hat_b, with beta_b = min(k_s * |c_b| * conf_b, beta_max)
+  and HeLoCo's confidence conf_b = |g_b| / (|g_b| + kappa |m_b|): the more directly a block
   opposes the heading, the more of its opposition is removed (a block that is nearly
   orthogonal, as noise is, keeps almost all of it), and the larger the update is beside the
   momentum, the more it could turn the trajectory, so the more of its conflict goes.
 
-Fresh updates (staleness 0) pass unchanged. A correction never lengthens a block, so the
-norm bound checked on the received update still holds for what is applied. The weakly
-aligned "reorientation" regime of the paper is not implemented.
+k_s (``strength``) and beta_max (``cap``) are the paper's shrinkage strength and cap. The share
+of a block removed is beta_b * |c_b|, second order in the cosine: at k_s = 1, with block
+cosines of -0.1 to -0.3 and a confidence of 0.1 to 0.3 (an outer momentum a few times longer
+than one update), well under 1 % of a conflicting block goes, so k_s must be well above 1 for
+the correction to act at all (measured: see README, bench.quality --sizing fixed-h).
+
+Staleness enters as in the paper: an update computed from the model the replica now holds
+(staleness 0) passes unchanged; every other one is judged against the momentum, whose
+weighting by staleness is merge.weighting's. A correction never lengthens a block, so the norm
+bound checked on the received update still holds for what is applied. The weakly aligned
+"reorientation" regime of the paper (0 <= c_b < c_ok) is not implemented.
 
 Consistency: the result is a pure function of (update, staleness, momentum). The momentum is
 the replica's own outer state, which is a function of the sequence of updates it has applied;
@@ -45,7 +53,10 @@ class CorrectionConfig:
     """none: apply updates as received; heloco: shrink the blocks of a stale update that
     conflict with the outer momentum (HeLoCo, arXiv 2606.00271)."""
     strength: float = 1.0
-    """Largest share of a conflicting block's momentum component removed, in [0, 1]."""
+    """HeLoCo's shrinkage strength k_s: a conflicting block loses the share
+    min(strength * |c| * confidence, cap) of its momentum component; in [0, 100]."""
+    cap: float = 1.0
+    """HeLoCo's beta_max: the largest share of a block's momentum component removed, in [0, 1]."""
     block: int = 4096
     """Elements per block of the flat pseudo-gradient whose alignment is judged on its own."""
     kappa: float = 1.0
@@ -56,8 +67,11 @@ class CorrectionConfig:
         if self.kind not in get_args(CorrectionKind):
             raise ValueError(f"correction kind must be one of {get_args(CorrectionKind)}.")
         s = self.strength
-        if not isinstance(s, int | float) or not (math.isfinite(s) and 0 <= s <= 1):
-            raise ValueError(f"correction strength must be in [0, 1], got {s!r}.")
+        if not isinstance(s, int | float) or not (math.isfinite(s) and 0 <= s <= 100):
+            raise ValueError(f"correction strength must be in [0, 100], got {s!r}.")
+        c = self.cap
+        if not isinstance(c, int | float) or not (math.isfinite(c) and 0 <= c <= 1):
+            raise ValueError(f"correction cap must be in [0, 1], got {c!r}.")
         k = self.kappa
         if not isinstance(k, int | float) or not (math.isfinite(k) and k >= 0):
             raise ValueError(f"correction kappa must be a finite number >= 0, got {k!r}.")
@@ -84,7 +98,8 @@ def correct(
     if pseudo_gradient.shape != momentum.shape or pseudo_gradient.dim() != 1:
         raise ValueError("pseudo_gradient and momentum must be 1-D tensors of one shape.")
     num_blocks = -(-pseudo_gradient.numel() // config.block)
-    if config.kind == "none" or staleness <= 0 or config.strength == 0 or num_blocks == 0:
+    off = config.strength == 0 or config.cap == 0
+    if config.kind == "none" or staleness <= 0 or off or num_blocks == 0:
         return Correction(pseudo_gradient, 0, num_blocks)
     g, m = _blocks(pseudo_gradient, config.block), _blocks(momentum, config.block)
     g_dot_m, m_sq, g_sq = _dot(g, m), _dot(m, m), _dot(g, g)
@@ -96,7 +111,7 @@ def correct(
     cosine = torch.clamp(-g_dot_m / torch.clamp(g_norm * m_norm, min=_TINY), max=1.0)
     beta = torch.where(
         conflicting,
-        torch.clamp(config.strength * cosine * confidence, max=1.0),
+        torch.clamp(config.strength * cosine * confidence, max=config.cap),
         torch.zeros_like(confidence),
     )
     # g_b - beta * <g_b, m_b> / |m_b|^2 * m_b, zero for the blocks left alone.

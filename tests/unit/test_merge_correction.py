@@ -76,8 +76,33 @@ def test_last_partial_block_is_judged_on_its_own() -> None:
     assert (result.blocks_corrected, result.blocks) == (1, 3)
 
 
+def test_strength_above_one_removes_more_up_to_the_cap() -> None:
+    # c = -1/sqrt(2) at kappa 0: k_s = 1 removes 0.707 of the component along m, k_s = 4 all
+    # of it up to the cap (beta_max): a half-removed component at cap 0.5.
+    g, m = torch.tensor([-1.0, 1.0]), torch.tensor([1.0, 0.0])
+
+    def corrected(**kw: float) -> list[float]:
+        config = CorrectionConfig(kind="heloco", block=2, kappa=0, **kw)
+        return correct(config, g, 1, m).pseudo_gradient.tolist()
+
+    assert corrected(strength=1.0) == pytest.approx([-1.0 + 0.5**0.5, 1.0])
+    assert corrected(strength=4.0) == pytest.approx([0.0, 1.0])
+    assert corrected(strength=4.0, cap=0.5) == pytest.approx([-0.5, 1.0])
+    assert corrected(strength=4.0, cap=0.0) == [-1.0, 1.0]
+
+
 @pytest.mark.parametrize(
-    "kwargs", [{"kind": "pcgrad"}, {"strength": 1.5}, {"block": 0}, {"kappa": -1.0}]
+    "kwargs",
+    [
+        {"kind": "pcgrad"},
+        {"strength": -0.5},
+        {"strength": 101.0},
+        {"strength": float("nan")},
+        {"cap": 1.5},
+        {"cap": -0.1},
+        {"block": 0},
+        {"kappa": -1.0},
+    ],
 )
 def test_invalid_config_is_refused(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
@@ -95,15 +120,21 @@ floats = st.floats(-4, 4, width=32, allow_subnormal=False)
         )
     ),
     block=st.integers(1, 8),
-    strength=st.floats(0, 1),
+    strength=st.floats(0, 100),
+    cap=st.floats(0, 1),
     staleness=st.integers(0, 20),
     kappa=st.floats(0, 4),
 )
 def test_correction_only_ever_removes_conflict(
-    g_m: tuple[object, object], block: int, strength: float, staleness: int, kappa: float
+    g_m: tuple[object, object],
+    block: int,
+    strength: float,
+    cap: float,
+    staleness: int,
+    kappa: float,
 ) -> None:
     g, m = (torch.from_numpy(a.copy()) for a in g_m)  # type: ignore[attr-defined]
-    config = CorrectionConfig(kind="heloco", block=block, strength=strength, kappa=kappa)
+    config = CorrectionConfig(kind="heloco", block=block, strength=strength, cap=cap, kappa=kappa)
 
     out = correct(config, g, staleness, m).pseudo_gradient
     again = correct(config, g.clone(), staleness, m.clone()).pseudo_gradient
