@@ -35,7 +35,7 @@ from hivemind.utils import get_dht_time
 
 from merge.outer import NesterovSGD
 from node.config import add_dataclass_arguments, dataclass_from_args
-from node.data import ShardSampler, load_corpus, split_corpus
+from node.data import ShardSampler, data_slice, load_corpus, split_corpus
 from node.learner import InnerConfig, Learner
 from node.model import DEFAULT_BATCH_SIZE, DEFAULT_INNER_LR, build_model, model_config
 
@@ -56,6 +56,8 @@ class WorkerConfig:
     """diloco (all-reduce of pseudo-gradients every H steps) or dp (every step)."""
     rank: int = 0
     """This worker's slot; seeds its data shard."""
+    data_slice: str | None = None
+    """K/N: train only on the K-th of N contiguous slices of the training split (as join)."""
     num_nodes: int = 4
     """Workers in the run: the all-reduce group size aimed for."""
     run_id: str = "sync"
@@ -129,7 +131,7 @@ def make_learner(config: WorkerConfig) -> Learner:
     split = split_corpus(corpus)
     shape = model_config(config.model, corpus.vocab_size)
     sampler = ShardSampler(
-        split.train,
+        data_slice(split.train, config.data_slice),
         seed=f"{config.run_id}/sync{config.rank}",
         batch_size=DEFAULT_BATCH_SIZE[config.model],
         block_size=shape.block_size,

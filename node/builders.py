@@ -24,7 +24,7 @@ from merge.pipeline import MergeConfig
 from merge.replica import Replica
 from merge.weighting import StalenessConfig, TokenWeightConfig
 from node.config import JoinConfig, run_fingerprint
-from node.data import Corpus, ShardSampler, Split, validation_batches
+from node.data import Corpus, ShardSampler, Split, data_slice, validation_batches
 from node.learner import InnerConfig, Learner
 from node.model import DEFAULT_BATCH_SIZE, DEFAULT_INNER_LR, ModelConfig, model_config
 
@@ -71,7 +71,10 @@ def merge_config_from(config: JoinConfig, tokens_per_step: int) -> MergeConfig:
         ),
         max_inner_steps=config.inner_steps,
         max_tokens_per_step=tokens_per_step,
-        correction=CorrectionConfig(kind=config.correction),  # type: ignore[arg-type]
+        correction=CorrectionConfig(
+            kind=config.correction,  # type: ignore[arg-type]
+            strength=config.correction_strength,
+        ),
     )
 
 
@@ -136,7 +139,7 @@ def build_learner(
     device: torch.device,
 ) -> Learner:
     sampler = ShardSampler(
-        split.train,
+        data_slice(split.train, config.data_slice),
         seed=f"{config.run_id}/{peer_id}",
         batch_size=spec.batch_size,
         block_size=spec.model.block_size,

@@ -18,6 +18,7 @@ from dht.addresses import host_ip, listen_maddrs, parse_announce_maddr, parse_pe
 from merge.allowlist import AllowList
 from merge.codecs import CODECS
 from merge.identity import read_secret_file
+from node.data import parse_data_slice
 
 DILOCO_HOME = Path("~/.diloco")
 MODEL_SIZES = ("tiny", "small", "base")
@@ -43,6 +44,9 @@ class JoinConfig:
     end up with the same model)."""
     data: str | None = None
     """Text file, directory of text files or uint16 .bin; default: this Python's stdlib source."""
+    data_slice: str | None = None
+    """K/N: train only on the K-th of N equal contiguous slices of the training split, so nodes
+    on different slices see different data (emulates non-IID learners; default: all of it)."""
     seed: int = 0
     """Genesis seed: every node initialises the global model identically from it."""
     inner_steps: int = 100
@@ -71,6 +75,9 @@ class JoinConfig:
     correction: str = "none"
     """Correction of stale updates before the outer step: none, or heloco (shrink the parts
     of a stale update that conflict with the outer momentum, arXiv 2606.00271)."""
+    correction_strength: float = 1.0
+    """--correction heloco: HeLoCo's shrinkage strength k_s in [0, 100]; a conflicting block
+    loses min(k_s x |cosine| x confidence, 1) of its component along the momentum."""
     staleness: str = "polynomial"
     """Staleness weighting: constant, polynomial (1+s)^-a, hinge or exponential."""
     staleness_a: float = 0.5
@@ -193,14 +200,16 @@ class JoinConfig:
     }
     FLAG_GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {
         "training": (
-            "run_id", "model", "data", "seed", "inner_steps", "round_time", "dynamic_h",
-            "batch_size", "inner_lr", "weight_decay", "grad_clip", "warmup_steps", "lr_decay_steps",
-            "max_rounds", "max_time", "linger", "linger_until_done", "eval_batches", "device",
-            "threads", "nproc_per_node", "parallel", "speed_factor", "emulated_step_s",
+            "run_id", "model", "data", "data_slice", "seed", "inner_steps", "round_time",
+            "dynamic_h", "batch_size", "inner_lr", "weight_decay", "grad_clip", "warmup_steps",
+            "lr_decay_steps", "max_rounds", "max_time", "linger", "linger_until_done",
+            "eval_batches", "device", "threads", "nproc_per_node", "parallel", "speed_factor",
+            "emulated_step_s",
         ),
         "outer optimizer and merging": (
             "outer_optimizer", "outer_lr", "outer_momentum", "outer_delay", "staleness",
-            "staleness_a", "staleness_b", "token_weighting", "correction", "codec",
+            "staleness_a", "staleness_b", "token_weighting", "correction", "correction_strength",
+            "codec",
             "fragments",
         ),
         "network": (
@@ -244,6 +253,12 @@ class JoinConfig:
                 raise ValueError(f"--{_flag(name)} must be a non-negative number, got {value}")
         if not 1.0 <= self.speed_factor <= 1000.0:
             raise ValueError(f"--speed-factor must be between 1 and 1000, got {self.speed_factor}")
+        if self.data_slice is not None:
+            parse_data_slice(self.data_slice)
+        if not (math.isfinite(self.correction_strength) and 0 <= self.correction_strength <= 100):
+            raise ValueError(
+                f"--correction-strength must be in [0, 100], got {self.correction_strength}"
+            )
         if not 0 <= self.outer_momentum < 1:
             raise ValueError(f"--outer-momentum must be in [0, 1), got {self.outer_momentum}")
         self.host = host_ip(self.host)  # raises for a bad --host; localhost is 127.0.0.1

@@ -184,6 +184,30 @@ def split_corpus(corpus: Corpus, val_tokens: int = 262_144) -> Split:
     return Split(train=corpus.tokens[:boundary], val=corpus.tokens[boundary:])
 
 
+def parse_data_slice(spec: str) -> tuple[int, int]:
+    """``K/N`` as (K, N), 0 <= K < N; a clear error for anything else."""
+    try:
+        k, n = (int(part) for part in spec.split("/"))
+    except ValueError:
+        raise ValueError(f"--data-slice takes K/N such as 0/3, got {spec!r}") from None
+    if not 0 <= k < n <= 4096:
+        raise ValueError(f"--data-slice K/N needs 0 <= K < N <= 4096, got {spec!r}")
+    return k, n
+
+
+def data_slice(train: np.ndarray, spec: str | None) -> np.ndarray:
+    """The K-th of N equal contiguous slices of ``train`` (all of it without a spec).
+
+    Nodes on different slices of a corpus made of many files see different files: unlike the
+    default random windows over the whole split, their data differ in distribution (non-IID).
+    """
+    if spec is None:
+        return train
+    k, n = parse_data_slice(spec)
+    size = len(train) // n
+    return train[k * size : (k + 1) * size]
+
+
 class ShardSampler:
     """A node's deterministic stream of training batches, seeded by the node's identity.
 
