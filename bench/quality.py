@@ -21,6 +21,11 @@ hardware), every run given the same wall-clock budget:
   updates), with the HeLoCo-style correction (--correction heloco);
 - async_uncorrected: the same without the correction.
 Targets: async at least 5% lower validation loss than sync, and lower than async_uncorrected.
+`--sizing fixed-h` gives every async learner H steps per round instead, so a slow learner's
+updates arrive several swarm rounds stale (the setting a staleness correction is for);
+`--seeds 0,1,2` runs every method once per genesis seed and reports each seed and the mean;
+`--non-iid` gives learner i only the i-th of M slices of the corpus (`join --data-slice i/M`);
+the corrected run uses `--correction-strength` (HeLoCo's k_s, 10 here).
 Every final model is evaluated here on the same validation batches (the async figure: the mean over
 the replicas that hold every update). The final line is JSON.
 """
@@ -33,7 +38,7 @@ import logging
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -49,7 +54,8 @@ from node.model import DEFAULT_BATCH_SIZE, DEFAULT_INNER_LR, build_model, model_
 logger = logging.getLogger(__name__)
 RUN_TIMEOUT_S = 900.0
 """Bound on any one training run."""
-SIZINGS = ("round-time", "dynamic-h")
+SIZINGS = ("round-time", "dynamic-h", "fixed-h")
+METHODS = ("sync", "async", "async_uncorrected")
 
 
 @dataclass(kw_only=True)
@@ -78,7 +84,17 @@ class QualityConfig:
     """--hetero: the async round time (default: H steps of the fastest learner)."""
     sizing: str = "round-time"
     """--hetero: how async rounds are sized: round-time (a fixed wall time per round) or
-    dynamic-h (each learner's H follows its measured throughput, `join --dynamic-h`)."""
+    dynamic-h (each learner's H follows its measured throughput, `join --dynamic-h`) or fixed-h
+    (every learner runs H steps, so slower learners publish rarer, staler updates)."""
+    non_iid: bool = False
+    """--hetero: learner i trains only on the i-th of M contiguous slices of the corpus
+    (`--data-slice i/M`), so the learners' data differ, as in HeLoCo's non-IID setting."""
+    correction_strength: float = 10.0
+    """--hetero: the corrected async run's --correction-strength (HeLoCo's k_s)."""
+    seeds: str | None = None
+    """--hetero: comma-separated genesis seeds, every method run once per seed (default: --seed)."""
+    methods: str = ",".join(METHODS)
+    """--hetero: which runs, of sync, async (corrected) and async_uncorrected."""
     pace: float = 2.0
     """--hetero: every learner's step lasts factor x pace x the calibrated step time (slept
     out), so runs get equal compute on a shared machine; 0 sleeps factor-1 x each measured
@@ -97,6 +113,25 @@ class QualityConfig:
         if len(speeds) < 2 or not all(1.0 <= f <= 100.0 for f in speeds):
             raise ValueError(f"--hetero needs two or more factors in [1, 100], not {self.hetero!r}")
         return speeds
+
+    def seed_list(self) -> list[int]:
+        """The genesis seeds of --seeds (just --seed without it)."""
+        if not self.seeds:
+            return [self.seed]
+        try:
+            seeds = [int(s) for s in self.seeds.split(",")]
+        except ValueError:
+            raise ValueError(f"--seeds takes integers such as 0,1,2; got {self.seeds!r}") from None
+        if len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
+            raise ValueError(f"--seeds needs distinct seeds >= 0, not {self.seeds!r}")
+        return seeds
+
+    def method_list(self) -> list[str]:
+        """The runs of --methods, in the order of METHODS."""
+        names = {m.strip() for m in self.methods.split(",")}
+        if not names or not names <= set(METHODS):
+            raise ValueError(f"--methods takes some of {','.join(METHODS)}, not {self.methods!r}")
+        return [m for m in METHODS if m in names]
 
 
 class Evaluator:
@@ -152,6 +187,7 @@ def run_single(config: QualityConfig, ev: Evaluator) -> dict:
     params = parameters_to_vector(learner.model.parameters()).detach().float()
     return {
         "method": "single",
+        "seed": config.seed,
         "learners": 1,
         "steps": steps,
         "tokens": steps * ev.tokens_per_step,
@@ -202,6 +238,8 @@ class Schedule:
         """The flags that emulate learner ``rank``'s hardware."""
         speeds = config.speeds()
         flags = cli_flags(speed_factor=speeds[rank] if speeds else 1.0)
+        if config.non_iid:
+            flags += cli_flags(data_slice=f"{rank}/{len(speeds) or config.learners}")
         if self.emulated_step_s:
             flags += cli_flags(emulated_step_s=self.emulated_step_s)
         return flags
@@ -248,6 +286,7 @@ def run_sync(config: QualityConfig, ev: Evaluator, home: Path, schedule: Schedul
     committed = [e for e in rounds if e["committed"]]
     return {
         "method": "sync_diloco",
+        "seed": config.seed,
         "learners": len(children),
         "steps": len(rounds) * config.inner_steps,
         "tokens": len(rounds) * config.inner_steps * ev.tokens_per_step,
@@ -268,6 +307,8 @@ def run_async(
     limit += cli_flags(max_rounds=config.rounds) if not schedule.budget_s else []
     if config.sizing == "dynamic-h" and schedule.budget_s:
         limit += ["--dynamic-h"]
+    elif config.sizing == "fixed-h" and schedule.budget_s:
+        pass  # every learner runs H steps: slower ones publish rarer, staler updates
     elif schedule.round_time:
         limit += cli_flags(round_time=schedule.round_time)
     common = cli_flags(
@@ -276,6 +317,8 @@ def run_async(
         heartbeat_period=1, linger=_linger_s(schedule), lr_decay_steps=schedule.decay_steps,
         correction=correction,
     ) + ["--linger-until-done"] + limit  # fmt: skip
+    if correction != "none":
+        common += cli_flags(correction_strength=config.correction_strength)
 
     def argv(rank: int) -> list[str]:
         return python_module("node", "join", *common, *schedule.emulation(config, rank))
@@ -292,6 +335,7 @@ def run_async(
     merged = [e for c in children[:1] for e in c.of("update_merged")]
     return {
         "method": name,
+        "seed": config.seed,
         "learners": len(children),
         "correction": correction,
         "steps": sum(e["tokens"] for e in rounds) // ev.tokens_per_step,
@@ -341,7 +385,7 @@ def main() -> None:
     add_dataclass_arguments(parser, QualityConfig)
     config: QualityConfig = dataclass_from_args(QualityConfig, parser.parse_args())
     try:
-        config.speeds()
+        config.speeds(), config.seed_list(), config.method_list()
     except ValueError as e:
         parser.error(str(e))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -375,37 +419,81 @@ def hetero(config: QualityConfig, ev: Evaluator) -> dict:
     step_s = calibrate_step_s(config, ev)
     schedule = equal_wall_time(config, step_s)
     print(f"calibrated step {step_s * 1000:.1f} ms; {schedule}")
+    per_seed = []
     with tempfile.TemporaryDirectory(prefix="quality-") as tmp:
-        home = Path(tmp)
-        runs = [
-            run_sync(config, ev, home, schedule),
-            run_async(config, ev, home, schedule, "async", correction="heloco"),
-            run_async(config, ev, home, schedule, "async_uncorrected", correction="none"),
-        ]
-    sync, corrected, uncorrected = (r["val_loss"] for r in runs)
-    _print_runs(runs, sync)
-    return {
-        "mode": "hetero",
-        "speeds": config.speeds(),
-        "async_val_loss": corrected,
-        "sync_val_loss": sync,
-        "async_uncorrected_val_loss": uncorrected,
-        "async_vs_sync": round(corrected / sync, 4),
-        "async_5pct_below_sync": corrected <= 0.95 * sync,
-        "corrected_below_uncorrected": corrected < uncorrected,
+        for seed in config.seed_list():
+            seeded = replace(config, seed=seed)
+            home = Path(tmp) / f"seed{seed}"
+            runs = [
+                _hetero_run(seeded, ev, home, schedule, method) for method in config.method_list()
+            ]
+            losses = {r["method"]: r["val_loss"] for r in runs}
+            _print_runs(runs, losses.get("sync_diloco"))
+            per_seed.append({"seed": seed, **_hetero_figures(losses), "runs": runs})
+    means = {
+        key: _mean([s[key] for s in per_seed])
+        for key in ("async_val_loss", "sync_val_loss", "async_uncorrected_val_loss")
+    }
+    summary: dict[str, object] = {"mode": "hetero", "speeds": config.speeds()}
+    summary |= {"sizing": config.sizing, "non_iid": config.non_iid}
+    summary |= means | _targets(means)
+    print(f"mean over seeds {config.seed_list()}: {json.dumps(means)}")
+    return summary | {
+        "seeds": config.seed_list(),
+        "correction_gain_per_seed": [s["correction_gain"] for s in per_seed],
         "calibrated_step_s": round(step_s, 4),
         "round_time_s": schedule.round_time,
         "budget_s": schedule.budget_s,
-        "runs": runs,
+        "per_seed": per_seed,
     }
 
 
-def _print_runs(runs: list[dict], sync_loss: float) -> None:
+def _hetero_run(
+    config: QualityConfig, ev: Evaluator, home: Path, schedule: Schedule, method: str
+) -> dict:
+    if method == "sync":
+        return run_sync(config, ev, home, schedule)
+    correction = "heloco" if method == "async" else "none"
+    return run_async(config, ev, home, schedule, method, correction=correction)
+
+
+def _hetero_figures(losses: dict[str, float]) -> dict:
+    """One seed's losses by run (None for a run not made) and the targets they meet."""
+    figures = {
+        "async_val_loss": losses.get("async"),
+        "sync_val_loss": losses.get("sync_diloco"),
+        "async_uncorrected_val_loss": losses.get("async_uncorrected"),
+    }
+    return figures | _targets(figures)
+
+
+def _targets(f: dict) -> dict:
+    """Ratios and the issue's targets, from losses that may be None (a run not made)."""
+    corrected, sync, uncorrected = (
+        f["async_val_loss"], f["sync_val_loss"], f["async_uncorrected_val_loss"]
+    )  # fmt: skip
+    both = corrected is not None and uncorrected is not None
+    return {
+        "async_vs_sync": round(corrected / sync, 4) if corrected and sync else None,
+        "async_5pct_below_sync": corrected <= 0.95 * sync if corrected and sync else None,
+        # > 0: the correction lowered the loss (relative to the uncorrected run).
+        "correction_gain": round(1 - corrected / uncorrected, 4) if both else None,
+        "corrected_below_uncorrected": corrected < uncorrected if both else None,
+    }
+
+
+def _mean(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return round(sum(present) / len(present), 5) if present else None
+
+
+def _print_runs(runs: list[dict], sync_loss: float | None) -> None:
     for run in runs:
-        run["ratio_to_sync_diloco"] = round(run["val_loss"] / sync_loss, 4)
+        ratio = round(run["val_loss"] / sync_loss, 4) if sync_loss else None
+        run["ratio_to_sync_diloco"] = ratio
         print(
-            f"{run['method']:<18} val loss {run['val_loss']:.4f}  "
-            f"ratio to sync DiLoCo {run['ratio_to_sync_diloco']:.4f}  tokens {run['tokens']:,}"
+            f"{run['method']:<18} seed {run['seed']} val loss {run['val_loss']:.4f}  "
+            f"ratio to sync DiLoCo {ratio}  tokens {run['tokens']:,}"
         )
 
 
