@@ -241,8 +241,7 @@ class UpdatePipeline:
             # removes is the update's contribution (clipped to the bound, or zeroed).
             weight *= self._robust_scale(header, verdict)
             self.replica.apply(header, corrected.pseudo_gradient, weight, norm, learners=learners)
-            if verdict.reason is None:
-                robust.accepted(verdict)
+            robust.record(verdict)  # a clipped update at its bound: the median follows
             self.learner_floor.applied(header.author, learners_of(header))
             self.equivocation.first_seen(signed, weight, learners)
         return weight, corrected.blocks_corrected, verdict.reason, learners

@@ -7,8 +7,8 @@ and a well-scaled update can still point against the training direction. Two che
 that gap, both pure functions of the replica's state and the update:
 
 - norm outlier: once `warmup` updates are accepted, an update whose norm exceeds
-  `max_norm_to_median` times the median norm of the last `window` accepted updates is
-  clipped to that bound (counted as `norm_outlier`);
+  `max_norm_to_median` times the median norm of the last `window` applied updates is
+  clipped to that bound (counted as `norm_outlier`; the window records it at the bound);
 - against momentum: an update whose cosine to the outer optimizer's momentum (the direction
   the swarm has been moving in) is below `min_cosine` contributes nothing (counted as
   `against_momentum`): it would undo the swarm's progress rather than add to it.
@@ -118,6 +118,23 @@ class RobustFilter:
     def accepted(self, verdict: Verdict) -> None:
         """Records the norm of an update that was applied."""
         self._norms.append(verdict.norm)
+
+    def record(self, verdict: Verdict) -> None:
+        """Records what an applied update contributed: its norm, or for a clipped one the
+        bound it was clipped to; a zeroed one (against the momentum) records nothing.
+
+        An update at the bound is recorded the same, so a clipped update moves the median no
+        further than an unclipped one could. Recording only unclipped norms froze the bound:
+        once honest norms outgrew it (the inner lr's warm-up, error feedback's residual
+        building up, a fragment's first partial round in the window), every later update was
+        clipped and none moved the median again (bench.slowlink, sparse with 4 fragments: the
+        embedding's fragment clipped for good).
+        """
+        if verdict.reason is None:
+            self.accepted(verdict)
+        elif verdict.reason == "norm_outlier" and verdict.median_norm is not None:
+            bound = self.config.max_norm_to_median * verdict.median_norm
+            self._norms.append(min(verdict.norm, bound))
 
     def median_norm(self) -> float | None:
         """The median accepted norm, or None during warm-up."""

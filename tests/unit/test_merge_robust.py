@@ -77,7 +77,8 @@ def test_a_near_cap_update_is_clipped_to_the_bound_relative_to_the_median_norm()
     assert pipeline.rejections["norm_outlier"] == 1
     assert pipeline.replica.has_applied(MALLORY.peer_id, 1)  # one applied set everywhere
     torch.testing.assert_close(pipeline.replica.params, reference.replica.params)
-    assert pipeline.robust.median_norm() == median  # an outlier does not move the median
+    # A clipped outlier moves the median as an update at the bound would, no further.
+    assert pipeline.robust.median_norm() == reference.robust.median_norm()
 
 
 def test_a_well_scaled_update_against_the_momentum_contributes_nothing() -> None:
@@ -230,3 +231,59 @@ def test_an_update_against_the_momentum_is_zeroed_mid_round() -> None:
     result = pipeline.submit(update(MALLORY, 0, -honest_delta(9), learners=4))
 
     assert result.accepted and result.robust == "against_momentum" and result.weight == 0.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    before=st.integers(4, 40),
+    step=st.floats(4.5, 1000.0),
+    jitter=st.lists(st.floats(0.9, 1.1), min_size=100, max_size=100),
+)
+def test_honest_norms_that_step_up_are_passed_again(
+    before: int, step: float, jitter: list[float]
+) -> None:
+    """Norms that grow for good (the inner lr's warm-up, error feedback's residual, a fragment
+    whose first update covered a partial round) are clipped for a while, then pass again:
+    the bound follows them instead of freezing at the old median."""
+    robust = RobustFilter(RobustConfig())
+    for _ in range(before):
+        robust.record(robust.judge(torch.tensor([1.0]), None))
+    verdicts = []
+    for factor in jitter:
+        verdict = robust.judge(torch.tensor([step * factor]), None)
+        robust.record(verdict)
+        verdicts.append(verdict.reason)
+    assert verdicts[0] == "norm_outlier"
+    assert verdicts[-20:] == [None] * 20
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    norms=st.lists(st.floats(0.5, 2.0), min_size=4, max_size=32),
+    outlier=st.floats(8.1, 1e6),
+)
+def test_a_clipped_update_moves_the_median_as_one_at_the_bound(
+    norms: list[float], outlier: float
+) -> None:
+    clipped, at_bound = RobustFilter(RobustConfig()), RobustFilter(RobustConfig())
+    for norm in norms:
+        for robust in (clipped, at_bound):
+            robust.record(robust.judge(torch.tensor([norm]), None))
+    median = clipped.median_norm()
+    assert median is not None
+    verdict = clipped.judge(torch.tensor([outlier * median]), None)
+    clipped.record(verdict)
+    at_bound.record(at_bound.judge(torch.tensor([4.0 * median]), None))
+
+    assert verdict.reason == "norm_outlier"
+    assert clipped.median_norm() == pytest.approx(at_bound.median_norm(), rel=1e-6)
+
+
+def test_an_update_against_the_momentum_leaves_the_median_alone() -> None:
+    robust = RobustFilter(RobustConfig())
+    for _ in range(8):
+        robust.record(robust.judge(torch.tensor([1.0, 0.0]), None))
+    verdict = robust.judge(torch.tensor([-0.1, 0.0]), torch.tensor([1.0, 0.0]))
+    robust.record(verdict)
+    assert verdict.reason == "against_momentum"
+    assert robust.median_norm() == 1.0
