@@ -2,6 +2,8 @@
 
     python -m bench.wire                                  # small sizes; tiny model trained
     python -m bench.wire --train-rounds 4 --codecs bf16,sparse
+    python -m bench.wire --codecs bf16,sparse --train-learners 2 --train-rounds 24 \
+        --train-inner-steps 10 --eval-every 6 --fragments 1   # the ratio as the run goes on
 
 Bytes: for every codec, a real pseudo-gradient of the `--model` size is encoded and sealed;
 the envelope (header, signature, payload) and the announcement (signed header) are measured
@@ -14,8 +16,9 @@ few seconds whatever the codec) are left out of both.
 
 Quality: `--train-learners` learners train the `--train-model` in one process, each round
 from the replica, and publish through the real path (error feedback, encode, seal, the
-UpdatePipeline's verify, decode, weigh and apply). Every codec sees the same data in the same
-order for the same tokens; the final validation loss is compared with bf16's.
+UpdatePipeline's verify, decode, weigh and apply), with the outer optimizer a node with that
+codec uses by default (sparse: outer momentum 0.5, merge.feedback). Every codec sees the same
+data in the same order for the same tokens; the final validation loss is compared with bf16's.
 
 Peak-to-mean, measured: a real node (node.runtime.Node, offline, `--schedule-model`) trains
 one round of H = `--inner-steps` steps with each codec, once whole (P = 1) and once with
@@ -43,7 +46,7 @@ import torch
 from bench.quality import Evaluator, QualityConfig
 from merge.codecs import CODECS, get_codec
 from merge.envelope import SignedUpdate, seal
-from merge.feedback import Compressor
+from merge.feedback import Compressor, default_outer_momentum
 from merge.fragments import partition
 from merge.identity import Identity
 from merge.outer import OuterConfig, make_outer_optimizer
@@ -82,6 +85,9 @@ class WireConfig:
     """H of the quality comparison."""
     eval_batches: int = 16
     """Validation batches of the final evaluation."""
+    eval_every: int = 0
+    """Also evaluate every this many rounds (0: only at the end): each codec's validation loss
+    over the run, and its ratio to bf16's at the same round (equal tokens)."""
     threads: int = 2
     """torch threads."""
     fragments: int = 4
@@ -167,17 +173,19 @@ def fragment_wire_bytes(
     return [wire_bytes(codec, sum(tensor_sizes[i] for i in part), h, learners) for part in parts]
 
 
-def train(codec: str, config: WireConfig, ev: Evaluator) -> tuple[float, float]:
-    """Final validation loss and seconds of `train_rounds` rounds of M learners with ``codec``."""
+def train(codec: str, config: WireConfig, ev: Evaluator) -> tuple[dict[int, float], float]:
+    """Validation loss after every `eval_every`-th round and the last one (the final loss
+    under the key `train_rounds`), and seconds of `train_rounds` rounds of M learners."""
     started = time.perf_counter()
     h, m = config.train_inner_steps, config.train_learners
     genesis = torch.nn.utils.parameters_to_vector(
         build_model(ev.model_config, 0).parameters()
     ).detach()
-    pipeline = make_pipeline(genesis, h, ev.tokens_per_step)
+    pipeline = make_pipeline(genesis, h, ev.tokens_per_step, codec)
     learners = [ev.learner(config.train_rounds * h, f"wire/{rank}") for rank in range(m)]
     compressors = [Compressor(get_codec(codec), genesis.numel()) for _ in range(m)]
     authors = [Identity.from_private_bytes(bytes([rank + 1]) * 32) for rank in range(m)]
+    curve: dict[int, float] = {}
     for round_index in range(config.train_rounds):
         base, applied = pipeline.replica.snapshot()
         updates = []
@@ -202,13 +210,19 @@ def train(codec: str, config: WireConfig, ev: Evaluator) -> tuple[float, float]:
             result = pipeline.submit(SignedUpdate.from_bytes(update.to_bytes()))
             if not result.accepted:
                 raise SystemExit(f"{codec}: an update was rejected ({result.reason})")
-    return ev.val_loss(pipeline.replica.params), time.perf_counter() - started
+        done = round_index + 1
+        if done == config.train_rounds or (config.eval_every and done % config.eval_every == 0):
+            curve[done] = ev.val_loss(pipeline.replica.params)
+    return curve, time.perf_counter() - started
 
 
-def make_pipeline(genesis: torch.Tensor, h: int, tokens_per_step: int) -> UpdatePipeline:
-    """The node's defaults: a round of M updates (each saying M) makes one outer step."""
+def make_pipeline(
+    genesis: torch.Tensor, h: int, tokens_per_step: int, codec: str
+) -> UpdatePipeline:
+    """The node's defaults: a round of M updates (each saying M) makes one outer step, with
+    the outer momentum a node with ``codec`` uses (merge.feedback.default_outer_momentum)."""
     config = MergeConfig(
-        outer=OuterConfig(),
+        outer=OuterConfig(momentum=default_outer_momentum(codec)),
         token_weight=TokenWeightConfig(reference_tokens=h * tokens_per_step),
         max_inner_steps=h,
         max_tokens_per_step=tokens_per_step,
@@ -260,13 +274,16 @@ def main() -> None:
     ev = Evaluator(
         QualityConfig(model=config.train_model, eval_batches=config.eval_batches, seed=0)
     )
-    rows, reference_loss = [], None
+    rows: list[dict] = []
+    reference: dict[int, float] = {}
     for codec in codecs:
         envelope, announcement = wire_bytes(codec, numel, config.inner_steps, config.learners)
         swarm = swarm_bytes_per_step(envelope, announcement, config.learners, config.inner_steps)
-        val_loss, seconds = train(codec, config, ev)
-        reference_loss = reference_loss or val_loss
+        curve, seconds = train(codec, config, ev)
+        reference = reference or curve
+        val_loss, reference_loss = curve[config.train_rounds], reference[config.train_rounds]
         per_step = published_per_step(codec, 1, config)
+        ratios = {str(r): round(loss / reference[r], 5) for r, loss in curve.items()}
         row = {
             "codec": codec,
             "fragments": 1,
@@ -276,6 +293,8 @@ def main() -> None:
             "envelope_bytes": envelope,
             "bytes_per_learner_per_step": round(swarm, 1),
             "val_loss": val_loss,
+            "val_loss_by_round": {str(r): loss for r, loss in curve.items()},
+            "val_loss_ratio_by_round": ratios,
             "train_seconds": round(seconds, 1),
         }
         rows.append(row)
@@ -284,6 +303,8 @@ def main() -> None:
             f"{row['bytes_ratio_vs_dp']:>9}x less than DP; val loss {val_loss:.4f} "
             f"({row['val_loss_ratio_vs_bf16']:.4f} of bf16), peak/mean {row['peak_to_mean']}"
         )
+        if len(curve) > 1:
+            print("        of bf16 by round: " + ", ".join(f"{r}: {x}" for r, x in ratios.items()))
         if config.fragments > 1:
             rows.append(fragment_row(codec, tensor_sizes, config, dp))
     summary = {"benchmark": "wire", "config": asdict(config), "num_params": numel}

@@ -18,6 +18,7 @@ from torch.nn.utils import parameters_to_vector
 from dht.addresses import listen_maddrs
 from dht.swarm import SwarmConfig
 from merge.correction import CorrectionConfig
+from merge.feedback import default_outer_momentum
 from merge.fragments import FragmentLayout
 from merge.outer import OuterConfig, make_outer_optimizer
 from merge.pipeline import MergeConfig
@@ -57,7 +58,11 @@ def merge_config_from(config: JoinConfig, tokens_per_step: int) -> MergeConfig:
         outer=OuterConfig(
             kind=config.outer_optimizer,  # type: ignore[arg-type]
             lr=config.outer_lr,
-            momentum=config.outer_momentum,
+            momentum=(
+                default_outer_momentum(config.codec)
+                if config.outer_momentum is None
+                else config.outer_momentum
+            ),
             delay=config.outer_delay,
         ),
         staleness=StalenessConfig(

@@ -67,8 +67,9 @@ class JoinConfig:
     """Outer optimizer: nesterov or delayed_nesterov (Liu et al. 2024, the asynchronous default)."""
     outer_lr: float = 0.7
     """Outer learning rate."""
-    outer_momentum: float = 0.9
-    """Outer Nesterov momentum."""
+    outer_momentum: float | None = None
+    """Outer Nesterov momentum (default 0.9; 0.5 with --codec sparse, whose error feedback
+    residual already acts as a momentum)."""
     outer_delay: int | None = None
     """Delayed Nesterov: a fixed round of N updates (default: each update's signed count of
     live learners, so a round of the swarm's updates is one outer step at any swarm size)."""
@@ -259,7 +260,7 @@ class JoinConfig:
             raise ValueError(
                 f"--correction-strength must be in [0, 100], got {self.correction_strength}"
             )
-        if not 0 <= self.outer_momentum < 1:
+        if self.outer_momentum is not None and not 0 <= self.outer_momentum < 1:
             raise ValueError(f"--outer-momentum must be in [0, 1), got {self.outer_momentum}")
         self.host = host_ip(self.host)  # raises for a bad --host; localhost is 127.0.0.1
         listen_maddrs(self.host, self.port)  # raises for a bad --port
