@@ -66,6 +66,17 @@ def test_ratios_are_against_bf16_with_whole_updates_and_unreached_rows_get_none(
     assert rows[4]["note"] == "not run: no --fragments"
 
 
+def test_rows_that_reach_the_target_where_bf16_did_not_get_an_upper_bound() -> None:
+    def row(codec: str, seconds: float | None, elapsed: float) -> dict:
+        return {"codec": codec, "fragments": 1, "link_mbit": 2.0, "reached": seconds is not None,
+                "time_to_target_s": seconds, "elapsed_s": elapsed}  # fmt: skip
+
+    rows = [row("bf16", None, 240.0), row("sparse", 60.0, 60.0), row("int8", None, 240.0)]
+    add_ratios(rows)
+    assert [r["ratio_vs_bf16"] for r in rows] == [None, None, None]
+    assert [r.get("ratio_vs_bf16_below") for r in rows] == [None, 0.25, None]
+
+
 def test_bad_settings_are_refused_with_one_clear_sentence() -> None:
     with pytest.raises(ValueError, match="--fragments takes counts"):
         SlowlinkConfig(fragments="1,four")
