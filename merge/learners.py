@@ -52,6 +52,11 @@ class LearnerFloor:
         """The learner count an update claiming `claimed` is sized by."""
         return max(claimed, self.floor(author))
 
+    def recent_authors(self, last: int) -> set[str]:
+        """The distinct authors of the last `last` applied updates."""
+        n = len(self._recent)
+        return {self._recent[i] for i in range(max(0, n - last), n)}
+
     def applied(self, author: str, claimed: int) -> None:
         """An update of `author` claiming `claimed` learners was applied."""
         self._recent.append(author)

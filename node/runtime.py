@@ -726,7 +726,14 @@ class Node:
         if self.swarm is None:
             return 1
         alive = self.swarm.alive_peers()
-        return 1 + count_learners(alive, lambda peer_id: self.replica.last_seq(peer_id) >= 1)
+        live = 1 + count_learners(alive, lambda peer_id: self.replica.last_seq(peer_id) >= 1)
+        # Peers whose updates are among the last few applied here learn, whether or not the
+        # last membership read found them: ~1,000 Sybil heartbeats make reads miss live peers,
+        # and a node that sized its updates as a lone learner then took whole outer steps.
+        idle = {h.peer_id for h in alive if h.state == "idle"}
+        with self.replica.lock:
+            recent = self.pipeline.learner_floor.recent_authors(max(8, 2 * live))
+        return max(live, 1 + len(recent - idle - {self.peer_id}))
 
     # ---- what the swarm sees -----------------------------------------------------------------
 

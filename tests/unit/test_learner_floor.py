@@ -85,3 +85,10 @@ def test_a_low_claim_through_the_pipeline_moves_the_replica_no_more_than_an_hone
     low = lied.submit(make_update(CAROL, seq=1, learners=1))
     assert fair.accepted and low.accepted and low.learners == 3
     assert torch.equal(honest.replica.params, lied.replica.params)
+
+
+def test_recent_authors_are_those_of_the_last_updates() -> None:
+    floor = floor_after([("a", 2), ("b", 2), ("c", 2), ("a", 2)])
+    assert floor.recent_authors(2) == {"c", "a"}
+    assert floor.recent_authors(10) == {"a", "b", "c"}
+    assert LearnerFloor().recent_authors(4) == set()
