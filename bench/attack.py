@@ -105,9 +105,11 @@ class RunResult:
 
 
 def run_swarm(
-    workdir: Path, rounds: int, attacks: list[str], sybils: int, settle_s: float
+    workdir: Path, rounds: int, attacks: list[str], sybils: int, settle_s: float, pace_s: float
 ) -> RunResult:
     honest_args = [*RUN, "--max-rounds", str(rounds), "--linger", "900"]
+    if pace_s > 0:  # the same pace in the clean and the attacked run: equal rounds, equal tokens
+        honest_args += ["--emulated-step-s", str(pace_s)]
     children: list[ChildProcess] = []
     honest: list[ChildProcess] = []
 
@@ -275,13 +277,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sybils", type=int, default=1000)
     parser.add_argument("--settle", type=float, default=2.0)
     parser.add_argument("--separate", action="store_true", help="one attacked run per class")
+    parser.add_argument(
+        "--pace",
+        type=float,
+        default=0.5,
+        help="seconds per honest inner step (emulated, both runs): 40 rounds of 5 steps last "
+        "~100 s, so every class runs while the honest nodes train; 0: full speed",
+    )
     args = parser.parse_args(argv)
     attacks = [a for a in args.attacks.split(",") if a]
     if unknown := sorted(set(attacks) - set(ATTACKS)):
         parser.error(f"unknown attacks {unknown}; choose from {', '.join(ATTACKS)}")
     with tempfile.TemporaryDirectory(prefix="diloco-attack-") as tmp:
         work = Path(tmp)
-        clean = run_swarm(work / "clean", args.rounds, [], args.sybils, args.settle)
+        clean = run_swarm(work / "clean", args.rounds, [], args.sybils, args.settle, args.pace)
         clean_val = [clean.val_curve(n).get(args.rounds) for n in clean.honest]
         print(f"clean run: {args.rounds} rounds, final val loss {clean_val}", flush=True)
         groups = [[a] for a in attacks] if args.separate else [attacks]
@@ -291,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         attacked_val: list[list[float | None]] = []
         for i, group in enumerate(groups):
             attacked = run_swarm(
-                work / f"attacked{i}", args.rounds, group, args.sybils, args.settle
+                work / f"attacked{i}", args.rounds, group, args.sybils, args.settle, args.pace
             )
             group_rows = rows_of(attacked, clean)
             if args.separate:
@@ -309,14 +318,19 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     known = [r for r in ratios if r is not None]
+    idle = [row["attack"] for row in rows if row["rounds_advanced"] == 0]
+    if idle:
+        print(f"ran after the honest nodes stopped training: {idle} (raise --pace)", flush=True)
     summary = {
         "rows": rows,
         "clean_val_loss": clean_val,
         "attacked_val_loss": attacked_val,
         "final_loss_ratio": max(known) if known else None,
         "within_tolerance": bool(known) and max(known) <= 1 + LOSS_TOLERANCE,
+        "classes_after_training": idle,
         "honest_crashed": crashed,
         "rounds": args.rounds,
+        "pace_s": args.pace,
     }
     print(f"final val loss ratio to the clean run: {summary['final_loss_ratio']}", flush=True)
     print(json.dumps(summary), flush=True)
