@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import sys
 from pathlib import Path
 from typing import IO
 
@@ -70,18 +69,17 @@ def lock_identity(identity_path: Path, *, is_default: bool) -> tuple[Path, Resou
     """
     try:
         return identity_path, identity_lock(identity_path).acquire()
-    except InUseError:
+    except InUseError as exc:
         if not is_default:
             raise
-        first_error = sys.exc_info()[1]
+        in_use = exc
     for slot in range(2, MAX_IDENTITY_SLOTS + 1):
         path = identity_path.with_name(f"{identity_path.stem}-{slot}{identity_path.suffix}")
         try:
             return path, identity_lock(path).acquire()
         except InUseError:
             continue
-    assert first_error is not None
-    raise first_error
+    raise in_use
 
 
 def identity_lock(identity_path: Path) -> ResourceLock:
