@@ -190,7 +190,7 @@ def swarm_config_from(
         run_summary=summary,
         identity_path=str(config.identity_path),
         initial_peers=list(config.peers or []),
-        host_maddrs=listen_maddrs(config.host, config.port if port is None else port),
+        host_maddrs=listen_maddrs(config.host, config.listen_port if port is None else port),
         announce_maddrs=list(config.announce or []),
         use_relay=config.relay,
         use_auto_relay=config.auto_relay,

@@ -31,6 +31,10 @@ def model_size(name: str) -> str:
     return name.rsplit("-", 1)[-1] if name.startswith("hf:") else name
 
 
+DEFAULT_PORT = 31337
+"""Where a node listens when --port is not given (and that port is free)."""
+
+
 @dataclass(kw_only=True)
 class JoinConfig:
     """Everything `diloco-node join` needs. Run-level fields enter the run fingerprint."""
@@ -151,9 +155,10 @@ class JoinConfig:
     """Multiaddrs of any swarm members to join through (default: start a new swarm)."""
     host: str = "0.0.0.0"
     """Address to listen on for peers (use 127.0.0.1 to stay on this machine)."""
-    port: int = 31337
-    """TCP port to listen on for peers (0: any free port; when 31337 is taken by another
-    node on this machine, any free port)."""
+    port: int | None = None
+    """TCP port to listen on for peers (0: any free port). Not given: 31337, or any free port
+    when another node on this machine holds 31337; a port given here that is taken is an
+    error."""
     announce: list[str] | None = None
     """Public multiaddrs to announce, e.g. /ip4/203.0.113.7/tcp/31337 behind a port forward."""
     relay: bool = True
@@ -263,7 +268,7 @@ class JoinConfig:
         if self.outer_momentum is not None and not 0 <= self.outer_momentum < 1:
             raise ValueError(f"--outer-momentum must be in [0, 1), got {self.outer_momentum}")
         self.host = host_ip(self.host)  # raises for a bad --host; localhost is 127.0.0.1
-        listen_maddrs(self.host, self.port)  # raises for a bad --port
+        listen_maddrs(self.host, self.listen_port)  # raises for a bad --port
         self.peers = [str(parse_peer_maddr(p)) for p in self.peers or []] or None
         self.announce = [str(parse_announce_maddr(a)) for a in self.announce or []] or None
         if not 0.2 <= self.heartbeat_period <= 3600:
@@ -325,6 +330,11 @@ class JoinConfig:
         """Where this run's nodes keep their default checkpoint dirs (and did before 0.2:
         directly in it)."""
         return (DILOCO_HOME / "checkpoints" / self.run_id).expanduser()
+
+    @property
+    def listen_port(self) -> int:
+        """--port, or the default port when none was given."""
+        return DEFAULT_PORT if self.port is None else self.port
 
     @property
     def identity_path(self) -> Path:

@@ -18,17 +18,16 @@ from node.config import JoinConfig
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_PORT = JoinConfig.port
-
 
 def preflight(config: JoinConfig) -> int:
     """The port to listen on; PreflightError (one line) for the causes p2pd would otherwise
-    fail on obscurely. The default port, when another node holds it, becomes any free port."""
-    port = config.port
+    fail on obscurely. With no --port, the default port, when another node holds it,
+    becomes any free port; a --port that is taken is an error."""
+    port = config.listen_port
     try:
         check_port_free(config.host, port)
     except PreflightError:
-        if port != DEFAULT_PORT:
+        if config.port is not None:
             raise
         logger.info("port %d is taken (another node here?); listening on any free port", port)
         port = 0

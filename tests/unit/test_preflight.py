@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
+import node.config
 from dht.preflight import PreflightError, check_bootstrap_reachable, check_port_free
+from node.config import JoinConfig
+from node.lifecycle import preflight
 from node.locks import InUseError, identity_lock, lock_identity
 from tests.conftest import REPO
 
@@ -25,6 +28,20 @@ def test_a_port_in_use_is_named_with_the_flag_to_change() -> None:
             check_port_free("127.0.0.1", port)
     check_port_free("127.0.0.1", port)  # free again once closed
     check_port_free("127.0.0.1", 0)
+
+
+def test_the_default_port_taken_moves_to_a_free_one_but_an_explicit_port_is_an_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setattr(node.config, "DEFAULT_PORT", port)
+        assert preflight(JoinConfig(host="127.0.0.1")) == 0  # no --port: any free port
+        with pytest.raises(PreflightError, match=f"port {port} on 127.0.0.1 is in use"):
+            preflight(JoinConfig(host="127.0.0.1", port=port))  # --port P, even the default
+    assert preflight(JoinConfig(host="127.0.0.1")) == port  # free again: the default itself
 
 
 def test_no_reachable_bootstrap_peer_names_the_address() -> None:
