@@ -13,7 +13,7 @@ from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
-from node.config import JoinConfig, add_dataclass_arguments, dataclass_from_args
+from node.config import DEFAULT_IDENTITY, JoinConfig, add_dataclass_arguments, dataclass_from_args
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.set_defaults(handler=run_export)
     keygen = commands.add_parser("keygen", help="create an Ed25519 identity key")
-    keygen.add_argument("--identity", default=JoinConfig.identity, help="key file to write")
+    keygen.add_argument("--identity", default=DEFAULT_IDENTITY, help="key file to write")
     keygen.add_argument("--force", action="store_true", help="replace an existing key")
     keygen.add_argument(
         "--peer-id",

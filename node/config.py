@@ -33,6 +33,8 @@ def model_size(name: str) -> str:
 
 DEFAULT_PORT = 31337
 """Where a node listens when --port is not given (and that port is free)."""
+DEFAULT_IDENTITY = str(DILOCO_HOME / "identity.key")
+"""The key a node uses when --identity is not given (and no other node here holds it)."""
 
 
 @dataclass(kw_only=True)
@@ -127,8 +129,10 @@ class JoinConfig:
     (default: ~/.diloco/checkpoints/RUN_ID/PEER_ID)."""
     checkpoint_every: int = 10
     """Save a checkpoint every N rounds (and always on Ctrl+C, SIGTERM or SIGHUP)."""
-    identity: str = str(DILOCO_HOME / "identity.key")
-    """Ed25519 identity key file (libp2p format), created with mode 0600 on first use."""
+    identity: str | None = None
+    """Ed25519 identity key file (libp2p format), created with mode 0600 on first use. Not
+    given: ~/.diloco/identity.key, or the next free ~/.diloco/identity-N.key while another
+    node on this machine holds it; a key given here that is in use is an error."""
     device: str = "auto"
     """Training device: auto, cpu or cuda (bf16 autocast on CUDA)."""
     threads: int | None = None
@@ -338,7 +342,7 @@ class JoinConfig:
 
     @property
     def identity_path(self) -> Path:
-        return Path(self.identity).expanduser()
+        return Path(DEFAULT_IDENTITY if self.identity is None else self.identity).expanduser()
 
 
 def run_fingerprint(run_spec: dict[str, Any]) -> str:

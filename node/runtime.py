@@ -141,7 +141,7 @@ class Node:
 
     def __init__(self, config: JoinConfig, events: EventLog) -> None:
         identity_path, held = lock_identity(
-            config.identity_path, is_default=config.identity == JoinConfig.identity
+            config.identity_path, is_default=config.identity is None
         )
         if identity_path != config.identity_path:
             logger.warning(

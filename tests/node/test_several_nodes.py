@@ -59,12 +59,13 @@ def test_a_second_node_with_default_paths_runs_as_its_own_and_an_explicit_shared
         assert code == 0, err[-2000:]
         assert next(e for e in events if e["event"] == "started")["peer_id"] == second
 
-        # An identity given explicitly is never swapped: in use, it is a one-line error.
-        shared = str(node_home / ".diloco" / "identity.key")
-        code, _, err = run_cli([*run, "--identity", shared], home=node_home, timeout_s=60)
-        lines = [line for line in err.splitlines() if "error:" in line]
-        assert code == 1 and len(lines) == 1, err[-2000:]
-        assert "identity" in lines[0] and "in use" in lines[0] and "--identity" in lines[0]
+        # An identity given explicitly is never swapped, even the default path spelled out:
+        # in use, it is a one-line error.
+        for shared in (str(node_home / ".diloco" / "identity.key"), "~/.diloco/identity.key"):
+            code, _, err = run_cli([*run, "--identity", shared], home=node_home, timeout_s=60)
+            lines = [line for line in err.splitlines() if "error:" in line]
+            assert code == 1 and len(lines) == 1, err[-2000:]
+            assert "identity" in lines[0] and "in use" in lines[0] and "--identity" in lines[0]
     finally:
         os.killpg(first.pid, signal.SIGINT)
         _, err = first.communicate(timeout=45)
