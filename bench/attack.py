@@ -105,7 +105,13 @@ class RunResult:
 
 
 def run_swarm(
-    workdir: Path, rounds: int, attacks: list[str], sybils: int, settle_s: float, pace_s: float
+    workdir: Path,
+    rounds: int,
+    attacks: list[str],
+    sybils: int,
+    settle_s: float,
+    pace_s: float,
+    events_dir: Path | None = None,
 ) -> RunResult:
     honest_args = [*RUN, "--max-rounds", str(rounds), "--linger", "900"]
     if pace_s > 0:  # the same pace in the clean and the attacked run: equal rounds, equal tokens
@@ -153,6 +159,16 @@ def run_swarm(
             return result
     finally:
         reap_all(children)
+        if events_dir is not None:
+            save_events(children, events_dir / workdir.name)
+
+
+def save_events(children: list[ChildProcess], folder: Path) -> None:
+    """Every child's JSON events, one file per child (`--events-dir`: to look into a run)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for child in children:
+        lines = "".join(json.dumps(e) + "\n" for e in child.events)
+        (folder / f"{child.name}.jsonl").write_text(lines)
 
 
 def _follow_adversary(adversary: ChildProcess, launch: Any, maddr: str, timeout_s: float) -> None:
@@ -284,13 +300,17 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds per honest inner step (emulated, both runs): 40 rounds of 5 steps last "
         "~100 s, so every class runs while the honest nodes train; 0: full speed",
     )
+    parser.add_argument(
+        "--events-dir", type=Path, help="keep every process's JSON events here, one file each"
+    )
     args = parser.parse_args(argv)
     attacks = [a for a in args.attacks.split(",") if a]
     if unknown := sorted(set(attacks) - set(ATTACKS)):
         parser.error(f"unknown attacks {unknown}; choose from {', '.join(ATTACKS)}")
     with tempfile.TemporaryDirectory(prefix="diloco-attack-") as tmp:
         work = Path(tmp)
-        clean = run_swarm(work / "clean", args.rounds, [], args.sybils, args.settle, args.pace)
+        run = {"sybils": args.sybils, "settle_s": args.settle, "pace_s": args.pace}
+        clean = run_swarm(work / "clean", args.rounds, [], **run, events_dir=args.events_dir)
         clean_val = [clean.val_curve(n).get(args.rounds) for n in clean.honest]
         print(f"clean run: {args.rounds} rounds, final val loss {clean_val}", flush=True)
         groups = [[a] for a in attacks] if args.separate else [attacks]
@@ -300,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         attacked_val: list[list[float | None]] = []
         for i, group in enumerate(groups):
             attacked = run_swarm(
-                work / f"attacked{i}", args.rounds, group, args.sybils, args.settle, args.pace
+                work / f"attacked{i}", args.rounds, group, **run, events_dir=args.events_dir
             )
             group_rows = rows_of(attacked, clean)
             if args.separate:

@@ -3,20 +3,33 @@
 The donor is chosen by its own claim of progress, so its state is checked before it replaces
 the replica, against signed heartbeats of other peers:
 
-- every author's highest applied seq may not exceed what that author's own signed
-  heartbeat says it published (+1 for an update in flight): a state claiming updates nobody
-  published would make every later honest update look like a replay;
+- the donor's own highest applied seq may not exceed what its own signed heartbeat says it
+  published (+1 for an update in flight): a donor that contradicts itself is not believed;
+- another author's seqs above what that author's heartbeat announced are *unannounced*: the
+  state is accepted with them and they are reported (StateVerdict). Refusing such a state
+  would hand a veto to one lying peer: an adversary that signs updates outside its heartbeat
+  under-reports its own latest seq, and then every honest donor, holding those validly
+  signed and validated updates, would be refused (a newcomer refused both honest donors and
+  started from the untrained model). Nor are those ids trimmed from the loaded applied set:
+  the donor's parameters already hold those updates, and a trimmed id would be fetched and
+  applied a second time. What a poisoning donor gains by fabricating ids of a live author is
+  no more than it gains by fabricating ids of an author that is not live (never checkable):
+  ids are an explicit set, never a high-water mark (no "seq <= last applied" rule), so an
+  author's real later updates are still applied when they arrive; the fabricated ids keep
+  the newcomer's digest apart from the honest ones, which is visible;
 - when other peers report the same applied set (digest), the state's parameters must match
   their replica sketch (drift below `max_drift`): a poisoned model behind an honest
   applied set is refused.
 
 A refusal is counted as `bad_state` against the donor and the next donor is tried.
+Pure: no network, no clock (dht.state_transfer reads the heartbeats and loads the state).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import torch
 
@@ -29,6 +42,19 @@ MAX_DRIFT = 0.05
 
 class StateCheckError(ValueError):
     """A donor's state that the other live peers' heartbeats contradict."""
+
+
+@dataclass(frozen=True)
+class StateVerdict:
+    """A donor's state the newcomer accepts, and what in it no heartbeat vouches for."""
+
+    unannounced: dict[str, list[int]] = field(default_factory=dict)
+    """Per author other than the donor, the seqs the state holds above that author's own
+    announced latest seq + 1 (that author lies about its seq, or its heartbeat lags)."""
+
+    @property
+    def num_unannounced(self) -> int:
+        return sum(map(len, self.unannounced.values()))
 
 
 def applied_digest(applied: Mapping[str, list[int]]) -> str:
@@ -44,13 +70,20 @@ def check_donor_state(
     sketch: Callable[[torch.Tensor], list[float]],
     *,
     max_drift: float = MAX_DRIFT,
-) -> None:
-    """StateCheckError when the heartbeats of peers other than `donor` contradict `state`."""
+) -> StateVerdict:
+    """StateCheckError when the donor's own heartbeat, or the replica sketches of peers other
+    than `donor` with the same applied set, contradict `state`; else what it holds unannounced."""
     applied = state.get("applied")
     params = state.get("params")
     if not isinstance(applied, Mapping) or not isinstance(params, torch.Tensor):
         raise StateCheckError("the state lacks its applied set or parameters")
-    _check_seqs_published(applied, peers)
+    unannounced = unannounced_seqs(applied, peers)
+    own = unannounced.pop(donor, None)
+    if own:
+        raise StateCheckError(
+            f"the state holds update {max(own)} of {donor}, its donor, beyond what the "
+            "donor's own heartbeat announced"
+        )
     others = [h for h in peers if h.peer_id != donor]
     same = [h for h in others if h.applied_digest == applied_digest(applied) and h.sketch]
     if same:
@@ -60,15 +93,21 @@ def check_donor_state(
             raise StateCheckError(
                 "the state's parameters differ from those of peers with the same applied set"
             )
+    return StateVerdict(unannounced)
 
 
-def _check_seqs_published(applied: Mapping[str, object], peers: list[Heartbeat]) -> None:
-    published = {h.peer_id: h.latest_seq for h in peers}
+def unannounced_seqs(applied: Mapping[str, object], peers: list[Heartbeat]) -> dict[str, list[int]]:
+    """Per author with a heartbeat among `peers`, the seqs in `applied` above that heartbeat's
+    latest_seq + 1 (one update may be in flight), ascending; authors with none are left out.
+    With several heartbeats of one author (never from membership), the highest counts."""
+    published: dict[str, int] = {}
+    for h in peers:
+        published[h.peer_id] = max(h.latest_seq, published.get(h.peer_id, h.latest_seq))
+    found: dict[str, list[int]] = {}
     for author, seqs in applied.items():
-        if author in published and isinstance(seqs, list) and seqs:
-            highest = max(s for s in seqs if isinstance(s, int))
-            if highest > published[author] + 1:
-                raise StateCheckError(
-                    f"the state holds update {highest} of {author}, who published "
-                    f"{published[author]}"
-                )
+        if author in published and isinstance(seqs, list):
+            bound = published[author] + 1
+            above = sorted(s for s in seqs if type(s) is int and s > bound)
+            if above:
+                found[author] = above
+    return found

@@ -23,7 +23,7 @@ from dht.network import (
     Rejections,
     SwarmNetwork,
 )
-from dht.state_check import StateCheckError, check_donor_state
+from dht.state_check import StateCheckError, StateVerdict, check_donor_state
 from dht.tensor_stream import (
     join_tensors,
     parse_spec,
@@ -52,6 +52,9 @@ class TransferStats:
     num_bytes: int
     seconds: float
     peer_id: str
+    unannounced: int = 0
+    """Update ids in the loaded state above what their authors' heartbeats announced
+    (dht.state_check.StateVerdict): kept, reported."""
 
     @property
     def mb_per_s(self) -> float:
@@ -148,14 +151,23 @@ class StateTransfer:
         started = time.perf_counter()
         async with asyncio.timeout(self._transfer_timeout_s):
             state, total = await self._receive_state(peer_id)
-        await self._check_state(state, peer_id)
+        verdict = await self._check_state(state, peer_id)
         await asyncio.get_running_loop().run_in_executor(
             self._merge_pool, self.replica.load_state_dict, state
         )
-        return TransferStats(total, time.perf_counter() - started, peer_id)
+        if verdict.unannounced:
+            logger.info(
+                "loaded the state of %s; %d update ids in it are above what their authors' "
+                "heartbeats announced: %s",
+                peer_id,
+                verdict.num_unannounced,
+                {a: (s[0], s[-1], len(s)) for a, s in verdict.unannounced.items()},
+            )
+        elapsed = time.perf_counter() - started
+        return TransferStats(total, elapsed, peer_id, verdict.num_unannounced)
 
-    async def _check_state(self, state: dict[str, Any], donor: str) -> None:
-        await check_with_fresh_heartbeats(
+    async def _check_state(self, state: dict[str, Any], donor: str) -> StateVerdict:
+        return await check_with_fresh_heartbeats(
             state,
             donor,
             self.membership.alive_peers,
@@ -217,18 +229,16 @@ async def check_with_fresh_heartbeats(
     *,
     period_s: float,
     rechecks: int = STATE_RECHECKS,
-) -> None:
+) -> StateVerdict:
     """check_donor_state against the live peers' heartbeats, read again (`period_s` apart) up to
     `rechecks` times while they contradict the state: with rounds shorter than a heartbeat
-    period, an honest donor's state holds its own or a peer's update that the author's last
-    heartbeat does not announce yet. StateCheckError once fresh heartbeats still contradict it."""
-    for attempt in range(rechecks + 1):
+    period, an honest donor's state holds its own update that its last heartbeat does not
+    announce yet. StateCheckError once fresh heartbeats still contradict it."""
+    for _ in range(rechecks):
         try:
-            check_donor_state(state, donor, alive_peers(), sketch)
-            return
+            return check_donor_state(state, donor, alive_peers(), sketch)
         except StateCheckError as exc:
-            if attempt == rechecks:
-                raise
             logger.info("state of %s contradicted (%s); reading heartbeats again", donor, exc)
             await asyncio.sleep(period_s)
             await poll()
+    return check_donor_state(state, donor, alive_peers(), sketch)

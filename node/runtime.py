@@ -366,6 +366,7 @@ class Node:
                 megabytes=round(stats.num_bytes / 1e6, 3),
                 seconds=round(stats.seconds, 3),
                 mb_per_s=round(stats.mb_per_s, 2),
+                unannounced=stats.unannounced,
             )
         # A node that rejoins with the same identity continues its seq numbers.
         self.seq = max(

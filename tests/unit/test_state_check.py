@@ -8,21 +8,29 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dht.heartbeat import Heartbeat
-from dht.state_check import StateCheckError, applied_digest, check_donor_state
+from dht.state_check import (
+    StateCheckError,
+    applied_digest,
+    check_donor_state,
+    unannounced_seqs,
+)
 from dht.state_transfer import check_with_fresh_heartbeats
 from merge.sketch import ReplicaSketch
 
 SKETCH = ReplicaSketch(1000, "f" * 64)
 PARAMS = torch.linspace(-1, 1, 1000)
 APPLIED = {"alice": [1, 2, 3], "bob": [1, 2]}
+PARAMS_SKETCH = SKETCH(PARAMS)
 
 
-def peer(peer_id: str, *, latest_seq: int = 0, params: torch.Tensor = PARAMS) -> Heartbeat:
+def peer(peer_id: str, *, latest_seq: int = 0, params: torch.Tensor | None = None) -> Heartbeat:
     return Heartbeat(
         peer_id=peer_id, latest_seq=latest_seq, applied_digest=applied_digest(APPLIED),
-        sketch=SKETCH(params), num_applied=5,
+        sketch=PARAMS_SKETCH if params is None else SKETCH(params), num_applied=5,
     )  # fmt: skip
 
 
@@ -34,11 +42,24 @@ def test_an_honest_state_passes() -> None:
     check_donor_state(state, "donor", PEERS, SKETCH)
 
 
-def test_a_state_claiming_updates_nobody_published_is_refused() -> None:
-    """Seqs far ahead would make every later honest update of alice look like a replay."""
+def test_a_donor_whose_state_holds_its_own_unannounced_updates_is_refused() -> None:
+    """The donor contradicts its own signed heartbeat: it is not believed."""
     state = {"applied": {**APPLIED, "alice": [1, 2, 3, 1000]}, "params": PARAMS}
-    with pytest.raises(StateCheckError, match="update 1000 of alice"):
-        check_donor_state(state, "donor", PEERS, SKETCH)
+    with pytest.raises(StateCheckError, match="update 1000 of alice, its donor"):
+        check_donor_state(state, "alice", PEERS, SKETCH)
+
+
+def test_one_author_under_reporting_its_seq_vetoes_no_honest_donor() -> None:
+    """An adversary signs updates outside its heartbeat (it announces seq 0 and signed 40):
+    the honest donor's state holds them, validly signed and validated. It is accepted, with
+    those ids kept (the parameters hold them: trimmed, they would be applied twice) and
+    reported as unannounced."""
+    adversary = [1, *range(5, 41)]
+    state = {"applied": {**APPLIED, "mallory": adversary}, "params": PARAMS}
+    liar = peer("mallory", latest_seq=0)
+    verdict = check_donor_state(state, "donor", [*PEERS, liar], SKETCH)
+    assert verdict.unannounced == {"mallory": list(range(5, 41))}
+    assert verdict.num_unannounced == 36
 
 
 def test_poisoned_parameters_behind_an_honest_applied_set_are_refused() -> None:
@@ -82,4 +103,68 @@ def test_a_state_fresh_heartbeats_still_contradict_is_refused() -> None:
     state = {"applied": {**APPLIED, "alice": [1, 2, 3, 1000]}, "params": PARAMS}
     alive, poll = _fresh_heartbeats([PEERS])
     with pytest.raises(StateCheckError, match="update 1000 of alice"):
-        asyncio.run(check_with_fresh_heartbeats(state, "donor", alive, poll, SKETCH, period_s=0.0))
+        asyncio.run(check_with_fresh_heartbeats(state, "alice", alive, poll, SKETCH, period_s=0.0))
+
+
+def test_another_authors_lagging_heartbeat_costs_no_recheck() -> None:
+    """Only the donor's own seqs wait for fresh heartbeats; bob's lag is reported at once."""
+    state = {"applied": {**APPLIED, "bob": [1, 2, 3, 4]}, "params": PARAMS}
+    alive, poll = _fresh_heartbeats([PEERS])
+    verdict = asyncio.run(
+        check_with_fresh_heartbeats(state, "alice", alive, poll, SKETCH, period_s=3600.0)
+    )
+    assert verdict.unannounced == {"bob": [4]}
+
+
+AUTHORS = ["alice", "bob", "carol", "donor"]
+seqs = st.lists(st.integers(min_value=0, max_value=60), max_size=8, unique=True)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    applied=st.fixed_dictionaries({a: seqs for a in AUTHORS}),
+    announced=st.fixed_dictionaries({a: st.integers(0, 60) for a in AUTHORS}),
+    liar=st.sampled_from(AUTHORS[:3]),
+    lie=st.integers(0, 60),
+)
+def test_no_author_but_the_donor_can_turn_an_accepted_state_into_a_refused_one(
+    applied: dict[str, list[int]], announced: dict[str, int], liar: str, lie: int
+) -> None:
+    """Whatever any author other than the donor announces (lower, higher, or nothing at all),
+    the verdict on the state is the same; only the reported unannounced ids change, and they
+    are exactly that author's seqs above its announced seq + 1."""
+    state = {"applied": applied, "params": PARAMS}
+    honest = [peer(a, latest_seq=announced[a]) for a in AUTHORS]
+    lying = [peer(a, latest_seq=lie if a == liar else announced[a]) for a in AUTHORS]
+    silent = [h for h in honest if h.peer_id != liar]
+
+    def verdict(peers: list[Heartbeat]) -> object:
+        try:
+            return check_donor_state(state, "donor", peers, SKETCH).unannounced
+        except StateCheckError:
+            return "refused"
+
+    outcomes = [verdict(honest), verdict(lying), verdict(silent)]
+    refused = max(applied["donor"], default=0) > announced["donor"] + 1
+    assert [o == "refused" for o in outcomes] == [refused] * 3
+    if not refused:
+        above = sorted(s for s in applied[liar] if s > lie + 1)
+        assert outcomes[1].get(liar, []) == above  # type: ignore[union-attr]
+        assert liar not in outcomes[2]  # type: ignore[operator]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    applied=st.dictionaries(st.text(max_size=3), st.lists(st.integers(-5, 100), max_size=6)),
+    announced=st.dictionaries(st.text(min_size=1, max_size=3), st.integers(0, 100)),
+)
+def test_unannounced_seqs_are_exactly_those_above_each_authors_announced_seq(
+    applied: dict[str, list[int]], announced: dict[str, int]
+) -> None:
+    peers = [peer(a, latest_seq=n) for a, n in announced.items()]
+    published = {h.peer_id: h.latest_seq for h in peers}
+    found = unannounced_seqs(applied, peers)
+    for author, seqs in applied.items():
+        expected = sorted(s for s in seqs if author in published and s > published[author] + 1)
+        assert found.get(author, []) == expected
+    assert set(found) <= set(applied)
