@@ -11,7 +11,8 @@ nodes' signed heartbeats (read through a DHT observer every second) and their JS
 - agree_share: share of samples in which every live node reported the same applied digest
   (while training, updates in flight count as disagreement);
 - converge_s: after the last publish, how long until all live replicas hold one applied set;
-- max_drift: the largest relative distance between two replicas with equal applied sets;
+- max_drift: the largest relative distance between two replicas with equal applied sets
+  (median_drift: its median over all rounds; final_drift: between the last heartbeats);
 - rss_mb: resident memory of each node's main process (mean of per-node peaks, and max);
 - mb_received_per_round: update and state payload megabytes one node fetched per round it
   trained (DHT records and heartbeats excluded), and the same divided by N - 1;
@@ -40,6 +41,7 @@ import psutil
 
 from bench.procs import ChildProcess, node_process, reap_all
 from dht.observer import SwarmObserver
+from merge.sketch import relative_distance
 
 RUN_ID = "bench-scale"
 
@@ -231,6 +233,8 @@ def _figures(
         "converged": converge_s is not None,
         "converge_s": converge_s,
         "max_drift": max(drifts) if drifts else None,
+        "median_drift": round(statistics.median(drifts), 5) if drifts else None,
+        "final_drift": _final_drift(last_beats),
         "rss_mb_mean": round(statistics.mean(rss), 1) if rss else None,
         "rss_mb_max": round(max(rss), 1) if rss else None,
         "update_mb": round(statistics.median(fetched), 4) if fetched else None,
@@ -241,6 +245,22 @@ def _figures(
         "final_digests": len({h.applied_digest for h in last_beats}),
         "rejections": dict(sum((Counter(h.rejections) for h in last_beats), Counter())),
     }
+
+
+def _final_drift(beats: list[Any]) -> float | None:
+    """Largest relative distance between two last sketches of replicas with one applied set.
+
+    During training drift includes the momentum tail of updates applied in different orders
+    (it shrinks as later updates fold it in); this is what stays once everyone stopped.
+    """
+    distances = [
+        relative_distance(list(a.sketch), list(b.sketch))
+        for i, a in enumerate(beats)
+        for b in beats[i + 1 :]
+        if a.applied_digest == b.applied_digest and a.sketch and b.sketch
+    ]
+    known = [d for d in distances if d is not None]
+    return round(max(known), 5) if known else None
 
 
 def extrapolate(results: list[dict[str, Any]]) -> dict[str, Any]:
