@@ -17,9 +17,11 @@ the replica, against signed heartbeats of other peers:
   ids are an explicit set, never a high-water mark (no "seq <= last applied" rule), so an
   author's real later updates are still applied when they arrive; the fabricated ids keep
   the newcomer's digest apart from the honest ones, which is visible;
-- when other peers report the same applied set (digest), the state's parameters must match
-  their replica sketch (drift below `max_drift`): a poisoned model behind an honest
-  applied set is refused.
+- when other peers report the same applied set (digest), the point the state's parameters
+  settle to once its outer momentum has played out must match their sketch of that point
+  (drift below `max_drift`; it does not depend on the order updates were applied in): a
+  poisoned model behind an honest applied set is refused, and so is a momentum that would
+  still move the params by more than `max_rest` of their norm (an offset hidden there).
 
 A refusal is counted as `bad_state` against the donor and the next donor is tried.
 Pure: no network, no clock (dht.state_transfer reads the heartbeats and loads the state).
@@ -34,10 +36,16 @@ from dataclasses import dataclass, field
 import torch
 
 from dht.heartbeat import Heartbeat
-from merge.sketch import relative_distance
+from merge.sketch import StateSketch, relative_distance
 
 MAX_DRIFT = 0.05
-"""Replicas with one applied set differ by their momentum tail only: far below this."""
+"""Replicas with one applied set settle to one point (merge.sketch): honest ones differ from it
+by rounding and by the few robust verdicts taken near a threshold, far below this."""
+MAX_REST = 3.0
+"""How far, relative to the params' norm, a state's momentum may still move its params: an
+honest replica's momentum tail is a fraction of that (Nesterov 0.9 at lr 0.7 keeps the params
+~8 rounds of movement behind their settled point); a donor that offset its params and hid the
+offset in the momentum, so that the settled point looks honest, is refused."""
 
 
 class StateCheckError(ValueError):
@@ -67,9 +75,10 @@ def check_donor_state(
     state: Mapping[str, object],
     donor: str,
     peers: list[Heartbeat],
-    sketch: Callable[[torch.Tensor], list[float]],
+    sketch: Callable[[Mapping[str, object]], StateSketch],
     *,
     max_drift: float = MAX_DRIFT,
+    max_rest: float = MAX_REST,
 ) -> StateVerdict:
     """StateCheckError when the donor's own heartbeat, or the replica sketches of peers other
     than `donor` with the same applied set, contradict `state`; else what it holds unannounced."""
@@ -84,11 +93,19 @@ def check_donor_state(
             f"the state holds update {max(own)} of {donor}, its donor, beyond what the "
             "donor's own heartbeat announced"
         )
+    try:
+        ours = sketch(state)
+    except ValueError as exc:
+        raise StateCheckError(f"the state's replica is malformed ({exc})") from None
+    rest = relative_distance(ours.as_is, ours.settled)
+    if rest is None or rest > max_rest:
+        raise StateCheckError(
+            f"the state's momentum would still move its parameters by {rest} of their norm"
+        )
     others = [h for h in peers if h.peer_id != donor]
     same = [h for h in others if h.applied_digest == applied_digest(applied) and h.sketch]
     if same:
-        ours = sketch(params)
-        distances = [relative_distance(ours, h.sketch) for h in same]
+        distances = [relative_distance(ours.settled, h.sketch) for h in same]
         if not any(d is not None and d <= max_drift for d in distances):
             raise StateCheckError(
                 "the state's parameters differ from those of peers with the same applied set"

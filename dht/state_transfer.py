@@ -7,12 +7,10 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
-
-import torch
 
 from dht.budget import StreamLimits
 from dht.heartbeat import Heartbeat
@@ -34,7 +32,7 @@ from dht.tensor_stream import (
 )
 from dht.transport import TransportError, encode_request, receive_blob, send_blob, send_refusal
 from merge.replica import Replica
-from merge.sketch import ReplicaSketch
+from merge.sketch import ReplicaSketch, StateSketch
 
 logger = logging.getLogger(__name__)
 BUSY = "busy serving other newcomers"
@@ -172,7 +170,7 @@ class StateTransfer:
             donor,
             self.membership.alive_peers,
             self.membership.poll,
-            self._sketch,
+            lambda state: self._sketch.of_state(self.replica, state),
             period_s=self.config.heartbeat_period_s,
         )
 
@@ -225,7 +223,7 @@ async def check_with_fresh_heartbeats(
     donor: str,
     alive_peers: Callable[[], list[Heartbeat]],
     poll: Callable[[], Awaitable[object]],
-    sketch: Callable[[torch.Tensor], list[float]],
+    sketch: Callable[[Mapping[str, object]], StateSketch],
     *,
     period_s: float,
     rechecks: int = STATE_RECHECKS,

@@ -84,6 +84,24 @@ class FragmentLayout:
             flat[start:end].copy_(values[offset : offset + end - start])
             offset += end - start
 
+    def locate(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """For flat positions ``index`` (int64): their fragments and their positions in those
+        fragments' vectors."""
+        starts, fragments, local_starts = [], [], []
+        for number, ranges in enumerate(self.ranges):
+            local = 0
+            for start, end in ranges:
+                starts.append(start)
+                fragments.append(number)
+                local_starts.append(local)
+                local += end - start
+        order = sorted(range(len(starts)), key=starts.__getitem__)
+        flat_starts = torch.tensor([starts[i] for i in order], dtype=torch.int64)
+        tensor = torch.searchsorted(flat_starts, index, right=True) - 1
+        fragment = torch.tensor([fragments[i] for i in order], dtype=torch.int64)[tensor]
+        local_start = torch.tensor([local_starts[i] for i in order], dtype=torch.int64)[tensor]
+        return fragment, local_start + index - flat_starts[tensor]
+
     def _check(self, flat: torch.Tensor) -> None:
         if flat.shape != (self.numel,):
             raise ValueError(f"a flat vector of this layout has {self.numel} elements.")

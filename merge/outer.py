@@ -92,6 +92,30 @@ class OuterOptimizer(ABC):
         them up: the merge path takes dot products with each (read them under the lock)."""
         return [self._buf] if self._count else []
 
+    def rest_terms(
+        self, state: Mapping[str, object] | None = None
+    ) -> list[tuple[float, torch.Tensor]]:
+        """(coefficient, buffer) pairs: as the momentum plays out with no further update, the
+        params still move by the sum of coefficient * buffer (of ``state``, a state_dict of
+        this kind, when given; views of this optimizer's own buffers otherwise).
+
+        Each update's total effect on the params once it has played out depends on its own
+        weight and learners alone, not on the order the updates came in; so the params plus
+        this rest are the same on every replica that applied the same updates (up to rounding),
+        where the params themselves differ by the momentum tail. Nesterov: the momentum b
+        still adds lr * mu^2 * b * (1 + mu + ...) = lr * mu^2 / (1 - mu) * b.
+        """
+        if state is None:
+            buf = self._buf
+        else:
+            self._check_kind(state)
+            buf = _state_tensor(state, "buf", self.numel)
+        return [(self._rest(self.momentum * self.momentum), buf)]
+
+    def _rest(self, first: float) -> float:
+        """-lr * (first + first * mu + first * mu^2 + ...): a buffer's remaining pull."""
+        return -self.lr * first / (1.0 - self.momentum)
+
     def state_dict(self) -> dict[str, object]:
         """Tensors (copies), ints, floats and strs only: loadable with weights_only=True."""
         return {"kind": self.kind, "buf": self._buf.clone(), "count": self._count}
@@ -254,6 +278,14 @@ class DelayedNesterov(OuterOptimizer):
         if not self._count:
             return []
         return [self._buf] if self._progress == 0.0 else [self._buf, self._acc]
+
+    def rest_terms(
+        self, state: Mapping[str, object] | None = None
+    ) -> list[tuple[float, torch.Tensor]]:
+        """The momentum as Nesterov's, plus the round not folded yet: the next fold adds it
+        to the momentum, which then pulls the params by lr * mu / (1 - mu) of it."""
+        acc = self._acc if state is None else _state_tensor(state, "acc", self.numel)
+        return [*super().rest_terms(state), (self._rest(self.momentum), acc)]
 
     def state_dict(self) -> dict[str, object]:
         return {**super().state_dict(), "acc": self._acc.clone(), "progress": self._progress}

@@ -230,6 +230,35 @@ class Replica:
         if math.isfinite(hi):
             self._norm_bounds = (version, lo, hi, chain)
 
+    def settled_at(
+        self, index: torch.Tensor, state: Mapping[str, object] | None = None
+    ) -> torch.Tensor:
+        """The params at flat positions ``index`` (int64) once the outer momentum has played
+        out with no further update, in float64 (of ``state``, a state_dict of a replica like
+        this one, when given: ValueError if it is malformed).
+
+        A function of the applied set alone: replicas that applied the same updates in
+        different orders hold params apart by their momentum tail, but settle to the same
+        point (OuterOptimizer.rest_terms), which is what drift compares.
+        """
+        if state is None:
+            with self.lock:
+                terms = [outer.rest_terms() for outer in self.outers]
+                return _settled(self.params, terms, self.layout, index)
+        params = state.get("params")
+        outer = state.get("outer")
+        if not isinstance(params, torch.Tensor) or params.shape != self.params.shape:
+            raise ValueError(f"replica state must hold params of shape {tuple(self.params.shape)}.")
+        if params.dtype != torch.float32 or not isinstance(outer, Mapping):
+            raise ValueError("replica state must hold fp32 params and an outer optimizer state.")
+        states = [outer] if self.layout is None else outer.get("fragments")
+        if not isinstance(states, list) or len(states) != len(self.outers):
+            raise ValueError(f"replica state must hold {len(self.outers)} fragment outer states.")
+        if not all(isinstance(s, Mapping) for s in states):
+            raise ValueError("replica state's fragment outer states must be mappings.")
+        terms = [o.rest_terms(s) for o, s in zip(self.outers, states, strict=True)]
+        return _settled(params, terms, self.layout, index)
+
     def snapshot(self) -> tuple[torch.Tensor, int]:
         """A copy of the params and the number of updates they include, taken atomically."""
         with self.lock:
@@ -332,3 +361,22 @@ def _parse_applied(applied: object) -> dict[str, set[int]]:
             raise ValueError(f"replica state 'applied' has invalid seqs for {author}.")
         parsed[author] = set(seqs)
     return parsed
+
+
+def _settled(
+    params: torch.Tensor,
+    terms: list[list[tuple[float, torch.Tensor]]],
+    layout: FragmentLayout | None,
+    index: torch.Tensor,
+) -> torch.Tensor:
+    values = params.reshape(-1)[index].to(torch.float64)
+    if layout is None:
+        for coefficient, buffer in terms[0]:
+            values += coefficient * buffer[index].to(torch.float64)
+        return values
+    fragment, local = layout.locate(index)
+    for p, fragment_terms in enumerate(terms):
+        mask = fragment == p
+        for coefficient, buffer in fragment_terms:
+            values[mask] += coefficient * buffer[local[mask]].to(torch.float64)
+    return values

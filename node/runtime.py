@@ -742,7 +742,7 @@ class Node:
         """Sketch the replica where it changed (the merging thread), never in a heartbeat."""
         with self.replica.lock:
             digest = self.replica.applied_digest()
-            sketch = self.sketcher(self.replica.params)
+            sketch = self.sketcher.settled(self.replica)
             num_applied = self.replica.num_applied
             applied = self.replica.applied
         top = sorted(applied, key=lambda author: len(applied[author]), reverse=True)

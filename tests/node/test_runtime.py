@@ -7,6 +7,8 @@ from pathlib import Path
 import torch
 
 from dht.heartbeat import Heartbeat
+from merge.replica import Replica
+from merge.sketch import ReplicaSketch
 from node.config import JoinConfig
 from node.events import RecordingEventLog
 from node.runtime import Node, peers_finished
@@ -34,13 +36,13 @@ def offline_node(tmp_path: Path, **overrides: object) -> Node:
 
 
 class CountingSketcher:
-    def __init__(self, inner: object) -> None:
+    def __init__(self, inner: ReplicaSketch) -> None:
         self.inner = inner
         self.calls = 0
 
-    def __call__(self, params: torch.Tensor) -> list[float]:
+    def settled(self, replica: Replica) -> list[float]:
         self.calls += 1
-        return self.inner(params)  # type: ignore[operator, no-any-return]
+        return self.inner.settled(replica)
 
 
 def test_heartbeats_reuse_the_sketch_taken_when_the_replica_changed(tmp_path: Path) -> None:
@@ -56,7 +58,7 @@ def test_heartbeats_reuse_the_sketch_taken_when_the_replica_changed(tmp_path: Pa
     assert sketcher.calls == 1  # once, where the own update was merged
     assert beat.num_applied == node.replica.num_applied == 1
     assert beat.applied_digest == node.replica.applied_digest()
-    assert beat.sketch == sketcher.inner(node.replica.params)  # type: ignore[operator]
+    assert beat.sketch == sketcher.inner.settled(node.replica)
     assert beat.round == 1 and beat.latest_seq == 0  # offline: nothing published
     assert beat.merged_by_author == {node.peer_id: 1}
 

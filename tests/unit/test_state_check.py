@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
@@ -13,18 +13,34 @@ from hypothesis import strategies as st
 
 from dht.heartbeat import Heartbeat
 from dht.state_check import (
+    MAX_DRIFT,
     StateCheckError,
     applied_digest,
     check_donor_state,
     unannounced_seqs,
 )
 from dht.state_transfer import check_with_fresh_heartbeats
-from merge.sketch import ReplicaSketch
+from merge.outer import NesterovSGD
+from merge.replica import Replica
+from merge.sketch import ReplicaSketch, StateSketch, relative_distance
 
 SKETCH = ReplicaSketch(1000, "f" * 64)
 PARAMS = torch.linspace(-1, 1, 1000)
 APPLIED = {"alice": [1, 2, 3], "bob": [1, 2]}
 PARAMS_SKETCH = SKETCH(PARAMS)
+NEWCOMER = Replica(torch.zeros(1000), NesterovSGD(lr=0.7, momentum=0.9, numel=1000))
+
+
+def sketch_state(state: Mapping[str, object]) -> StateSketch:
+    return SKETCH.of_state(NEWCOMER, state)
+
+
+def donor_state(
+    params: torch.Tensor = PARAMS, applied: Mapping[str, object] = APPLIED, **outer: Any
+) -> dict[str, Any]:
+    """A state as a donor serves it; the momentum buffer `buf` zero unless given."""
+    momentum = {"kind": "nesterov", "buf": torch.zeros(1000), "count": 0} | outer
+    return {"applied": applied, "params": params.clone(), "outer": momentum}
 
 
 def peer(peer_id: str, *, latest_seq: int = 0, params: torch.Tensor | None = None) -> Heartbeat:
@@ -38,15 +54,15 @@ PEERS = [peer("alice", latest_seq=3), peer("bob", latest_seq=2), peer("donor")]
 
 
 def test_an_honest_state_passes() -> None:
-    state = {"applied": APPLIED, "params": PARAMS.clone(), "num_applied": 5}
-    check_donor_state(state, "donor", PEERS, SKETCH)
+    state = donor_state()
+    check_donor_state(state, "donor", PEERS, sketch_state)
 
 
 def test_a_donor_whose_state_holds_its_own_unannounced_updates_is_refused() -> None:
     """The donor contradicts its own signed heartbeat: it is not believed."""
-    state = {"applied": {**APPLIED, "alice": [1, 2, 3, 1000]}, "params": PARAMS}
+    state = donor_state(PARAMS, {**APPLIED, "alice": [1, 2, 3, 1000]})
     with pytest.raises(StateCheckError, match="update 1000 of alice, its donor"):
-        check_donor_state(state, "alice", PEERS, SKETCH)
+        check_donor_state(state, "alice", PEERS, sketch_state)
 
 
 def test_one_author_under_reporting_its_seq_vetoes_no_honest_donor() -> None:
@@ -55,24 +71,24 @@ def test_one_author_under_reporting_its_seq_vetoes_no_honest_donor() -> None:
     those ids kept (the parameters hold them: trimmed, they would be applied twice) and
     reported as unannounced."""
     adversary = [1, *range(5, 41)]
-    state = {"applied": {**APPLIED, "mallory": adversary}, "params": PARAMS}
+    state = donor_state(PARAMS, {**APPLIED, "mallory": adversary})
     liar = peer("mallory", latest_seq=0)
-    verdict = check_donor_state(state, "donor", [*PEERS, liar], SKETCH)
+    verdict = check_donor_state(state, "donor", [*PEERS, liar], sketch_state)
     assert verdict.unannounced == {"mallory": list(range(5, 41))}
     assert verdict.num_unannounced == 36
 
 
 def test_poisoned_parameters_behind_an_honest_applied_set_are_refused() -> None:
-    state = {"applied": APPLIED, "params": PARAMS + 0.5}
+    state = donor_state(PARAMS + 0.5, APPLIED)
     with pytest.raises(StateCheckError, match="parameters differ"):
-        check_donor_state(state, "donor", PEERS, SKETCH)
+        check_donor_state(state, "donor", PEERS, sketch_state)
 
 
 def test_the_donors_own_heartbeat_vouches_for_nothing() -> None:
     liar = peer("donor", params=PARAMS + 0.5)
-    state = {"applied": APPLIED, "params": PARAMS + 0.5}
+    state = donor_state(PARAMS + 0.5, APPLIED)
     with pytest.raises(StateCheckError):
-        check_donor_state(state, "donor", [*PEERS[:2], liar], SKETCH)
+        check_donor_state(state, "donor", [*PEERS[:2], liar], sketch_state)
 
 
 def _fresh_heartbeats(reads: list[list[Heartbeat]]) -> tuple[Callable[[], list[Heartbeat]], Any]:
@@ -92,26 +108,30 @@ def _fresh_heartbeats(reads: list[list[Heartbeat]]) -> tuple[Callable[[], list[H
 def test_a_state_ahead_of_its_authors_last_heartbeat_passes_once_fresh_ones_announce_it() -> None:
     """Rounds shorter than a heartbeat period: alice's state holds her update 5 while her last
     heartbeat still says 3; her next heartbeat says 5."""
-    state = {"applied": {**APPLIED, "alice": [1, 2, 3, 4, 5]}, "params": PARAMS}
+    state = donor_state(PARAMS, {**APPLIED, "alice": [1, 2, 3, 4, 5]})
     late = [peer("alice", latest_seq=3), peer("bob", latest_seq=2)]
     fresh = [peer("alice", latest_seq=5), peer("bob", latest_seq=2)]
     alive, poll = _fresh_heartbeats([late, fresh])
-    asyncio.run(check_with_fresh_heartbeats(state, "alice", alive, poll, SKETCH, period_s=0.0))
+    asyncio.run(
+        check_with_fresh_heartbeats(state, "alice", alive, poll, sketch_state, period_s=0.0)
+    )
 
 
 def test_a_state_fresh_heartbeats_still_contradict_is_refused() -> None:
-    state = {"applied": {**APPLIED, "alice": [1, 2, 3, 1000]}, "params": PARAMS}
+    state = donor_state(PARAMS, {**APPLIED, "alice": [1, 2, 3, 1000]})
     alive, poll = _fresh_heartbeats([PEERS])
     with pytest.raises(StateCheckError, match="update 1000 of alice"):
-        asyncio.run(check_with_fresh_heartbeats(state, "alice", alive, poll, SKETCH, period_s=0.0))
+        asyncio.run(
+            check_with_fresh_heartbeats(state, "alice", alive, poll, sketch_state, period_s=0.0)
+        )
 
 
 def test_another_authors_lagging_heartbeat_costs_no_recheck() -> None:
     """Only the donor's own seqs wait for fresh heartbeats; bob's lag is reported at once."""
-    state = {"applied": {**APPLIED, "bob": [1, 2, 3, 4]}, "params": PARAMS}
+    state = donor_state(PARAMS, {**APPLIED, "bob": [1, 2, 3, 4]})
     alive, poll = _fresh_heartbeats([PEERS])
     verdict = asyncio.run(
-        check_with_fresh_heartbeats(state, "alice", alive, poll, SKETCH, period_s=3600.0)
+        check_with_fresh_heartbeats(state, "alice", alive, poll, sketch_state, period_s=3600.0)
     )
     assert verdict.unannounced == {"bob": [4]}
 
@@ -133,14 +153,14 @@ def test_no_author_but_the_donor_can_turn_an_accepted_state_into_a_refused_one(
     """Whatever any author other than the donor announces (lower, higher, or nothing at all),
     the verdict on the state is the same; only the reported unannounced ids change, and they
     are exactly that author's seqs above its announced seq + 1."""
-    state = {"applied": applied, "params": PARAMS}
+    state = donor_state(PARAMS, applied)
     honest = [peer(a, latest_seq=announced[a]) for a in AUTHORS]
     lying = [peer(a, latest_seq=lie if a == liar else announced[a]) for a in AUTHORS]
     silent = [h for h in honest if h.peer_id != liar]
 
     def verdict(peers: list[Heartbeat]) -> object:
         try:
-            return check_donor_state(state, "donor", peers, SKETCH).unannounced
+            return check_donor_state(state, "donor", peers, sketch_state).unannounced
         except StateCheckError:
             return "refused"
 
@@ -168,3 +188,40 @@ def test_unannounced_seqs_are_exactly_those_above_each_authors_announced_seq(
         expected = sorted(s for s in seqs if author in published and s > published[author] + 1)
         assert found.get(author, []) == expected
     assert set(found) <= set(applied)
+
+
+def test_replicas_that_applied_the_same_updates_in_other_orders_are_not_told_apart() -> None:
+    """Their params differ by the momentum tail (more than max_drift here); where they come to
+    rest does not, and that is what heartbeats sketch and the newcomer compares."""
+    updates = [torch.randn(1000, generator=torch.Generator().manual_seed(i)) for i in range(12)]
+    replicas = []
+    for order in (range(12), [*range(8), 11, 9, 10, 8]):
+        optimizer = NesterovSGD(lr=0.7, momentum=0.9, numel=1000)
+        params = PARAMS.clone()
+        for i in order:
+            optimizer.step(params, updates[i].mul(0.1), 1.0, learners=2)
+        replicas.append({**donor_state(params), "outer": optimizer.state_dict()})
+    one, other = (sketch_state(r) for r in replicas)
+    assert relative_distance(one.as_is, other.as_is) > MAX_DRIFT  # the tails differ
+    honest = Heartbeat(
+        peer_id="alice", latest_seq=3, applied_digest=applied_digest(APPLIED),
+        sketch=one.settled, num_applied=5,
+    )  # fmt: skip
+    check_donor_state(replicas[1], "donor", [honest, PEERS[1]], sketch_state)
+
+
+def test_an_offset_hidden_in_the_momentum_is_refused() -> None:
+    """Params moved by X and a momentum that will take X back: the settled point is honest,
+    but a newcomer would train from the offset params for many rounds."""
+    offset = torch.full((1000,), 5.0)
+    rest_per_buf = -0.7 * 0.9 * 0.9 / (1 - 0.9)
+    state = donor_state(PARAMS + offset, buf=-offset / rest_per_buf, count=3)
+    assert sketch_state(state).settled == pytest.approx(SKETCH(PARAMS), abs=1e-5)
+    with pytest.raises(StateCheckError, match="momentum would still move"):
+        check_donor_state(state, "donor", PEERS, sketch_state)
+
+
+def test_a_malformed_momentum_is_refused_not_raised() -> None:
+    state = donor_state(buf=torch.zeros(7))
+    with pytest.raises(StateCheckError, match="malformed"):
+        check_donor_state(state, "donor", PEERS, sketch_state)
