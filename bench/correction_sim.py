@@ -1,21 +1,37 @@
-"""Staleness correction on a virtual clock: corrected vs uncorrected with no timing noise.
+"""Staleness handling on a virtual clock: arms side by side with no timing noise.
 
-    python -m bench.correction_sim --seeds 0,1,2 --strength 10             # IID learners
-    python -m bench.correction_sim --seeds 0,1,2 --strength 10 --non-iid   # data slices
+    python -m bench.correction_sim --seeds 0,1,2                                # none vs heloco:10
+    python -m bench.correction_sim --seeds 0,1,2 --non-iid                      # data slices
+    python -m bench.correction_sim --seeds 0,1,2 --lag 10 --arms none,none@late,none@apply
 
 An in-process replay of an asynchronous swarm of learners at speeds 1 : 2 : 4 (--hetero), each
 running H inner steps per round (fixed H, so the slowest learner's updates are the stalest):
 the real Learner (inner AdamW), the real DelayedNesterov outer optimizer, the real staleness
 weight (merge.weighting) and the real correction (merge.correction). Only the network and the
-clock are replaced: a learner's round ends at virtual time (round start + H x its factor) and
-its update is applied in that order, so two runs of one seed see the same updates in the same
-order and differ only by the correction. That is what bench.quality cannot give on a loaded
-machine, where the merge order and step counts vary run to run.
+clock are replaced. Every learner keeps its own replica, as a node does: it applies its own
+update when it publishes it and starts its next round from that replica; a peer's update
+reaches it --lag virtual time units later (units: one inner step of the fastest learner). The
+schedule of publications and applies is a pure function of the speeds, H, the horizon and the
+lag (:func:`schedule`), so every arm of a seed sees the same updates in the same order and the
+arms differ only by how they weigh, correct or start from them. That is what bench.quality
+cannot give on a loaded machine, where the merge order and step counts vary run to run.
 
-Per seed it prints both final validation losses and, for the uncorrected run, how the updates
-relate to the outer momentum they are judged against: the mean cosine of stale updates (at
-least one swarm round stale) and fresh ones, and the share of conflicting (negative-cosine)
-blocks in each. The last line is JSON.
+An arm is ``KIND[:STRENGTH][@VIEW]``:
+- KIND: ``none``; ``heloco`` (merge.correction at k_s = STRENGTH, default 10); ``lookahead``
+  (momentum look-ahead: a learner starts its round from its replica moved on along the outer
+  momentum by as many swarm rounds as its previous round lasted, lr x R x m, STRENGTH scaling
+  R; the pseudo-gradient is taken from that start, and replicas apply it as any other);
+- VIEW, the staleness the weight and the correction are given: ``signed`` (default: what the
+  node signs, the updates its author applied while the round ran, less the M - 1 of its own
+  round); ``late`` (those of them whose base is a whole swarm round or more older than the
+  author's own base count fully, merge.weighting.rounds_stale's ``late``); ``apply`` (an
+  oracle no node has: the updates the receiving replica holds that the author's base lacked,
+  at the moment it applies it; replicas then weigh one update differently).
+
+Per seed it prints every arm's final validation loss (the mean over the replicas, which hold
+the same updates) and its gain over the first arm; for the first arm, how the updates relate
+to the outer momentum they are judged against (stale vs fresh, mean cosine, share of
+conflicting blocks) and the mean rounds stale each view gives. The last line is JSON.
 """
 
 from __future__ import annotations
@@ -24,6 +40,7 @@ import argparse
 import heapq
 import json
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch.nn.utils import parameters_to_vector
@@ -35,6 +52,11 @@ from merge.weighting import StalenessConfig, rounds_stale, staleness_weight
 from node.config import add_dataclass_arguments, dataclass_from_args
 from node.data import ShardSampler, data_slice
 
+OUTER_LR, OUTER_MOMENTUM = 0.7, 0.9
+View = Literal["signed", "late", "apply"]
+VIEWS: tuple[View, ...] = ("signed", "late", "apply")
+KINDS = ("none", "heloco", "lookahead")
+
 
 @dataclass(kw_only=True)
 class SimConfig:
@@ -45,13 +67,152 @@ class SimConfig:
     inner_steps: int = 10
     """H: every learner's steps per round."""
     horizon: float = 200.0
-    """Virtual time, in steps of the fastest learner: rounds ending later are not applied."""
+    """Virtual time, in steps of the fastest learner: rounds ending later are not published."""
+    lag: float = 0.0
+    """Virtual time a published update takes to reach the other learners' replicas."""
     seeds: str = "0"
     """Comma-separated genesis seeds."""
-    strength: float = 10.0
-    """The corrected run's HeLoCo shrinkage strength k_s."""
+    arms: str = "none,heloco:10"
+    """Comma-separated arms KIND[:STRENGTH][@VIEW] (module doc); gains are over the first."""
     non_iid: bool = False
     """Learner i trains only on the i-th of M contiguous slices of the corpus."""
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One way of handling stale updates."""
+
+    kind: str
+    strength: float
+    view: View
+
+    @classmethod
+    def parse(cls, text: str) -> Arm:
+        spec, _, view = text.partition("@")
+        kind, _, strength = spec.partition(":")
+        if kind not in KINDS or (view or "signed") not in VIEWS:
+            raise ValueError(f"an arm is KIND[:STRENGTH][@VIEW], KIND in {KINDS}, VIEW in {VIEWS}")
+        try:
+            value = float(strength) if strength else (10.0 if kind == "heloco" else 1.0)
+        except ValueError:
+            raise ValueError(f"arm {text!r}: the strength must be a number") from None
+        return cls(kind, value, view or "signed")  # type: ignore[arg-type]
+
+    @property
+    def correction(self) -> CorrectionConfig:
+        if self.kind == "heloco":
+            return CorrectionConfig(kind="heloco", strength=self.strength)
+        return CorrectionConfig()
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.strength:g}@{self.view}"
+
+
+@dataclass(frozen=True)
+class Publication:
+    """A learner's update as its author signs it."""
+
+    index: int
+    author: int
+    time: float
+    base_applied: int
+    """Updates the author's replica held when the round started."""
+    published_applied: int
+    """Updates the author's replica held when it published (its own not yet)."""
+    late: int
+    """Of the updates the author applied while the round ran, those whose own base count was
+    more than M - 1 below this round's: a whole swarm round older than its base."""
+
+    @property
+    def staleness(self) -> int:
+        return self.published_applied - self.base_applied
+
+
+@dataclass(frozen=True)
+class Apply:
+    """One replica applying one publication."""
+
+    replica: int
+    publication: int
+    time: float
+    missing: int
+    """Updates this replica held before it that the publication's base lacked."""
+
+
+@dataclass
+class _Replica:
+    applied: list[int] = field(default_factory=list)
+    base: frozenset[int] = frozenset()
+    round_start_count: int = 0
+
+
+def schedule(
+    speeds: list[float], steps: int, horizon: float, lag: float
+) -> list[Publication | Apply]:
+    """Every publication and apply of a replay, in processing order; pure.
+
+    A publication is followed at once by its author's apply (the author's next round starts
+    from that replica); the other replicas apply it ``lag`` later. At equal times arrivals go
+    before publications, so with lag 0 a learner ending a round at the same time as a peer
+    starts from the peer's update too. Arrivals after the horizon are still applied: every
+    replica ends with every publication.
+    """
+    if lag < 0 or steps < 1 or not speeds:
+        raise ValueError("lag must be >= 0, steps >= 1 and there must be a learner.")
+    num = len(speeds)
+    replicas = [_Replica() for _ in speeds]
+    pubs: list[Publication] = []
+    bases: list[frozenset[int]] = []
+    events: list[Publication | Apply] = []
+    heap: list[tuple[float, int, int, int, int]] = []  # time, rank, order, learner/replica, pub
+    for i, factor in enumerate(speeds):
+        heap.append((steps * factor, 1, i, i, -1))
+    heapq.heapify(heap)
+    order = len(speeds)
+
+    def apply(who: int, index: int, time: float) -> Apply:
+        held = replicas[who].applied
+        missing = sum(1 for k in held if k not in bases[index])
+        held.append(index)
+        return Apply(who, index, time, missing)
+
+    while heap:
+        time, rank, _, who, index = heapq.heappop(heap)
+        if rank == 0:  # an arrival
+            events.append(apply(who, index, time))
+            continue
+        if time > horizon:
+            continue
+        replica = replicas[who]
+        during = [pubs[k] for k in replica.applied if k not in replica.base]
+        bound = replica.round_start_count - (num - 1)
+        late = sum(1 for v in during if v.base_applied < bound)
+        pub = Publication(
+            len(pubs), who, time, replica.round_start_count, len(replica.applied), late
+        )
+        pubs.append(pub)
+        bases.append(replica.base)
+        events += [pub, apply(who, pub.index, time)]
+        replica.base, replica.round_start_count = frozenset(replica.applied), len(replica.applied)
+        for j in range(num):
+            if j != who:
+                heapq.heappush(heap, (time + lag, 0, order, j, pub.index))
+                order += 1
+        heapq.heappush(heap, (time + steps * speeds[who], 1, order, who, -1))
+        order += 1
+    return events
+
+
+def view_rounds(view: View, pub: Publication, applied: Apply, learners: int) -> float:
+    """The rounds stale an arm's view gives one apply (merge.weighting's units)."""
+    if view == "apply":
+        return rounds_stale(applied.missing, learners)
+    return rounds_stale(pub.staleness, learners, late=pub.late if view == "late" else 0)
+
+
+def view_staleness(view: View, pub: Publication, applied: Apply) -> int:
+    """The staleness count the correction is gated on (> 0: judged against the momentum)."""
+    return applied.missing if view == "apply" else pub.staleness
 
 
 @dataclass
@@ -81,52 +242,91 @@ class Alignment:
         }
 
 
-def replay(config: SimConfig, seed: int, correction: CorrectionConfig) -> dict:
-    """One virtual-clock run: the final validation loss and the updates' alignment."""
+def _mean(values: list[float]) -> float:
+    return round(sum(values) / max(1, len(values)), 4)
+
+
+def replay(config: SimConfig, seed: int, arm: Arm, events: list[Publication | Apply]) -> dict:
+    """One arm over a schedule: the mean final validation loss over the replicas and how the
+    updates sat against the outer momentum (the authors' replicas' view)."""
     speeds = [float(f) for f in config.hetero.split(",")]
-    horizon, steps = config.horizon, config.inner_steps
+    num = len(speeds)
     torch.manual_seed(seed)
     ev = Evaluator(QualityConfig(seed=seed))
-    learners = [ev.learner(int(horizon), f"sim/{seed}/{i}") for i in range(len(speeds))]
+    learners = [ev.learner(int(config.horizon), f"sim/{seed}/{i}") for i in range(num)]
     if config.non_iid:
         for i, learner in enumerate(learners):
-            shard = data_slice(ev.split.train, f"{i}/{len(speeds)}")
+            shard = data_slice(ev.split.train, f"{i}/{num}")
             learner.sampler = ShardSampler(
                 shard, seed=f"sim/{seed}/{i}", batch_size=ev.batch_size,
                 block_size=ev.model_config.block_size,
             )  # fmt: skip
-    params = parameters_to_vector(learners[0].model.parameters()).detach().float().clone()
-    outer = DelayedNesterov(lr=0.7, momentum=0.9, numel=params.numel())
-    num_learners, applied = len(speeds), 0
-    queue: list[tuple[float, int, torch.Tensor, int]] = []
-    for i, factor in enumerate(speeds):
-        learners[i].load_params(params)
-        heapq.heappush(queue, (steps * factor, i, params.clone(), 0))
-    stale, fresh, removed = Alignment(), Alignment(), []
-    while queue:
-        end, i, base, applied_at_start = heapq.heappop(queue)
-        if end > horizon:
+    genesis = parameters_to_vector(learners[0].model.parameters()).detach().float().clone()
+    params = [genesis.clone() for _ in speeds]
+    outers = [DelayedNesterov(lr=OUTER_LR, momentum=OUTER_MOMENTUM, numel=genesis.numel())]
+    outers += [DelayedNesterov(lr=OUTER_LR, momentum=OUTER_MOMENTUM, numel=genesis.numel())
+               for _ in speeds[1:]]  # fmt: skip
+    bases = [genesis.clone() for _ in speeds]
+    for learner in learners:
+        learner.load_params(genesis)
+    pubs: dict[int, Publication] = {}
+    updates: dict[int, torch.Tensor] = {}
+    pending: dict[int, int] = {}
+    previous_staleness = [0] * num
+    stale, fresh, removed, rounds = Alignment(), Alignment(), [], []
+    correction, block = arm.correction, CorrectionConfig().block
+    for event in events:
+        if isinstance(event, Publication):
+            learner = learners[event.author]
+            learner.run_round(config.inner_steps, lambda: False, lambda _: None)
+            updates[event.index] = bases[event.author] - learner.params_vector()
+            pubs[event.index], pending[event.index] = event, num
             continue
-        learner = learners[i]
-        learner.run_round(steps, lambda: False, lambda _: None)
-        update = base - learner.params_vector().detach().float()
-        staleness = applied - applied_at_start
+        pub, j = pubs[event.publication], event.replica
+        update, outer = updates[event.publication], outers[j]
+        staleness = view_staleness(arm.view, pub, event)
+        r = view_rounds(arm.view, pub, event, num)
         momentum = outer.momentum_buffer
-        is_stale = rounds_stale(staleness, num_learners) > 0
-        (stale if is_stale else fresh).add(update, momentum, correction.block)
+        if j == pub.author:
+            rounds.append(r)
+            (stale if r > 0 else fresh).add(update, momentum, block)
         corrected = correct(correction, update, staleness, momentum).pseudo_gradient
-        removed.append(float((corrected - update).norm() / update.norm()))
-        weight = staleness_weight(StalenessConfig(), staleness, num_learners)
-        outer.step(params, corrected, weight, num_learners)
-        applied += 1
-        learner.load_params(params)
-        heapq.heappush(queue, (end + steps * speeds[i], i, params.clone(), applied))
+        if j == pub.author:
+            removed.append(float((corrected - update).norm() / update.norm()))
+        late = pub.late if arm.view == "late" else 0
+        weight = staleness_weight(StalenessConfig(), staleness, num, late)
+        outer.step(params[j], corrected, weight, num)
+        pending[pub.index] -= 1
+        if not pending[pub.index]:
+            del updates[pub.index]
+        if j == pub.author:  # its next round starts from its replica
+            previous_staleness[j] = pub.staleness
+            start = params[j]
+            if arm.kind == "lookahead" and outer.momentum_direction() is not None:
+                ahead = arm.strength * previous_staleness[j] / num
+                start = start - OUTER_LR * ahead * outer.momentum_buffer
+            bases[j] = start.clone()
+            learners[j].load_params(bases[j])
+    losses = [ev.val_loss(p) for p in params]
     return {
-        "val_loss": ev.val_loss(params),
-        "updates": applied,
+        "arm": str(arm),
+        "val_loss": _mean(losses),
+        "replica_val_losses": losses,
+        "updates": len(pubs),
+        "mean_rounds_stale": _mean(rounds),
         "stale": stale.summary(),
         "fresh": fresh.summary(),
-        "mean_share_removed": round(sum(removed) / max(1, len(removed)), 4),
+        "mean_share_removed": _mean(removed),
+    }
+
+
+def staleness_views(events: list[Publication | Apply], learners: int) -> dict[str, float]:
+    """Mean rounds stale of every apply under each view: how much the signed count misses."""
+    pubs = {e.index: e for e in events if isinstance(e, Publication)}
+    applies = [e for e in events if isinstance(e, Apply)]
+    return {
+        view: _mean([view_rounds(view, pubs[a.publication], a, learners) for a in applies])
+        for view in VIEWS
     }
 
 
@@ -135,23 +335,31 @@ def main() -> None:
     add_dataclass_arguments(parser, SimConfig)
     config: SimConfig = dataclass_from_args(SimConfig, parser.parse_args())
     torch.set_num_threads(1)
-    corrected_config = CorrectionConfig(kind="heloco", strength=config.strength)
-    per_seed = []
+    try:
+        arms = [Arm.parse(a) for a in config.arms.split(",")]
+        speeds = [float(f) for f in config.hetero.split(",")]
+        events = schedule(speeds, config.inner_steps, config.horizon, config.lag)
+    except ValueError as e:
+        parser.error(str(e))
+    views = staleness_views(events, len(speeds))
+    print(f"mean rounds stale per apply: {views}")
+    per_seed: list[dict] = []
     for seed in [int(s) for s in config.seeds.split(",")]:
-        plain = replay(config, seed, CorrectionConfig())
-        corrected = replay(config, seed, corrected_config)
-        gain = round(1 - corrected["val_loss"] / plain["val_loss"], 4)
-        losses = f"uncorrected {plain['val_loss']:.5f}, corrected {corrected['val_loss']:.5f}"
-        print(
-            f"seed {seed}: {losses} (gain {gain:+.2%}); "
-            f"stale updates {plain['stale']}, fresh {plain['fresh']}"
-        )
-        per_seed.append({"seed": seed, "gain": gain, "uncorrected": plain, "corrected": corrected})
-    gains = [s["gain"] for s in per_seed]
+        runs = [replay(config, seed, arm, events) for arm in arms]
+        base = runs[0]["val_loss"]
+        for run in runs:
+            run["gain"] = round(1 - run["val_loss"] / base, 4)
+        losses = ", ".join(f"{r['arm']} {r['val_loss']:.4f} ({r['gain']:+.2%})" for r in runs)
+        first = runs[0]
+        print(f"seed {seed}: {losses}; {arms[0]} stale {first['stale']}, fresh {first['fresh']}")
+        per_seed.append({"seed": seed, "runs": runs})
+    gains = [[run["gain"] for run in s["runs"]] for s in per_seed]
+    mean_gain = {str(arm): _mean([g[k] for g in gains]) for k, arm in enumerate(arms)}
+    print(f"mean gain over {arms[0]}: {mean_gain}")
     print(json.dumps({
-        "benchmark": "correction_sim", "non_iid": config.non_iid, "strength": config.strength,
-        "mean_gain": round(sum(gains) / len(gains), 4), "gain_per_seed": gains,
-        "per_seed": per_seed,
+        "benchmark": "correction_sim", "non_iid": config.non_iid, "lag": config.lag,
+        "hetero": config.hetero, "inner_steps": config.inner_steps, "horizon": config.horizon,
+        "rounds_stale_per_view": views, "mean_gain": mean_gain, "per_seed": per_seed,
     }))  # fmt: skip
 
 

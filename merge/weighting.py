@@ -41,19 +41,30 @@ class StalenessConfig:
         _check_finite_non_negative("staleness b", self.b)
 
 
-def rounds_stale(staleness: int, learners: int = 1) -> float:
+def rounds_stale(staleness: int, learners: int = 1, late: int = 0) -> float:
     """Rounds of the swarm an update missed: updates applied while its round ran, beyond the
-    ``learners`` - 1 others of its own round, in units of ``learners`` updates."""
+    ``learners`` - 1 others of its own round, in units of ``learners`` updates.
+
+    ``late`` of the ``staleness`` updates were not of its round but older than its base (a
+    whole swarm round or more, as its author judged them): they reached its author only after
+    the round began, so its base lacked updates of the round before, and they count in full
+    instead of against the M - 1 of its own round.
+    """
     if staleness < 0:
         raise ValueError(f"staleness must be >= 0, got {staleness}.")
     if type(learners) is not int or learners < 1:
         raise ValueError(f"learners must be an integer >= 1, got {learners!r}.")
-    return max(0, staleness - (learners - 1)) / learners
+    if type(late) is not int or not 0 <= late <= staleness:
+        raise ValueError(f"late must be an integer in [0, staleness], got {late!r}.")
+    return (late + max(0, staleness - late - (learners - 1))) / learners
 
 
-def staleness_weight(config: StalenessConfig, staleness: int, learners: int = 1) -> float:
-    """The weight of an update ``staleness`` updates stale, sized by ``learners`` learners."""
-    s, a = rounds_stale(staleness, learners), config.a
+def staleness_weight(
+    config: StalenessConfig, staleness: int, learners: int = 1, late: int = 0
+) -> float:
+    """The weight of an update ``staleness`` updates stale (``late`` of them older than its
+    base, see :func:`rounds_stale`), sized by ``learners`` learners."""
+    s, a = rounds_stale(staleness, learners, late), config.a
     if config.kind == "constant":
         return 1.0
     if config.kind == "polynomial":

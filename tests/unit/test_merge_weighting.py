@@ -96,3 +96,39 @@ def test_token_weight_none_weighs_every_update_one() -> None:
 def test_invalid_token_weight_config_is_refused(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         TokenWeightConfig(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("staleness", "learners", "late", "expected"),
+    [
+        (2, 3, 0, 0.0),  # the two others of its round: fresh
+        (2, 3, 2, 2 / 3),  # the two were the round before's, missing from its base
+        (4, 3, 2, 2 / 3),  # two late, two of its own round
+        (6, 3, 2, 4 / 3),  # two late, four of its own: two beyond the M - 1
+        (5, 1, 5, 5.0),  # one learner: every update counts anyway
+    ],
+)
+def test_late_updates_count_in_full(
+    staleness: int, learners: int, late: int, expected: float
+) -> None:
+    assert rounds_stale(staleness, learners, late) == pytest.approx(expected)
+
+
+@given(st.integers(0, 10_000), st.integers(1, 1024), st.data())
+def test_late_never_lowers_the_rounds_and_zero_late_is_the_signed_count(
+    staleness: int, learners: int, data: st.DataObject
+) -> None:
+    late = data.draw(st.integers(0, staleness))
+    plain = rounds_stale(staleness, learners)
+    assert rounds_stale(staleness, learners, 0) == plain
+    assert plain <= rounds_stale(staleness, learners, late) <= staleness / learners
+    config = StalenessConfig()
+    assert staleness_weight(config, staleness, learners, late) <= staleness_weight(
+        config, staleness, learners
+    )
+
+
+@pytest.mark.parametrize("late", [-1, 4, 1.5])
+def test_late_must_be_a_count_within_the_staleness(late: object) -> None:
+    with pytest.raises(ValueError, match="late"):
+        rounds_stale(3, 2, late)  # type: ignore[arg-type]
