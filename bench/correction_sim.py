@@ -18,9 +18,9 @@ cannot give on a loaded machine, where the merge order and step counts vary run 
 
 An arm is ``KIND[:STRENGTH][@VIEW]``:
 - KIND: ``none``; ``heloco`` (merge.correction at k_s = STRENGTH, default 10); ``lookahead``
-  (momentum look-ahead: a learner starts its round from its replica moved on along the outer
-  momentum by as many swarm rounds as its previous round lasted, lr x R x m, STRENGTH scaling
-  R; the pseudo-gradient is taken from that start, and replicas apply it as any other);
+  (merge.correction.look_ahead: a learner starts its round from its replica moved on along
+  the outer momentum by as many swarm rounds as its previous round lasted, lr x R x m, STRENGTH
+  scaling R; the pseudo-gradient is taken from that start, and replicas apply it as any other);
 - VIEW, the staleness the weight and the correction are given: ``signed`` (default: what the
   node signs, the updates its author applied while the round ran, less the M - 1 of its own
   round); ``late`` (those of them whose base is a whole swarm round or more older than the
@@ -46,7 +46,7 @@ import torch
 from torch.nn.utils import parameters_to_vector
 
 from bench.quality import Evaluator, QualityConfig
-from merge.correction import CorrectionConfig, correct
+from merge.correction import CorrectionConfig, correct, expected_delay, look_ahead
 from merge.outer import DelayedNesterov
 from merge.weighting import StalenessConfig, rounds_stale, staleness_weight
 from node.config import add_dataclass_arguments, dataclass_from_args
@@ -100,9 +100,9 @@ class Arm:
 
     @property
     def correction(self) -> CorrectionConfig:
-        if self.kind == "heloco":
-            return CorrectionConfig(kind="heloco", strength=self.strength)
-        return CorrectionConfig()
+        if self.kind == "none":
+            return CorrectionConfig()
+        return CorrectionConfig(kind=self.kind, strength=self.strength)  # type: ignore[arg-type]
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.strength:g}@{self.view}"
@@ -272,7 +272,6 @@ def replay(config: SimConfig, seed: int, arm: Arm, events: list[Publication | Ap
     pubs: dict[int, Publication] = {}
     updates: dict[int, torch.Tensor] = {}
     pending: dict[int, int] = {}
-    previous_staleness = [0] * num
     stale, fresh, removed, rounds = Alignment(), Alignment(), [], []
     correction, block = arm.correction, CorrectionConfig().block
     for event in events:
@@ -300,11 +299,8 @@ def replay(config: SimConfig, seed: int, arm: Arm, events: list[Publication | Ap
         if not pending[pub.index]:
             del updates[pub.index]
         if j == pub.author:  # its next round starts from its replica
-            previous_staleness[j] = pub.staleness
-            start = params[j]
-            if arm.kind == "lookahead" and outer.momentum_direction() is not None:
-                ahead = arm.strength * previous_staleness[j] / num
-                start = start - OUTER_LR * ahead * outer.momentum_buffer
+            delay = expected_delay(pub.staleness, num)
+            start = look_ahead(correction, params[j], outer.momentum_buffer, delay, OUTER_LR)
             bases[j] = start.clone()
             learners[j].load_params(bases[j])
     losses = [ev.val_loss(p) for p in params]

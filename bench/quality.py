@@ -18,14 +18,15 @@ hardware), every run given the same wall-clock budget:
 - sync_diloco: the baseline workers, every round waiting for the slowest (H steps each);
 - async: `diloco-node join --max-time BUDGET --round-time T`, T calibrated as H steps of the
   fastest learner, so slower learners run proportionally fewer steps per round (dynamic local
-  updates), with the HeLoCo-style correction (--correction heloco);
+  updates), with the staleness correction of `--correction` (heloco, the default, or
+  lookahead);
 - async_uncorrected: the same without the correction.
 Targets: async at least 5% lower validation loss than sync, and lower than async_uncorrected.
 `--sizing fixed-h` gives every async learner H steps per round instead, so a slow learner's
 updates arrive several swarm rounds stale (the setting a staleness correction is for);
 `--seeds 0,1,2` runs every method once per genesis seed and reports each seed and the mean;
 `--non-iid` gives learner i only the i-th of M slices of the corpus (`join --data-slice i/M`);
-the corrected run uses `--correction-strength` (HeLoCo's k_s, 10 here).
+the corrected run uses `--correction-strength` (HeLoCo's k_s, 10 by default; 1 for lookahead).
 Every final model is evaluated here on the same validation batches (the async figure: the mean over
 the replicas that hold every update). The final line is JSON.
 """
@@ -89,8 +90,11 @@ class QualityConfig:
     non_iid: bool = False
     """--hetero: learner i trains only on the i-th of M contiguous slices of the corpus
     (`--data-slice i/M`), so the learners' data differ, as in HeLoCo's non-IID setting."""
-    correction_strength: float = 10.0
-    """--hetero: the corrected async run's --correction-strength (HeLoCo's k_s)."""
+    correction: str = "heloco"
+    """--hetero: the corrected async run's --correction (heloco or lookahead)."""
+    correction_strength: float | None = None
+    """--hetero: the corrected async run's --correction-strength (default: 10 for heloco, HeLoCo's
+    k_s, since at 1 it removes well under 1 % of a block; 1 for lookahead)."""
     seeds: str | None = None
     """--hetero: comma-separated genesis seeds, every method run once per seed (default: --seed)."""
     methods: str = ",".join(METHODS)
@@ -113,6 +117,14 @@ class QualityConfig:
         if len(speeds) < 2 or not all(1.0 <= f <= 100.0 for f in speeds):
             raise ValueError(f"--hetero needs two or more factors in [1, 100], not {self.hetero!r}")
         return speeds
+
+    def strength(self) -> float:
+        """The corrected run's --correction-strength."""
+        if self.correction not in ("heloco", "lookahead"):
+            raise ValueError(f"--correction must be heloco or lookahead, not {self.correction!r}")
+        if self.correction_strength is not None:
+            return self.correction_strength
+        return 10.0 if self.correction == "heloco" else 1.0
 
     def seed_list(self) -> list[int]:
         """The genesis seeds of --seeds (just --seed without it)."""
@@ -318,7 +330,7 @@ def run_async(
         correction=correction,
     ) + ["--linger-until-done"] + limit  # fmt: skip
     if correction != "none":
-        common += cli_flags(correction_strength=config.correction_strength)
+        common += cli_flags(correction_strength=config.strength())
 
     def argv(rank: int) -> list[str]:
         return python_module("node", "join", *common, *schedule.emulation(config, rank))
@@ -385,7 +397,7 @@ def main() -> None:
     add_dataclass_arguments(parser, QualityConfig)
     config: QualityConfig = dataclass_from_args(QualityConfig, parser.parse_args())
     try:
-        config.speeds(), config.seed_list(), config.method_list()
+        config.speeds(), config.seed_list(), config.method_list(), config.strength()
     except ValueError as e:
         parser.error(str(e))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -429,7 +441,8 @@ def hetero(config: QualityConfig, ev: Evaluator) -> dict:
             ]
             losses = {r["method"]: r["val_loss"] for r in runs}
             _print_runs(runs, losses.get("sync_diloco"))
-            per_seed.append({"seed": seed, **_hetero_figures(losses), "runs": runs})
+            tokens = {f"{r['method']}_tokens": r["tokens"] for r in runs}
+            per_seed.append({"seed": seed, **_hetero_figures(losses), **tokens, "runs": runs})
     means = {
         key: _mean([s[key] for s in per_seed])
         for key in ("async_val_loss", "sync_val_loss", "async_uncorrected_val_loss")
@@ -441,6 +454,12 @@ def hetero(config: QualityConfig, ev: Evaluator) -> dict:
     return summary | {
         "seeds": config.seed_list(),
         "correction_gain_per_seed": [s["correction_gain"] for s in per_seed],
+        "correction": config.correction,
+        "correction_strength": config.strength(),
+        # Paced steps overrun under load: equal budgets need not mean equal tokens.
+        "tokens_per_seed": [
+            {k: v for k, v in s.items() if k.endswith("_tokens")} for s in per_seed
+        ],
         "calibrated_step_s": round(step_s, 4),
         "round_time_s": schedule.round_time,
         "budget_s": schedule.budget_s,
@@ -453,7 +472,7 @@ def _hetero_run(
 ) -> dict:
     if method == "sync":
         return run_sync(config, ev, home, schedule)
-    correction = "heloco" if method == "async" else "none"
+    correction = config.correction if method == "async" else "none"
     return run_async(config, ev, home, schedule, method, correction=correction)
 
 

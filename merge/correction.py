@@ -41,7 +41,7 @@ from typing import Literal, get_args
 
 import torch
 
-CorrectionKind = Literal["none", "heloco"]
+CorrectionKind = Literal["none", "heloco", "lookahead"]
 _TINY = 1e-30
 
 
@@ -51,10 +51,13 @@ class CorrectionConfig:
 
     kind: CorrectionKind = "none"
     """none: apply updates as received; heloco: shrink the blocks of a stale update that
-    conflict with the outer momentum (HeLoCo, arXiv 2606.00271)."""
+    conflict with the outer momentum (HeLoCo, arXiv 2606.00271); lookahead: updates are applied
+    as received, and each learner starts its round where the outer momentum will have carried
+    the replica by the time its update lands (:func:`look_ahead`)."""
     strength: float = 1.0
-    """HeLoCo's shrinkage strength k_s: a conflicting block loses the share
-    min(strength * |c| * confidence, cap) of its momentum component; in [0, 100]."""
+    """heloco: the shrinkage strength k_s, a conflicting block loses the share
+    min(strength * |c| * confidence, cap) of its momentum component; lookahead: how many
+    times the expected delay the start moves ahead; in [0, 100]."""
     cap: float = 1.0
     """HeLoCo's beta_max: the largest share of a block's momentum component removed, in [0, 1]."""
     block: int = 4096
@@ -99,7 +102,7 @@ def correct(
         raise ValueError("pseudo_gradient and momentum must be 1-D tensors of one shape.")
     num_blocks = -(-pseudo_gradient.numel() // config.block)
     off = config.strength == 0 or config.cap == 0
-    if config.kind == "none" or staleness <= 0 or off or num_blocks == 0:
+    if config.kind != "heloco" or staleness <= 0 or off or num_blocks == 0:
         return Correction(pseudo_gradient, 0, num_blocks)
     g, m = _blocks(pseudo_gradient, config.block), _blocks(momentum, config.block)
     g_dot_m, m_sq, g_sq = _dot(g, m), _dot(m, m), _dot(g, g)
@@ -118,6 +121,40 @@ def correct(
     along = beta * g_dot_m / torch.clamp(m_sq, min=_TINY)
     corrected = (g - along.unsqueeze(1) * m).reshape(-1)[: pseudo_gradient.numel()]
     return Correction(corrected.contiguous(), int(conflicting.sum()), num_blocks)
+
+
+def look_ahead(
+    config: CorrectionConfig, params: torch.Tensor, momentum: torch.Tensor, rounds: float, lr: float
+) -> torch.Tensor:
+    """Where a learner starts its round: ``params`` (the replica), or with ``lookahead`` the
+    replica moved on along the outer momentum by ``strength`` x ``rounds`` swarm rounds.
+
+    Momentum look-ahead (Pluralis' delay-compensating Nesterov look-ahead, the asynchronous
+    baseline HeLoCo compares with): under Delayed Nesterov the replica moves about
+    ``lr * momentum`` per swarm round (the folded momentum, a sum of rounds' pseudo-gradients
+    decayed by beta), so an update that will land ``rounds`` swarm rounds after its round
+    started is best computed from there. ``rounds`` is the author's own estimate, e.g.
+    :func:`expected_delay` of its previous update. The pseudo-gradient is taken from the
+    returned start, so receivers apply it like any other: nothing about it depends on them.
+
+    Pure: ``params`` itself when nothing moves, else a new tensor.
+    """
+    if params.shape != momentum.shape:
+        raise ValueError("params and momentum must have one shape.")
+    if not math.isfinite(rounds) or rounds < 0:
+        raise ValueError(f"rounds must be a finite number >= 0, got {rounds!r}.")
+    ahead = config.strength * rounds * lr
+    if config.kind != "lookahead" or ahead == 0:
+        return params
+    return params - ahead * momentum
+
+
+def expected_delay(staleness: int, learners: int) -> float:
+    """Swarm rounds an author's next update is expected to land after its round starts: as
+    many as passed while its previous round ran (its signed staleness over its M)."""
+    if staleness < 0 or learners < 1:
+        raise ValueError("staleness must be >= 0 and learners >= 1.")
+    return staleness / learners
 
 
 def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -80,11 +80,13 @@ class JoinConfig:
     """Delayed Nesterov: a fixed round of N updates (default: each update's signed count of
     live learners, so a round of the swarm's updates is one outer step at any swarm size)."""
     correction: str = "none"
-    """Correction of stale updates before the outer step: none, or heloco (shrink the parts
-    of a stale update that conflict with the outer momentum, arXiv 2606.00271)."""
+    """Correction of stale updates before the outer step: none, heloco (shrink the parts
+    of a stale update that conflict with the outer momentum, arXiv 2606.00271) or lookahead
+    (start each round where the outer momentum will carry the replica before it lands)."""
     correction_strength: float = 1.0
-    """--correction heloco: HeLoCo's shrinkage strength k_s in [0, 100]; a conflicting block
-    loses min(k_s x |cosine| x confidence, 1) of its component along the momentum."""
+    """In [0, 100]. heloco: the shrinkage strength k_s, a conflicting block loses
+    min(k_s x |cosine| x confidence, 1) of its component along the momentum; lookahead: how
+    many times the delay of our last update the start moves ahead."""
     staleness: str = "polynomial"
     """Staleness weighting: constant, polynomial (1+s)^-a, hinge or exponential."""
     staleness_a: float = 0.5
@@ -201,7 +203,7 @@ class JoinConfig:
         "outer_optimizer": ("nesterov", "delayed_nesterov"),
         "staleness": ("constant", "polynomial", "hinge", "exponential"),
         "token_weighting": ("tokens", "none"),
-        "correction": ("none", "heloco"),
+        "correction": ("none", "heloco", "lookahead"),
         "codec": tuple(CODECS),
         "device": ("auto", "cpu", "cuda"),
         "parallel": ("ddp", "fsdp"),
@@ -269,6 +271,8 @@ class JoinConfig:
             raise ValueError(
                 f"--correction-strength must be in [0, 100], got {self.correction_strength}"
             )
+        if self.correction == "lookahead" and self.fragments > 1:
+            raise ValueError("--correction lookahead is not available with --fragments > 1")
         if self.outer_momentum is not None and not 0 <= self.outer_momentum < 1:
             raise ValueError(f"--outer-momentum must be in [0, 1), got {self.outer_momentum}")
         self.host = host_ip(self.host)  # raises for a bad --host; localhost is 127.0.0.1

@@ -25,6 +25,7 @@ from dht.swarm import RunMismatchError, Swarm
 from dht.transport import WIRE_BYTES
 from merge.allowlist import AllowList
 from merge.codecs import get_codec
+from merge.correction import expected_delay, look_ahead
 from merge.envelope import seal
 from merge.feedback import Compressor
 from merge.identity import Identity
@@ -206,6 +207,8 @@ class Node:
         self._apply_allowlist()
         self._resketcher = _Resketcher(self._record_replica)
         self._partial: RoundProgress | None = None
+        self._delay = 0.0
+        """Swarm rounds our last update took to land (merge.correction.expected_delay)."""
         self._step_offset = 0
         self._record_replica()
 
@@ -553,6 +556,7 @@ class Node:
         t_merge = time.perf_counter()
         self.report_merge(result)
         if result.accepted:  # a rejected own update is not published and gives up no seq
+            self._delay = expected_delay(update.header.staleness, result.learners)
             self.seq += 1
             if self.swarm is not None:
                 self.swarm.publish(update)
@@ -619,10 +623,20 @@ class Node:
             self.learner.load_params(partial.params)
             self._step_offset = partial.steps_done
             return partial
-        base, base_applied = self.replica.snapshot()
+        base, base_applied = self._round_start()
         self.learner.load_params(base)
         self._step_offset = 0
         return RoundProgress(base, base_applied)
+
+    def _round_start(self) -> tuple[torch.Tensor, int]:
+        """The replica and its applied count; with --correction lookahead, moved on along the
+        outer momentum by the swarm rounds our last update took to land (merge.correction)."""
+        with self.replica.lock:
+            params, applied = self.replica.snapshot()
+            momentum = self.replica.outer.momentum_buffer
+            lr = self.merge_config.outer.lr
+            start = look_ahead(self.merge_config.correction, params, momentum, self._delay, lr)
+        return start, applied
 
     def _planned_steps(self) -> int:
         """H, or with --dynamic-h H scaled by this learner's rate over the fastest live peer's."""

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import pytest
 import torch
 
 from dht.heartbeat import Heartbeat
 from merge.replica import Replica
 from merge.sketch import ReplicaSketch
+from node.builders import build_run_spec
 from node.config import JoinConfig
+from node.data import Corpus
 from node.events import RecordingEventLog
 from node.runtime import Node, peers_finished
 
@@ -98,3 +102,36 @@ def test_lingering_ends_once_every_peer_finished_and_the_last_updates_crossed() 
     assert not finished(beat("a", "idle", 4), beat("b", "training", 2))
     assert not finished(beat("a", "idle", 5))  # its last update is not here yet
     assert not finished(beat("a", "idle", 4, has_mine=2))  # our last one is not there yet
+
+
+def test_look_ahead_starts_rounds_ahead_of_the_replica_along_its_momentum(
+    tmp_path: Path,
+) -> None:
+    """--correction lookahead: the learner starts where the outer momentum carries the replica
+    in the swarm rounds its last update took to land (offline: none, so at the replica)."""
+    node = offline_node(tmp_path, correction="lookahead", correction_strength=1.0)
+    node.run_round()  # M = 1: the update folds the momentum in
+    momentum = node.replica.outer.momentum_buffer.clone()
+    assert bool(momentum.any()) and node._delay == 0.0
+    start, applied = node._round_start()
+    assert torch.equal(start, node.replica.params) and applied == 1
+
+    node._delay = 2.0  # as if its last update had landed two swarm rounds late
+    expected = node.replica.params - 2.0 * node.merge_config.outer.lr * momentum
+    loaded: list[torch.Tensor] = []
+    load = node.learner.load_params
+    node.learner.load_params = lambda flat: (loaded.append(flat.clone()), load(flat))[1]  # type: ignore[method-assign]
+    node.run_round()
+    torch.testing.assert_close(loaded[0], expected)
+    assert node.replica.num_applied == 2  # the update from that start merged as any other
+
+
+def test_look_ahead_is_fingerprinted_and_refused_with_fragments() -> None:
+    corpus = Corpus(np.zeros(4096, dtype=np.uint8), vocab_size=256, source="zeros")
+
+    def fingerprint(**kw: object) -> str:
+        return build_run_spec(JoinConfig(**kw), corpus).fingerprint  # type: ignore[arg-type]
+
+    assert fingerprint(correction="lookahead") != fingerprint()
+    with pytest.raises(ValueError, match="--fragments"):
+        JoinConfig(correction="lookahead", fragments=2)

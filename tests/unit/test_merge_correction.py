@@ -1,10 +1,12 @@
+from dataclasses import replace
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from merge.correction import CorrectionConfig, correct
+from merge.correction import CorrectionConfig, correct, expected_delay, look_ahead
 
 HELOCO = CorrectionConfig(kind="heloco", block=2)
 
@@ -149,3 +151,60 @@ def test_correction_only_ever_removes_conflict(
         else:
             assert float(ob.norm()) <= float(gb.norm()) + tol  # never lengthened
             assert dot - tol <= float(ob @ mb) <= tol  # less conflicting, never flipped over
+
+
+LOOKAHEAD = CorrectionConfig(kind="lookahead", strength=2.0)
+
+
+def test_look_ahead_moves_the_start_along_the_momentum_by_the_expected_delay() -> None:
+    params, m = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([0.5, -1.0, 0.0])
+    start = look_ahead(LOOKAHEAD, params, m, rounds=1.5, lr=0.7)
+    torch.testing.assert_close(start, params - 2.0 * 1.5 * 0.7 * m)
+    assert params.tolist() == [1.0, 2.0, 3.0] and m.tolist() == [0.5, -1.0, 0.0]  # pure
+
+
+@pytest.mark.parametrize(
+    ("config", "rounds"),
+    [
+        (LOOKAHEAD, 0.0),
+        (CorrectionConfig(), 3.0),
+        (HELOCO, 3.0),
+        (replace(LOOKAHEAD, strength=0), 3.0),
+    ],
+)
+def test_without_a_delay_or_the_look_ahead_the_start_is_the_replica(
+    config: CorrectionConfig, rounds: float
+) -> None:
+    params = torch.tensor([1.0, 2.0])
+    assert look_ahead(config, params, torch.tensor([1.0, 1.0]), rounds, lr=0.7) is params
+
+
+def test_look_ahead_leaves_updates_to_the_merge_path_as_received() -> None:
+    """Its correction is where the learner starts: the replicas apply what they receive."""
+    g, m = torch.tensor([1.0, -1.0, -1.0, 0.0]), torch.tensor([-1.0, 1.0, 1.0, 0.0])
+    result = correct(replace(LOOKAHEAD, block=2), g, 5, m)
+    assert result.pseudo_gradient is g and result.blocks_corrected == 0
+
+
+def test_expected_delay_is_the_last_update_staleness_in_swarm_rounds() -> None:
+    assert expected_delay(6, 3) == 2.0
+    assert expected_delay(0, 1) == 0.0
+    with pytest.raises(ValueError):
+        expected_delay(-1, 3)
+    with pytest.raises(ValueError, match="rounds"):
+        look_ahead(LOOKAHEAD, torch.zeros(2), torch.zeros(2), float("nan"), lr=0.7)
+
+
+@given(
+    st.lists(st.floats(-10, 10), min_size=1, max_size=16),
+    st.floats(0, 100),
+    st.floats(0, 5),
+)
+def test_look_ahead_is_a_step_along_the_momentum_only(
+    values: list[float], strength: float, rounds: float
+) -> None:
+    params = torch.tensor(values)
+    m = torch.linspace(-1, 1, len(values))
+    config = CorrectionConfig(kind="lookahead", strength=strength)
+    moved = params - look_ahead(config, params, m, rounds, lr=0.7)
+    torch.testing.assert_close(moved, strength * rounds * 0.7 * m)

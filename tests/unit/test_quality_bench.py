@@ -42,3 +42,11 @@ def test_targets_say_how_much_the_correction_gained_and_tolerate_missing_runs() 
 def test_mean_skips_runs_not_made() -> None:
     assert _mean([2.0, None, 3.0]) == 2.5
     assert _mean([None]) is None
+
+
+def test_the_corrected_run_takes_a_correction_with_its_own_default_strength() -> None:
+    assert QualityConfig().strength() == 10.0  # heloco: at 1 it barely acts
+    assert QualityConfig(correction="lookahead").strength() == 1.0
+    assert QualityConfig(correction="lookahead", correction_strength=0.5).strength() == 0.5
+    with pytest.raises(ValueError, match="--correction"):
+        QualityConfig(correction="none").strength()
