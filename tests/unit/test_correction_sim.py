@@ -59,7 +59,7 @@ def test_arms_parse_kind_strength_and_view() -> None:
     assert str(Arm.parse("heloco")) == "heloco:10@signed"
     assert str(Arm.parse("heloco:3@late")) == "heloco:3@late"
     assert Arm.parse("heloco:3").correction.strength == 3
-    assert Arm.parse("lookahead@apply").correction.kind == "none"
+    assert Arm.parse("lookahead@apply").correction.kind == "lookahead"
     for bad in ("bogus", "none@when", "heloco:x"):
         with pytest.raises(ValueError, match="arm|KIND"):
             Arm.parse(bad)
