@@ -39,6 +39,7 @@ import logging
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -99,6 +100,10 @@ class QualityConfig:
     """--hetero: comma-separated genesis seeds, every method run once per seed (default: --seed)."""
     methods: str = ",".join(METHODS)
     """--hetero: which runs, of sync, async (corrected) and async_uncorrected."""
+    concurrent: bool = False
+    """--hetero: run async and async_uncorrected at the same time (2 x the learners), so both
+    see the same machine load: on a shared machine, one after the other, a paced step that
+    the load outruns costs one run tokens the other keeps."""
     pace: float = 2.0
     """--hetero: every learner's step lasts factor x pace x the calibrated step time (slept
     out), so runs get equal compute on a shared machine; 0 sleeps factor-1 x each measured
@@ -436,9 +441,7 @@ def hetero(config: QualityConfig, ev: Evaluator) -> dict:
         for seed in config.seed_list():
             seeded = replace(config, seed=seed)
             home = Path(tmp) / f"seed{seed}"
-            runs = [
-                _hetero_run(seeded, ev, home, schedule, method) for method in config.method_list()
-            ]
+            runs = _hetero_runs(seeded, ev, home, schedule)
             losses = {r["method"]: r["val_loss"] for r in runs}
             _print_runs(runs, losses.get("sync_diloco"))
             tokens = {f"{r['method']}_tokens": r["tokens"] for r in runs}
@@ -465,6 +468,21 @@ def hetero(config: QualityConfig, ev: Evaluator) -> dict:
         "budget_s": schedule.budget_s,
         "per_seed": per_seed,
     }
+
+
+def _hetero_runs(
+    config: QualityConfig, ev: Evaluator, home: Path, schedule: Schedule
+) -> list[dict]:
+    """Every method's run, in order; with --concurrent, the two async runs side by side."""
+    methods = config.method_list()
+    pair = [m for m in methods if m.startswith("async")]
+    if not config.concurrent or len(pair) < 2:
+        return [_hetero_run(config, ev, home, schedule, method) for method in methods]
+    runs = {m: _hetero_run(config, ev, home, schedule, m) for m in methods if m not in pair}
+    with ThreadPoolExecutor(len(pair)) as pool:
+        futures = {m: pool.submit(_hetero_run, config, ev, home, schedule, m) for m in pair}
+        runs |= {m: f.result() for m, f in futures.items()}
+    return [runs[m] for m in methods]
 
 
 def _hetero_run(
