@@ -68,3 +68,25 @@ class LearnerFloor:
             if self._count[old] == 0:
                 del self._count[old]
                 del self._claims[old]
+
+    def state_dict(self) -> dict[str, object]:
+        """The window's authors in applied order and their latest claims (for checkpoints:
+        a node that restarted with an empty floor sized updates unlike its peers for good)."""
+        return {"recent": list(self._recent), "claims": dict(self._claims)}
+
+    def load_state_dict(self, state: object) -> None:
+        """Restores what state_dict saved; ValueError (and nothing changed) if malformed."""
+        recent = state.get("recent") if isinstance(state, dict) else None
+        claims = state.get("claims") if isinstance(state, dict) else None
+        if not isinstance(recent, list) or not all(isinstance(a, str) for a in recent):
+            raise ValueError("learner floor state 'recent' must be a list of authors.")
+        if not isinstance(claims, dict) or not all(
+            isinstance(a, str) and type(c) is int and c >= 1 for a, c in claims.items()
+        ):
+            raise ValueError("learner floor state 'claims' must map authors to counts >= 1.")
+        recent = recent[-self.window :]
+        if set(claims) != set(recent):
+            raise ValueError("learner floor state claims other authors than its window's.")
+        self._recent = deque(recent)
+        self._count = Counter(recent)
+        self._claims = dict(claims)

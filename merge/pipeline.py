@@ -153,6 +153,31 @@ class UpdatePipeline:
         """The decode buffer reused across updates by codecs that decode into one (bf16)."""
         self._scratch_lock = threading.Lock()
 
+    def state_dict(self) -> dict[str, object]:
+        """What the pipeline decides by besides the replica: the robust filters' windows and
+        the learner floor. Checkpointed with the replica: a node restarted without them judged
+        and sized updates unlike its peers, and their replicas stayed apart for good."""
+        with self.replica.lock:
+            return {
+                "robust": [robust.state_dict() for robust in self._robust],
+                "learner_floor": self.learner_floor.state_dict(),
+            }
+
+    def load_state_dict(self, state: object) -> None:
+        """Restores what state_dict saved (None: a checkpoint from before it, left as is)."""
+        if state is None:
+            return
+        parts = state if isinstance(state, dict) else {}
+        robust = parts.get("robust")
+        if not isinstance(robust, list) or len(robust) != len(self._robust):
+            raise ValueError(f"merge state must hold {len(self._robust)} robust filter states.")
+        if not all(isinstance(r, dict) for r in robust):
+            raise ValueError("merge state's robust filter states must be mappings.")
+        with self.replica.lock:
+            self.learner_floor.load_state_dict(parts.get("learner_floor"))
+            for robust_filter, robust_state in zip(self._robust, robust, strict=True):
+                robust_filter.load_state_dict(robust_state)
+
     def check_header(self, signed: SignedHeader) -> str | None:
         """The rejection reason a header alone earns, or None; usable before fetching a payload.
 

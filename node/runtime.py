@@ -845,17 +845,22 @@ class Node:
 
     def state_dict(self) -> dict[str, Any]:
         partial = self._partial
+        with self.replica.lock:  # the replica and what judged its updates, at one moment
+            replica = self.replica.state_dict()
+            merge = self.pipeline.state_dict()
+            equivocation = self.pipeline.equivocation.state_dict()
         return {
             "fingerprint": self.fingerprint,
             "model": {"name": self.config.model, "vocab_size": self.spec.model.vocab_size},
             "peer_id": self.peer_id,
             "round": self.round,
             "seq": self.seq,
-            "replica": self.replica.state_dict(),
+            "replica": replica,
             "learner": self.learner.state_dict(),
             "partial_round": partial.state_dict() if partial is not None else None,
             "error_feedback": self._error_feedback().state_dict(),
-            "equivocation": self.pipeline.equivocation.state_dict(),
+            "equivocation": equivocation,
+            "merge": merge,
         }
 
     def _error_feedback(self) -> Compressor | FragmentCompressors:
@@ -882,6 +887,8 @@ class Node:
                 self._error_feedback().load_state_dict(state["error_feedback"])
             # Proven equivocations and the ids settled in this replica (merge.equivocation).
             self.pipeline.equivocation.load_state_dict(state.get("equivocation"), self.fingerprint)
+            # The robust windows and the learner floor (checkpoints before them lack "merge").
+            self.pipeline.load_state_dict(state.get("merge"))
             self.round = int(state["round"])
             own_seq = int(state["seq"]) if state["peer_id"] == self.peer_id else 0
             partial = state.get("partial_round")

@@ -1,4 +1,5 @@
-"""A node publishing with a lossy codec: error feedback survives a restart, bytes are reported."""
+"""A node publishing with a lossy codec: error feedback survives a restart, bytes are reported;
+the merge state (robust windows, learner floor) survives a restart too."""
 
 from __future__ import annotations
 
@@ -46,3 +47,14 @@ def test_a_residual_saved_under_another_codec_is_dropped_on_resume(tmp_path: Pat
     resumed._resume()
 
     assert resumed.round == 1 and bool((resumed.compressor.residual == 0).all())
+
+
+def test_the_robust_windows_and_learner_floor_resume_with_the_replica(tmp_path: Path) -> None:
+    """Without them a restarted node judged and sized updates unlike its peers (merge state)."""
+    saved = Node(offline_config(tmp_path, "ckpt", max_rounds=5), RecordingEventLog())
+    saved.run()
+    assert saved.pipeline.robust.median_norm() is not None  # past the robust warm-up
+    resumed = Node(offline_config(tmp_path, "ckpt", max_rounds=5), RecordingEventLog())
+    resumed._resume()
+    assert resumed.pipeline.state_dict() == saved.pipeline.state_dict()
+    assert resumed.pipeline.learner_floor.recent_authors(8) == {saved.peer_id}
