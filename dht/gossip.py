@@ -463,27 +463,23 @@ class Gossip:
         header = update.header
         await self._retain(update, announce_holder=False)
         blob = update.signed_header.to_bytes()
-        await self.network.dht_store(
+        announce = self.network.dht_store(
             f"{self.config.prefix}/updates/{header.author}",
             announcement_subkey(header.author, header.seq),
             blob,
             self.config.retention_ttl_s,
         )
-        peers = self._push_targets()
-        await asyncio.gather(
-            *(self.network.send(p, "notify", blob, timeout_s=5.0) for p in peers),
-            return_exceptions=True,
-        )
+        # Pushes go out beside the announcement, not after it: a DHT store waits seconds on
+        # a crowded or unresponsive record (a Sybil flood), and peers that would have merged
+        # the update at once then merged it a round or more stale.
+        pushes = [self.network.send(p, "notify", blob, timeout_s=5.0) for p in self._push_targets()]
+        results = await asyncio.gather(announce, *pushes, return_exceptions=True)
+        if isinstance(results[0], BaseException):
+            logger.info("announcing %s/%d failed: %s", header.author, header.seq, results[0])
 
     def _push_targets(self, exclude: str | None = None) -> list[str]:
-        """Live peers to push a header or proof to: every contributor, and at most
-        MAX_PUSH_NEWCOMERS peers that have contributed nothing yet (a newcomer finds the rest
-        through announcements). ~1,000 Sybil heartbeats cost a few streams a publish, not a
-        thousand (open files rose to ~900 of 1,024 in bench.attack's Sybil class)."""
         alive = [h.peer_id for h in self.membership.alive_peers() if h.peer_id != exclude]
-        contributors = [p for p in alive if self.replica.last_seq(p) >= 1]
-        others = [p for p in alive if self.replica.last_seq(p) < 1]
-        return contributors + others[:MAX_PUSH_NEWCOMERS]
+        return push_targets(alive, lambda p: self.replica.last_seq(p) >= 1)
 
     async def _retain(self, update: SignedUpdate, *, announce_holder: bool = True) -> None:
         author, seq = update.header.update_id
@@ -554,3 +550,15 @@ class Gossip:
             self._reject("notify_timeout", sender, "no header within the timeout", update=False)
         except (TransportError, OSError) as exc:
             logger.debug("notification from %s dropped: %s", sender, exc)
+
+
+def push_targets(
+    alive: list[str], contributed: Callable[[str], bool], newcomers: int = MAX_PUSH_NEWCOMERS
+) -> list[str]:
+    """The live peers a header or proof is pushed to, in `alive`'s order: every peer that has
+    contributed, and at most `newcomers` that have not (a newcomer finds the rest through
+    announcements). ~1,000 Sybil heartbeats cost a few streams a publish, not a thousand
+    (open files rose to ~900 of 1,024 in bench.attack's Sybil class)."""
+    contributors = [p for p in alive if contributed(p)]
+    others = [p for p in alive if not contributed(p)]
+    return contributors + others[:newcomers]

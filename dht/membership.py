@@ -26,8 +26,9 @@ class PeerView:
     first_seen: float
     gone: bool = False
 
-    def alive(self, period_s: float) -> bool:
-        return time.time() - self.last_seen < 3 * period_s
+    def alive(self, period_s: float, at: float | None = None) -> bool:
+        """Seen within three periods of `at` (default: now)."""
+        return (time.time() if at is None else at) - self.last_seen < 3 * period_s
 
 
 class Membership:
@@ -61,14 +62,26 @@ class Membership:
         """Polls that missed this node's own heartbeat, so told nothing about absences."""
         self.on_left: Callable[[str], None] | None = None
         """Called with a peer's id when it stops sending heartbeats (its state is released)."""
+        self._reading_since: float | None = None
+        """When the read in flight started (None: no read in flight)."""
+
+    def judged_at(self) -> float:
+        """The time liveness is judged at: the start of the read in flight, if any, else now.
+
+        A peer's absence is proven only by a read that returned without it: while a read is
+        in flight nothing newer is known, so the clock stops at its start. A read of the
+        peers record takes seconds when ~1,000 Sybil heartbeats fill it; judged by the wall
+        clock, every honest peer looked three periods silent during it, and a node then sized
+        its updates and chose its push targets as if it were alone."""
+        return time.time() if self._reading_since is None else self._reading_since
 
     def alive_peers(self) -> list[Heartbeat]:
-        period = self.config.heartbeat_period_s
-        return [v.heartbeat for v in list(self.peers.values()) if v.alive(period)]
+        period, at = self.config.heartbeat_period_s, self.judged_at()
+        return [v.heartbeat for v in list(self.peers.values()) if v.alive(period, at)]
 
     def is_alive(self, peer_id: str) -> bool:
         view = self.peers.get(peer_id)
-        return view is not None and view.alive(self.config.heartbeat_period_s)
+        return view is not None and view.alive(self.config.heartbeat_period_s, self.judged_at())
 
     async def check_run(self) -> None:
         """A node whose run id is trained with another configuration is told so, clearly."""
@@ -106,7 +119,14 @@ class Membership:
 
     async def poll(self) -> list[Heartbeat]:
         """Read every peer's heartbeat; the verified ones, newest view of each peer updated."""
-        records = await self.network.dht_get(f"{self.config.prefix}/peers")
+        started = time.time()
+        if self._reading_since is None:
+            self._reading_since = started
+        try:
+            records = await self.network.dht_get(f"{self.config.prefix}/peers")
+        finally:
+            if self._reading_since == started:
+                self._reading_since = None
         now = time.time()
         seen: list[Heartbeat] = []
         for subkey, blob in records.items():
@@ -116,7 +136,7 @@ class Membership:
                 seen.append(heartbeat)
         if self.sent_heartbeats and not any(subkey_owner(k) == self.peer_id for k in records):
             self._hold_peers(now)
-        self._forget_dead_peers()
+        self._forget_dead_peers(now)
         return seen
 
     def _hold_peers(self, now: float) -> None:
@@ -128,7 +148,7 @@ class Membership:
         self.incomplete_polls += 1
         period = self.config.heartbeat_period_s
         for view in self.peers.values():
-            if view.alive(period):
+            if view.alive(period, now):
                 view.last_seen = max(view.last_seen, now - period)
 
     def _parse(self, subkey: object, blob: object) -> Heartbeat | None:
@@ -155,20 +175,20 @@ class Membership:
     def _see_peer(self, heartbeat: Heartbeat, now: float) -> None:
         """Only a newer heartbeat refreshes a peer: a replayed record keeps nobody alive."""
         view = self.peers.get(heartbeat.peer_id)
-        if view is None or not view.alive(self.config.heartbeat_period_s):
+        if view is None or not view.alive(self.config.heartbeat_period_s, now):
             if view is not None and heartbeat.sent_at <= view.heartbeat.sent_at:
                 return  # the record a dead peer left behind
             self._on_event("peer_joined", peer_id=heartbeat.peer_id, org=heartbeat.org)
             self.peers[heartbeat.peer_id] = PeerView(heartbeat, now, now)
         elif heartbeat.sent_at > view.heartbeat.sent_at:
-            view.heartbeat, view.last_seen = heartbeat, now
+            view.heartbeat, view.last_seen = heartbeat, max(view.last_seen, now)
 
-    def _forget_dead_peers(self) -> None:
-        """Peers silent for three periods left; their views are dropped once their last
-        heartbeat record has expired from the DHT too (so it cannot revive them)."""
-        now = time.time()
+    def _forget_dead_peers(self, now: float) -> None:
+        """Peers silent for three periods before `now` (when the read that missed them
+        returned) left; their views are dropped once their last heartbeat record has expired
+        from the DHT too (so it cannot revive them)."""
         for peer_id, view in list(self.peers.items()):
-            if not view.alive(self.config.heartbeat_period_s) and not view.gone:
+            if not view.alive(self.config.heartbeat_period_s, now) and not view.gone:
                 view.gone = True
                 self._on_event("peer_left", peer_id=peer_id, last_seen=round(view.last_seen, 3))
                 if self.on_left is not None:

@@ -825,9 +825,9 @@ class Node:
         peers: tuple[PeerSighting, ...] = ()
         fetches: list[Any] = []
         if self.swarm is not None:
-            period = self.swarm.config.heartbeat_period_s
+            period, at = self.swarm.config.heartbeat_period_s, self.swarm.membership.judged_at()
             peers = tuple(
-                PeerSighting(view.heartbeat, view.alive(period), now - view.last_seen)
+                PeerSighting(view.heartbeat, view.alive(period, at), now - view.last_seen)
                 for view in list(self.swarm.peers.values())
             )
             fetches = list(self.swarm.fetches)

@@ -88,3 +88,62 @@ def test_before_the_first_heartbeat_a_read_decides_nothing_is_held() -> None:
     assert m.is_alive(peer.peer_id)
     poll_for(m, 6 * PERIOD)
     assert not m.is_alive(peer.peer_id)  # nothing sent yet: a read missing us is not suspect
+
+
+class SlowReads(Reads):
+    """Every read takes `delay_s` (a peers record that ~1,000 Sybil heartbeats fill) and finds
+    a fresh heartbeat of each of `live`."""
+
+    def __init__(self, config: SwarmConfig, live: list[Identity], delay_s: float) -> None:
+        super().__init__(config, [{}])
+        self.live, self.delay_s = live, delay_s
+
+    async def dht_get(self, key: str) -> dict[Any, Any]:
+        await asyncio.sleep(self.delay_s)
+        return {
+            owner_subkey(i.peer_id): Heartbeat(peer_id=i.peer_id, sent_at=time.time()).sign(i)
+            for i in self.live
+        }
+
+
+def test_a_peer_found_by_every_slow_read_stays_alive_during_the_next_one() -> None:
+    me, peer = Identity.generate(), Identity.generate()
+    m = membership(me, [record(me) | record(peer)])
+    m.network = SlowReads(m.config, [me, peer], 4 * PERIOD)  # type: ignore[assignment]
+    asyncio.run(m.send_heartbeat())
+    asyncio.run(m.poll())
+
+    async def watch_during_reads() -> list[bool]:
+        seen: list[bool] = []
+        for _ in range(3):
+            read = asyncio.ensure_future(m.poll())
+            while not read.done():
+                seen.append(m.is_alive(peer.peer_id) and len(m.alive_peers()) == 1)
+                await asyncio.sleep(PERIOD / 4)
+            await read
+        return seen
+
+    # Each read lasts more than three periods: judged by the wall clock while it is in
+    # flight, the peer would look silent; nothing proves it gone before a read returns.
+    seen = asyncio.run(watch_during_reads())
+    assert seen and all(seen)
+    assert m.is_alive(peer.peer_id)
+
+
+def test_a_slow_read_that_misses_a_peer_proves_it_gone_only_after_it_returns() -> None:
+    me, peer = Identity.generate(), Identity.generate()
+    m = membership(me, [record(me) | record(peer)])
+    asyncio.run(m.send_heartbeat())
+    asyncio.run(m.poll())
+    time.sleep(PERIOD)
+    m.network = SlowReads(m.config, [me], 3 * PERIOD)  # type: ignore[assignment]
+
+    async def one_read() -> tuple[bool, bool]:
+        read = asyncio.ensure_future(m.poll())
+        await asyncio.sleep(PERIOD)
+        during = m.is_alive(peer.peer_id)  # the read has not returned: nothing proven yet
+        await read
+        return during, m.is_alive(peer.peer_id)
+
+    during, after = asyncio.run(one_read())
+    assert during and not after
