@@ -21,7 +21,15 @@ the replica, against signed heartbeats of other peers:
   settle to once its outer momentum has played out must match their sketch of that point
   (drift below `max_drift`; it does not depend on the order updates were applied in): a
   poisoned model behind an honest applied set is refused, and so is a momentum that would
-  still move the params by more than `max_rest` of their norm (an offset hidden there).
+  still move the params by more than `max_rest` of their norm (an offset hidden there);
+- when no other peer reports the state's applied set (a swarm still training rarely agrees
+  at one instant, and a poisoning donor can fabricate ids to stand alone), the settled point
+  must lie within `max_distance` of some other live peer's sketch: replicas a few updates
+  apart differ by a few percent of the params' norm, a model noised or swapped for another
+  by far more. This bounds what a lone donor can plant; it does not prove the state honest
+  (a donor may still serve a model a few rounds off, and a second key of its own may
+  publish a heartbeat whose sketch vouches for it), which the exact check above does when
+  honest peers agree.
 
 A refusal is counted as `bad_state` against the donor and the next donor is tried.
 Pure: no network, no clock (dht.state_transfer reads the heartbeats and loads the state).
@@ -30,6 +38,7 @@ Pure: no network, no clock (dht.state_transfer reads the heartbeats and loads th
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -46,6 +55,12 @@ MAX_REST = 3.0
 honest replica's momentum tail is a fraction of that (Nesterov 0.9 at lr 0.7 keeps the params
 ~8 rounds of movement behind their settled point); a donor that offset its params and hid the
 offset in the momentum, so that the settled point looks honest, is refused."""
+
+
+MAX_DISTANCE = 0.5
+"""How far, relative to its norm, a state's settled point may lie from the nearest other live
+peer's when none reports the same applied set: honest replicas a few rounds apart differ by a
+few percent; bench.attack's poisoned donor adds noise of the params' own norm (distance ~1)."""
 
 
 class StateCheckError(ValueError):
@@ -79,6 +94,7 @@ def check_donor_state(
     *,
     max_drift: float = MAX_DRIFT,
     max_rest: float = MAX_REST,
+    max_distance: float = MAX_DISTANCE,
 ) -> StateVerdict:
     """StateCheckError when the donor's own heartbeat, or the replica sketches of peers other
     than `donor` with the same applied set, contradict `state`; else what it holds unannounced."""
@@ -102,15 +118,39 @@ def check_donor_state(
         raise StateCheckError(
             f"the state's momentum would still move its parameters by {rest} of their norm"
         )
-    others = [h for h in peers if h.peer_id != donor]
-    same = [h for h in others if h.applied_digest == applied_digest(applied) and h.sketch]
+    others = [h for h in peers if h.peer_id != donor and h.sketch]
+    same = [h for h in others if h.applied_digest == applied_digest(applied)]
     if same:
         distances = [relative_distance(ours.settled, h.sketch) for h in same]
         if not any(d is not None and d <= max_drift for d in distances):
             raise StateCheckError(
                 "the state's parameters differ from those of peers with the same applied set"
             )
+    elif trained := [h for h in others if h.num_applied > 0]:
+        # Peers at genesis are left out: a donor long trained is far from them, honestly.
+        distances = [relative_distance(ours.settled, h.sketch) for h in trained]
+        known = [d for d in distances if d is not None]
+        if known and min(known) > max_distance:
+            raise StateCheckError(
+                f"the state's parameters lie {min(known):.2f} of their norm from the nearest "
+                f"other live peer's (at most {max_distance} is believed)"
+            )
     return StateVerdict(unannounced)
+
+
+def rank_donors(alive: list[Heartbeat], num_applied: int) -> list[Heartbeat]:
+    """Live peers to download a state from, best first: those that serve state and applied
+    more than this replica's `num_applied`. A donor whose (num_applied, applied_digest) another
+    live peer also reports is corroborated and comes first; within each group, the most
+    advanced first. A donor's progress is its own claim: a liar claiming a thousand more
+    updates than anyone is tried after every corroborated donor, not before."""
+    ahead = [h for h in alive if h.serves_state and h.num_applied > num_applied]
+    votes = Counter((h.num_applied, h.applied_digest) for h in alive)
+    return sorted(
+        ahead,
+        key=lambda h: (votes[(h.num_applied, h.applied_digest)] > 1, h.num_applied),
+        reverse=True,
+    )
 
 
 def unannounced_seqs(applied: Mapping[str, object], peers: list[Heartbeat]) -> dict[str, list[int]]:

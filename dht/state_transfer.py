@@ -6,7 +6,6 @@ import asyncio
 import json
 import logging
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from dht.network import (
     Rejections,
     SwarmNetwork,
 )
-from dht.state_check import StateCheckError, StateVerdict, check_donor_state
+from dht.state_check import StateCheckError, StateVerdict, check_donor_state, rank_donors
 from dht.tensor_stream import (
     join_tensors,
     parse_spec,
@@ -196,15 +195,8 @@ class StateTransfer:
         return state, total
 
     def _donors(self) -> list[Heartbeat]:
-        """Peers ahead of us that serve state, most advanced first; majority digest preferred."""
-        alive = self.membership.alive_peers()
-        ahead = [h for h in alive if h.serves_state and h.num_applied > self.replica.num_applied]
-        votes = Counter((h.num_applied, h.applied_digest) for h in alive)
-        return sorted(
-            ahead,
-            key=lambda h: (h.num_applied, votes[(h.num_applied, h.applied_digest)]),
-            reverse=True,
-        )
+        """Peers ahead of us that serve state, corroborated first (dht.state_check.rank_donors)."""
+        return rank_donors(self.membership.alive_peers(), self.replica.num_applied)
 
 
 async def send_state(writer: Any, state: dict[str, Any]) -> int:

@@ -17,6 +17,7 @@ from dht.state_check import (
     StateCheckError,
     applied_digest,
     check_donor_state,
+    rank_donors,
     unannounced_seqs,
 )
 from dht.state_transfer import check_with_fresh_heartbeats
@@ -225,3 +226,67 @@ def test_a_malformed_momentum_is_refused_not_raised() -> None:
     state = donor_state(buf=torch.zeros(7))
     with pytest.raises(StateCheckError, match="malformed"):
         check_donor_state(state, "donor", PEERS, sketch_state)
+
+
+def stranger(peer_id: str, params: torch.Tensor, num_applied: int = 4) -> Heartbeat:
+    """A live peer with another applied set than the donor's (a swarm still training)."""
+    return Heartbeat(
+        peer_id=peer_id, applied_digest="cd" * 32, sketch=SKETCH(params), num_applied=num_applied
+    )
+
+
+def test_a_lone_donor_near_the_other_replicas_passes() -> None:
+    """No peer reports the donor's applied set, but its model is a few updates from theirs."""
+    nearby = PARAMS + 0.02 * torch.randn(1000, generator=torch.Generator().manual_seed(1))
+    check_donor_state(donor_state(), "donor", [stranger("carol", nearby)], sketch_state)
+
+
+def test_a_lone_donor_serving_a_noised_model_is_refused() -> None:
+    """bench.attack's poisoner: noise of the params' own norm, an applied set nobody shares."""
+    noise = torch.randn(1000, generator=torch.Generator().manual_seed(2))
+    poisoned = PARAMS + noise * float(PARAMS.norm()) / 1000**0.5
+    with pytest.raises(StateCheckError, match="nearest other live peer"):
+        check_donor_state(donor_state(poisoned), "donor", [stranger("bob", PARAMS)], sketch_state)
+
+
+def test_peers_at_genesis_do_not_refuse_a_trained_donor() -> None:
+    """A second newcomer, still at the untrained model, is no yardstick for a donor."""
+    far = -3 * PARAMS
+    check_donor_state(donor_state(), "donor", [stranger("fresh", far, 0)], sketch_state)
+    with pytest.raises(StateCheckError):
+        check_donor_state(donor_state(), "donor", [stranger("bob", far)], sketch_state)
+
+
+def donor(peer_id: str, num_applied: int, digest: str, serves: bool = True) -> Heartbeat:
+    return Heartbeat(
+        peer_id=peer_id, num_applied=num_applied, applied_digest=digest * 32, serves_state=serves
+    )
+
+
+def test_a_donor_boasting_progress_comes_after_the_corroborated_ones() -> None:
+    liar = donor("mallory", 5000, "ee")
+    honest = [donor("alice", 40, "aa"), donor("bob", 40, "aa"), donor("carol", 42, "cc")]
+    ranked = [h.peer_id for h in rank_donors([liar, *honest, donor("dave", 3, "dd")], 10)]
+    assert ranked == ["alice", "bob", "mallory", "carol"]
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 50), st.sampled_from(["aa", "bb", "cc"]), st.booleans()),
+        max_size=12,
+    ),
+    st.integers(0, 50),
+)
+def test_donors_are_ahead_serve_state_and_corroborated_ones_lead(
+    claims: list[tuple[int, str, bool]], num_applied: int
+) -> None:
+    alive = [donor(f"p{i}", n, d, serves) for i, (n, d, serves) in enumerate(claims)]
+    ranked = rank_donors(alive, num_applied)
+    assert all(h.serves_state and h.num_applied > num_applied for h in ranked)
+    assert len(ranked) == sum(s and n > num_applied for n, _, s in claims)
+    shared = [
+        sum((g.num_applied, g.applied_digest) == (h.num_applied, h.applied_digest) for g in alive)
+        > 1
+        for h in ranked
+    ]
+    assert shared == sorted(shared, reverse=True)
