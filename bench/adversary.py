@@ -468,11 +468,15 @@ class Adversary:
 
     def poisoned_state(self, wait_s: float = 150.0) -> int:
         """Serve a state with noised parameters while claiming the most progress; the harness
-        starts a newcomer on `poison_ready`."""
+        starts a newcomer on `poison_ready`. Ends once the state was served, or once the
+        newcomer holds a state from elsewhere (it asked corroborated donors first)."""
+        before = {h.peer_id for h in self.honest()}
         self.poison = True
         self.emit("poison_ready", peer_id=self.node.peer_id)
         deadline = time.monotonic() + wait_s
         while self.poisons_served == 0 and time.monotonic() < deadline:
+            if any(h.peer_id not in before and h.num_applied > 0 for h in self.honest()):
+                break
             time.sleep(0.5)
         time.sleep(2 * self.swarm.config.heartbeat_period_s)  # the newcomer tries the next donor
         self.poison = False

@@ -22,14 +22,17 @@ the replica, against signed heartbeats of other peers:
   (drift below `max_drift`; it does not depend on the order updates were applied in): a
   poisoned model behind an honest applied set is refused, and so is a momentum that would
   still move the params by more than `max_rest` of their norm (an offset hidden there);
-- when no other peer reports the state's applied set (a swarm still training rarely agrees
-  at one instant, and a poisoning donor can fabricate ids to stand alone), the settled point
-  must lie within `max_distance` of some other live peer's sketch: replicas a few updates
-  apart differ by a few percent of the params' norm, a model noised or swapped for another
-  by far more. This bounds what a lone donor can plant; it does not prove the state honest
-  (a donor may still serve a model a few rounds off, and a second key of its own may
-  publish a heartbeat whose sketch vouches for it), which the exact check above does when
-  honest peers agree.
+- whatever the applied sets (a swarm still training rarely agrees at one instant, and a
+  poisoning donor can fabricate ids to stand alone, or have a second key report its applied
+  set and sketch), the settled point must lie within `max_distance` of the sketches of at
+  least half the other live peers that have applied anything (the lower median of the
+  distances): replicas a few updates apart differ by a few percent of the params' norm, a
+  model noised or swapped for another by far more. One accomplice heartbeat then vouches
+  for a poisoned state only where the honest trained peers are no more than it (two or
+  fewer others); one lying heartbeat never vetoes an honest state. This bounds what a donor
+  can plant; it does not prove the state honest (a donor may serve a model a few rounds
+  off, and a flood of keys vouching for it outvotes the honest peers: open swarms cannot
+  tell keys from people; `--allow-keys` can).
 
 A refusal is counted as `bad_state` against the donor and the next donor is tried.
 Pure: no network, no clock (dht.state_transfer reads the heartbeats and loads the state).
@@ -58,8 +61,8 @@ offset in the momentum, so that the settled point looks honest, is refused."""
 
 
 MAX_DISTANCE = 0.5
-"""How far, relative to its norm, a state's settled point may lie from the nearest other live
-peer's when none reports the same applied set: honest replicas a few rounds apart differ by a
+"""How far, relative to its norm, a state's settled point may lie from the sketches of half
+the other trained live peers: honest replicas a few rounds apart differ by a
 few percent; bench.attack's poisoned donor adds noise of the params' own norm (distance ~1)."""
 
 
@@ -126,15 +129,16 @@ def check_donor_state(
             raise StateCheckError(
                 "the state's parameters differ from those of peers with the same applied set"
             )
-    elif trained := [h for h in others if h.num_applied > 0]:
-        # Peers at genesis are left out: a donor long trained is far from them, honestly.
-        distances = [relative_distance(ours.settled, h.sketch) for h in trained]
-        known = [d for d in distances if d is not None]
-        if known and min(known) > max_distance:
-            raise StateCheckError(
-                f"the state's parameters lie {min(known):.2f} of their norm from the nearest "
-                f"other live peer's (at most {max_distance} is believed)"
-            )
+    # Peers at genesis are left out: a donor long trained is far from them, honestly.
+    trained = [h for h in others if h.num_applied > 0]
+    distances = sorted(
+        d for h in trained if (d := relative_distance(ours.settled, h.sketch)) is not None
+    )
+    if distances and (median := distances[(len(distances) - 1) // 2]) > max_distance:
+        raise StateCheckError(
+            f"the state's parameters lie {median:.2f} of their norm or more from half the "
+            f"other trained live peers' (at most {max_distance} is believed)"
+        )
     return StateVerdict(unannounced)
 
 

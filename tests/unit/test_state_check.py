@@ -245,7 +245,7 @@ def test_a_lone_donor_serving_a_noised_model_is_refused() -> None:
     """bench.attack's poisoner: noise of the params' own norm, an applied set nobody shares."""
     noise = torch.randn(1000, generator=torch.Generator().manual_seed(2))
     poisoned = PARAMS + noise * float(PARAMS.norm()) / 1000**0.5
-    with pytest.raises(StateCheckError, match="nearest other live peer"):
+    with pytest.raises(StateCheckError, match="from half the other trained live peers"):
         check_donor_state(donor_state(poisoned), "donor", [stranger("bob", PARAMS)], sketch_state)
 
 
@@ -290,3 +290,20 @@ def test_donors_are_ahead_serve_state_and_corroborated_ones_lead(
         for h in ranked
     ]
     assert shared == sorted(shared, reverse=True)
+
+
+def test_one_accomplice_heartbeat_does_not_vouch_against_two_honest_peers() -> None:
+    """A second key of the poisoner reports the poisoned applied set and its sketch: the
+    exact check passes on it, but the state is far from both honest replicas."""
+    noise = torch.randn(1000, generator=torch.Generator().manual_seed(3))
+    poisoned = PARAMS + noise * float(PARAMS.norm()) / 1000**0.5
+    accomplice = Heartbeat(
+        peer_id="mallory2", applied_digest=applied_digest(APPLIED), sketch=SKETCH(poisoned),
+        num_applied=5,
+    )  # fmt: skip
+    honest = [stranger("carol", PARAMS), stranger("dave", PARAMS)]
+    with pytest.raises(StateCheckError, match="half the other trained"):
+        check_donor_state(donor_state(poisoned), "donor", [accomplice, *honest], sketch_state)
+    # ... and one lying heartbeat far from everyone vetoes no honest donor
+    liar = stranger("mallory", poisoned)
+    check_donor_state(donor_state(), "donor", [liar, stranger("carol", PARAMS)], sketch_state)
