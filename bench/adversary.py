@@ -40,6 +40,7 @@ import dht.network
 from dht.heartbeat import Heartbeat, sign_fields
 from dht.messages import RUN_LISTING_KEY, announcement_subkey
 from dht.records import _OWNER_RE, _SIGNATURE_MARK, OwnerValidator, _serialize, owner_subkey
+from dht.state_check import applied_digest
 from dht.state_transfer import send_state
 from dht.transport import decode_request, receive_blob, send_blob, send_refusal
 from merge.codecs import get_codec
@@ -91,18 +92,30 @@ class SybilValidator(OwnerValidator):
 class Adversary:
     """Attacks on the honest nodes of a swarm, through a real node's network parts."""
 
-    def __init__(self, node: Node, emit: Callable[..., None], sybils: list[Identity]) -> None:
+    def __init__(
+        self,
+        node: Node,
+        emit: Callable[..., None],
+        sybils: list[Identity],
+        accomplice: Identity | None = None,
+    ) -> None:
         assert node.swarm is not None
         self.node = node
         self.swarm = node.swarm
         self.net = node.swarm.network
         self.emit = emit
         self.sybils = sybils
-        self.fake_ids = {s.peer_id for s in sybils}
+        self.accomplice = accomplice or Identity.generate()
+        """A second key of the adversary's (its DHT member must sign for it: build_node)."""
+        self.fake_ids = {s.peer_id for s in sybils} | {self.accomplice.peer_id}
         self.served: dict[UpdateId, dict[str | None, bytes]] = {}
         """Payloads this adversary serves, per requesting peer (None: anyone else)."""
         self.poison = False
         self.poisons_served = 0
+        self._poisoned: dict[str, Any] | None = None
+        """The noised state served while poisoning, fixed once (so a sketch can vouch for it)."""
+        self._claim: tuple[int, str] = (0, "")
+        """(num_applied, applied_digest) claimed while poisoning."""
         self._seq = 0
         self._original_stream_state = self.swarm.transfer._stream_state
         # Hooks on the real parts (registered as stream handlers when the swarm starts).
@@ -233,19 +246,44 @@ class Adversary:
         """Idle (it is no learner the honest nodes size their steps by); when poisoning, it
         claims far more progress than anyone so that a newcomer picks it as donor."""
         own = self.node.heartbeat()
-        extra = 1000 if self.poison else 0
-        return dataclasses.replace(own, state="idle", num_applied=own.num_applied + extra)
-
-    async def stream_state(self, writer: Any) -> int:
         if not self.poison:
-            return await self._original_stream_state(writer)
+            return dataclasses.replace(own, state="idle")
+        num, digest = self._claim
+        return dataclasses.replace(own, state="idle", num_applied=num, applied_digest=digest)
+
+    def poison_state(self) -> None:
+        """Noise the replica's params by their own norm, once; claim a thousand updates more
+        than it holds, under its applied set."""
         state = self.node.replica.state_dict()
         params = state["params"]
         assert isinstance(params, torch.Tensor)
-        state["params"] = (
-            params + torch.randn_like(params) * float(params.norm()) / params.numel() ** 0.5
-        )
-        num_bytes = await send_state(writer, state)
+        noise = torch.randn(params.shape, generator=torch.Generator().manual_seed(7))
+        state["params"] = params + noise.to(params.dtype) * params.norm() / params.numel() ** 0.5
+        applied = state["applied"]
+        assert isinstance(applied, dict)
+        state["applied"] = applied = {a: list(seqs) for a, seqs in applied.items()}
+        self._poisoned = state
+        self._claim = (sum(map(len, applied.values())) + 1000, applied_digest(applied))
+
+    def vouch(self, accomplice: Identity) -> bool:
+        """A heartbeat of a second key reporting the poisoned claim and the poisoned state's
+        sketch: the newcomer then sees the poisoner corroborated (asked first) and the exact
+        same-applied-set check passes on the accomplice."""
+        assert self._poisoned is not None
+        num_applied, digest = self._claim
+        beat = Heartbeat(
+            peer_id=accomplice.peer_id, state="training", num_applied=num_applied,
+            applied_digest=digest, serves_state=False, sent_at=time.time(),
+            sketch=self.node.sketcher.settled(self.node.replica, self._poisoned),
+            heartbeat_period_s=self.swarm.config.heartbeat_period_s,
+        )  # fmt: skip
+        key = f"{self.swarm.config.prefix}/peers"
+        return self.dht_store(key, owner_subkey(accomplice.peer_id), beat.sign(accomplice), 60.0)
+
+    async def stream_state(self, writer: Any) -> int:
+        if not self.poison or self._poisoned is None:
+            return await self._original_stream_state(writer)
+        num_bytes = await send_state(writer, self._poisoned)
         self.poisons_served += 1
         return num_bytes
 
@@ -471,12 +509,20 @@ class Adversary:
         starts a newcomer on `poison_ready`. Ends once the state was served, or once the
         newcomer holds a state from elsewhere (it asked corroborated donors first)."""
         before = {h.peer_id for h in self.honest()}
+        accomplice = self.accomplice
+        self.poison_state()
         self.poison = True
-        self.emit("poison_ready", peer_id=self.node.peer_id)
+        self.vouch(accomplice)
+        time.sleep(2 * self.swarm.config.heartbeat_period_s)  # heartbeats carry the claim
+        self.emit("poison_ready", peer_id=self.node.peer_id, accomplice=accomplice.peer_id)
         deadline = time.monotonic() + wait_s
+        vouched = time.monotonic()
         while self.poisons_served == 0 and time.monotonic() < deadline:
             if any(h.peer_id not in before and h.num_applied > 0 for h in self.honest()):
-                break
+                break  # the newcomer holds a state from elsewhere
+            if time.monotonic() - vouched > self.swarm.config.heartbeat_period_s:
+                self.vouch(accomplice)
+                vouched = time.monotonic()
             time.sleep(0.5)
         time.sleep(2 * self.swarm.config.heartbeat_period_s)  # the newcomer tries the next donor
         self.poison = False
@@ -556,9 +602,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     events = JsonEventLog()
     sybils = [Identity.generate() for _ in range(max(args.sybils, 8))]
+    accomplice = Identity.generate()
     args.home.mkdir(parents=True, exist_ok=True)
-    node = build_node(args.peers, args.home, args.run_args, sybils)
-    adversary = Adversary(node, events.emit, sybils)
+    node = build_node(args.peers, args.home, args.run_args, [*sybils, accomplice])
+    adversary = Adversary(node, events.emit, sybils, accomplice)
     try:
         node.join_swarm()
         honest = adversary.wait_honest(args.honest, args.min_applied, 180.0)

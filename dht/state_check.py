@@ -131,10 +131,9 @@ def check_donor_state(
             )
     # Peers at genesis are left out: a donor long trained is far from them, honestly.
     trained = [h for h in others if h.num_applied > 0]
-    distances = sorted(
-        d for h in trained if (d := relative_distance(ours.settled, h.sketch)) is not None
-    )
-    if distances and (median := distances[(len(distances) - 1) // 2]) > max_distance:
+    measured = (relative_distance(ours.settled, h.sketch) for h in trained)
+    near = sorted(d for d in measured if d is not None)
+    if near and (median := near[(len(near) - 1) // 2]) > max_distance:
         raise StateCheckError(
             f"the state's parameters lie {median:.2f} of their norm or more from half the "
             f"other trained live peers' (at most {max_distance} is believed)"
