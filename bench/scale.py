@@ -16,7 +16,9 @@ nodes' signed heartbeats (read through a DHT observer every second) and their JS
 - rss_mb: resident memory of each node's main process (mean of per-node peaks, and max);
 - mb_received_per_round: update and state payload megabytes one node fetched per round it
   trained (DHT records and heartbeats excluded), and the same divided by N - 1;
-- lost: updates declared lost (no live holder), summed over the last heartbeats.
+- lost: updates declared lost (no live holder), summed over the last heartbeats;
+- sized_differently: update ids the nodes' last processes merged with different weights
+  (learner counts) or robust verdicts: what drift with one applied set is made of.
 
 The figures for `base` at 100 and 1000 nodes are extrapolated from the measured per-update
 payload: under gossip of full updates each node receives every other node's update once per
@@ -243,7 +245,26 @@ def _figures(
         "lost": sum(h.num_lost for h in last_beats),
         "final_num_applied": sorted(h.num_applied for h in last_beats),
         "final_digests": len({h.applied_digest for h in last_beats}),
+        "sized_differently": sized_differently([s.current.events for s in slots]),
         "rejections": dict(sum((Counter(h.rejections) for h in last_beats), Counter())),
+    }
+
+
+def sized_differently(per_node: list[list[dict[str, Any]]]) -> dict[str, int]:
+    """Update ids that the last processes of the nodes merged with different contributions
+    (what drift between replicas with one applied set is made of): in all, and those whose
+    learner count (merge.learners floor) or robust verdict (merge.robust) differed."""
+    merged: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for events in per_node:
+        for e in events:
+            if e.get("event") == "update_merged":
+                merged.setdefault((e["author"], e["seq"]), []).append(e)
+    differ = [es for es in merged.values() if len({e["weight"] for e in es}) > 1]
+    return {
+        "ids_compared": sum(len(es) > 1 for es in merged.values()),
+        "weight": len(differ),
+        "learners": sum(len({e["learners"] for e in es}) > 1 for es in merged.values()),
+        "robust": sum(len({e.get("robust") for e in es}) > 1 for es in merged.values()),
     }
 
 

@@ -687,6 +687,7 @@ class Node:
                 weight=round(result.weight, 6),
                 learners=result.learners,
                 blocks_corrected=result.blocks_corrected,
+                robust=result.robust,
                 num_applied=self.replica.num_applied,
             )
         else:
