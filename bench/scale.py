@@ -70,6 +70,9 @@ def main() -> None:
     parser.add_argument("--inner-steps", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=300.0, help="bound on start-up waits")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--events-dir", type=Path, help="keep every process's JSON events here (nN/, a file each)"
+    )
     args = parser.parse_args()
     results = [measure(n, args) for n in args.sizes]
     summary = {
@@ -89,6 +92,13 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
             result = _measure(slots, args)
         finally:
             reap_all([c for slot in slots for c in slot.children])
+            if args.events_dir is not None:
+                folder = args.events_dir / f"n{n}"
+                folder.mkdir(parents=True, exist_ok=True)
+                for slot in slots:  # one file per process: a restart is a second file
+                    for i, child in enumerate(slot.children):
+                        lines = "".join(json.dumps(e) + "\n" for e in child.events)
+                        (folder / f"{slot.name}-{i}.jsonl").write_text(lines)
     print(f"N={n}: " + ", ".join(f"{k}={v}" for k, v in result.items()), flush=True)
     return result
 

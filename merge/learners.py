@@ -8,15 +8,10 @@ cannot know the author's view, but it knows what it applied: the authors of its 
 
     floor = min(distinct authors in the window, lower median of the other authors' latest claims)
 
-and an update counts as 1/M of a round, or 1/floor when M is below 3/4 of the floor (SLACK).
-Honest authors of one swarm claim about the same M, so an honest update is not changed (a
-peer that just joined, claiming far fewer, is sized like the others); a low claim is raised
-to what the other authors report. The slack keeps honest claims a learner or two apart
-unchanged: around a crash or a join claims are briefly M and M - 1, replicas whose windows
-saw the two in different proportions computed floors of M and M - 1, and raising M - 1 on
-one replica but not on another gave one update two contributions (bench.scale N = 8: 22 of
-108 ids sized differently, replicas with one applied set 4.5-17.9 % apart). A liar gains at
-most 4/3 of its share by it. The median ignores a minority of authors claiming huge counts (a
+and an update counts as 1/max(M, floor) of a round. Honest authors of one swarm claim about
+the same M, so an honest update is not changed (its own claim is at least the floor but for
+a peer that just joined, which is then sized like the others); a low claim is raised to what
+the other authors report. The median ignores a minority of authors claiming huge counts (a
 dilution of the honest updates); the author count bounds it by the contributors actually
 seen, so one honest node beside one liar is never diluted beyond the two of them.
 
@@ -32,8 +27,6 @@ from collections import Counter, deque
 
 DEFAULT_WINDOW = 256
 """Applied updates the floor looks back over (several rounds of a large swarm)."""
-SLACK = (3, 4)
-"""A claim of at least 3/4 of the floor stands as signed."""
 
 
 class LearnerFloor:
@@ -56,11 +49,8 @@ class LearnerFloor:
         return max(1, min(authors, others[(len(others) - 1) // 2]))
 
     def effective(self, author: str, claimed: int) -> int:
-        """The learner count an update claiming `claimed` is sized by: the claim, or the
-        floor where the claim is below SLACK of it."""
-        floor = self.floor(author)
-        num, den = SLACK
-        return floor if claimed * den < floor * num else claimed
+        """The learner count an update claiming `claimed` is sized by."""
+        return max(claimed, self.floor(author))
 
     def recent_authors(self, last: int) -> set[str]:
         """The distinct authors of the last `last` applied updates."""

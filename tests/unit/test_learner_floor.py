@@ -66,11 +66,9 @@ def test_floor_properties(events, author, claim, window) -> None:  # type: ignor
     others = [c for a, c in latest.items() if a != author]
     effective = floor.effective(author, claim)
     assert effective >= claim  # a floor: claiming more always shrinks one's own update
-    assert 4 * effective >= 3 * floor.floor(author)  # a low claim buys at most 4/3 a share
     if effective > claim:  # raised: never beyond the authors seen nor the others' claims
         assert effective <= len(set(latest) | {author})
         assert effective <= max(others)
-
     # Only the window's latest claims matter (replicas that applied the same recent updates
     # agree), not what came before it.
     assert floor.floor(author) == floor_after(recent, window).floor(author)
@@ -94,16 +92,3 @@ def test_recent_authors_are_those_of_the_last_updates() -> None:
     assert floor.recent_authors(2) == {"c", "a"}
     assert floor.recent_authors(10) == {"a", "b", "c"}
     assert LearnerFloor().recent_authors(4) == set()
-
-
-@given(st.integers(2, 64), st.integers(0, 16))
-def test_claims_a_learner_or_two_apart_are_sized_alike_on_every_replica(m: int, less: int) -> None:
-    """Around a crash the claims are briefly M and M - 1: replicas whose windows held them in
-    different proportions compute floors M and M - 1, and an honest claim between the two
-    must get one size on both (bench.scale N = 8: 22 of 108 ids sized differently)."""
-    claim = max(1, m - less)
-    high = floor_after([(f"p{i}", m) for i in range(m)])
-    low = floor_after([(f"p{i}", m - 1) for i in range(m - 1)] + [("q", m)])
-    assert (high.floor("x"), low.floor("x")) == (m, m - 1)
-    if 4 * claim >= 3 * m:  # within the slack of both floors
-        assert high.effective("x", claim) == low.effective("x", claim) == claim
