@@ -576,7 +576,7 @@ ATTACKS = (
 def build_node(peers: str, home: Path, run_args: list[str], sybils: list[Identity]) -> Node:
     keys = {s.peer_id: s for s in sybils}
     # The adversary's own DHT member signs for its Sybils (resolved when the swarm starts).
-    dht.network.OwnerValidator = lambda identity: SybilValidator(identity, keys)  # type: ignore[assignment,misc]
+    dht.network.OwnerValidator = lambda identity, refusals=None: SybilValidator(identity, keys)  # type: ignore[assignment,misc]
     args = build_parser().parse_args(
         ["join", *run_args, "--peers", peers, "--host", "127.0.0.1", "--port", "0",
          "--identity", str(home / "id.key"), "--checkpoint-dir", str(home / "ckpt")]

@@ -137,6 +137,7 @@ class Membership:
         if self.sent_heartbeats and not any(subkey_owner(k) == self.peer_id for k in records):
             self._hold_peers(now)
         self._forget_dead_peers(now)
+        self.network.sync_dht_refusals()  # records the DHT refused: forged, overwritten, junk
         return seen
 
     def _hold_peers(self, now: float) -> None:

@@ -13,7 +13,7 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -30,7 +30,7 @@ from hivemind.utils import get_dht_time
 
 from dht.budget import StreamGuard, StreamLimits
 from dht.reaper import OrphanReaper
-from dht.records import OwnerValidator
+from dht.records import OwnerValidator, RefusalCounts
 from dht.transport import TransportError, encode_request, receive_blob, send_blob
 from merge.identity import Identity
 from merge.pipeline import MergeResult
@@ -96,6 +96,10 @@ class SwarmConfig:
         return max(60.0, 12 * self.heartbeat_period_s)
 
 
+DHT_WRITER = "dht-record"
+"""Where refused DHT records are counted in the per-peer log (their writer is unknown)."""
+
+
 class Rejections:
     """Counts what peers sent that this node refused (by reason, and per peer in `log`), and
     reports refused updates as merge results."""
@@ -117,6 +121,16 @@ class Rejections:
         if update and reason != "bad_heartbeat":
             self._on_merge(MergeResult(False, author, seq or -1, 0, 0.0, reason))
 
+    def add_dht_refusals(self, counts: Mapping[str, int]) -> None:
+        """Records the DHT process refused since the last call (dht.records.RefusalCounts),
+        per reason. Who wrote a record is unknown to the DHT, so they are counted under the
+        label DHT_WRITER, not a peer."""
+        for reason, n in counts.items():
+            if n > 0:
+                self.counts[reason] += n
+                self.log.count(DHT_WRITER, reason, n)
+                logger.info("the DHT refused %d records: %s", n, reason)
+
 
 class SwarmNetwork:
     """p2pd, the DHT member and the loop they run on; thread-safe `call`, async internals."""
@@ -126,6 +140,9 @@ class SwarmNetwork:
     ) -> None:
         self.config = config
         self._reject = reject
+        self.dht_refusals = RefusalCounts()
+        """Records this node's DHT member refused (shared with its forked process)."""
+        self._refusals_seen: dict[str, int] = {}
         self.peer_id = identity.peer_id
         self._identity = identity
         self.visible_maddrs: list[str] = []
@@ -166,7 +183,7 @@ class SwarmNetwork:
                 shutdown_timeout=3,
                 wait_timeout=self.dht_wait_timeout_s,  # per request to one DHT member
                 # [owner:PEER_ID] subkeys (heartbeats) only their owner can write
-                record_validators=[OwnerValidator(self._identity)],
+                record_validators=[OwnerValidator(self._identity, self.dht_refusals)],
             )
         finally:
             signal.signal(signal.SIGTERM, previous)
@@ -312,6 +329,14 @@ class SwarmNetwork:
                 writer.close()
 
         await self._p2p.add_binary_stream_handler(self.protocol(name), guarded)
+
+    def sync_dht_refusals(self) -> None:
+        """Counts what the DHT process refused since the last call (Rejections)."""
+        now = self.dht_refusals.snapshot()
+        delta = {r: n - self._refusals_seen.get(r, 0) for r, n in now.items()}
+        self._refusals_seen = now
+        if self._reject is not None:
+            self._reject.add_dht_refusals(delta)
 
     def _count(self, reason: str, peer_id: str, detail: str) -> None:
         if self._reject is not None:

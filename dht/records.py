@@ -25,6 +25,7 @@ tuples) on every later store and get of that key.
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import re
 
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
@@ -51,29 +52,64 @@ def subkey_owner(subkey: object) -> str | None:
     return found.group(1) if found else None
 
 
+REFUSALS = ("dht_record_subkey", "dht_record_unsigned", "dht_record_bad_signature")
+"""Why the validator refused a record: not a dictionary entry with a string subkey (a plain
+value, an int subkey); a protected subkey without its owner's signature; a signature that
+does not verify (a foreign write, such as an overwritten heartbeat)."""
+
+
+class RefusalCounts:
+    """How many records the validator refused, per reason (REFUSALS), in memory shared with
+    the DHT's forked process, where hivemind runs validators: the node reads them (a count of
+    refusals, not of distinct records: a record is judged again on every store and get that
+    brings it). Create it before the DHT process starts."""
+
+    def __init__(self) -> None:
+        self._counts = multiprocessing.get_context("fork").Array("q", len(REFUSALS))
+
+    def add(self, reason: str) -> None:
+        with self._counts.get_lock():
+            self._counts[REFUSALS.index(reason)] += 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._counts.get_lock():
+            return dict(zip(REFUSALS, self._counts[:], strict=True))
+
+
 class OwnerValidator(RecordValidatorBase):
     """Signs this node's protected records; refuses protected records its owner did not sign.
 
     ``identity`` is None for a read-only member (the observer): it validates, signs nothing.
+    ``refusals``, when given, counts what it refuses.
     """
 
-    def __init__(self, identity: Identity | None = None) -> None:
+    def __init__(
+        self, identity: Identity | None = None, refusals: RefusalCounts | None = None
+    ) -> None:
         self._identity = identity
+        self._refusals = refusals
 
     def validate(self, record: DHTRecord) -> bool:
+        reason = self._refusal(record)
+        if reason is not None and self._refusals is not None:
+            self._refusals.add(reason)
+        return reason is None
+
+    def _refusal(self, record: DHTRecord) -> str | None:
         if not _is_string_subkey(record.subkey):
-            return False
+            return "dht_record_subkey"
         owners = set(_OWNER_RE.findall(record.subkey))
         if not owners:
-            return True  # not a protected record
+            return None  # not a protected record
         if len(owners) > 1 or len(record.value) < _SUFFIX_BYTES:
-            return False
+            return "dht_record_unsigned"
         value, mark, signature = _split(record.value)
         if mark != _SIGNATURE_MARK:
-            return False
+            return "dht_record_unsigned"
         owner = owners.pop().decode()
         stripped = dataclasses.replace(record, value=value)
-        return verify_signature(owner, _serialize(stripped), signature)
+        ok = verify_signature(owner, _serialize(stripped), signature)
+        return None if ok else "dht_record_bad_signature"
 
     def sign_value(self, record: DHTRecord) -> bytes:
         owners = set(_OWNER_RE.findall(record.subkey or b""))

@@ -23,16 +23,16 @@ class RejectionLog:
         self._by_peer: dict[str, Counter[str]] = {}
         self._max_peers = max_peers
 
-    def count(self, peer_id: str, reason: str) -> None:
+    def count(self, peer_id: str, reason: str, n: int = 1) -> None:
         reason = reason[:MAX_REASON_CHARS]
         peer_id = str(peer_id)[:128]
         with self._lock:
-            self._by_reason[reason] += 1
+            self._by_reason[reason] += n
             per_peer = self._by_peer.get(peer_id)
             if per_peer is None:
                 self._make_room()
                 per_peer = self._by_peer[peer_id] = Counter()
-            per_peer[reason] += 1
+            per_peer[reason] += n
 
     def forget(self, peer_id: str) -> None:
         """Drops a peer's row (it left); the totals by reason keep its rejections."""

@@ -39,7 +39,8 @@ EXPECTED = {
     "equivocation": {"equivocation"},
     "far_future": {"seq_too_far", "future_timestamp"},
     "oversized": {"malformed"},
-    "bad_heartbeats": {"heartbeat_malformed", "heartbeat_wrong_peer"},
+    "bad_heartbeats": {"heartbeat_malformed", "heartbeat_wrong_peer", "dht_record_bad_signature"},
+    "mixed_subkeys": {"dht_record_subkey"},
 }
 """Reasons each class must be counted under, on the honest nodes together."""
 

@@ -15,7 +15,7 @@ import pytest
 from hivemind import DHT
 from hivemind.utils import MSGPackSerializer, get_dht_time
 
-from dht.records import OwnerValidator, owner_subkey, subkey_owner
+from dht.records import OwnerValidator, RefusalCounts, owner_subkey, subkey_owner
 from merge.identity import Identity
 
 pytestmark = pytest.mark.swarm
@@ -53,6 +53,33 @@ def test_a_foreign_or_far_future_write_never_hides_a_peers_heartbeat(members: li
     owner.store(KEY, b"heartbeat-2", get_dht_time() + 30, subkey=subkey)
     seen = reader.get(KEY, latest=True)
     assert seen is not None and seen.value[subkey].value == b"heartbeat-2"
+
+
+def test_the_records_a_member_refuses_are_counted_in_the_nodes_process(
+    members: list[DHT],
+) -> None:
+    """hivemind validates in the DHT's own (forked) process: the counts reach the node."""
+    victim = Identity.generate()
+    refusals = RefusalCounts()
+    honest = DHT(start=True, record_validators=[OwnerValidator(victim, refusals)])
+    members.append(honest)
+    peers = [str(m) for m in honest.get_visible_maddrs()]
+    attacker = DHT(initial_peers=peers, start=True)  # runs no validator: stores anything
+    members.append(attacker)
+    subkey = owner_subkey(victim.peer_id)
+    honest.store(KEY, b"heartbeat", get_dht_time() + 30, subkey=subkey)
+    assert refusals.snapshot() == dict.fromkeys(refusals.snapshot(), 0)  # honest: none
+
+    junk = b"overwritten[ed25519]" + bytes(64)  # a signature that does not verify
+    attacker.store(KEY, junk, get_dht_time() + 10**6, subkey=subkey)
+    attacker.store(KEY, b"overwritten", get_dht_time() + 10**6, subkey=subkey)  # none at all
+    attacker.store(KEY, b"plain", get_dht_time() + 10**6, subkey=12345)
+    counted = refusals.snapshot()
+    assert counted["dht_record_bad_signature"] >= 1, counted
+    assert counted["dht_record_unsigned"] >= 1, counted
+    assert counted["dht_record_subkey"] >= 1, counted
+    seen = honest.get(KEY, latest=True)
+    assert seen is not None and seen.value[subkey].value == b"heartbeat"
 
 
 async def _raw_store(

@@ -33,6 +33,9 @@ class Reads:
     async def dht_store(self, *args: Any) -> None:
         return None
 
+    def sync_dht_refusals(self) -> None:
+        return None
+
 
 def membership(me: Identity, reads: list[dict[Any, Any]]) -> Membership:
     config = SwarmConfig(
