@@ -3,46 +3,68 @@
 Each update is sized as 1/M of a swarm round, M its author's signed count of live learners
 (merge.outer). The count is a claim: an author claiming M = 1 in a swarm of ten makes every
 update a whole outer step, ten times its share (only the norm bound limits it). The receiver
-cannot know the author's view, but it knows what it applied: the authors of its last
-`window` applied updates, and the learner counts those authors signed. The floor is
+cannot know the author's view, but it knows what it applied: the last `window` applied
+updates, their authors and the learner counts they signed. The floor is
 
-    floor = min(distinct authors in the window, lower median of the other authors' latest claims)
+    floor = min(distinct authors in the window,
+                lower median over the other authors of each one's median claim
+                (over its last CLAIMS_PER_AUTHOR claims in the window))
 
 and an update counts as 1/max(M, floor) of a round. Honest authors of one swarm claim about
-the same M, so an honest update is not changed (its own claim is at least the floor but for
-a peer that just joined, which is then sized like the others); a low claim is raised to what
-the other authors report. The median ignores a minority of authors claiming huge counts (a
-dilution of the honest updates); the author count bounds it by the contributors actually
-seen, so one honest node beside one liar is never diluted beyond the two of them.
+the same M, so an honest update is not changed (a peer that just joined, claiming fewer, is
+sized like the others); a low claim is raised to what the other authors report. The median
+over authors ignores a minority of authors claiming huge counts (a dilution of the honest
+updates), and each author counts once however many updates it publishes; the author count
+bounds the floor by the contributors actually seen, so one honest node beside one liar is
+never diluted beyond the two of them.
+
+Each author's *median* recent claim, not its latest: around a crash or a join the claims
+are briefly M - 1 or lower, and a replica's latest claim of an author depends on which of
+its updates that replica applied last. Floors from latest claims differed between replicas
+there (bench.scale: 12-22 of ~100 update ids sized differently, replicas with one applied
+set up to 20 % apart). A median over an author's claims in the window moves only when half
+of them changed, so replicas holding the same window up to its last few updates agree. The
+price: after the swarm shrinks for good, the floor stays at the old size until half of each
+remaining author's updates in the window claim the new one (about window / 2N updates each;
+they are sized a little small meanwhile, a smaller outer step, never a larger one); claims
+above the floor, as after a growth, are never changed.
 
 Replicas that applied the same recent updates compute the same floor; the window is counted
-in applied updates, not time, so it does not depend on clocks. Near a change of the swarm's
-size replicas can differ by one author, the same order of difference as the robust filter's
-median (merge.robust). Pure and not thread-safe: the pipeline calls it under the replica lock.
+in applied updates, not time, so it does not depend on clocks. Pure and not thread-safe: the
+pipeline calls it under the replica lock.
 """
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 
 DEFAULT_WINDOW = 256
 """Applied updates the floor looks back over (several rounds of a large swarm)."""
+CLAIMS_PER_AUTHOR = DEFAULT_WINDOW
+"""An author's claim is the median of its last this many in the window (all of them, at the
+default): a crash and restart changes the claims for tens of updates (heartbeat timeouts,
+then the restart), which must not move it. 8 was tried: at N = 4 a crash moved the median
+of some authors on some replicas and not others (bench.scale: 10 and 31 ids sized apart)."""
 
 
 class LearnerFloor:
-    """The authors of the last `window` applied updates and their latest learner claims."""
+    """The last `window` applied updates' authors and learner claims."""
 
     def __init__(self, window: int = DEFAULT_WINDOW) -> None:
         if type(window) is not int or window < 1:
             raise ValueError(f"window must be an integer >= 1, got {window!r}.")
         self.window = window
-        self._recent: deque[str] = deque()
-        self._count: Counter[str] = Counter()
-        self._claims: dict[str, int] = {}
+        self._recent: deque[tuple[str, int]] = deque()
+        self._claims: dict[str, deque[int]] = {}
+        """Each author's claims in the window, oldest first."""
 
     def floor(self, author: str) -> int:
         """The least learner count an update of `author` is sized by (1 with no history)."""
-        others = sorted(claim for a, claim in self._claims.items() if a != author)
+        others = sorted(
+            _lower_median(list(c)[-CLAIMS_PER_AUTHOR:])
+            for a, c in self._claims.items()
+            if a != author
+        )
         if not others:
             return 1
         authors = len(self._claims) + (author not in self._claims)
@@ -55,38 +77,46 @@ class LearnerFloor:
     def recent_authors(self, last: int) -> set[str]:
         """The distinct authors of the last `last` applied updates."""
         n = len(self._recent)
-        return {self._recent[i] for i in range(max(0, n - last), n)}
+        return {self._recent[i][0] for i in range(max(0, n - last), n)}
 
     def applied(self, author: str, claimed: int) -> None:
         """An update of `author` claiming `claimed` learners was applied."""
-        self._recent.append(author)
-        self._count[author] += 1
-        self._claims[author] = claimed
+        self._recent.append((author, claimed))
+        self._claims.setdefault(author, deque()).append(claimed)
         while len(self._recent) > self.window:
-            old = self._recent.popleft()
-            self._count[old] -= 1
-            if self._count[old] == 0:
-                del self._count[old]
+            old, _ = self._recent.popleft()
+            claims = self._claims[old]
+            claims.popleft()  # the author's oldest claim in the window is the one leaving
+            if not claims:
                 del self._claims[old]
 
     def state_dict(self) -> dict[str, object]:
-        """The window's authors in applied order and their latest claims (for checkpoints:
-        a node that restarted with an empty floor sized updates unlike its peers for good)."""
-        return {"recent": list(self._recent), "claims": dict(self._claims)}
+        """The window's authors and claims in applied order (for checkpoints: a node that
+        restarted with an empty floor sized updates unlike its peers for good)."""
+        return {"recent": [[a, c] for a, c in self._recent]}
 
     def load_state_dict(self, state: object) -> None:
-        """Restores what state_dict saved; ValueError (and nothing changed) if malformed."""
+        """Restores what state_dict saved; ValueError (and nothing changed) if malformed.
+        A checkpoint of the earlier format (authors, and each one's latest claim) loads with
+        that claim for each of the author's entries."""
         recent = state.get("recent") if isinstance(state, dict) else None
-        claims = state.get("claims") if isinstance(state, dict) else None
-        if not isinstance(recent, list) or not all(isinstance(a, str) for a in recent):
-            raise ValueError("learner floor state 'recent' must be a list of authors.")
-        if not isinstance(claims, dict) or not all(
-            isinstance(a, str) and type(c) is int and c >= 1 for a, c in claims.items()
+        if not isinstance(recent, list):
+            raise ValueError("learner floor state 'recent' must be a list.")
+        latest = state.get("claims") if isinstance(state, dict) else None
+        if isinstance(latest, dict) and all(isinstance(a, str) for a in recent):
+            if set(latest) != set(recent[-self.window :]):
+                raise ValueError("learner floor state claims other authors than its window's.")
+            recent = [[a, latest[a]] for a in recent]
+        entries = [tuple(e) for e in recent if isinstance(e, list | tuple) and len(e) == 2]
+        if len(entries) != len(recent) or not all(
+            isinstance(a, str) and type(c) is int and c >= 1 for a, c in entries
         ):
-            raise ValueError("learner floor state 'claims' must map authors to counts >= 1.")
-        recent = recent[-self.window :]
-        if set(claims) != set(recent):
-            raise ValueError("learner floor state claims other authors than its window's.")
-        self._recent = deque(recent)
-        self._count = Counter(recent)
-        self._claims = dict(claims)
+            raise ValueError("learner floor state 'recent' must list [author, claim >= 1].")
+        fresh = LearnerFloor(self.window)
+        for author, claim in entries[-self.window :]:
+            fresh.applied(author, claim)
+        self._recent, self._claims = fresh._recent, fresh._claims
+
+
+def _lower_median(claims: list[int]) -> int:
+    return sorted(claims)[(len(claims) - 1) // 2]

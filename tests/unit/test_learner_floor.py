@@ -62,15 +62,14 @@ history = st.lists(st.tuples(st.sampled_from("abcdef"), st.integers(1, 64)), max
 def test_floor_properties(events, author, claim, window) -> None:  # type: ignore[no-untyped-def]
     floor = floor_after(events, window)
     recent = events[-window:]
-    latest = dict(recent)  # each author's last claim in the window
-    others = [c for a, c in latest.items() if a != author]
+    others = [c for a, c in recent if a != author]
     effective = floor.effective(author, claim)
     assert effective >= claim  # a floor: claiming more always shrinks one's own update
     if effective > claim:  # raised: never beyond the authors seen nor the others' claims
-        assert effective <= len(set(latest) | {author})
+        assert effective <= len({a for a, _ in recent} | {author})
         assert effective <= max(others)
-    # Only the window's latest claims matter (replicas that applied the same recent updates
-    # agree), not what came before it.
+    # Only the window's claims matter (replicas that applied the same recent updates agree),
+    # not what came before it.
     assert floor.floor(author) == floor_after(recent, window).floor(author)
 
 
@@ -92,3 +91,30 @@ def test_recent_authors_are_those_of_the_last_updates() -> None:
     assert floor.recent_authors(2) == {"c", "a"}
     assert floor.recent_authors(10) == {"a", "b", "c"}
     assert LearnerFloor().recent_authors(4) == set()
+
+
+def test_replicas_that_applied_the_last_claims_in_another_order_size_alike() -> None:
+    """Around a crash two authors briefly claim 3 instead of 4. One replica applied a's low
+    claim last, another b's: the authors' latest claims differ (a floor from them gave 4 on
+    one replica and 3 on the other for the same update), their median claims do not."""
+    steady = [(a, 4) for _ in range(20) for a in "abc"]
+    one = floor_after([*steady, ("b", 4), ("a", 3)])
+    other = floor_after([*steady, ("a", 3), ("b", 3)])
+    assert one.effective("d", 3) == other.effective("d", 3) == 4
+
+
+def test_a_checkpoint_of_the_earlier_format_loads() -> None:
+    floor = LearnerFloor()
+    floor.load_state_dict({"recent": ["a", "b", "a"], "claims": {"a": 3, "b": 2}})
+    assert floor.state_dict() == {"recent": [["a", 3], ["b", 2], ["a", 3]]}
+    with pytest.raises(ValueError):
+        floor.load_state_dict({"recent": [["a", 0]]})
+    assert floor.state_dict() == {"recent": [["a", 3], ["b", 2], ["a", 3]]}  # unchanged
+
+
+def test_after_the_swarm_shrinks_for_good_the_floor_follows_once_half_the_claims_do() -> None:
+    steady = [(a, 3) for _ in range(20) for a in "abc"]
+    outage = [(a, 2) for _ in range(15) for a in "ab"]  # c is down; a and b claim 2
+    assert floor_after(steady + outage).effective("a", 2) == 3  # an outage moves nothing
+    gone = [(a, 2) for _ in range(25) for a in "ab"]  # c left for good
+    assert floor_after(steady + gone).effective("a", 2) == 2
