@@ -265,12 +265,13 @@ class Adversary:
         self._poisoned = state
         self._claim = (sum(map(len, applied.values())) + 1000, applied_digest(applied))
 
-    def vouch(self, accomplice: Identity) -> bool:
+    def vouch(self) -> bool:
         """A heartbeat of a second key reporting the poisoned claim and the poisoned state's
         sketch: the newcomer then sees the poisoner corroborated (asked first) and the exact
         same-applied-set check passes on the accomplice."""
         assert self._poisoned is not None
         num_applied, digest = self._claim
+        accomplice = self.accomplice
         beat = Heartbeat(
             peer_id=accomplice.peer_id, state="training", num_applied=num_applied,
             applied_digest=digest, serves_state=False, sent_at=time.time(),
@@ -509,19 +510,18 @@ class Adversary:
         starts a newcomer on `poison_ready`. Ends once the state was served, or once the
         newcomer holds a state from elsewhere (it asked corroborated donors first)."""
         before = {h.peer_id for h in self.honest()}
-        accomplice = self.accomplice
         self.poison_state()
         self.poison = True
-        self.vouch(accomplice)
+        self.vouch()
         time.sleep(2 * self.swarm.config.heartbeat_period_s)  # heartbeats carry the claim
-        self.emit("poison_ready", peer_id=self.node.peer_id, accomplice=accomplice.peer_id)
+        self.emit("poison_ready", peer_id=self.node.peer_id, accomplice=self.accomplice.peer_id)
         deadline = time.monotonic() + wait_s
         vouched = time.monotonic()
         while self.poisons_served == 0 and time.monotonic() < deadline:
             if any(h.peer_id not in before and h.num_applied > 0 for h in self.honest()):
                 break  # the newcomer holds a state from elsewhere
             if time.monotonic() - vouched > self.swarm.config.heartbeat_period_s:
-                self.vouch(accomplice)
+                self.vouch()
                 vouched = time.monotonic()
             time.sleep(0.5)
         time.sleep(2 * self.swarm.config.heartbeat_period_s)  # the newcomer tries the next donor

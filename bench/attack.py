@@ -28,7 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.adversary import ATTACKS
-from bench.procs import ChildProcess, WaitError, node_process, python_module, reap_all
+from bench.procs import (
+    ChildProcess,
+    WaitError,
+    node_process,
+    python_module,
+    reap_all,
+    save_events,
+)
 
 RUN = ["--model", "tiny", "--threads", "1", "--inner-steps", "5", "--eval-batches", "2",
        "--heartbeat-period", "1", "--gap-wait", "10", "--seed", "0"]  # fmt: skip
@@ -161,14 +168,6 @@ def run_swarm(
         reap_all(children)
         if events_dir is not None:
             save_events(children, events_dir / workdir.name)
-
-
-def save_events(children: list[ChildProcess], folder: Path) -> None:
-    """Every child's JSON events, one file per child (`--events-dir`: to look into a run)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for child in children:
-        lines = "".join(json.dumps(e) + "\n" for e in child.events)
-        (folder / f"{child.name}.jsonl").write_text(lines)
 
 
 def _follow_adversary(adversary: ChildProcess, launch: Any, maddr: str, timeout_s: float) -> None:

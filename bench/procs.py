@@ -330,6 +330,18 @@ def cli_flags(**options: object) -> list[str]:
     return flags
 
 
+def save_events(children: list[ChildProcess], folder: Path) -> None:
+    """Every child's JSON events, one file per process (`--events-dir`: to look into a run):
+    NAME.jsonl, and NAME-1.jsonl, NAME-2.jsonl, ... for later processes of the same name (a
+    node restarted)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    seen: dict[str, int] = {}
+    for child in children:
+        n = seen[child.name] = seen.get(child.name, -1) + 1
+        lines = "".join(json.dumps(e) + "\n" for e in child.events)
+        (folder / (f"{child.name}-{n}.jsonl" if n else f"{child.name}.jsonl")).write_text(lines)
+
+
 def reap_all(children: list[ChildProcess]) -> list[str]:
     """Kill every child's group and anything left carrying its HOME; describes survivors."""
     for child in children:

@@ -41,7 +41,7 @@ from typing import Any
 
 import psutil
 
-from bench.procs import ChildProcess, node_process, reap_all
+from bench.procs import ChildProcess, node_process, reap_all, save_events
 from dht.observer import SwarmObserver
 from merge.sketch import relative_distance
 
@@ -92,13 +92,8 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
             result = _measure(slots, args)
         finally:
             reap_all([c for slot in slots for c in slot.children])
-            if args.events_dir is not None:
-                folder = args.events_dir / f"n{n}"
-                folder.mkdir(parents=True, exist_ok=True)
-                for slot in slots:  # one file per process: a restart is a second file
-                    for i, child in enumerate(slot.children):
-                        lines = "".join(json.dumps(e) + "\n" for e in child.events)
-                        (folder / f"{slot.name}-{i}.jsonl").write_text(lines)
+            if args.events_dir is not None:  # a restarted node's second process: NAME-1
+                save_events([c for slot in slots for c in slot.children], args.events_dir / f"n{n}")
     print(f"N={n}: " + ", ".join(f"{k}={v}" for k, v in result.items()), flush=True)
     return result
 

@@ -7,8 +7,7 @@ cannot know the author's view, but it knows what it applied: the last `window` a
 updates, their authors and the learner counts they signed. The floor is
 
     floor = min(distinct authors in the window,
-                lower median over the other authors of each one's median claim
-                (over its last CLAIMS_PER_AUTHOR claims in the window))
+                lower median over the other authors of each one's median claim in the window)
 
 and an update counts as 1/max(M, floor) of a round. Honest authors of one swarm claim about
 the same M, so an honest update is not changed (a peer that just joined, claiming fewer, is
@@ -18,16 +17,19 @@ updates), and each author counts once however many updates it publishes; the aut
 bounds the floor by the contributors actually seen, so one honest node beside one liar is
 never diluted beyond the two of them.
 
-Each author's *median* recent claim, not its latest: around a crash or a join the claims
+Each author's *median* claim, not its latest: around a crash or a join the claims
 are briefly M - 1 or lower, and a replica's latest claim of an author depends on which of
 its updates that replica applied last. Floors from latest claims differed between replicas
 there (bench.scale: 12-22 of ~100 update ids sized differently, replicas with one applied
 set up to 20 % apart). A median over an author's claims in the window moves only when half
-of them changed, so replicas holding the same window up to its last few updates agree. The
-price: after the swarm shrinks for good, the floor stays at the old size until half of each
-remaining author's updates in the window claim the new one (about window / 2N updates each;
-they are sized a little small meanwhile, a smaller outer step, never a larger one); claims
-above the floor, as after a growth, are never changed.
+of them changed, so replicas holding the same window up to its last few updates agree (a
+median over each author's last 8 claims was tried: a crash and restart changes the claims
+for tens of updates, and at N = 4 it moved some authors' medians on some replicas and not
+others, 10 and 31 ids sized apart). The price: after the swarm shrinks for good, the floor
+stays at the old size until half of each remaining author's updates in the window claim the
+new one (about window / 2N updates each; they are sized a little small meanwhile, a smaller
+outer step, never a larger one); claims above the floor, as after a growth, are never
+changed.
 
 Replicas that applied the same recent updates compute the same floor; the window is counted
 in applied updates, not time, so it does not depend on clocks. Pure and not thread-safe: the
@@ -40,11 +42,6 @@ from collections import deque
 
 DEFAULT_WINDOW = 256
 """Applied updates the floor looks back over (several rounds of a large swarm)."""
-CLAIMS_PER_AUTHOR = DEFAULT_WINDOW
-"""An author's claim is the median of its last this many in the window (all of them, at the
-default): a crash and restart changes the claims for tens of updates (heartbeat timeouts,
-then the restart), which must not move it. 8 was tried: at N = 4 a crash moved the median
-of some authors on some replicas and not others (bench.scale: 10 and 31 ids sized apart)."""
 
 
 class LearnerFloor:
@@ -60,11 +57,7 @@ class LearnerFloor:
 
     def floor(self, author: str) -> int:
         """The least learner count an update of `author` is sized by (1 with no history)."""
-        others = sorted(
-            _lower_median(list(c)[-CLAIMS_PER_AUTHOR:])
-            for a, c in self._claims.items()
-            if a != author
-        )
+        others = sorted(_lower_median(c) for a, c in self._claims.items() if a != author)
         if not others:
             return 1
         authors = len(self._claims) + (author not in self._claims)
@@ -118,5 +111,5 @@ class LearnerFloor:
         self._recent, self._claims = fresh._recent, fresh._claims
 
 
-def _lower_median(claims: list[int]) -> int:
+def _lower_median(claims: deque[int]) -> int:
     return sorted(claims)[(len(claims) - 1) // 2]
