@@ -1,4 +1,5 @@
-"""State transfer: a newcomer downloads the replica of the most advanced live peer."""
+"""State transfer: a newcomer downloads the replica of the most advanced live peer, with what
+judges its updates (merge.handover)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from dht.tensor_stream import (
     tensor_spec,
 )
 from dht.transport import TransportError, encode_request, receive_blob, send_blob, send_refusal
-from merge.replica import Replica
+from merge.pipeline import UpdatePipeline
 from merge.sketch import ReplicaSketch, StateSketch
 
 logger = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ class StateTransfer:
         self,
         network: SwarmNetwork,
         membership: Membership,
-        replica: Replica,
+        pipeline: UpdatePipeline,
         *,
         merge_pool: Executor,
         reject: Rejections,
@@ -73,7 +74,8 @@ class StateTransfer:
         self.network = network
         self.config = network.config
         self.membership = membership
-        self.replica = replica
+        self.pipeline = pipeline
+        self.replica = replica = pipeline.replica
         self._merge_pool = merge_pool
         self._reject = reject
         self._num_serving = 0
@@ -111,12 +113,13 @@ class StateTransfer:
             logger.debug("state request failed: %s", exc)
 
     async def _stream_state(self, writer: Any) -> int:
-        """The replica as a JSON tree followed by its tensors' raw bytes, chunk by chunk.
+        """The replica and what judges its updates (merge.handover) as a JSON tree followed
+        by its tensors' raw bytes, chunk by chunk.
 
-        One consistent copy of the replica is taken (under its lock, off the loop); nothing
-        is serialized as a whole.
+        One consistent copy is taken (under the replica's lock, off the loop); nothing is
+        serialized as a whole.
         """
-        state = await asyncio.get_running_loop().run_in_executor(None, self.replica.state_dict)
+        state = await asyncio.get_running_loop().run_in_executor(None, self.pipeline.transfer_state)
         return await send_state(writer, state)
 
     async def download(self) -> TransferStats | None:
@@ -150,7 +153,7 @@ class StateTransfer:
             state, total = await self._receive_state(peer_id)
         verdict = await self._check_state(state, peer_id)
         await asyncio.get_running_loop().run_in_executor(
-            self._merge_pool, self.replica.load_state_dict, state
+            self._merge_pool, self.pipeline.adopt, state
         )
         if verdict.unannounced:
             logger.info(

@@ -75,7 +75,7 @@ class Swarm:
         self.transfer = StateTransfer(
             self.network,
             self.membership,
-            replica,
+            pipeline,
             merge_pool=self._merge_pool,
             reject=self._reject,
         )

@@ -193,19 +193,22 @@ class EquivocationBook:
         }
 
     def load_state_dict(self, state: object, fingerprint: str | None = None) -> None:
-        """Restores what `state_dict` saved; entries that do not check out are skipped."""
+        """Restores what `state_dict` saved (proofs as bytes or hex); entries that do not
+        check out are skipped, and what any other input holds is never raised on."""
         self._proofs.clear()
         self._settled.clear()
         if not isinstance(state, dict):
             return
-        for blob in state.get("proofs") or []:
-            try:
-                proof = Proof.from_bytes(blob, fingerprint)
-            except ProofError:
+        proofs, settled = state.get("proofs"), state.get("settled")
+        for blob in (proofs if isinstance(proofs, list) else [])[-MAX_PROOFS:]:
+            try:  # hex: a state transfer's JSON tree (merge.pipeline.transfer_state)
+                proof = Proof.from_bytes(bytes.fromhex(blob) if isinstance(blob, str) else blob,
+                                         fingerprint)  # fmt: skip
+            except (ProofError, ValueError):
                 continue
             self._proofs[proof.update_id] = proof
-        for entry in state.get("settled") or []:
-            if isinstance(entry, list | tuple) and len(entry) == 2:
-                uid = (str(entry[0]), int(entry[1]))
+        for entry in settled if isinstance(settled, list) else []:
+            if isinstance(entry, list | tuple) and len(entry) == 2 and type(entry[1]) is int:
+                uid = (str(entry[0]), entry[1])
                 if uid in self._proofs:
                     self._settled.add(uid)

@@ -55,6 +55,10 @@ class LearnerFloor:
         self._claims: dict[str, deque[int]] = {}
         """Each author's claims in the window, oldest first."""
 
+    def __len__(self) -> int:
+        """Applied updates in the window."""
+        return len(self._recent)
+
     def floor(self, author: str) -> int:
         """The least learner count an update of `author` is sized by (1 with no history)."""
         others = sorted(_lower_median(c) for a, c in self._claims.items() if a != author)

@@ -33,10 +33,11 @@ from merge.envelope import (
     verify_header,
 )
 from merge.equivocation import Action, EquivocationBook, Proof
+from merge.handover import check_handover, settled_in
 from merge.learners import LearnerFloor
 from merge.outer import OuterConfig
 from merge.rejections import RejectionLog
-from merge.replica import Replica
+from merge.replica import Replica, parse_applied
 from merge.robust import RobustConfig, RobustFilter, Verdict
 from merge.weighting import StalenessConfig, TokenWeightConfig, staleness_weight, token_weight
 
@@ -177,6 +178,54 @@ class UpdatePipeline:
             self.learner_floor.load_state_dict(parts.get("learner_floor"))
             for robust_filter, robust_state in zip(self._robust, robust, strict=True):
                 robust_filter.load_state_dict(robust_state)
+
+    def window_sizes(self) -> dict[str, int]:
+        """How much history the decisions stand on: accepted norms in the (first) robust
+        window, updates in the learner floor's window."""
+        with self.replica.lock:
+            return {"robust_norms": len(self.robust), "floor_updates": len(self.learner_floor)}
+
+    def transfer_state(self) -> dict[str, object]:
+        """What a newcomer loads (dht.state_transfer): the replica's state_dict with this
+        pipeline's state ("merge") and its proofs of equivocation ("equivocation", hex), taken
+        at one moment, so the newcomer judges and sizes the next updates as this replica
+        does (merge.handover)."""
+        with self.replica.lock:
+            state = self.replica.state_dict()
+            state["merge"] = self.state_dict()
+            book = self.equivocation.state_dict()
+        proofs = book["proofs"]
+        assert isinstance(proofs, list)
+        state["equivocation"] = {"proofs": [p.hex() for p in proofs], "settled": book["settled"]}
+        return state
+
+    def adopt(self, state: dict[str, Any]) -> None:
+        """Loads a donor's transfer_state in place of this replica and what judged its
+        updates, all or nothing (ValueError, nothing changed). The merge state is checked
+        against the replica it came with (merge.handover); a state without one (a donor of an
+        earlier version) leaves this pipeline's as it is, and proofs that do not check out
+        are dropped. The first-seen headers go: they named variants of the replaced replica."""
+        params = state.get("params")
+        if not isinstance(params, torch.Tensor) or not params.is_floating_point():
+            raise ValueError("replica state must hold float params.")
+        applied = parse_applied(state.get("applied"))
+        merge = state.get("merge")
+        staged = UpdatePipeline(self.replica, self.config, self.fingerprint)
+        if merge is not None:
+            params_norm = float(torch.linalg.vector_norm(params, dtype=torch.float64))
+            cap = self.config.max_update_norm_ratio * max(params_norm, _MIN_PARAMS_NORM)
+            check_handover(merge, applied, norm_cap=cap, window=self.learner_floor.window)
+            staged.load_state_dict(merge)  # the formats; raises before anything changed
+        book = EquivocationBook()
+        proofs = state.get("equivocation")
+        if isinstance(proofs, dict):
+            proofs = {**proofs, "settled": settled_in(proofs.get("settled"), applied)}
+            book.load_state_dict(proofs, self.fingerprint)
+        with self.replica.lock:
+            self.replica.load_state_dict(state)  # validates before it changes anything
+            if merge is not None:
+                self.load_state_dict(staged.state_dict())
+            self.equivocation = book
 
     def check_header(self, signed: SignedHeader) -> str | None:
         """The rejection reason a header alone earns, or None; usable before fetching a payload.

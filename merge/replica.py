@@ -297,7 +297,7 @@ class Replica:
         outer = state.get("outer")
         if not isinstance(outer, Mapping):
             raise ValueError("replica state lacks the outer optimizer state.")
-        applied = _parse_applied(state.get("applied"))
+        applied = parse_applied(state.get("applied"))
         num_applied = state.get("num_applied")
         if type(num_applied) is not int or num_applied != sum(map(len, applied.values())):
             raise ValueError("replica state num_applied does not match its applied set.")
@@ -350,7 +350,8 @@ def _tensor_version(tensor: torch.Tensor) -> int | None:
         return None
 
 
-def _parse_applied(applied: object) -> dict[str, set[int]]:
+def parse_applied(applied: object) -> dict[str, set[int]]:
+    """A state_dict's applied set, checked (ValueError): authors to distinct seqs >= 0."""
     if not isinstance(applied, Mapping):
         raise ValueError("replica state 'applied' must map authors to lists of seqs.")
     parsed: dict[str, set[int]] = {}

@@ -82,6 +82,10 @@ class RobustFilter:
         self.config = config
         self._norms: deque[float] = deque(maxlen=config.window)
 
+    def __len__(self) -> int:
+        """Norms in the window."""
+        return len(self._norms)
+
     def judge(
         self,
         pseudo_gradient: torch.Tensor,

@@ -370,6 +370,7 @@ class Node:
                 seconds=round(stats.seconds, 3),
                 mb_per_s=round(stats.mb_per_s, 2),
                 unannounced=stats.unannounced,
+                **self.pipeline.window_sizes(),  # what it took over to judge updates by
             )
         # A node that rejoins with the same identity continues its seq numbers.
         self.seq = max(

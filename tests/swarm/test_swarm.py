@@ -95,6 +95,9 @@ def test_three_nodes_train_together_and_survive_the_bootstrap_dying(launch: Laun
     newcomer = launch(*RUN, "--peers", b.maddrs[0], name="node3")
     downloaded = newcomer.wait_for_event("state_downloaded", START_S)
     assert downloaded["num_applied"] > 0 and downloaded["megabytes"] > 1
+    # It judges and sizes the next updates by its donor's windows, not empty ones.
+    assert 0 < downloaded["floor_updates"] <= downloaded["num_applied"]
+    assert downloaded["robust_norms"] > 0
     first_own = wait_merged(newcomer, newcomer.peer_id)
     for old in (b, c):
         merged = wait_merged(old, newcomer.peer_id, after_seq=first_own["seq"] - 1)

@@ -1,0 +1,100 @@
+"""What a newcomer takes over from its donor besides the replica: the merge state, checked.
+
+A state transfer carried the replica alone (params, outer state, applied set). The newcomer
+then judged the next updates with empty robust windows and sized them with an empty learner
+floor while its donor used full ones: bench.scale at N = 8 kept about one update id per run
+that some replicas clipped as a norm outlier and others did not, so replicas with one applied
+set stayed apart. The donor now sends what its pipeline decides by (robust windows, learner
+floor, proofs of equivocation) taken with the replica at one moment, and the newcomer decides
+as its donor would.
+
+The donor is untrusted. Its params and applied set were checked against the live peers
+(dht.state_check) before any of this is read, but no peer signs its windows, so they are held
+to what the applied set and the norm cap allow:
+
+- learner floor: every entry names an author of the applied set, no author more often than
+  it has applied updates, at most `window` entries, claims integers >= 1 (merge.learners
+  validates the format);
+- robust windows: finite norms >= 0, none above twice the norm cap of the donor's own params
+  (the pipeline refuses any update above the cap, so no applied update was recorded there;
+  twice: the params' norm moved since the oldest entries were recorded);
+- proofs of equivocation: each checked (two valid signatures of this run, conflicting
+  payloads); an id counts as settled only if the donor applied it.
+
+What a corroborated donor can still lie about is bounded: false norms inside the cap loosen or
+tighten the newcomer's relative bound until half the window is its own applied updates (16 of
+32 by default; the absolute cap holds throughout), and false claims move the floor no further
+than the applied set's author count. A newcomer without the handover had no relative bound at
+all for its first `warmup` updates and no floor for a window's worth.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from collections.abc import Mapping, Set
+
+NORM_CAP_SLACK = 2.0
+"""Recorded norms may exceed the cap of the donor's params by this factor (the params' norm
+moved since the oldest were recorded); no further."""
+
+
+class HandoverError(ValueError):
+    """A donor's merge state that its replica does not allow."""
+
+
+def check_handover(
+    merge: object,
+    applied: Mapping[str, Set[int]],
+    *,
+    norm_cap: float,
+    window: int,
+) -> None:
+    """Raises HandoverError unless `merge` (a pipeline's state_dict, from a donor) fits the
+    replica it came with: `applied` its applied set, `norm_cap` the largest norm the pipeline
+    accepts against its params. Checks what the formats' own loaders cannot know."""
+    if not isinstance(merge, Mapping):
+        raise HandoverError("a donor's merge state must be a mapping.")
+    floor = merge.get("learner_floor")
+    recent = floor.get("recent") if isinstance(floor, Mapping) else None
+    if not isinstance(recent, list):
+        raise HandoverError("a donor's learner floor must list its recent updates.")
+    if len(recent) > window:
+        raise HandoverError(f"a donor's learner floor holds {len(recent)} > {window} updates.")
+    counts: collections.Counter[str] = collections.Counter()
+    for entry in recent:
+        author = entry[0] if isinstance(entry, list | tuple) and entry else None
+        if not isinstance(author, str) or author not in applied:
+            raise HandoverError("a donor's learner floor names an author it never applied.")
+        counts[author] += 1
+        if counts[author] > len(applied[author]):
+            raise HandoverError(f"a donor's learner floor holds more updates of {author} "
+                                "than it applied.")  # fmt: skip
+    robust = merge.get("robust")
+    if not isinstance(robust, list):
+        raise HandoverError("a donor's robust windows must be a list.")
+    bound = NORM_CAP_SLACK * norm_cap
+    for state in robust:
+        norms = state.get("norms") if isinstance(state, Mapping) else None
+        if not isinstance(norms, list) or not all(
+            isinstance(n, float) and math.isfinite(n) and 0 <= n <= bound for n in norms
+        ):
+            raise HandoverError(
+                f"a donor's robust window holds a norm that is not finite in [0, {bound:.4g}]."
+            )
+
+
+def settled_in(settled: object, applied: Mapping[str, Set[int]]) -> list[list[object]]:
+    """The settled ids of a donor's equivocation state that its applied set holds (an id is
+    settled only once this replica applied it or recorded it as contributing nothing)."""
+    if not isinstance(settled, list):
+        return []
+    return [
+        [entry[0], entry[1]]
+        for entry in settled
+        if isinstance(entry, list | tuple)
+        and len(entry) == 2
+        and isinstance(entry[0], str)
+        and type(entry[1]) is int
+        and entry[1] in applied.get(entry[0], ())
+    ]
