@@ -284,7 +284,9 @@ class Adversary:
     async def stream_state(self, writer: Any) -> int:
         if not self.poison or self._poisoned is None:
             return await self._original_stream_state(writer)
-        num_bytes = await send_state(writer, self._poisoned)
+        num_bytes = await send_state(  # sealed with its own key: the seal checks out
+            writer, self._poisoned, self.net.identity, self.swarm.config.fingerprint
+        )
         self.poisons_served += 1
         return num_bytes
 

@@ -9,6 +9,9 @@ of the class over the clean run's at the same round, and their peak RSS so far. 
 is JSON: {"rows": [...], "clean_val_loss": ..., ...}.
 
 With --separate each class gets its own attacked run (cleaner attribution, ~1 min a class).
+The attacked runs go first: when the poisoner's class brings a newcomer in, the clean run it is
+compared with gets one at the same round of honest0 (they compare the same learners; only the
+pair that trains the whole run is compared).
 Target: the honest nodes keep training, count every rejection with its reason, and end within
 5 % of the clean run's validation loss.
 """
@@ -41,6 +44,7 @@ RUN = ["--model", "tiny", "--threads", "1", "--inner-steps", "5", "--eval-batche
        "--heartbeat-period", "1", "--gap-wait", "10", "--seed", "0"]  # fmt: skip
 MAX_OPEN_FILES = 1024
 START_S = 180.0
+NEWCOMER = ("newcomer", "--max-rounds", "3")
 LOSS_TOLERANCE = 0.05
 
 
@@ -102,6 +106,13 @@ class RunResult:
     rss: RssSampler
     attacks: list[dict[str, Any]] = field(default_factory=list)
     crashed: list[str] = field(default_factory=list)
+    newcomer_round: int | None = None
+    """honest0's last round when the newcomer was launched (None: no newcomer)."""
+
+    @property
+    def pair(self) -> list[ChildProcess]:
+        """The two nodes that train the whole run (the newcomer joins for a few rounds)."""
+        return [n for n in self.honest if n.name != "newcomer"]
 
     def val_curve(self, node: ChildProcess) -> dict[int, float]:
         return {e["round"]: e["val_loss"] for e in node.of("round_done") if e["val_loss"]}
@@ -119,7 +130,11 @@ def run_swarm(
     settle_s: float,
     pace_s: float,
     events_dir: Path | None = None,
+    newcomer_at_round: int | None = None,
 ) -> RunResult:
+    """One run of the honest pair, attacked by `attacks` (none: the clean run). A newcomer
+    joins when the poisoner serves its state, or (the clean run of an attacked run that had
+    one) when honest0 reaches `newcomer_at_round`: the clean run then has the same learners."""
     honest_args = [*RUN, "--max-rounds", str(rounds), "--linger", "900"]
     if pace_s > 0:  # the same pace in the clean and the attacked run: equal rounds, equal tokens
         honest_args += ["--emulated-step-s", str(pace_s)]
@@ -140,7 +155,15 @@ def run_swarm(
             first = launch("honest0")
             maddr = first.wait_listening(START_S)[0]
             launch("honest1", "--peers", maddr).wait_listening(START_S)
-            adversary = None
+            adversary, newcomer_round = None, None
+            if newcomer_at_round is not None:
+                first.wait_for(
+                    lambda e: e.get("event") == "round_done" and e["round"] >= newcomer_at_round,
+                    START_S + 10 * rounds,
+                    f"honest0 reaching round {newcomer_at_round}",
+                )
+                launch(*NEWCOMER, "--peers", maddr)
+                newcomer_round = newcomer_at_round
             if attacks:
                 adversary = ChildProcess(
                     "adversary",
@@ -153,11 +176,13 @@ def run_swarm(
                 )  # fmt: skip
                 children.append(adversary)
                 adversary.start()
-                _follow_adversary(adversary, launch, maddr, timeout_s=START_S + 60 * len(attacks))
+                newcomer_round = _follow_adversary(
+                    adversary, launch, first, maddr, timeout_s=START_S + 60 * len(attacks)
+                )
             for node in honest:
                 with contextlib.suppress(WaitError):  # a crashed node is reported, not raised
                     node.wait_event("lingering", START_S + 10 * rounds)
-            result = RunResult(honest, adversary, rss)
+            result = RunResult(honest, adversary, rss, newcomer_round=newcomer_round)
             result.crashed = [n.name for n in honest if not n.of("lingering")]
             if adversary is not None:
                 result.attacks = adversary.of("attack")
@@ -170,34 +195,36 @@ def run_swarm(
             save_events(children, events_dir / workdir.name)
 
 
-def _follow_adversary(adversary: ChildProcess, launch: Any, maddr: str, timeout_s: float) -> None:
-    """Until the adversary is done; a newcomer joins when it serves a poisoned state."""
-    newcomer = False
+def _follow_adversary(
+    adversary: ChildProcess, launch: Any, first: ChildProcess, maddr: str, timeout_s: float
+) -> int | None:
+    """Until the adversary is done; a newcomer joins when it serves a poisoned state. The
+    round honest0 had reached then (None: no newcomer)."""
+    newcomer_round: int | None = None
 
     def step(event: dict[str, Any]) -> bool:
-        nonlocal newcomer
-        if event.get("event") == "poison_ready" and not newcomer:
-            newcomer = True
-            launch("newcomer", "--peers", maddr, "--max-rounds", "3")
+        nonlocal newcomer_round
+        if event.get("event") == "poison_ready" and newcomer_round is None:
+            newcomer_round = max((e["round"] for e in first.of("round_done")), default=0)
+            launch(*NEWCOMER, "--peers", maddr)
         return event.get("event") == "done"
 
     try:
         adversary.wait_for(step, timeout_s, "the adversary finishing its attacks")
     except WaitError as exc:  # report the classes that ran; the rows show which did not
         print(f"adversary did not finish: {str(exc).splitlines()[0]}", file=sys.stderr)
+    return newcomer_round
 
 
 def rows_of(result: RunResult, clean: RunResult) -> list[dict[str, Any]]:
-    curves = [clean.val_curve(n) for n in clean.honest]
+    curves = [clean.val_curve(n) for n in clean.pair]
     rows = []
     for attack in result.attacks:
         ended = attack["ended_at"]
         ratios, advanced, peers = [], [], [0]  # peers alive as the honest rounds saw them
         learners: list[int] = []  # the M each honest update was sized by, where it was merged
         honest_ids = {n.peer_id for n in result.honest}
-        for i, node in enumerate(result.honest):
-            if node.name == "newcomer":
-                continue
+        for i, node in enumerate(result.pair):
             round_, val = result.at(node, ended)
             clean_val = curves[i].get(round_)
             if val is not None and clean_val:
@@ -258,8 +285,10 @@ def newcomer_outcome(result: RunResult) -> dict[str, Any]:
 
 
 def final_ratio(result: RunResult, clean: RunResult) -> float | None:
+    """The pair's worst ratio at the last round both runs reached (the newcomer trains a few
+    rounds of its own numbering: not compared)."""
     ratios = []
-    for node, base in zip(result.honest, clean.honest, strict=False):
+    for node, base in zip(result.pair, clean.pair, strict=True):
         mine, theirs = result.val_curve(node), clean.val_curve(base)
         common = sorted(set(mine) & set(theirs))
         if common:
@@ -309,18 +338,35 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="diloco-attack-") as tmp:
         work = Path(tmp)
         run = {"sybils": args.sybils, "settle_s": args.settle, "pace_s": args.pace}
-        clean = run_swarm(work / "clean", args.rounds, [], **run, events_dir=args.events_dir)
-        clean_val = [clean.val_curve(n).get(args.rounds) for n in clean.honest]
-        print(f"clean run: {args.rounds} rounds, final val loss {clean_val}", flush=True)
         groups = [[a] for a in attacks] if args.separate else [attacks]
+        # The attacked runs first: a clean run gets a newcomer at the round the attacked run's
+        # joined (poisoned_state), so both compare the same learners.
+        attacked_runs = [
+            run_swarm(work / f"attacked{i}", args.rounds, group, **run, events_dir=args.events_dir)
+            for i, group in enumerate(groups)
+        ]
+        cleans: dict[int | None, RunResult] = {}
+        for attacked in attacked_runs:
+            key = attacked.newcomer_round
+            if key not in cleans:
+                name = "clean" if key is None else f"clean-newcomer{key}"
+                cleans[key] = run_swarm(
+                    work / name, args.rounds, [], **run, events_dir=args.events_dir,
+                    newcomer_at_round=key,
+                )  # fmt: skip
+        clean_val: list[float | None] = []
+        for key, clean in cleans.items():
+            clean_val = [clean.val_curve(n).get(args.rounds) for n in clean.pair]
+            joined = "" if key is None else f", newcomer at round {key}"
+            print(
+                f"clean run{joined}: {args.rounds} rounds, final val loss {clean_val}", flush=True
+            )
         rows: list[dict[str, Any]] = []
         crashed: list[str] = []
         ratios: list[float | None] = []
         attacked_val: list[list[float | None]] = []
-        for i, group in enumerate(groups):
-            attacked = run_swarm(
-                work / f"attacked{i}", args.rounds, group, **run, events_dir=args.events_dir
-            )
+        for i, attacked in enumerate(attacked_runs):
+            clean = cleans[attacked.newcomer_round]
             group_rows = rows_of(attacked, clean)
             if args.separate:
                 for row in group_rows:
@@ -330,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
             rows += group_rows
             crashed += attacked.crashed
             ratios.append(final_ratio(attacked, clean))
-            attacked_val.append([attacked.val_curve(n).get(args.rounds) for n in attacked.honest])
+            attacked_val.append([attacked.val_curve(n).get(args.rounds) for n in attacked.pair])
+            clean_val = [clean.val_curve(n).get(args.rounds) for n in clean.pair]
             print(
                 f"attacked run {i}: final val loss {attacked_val[-1]} (clean {clean_val}), "
                 f"ratio {ratios[-1]}",
@@ -343,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {
         "rows": rows,
         "clean_val_loss": clean_val,
+        "newcomer_rounds": [r.newcomer_round for r in attacked_runs],
         "attacked_val_loss": attacked_val,
         "final_loss_ratio": max(known) if known else None,
         "within_tolerance": bool(known) and max(known) <= 1 + LOSS_TOLERANCE,

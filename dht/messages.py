@@ -1,4 +1,5 @@
-"""Strict parsers for what peers send besides heartbeats: headers, DHT records, state manifests.
+"""Strict parsers for what peers send besides heartbeats: headers, DHT records, state manifests
+and seals.
 
 Everything a peer hands this node (a notify stream, a DHT announcement, a holder or run
 record, the manifest at the head of a state stream) goes through one of these functions
@@ -16,7 +17,14 @@ from typing import Annotated, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dht.records import owner_subkey, subkey_owner
-from merge.envelope import MAX_HEADER_JSON_BYTES, EnvelopeError, SignedHeader, verify_header
+from merge.envelope import (
+    MAX_HEADER_JSON_BYTES,
+    SIGNATURE_BYTES,
+    EnvelopeError,
+    SignedHeader,
+    verify_header,
+)
+from merge.identity import Identity, verify_signature
 
 MAX_SIGNED_HEADER_BYTES = 8 + MAX_HEADER_JSON_BYTES + 64
 MAX_SEQ = 2**53
@@ -205,6 +213,56 @@ def parse_state_manifest(raw: object, *, max_state_bytes: int) -> StateManifest:
     if manifest.num_bytes > max_state_bytes:
         raise MessageError("too_large", f"state of {manifest.num_bytes} bytes exceeds the cap")
     return manifest
+
+
+# ---- state seals --------------------------------------------------------------------------------
+
+SEAL_MAGIC = b"DLS1"
+SEAL_DOMAIN = b"diloco-node state seal\n"
+"""Prefixed to what a seal's signature covers: no other signed message of this key (headers,
+heartbeats) can pass for a seal."""
+MAX_SEAL_BYTES = 4096
+
+
+class StateSeal(_Strict):
+    """The donor's signature over the state it just streamed, sent after the last tensor: the
+    BLAKE3 of the manifest's bytes and every tensor byte as sent, and the applied set they
+    hold. A state whose bytes do not hash to it, or a seal its donor did not sign, is refused;
+    a signed seal over a bad state is the donor's own evidence against itself."""
+
+    fingerprint: Hex64
+    donor: PeerId
+    num_bytes: Annotated[int, Field(ge=0)]
+    state_blake3: Hex64
+    num_applied: Annotated[int, Field(ge=0)]
+    applied_digest: Hex64
+
+    def sign(self, identity: Identity) -> bytes:
+        if identity.peer_id != self.donor:
+            raise ValueError("a state seal must be signed by its donor")
+        raw = json.dumps(self.model_dump(), sort_keys=True, separators=(",", ":")).encode()
+        return SEAL_MAGIC + raw + identity.sign(SEAL_DOMAIN + raw)
+
+
+def parse_state_seal(blob: object, *, donor: str) -> StateSeal:
+    """A seal as received from `donor`; MessageError unless `donor` signed it."""
+    if not isinstance(blob, bytes):
+        raise MessageError("malformed", "a state seal is bytes")
+    if len(blob) > MAX_SEAL_BYTES:
+        raise MessageError("too_large", f"state seal of {len(blob)} bytes")
+    if len(blob) < len(SEAL_MAGIC) + SIGNATURE_BYTES or not blob.startswith(SEAL_MAGIC):
+        raise MessageError("malformed", "not a state seal")
+    raw, signature = blob[len(SEAL_MAGIC) : -SIGNATURE_BYTES], blob[-SIGNATURE_BYTES:]
+    if not verify_signature(donor, SEAL_DOMAIN + raw, signature):
+        raise MessageError("bad_signature", "the state seal is not signed by its donor")
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise MessageError("malformed", "the state seal is not JSON") from None
+    seal = _validated(StateSeal, data)
+    if seal.donor != donor:
+        raise MessageError("wrong_author", "the state seal names another donor")
+    return seal
 
 
 def _validated(model: type[M], data: object) -> M:

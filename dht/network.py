@@ -144,7 +144,8 @@ class SwarmNetwork:
         """Records this node's DHT member refused (shared with its forked process)."""
         self._refusals_seen: dict[str, int] = {}
         self.peer_id = identity.peer_id
-        self._identity = identity
+        self.identity = identity
+        """This node's key: it signs heartbeats, records and the states it serves."""
         self.visible_maddrs: list[str] = []
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="swarm", daemon=True)
@@ -183,7 +184,7 @@ class SwarmNetwork:
                 shutdown_timeout=3,
                 wait_timeout=self.dht_wait_timeout_s,  # per request to one DHT member
                 # [owner:PEER_ID] subkeys (heartbeats) only their owner can write
-                record_validators=[OwnerValidator(self._identity, self.dht_refusals)],
+                record_validators=[OwnerValidator(self.identity, self.dht_refusals)],
             )
         finally:
             signal.signal(signal.SIGTERM, previous)

@@ -12,31 +12,47 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
+import blake3
+
 from dht.budget import StreamLimits
 from dht.heartbeat import Heartbeat
 from dht.membership import Membership
+from dht.messages import (
+    MAX_SEAL_BYTES,
+    MAX_STATE_META_BYTES,
+    StateSeal,
+    parse_state_manifest,
+    parse_state_seal,
+)
 from dht.network import (
     MIN_LINK_BYTES_PER_S,
     REQUEST_READ_TIMEOUT_S,
     Rejections,
     SwarmNetwork,
 )
-from dht.state_check import StateCheckError, StateVerdict, check_donor_state, rank_donors
+from dht.state_check import (
+    StateCheckError,
+    StateVerdict,
+    applied_digest,
+    check_donor_state,
+    rank_donors,
+)
 from dht.tensor_stream import (
+    DTYPES,
+    TensorSpec,
     join_tensors,
-    parse_spec,
     receive_tensor,
     send_tensor,
     split_tensors,
     tensor_spec,
 )
 from dht.transport import TransportError, encode_request, receive_blob, send_blob, send_refusal
+from merge.identity import Identity
 from merge.pipeline import UpdatePipeline
 from merge.sketch import ReplicaSketch, StateSketch
 
 logger = logging.getLogger(__name__)
 BUSY = "busy serving other newcomers"
-MAX_META_BYTES = 64 << 20
 STATE_RATE_PER_S = 0.1
 """State downloads a peer may start per second (an honest newcomer asks once)."""
 STATE_BURST = 3.0
@@ -120,7 +136,7 @@ class StateTransfer:
         serialized as a whole.
         """
         state = await asyncio.get_running_loop().run_in_executor(None, self.pipeline.transfer_state)
-        return await send_state(writer, state)
+        return await send_state(writer, state, self.network.identity, self.config.fingerprint)
 
     async def download(self) -> TransferStats | None:
         """Replace the replica with the most advanced live peer's, if any peer is ahead."""
@@ -150,7 +166,7 @@ class StateTransfer:
         and the whole transfer after its deadline; the stream is closed however it ends."""
         started = time.perf_counter()
         async with asyncio.timeout(self._transfer_timeout_s):
-            state, total = await self._receive_state(peer_id)
+            state, total = await self._receive_state(peer_id)  # sealed by the donor, checked
         verdict = await self._check_state(state, peer_id)
         await asyncio.get_running_loop().run_in_executor(
             self._merge_pool, self.pipeline.adopt, state
@@ -177,40 +193,102 @@ class StateTransfer:
         )
 
     async def _receive_state(self, peer_id: str) -> tuple[dict[str, Any], int]:
-        timeout = REQUEST_READ_TIMEOUT_S
         reader, writer = await self.network.open_stream(peer_id, "state")
         try:
-            await send_blob(writer, encode_request(version=2))
-            head = await receive_blob(reader, max_bytes=MAX_META_BYTES, stall_timeout_s=timeout)
-            meta = json.loads(head)
-            if not isinstance(meta, dict) or not isinstance(meta.get("tensors"), list):
-                raise ValueError("malformed state header")
-            specs = [parse_spec(spec) for spec in meta["tensors"]]
-            total = sum(spec.nbytes for spec in specs)
-            if total > self.config.max_state_bytes:
-                raise TransportError(f"state of {total} bytes exceeds the cap")
-            tensors = [await receive_tensor(reader, spec, read_timeout_s=timeout) for spec in specs]
+            await send_blob(writer, encode_request(version=3))
+            return await receive_state(
+                reader,
+                peer_id,
+                fingerprint=self.config.fingerprint,
+                max_state_bytes=self.config.max_state_bytes,
+            )
         finally:
             writer.close()
-        state = join_tensors(meta.get("tree"), tensors)
-        if not isinstance(state, dict):
-            raise ValueError("malformed state")
-        return state, total
 
     def _donors(self) -> list[Heartbeat]:
         """Peers ahead of us that serve state, corroborated first (dht.state_check.rank_donors)."""
         return rank_donors(self.membership.alive_peers(), self.replica.num_applied)
 
 
-async def send_state(writer: Any, state: dict[str, Any]) -> int:
-    """`state` as a JSON tree followed by its tensors' raw bytes, chunk by chunk; bytes sent."""
+async def send_state(
+    writer: Any, state: dict[str, Any], identity: Identity, fingerprint: str
+) -> int:
+    """`state` (a replica's state_dict, with more) as a JSON tree followed by its tensors'
+    raw bytes, chunk by chunk, then `identity`'s seal over those bytes and the applied set
+    they hold (dht.messages.StateSeal); bytes sent."""
     tree, tensors = split_tensors(state)
     meta = json.dumps({"tree": tree, "tensors": [tensor_spec(t) for t in tensors]}).encode()
+    hasher = blake3.blake3(meta)
     await send_blob(writer, meta)
     num_bytes = len(meta)
     for tensor in tensors:
-        num_bytes += await send_tensor(writer, tensor)
-    return num_bytes
+        num_bytes += await send_tensor(writer, tensor, hasher)
+    seal = StateSeal(
+        fingerprint=fingerprint, donor=identity.peer_id, num_bytes=num_bytes,
+        state_blake3=hasher.hexdigest(), num_applied=state["num_applied"],
+        applied_digest=applied_digest(state["applied"]),
+    ).sign(identity)  # fmt: skip
+    await send_blob(writer, seal)
+    return num_bytes + len(seal)
+
+
+async def receive_state(
+    reader: Any,
+    donor: str,
+    *,
+    fingerprint: str,
+    max_state_bytes: int,
+    read_timeout_s: float = REQUEST_READ_TIMEOUT_S,
+) -> tuple[dict[str, Any], int]:
+    """What send_state sent, and its size: the manifest parsed strictly (dht.messages) before
+    a tensor is allocated, every byte hashed as it arrives, and the seal checked (signed by
+    `donor`, over those bytes and the applied set they hold). MessageError or
+    StateCheckError for a state to refuse, TransportError or TimeoutError for a stream that
+    failed."""
+    head = await receive_blob(
+        reader, max_bytes=MAX_STATE_META_BYTES, stall_timeout_s=read_timeout_s
+    )
+    manifest = parse_state_manifest(head, max_state_bytes=max_state_bytes)
+    hasher = blake3.blake3(head)
+    tensors = [
+        await receive_tensor(
+            reader,
+            TensorSpec(DTYPES[t.dtype], tuple(t.shape)),
+            read_timeout_s=read_timeout_s,
+            hasher=hasher,
+        )  # fmt: skip
+        for t in manifest.tensors
+    ]
+    try:
+        blob = await receive_blob(reader, max_bytes=MAX_SEAL_BYTES, stall_timeout_s=read_timeout_s)
+    except TransportError as exc:
+        raise StateCheckError(f"the state came without its donor's seal ({exc})") from None
+    seal = parse_state_seal(blob, donor=donor)
+    state = join_tensors(manifest.tree, tensors)
+    if not isinstance(state, dict):
+        raise StateCheckError("the state is not a mapping")
+    total = len(head) + manifest.num_bytes
+    check_seal(seal, state, fingerprint, total, hasher.hexdigest())
+    return state, total
+
+
+def check_seal(
+    seal: StateSeal, state: Mapping[str, Any], fingerprint: str, num_bytes: int, blake3_hex: str
+) -> None:
+    """StateCheckError unless the donor's seal covers the bytes received (`num_bytes`, their
+    BLAKE3 `blake3_hex`) and the applied set the state holds, in this run."""
+    if seal.fingerprint != fingerprint:
+        raise StateCheckError("the state is sealed for another run")
+    if (seal.num_bytes, seal.state_blake3) != (num_bytes, blake3_hex):
+        raise StateCheckError("the state's bytes do not hash to what its donor sealed")
+    applied = state.get("applied")
+    if not isinstance(applied, Mapping) or not all(
+        isinstance(seqs, list) for seqs in applied.values()
+    ):
+        raise StateCheckError("the state lacks its applied set")
+    sealed = (seal.num_applied, seal.applied_digest)
+    if sealed != (state.get("num_applied"), applied_digest(applied)):
+        raise StateCheckError("the state's applied set is not the one its donor sealed")
 
 
 async def check_with_fresh_heartbeats(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -84,21 +84,36 @@ def parse_spec(spec: object) -> TensorSpec:
     return TensorSpec(DTYPES[spec["dtype"]], tuple(shape))
 
 
-async def send_tensor(writer: asyncio.StreamWriter, tensor: torch.Tensor) -> int:
-    """Write the tensor's bytes (CPU, contiguous) in chunks; the number of bytes written."""
+class Hasher(Protocol):
+    def update(self, data: memoryview | bytes, /) -> object: ...
+
+
+async def send_tensor(
+    writer: asyncio.StreamWriter, tensor: torch.Tensor, hasher: Hasher | None = None
+) -> int:
+    """Write the tensor's bytes (CPU, contiguous) in chunks, each into `hasher` too; the
+    number of bytes written."""
     raw = tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy()
     view = raw.data.cast("B")
     for offset in range(0, len(view), CHUNK_BYTES):
-        writer.write(view[offset : offset + CHUNK_BYTES])
+        chunk = view[offset : offset + CHUNK_BYTES]
+        if hasher is not None:
+            hasher.update(chunk)
+        writer.write(chunk)
         await writer.drain()
     return len(view)
 
 
 async def receive_tensor(
-    reader: asyncio.StreamReader, spec: TensorSpec, *, read_timeout_s: float
+    reader: asyncio.StreamReader,
+    spec: TensorSpec,
+    *,
+    read_timeout_s: float,
+    hasher: Hasher | None = None,
 ) -> torch.Tensor:
-    """Read exactly spec.nbytes into a fresh tensor of that dtype and shape, chunk by chunk;
-    TimeoutError when no byte arrived for `read_timeout_s` (a slow link is fine)."""
+    """Read exactly spec.nbytes into a fresh tensor of that dtype and shape, chunk by chunk
+    (each into `hasher` too); TimeoutError when no byte arrived for `read_timeout_s` (a slow
+    link is fine)."""
     buffer = torch.empty(spec.nbytes, dtype=torch.uint8)
     target = buffer.numpy().data.cast("B")
     offset = 0
@@ -109,6 +124,8 @@ async def receive_tensor(
             if not chunk:
                 raise asyncio.IncompleteReadError(b"", spec.nbytes - offset)
             target[offset : offset + len(chunk)] = chunk
+            if hasher is not None:
+                hasher.update(chunk)
             offset += len(chunk)
     except asyncio.IncompleteReadError as exc:
         raise TransportError("peer closed the state stream early") from exc
