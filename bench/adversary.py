@@ -119,7 +119,7 @@ class Adversary:
         self._seq = 0
         self._original_stream_state = self.swarm.transfer._stream_state
         # Hooks on the real parts (registered as stream handlers when the swarm starts).
-        self.swarm.gossip.rpc_update = self.rpc_update  # type: ignore[method-assign]
+        self.swarm.gossip.rpc_update = self.rpc_update  # type: ignore[method-assign,assignment]
         self.swarm.transfer._stream_state = self.stream_state  # type: ignore[method-assign]
         self.swarm.membership._heartbeat_fn = self.heartbeat
 
@@ -208,7 +208,7 @@ class Adversary:
 
         return sum(not isinstance(r, BaseException) for r in self.call(push()))
 
-    def offer(self, update: SignedUpdate, per_peer: dict[str, bytes] | None = None) -> int:
+    def offer(self, update: SignedUpdate, per_peer: dict[str | None, bytes] | None = None) -> int:
         """Serve `update` (or another payload per peer) and notify every honest node of it."""
         self.served[update.header.update_id] = {None: update.to_bytes(), **(per_peer or {})}
         return self.notify([h.peer_id for h in self.honest()], update.signed_header.to_bytes())
@@ -384,7 +384,9 @@ class Adversary:
         a = self.seal(self.benign(0.5), seq=seq)
         b = self.seal(self.benign(0.25), seq=seq)
         variants = [a, b]
-        per_peer = {p: variants[i % 2].to_bytes() for i, p in enumerate(honest)}
+        per_peer: dict[str | None, bytes] = {
+            p: variants[i % 2].to_bytes() for i, p in enumerate(honest)
+        }
         self.served[a.header.update_id] = {None: a.to_bytes(), **per_peer}
         sent = 0
         for i, peer in enumerate(honest):
