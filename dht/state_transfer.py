@@ -256,7 +256,7 @@ async def receive_state(
             TensorSpec(DTYPES[t.dtype], tuple(t.shape)),
             read_timeout_s=read_timeout_s,
             hasher=hasher,
-        )  # fmt: skip
+        )
         for t in manifest.tensors
     ]
     try:
