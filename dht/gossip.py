@@ -14,6 +14,7 @@ from typing import Any
 
 from dht.budget import StreamLimits
 from dht.catchup import CatchUp, CatchUpConfig, Fetch, parse_ranges, to_ranges
+from dht.deferred import DeferredNotifies
 from dht.heartbeat import Heartbeat
 from dht.membership import Membership, SeenSet
 from dht.messages import (
@@ -110,6 +111,8 @@ class Gossip:
         self._looked_up: dict[str, int] = {}
         self._wake: asyncio.Event | None = None
         self._bad_records = SeenSet(4096)
+        self._deferred = DeferredNotifies()
+        """Pushed headers of peers whose heartbeat is not read yet (dht.deferred)."""
 
     def _catchup_config(self) -> CatchUpConfig:
         period = self.config.heartbeat_period_s
@@ -143,10 +146,18 @@ class Gossip:
         self.network.spawn(self._pump())
 
     def on_heartbeats(self, heartbeats: list[Heartbeat], own_digest: str) -> None:
-        """Look up announcements of authors ahead of us; compare notes with peers whose
-        applied set differs from ours (`own_digest`, computed off the loop by the caller)."""
+        """Settle the pushes held for unknown peers; look up announcements of authors ahead
+        of us; compare notes with peers whose applied set differs from ours (`own_digest`,
+        computed off the loop by the caller)."""
         if not self.active:
             return
+        read_started = self.membership.last_read_started
+        if read_started is not None and len(self._deferred):
+            settled = self._deferred.after_read(read_started, self.membership.is_alive)
+            for sender in settled.refused:
+                self._reject_unknown(sender)
+            for signed in settled.accepted:
+                self._on_header(signed)
         started = 0
         # Contributors first: a flood of fresh keys claiming seqs waits behind them, and costs
         # at most MAX_LOOKUPS_PER_POLL DHT reads a poll (the rest are looked up later).
@@ -165,6 +176,9 @@ class Gossip:
         for peer_id in self.catchup.summary_peers(now, own_digest, digests, contributed):
             self.network.spawn(self._exchange_summaries(peer_id))
         self._kick()
+
+    def _reject_unknown(self, sender: str) -> None:
+        self._reject("notify_unknown_peer", sender, "no live heartbeat", update=False)
 
     def forget_peer(self, peer_id: str) -> None:
         """`peer_id` left: release what was kept for it (its applied updates stay applied)."""
@@ -539,7 +553,10 @@ class Gossip:
             if author == self.peer_id or not self.active:
                 return
             if not (self.membership.is_alive(sender) and self.membership.is_alive(author)):
-                self._reject("notify_unknown_peer", sender, "no live heartbeat", update=False)
+                # Held until the next reads (dht.deferred): a peer that just joined pushes
+                # before this node has read its heartbeat.
+                for evicted in self._deferred.hold(sender, signed, time.time()):
+                    self._reject_unknown(evicted)
                 return
             self._on_header(signed)
         except MessageError as exc:  # counted against who sent it, not whom it names

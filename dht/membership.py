@@ -64,6 +64,8 @@ class Membership:
         """Called with a peer's id when it stops sending heartbeats (its state is released)."""
         self._reading_since: float | None = None
         """When the read in flight started (None: no read in flight)."""
+        self.last_read_started: float | None = None
+        """When the last read that returned had started (None: none returned yet)."""
 
     def judged_at(self) -> float:
         """The time liveness is judged at: the start of the read in flight, if any, else now.
@@ -127,6 +129,7 @@ class Membership:
         finally:
             if self._reading_since == started:
                 self._reading_since = None
+        self.last_read_started = max(started, self.last_read_started or started)
         now = time.time()
         seen: list[Heartbeat] = []
         for subkey, blob in records.items():
