@@ -103,7 +103,9 @@ class QualityConfig:
     concurrent: bool = False
     """--hetero: run async and async_uncorrected at the same time (2 x the learners), so both
     see the same machine load: on a shared machine, one after the other, a paced step that
-    the load outruns costs one run tokens the other keeps."""
+    the load outruns costs one run tokens the other keeps. With fewer cores than learners the
+    fast learners are CPU-bound and the speed ratios shrink (2 cores, 1,2,4: rounds per node
+    24 / 20 / 12 instead of 48 / 24 / 12): check `rounds_per_node`."""
     pace: float = 2.0
     """--hetero: every learner's step lasts factor x pace x the calibrated step time (slept
     out), so runs get equal compute on a shared machine; 0 sleeps factor-1 x each measured
