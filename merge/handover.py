@@ -68,8 +68,9 @@ def check_handover(
             raise HandoverError("a donor's learner floor names an author it never applied.")
         counts[author] += 1
         if counts[author] > len(applied[author]):
-            raise HandoverError(f"a donor's learner floor holds more updates of {author} "
-                                "than it applied.")  # fmt: skip
+            raise HandoverError(
+                f"a donor's learner floor holds more updates of {author} than it applied."
+            )
     robust = merge.get("robust")
     if not isinstance(robust, list):
         raise HandoverError("a donor's robust windows must be a list.")
