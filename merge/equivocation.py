@@ -202,8 +202,8 @@ class EquivocationBook:
         proofs, settled = state.get("proofs"), state.get("settled")
         for blob in (proofs if isinstance(proofs, list) else [])[-MAX_PROOFS:]:
             try:  # hex: a state transfer's JSON tree (merge.pipeline.transfer_state)
-                proof = Proof.from_bytes(bytes.fromhex(blob) if isinstance(blob, str) else blob,
-                                         fingerprint)  # fmt: skip
+                raw = bytes.fromhex(blob) if isinstance(blob, str) else blob
+                proof = Proof.from_bytes(raw, fingerprint)
             except (ProofError, ValueError):
                 continue
             self._proofs[proof.update_id] = proof

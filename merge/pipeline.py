@@ -210,11 +210,12 @@ class UpdatePipeline:
             raise ValueError("replica state must hold float params.")
         applied = parse_applied(state.get("applied"))
         merge = state.get("merge")
-        staged = UpdatePipeline(self.replica, self.config, self.fingerprint)
         if merge is not None:
             params_norm = float(torch.linalg.vector_norm(params, dtype=torch.float64))
             cap = self.config.max_update_norm_ratio * max(params_norm, _MIN_PARAMS_NORM)
+            # On the state as sent: the floor's loader would cut an overlong window silently.
             check_handover(merge, applied, norm_cap=cap, window=self.learner_floor.window)
+            staged = UpdatePipeline(self.replica, self.config, self.fingerprint)
             staged.load_state_dict(merge)  # the formats; raises before anything changed
         book = EquivocationBook()
         proofs = state.get("equivocation")
