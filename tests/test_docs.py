@@ -123,6 +123,18 @@ def test_the_readme_is_a_page_a_newcomer_reads_to_the_end() -> None:
     assert "## Which package does what" in text
 
 
+def _table_rows(text: str, heading: str) -> list[str]:
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return [line for line in section.splitlines() if line.startswith("|")]
+
+
+@pytest.mark.parametrize("heading", ["Layout", "Which package does what"])
+def test_the_site_shows_the_readmes_layout_and_packages(heading: str) -> None:
+    readme = _table_rows(README.read_text(), heading)
+    assert len(readme) > 2
+    assert readme == _table_rows((DOCS / "layout.md").read_text(), heading)
+
+
 @pytest.mark.parametrize("page", _markdown_files(), ids=lambda p: p.relative_to(REPO).as_posix())
 def test_relative_links_point_at_files_and_headings_that_exist(page: Path) -> None:
     text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
