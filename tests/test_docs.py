@@ -108,13 +108,14 @@ def test_the_docs_site_builds_strict_without_the_network(tmp_path: Path) -> None
     assert not remote, f"pages that load assets from the network: {remote}"
 
 
-def test_ci_runs_the_readme_test_command_and_the_readme_shows_the_main_job() -> None:
-    commands = list(_bash_lines(README.read_text()))
+@pytest.mark.parametrize("page", [README, DOCS / "index.md"], ids=["README.md", "docs/index.md"])
+def test_ci_runs_the_test_command_shown_and_the_main_job_is_shown(page: Path) -> None:
+    commands = list(_bash_lines(page.read_text()))
     ci_lines = (REPO / ".ci" / "run").read_text().splitlines()
     ci_tests = [line.strip() for line in ci_lines if "pytest" in line and "#" not in line]
     assert ci_tests, ".ci/run runs no pytest"
     for ci in ci_tests:
-        assert ci in commands, f".ci/run runs {ci!r}, which the README does not show"
+        assert ci in commands, f".ci/run runs {ci!r}, which {page.name} does not show"
     assert MAIN_JOB in commands
 
 
