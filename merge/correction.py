@@ -18,7 +18,7 @@ k_s (``strength``) and beta_max (``cap``) are the paper's shrinkage strength and
 of a block removed is beta_b * |c_b|, second order in the cosine: at k_s = 1, with block
 cosines of -0.1 to -0.3 and a confidence of 0.1 to 0.3 (an outer momentum a few times longer
 than one update), well under 1 % of a conflicting block goes, so k_s must be well above 1 for
-the correction to act at all (measured: see README, bench.quality --sizing fixed-h).
+the correction to act at all (measured: docs/bench-quality.md, bench.quality --sizing fixed-h).
 
 Staleness enters as in the paper: an update computed from the model the replica now holds
 (staleness 0) passes unchanged; every other one is judged against the momentum, whose

@@ -20,7 +20,7 @@ can judge an update near a threshold differently; were that a refusal, their app
 would differ for good (measured with bench.scale at N = 4 and 8 before this rule). As it is,
 they keep one applied set and differ at most by one clipped contribution, which the drift
 figure shows. Thresholds sit far from honest values (honest norms stay within ~2x of the
-median, honest cosines are positive: tests/unit/test_merge_robust.py and README).
+median, honest cosines are positive: tests/unit/test_merge_robust.py and docs/trust.md).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ The output is a Hugging Face model directory, config.json + model.safetensors, w
 - hf: models are saved by transformers itself (save_pretrained);
 - the built-in GPT is GPT-2 (pre-norm blocks, learned positions, exact GELU, tied
   embeddings), so it is written under GPT-2's parameter names, and also loads with plain
-  torch + safetensors (README: "Export" has a 20-line forward pass).
+  torch + safetensors (docs/export.md has a 20-line forward pass).
 diloco.json next to them records where the weights came from (run, round, merged updates).
 """
 

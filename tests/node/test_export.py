@@ -81,14 +81,14 @@ def test_transformers_loads_the_export_with_the_same_logits(
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_the_readme_loader_runs_the_builtin_export_with_plain_torch(
+def test_the_documented_loader_runs_the_builtin_export_with_plain_torch(
     tmp_path: Path, tiny_checkpoint: Path
 ) -> None:
     checkpoint_dir = tiny_checkpoint
     _export(checkpoint_dir, tmp_path / "out", "tiny")
-    readme = (REPO / "README.md").read_text()
-    match = re.search(r"<!-- export-loader -->\n```python\n(.*?)```", readme, re.S)
-    assert match, "README lost its export loader snippet"
+    page = (REPO / "docs" / "export.md").read_text()
+    match = re.search(r"<!-- export-loader -->\n```python\n(.*?)```", page, re.S)
+    assert match, "docs/export.md lost its export loader snippet"
     namespace: dict[str, Any] = {}
     exec(match.group(1), namespace)
     with torch.no_grad():
