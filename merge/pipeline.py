@@ -23,6 +23,7 @@ import torch
 
 from merge.codec_base import DecodesInto
 from merge.codecs import CODECS, CodecError, get_codec
+from merge.contribution import ContributionLedger
 from merge.correction import CorrectionConfig, correct
 from merge.envelope import (
     EnvelopeError,
@@ -145,6 +146,8 @@ class UpdatePipeline:
         """Permissioned runs: whether an author may contribute (None: anyone may)."""
         self.clock: Callable[[], float] = time.time
         self.learner_floor = LearnerFloor()
+        self.ledger = ContributionLedger(config.robust.budget)
+        """Each author's contribution budget and track record (merge.contribution)."""
         """A floor under each update's signed learner count, from the recent applied updates'
         authors and claims (merge.learners): a low claim cannot buy a whole outer step."""
         self.equivocation = EquivocationBook()
@@ -162,6 +165,7 @@ class UpdatePipeline:
             return {
                 "robust": [robust.state_dict() for robust in self._robust],
                 "learner_floor": self.learner_floor.state_dict(),
+                "ledger": self.ledger.state_dict(),
             }
 
     def load_state_dict(self, state: object) -> None:
@@ -174,8 +178,12 @@ class UpdatePipeline:
             raise ValueError(f"merge state must hold {len(self._robust)} robust filter states.")
         if not all(isinstance(r, dict) for r in robust):
             raise ValueError("merge state's robust filter states must be mappings.")
+        ledger = ContributionLedger(self.config.robust.budget)
+        if parts.get("ledger") is not None:  # checkpoints before budgets lack it: none earned
+            ledger.load_state_dict(parts["ledger"])
         with self.replica.lock:
             self.learner_floor.load_state_dict(parts.get("learner_floor"))
+            self.ledger = ledger
             for robust_filter, robust_state in zip(self._robust, robust, strict=True):
                 robust_filter.load_state_dict(robust_state)
 
@@ -296,7 +304,8 @@ class UpdatePipeline:
         header = signed.header
         with self.replica.lock:
             _raise_if(self._trust_reason(header) or self._novelty_reason(header))
-            learners = self.learner_floor.effective(header.author, learners_of(header))
+            author, established = header.author, self._credited()
+            learners = self.learner_floor.effective(author, learners_of(header), established)
             weight = self.weight_of(header, learners)
             _raise_if(self._norm_reason(update_norm))
             outer = self.replica.outer_for(header.fragment)  # a fragment's: its own momentum
@@ -309,17 +318,40 @@ class UpdatePipeline:
             norm = update_norm if unchanged else None
             direction = outer.momentum_parts()
             robust = self._robust[header.fragment or 0]
-            verdict = robust.judge(corrected.pseudo_gradient, direction, norm)
+            fresh = established is not None and not self.ledger.is_established(author)
+            verdict = robust.judge(
+                corrected.pseudo_gradient, direction, norm, voters=established, fresh=fresh
+            )
             # A robust verdict never refuses the id: replicas judge against their own recent
             # history, so a refusal on one and an acceptance on another would leave their
             # applied sets apart for good. The id is applied everywhere; what a verdict
-            # removes is the update's contribution (clipped to the bound, or zeroed).
+            # removes is the update's contribution (clipped, recentered or zeroed).
             weight *= self._robust_scale(header, verdict)
-            self.replica.apply(header, corrected.pseudo_gradient, weight, norm, learners=learners)
-            robust.record(verdict)  # a clipped update at its bound: the median follows
-            self.learner_floor.applied(header.author, learners_of(header))
+            allowance = self._allowance(header, learners)
+            weight *= allowance
+            clipped = robust.clipped(corrected.pseudo_gradient, direction, verdict)
+            norm = norm if clipped is corrected.pseudo_gradient else None
+            self.replica.apply(header, clipped, weight, norm, learners=learners)
+            robust.record(verdict, author)  # clamped into a band around the reference
+            self.ledger.applied(author, learners, allowance)
+            self.learner_floor.applied(author, learners_of(header))
             self.equivocation.first_seen(signed, weight, learners)
         return weight, corrected.blocks_corrected, verdict.reason, learners
+
+    def _credited(self) -> Callable[[str], bool] | None:
+        """Whose learner claims and robust votes count: the authors with a track record, or
+        everyone (None) while no author has one (a swarm's first updates)."""
+        return self.ledger.is_established if self.ledger.any_established() else None
+
+    def _allowance(self, header: UpdateHeader, learners: int) -> float:
+        """The share of the update its author's contribution budget lets through, counted."""
+        allowance = self.ledger.allowance(header.author, learners)
+        if allowance < 1:
+            with self._stats_lock:
+                self.rejections["over_budget"] += 1
+            self.rejection_log.count(header.author, "over_budget")
+            logger.info("%s#%d: over its budget; %.3g of it counts", *header.update_id, allowance)
+        return allowance
 
     def _trust_reason(self, h: UpdateHeader) -> str | None:
         """Who may contribute, clocks and counters no honest peer produces, equivocation."""
@@ -393,12 +425,11 @@ class UpdatePipeline:
             verdict.norm,
             verdict.median_norm,
             verdict.cosine,
-            "clipped" if verdict.reason == "norm_outlier" else "zeroed",
+            "zeroed" if verdict.reason == "against_momentum" else "clipped",
         )
-        if verdict.reason == "norm_outlier" and verdict.median_norm is not None:
-            bound = self.config.robust.max_norm_to_median * verdict.median_norm
-            return min(1.0, bound / verdict.norm)
-        return 0.0
+        if verdict.reason == "against_momentum":
+            return 0.0
+        return 1.0 if verdict.recenter is not None else verdict.scale  # recentered: in the tensor
 
     def _claims_reason(self, h: UpdateHeader) -> str | None:
         limits = self.config
