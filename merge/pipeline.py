@@ -328,14 +328,14 @@ class UpdatePipeline:
             # removes is the update's contribution (clipped, recentered or zeroed).
             weight *= self._robust_scale(header, verdict)
             allowance = self._allowance(header, learners)
-            weight *= allowance
+            stepped, weight = budgeted(learners, weight, allowance, self.config.max_learners)
             clipped = robust.clipped(corrected.pseudo_gradient, direction, verdict)
             norm = norm if clipped is corrected.pseudo_gradient else None
-            self.replica.apply(header, clipped, weight, norm, learners=learners)
+            self.replica.apply(header, clipped, weight, norm, learners=stepped)
             robust.record(verdict, author)  # clamped into a band around the reference
             self.ledger.applied(author, learners, allowance)
             self.learner_floor.applied(author, learners_of(header))
-            self.equivocation.first_seen(signed, weight, learners)
+            self.equivocation.first_seen(signed, weight, stepped)
         return weight, corrected.blocks_corrected, verdict.reason, learners
 
     def _credited(self) -> Callable[[str], bool] | None:
@@ -493,6 +493,20 @@ class UpdatePipeline:
 def learners_of(header: UpdateHeader) -> int:
     """The learner count an update is sized by; a v1 header (without one) counts as one."""
     return 1 if header.learners is None else header.learners
+
+
+def budgeted(learners: int, weight: float, allowance: float, limit: int) -> tuple[int, float]:
+    """(learners, weight) that apply `allowance` of an update sized by `learners`: it moves
+    the replica by that share and advances the outer optimizer's round by no more (1/M' of a
+    round with M' = ceil(M / allowance)). Scaling the weight alone left each update of a flood
+    a whole 1/M of the round, folding the momentum every M updates. Below 1/`limit` of a
+    round: nothing (weight 0)."""
+    if allowance >= 1:
+        return learners, weight
+    if allowance <= learners / limit:
+        return learners, 0.0
+    stepped = math.ceil(learners / allowance)
+    return stepped, weight * allowance * stepped / learners
 
 
 def staleness_of(header: UpdateHeader) -> int:

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from merge.contribution import BudgetConfig, ContributionLedger
+from merge.pipeline import budgeted
 
 HONEST = ("alice", "bob", "carol")
 M = 3
@@ -174,3 +175,30 @@ def test_a_malformed_state_is_refused_and_changes_nothing(state: object) -> None
 def test_bad_budget_settings_are_refused(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         BudgetConfig(**bad)  # type: ignore[arg-type]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    learners=st.integers(1, 1024),
+    weight=st.floats(0.0, 4.0),
+    allowance=st.floats(0.0, 1.0),
+)
+def test_a_budgeted_update_moves_and_advances_the_round_by_its_allowance(
+    learners: int, weight: float, allowance: float
+) -> None:
+    """The pipeline applies `allowance` of an update as weight / learners' of a round: its
+    move is the allowance's share of the move, and its progress through the round no more
+    (a flood of tiny allowances must not fold the outer momentum every M updates)."""
+    stepped, scaled = budgeted(learners, weight, allowance, 1024)
+    assert 1 <= learners <= stepped <= 1024 or scaled == 0.0
+    if scaled:
+        assert scaled / stepped == pytest.approx(weight * allowance / learners, rel=1e-9)
+        assert 1 / stepped <= allowance / learners * (1 + 1e-9) or allowance == 1.0
+
+
+def test_an_honest_newcomer_at_the_swarms_pace_keeps_its_whole_share() -> None:
+    ledger = ContributionLedger()
+    round_robin(ledger, 20)
+    for _ in range(30):
+        round_robin(ledger, 1)
+        assert flood(ledger, "newcomer", 1) == 1.0
