@@ -212,11 +212,16 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--rate", type=int, default=1, help="sideways updates per honest one")
     parser.add_argument("--start", type=int, default=8, help="round the stranger arrives in")
+    parser.add_argument("--attacks", default="sideways,zero_flood,sybil", help="comma list")
     args = parser.parse_args()
     torch.set_num_threads(1)
     attacks: dict[str, Attack | None] = {
         "clean": None, "sideways": sideways(args.rate), "zero_flood": zero_flood, "sybil": sybil,
     }  # fmt: skip
+    wanted = {"clean", *args.attacks.split(",")}
+    if not wanted <= attacks.keys():
+        parser.error(f"--attacks must name some of {', '.join(list(attacks)[1:])}.")
+    attacks = {name: attack for name, attack in attacks.items() if name in wanted}
     results: dict[str, list[dict[str, float]]] = {}
     for name, attack in attacks.items():
         results[name] = [
