@@ -238,10 +238,10 @@ def main() -> None:
         name: sum(r["val_loss"] / c for r, c in zip(runs, clean, strict=True)) / len(clean)
         for name, runs in results.items()
     }
-    divisor = max(r["max_honest_divisor"] for r in results["sybil"])
+    divisor = max(r["max_honest_divisor"] for runs in results.values() for r in runs)
     print(json.dumps({"rounds": args.rounds, "seeds": args.seeds, "start": args.start,
                       "rate": args.rate, "loss_ratio": ratios,
-                      "clean_loss": clean, "sybil_max_honest_divisor": divisor}))  # fmt: skip
+                      "clean_loss": clean, "max_honest_divisor": divisor}))  # fmt: skip
 
 
 if __name__ == "__main__":

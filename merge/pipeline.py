@@ -146,10 +146,10 @@ class UpdatePipeline:
         """Permissioned runs: whether an author may contribute (None: anyone may)."""
         self.clock: Callable[[], float] = time.time
         self.learner_floor = LearnerFloor()
-        self.ledger = ContributionLedger(config.robust.budget)
-        """Each author's contribution budget and track record (merge.contribution)."""
         """A floor under each update's signed learner count, from the recent applied updates'
         authors and claims (merge.learners): a low claim cannot buy a whole outer step."""
+        self.ledger = ContributionLedger(config.robust.budget)
+        """Each author's contribution budget and track record (merge.contribution)."""
         self.equivocation = EquivocationBook()
         """The signed header applied under each recent id (a second payload under it is
         equivocation) and the proofs this replica knows (merge.equivocation)."""
@@ -336,7 +336,8 @@ class UpdatePipeline:
             self.ledger.applied(author, learners, allowance)
             self.learner_floor.applied(author, learners_of(header))
             self.equivocation.first_seen(signed, weight, stepped)
-        return weight, corrected.blocks_corrected, verdict.reason, learners
+        # Reported as sized by `learners`: weight / learners is the share of a round it moved.
+        return weight * learners / stepped, corrected.blocks_corrected, verdict.reason, learners
 
     def _credited(self) -> Callable[[str], bool] | None:
         """Whose learner claims and robust votes count: the authors with a track record, or
