@@ -106,9 +106,9 @@ class RobustFilter:
     The reference norm is the median over authors of each author's median norm: an author
     floods with one vote, however many updates it publishes. With ``voters`` (the authors with
     a track record, merge.contribution) only their votes count while any of them has a norm
-    here. An even count of votes takes the geometric mean of the middle two, so one author
-    recording at either end of the band [reference / k, reference * k] moves the reference by
-    at most a factor of sqrt(k) from an honest author's instead of dragging it to 0 or off.
+    here. An even count of votes takes the geometric mean of the middle two, so one author of
+    two, recording at either end of the band [reference / k, reference * k], settles the
+    reference at k times (or 1/k of) the other's instead of dragging it to 0 or off for good.
     """
 
     def __init__(self, config: RobustConfig) -> None:
