@@ -18,6 +18,10 @@ to what the applied set and the norm cap allow:
 - robust windows: finite norms >= 0, none above twice the norm cap of the donor's own params
   (the pipeline refuses any update above the cap, so no applied update was recorded there;
   twice: the params' norm moved since the oldest entries were recorded);
+- robust windows' authors and the contribution ledger (merge.contribution): authors of the
+  applied set only, none credited with more updates than it applied (allowances are at most
+  one), no more rounds in all than updates applied. A donor can still overstate an author's
+  record up to its applied count (making it established sooner here) or understate it;
 - proofs of equivocation: each checked (two valid signatures of this run, conflicting
   payloads); an id counts as settled only if the donor applied it.
 
@@ -82,6 +86,47 @@ def check_handover(
         ):
             raise HandoverError(
                 f"a donor's robust window holds a norm that is not finite in [0, {bound:.4g}]."
+            )
+        _check_counts(state.get("authors", []), applied, "robust window")
+    _check_ledger(merge.get("ledger"), applied)
+
+
+def _check_counts(authors: object, applied: Mapping[str, Set[int]], what: str) -> None:
+    """Every author of `authors` was applied, and is named no more often than it was ("":
+    a window loaded from a checkpoint before authors were kept)."""
+    if not isinstance(authors, list):
+        raise HandoverError(f"a donor's {what} must list its authors.")
+    counts = collections.Counter(a for a in authors if isinstance(a, str))
+    for author, count in counts.items():
+        limit = sum(map(len, applied.values())) if author == "" else len(applied.get(author, ()))
+        if count > limit:
+            raise HandoverError(f"a donor's {what} names {author!r} more often than it applied.")
+
+
+def _check_ledger(ledger: object, applied: Mapping[str, Set[int]]) -> None:
+    """A donor's contribution ledger (merge.contribution) credits no author more updates than
+    it applied (allowances are at most one), and no more rounds in all than updates applied."""
+    if ledger is None:
+        return  # a donor from before budgets: the newcomer starts without track records
+    rows = ledger.get("accounts") if isinstance(ledger, Mapping) else None
+    total = ledger.get("total") if isinstance(ledger, Mapping) else None
+    if not isinstance(rows, list) or not isinstance(total, int | float):
+        raise HandoverError("a donor's contribution ledger must hold a total and accounts.")
+    num_applied = sum(map(len, applied.values()))
+    if not total <= num_applied:
+        raise HandoverError("a donor's contribution ledger credits more than it applied.")
+    for row in rows:
+        if not isinstance(row, list | tuple) or len(row) != 6 or not isinstance(row[0], str):
+            raise HandoverError(
+                "a donor's contribution ledger accounts must be [author, 5 numbers]."
+            )
+        author, record = row[0], row[4]
+        limit = num_applied if author == "" else len(applied.get(author, ()))
+        if not author == "" and author not in applied:
+            raise HandoverError("a donor's contribution ledger names an author it never applied.")
+        if not isinstance(record, int | float) or not record <= limit:
+            raise HandoverError(
+                f"a donor's contribution ledger credits {author!r} more than it applied."
             )
 
 

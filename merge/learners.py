@@ -31,6 +31,9 @@ new one (about window / 2N updates each; they are sized a little small meanwhile
 outer step, never a larger one); claims above the floor, as after a growth, are never
 changed.
 
+Only authors with a track record (merge.contribution) vote and count, once any author has
+one: a claim is credited only on evidence, applied updates over time.
+
 Replicas that applied the same recent updates compute the same floor; the window is counted
 in applied updates, not time, so it does not depend on clocks. Pure and not thread-safe: the
 pipeline calls it under the replica lock.
@@ -39,6 +42,7 @@ pipeline calls it under the replica lock.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 DEFAULT_WINDOW = 256
 """Applied updates the floor looks back over (several rounds of a large swarm)."""
@@ -59,17 +63,25 @@ class LearnerFloor:
         """Applied updates in the window."""
         return len(self._recent)
 
-    def floor(self, author: str) -> int:
-        """The least learner count an update of `author` is sized by (1 with no history)."""
-        others = sorted(_lower_median(c) for a, c in self._claims.items() if a != author)
+    def floor(self, author: str, credited: Callable[[str], bool] | None = None) -> int:
+        """The least learner count an update of `author` is sized by (1 with no history).
+
+        ``credited``: whose claims count (the authors with a track record, merge.contribution;
+        None: everyone's). Fresh keys neither vote on the floor nor count as authors seen, so
+        40 Sybils claiming 1,024 learners raise no honest update's divisor.
+        """
+        counted = [a for a in self._claims if credited is None or credited(a)]
+        others = sorted(_lower_median(self._claims[a]) for a in counted if a != author)
         if not others:
             return 1
-        authors = len(self._claims) + (author not in self._claims)
+        authors = len(counted) + (author not in counted)
         return max(1, min(authors, others[(len(others) - 1) // 2]))
 
-    def effective(self, author: str, claimed: int) -> int:
+    def effective(
+        self, author: str, claimed: int, credited: Callable[[str], bool] | None = None
+    ) -> int:
         """The learner count an update claiming `claimed` is sized by."""
-        return max(claimed, self.floor(author))
+        return max(claimed, self.floor(author, credited))
 
     def recent_authors(self, last: int) -> set[str]:
         """The distinct authors of the last `last` applied updates."""

@@ -23,6 +23,7 @@ import torch
 
 from merge.codec_base import DecodesInto
 from merge.codecs import CODECS, CodecError, get_codec
+from merge.contribution import ContributionLedger
 from merge.correction import CorrectionConfig, correct
 from merge.envelope import (
     EnvelopeError,
@@ -147,6 +148,8 @@ class UpdatePipeline:
         self.learner_floor = LearnerFloor()
         """A floor under each update's signed learner count, from the recent applied updates'
         authors and claims (merge.learners): a low claim cannot buy a whole outer step."""
+        self.ledger = ContributionLedger(config.robust.budget)
+        """Each author's contribution budget and track record (merge.contribution)."""
         self.equivocation = EquivocationBook()
         """The signed header applied under each recent id (a second payload under it is
         equivocation) and the proofs this replica knows (merge.equivocation)."""
@@ -162,6 +165,7 @@ class UpdatePipeline:
             return {
                 "robust": [robust.state_dict() for robust in self._robust],
                 "learner_floor": self.learner_floor.state_dict(),
+                "ledger": self.ledger.state_dict(),
             }
 
     def load_state_dict(self, state: object) -> None:
@@ -174,8 +178,12 @@ class UpdatePipeline:
             raise ValueError(f"merge state must hold {len(self._robust)} robust filter states.")
         if not all(isinstance(r, dict) for r in robust):
             raise ValueError("merge state's robust filter states must be mappings.")
+        ledger = ContributionLedger(self.config.robust.budget)
+        if parts.get("ledger") is not None:  # checkpoints before budgets lack it: none earned
+            ledger.load_state_dict(parts["ledger"])
         with self.replica.lock:
             self.learner_floor.load_state_dict(parts.get("learner_floor"))
+            self.ledger = ledger
             for robust_filter, robust_state in zip(self._robust, robust, strict=True):
                 robust_filter.load_state_dict(robust_state)
 
@@ -296,7 +304,8 @@ class UpdatePipeline:
         header = signed.header
         with self.replica.lock:
             _raise_if(self._trust_reason(header) or self._novelty_reason(header))
-            learners = self.learner_floor.effective(header.author, learners_of(header))
+            author, established = header.author, self._credited()
+            learners = self.learner_floor.effective(author, learners_of(header), established)
             weight = self.weight_of(header, learners)
             _raise_if(self._norm_reason(update_norm))
             outer = self.replica.outer_for(header.fragment)  # a fragment's: its own momentum
@@ -309,17 +318,41 @@ class UpdatePipeline:
             norm = update_norm if unchanged else None
             direction = outer.momentum_parts()
             robust = self._robust[header.fragment or 0]
-            verdict = robust.judge(corrected.pseudo_gradient, direction, norm)
+            fresh = established is not None and not self.ledger.is_established(author)
+            verdict = robust.judge(
+                corrected.pseudo_gradient, direction, norm, voters=established, fresh=fresh
+            )
             # A robust verdict never refuses the id: replicas judge against their own recent
             # history, so a refusal on one and an acceptance on another would leave their
             # applied sets apart for good. The id is applied everywhere; what a verdict
-            # removes is the update's contribution (clipped to the bound, or zeroed).
+            # removes is the update's contribution (clipped, recentered or zeroed).
             weight *= self._robust_scale(header, verdict)
-            self.replica.apply(header, corrected.pseudo_gradient, weight, norm, learners=learners)
-            robust.record(verdict)  # a clipped update at its bound: the median follows
-            self.learner_floor.applied(header.author, learners_of(header))
-            self.equivocation.first_seen(signed, weight, learners)
-        return weight, corrected.blocks_corrected, verdict.reason, learners
+            allowance = self._allowance(header, learners)
+            stepped, weight = budgeted(learners, weight, allowance, self.config.max_learners)
+            clipped = robust.clipped(corrected.pseudo_gradient, direction, verdict)
+            norm = norm if clipped is corrected.pseudo_gradient else None
+            self.replica.apply(header, clipped, weight, norm, learners=stepped)
+            robust.record(verdict, author)  # clamped into a band around the reference
+            self.ledger.applied(author, learners, allowance)
+            self.learner_floor.applied(author, learners_of(header))
+            self.equivocation.first_seen(signed, weight, stepped)
+        # Reported as sized by `learners`: weight / learners is the share of a round it moved.
+        return weight * learners / stepped, corrected.blocks_corrected, verdict.reason, learners
+
+    def _credited(self) -> Callable[[str], bool] | None:
+        """Whose learner claims and robust votes count: the authors with a track record, or
+        everyone (None) while no author has one (a swarm's first updates)."""
+        return self.ledger.is_established if self.ledger.any_established() else None
+
+    def _allowance(self, header: UpdateHeader, learners: int) -> float:
+        """The share of the update its author's contribution budget lets through, counted."""
+        allowance = self.ledger.allowance(header.author, learners)
+        if allowance < 1:
+            with self._stats_lock:
+                self.rejections["over_budget"] += 1
+            self.rejection_log.count(header.author, "over_budget")
+            logger.info("%s#%d: over its budget; %.3g of it counts", *header.update_id, allowance)
+        return allowance
 
     def _trust_reason(self, h: UpdateHeader) -> str | None:
         """Who may contribute, clocks and counters no honest peer produces, equivocation."""
@@ -393,12 +426,11 @@ class UpdatePipeline:
             verdict.norm,
             verdict.median_norm,
             verdict.cosine,
-            "clipped" if verdict.reason == "norm_outlier" else "zeroed",
+            "zeroed" if verdict.reason == "against_momentum" else "clipped",
         )
-        if verdict.reason == "norm_outlier" and verdict.median_norm is not None:
-            bound = self.config.robust.max_norm_to_median * verdict.median_norm
-            return min(1.0, bound / verdict.norm)
-        return 0.0
+        if verdict.reason == "against_momentum":
+            return 0.0
+        return 1.0 if verdict.recenter is not None else verdict.scale  # recentered: in the tensor
 
     def _claims_reason(self, h: UpdateHeader) -> str | None:
         limits = self.config
@@ -462,6 +494,20 @@ class UpdatePipeline:
 def learners_of(header: UpdateHeader) -> int:
     """The learner count an update is sized by; a v1 header (without one) counts as one."""
     return 1 if header.learners is None else header.learners
+
+
+def budgeted(learners: int, weight: float, allowance: float, limit: int) -> tuple[int, float]:
+    """(learners, weight) that apply `allowance` of an update sized by `learners`: it moves
+    the replica by that share and advances the outer optimizer's round by no more (1/M' of a
+    round with M' = ceil(M / allowance)). Scaling the weight alone left each update of a flood
+    a whole 1/M of the round, folding the momentum every M updates. Below 1/`limit` of a
+    round: nothing (weight 0)."""
+    if allowance >= 1:
+        return learners, weight
+    if allowance <= learners / limit:
+        return learners, 0.0
+    stepped = math.ceil(learners / allowance)
+    return stepped, weight * allowance * stepped / learners
 
 
 def staleness_of(header: UpdateHeader) -> int:

@@ -7,13 +7,18 @@ and a well-scaled update can still point against the training direction. Two che
 that gap, both pure functions of the replica's state and the update:
 
 - norm outlier: once `warmup` updates are accepted, an update whose norm exceeds
-  `max_norm_to_median` times the median norm of the last `window` applied updates is
-  clipped to that bound (counted as `norm_outlier`; the window records it at the bound);
+  `max_norm_to_median` times the reference norm (the median over authors of each author's
+  median recent norm, see RobustFilter) is clipped to that bound (counted as `norm_outlier`);
 - against momentum: an update whose cosine to the outer optimizer's momentum (the direction
   the swarm has been moving in) is below `min_cosine` contributes nothing (counted as
-  `against_momentum`): it would undo the swarm's progress rather than add to it.
+  `against_momentum`): it would undo the swarm's progress rather than add to it;
+- off center (centered clipping, Karimireddy et al., "Learning from History for Byzantine
+  Robust Optimization"): the update's deviation from the momentum's direction at the
+  reference norm is clipped to `center_radius` times the reference (`fresh_center_radius`
+  for authors without a track record): a near-cap update pointing sideways keeps at most an
+  honest-sized deviation (counted as `off_center`).
 
-Neither verdict refuses the update's id: the pipeline applies it with its contribution
+No verdict refuses the update's id: the pipeline applies it with its contribution
 clipped or zeroed. The median window and the momentum are the same on every replica only up
 to the order of the last few updates (the consistency model of DESIGN.md), so two replicas
 can judge an update near a threshold differently; were that a refusal, their applied sets
@@ -27,13 +32,17 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 
 import torch
 
-REASONS = ("norm_outlier", "against_momentum")
+from merge.contribution import BudgetConfig
+
+REASONS = ("norm_outlier", "against_momentum", "off_center")
+MAX_AUTHORS = 256
+"""Authors whose recent norms a robust window keeps; the least recently recorded go first."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,13 +50,21 @@ class RobustConfig:
     """Thresholds of the robust checks; part of the run fingerprint (every replica uses them)."""
 
     window: int = 32
-    """Accepted update norms the median is taken over."""
+    """Accepted update norms kept per author; the reference is over authors' medians of them."""
     warmup: int = 4
     """Accepted updates before the relative norm bound applies."""
     max_norm_to_median: float = 4.0
-    """Updates with a norm above this times the median accepted norm are clipped to it (0: off)."""
+    """Updates with a norm above this times the reference norm are clipped to it (0: off);
+    norms are recorded clamped into [reference / this, reference * this]."""
     min_cosine: float = -0.5
     """Updates whose cosine to the outer momentum is below this contribute nothing (-1: off)."""
+    center_radius: float = 2.0
+    """Centered clipping: an update's deviation from the momentum's direction at the reference
+    norm is clipped to this times the reference norm (0: off)."""
+    fresh_center_radius: float = 1.0
+    """The same radius for authors without a track record (merge.contribution)."""
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    """Per-author contribution budgets and track records (merge.contribution)."""
 
     def __post_init__(self) -> None:
         if type(self.window) is not int or self.window < 1:
@@ -56,9 +73,10 @@ class RobustConfig:
             raise ValueError(
                 f"robust warmup must be an integer in [1, window], got {self.warmup!r}."
             )
-        ratio = self.max_norm_to_median
-        if not isinstance(ratio, int | float) or not (math.isfinite(ratio) and ratio >= 0):
-            raise ValueError(f"max_norm_to_median must be a finite number >= 0, got {ratio!r}.")
+        for name in ("max_norm_to_median", "center_radius", "fresh_center_radius"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}.")
         if not isinstance(self.min_cosine, int | float) or not -1 <= self.min_cosine <= 1:
             raise ValueError(f"min_cosine must be in [-1, 1], got {self.min_cosine!r}.")
 
@@ -70,92 +88,179 @@ class Verdict:
     reason: str | None
     norm: float
     median_norm: float | None
+    """The reference norm (median over voting authors of their median norms)."""
     cosine: float | None
     """The cosine to the momentum; None without one, or when the update does not point
     against it by enough to need the momentum's norm (cosine >= 0)."""
+    scale: float = 1.0
+    """The factor the norm bound puts on the update (1: not clipped)."""
+    recenter: float | None = None
+    """Centered clipping: the factor on the update's deviation from the center (None: none)."""
+    center: float = 0.0
+    """The coefficient of the momentum in the center (reference norm / momentum norm)."""
 
 
 class RobustFilter:
-    """The running median of accepted norms; callers hold the replica's lock around it."""
+    """Each author's recent accepted norms; callers hold the replica's lock around it.
+
+    The reference norm is the median over authors of each author's median norm: an author
+    floods with one vote, however many updates it publishes. With ``voters`` (the authors with
+    a track record, merge.contribution) only their votes count while any of them has a norm
+    here. An even count of votes takes the geometric mean of the middle two, so one author of
+    two, recording at either end of the band [reference / k, reference * k], settles the
+    reference at k times (or 1/k of) the other's instead of dragging it to 0 or off for good.
+    """
 
     def __init__(self, config: RobustConfig) -> None:
         self.config = config
-        self._norms: deque[float] = deque(maxlen=config.window)
+        self._norms: OrderedDict[str, deque[float]] = OrderedDict()
+        self._medians: dict[str, float] = {}
 
     def __len__(self) -> int:
-        """Norms in the window."""
-        return len(self._norms)
+        """Norms in the window (of all authors)."""
+        return sum(len(n) for n in self._norms.values())
 
     def judge(
         self,
         pseudo_gradient: torch.Tensor,
         momentum: torch.Tensor | Sequence[torch.Tensor] | None,
         norm: float | None = None,
+        *,
+        voters: Callable[[str], bool] | None = None,
+        fresh: bool = False,
     ) -> Verdict:
         """The verdict on one decoded, finite update (of ``norm``, when the caller has it);
-        pure: it changes no state.
+        pure: it changes no state. ``fresh``: its author has no track record (a tighter
+        centered-clipping radius).
 
         ``momentum`` is the direction the swarm has been moving in, or parts that sum to it
         (the outer optimizer's momentum and the shares not yet folded into it): the update's
         dot product with it is the sum of its dot products with the parts, so the sum itself
-        is never materialised. The momentum's norm is computed only when the cosine bound could
-        refuse the update: not for one along the momentum (dot product >= 0 with a negative
-        bound), whose verdict leaves the cosine out (None).
+        is never materialised. The momentum's norm is computed only when a check needs it.
         """
         if norm is None:
             norm = float(torch.linalg.vector_norm(pseudo_gradient))
-        median = self.median_norm()
+        median = self.median_norm(voters)
         bound = self.config.max_norm_to_median
         parts = _parts(momentum)
+        scale = 1.0
         if median is not None and bound > 0 and norm > bound * median:
-            return Verdict("norm_outlier", norm, median, _cosine(pseudo_gradient, norm, parts))
+            scale = bound * median / norm
+        dot = _dot(pseudo_gradient, parts) if parts and norm > 0 else None
         cosine = None
-        if parts and norm > 0 and self.config.min_cosine > -1:
-            dot = _dot(pseudo_gradient, parts)
-            # cos >= 0 > min_cosine needs no norm of the momentum; NaN falls through.
-            if not (dot >= 0 and self.config.min_cosine < 0):
-                cosine = _cosine_of(dot, norm, parts)
+        if dot is not None and (scale < 1 or not (dot >= 0 and self.config.min_cosine < 0)):
+            cosine = _cosine_of(dot, norm, parts)  # cos >= 0 > min_cosine needs no norm
         if cosine is not None and cosine < self.config.min_cosine:
             return Verdict("against_momentum", norm, median, cosine)
-        return Verdict(None, norm, median, cosine)
+        reason = "norm_outlier" if scale < 1 else None
+        radius = self.config.fresh_center_radius if fresh else self.config.center_radius
+        if median is None or dot is None or radius == 0 or median == 0:
+            return Verdict(reason, norm, median, cosine, scale)
+        recentered = _recenter(norm * scale, dot * scale, median, radius * median, parts)
+        if recentered is None:
+            return Verdict(reason, norm, median, cosine, scale)
+        return Verdict(reason or "off_center", norm, median, cosine, scale, *recentered)
 
-    def accepted(self, verdict: Verdict) -> None:
+    def clipped(
+        self, pseudo_gradient: torch.Tensor, momentum: Sequence[torch.Tensor], verdict: Verdict
+    ) -> torch.Tensor:
+        """The update as the verdict lets it through (a new tensor when centered-clipped;
+        the update itself otherwise, its norm bound left to the caller's weight)."""
+        if verdict.recenter is None:
+            return pseudo_gradient
+        out = torch.mul(pseudo_gradient, verdict.scale * verdict.recenter)
+        for part in momentum:
+            out.add_(part, alpha=(1.0 - verdict.recenter) * verdict.center)
+        return out
+
+    def accepted(self, verdict: Verdict, author: str = "") -> None:
         """Records the norm of an update that was applied."""
-        self._norms.append(verdict.norm)
+        norms = self._norms.pop(author, None) or deque(maxlen=self.config.window)
+        self._norms[author] = norms  # the most recently recorded author last
+        norms.append(verdict.norm)
+        self._medians[author] = statistics.median(norms)
+        if len(self._norms) > MAX_AUTHORS:
+            oldest, _ = self._norms.popitem(last=False)
+            del self._medians[oldest]
 
-    def record(self, verdict: Verdict) -> None:
-        """Records what an applied update contributed: its norm, or for a clipped one the
-        bound it was clipped to; a zeroed one (against the momentum) records nothing.
+    def record(self, verdict: Verdict, author: str = "") -> None:
+        """Records what an applied update contributed: its norm clamped into the band
+        [reference / k, reference * k] (k = max_norm_to_median); one against the momentum
+        (zeroed) records nothing.
 
-        An update at the bound is recorded the same, so a clipped update moves the median no
-        further than an unclipped one could. Recording only unclipped norms froze the bound:
-        once honest norms outgrew it (the inner lr's warm-up, error feedback's residual
-        building up, a fragment's first partial round in the window), every later update was
-        clipped and none moved the median again (bench.slowlink, sparse with 4 fragments: the
-        embedding's fragment clipped for good).
+        Clamped from above, a clipped update moves the reference no further than an unclipped
+        one could (recording only unclipped norms froze the bound once honest norms outgrew
+        it: bench.slowlink, sparse with 4 fragments). Clamped from below, a flood of zero
+        updates records a fraction of the reference, never 0: before, one author's 32 zero
+        updates made the median 0, every honest update was clipped to nothing and recorded as
+        0, and the swarm never recovered (issue 20).
         """
-        if verdict.reason is None:
-            self.accepted(verdict)
-        elif verdict.reason == "norm_outlier" and verdict.median_norm is not None:
-            bound = self.config.max_norm_to_median * verdict.median_norm
-            self._norms.append(min(verdict.norm, bound))
+        if verdict.reason == "against_momentum":
+            return
+        norm, k = verdict.norm, self.config.max_norm_to_median
+        if verdict.median_norm is not None and k > 0:
+            norm = min(max(norm, verdict.median_norm / k), verdict.median_norm * k)
+        self.accepted(replace(verdict, norm=norm), author)
 
-    def median_norm(self) -> float | None:
-        """The median accepted norm, or None during warm-up."""
-        if len(self._norms) < self.config.warmup:
+    def median_norm(self, voters: Callable[[str], bool] | None = None) -> float | None:
+        """The reference norm, or None during warm-up (fewer than `warmup` norms held by the
+        voting authors)."""
+        authors = [a for a in self._norms if voters(a)] if voters is not None else []
+        if not authors:
+            authors = list(self._norms)
+        if sum(len(self._norms[a]) for a in authors) < self.config.warmup:
             return None
-        return statistics.median(self._norms)
+        return _middle(sorted(self._medians[a] for a in authors))
 
     def state_dict(self) -> dict[str, object]:
-        return {"norms": list(self._norms)}
+        """Each author's norms, oldest author first, as parallel lists."""
+        authors = [a for a, norms in self._norms.items() for _ in norms]
+        return {"norms": [n for norms in self._norms.values() for n in norms], "authors": authors}
 
     def load_state_dict(self, state: dict[str, object]) -> None:
+        """Restores what state_dict saved; a state of the earlier format (one window of norms,
+        no authors) loads as one anonymous author's."""
         norms = state.get("norms")
         if not isinstance(norms, list) or not all(
             isinstance(n, float) and math.isfinite(n) and n >= 0 for n in norms
         ):
             raise ValueError("robust state 'norms' must be a list of finite norms.")
-        self._norms = deque(norms[-self.config.window :], maxlen=self.config.window)
+        authors = state.get("authors", [""] * len(norms))
+        if not isinstance(authors, list) or len(authors) != len(norms):
+            raise ValueError("robust state 'authors' must name the author of every norm.")
+        if not all(isinstance(a, str) for a in authors) or len(set(authors)) > MAX_AUTHORS:
+            raise ValueError(f"robust state must name at most {MAX_AUTHORS} authors.")
+        fresh = RobustFilter(self.config)
+        for author, norm in zip(authors, norms, strict=True):
+            fresh.accepted(Verdict(None, norm, None, None), author)
+        self._norms, self._medians = fresh._norms, fresh._medians
+
+
+def _middle(values: list[float]) -> float:
+    """The median of sorted `values`; of an even count, the geometric mean of the middle two."""
+    n = len(values)
+    if n % 2:
+        return values[n // 2]
+    return math.sqrt(values[n // 2 - 1] * values[n // 2])
+
+
+def _recenter(
+    norm: float, dot: float, reference: float, radius: float, parts: list[torch.Tensor]
+) -> tuple[float, float] | None:
+    """Centered clipping (Karimireddy et al. 2021): the update g (of `norm`, `dot` with the
+    momentum m) deviates from the center c = reference * m / |m| by |g - c|; beyond `radius`,
+    the deviation is scaled to it. Returns (factor on the deviation, reference / |m|), or None
+    when the update is within the radius (decided without |m| where the bound settles it)."""
+    if dot >= 0 and norm * norm + reference * reference <= radius * radius:
+        return None
+    m_norm = float(torch.linalg.vector_norm(parts[0])) if len(parts) == 1 else _norm_of_sum(parts)
+    if m_norm == 0 or not math.isfinite(m_norm):
+        return None
+    squared = norm * norm + reference * reference - 2.0 * reference * dot / m_norm
+    deviation = math.sqrt(max(0.0, squared))
+    if deviation <= radius:
+        return None
+    return radius / deviation, reference / m_norm
 
 
 def _parts(momentum: torch.Tensor | Sequence[torch.Tensor] | None) -> list[torch.Tensor]:
@@ -167,12 +272,6 @@ def _parts(momentum: torch.Tensor | Sequence[torch.Tensor] | None) -> list[torch
 def _dot(g: torch.Tensor, parts: list[torch.Tensor]) -> float:
     """<g, sum(parts)> as a sum of dot products: one pass over each part, no temporary."""
     return math.fsum(float(torch.dot(g, part)) for part in parts)
-
-
-def _cosine(g: torch.Tensor, g_norm: float, parts: list[torch.Tensor]) -> float | None:
-    if not parts or g_norm == 0:
-        return None
-    return _cosine_of(_dot(g, parts), g_norm, parts)
 
 
 def _cosine_of(dot: float, g_norm: float, parts: list[torch.Tensor]) -> float | None:

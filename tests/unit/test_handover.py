@@ -148,6 +148,14 @@ def refused(state: dict[str, Any], change: str) -> dict[str, Any]:
         merge["robust"] = []
     elif change == "not_a_mapping":
         state["merge"] = [1, 2]
+    elif change == "robust_author_unknown":
+        merge["robust"][0]["authors"][0] = CAROL.peer_id
+    elif change == "ledger_unknown_author":
+        merge["ledger"]["accounts"][0][0] = CAROL.peer_id
+    elif change == "ledger_record_above_applied":
+        merge["ledger"]["accounts"][0][4] = 6.0  # alice applied 5 updates
+    elif change == "ledger_total_above_applied":
+        merge["ledger"]["total"] = 6.0
     return state
 
 
@@ -163,6 +171,10 @@ def refused(state: dict[str, Any], change: str) -> dict[str, Any]:
         "claim_zero",
         "robust_missing",
         "not_a_mapping",
+        "robust_author_unknown",
+        "ledger_unknown_author",
+        "ledger_record_above_applied",
+        "ledger_total_above_applied",
     ],
 )
 def test_a_merge_state_its_replica_does_not_allow_is_refused_and_changes_nothing(
@@ -210,7 +222,7 @@ json_value = st.recursive(
 
 @settings(max_examples=150, deadline=None)
 @given(
-    part=st.sampled_from(["merge", "learner_floor", "robust", "recent", "equivocation"]),
+    part=st.sampled_from(["merge", "learner_floor", "robust", "recent", "equivocation", "ledger"]),
     value=json_value,
 )
 def test_arbitrary_merge_states_raise_only_validation_errors(part: str, value: object) -> None:

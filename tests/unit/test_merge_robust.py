@@ -77,8 +77,9 @@ def test_a_near_cap_update_is_clipped_to_the_bound_relative_to_the_median_norm()
     assert pipeline.rejections["norm_outlier"] == 1
     assert pipeline.replica.has_applied(MALLORY.peer_id, 1)  # one applied set everywhere
     torch.testing.assert_close(pipeline.replica.params, reference.replica.params)
-    # A clipped outlier moves the median as an update at the bound would, no further.
-    assert pipeline.robust.median_norm() == reference.robust.median_norm()
+    # A clipped outlier moves the median as an update at the bound would, no further (up to
+    # the float32 rounding of the bounded update's norm: its author's vote is the reference).
+    assert pipeline.robust.median_norm() == pytest.approx(reference.robust.median_norm(), rel=1e-6)
 
 
 def test_a_well_scaled_update_against_the_momentum_contributes_nothing() -> None:

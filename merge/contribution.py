@@ -1,0 +1,237 @@
+"""Contribution budgets: no author moves the replica by more than its fair share of a round.
+
+In an open swarm anyone may publish valid, signed updates as fast as it likes and mint keys.
+Every applied update is 1/M of a round (merge.outer, M its effective learner count). This
+ledger credits each applied update with a share f/M, f in [0, 1] its *allowance*, and keeps
+per author:
+
+- ``load``: its credited shares, decayed exponentially (time constant `budget_rounds`) along
+  the author's own clock: the swarm's clock (the progress credited to *trusted* authors, in
+  rounds; everyone's while none is trusted) less its own part. Publishing faster does not
+  advance one's own clock, so it buys no budget, and keys not yet trusted advance no one's;
+- ``record``: its credited updates (the sum of f), never decayed: its track record here.
+
+An update is allowed what fits under the cap ``c * budget_rounds / (M - 1)``, which is ``c``
+times what an author publishing 1/M of every round accrues in steady state (1/(M - 1) of a
+round per round of the others' progress): f = (cap - load) / share, clamped to [0, 1]. The
+factor c is `fresh_share` for a new author and, once it is established, grows linearly with
+its tenure (the others' progress since its first credited update) to `max_share` over
+`trust_rounds`: honest learners differ in speed, and trust is built from history.
+
+Authors credited fewer than `min_record` updates, or present for fewer than `min_tenure`
+rounds of the others' progress, are *fresh*: together they share one more
+budget of ``fresh_share`` such authors (a cohort with its own clock), so minting keys buys no
+more than one author's worth; a key earns its own budget by being credited `min_record`
+updates, which at the cohort's rate costs Sybils time linear in their number. While no author
+is established (a swarm's first updates, or a replica restored from a checkpoint without
+this ledger) there is no cohort budget: the first authors make the swarm.
+
+Pure, deterministic and counted in credited shares of applied updates (no clocks): replicas
+that applied the same updates in the same order hold the same ledger; in another order they
+differ only for authors at their cap (a flood), whose allowances are what the order changed.
+Not thread-safe: the pipeline calls it under the replica lock.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+FRESH = ""
+"""The key of the fresh cohort's budget (no author's id is empty)."""
+MAX_AUTHORS = 4096
+"""Authors the ledger tracks; beyond, those with the least record are forgotten first."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BudgetConfig:
+    """How much of a round an author may contribute; part of the robust config."""
+
+    max_share: float = 4.0
+    """An author's cap, in fair shares of a round (0: no budget). Above 1: honest learners
+    differ in speed: a learner publishing 4x as often as the others keeps its whole share
+    (tests/unit/test_contribution.py), an established attacker gets at most this much."""
+    budget_rounds: float = 4.0
+    """Time constant, in rounds of the others' progress, over which contributions decay."""
+    fresh_share: float = 1.5
+    """The cap of all fresh authors together, and of each author until it has a track
+    record, in fair shares of a round (above 1: one honest newcomer keeps its whole share)."""
+    min_record: float = 8.0
+    """Credited updates after which an author is established (its own budget, its learner
+    count credited, its robust vote counted)."""
+    min_tenure: float = 4.0
+    """Rounds of the others' progress since its first credited update before an author can
+    be established: publishing fast in a swarm's first rounds earns no record sooner."""
+    trust_rounds: float = 32.0
+    """Rounds of the others' progress since an author's first credited update over which
+    its cap grows linearly from one fair share to `max_share` (trust built from history:
+    publishing faster does not earn it sooner)."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_share", "fresh_share", "min_record", "min_tenure", "trust_rounds"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}.")
+        tau = self.budget_rounds
+        if not isinstance(tau, int | float) or not (math.isfinite(tau) and tau > 0):
+            raise ValueError(f"budget_rounds must be a finite number > 0, got {tau!r}.")
+
+
+@dataclass
+class _Account:
+    load: float = 0.0
+    """Credited shares, decayed up to `clock`."""
+    clock: float = 0.0
+    """The others' progress (total - own) when `load` was last brought up to date."""
+    own: float = 0.0
+    """Its credited shares that advanced the swarm's clock (rounds)."""
+    record: float = 0.0
+    """Credited updates in all."""
+    since: float = 0.0
+    """The others' progress when its first update was credited."""
+
+    def load_at(self, total: float, tau: float) -> float:
+        elapsed = max(0.0, total - self.own - self.clock)
+        return self.load * math.exp(-elapsed / tau)
+
+    def tenure(self, total: float) -> float:
+        """Rounds of the others' progress since its first credited update."""
+        return max(0.0, total - self.own - self.since)
+
+    def credit(
+        self, share: float, allowance: float, total: float, tau: float, *, clocked: bool
+    ) -> None:
+        """`total`: the swarm's clock before this update; `clocked`: whether it advances it."""
+        if self.record == 0 and self.own == 0:
+            self.since = total - self.own
+        self.load = self.load_at(total, tau) + share * allowance
+        self.clock = total - self.own
+        self.own += share * allowance if clocked else 0.0
+        self.record += allowance
+
+
+class ContributionLedger:
+    """Per-author budgets and track records, from the updates this replica applied."""
+
+    def __init__(self, config: BudgetConfig | None = None) -> None:
+        self.config = config or BudgetConfig()
+        self._accounts: dict[str, _Account] = {}
+        self._total = 0.0
+        """The swarm's clock: credited shares of trusted authors' updates (rounds)."""
+
+    def __len__(self) -> int:
+        return len(self._accounts) - (FRESH in self._accounts)
+
+    def record(self, author: str) -> float:
+        """Credited updates of `author` (its track record here)."""
+        account = self._accounts.get(author) if author != FRESH else None
+        return account.record if account else 0.0
+
+    def is_established(self, author: str) -> bool:
+        """Credited `min_record` updates over at least `min_tenure` rounds of the others."""
+        account = self._accounts.get(author) if author != FRESH else None
+        return (
+            account is not None
+            and account.record >= self.config.min_record
+            and account.tenure(self._total) >= self.config.min_tenure
+        )
+
+    def any_established(self) -> bool:
+        return any(self.is_established(a) for a in self._accounts)
+
+    def allowance(self, author: str, learners: int) -> float:
+        """The share in [0, 1] of an update sized by `learners` that `author` may still
+        contribute; pure."""
+        if self.config.max_share == 0 or author == FRESH:
+            return 1.0
+        share, tau = 1.0 / learners, self.config.budget_rounds
+        fair = tau / max(1, learners - 1)  # steady load of one author at 1/M of each round
+        allowed = self._room(author, self.cap(author) * fair) / share
+        if not self.is_established(author) and self.any_established():
+            allowed = min(allowed, self._room(FRESH, self.config.fresh_share * fair) / share)
+        return min(1.0, max(0.0, allowed))
+
+    def cap(self, author: str) -> float:
+        """The author's cap in fair shares: `fresh_share` until it is established, then
+        growing with its tenure to `max_share`."""
+        config = self.config
+        base = min(config.fresh_share, config.max_share)
+        if not self.is_established(author):
+            return base
+        tenure = self._accounts[author].tenure(self._total)
+        trusted = min(1.0, tenure / config.trust_rounds) if config.trust_rounds > 0 else 1.0
+        return base + (config.max_share - base) * trusted
+
+    def is_trusted(self, author: str) -> bool:
+        """Established, and present for `trust_rounds` of the others' progress (or for half
+        the swarm's clock, for a swarm younger than that: its founders): its updates advance
+        the swarm's clock. Newer keys' do not, so colluding new keys cannot speed up each
+        other's budgets."""
+        if not self.is_established(author):
+            return False
+        tenure = self._accounts[author].tenure(self._total)
+        return tenure >= min(self.config.trust_rounds, self._total / 2)
+
+    def _clocks(self, author: str) -> bool:
+        """Whether the author's updates advance the swarm's clock: trusted authors' do, and
+        everyone's while none is trusted (a swarm's first updates)."""
+        if any(self.is_trusted(a) for a in self._accounts):
+            return self.is_trusted(author)
+        return True
+
+    def _room(self, key: str, cap: float) -> float:
+        account = self._accounts.get(key)
+        return cap - (account.load_at(self._total, self.config.budget_rounds) if account else 0)
+
+    def applied(self, author: str, learners: int, allowance: float) -> None:
+        """An update of `author` sized by `learners` was applied with `allowance`."""
+        if author == FRESH:
+            return
+        share, tau = 1.0 / learners, self.config.budget_rounds
+        clocked = self._clocks(author)
+        if not self.is_established(author) and self.any_established():
+            account = self._accounts.setdefault(FRESH, _Account())
+            account.credit(share, allowance, self._total, tau, clocked=clocked)
+        account = self._accounts.setdefault(author, _Account())
+        account.credit(share, allowance, self._total, tau, clocked=clocked)
+        self._total += share * allowance if clocked else 0.0
+        if len(self) > MAX_AUTHORS:
+            self._forget_least_recorded()
+
+    def _forget_least_recorded(self) -> None:
+        authors = (a for a in self._accounts if a != FRESH)
+        del self._accounts[min(authors, key=lambda a: (self._accounts[a].record, a))]
+
+    def state_dict(self) -> dict[str, object]:
+        """Plain JSON types (it travels in state transfers and checkpoints)."""
+        return {
+            "total": self._total,
+            "accounts": [
+                [a, acc.load, acc.clock, acc.own, acc.record, acc.since]
+                for a, acc in self._accounts.items()
+            ],
+        }
+
+    def load_state_dict(self, state: object) -> None:
+        """Restores what state_dict saved; ValueError (and nothing changed) if malformed."""
+        total = state.get("total") if isinstance(state, dict) else None
+        rows = state.get("accounts") if isinstance(state, dict) else None
+        if not isinstance(total, int | float) or not _is_amount(total):
+            raise ValueError("contribution ledger state must hold a finite total >= 0.")
+        if not isinstance(rows, list) or len(rows) > MAX_AUTHORS + 1:
+            raise ValueError(f"contribution ledger state must list at most {MAX_AUTHORS} accounts.")
+        accounts: dict[str, _Account] = {}
+        for row in rows:
+            if not (isinstance(row, list | tuple) and len(row) == 6 and isinstance(row[0], str)):
+                raise ValueError("contribution ledger accounts must be [author, 5 numbers].")
+            if not all(_is_amount(x) for x in row[1:]) or row[0] in accounts:
+                raise ValueError("contribution ledger accounts must hold finite amounts >= 0.")
+            load, clock, own, record, since = (float(x) for x in row[1:])
+            if max(load, own) > record or max(clock, own, since) > total + 1e-9:
+                raise ValueError("contribution ledger account exceeds what it was credited.")
+            accounts[row[0]] = _Account(load, clock, own, record, since)
+        self._accounts, self._total = accounts, float(total)
+
+
+def _is_amount(value: object) -> bool:
+    return type(value) in (int, float) and math.isfinite(value) and value >= 0  # type: ignore[arg-type, operator]
