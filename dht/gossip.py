@@ -18,6 +18,7 @@ from dht.deferred import DeferredNotifies
 from dht.heartbeat import Heartbeat
 from dht.membership import Membership, SeenSet
 from dht.messages import (
+    MAX_SEQ,
     MAX_SIGNED_HEADER_BYTES,
     MessageError,
     announcement_subkey,
@@ -524,10 +525,7 @@ class Gossip:
             request = await asyncio.wait_for(
                 receive_blob(reader, max_bytes=4096), REQUEST_READ_TIMEOUT_S
             )
-            args = decode_request(request).get("args")
-            if not isinstance(args, list) or len(args) != 2:
-                raise TransportError("malformed request")
-            uid = (str(args[0]), int(args[1]))
+            uid = parse_update_request(decode_request(request).get("args"))
             data = await asyncio.to_thread(self.retained.get, uid)
             if data is None:
                 await send_refusal(writer, "not held")
@@ -567,6 +565,18 @@ class Gossip:
             self._reject("notify_timeout", sender, "no header within the timeout", update=False)
         except (TransportError, OSError) as exc:
             logger.debug("notification from %s dropped: %s", sender, exc)
+
+
+def parse_update_request(args: object) -> tuple[str, int]:
+    """The (author, seq) a peer asks for: a short author string and a seq in [1, MAX_SEQ]."""
+    if not isinstance(args, list) or len(args) != 2:
+        raise TransportError("malformed request")
+    author, seq = args
+    if not isinstance(author, str) or not 0 < len(author) <= 128:
+        raise TransportError("malformed request: the author is not a short string")
+    if type(seq) is not int or not 1 <= seq <= MAX_SEQ:
+        raise TransportError("malformed request: the seq is not an integer in range")
+    return author, seq
 
 
 def push_targets(
