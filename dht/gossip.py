@@ -12,8 +12,8 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
-from dht.budget import StreamLimits
-from dht.catchup import CatchUp, CatchUpConfig, Fetch, parse_ranges, to_ranges
+from dht.budget import PeerBudget, StreamLimits
+from dht.catchup import CatchUp, CatchUpConfig, Fetch, to_ranges
 from dht.deferred import DeferredNotifies
 from dht.heartbeat import Heartbeat
 from dht.membership import Membership, SeenSet
@@ -36,6 +36,13 @@ from dht.network import (
 from dht.records import subkey_owner
 from dht.retention import RetainedUpdates
 from dht.state_transfer import TransferStats
+from dht.summary_bounds import (
+    MAX_NAMED_IDS,
+    ReducedSummary,
+    SummaryLimits,
+    reduce_summary,
+    take_ids,
+)
 from dht.transport import (
     TooLargeError,
     TransportError,
@@ -51,7 +58,13 @@ from merge.pipeline import MergeResult, UpdatePipeline
 
 logger = logging.getLogger(__name__)
 MAX_SUMMARY_BYTES = 1 << 20
-MAX_SUMMARY_IDS = 1 << 20
+MAX_SUMMARY_IDS = MAX_NAMED_IDS
+SUMMARY_BOUNDS = SummaryLimits()
+"""What one summary may make this node want (dht.summary_bounds)."""
+SUMMARY_IDS_PER_S = 512.0
+"""Update ids a peer's summaries may make this node want per second, on average..."""
+SUMMARY_IDS_BURST = 8192.0
+"""...and at once after a quiet spell (a newcomer's first repair)."""
 NOTIFY_LIMITS = StreamLimits(rate_per_s=20.0, burst=64.0, max_in_flight=4, deadline_s=10.0)
 """Pushed headers a peer may send (an honest one sends one a round)."""
 SUMMARY_LIMITS = StreamLimits(rate_per_s=1.0, burst=8.0, max_in_flight=2, deadline_s=20.0)
@@ -114,6 +127,8 @@ class Gossip:
         self._bad_records = SeenSet(4096)
         self._deferred = DeferredNotifies()
         """Pushed headers of peers whose heartbeat is not read yet (dht.deferred)."""
+        self._summary_budget = PeerBudget(rate_per_s=SUMMARY_IDS_PER_S, burst=SUMMARY_IDS_BURST)
+        """Update ids each peer's summaries may make this node want (its work per second)."""
 
     def _catchup_config(self) -> CatchUpConfig:
         period = self.config.heartbeat_period_s
@@ -384,33 +399,58 @@ class Gossip:
     # ---- repair: per-author summaries ------------------------------------------------------
 
     def _summary(self) -> bytes:
+        """This node's applied and retained ranges (off the loop: O(applied set))."""
         applied = to_ranges(self.replica.applied)
         retained: dict[str, list[int]] = {}
         for author, seq in self.retained.ids():
             retained.setdefault(author, []).append(seq)
         return encode_request(applied=applied, retained=to_ranges(retained))
 
-    def _learn_summary(self, peer_id: str, blob: bytes) -> int:
-        fields = decode_request(blob)
-        applied = parse_ranges(fields.get("applied"), max_ids=MAX_SUMMARY_IDS)
-        retained = parse_ranges(fields.get("retained"), max_ids=MAX_SUMMARY_IDS)
-        num_new = self.catchup.summary(peer_id, applied, retained, time.monotonic())
-        if num_new:
+    def _ceilings(self) -> dict[str, int]:
+        """Per author, the highest seq this node has evidence of (applied, or a signed header
+        it checked): how far a peer's summary may name that author's ids (+ slack)."""
+        return self.catchup.seen_seqs()
+
+    def _reduce_summary(self, blob: bytes, ceilings: dict[str, int]) -> ReducedSummary:
+        """Off the loop: O(the summary's ranges + this node's applied set), never O(ids)."""
+        own = to_ranges(self.replica.applied)
+        return reduce_summary(blob, own, ceilings, SUMMARY_BOUNDS)
+
+    async def _learn_summary(self, peer_id: str, blob: bytes) -> int:
+        """Wants what a peer's summary names and this node lacks, within SUMMARY_BOUNDS and
+        the peer's budget of ids per second; what is refused is counted against the peer."""
+        ceilings = self._ceilings()
+        reduced = await asyncio.to_thread(self._reduce_summary, blob, ceilings)
+        applied, retained = reduced.applied, reduced.retained
+        beyond, over_cap = reduced.num_beyond, reduced.num_over_cap
+        if beyond:
+            self._reject("summary_beyond_seq", peer_id, f"{beyond} ids past seqs", update=False)
+        num_named = sum(hi - lo + 1 for runs in applied.values() for lo, hi in runs)
+        granted = self._summary_budget.take(peer_id, num_named, time.monotonic())
+        if granted < num_named:
+            over_cap += num_named - granted
+            applied = take_ids(applied, granted)
+        learned = self.catchup.summary(peer_id, applied, retained, time.monotonic())
+        if over_cap or learned.num_capped:
+            detail = f"{over_cap + learned.num_capped} ids over its caps"
+            self._reject("summary_over_cap", peer_id, detail, update=False)
+        if learned.num_new:
+            num_new = learned.num_new
             logger.info("repair: %d updates to fetch after comparing with %s", num_new, peer_id)
             self._on_event("repair", peer_id=peer_id, num_missing=num_new)
             self._kick()
-        return num_new
+        return learned.num_new
 
     async def _exchange_summaries(self, peer_id: str) -> None:
         try:
             answer = await self.network.exchange(
                 peer_id,
                 "summary",
-                self._summary(),
+                await asyncio.to_thread(self._summary),
                 max_bytes=MAX_SUMMARY_BYTES,
                 timeout_s=SUMMARY_LIMITS.deadline_s,
             )
-            self._learn_summary(peer_id, answer)
+            await self._learn_summary(peer_id, answer)
         except (TimeoutError, TransportError, OSError) as exc:
             logger.debug("summary exchange with %s failed: %s", peer_id, exc)
         except ValueError as exc:
@@ -422,9 +462,9 @@ class Gossip:
             request = await receive_blob(
                 reader, max_bytes=MAX_SUMMARY_BYTES, stall_timeout_s=REQUEST_READ_TIMEOUT_S
             )
-            await send_blob(writer, self._summary())
+            await send_blob(writer, await asyncio.to_thread(self._summary))
             if self.active and self.membership.is_alive(peer_id):  # no state for strangers
-                self._learn_summary(peer_id, request)
+                await self._learn_summary(peer_id, request)
         except (TransportError, OSError, TimeoutError) as exc:
             logger.debug("summary request from %s failed: %s", peer_id, exc)
         except ValueError as exc:
