@@ -593,7 +593,8 @@ class Gossip:
             if not (self.membership.is_alive(sender) and self.membership.is_alive(author)):
                 # Held until the next reads (dht.deferred): a peer that just joined pushes
                 # before this node has read its heartbeat.
-                for evicted in self._deferred.hold(sender, signed, time.time()):
+                known = self.replica.last_seq(sender) >= 1  # a track record: held first
+                for evicted in self._deferred.hold(sender, signed, time.time(), known=known):
                     self._reject_unknown(evicted)
                 return
             self._on_header(signed)
