@@ -164,7 +164,7 @@ def rank_donors(alive: list[Heartbeat], num_applied: int) -> list[Heartbeat]:
     def corroboration(donor: Heartbeat) -> tuple[int, bool, int]:
         claim = echoes[(donor.num_applied, donor.applied_digest)]
         others = [p for p in claim if p != donor.peer_id]
-        weight = sum(reports.record(p, donor.peer_id) for p in others)
+        weight = sum(reports.record(p) for p in others)
         return (weight, len(claim) > 1, donor.num_applied)
 
     return sorted(ahead, key=corroboration, reverse=True)

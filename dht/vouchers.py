@@ -6,9 +6,10 @@ loss), because the state check counted keys. Here each live peer's vote weighs i
 track record*: how many of its own updates the swarm applied, from evidence the newcomer can
 check, and a key with no record has no vote.
 
-- heartbeat record of V: how many of V's updates other live peers (never V, never the donor)
-  report applied in their signed heartbeats (`merged_by_author`, the highest report),
-  capped by V's own signed `latest_seq`;
+- heartbeat record of V: how many of V's updates other live peers (never V itself) report
+  applied in their signed heartbeats (`merged_by_author`, the highest report), capped by V's
+  own signed `latest_seq`. The donor's report counts: in a swarm of two honest peers the
+  donor is the only one that reports the other's updates;
 - state record of V: the same, capped again by the number of V's updates in the checked
   state's sealed applied set at or below V's announced seq + 1.
 
@@ -34,8 +35,8 @@ from dht.heartbeat import Heartbeat
 
 class Reports:
     """Who reports how many of each author's updates applied (signed `merged_by_author`),
-    the three highest reports per author: enough to leave out the author and a donor. Built
-    in O(peers x MAX_AUTHORS) once; a thousand Sybil heartbeats cost no quadratic work."""
+    the two highest reports per author: enough to leave out the author's own. Built in
+    O(peers x MAX_AUTHORS) once; a thousand Sybil heartbeats cost no quadratic work."""
 
     def __init__(self, peers: list[Heartbeat]) -> None:
         self._latest_seq: dict[str, int] = {}
@@ -46,24 +47,24 @@ class Reports:
                 top = self._top.setdefault(author, [])
                 top.append((count, h.peer_id))
                 top.sort(reverse=True)
-                del top[3:]
+                del top[2:]
 
-    def record(self, voucher: str, donor: str) -> int:
-        """`voucher`'s updates the highest other reporter (not itself, not `donor`) applied,
-        at most the voucher's own signed latest_seq."""
-        reported = (c for c, r in self._top.get(voucher, []) if r not in (voucher, donor))
+    def record(self, voucher: str) -> int:
+        """`voucher`'s updates the highest other reporter applied, at most the voucher's own
+        signed latest_seq."""
+        reported = (c for c, r in self._top.get(voucher, []) if r != voucher)
         return min(next(reported, 0), self._latest_seq.get(voucher, 0))
 
 
 def heartbeat_records(
     peers: list[Heartbeat], donor: str, reports: Reports | None = None
 ) -> dict[str, int]:
-    """Per live peer other than `donor`, its updates that another live peer (not the donor,
-    not itself) reports applied, at most its own signed latest_seq; only positive records."""
+    """Per live peer other than `donor`, its updates that another live peer reports applied,
+    at most its own signed latest_seq; only positive records."""
     reports = reports or Reports(peers)
     records: dict[str, int] = {}
     for voucher in peers:
-        if voucher.peer_id != donor and (record := reports.record(voucher.peer_id, donor)) > 0:
+        if voucher.peer_id != donor and (record := reports.record(voucher.peer_id)) > 0:
             records[voucher.peer_id] = record
     return records
 

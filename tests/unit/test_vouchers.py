@@ -80,14 +80,27 @@ def test_a_state_holding_no_vouchers_updates_is_judged_by_heartbeat_records() ->
         check_donor_state(donor_state(POISONED, {}), "mallory", peers, sketch_state)
 
 
-def test_the_donor_cannot_vouch_for_its_accomplices() -> None:
+def test_the_donors_reports_earn_its_accomplices_no_vote_in_a_state_without_their_updates() -> None:
     donor_beat = Heartbeat(
         peer_id="mallory", num_applied=70, merged_by_author={f"sybil{i}": 50 for i in range(5)}
     )
     peers = [donor_beat, *HONEST] + [sybil(i, latest_seq=50) for i in range(5)]
-    assert "sybil0" not in heartbeat_records(peers, "mallory")
+    assert heartbeat_records(peers, "mallory")["sybil0"] == 50
+    assert "sybil0" not in state_records(APPLIED, peers, "mallory")
     with pytest.raises(StateCheckError):
         check_donor_state(donor_state(POISONED, APPLIED), "mallory", peers, sketch_state)
+
+
+def test_in_a_swarm_of_two_the_donors_report_gives_the_other_author_its_vote() -> None:
+    """Alice serves; only alice reports bob's updates applied. Ten lying keys veto nothing."""
+    alice, bob = HONEST
+    bob_alone = Heartbeat(
+        peer_id="bob", latest_seq=30, num_applied=70, sketch=SKETCH(PARAMS),
+        applied_digest="cd" * 32, merged_by_author={},
+    )  # fmt: skip
+    peers = [alice, bob_alone] + [sybil(i) for i in range(10)]
+    assert state_records(APPLIED, peers, "alice") == {"bob": 30}
+    check_donor_state(donor_state(PARAMS, APPLIED), "alice", peers, sketch_state)
 
 
 def test_a_record_is_capped_by_the_authors_own_signed_seq_and_by_the_state() -> None:
