@@ -40,7 +40,7 @@ class CatchUpConfig:
     max_summaries: int = 4
     """Summary exchanges started per poll (the others wait for a later poll): a thousand
     peers with other digests cost a few streams at a time, not a thousand."""
-    max_wants: int = 1 << 16
+    max_wants: int = 1 << 14
     """Updates wanted at once; what peers announce beyond that is ignored until some are
     fetched or lost (a peer's summary can name a million ids: memory stays bounded)."""
     max_wants_per_peer: int = 4096

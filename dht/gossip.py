@@ -78,6 +78,8 @@ MAX_LOOKUPS = 64
 """DHT lookups (announcements, holders) running at once."""
 MAX_LOOKUPS_PER_POLL = 8
 """Announcement lookups started per membership poll."""
+MAX_ANNOUNCEMENTS_PER_LOOKUP = 64
+"""Announced headers of one author whose signatures one lookup checks (lowest unknown seqs)."""
 UPDATE_RATE_PER_S = 20.0
 """Update fetches a peer may start per second (an honest one fetches each update once)."""
 UPDATE_BURST = 128.0
@@ -265,10 +267,18 @@ class Gossip:
             self._kick()
 
     async def _lookup_announcements(self, author: str) -> None:
+        """The author's announced headers this node does not know yet, the lowest
+        MAX_ANNOUNCEMENTS_PER_LOOKUP seqs first: an author storing a hundred thousand subkeys
+        costs a bounded number of signature checks per lookup (the rest come in later ones)."""
         announced = await self.network.dht_get(f"{self.config.prefix}/updates/{author}")
+        unknown = []
         for subkey, blob in announced.items():
-            signed = self._parse_announcement(author, subkey, blob)
-            if signed is not None and not self.catchup.knows(signed.header.update_id):
+            seq = self._announced_seq(author, subkey, blob)
+            if seq is not None and not self.catchup.knows((author, seq)):
+                unknown.append((seq, subkey, blob))
+        for seq, subkey, blob in sorted(unknown, key=lambda x: x[0])[:MAX_ANNOUNCEMENTS_PER_LOOKUP]:
+            signed = self._parse_header_record(author, seq, subkey, blob)
+            if signed is not None:
                 self._on_header(signed)
 
     async def _lookup_holders(self, author: str) -> None:
@@ -283,15 +293,20 @@ class Gossip:
             self.catchup.holders(author, record.seq, [record.holder], now)
         self._kick()
 
-    def _parse_announcement(self, author: str, subkey: object, blob: object) -> SignedHeader | None:
-        """Only `author` can write under its key (owner subkeys): the header it holds must
-        still be the author's, signed, with the seq the subkey names; each bad entry counted
-        once against its writer."""
+    def _announced_seq(self, author: str, subkey: object, blob: object) -> int | None:
+        """The seq an announcement's subkey names (only `author` can write under its key:
+        owner subkeys); a bad subkey counted once against its writer."""
         try:
-            seq = parse_announced_seq(subkey, author)
+            return parse_announced_seq(subkey, author)
         except MessageError as exc:
             self._reject_record(f"announcement_{exc.reason}", subkey, blob, str(exc))
             return None
+
+    def _parse_header_record(
+        self, author: str, seq: int, subkey: object, blob: object
+    ) -> SignedHeader | None:
+        """The header an announcement holds: still the author's, signed, with the seq its
+        subkey names; a bad one counted once against the author, as its bad update."""
         try:
             return parse_signed_header(blob, author=author, seq=seq)
         except MessageError as exc:
