@@ -37,7 +37,6 @@ from dht.records import subkey_owner
 from dht.retention import RetainedUpdates
 from dht.state_transfer import TransferStats
 from dht.summary_bounds import (
-    MAX_NAMED_IDS,
     ReducedSummary,
     SummaryLimits,
     reduce_summary,
@@ -58,7 +57,6 @@ from merge.pipeline import MergeResult, UpdatePipeline
 
 logger = logging.getLogger(__name__)
 MAX_SUMMARY_BYTES = 1 << 20
-MAX_SUMMARY_IDS = MAX_NAMED_IDS
 SUMMARY_BOUNDS = SummaryLimits()
 """What one summary may make this node want (dht.summary_bounds)."""
 SUMMARY_IDS_PER_S = 512.0
@@ -466,6 +464,8 @@ class Gossip:
                 timeout_s=SUMMARY_LIMITS.deadline_s,
             )
             await self._learn_summary(peer_id, answer)
+        except TooLargeError as exc:
+            self._reject("summary_too_large", peer_id, str(exc), update=False)
         except (TimeoutError, TransportError, OSError) as exc:
             logger.debug("summary exchange with %s failed: %s", peer_id, exc)
         except ValueError as exc:
@@ -480,6 +480,8 @@ class Gossip:
             await send_blob(writer, await asyncio.to_thread(self._summary))
             if self.active and self.membership.is_alive(peer_id):  # no state for strangers
                 await self._learn_summary(peer_id, request)
+        except TooLargeError as exc:
+            self._reject("summary_too_large", peer_id, str(exc), update=False)
         except (TransportError, OSError, TimeoutError) as exc:
             logger.debug("summary request from %s failed: %s", peer_id, exc)
         except ValueError as exc:
