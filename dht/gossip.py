@@ -274,7 +274,11 @@ class Gossip:
             seq = self._announced_seq(author, subkey, blob)
             if seq is not None and not self.catchup.knows((author, seq)):
                 unknown.append((seq, subkey, blob))
-        for seq, subkey, blob in sorted(unknown, key=lambda x: x[0])[:MAX_ANNOUNCEMENTS_PER_LOOKUP]:
+        unknown.sort(key=lambda entry: entry[0])
+        if len(unknown) > MAX_ANNOUNCEMENTS_PER_LOOKUP:
+            del unknown[MAX_ANNOUNCEMENTS_PER_LOOKUP:]
+            self._looked_up[author] = unknown[-1][0]  # the next poll looks up the rest
+        for seq, subkey, blob in unknown:
             signed = self._parse_header_record(author, seq, subkey, blob)
             if signed is not None:
                 self._on_header(signed)
@@ -420,9 +424,15 @@ class Gossip:
         return encode_request(applied=applied, retained=to_ranges(retained))
 
     def _ceilings(self) -> dict[str, int]:
-        """Per author, the highest seq this node has evidence of (applied, or a signed header
-        it checked): how far a peer's summary may name that author's ids (+ slack)."""
-        return self.catchup.seen_seqs()
+        """Per author, the highest seq this node has evidence of (applied, in a signed header
+        it checked, or announced in the author's own live heartbeat): how far a peer's
+        summary may name that author's ids (+ slack). An author's heartbeat can raise only
+        its own ceiling, and the caps bound what that costs."""
+        ceilings = self.catchup.seen_seqs()
+        for heartbeat in self.membership.alive_peers():
+            author = heartbeat.peer_id
+            ceilings[author] = max(ceilings.get(author, 0), heartbeat.latest_seq)
+        return ceilings
 
     def _reduce_summary(self, blob: bytes, ceilings: dict[str, int]) -> ReducedSummary:
         """Off the loop: O(the summary's ranges + this node's applied set), never O(ids)."""
