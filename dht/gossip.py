@@ -451,7 +451,8 @@ class Gossip:
         num_named = sum(hi - lo + 1 for runs in applied.values() for lo, hi in runs)
         granted = self._summary_budget.take(peer_id, num_named, time.monotonic())
         if granted < num_named:
-            over_cap += num_named - granted
+            detail = f"{num_named - granted} ids over its budget per second"
+            self._reject("summary_over_budget", peer_id, detail, update=False)
             applied = take_ids(applied, granted)
         learned = self.catchup.summary(peer_id, applied, retained, time.monotonic())
         if over_cap or learned.num_capped:
