@@ -30,17 +30,21 @@ class PeerBudget:
 
     def allow(self, peer_id: str, now: float) -> bool:
         """Spends one token of `peer_id`'s budget; False when it has none left."""
+        return self.take(peer_id, 1, now) == 1
+
+    def take(self, peer_id: str, cost: int, now: float) -> int:
+        """Spends up to `cost` whole tokens of `peer_id`'s budget: the number granted (work
+        such as update ids to look for; what is not granted is not done)."""
         bucket = self._buckets.pop(peer_id, None) or _Bucket(self.burst, now)
         elapsed = max(0.0, now - bucket.updated_at)
         bucket.tokens = min(self.burst, bucket.tokens + elapsed * self.rate_per_s)
         bucket.updated_at = now
-        allowed = bucket.tokens >= 1
-        if allowed:
-            bucket.tokens -= 1
+        granted = max(0, min(cost, int(bucket.tokens)))
+        bucket.tokens -= granted
         self._buckets[peer_id] = bucket  # most recently active last
         while len(self._buckets) > self._max_peers:
             self._buckets.popitem(last=False)
-        return allowed
+        return granted
 
     def forget(self, peer_id: str) -> None:
         self._buckets.pop(peer_id, None)

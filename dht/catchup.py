@@ -40,9 +40,12 @@ class CatchUpConfig:
     max_summaries: int = 4
     """Summary exchanges started per poll (the others wait for a later poll): a thousand
     peers with other digests cost a few streams at a time, not a thousand."""
-    max_wants: int = 1 << 16
+    max_wants: int = 1 << 14
     """Updates wanted at once; what peers announce beyond that is ignored until some are
     fetched or lost (a peer's summary can name a million ids: memory stays bounded)."""
+    max_wants_per_peer: int = 4096
+    """Updates wanted at once because one peer's summaries named them: one peer cannot fill
+    the table (max_wants) that every other peer's repairs need room in."""
 
     def __post_init__(self) -> None:
         for name in ("lost_after_s", "retry_s", "mismatch_grace_s", "summary_period_s"):
@@ -54,6 +57,8 @@ class CatchUpConfig:
             raise ValueError(f"max_summaries must be >= 1, got {self.max_summaries!r}.")
         if self.max_wants < 1:
             raise ValueError(f"max_wants must be >= 1, got {self.max_wants!r}.")
+        if self.max_wants_per_peer < 1:
+            raise ValueError(f"max_wants_per_peer must be >= 1, got {self.max_wants_per_peer!r}.")
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,18 @@ class _Want:
     sourceless_since: float | None
     failed_at: dict[str, float] = field(default_factory=dict)
     in_flight: str | None = None
+    named_by: str | None = None
+    """The peer whose summary made this update wanted (its max_wants_per_peer share)."""
+
+
+@dataclass(frozen=True)
+class Learned:
+    """What one peer's summary did."""
+
+    num_new: int
+    """Updates newly wanted."""
+    num_capped: int
+    """Updates not wanted because the peer's share of wants (max_wants_per_peer) was full."""
 
 
 class CatchUp:
@@ -92,6 +109,8 @@ class CatchUp:
         self._mismatch_since: dict[str, float] = {}
         self._last_summary: dict[str, float] = {}
         self._holder_lookup_at: dict[str, float] = {}
+        self._named_by: dict[str, int] = {}
+        """Wanted updates per peer whose summary named them."""
 
     # ---- what the node hears ------------------------------------------------------------------
 
@@ -106,17 +125,21 @@ class CatchUp:
         """Peers that hold (author, seq), from a holder record."""
         self._want((author, seq), peer_ids, now, None, create=False)
 
-    def summary(self, peer_id: str, applied: Ranges, retained: Ranges, now: float) -> int:
-        """A peer's applied and retained ranges; the number of updates newly wanted."""
+    def summary(self, peer_id: str, applied: Ranges, retained: Ranges, now: float) -> Learned:
+        """A peer's applied and retained ranges (walked id by id: dht.summary_bounds bounds
+        them first); at most max_wants_per_peer of the updates wanted are this peer's."""
         held = set(iter_ids(retained))
-        num_new = 0
+        num_new = num_capped = 0
         for uid in iter_ids(applied):
+            if self._named_by.get(peer_id, 0) >= self.config.max_wants_per_peer:
+                num_capped += not self.knows(uid)
+                continue
             sources = [peer_id] if uid in held else []
-            num_new += self._want(uid, sources, now, None, revive=uid in held)
+            num_new += self._want(uid, sources, now, None, revive=uid in held, named_by=peer_id)
         for uid in held:
             self._want(uid, [peer_id], now, None, create=False, revive=True)
         self._last_summary[peer_id] = now
-        return num_new
+        return Learned(num_new, num_capped)
 
     def fetched(self, uid: UpdateId, *, settled: bool = True) -> None:
         """The fetch of `uid` ended with an update merged or rejected for good."""
@@ -124,7 +147,7 @@ class CatchUp:
         if want is not None:
             want.in_flight = None
         if settled:
-            self._wants.pop(uid, None)
+            self._drop(uid)
             if not self._applied.has_applied(*uid):
                 self._settled[uid] = None
                 if len(self._settled) > self.config.max_wants:  # forget the oldest
@@ -158,6 +181,10 @@ class CatchUp:
         for table in (self._max_seen, self._mismatch_since, self._last_summary):
             table.pop(peer_id, None)
         self._holder_lookup_at.pop(peer_id, None)
+        self._named_by.pop(peer_id, None)
+        for want in self._wants.values():
+            if want.named_by == peer_id:  # its share is freed; the wants stay
+                want.named_by = None
         self._settled = {uid: None for uid in self._settled if uid[0] != peer_id}
         for want in self._wants.values():
             want.failed_at.pop(peer_id, None)
@@ -174,7 +201,12 @@ class CatchUp:
             + len(self._mismatch_since)
             + len(self._last_summary)
             + len(self._holder_lookup_at)
+            + len(self._named_by)
         )
+
+    def seen_seqs(self) -> dict[str, int]:
+        """A copy of max_seen for every author heard of."""
+        return dict(self._max_seen)
 
     def max_seen(self, author: str) -> int:
         """The highest seq of `author` this node has heard announced (0 if none)."""
@@ -203,7 +235,7 @@ class CatchUp:
         lost: list[UpdateId] = []
         for uid, want in list(self._wants.items()):
             if self._applied.has_applied(*uid):
-                del self._wants[uid]
+                self._drop(uid)
                 continue
             if want.in_flight is not None or self._live_sources(want, alive):
                 want.sourceless_since = None
@@ -211,7 +243,7 @@ class CatchUp:
             if want.sourceless_since is None:
                 want.sourceless_since = now
             elif now - want.sourceless_since >= self.config.lost_after_s:
-                del self._wants[uid]
+                self._drop(uid)
                 self.lost.add(uid)
                 lost.append(uid)
         return lost
@@ -277,6 +309,7 @@ class CatchUp:
         *,
         create: bool = True,
         revive: bool = False,
+        named_by: str | None = None,
     ) -> bool:
         """Only a summary revives a lost update: it lists what a live peer holds right now,
         where announcements and holder records may be older than an eviction."""
@@ -296,12 +329,25 @@ class CatchUp:
                 self.num_recovered += 1
             author = uid[0]
             maybe = {author} if author != self.self_id else set()
-            self._wants[uid] = _Want(header, fresh | maybe, None if fresh | maybe else now)
+            since = None if fresh | maybe else now
+            self._wants[uid] = _Want(header, fresh | maybe, since, named_by=named_by)
+            if named_by is not None:
+                self._named_by[named_by] = self._named_by.get(named_by, 0) + 1
             return True
         want.sources |= fresh
         if header is not None and want.header is None:
             want.header = header
         return False
+
+    def _drop(self, uid: UpdateId) -> None:
+        """No longer wanted: the share of the peer that named it is freed."""
+        want = self._wants.pop(uid, None)
+        if want is not None and want.named_by is not None:
+            left = self._named_by.get(want.named_by, 0) - 1
+            if left > 0:
+                self._named_by[want.named_by] = left
+            else:
+                self._named_by.pop(want.named_by, None)
 
     def _live_sources(self, want: _Want, alive: set[str]) -> list[str]:
         return sorted(s for s in want.sources if s in alive)

@@ -12,12 +12,13 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
-from dht.budget import StreamLimits
-from dht.catchup import CatchUp, CatchUpConfig, Fetch, parse_ranges, to_ranges
+from dht.budget import PeerBudget, StreamLimits
+from dht.catchup import CatchUp, CatchUpConfig, Fetch, to_ranges
 from dht.deferred import DeferredNotifies
 from dht.heartbeat import Heartbeat
 from dht.membership import Membership, SeenSet
 from dht.messages import (
+    MAX_SEQ,
     MAX_SIGNED_HEADER_BYTES,
     MessageError,
     announcement_subkey,
@@ -35,6 +36,12 @@ from dht.network import (
 from dht.records import subkey_owner
 from dht.retention import RetainedUpdates
 from dht.state_transfer import TransferStats
+from dht.summary_bounds import (
+    ReducedSummary,
+    SummaryLimits,
+    reduce_summary,
+    take_ids,
+)
 from dht.transport import (
     TooLargeError,
     TransportError,
@@ -50,7 +57,12 @@ from merge.pipeline import MergeResult, UpdatePipeline
 
 logger = logging.getLogger(__name__)
 MAX_SUMMARY_BYTES = 1 << 20
-MAX_SUMMARY_IDS = 1 << 20
+SUMMARY_BOUNDS = SummaryLimits()
+"""What one summary may make this node want (dht.summary_bounds)."""
+SUMMARY_IDS_PER_S = 512.0
+"""Update ids a peer's summaries may make this node want per second, on average..."""
+SUMMARY_IDS_BURST = 8192.0
+"""...and at once after a quiet spell (a newcomer's first repair)."""
 NOTIFY_LIMITS = StreamLimits(rate_per_s=20.0, burst=64.0, max_in_flight=4, deadline_s=10.0)
 """Pushed headers a peer may send (an honest one sends one a round)."""
 SUMMARY_LIMITS = StreamLimits(rate_per_s=1.0, burst=8.0, max_in_flight=2, deadline_s=20.0)
@@ -64,6 +76,8 @@ MAX_LOOKUPS = 64
 """DHT lookups (announcements, holders) running at once."""
 MAX_LOOKUPS_PER_POLL = 8
 """Announcement lookups started per membership poll."""
+MAX_ANNOUNCEMENTS_PER_LOOKUP = 64
+"""Announced headers of one author whose signatures one lookup checks (lowest unknown seqs)."""
 UPDATE_RATE_PER_S = 20.0
 """Update fetches a peer may start per second (an honest one fetches each update once)."""
 UPDATE_BURST = 128.0
@@ -113,6 +127,8 @@ class Gossip:
         self._bad_records = SeenSet(4096)
         self._deferred = DeferredNotifies()
         """Pushed headers of peers whose heartbeat is not read yet (dht.deferred)."""
+        self._summary_budget = PeerBudget(rate_per_s=SUMMARY_IDS_PER_S, burst=SUMMARY_IDS_BURST)
+        """Update ids each peer's summaries may make this node want (its work per second)."""
 
     def _catchup_config(self) -> CatchUpConfig:
         period = self.config.heartbeat_period_s
@@ -249,10 +265,22 @@ class Gossip:
             self._kick()
 
     async def _lookup_announcements(self, author: str) -> None:
+        """The author's announced headers this node does not know yet, the lowest
+        MAX_ANNOUNCEMENTS_PER_LOOKUP seqs first: an author storing a hundred thousand subkeys
+        costs a bounded number of signature checks per lookup (the rest come in later ones)."""
         announced = await self.network.dht_get(f"{self.config.prefix}/updates/{author}")
+        unknown = []
         for subkey, blob in announced.items():
-            signed = self._parse_announcement(author, subkey, blob)
-            if signed is not None and not self.catchup.knows(signed.header.update_id):
+            seq = self._announced_seq(author, subkey, blob)
+            if seq is not None and not self.catchup.knows((author, seq)):
+                unknown.append((seq, subkey, blob))
+        unknown.sort(key=lambda entry: entry[0])
+        if len(unknown) > MAX_ANNOUNCEMENTS_PER_LOOKUP:
+            del unknown[MAX_ANNOUNCEMENTS_PER_LOOKUP:]
+            self._looked_up[author] = unknown[-1][0]  # the next poll looks up the rest
+        for seq, subkey, blob in unknown:
+            signed = self._parse_header_record(author, seq, subkey, blob)
+            if signed is not None:
                 self._on_header(signed)
 
     async def _lookup_holders(self, author: str) -> None:
@@ -267,15 +295,20 @@ class Gossip:
             self.catchup.holders(author, record.seq, [record.holder], now)
         self._kick()
 
-    def _parse_announcement(self, author: str, subkey: object, blob: object) -> SignedHeader | None:
-        """Only `author` can write under its key (owner subkeys): the header it holds must
-        still be the author's, signed, with the seq the subkey names; each bad entry counted
-        once against its writer."""
+    def _announced_seq(self, author: str, subkey: object, blob: object) -> int | None:
+        """The seq an announcement's subkey names (only `author` can write under its key:
+        owner subkeys); a bad subkey counted once against its writer."""
         try:
-            seq = parse_announced_seq(subkey, author)
+            return parse_announced_seq(subkey, author)
         except MessageError as exc:
             self._reject_record(f"announcement_{exc.reason}", subkey, blob, str(exc))
             return None
+
+    def _parse_header_record(
+        self, author: str, seq: int, subkey: object, blob: object
+    ) -> SignedHeader | None:
+        """The header an announcement holds: still the author's, signed, with the seq its
+        subkey names; a bad one counted once against the author, as its bad update."""
         try:
             return parse_signed_header(blob, author=author, seq=seq)
         except MessageError as exc:
@@ -383,33 +416,67 @@ class Gossip:
     # ---- repair: per-author summaries ------------------------------------------------------
 
     def _summary(self) -> bytes:
+        """This node's applied and retained ranges (off the loop: O(applied set))."""
         applied = to_ranges(self.replica.applied)
         retained: dict[str, list[int]] = {}
         for author, seq in self.retained.ids():
             retained.setdefault(author, []).append(seq)
         return encode_request(applied=applied, retained=to_ranges(retained))
 
-    def _learn_summary(self, peer_id: str, blob: bytes) -> int:
-        fields = decode_request(blob)
-        applied = parse_ranges(fields.get("applied"), max_ids=MAX_SUMMARY_IDS)
-        retained = parse_ranges(fields.get("retained"), max_ids=MAX_SUMMARY_IDS)
-        num_new = self.catchup.summary(peer_id, applied, retained, time.monotonic())
-        if num_new:
+    def _ceilings(self) -> dict[str, int]:
+        """Per author, the highest seq this node has evidence of (applied, in a signed header
+        it checked, or announced in the author's own live heartbeat): how far a peer's
+        summary may name that author's ids (+ slack). An author's heartbeat can raise only
+        its own ceiling, and the caps bound what that costs."""
+        ceilings = self.catchup.seen_seqs()
+        for heartbeat in self.membership.alive_peers():
+            author = heartbeat.peer_id
+            ceilings[author] = max(ceilings.get(author, 0), heartbeat.latest_seq)
+        return ceilings
+
+    def _reduce_summary(self, blob: bytes, ceilings: dict[str, int]) -> ReducedSummary:
+        """Off the loop: O(the summary's ranges + this node's applied set), never O(ids)."""
+        own = to_ranges(self.replica.applied)
+        return reduce_summary(blob, own, ceilings, SUMMARY_BOUNDS)
+
+    async def _learn_summary(self, peer_id: str, blob: bytes) -> int:
+        """Wants what a peer's summary names and this node lacks, within SUMMARY_BOUNDS and
+        the peer's budget of ids per second; what is refused is counted against the peer."""
+        ceilings = self._ceilings()
+        reduced = await asyncio.to_thread(self._reduce_summary, blob, ceilings)
+        applied, retained = reduced.applied, reduced.retained
+        beyond, over_cap = reduced.num_beyond, reduced.num_over_cap
+        if beyond:
+            self._reject("summary_beyond_seq", peer_id, f"{beyond} ids past seqs", update=False)
+        num_named = sum(hi - lo + 1 for runs in applied.values() for lo, hi in runs)
+        granted = self._summary_budget.take(peer_id, num_named, time.monotonic())
+        if granted < num_named:
+            detail = f"{num_named - granted} ids over its budget per second"
+            self._reject("summary_over_budget", peer_id, detail, update=False)
+            applied = take_ids(applied, granted)
+        learned = self.catchup.summary(peer_id, applied, retained, time.monotonic())
+        if over_cap or learned.num_capped:
+            detail = f"{over_cap + learned.num_capped} ids over its caps"
+            self._reject("summary_over_cap", peer_id, detail, update=False)
+        if learned.num_new:
+            num_new = learned.num_new
             logger.info("repair: %d updates to fetch after comparing with %s", num_new, peer_id)
             self._on_event("repair", peer_id=peer_id, num_missing=num_new)
             self._kick()
-        return num_new
+        return learned.num_new
 
     async def _exchange_summaries(self, peer_id: str) -> None:
         try:
             answer = await self.network.exchange(
                 peer_id,
                 "summary",
-                self._summary(),
+                await asyncio.to_thread(self._summary),
                 max_bytes=MAX_SUMMARY_BYTES,
                 timeout_s=SUMMARY_LIMITS.deadline_s,
             )
-            self._learn_summary(peer_id, answer)
+            await self._learn_summary(peer_id, answer)
+        except TooLargeError as exc:
+            self._reject("summary_too_large", peer_id, str(exc), update=False)
         except (TimeoutError, TransportError, OSError) as exc:
             logger.debug("summary exchange with %s failed: %s", peer_id, exc)
         except ValueError as exc:
@@ -421,9 +488,11 @@ class Gossip:
             request = await receive_blob(
                 reader, max_bytes=MAX_SUMMARY_BYTES, stall_timeout_s=REQUEST_READ_TIMEOUT_S
             )
-            await send_blob(writer, self._summary())
+            await send_blob(writer, await asyncio.to_thread(self._summary))
             if self.active and self.membership.is_alive(peer_id):  # no state for strangers
-                self._learn_summary(peer_id, request)
+                await self._learn_summary(peer_id, request)
+        except TooLargeError as exc:
+            self._reject("summary_too_large", peer_id, str(exc), update=False)
         except (TransportError, OSError, TimeoutError) as exc:
             logger.debug("summary request from %s failed: %s", peer_id, exc)
         except ValueError as exc:
@@ -524,10 +593,7 @@ class Gossip:
             request = await asyncio.wait_for(
                 receive_blob(reader, max_bytes=4096), REQUEST_READ_TIMEOUT_S
             )
-            args = decode_request(request).get("args")
-            if not isinstance(args, list) or len(args) != 2:
-                raise TransportError("malformed request")
-            uid = (str(args[0]), int(args[1]))
+            uid = parse_update_request(decode_request(request).get("args"))
             data = await asyncio.to_thread(self.retained.get, uid)
             if data is None:
                 await send_refusal(writer, "not held")
@@ -555,7 +621,8 @@ class Gossip:
             if not (self.membership.is_alive(sender) and self.membership.is_alive(author)):
                 # Held until the next reads (dht.deferred): a peer that just joined pushes
                 # before this node has read its heartbeat.
-                for evicted in self._deferred.hold(sender, signed, time.time()):
+                known = self.replica.last_seq(sender) >= 1  # a track record: held first
+                for evicted in self._deferred.hold(sender, signed, time.time(), known=known):
                     self._reject_unknown(evicted)
                 return
             self._on_header(signed)
@@ -567,6 +634,18 @@ class Gossip:
             self._reject("notify_timeout", sender, "no header within the timeout", update=False)
         except (TransportError, OSError) as exc:
             logger.debug("notification from %s dropped: %s", sender, exc)
+
+
+def parse_update_request(args: object) -> tuple[str, int]:
+    """The (author, seq) a peer asks for: a short author string and a seq in [1, MAX_SEQ]."""
+    if not isinstance(args, list) or len(args) != 2:
+        raise TransportError("malformed request")
+    author, seq = args
+    if not isinstance(author, str) or not 0 < len(author) <= 128:
+        raise TransportError("malformed request: the author is not a short string")
+    if type(seq) is not int or not 1 <= seq <= MAX_SEQ:
+        raise TransportError("malformed request: the seq is not an integer in range")
+    return author, seq
 
 
 def push_targets(

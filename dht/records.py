@@ -20,6 +20,10 @@ refuses any other record: a plain (subkey-less) value with a later expiration wo
 whole dictionary (every heartbeat at once), and subkeys of mixed types under one key make
 hivemind's storage raise TypeError (its expiration heap compares (expiration, subkey)
 tuples) on every later store and get of that key.
+
+And every value is size-bounded (MAX_VALUE_BYTES, far above the largest honest value, a
+16 KiB heartbeat): hivemind stores whatever a peer sends, so one peer could park megabytes
+in every DHT member's memory and in every reader's lookups.
 """
 
 from __future__ import annotations
@@ -39,6 +43,9 @@ _SIGNATURE_MARK = b"[ed25519]"
 _SIGNATURE_BYTES = 64
 _SUFFIX_BYTES = len(_SIGNATURE_MARK) + _SIGNATURE_BYTES
 MAX_SUBKEY_CHARS = 256
+MAX_VALUE_BYTES = 32 * 1024
+"""The largest serialized value a record may hold: a heartbeat (16 KiB body), a signed
+header (~4 KiB) or a run record (4 KiB), with their signatures, fit with room to spare."""
 
 
 def owner_subkey(peer_id: str, suffix: str = "") -> str:
@@ -52,10 +59,16 @@ def subkey_owner(subkey: object) -> str | None:
     return found.group(1) if found else None
 
 
-REFUSALS = ("dht_record_subkey", "dht_record_unsigned", "dht_record_bad_signature")
+REFUSALS = (
+    "dht_record_subkey",
+    "dht_record_unsigned",
+    "dht_record_bad_signature",
+    "dht_record_too_large",
+)
 """Why the validator refused a record: not a dictionary entry with a string subkey (a plain
 value, an int subkey); a protected subkey without its owner's signature; a signature that
-does not verify (a foreign write, such as an overwritten heartbeat)."""
+does not verify (a foreign write, such as an overwritten heartbeat); a value over
+MAX_VALUE_BYTES."""
 
 
 class RefusalCounts:
@@ -96,6 +109,8 @@ class OwnerValidator(RecordValidatorBase):
         return reason is None
 
     def _refusal(self, record: DHTRecord) -> str | None:
+        if len(record.value) > MAX_VALUE_BYTES:
+            return "dht_record_too_large"
         if not _is_string_subkey(record.subkey):
             return "dht_record_subkey"
         owners = set(_OWNER_RE.findall(record.subkey))

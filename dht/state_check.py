@@ -29,10 +29,13 @@ the replica, against signed heartbeats of other peers:
   distances): replicas a few updates apart differ by a few percent of the params' norm, a
   model noised or swapped for another by far more. One accomplice heartbeat then vouches
   for a poisoned state only where the honest trained peers are no more than it (two or
-  fewer others); one lying heartbeat never vetoes an honest state. This bounds what a donor
-  can plant; it does not prove the state honest (a donor may serve a model a few rounds
-  off, and a flood of keys vouching for it outvotes the honest peers: open swarms cannot
-  tell keys from people; `--allow-keys` can).
+  fewer others); one lying heartbeat never vetoes an honest state. Votes weigh by applied
+  track record (dht.vouchers): a key none of whose updates the other peers report applied,
+  or that the checked state holds, has no vote, so a flood of fresh keys vouching for a
+  poisoned state outvotes no established author (only in a swarm where nobody has a record
+  yet do keys count one each). This bounds what a donor can plant; it does not prove the
+  state honest (a donor may serve a model a few rounds off; open swarms cannot tell keys
+  from people; `--allow-keys` can).
 
 A refusal is counted as `bad_state` against the donor and the next donor is tried.
 Pure: no network, no clock (dht.state_transfer reads the heartbeats and loads the state).
@@ -41,13 +44,13 @@ Pure: no network, no clock (dht.state_transfer reads the heartbeats and loads th
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
 
 from dht.heartbeat import Heartbeat
+from dht.vouchers import Reports, voucher_weights, weighted_lower_median
 from merge.sketch import StateSketch, relative_distance
 
 MAX_DRIFT = 0.05
@@ -122,7 +125,9 @@ def check_donor_state(
             f"the state's momentum would still move its parameters by {rest} of their norm"
         )
     others = [h for h in peers if h.peer_id != donor and h.sketch]
-    same = [h for h in others if h.applied_digest == applied_digest(applied)]
+    weights = voucher_weights(applied, others, peers, donor)  # track records, not keys
+    voters = [h for h in others if h.peer_id in weights]
+    same = [h for h in voters if h.applied_digest == applied_digest(applied)]
     if same:
         distances = [relative_distance(ours.settled, h.sketch) for h in same]
         if not any(d is not None and d <= max_drift for d in distances):
@@ -130,13 +135,14 @@ def check_donor_state(
                 "the state's parameters differ from those of peers with the same applied set"
             )
     # Peers at genesis are left out: a donor long trained is far from them, honestly.
-    trained = [h for h in others if h.num_applied > 0]
-    measured = (relative_distance(ours.settled, h.sketch) for h in trained)
-    near = sorted(d for d in measured if d is not None)
-    if near and (median := near[(len(near) - 1) // 2]) > max_distance:
+    trained = [h for h in voters if h.num_applied > 0]
+    measured = ((relative_distance(ours.settled, h.sketch), weights[h.peer_id]) for h in trained)
+    median = weighted_lower_median((d, w) for d, w in measured if d is not None)
+    if median is not None and median > max_distance:
         raise StateCheckError(
             f"the state's parameters lie {median:.2f} of their norm or more from half the "
-            f"other trained live peers' (at most {max_distance} is believed)"
+            f"other trained live peers' (by applied track record; at most {max_distance} "
+            "is believed)"
         )
     return StateVerdict(unannounced)
 
@@ -144,16 +150,24 @@ def check_donor_state(
 def rank_donors(alive: list[Heartbeat], num_applied: int) -> list[Heartbeat]:
     """Live peers to download a state from, best first: those that serve state and applied
     more than this replica's `num_applied`. A donor whose (num_applied, applied_digest) another
-    live peer also reports is corroborated and comes first; within each group, the most
-    advanced first. A donor's progress is its own claim: a liar claiming a thousand more
-    updates than anyone is tried after every corroborated donor, not before."""
+    live peer also reports is corroborated and comes first; corroboration by peers with an
+    applied track record (dht.vouchers) before corroboration by keys without one; within each
+    group, the most advanced first. A donor's progress is its own claim: a liar claiming a
+    thousand more updates than anyone is tried after every corroborated donor, not before,
+    and fresh keys echoing its claim place it after donors that established authors echo."""
     ahead = [h for h in alive if h.serves_state and h.num_applied > num_applied]
-    votes = Counter((h.num_applied, h.applied_digest) for h in alive)
-    return sorted(
-        ahead,
-        key=lambda h: (votes[(h.num_applied, h.applied_digest)] > 1, h.num_applied),
-        reverse=True,
-    )
+    echoes: dict[tuple[int, str], list[str]] = {}
+    for h in alive:
+        echoes.setdefault((h.num_applied, h.applied_digest), []).append(h.peer_id)
+    reports = Reports(alive)
+
+    def corroboration(donor: Heartbeat) -> tuple[int, bool, int]:
+        claim = echoes[(donor.num_applied, donor.applied_digest)]
+        others = [p for p in claim if p != donor.peer_id]
+        weight = sum(reports.record(p) for p in others)
+        return (weight, len(claim) > 1, donor.num_applied)
+
+    return sorted(ahead, key=corroboration, reverse=True)
 
 
 def unannounced_seqs(applied: Mapping[str, object], peers: list[Heartbeat]) -> dict[str, list[int]]:

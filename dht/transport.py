@@ -110,10 +110,17 @@ def encode_request(**fields: Any) -> bytes:
 
 
 def decode_request(data: bytes) -> dict[str, Any]:
+    """A peer's JSON request: a dict, with no NaN or Infinity anywhere in it (Python's json
+    accepts both; int(Infinity) raised OverflowError in a handler) and no nesting that
+    exhausts the recursion limit; TransportError otherwise."""
     try:
-        fields = json.loads(data)
-    except ValueError:
+        fields = json.loads(data, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):
         raise TransportError("malformed request") from None
     if not isinstance(fields, dict):
         raise TransportError("malformed request")
     return fields
+
+
+def _refuse_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a number a peer may send")

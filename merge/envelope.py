@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import re
 import struct
 import time
@@ -57,7 +58,13 @@ _PAYLOAD_HASH_FIELDS = {
     1: "payload_sha256", 2: "payload_sha256", 3: "payload_blake3", 4: "payload_blake3",
 }  # fmt: skip
 """The field that binds the payload in each version; the other one is None."""
-_NUMBER_FIELDS = ("loss", "created_at")
+MAX_HEADER_LOSS = 1e6
+"""A finite header loss lies in [-MAX_HEADER_LOSS, MAX_HEADER_LOSS]: a loss of 10**400 raised
+OverflowError wherever it was turned into a float. A NaN or infinite float loss still parses:
+the pipeline refuses it as "non_finite", counted against its author."""
+MAX_CREATED_AT = 1e10
+"""A header's created_at is finite, in [0, MAX_CREATED_AT] seconds (the year 2286)."""
+_NUMBER_BOUNDS = {"loss": MAX_HEADER_LOSS, "created_at": MAX_CREATED_AT}
 
 
 class EnvelopeError(ValueError):
@@ -240,7 +247,7 @@ def seal(
         published_applied=published_applied,
         inner_steps=inner_steps,
         tokens=tokens,
-        loss=float(loss),
+        loss=sealable_loss(loss),
         payload_blake3=blake3.blake3(payload).hexdigest(),
         codec=codec,
         numel=numel,
@@ -250,6 +257,13 @@ def seal(
         fragments=fragments,
     )
     return SignedUpdate(header, identity.sign(header.canonical_bytes()), payload)
+
+
+def sealable_loss(loss: float) -> float:
+    """The loss a header carries: a finite one clamped to MAX_HEADER_LOSS (peers refuse more);
+    NaN or infinity as is, for the pipeline to refuse as "non_finite"."""
+    value = float(loss)
+    return max(-MAX_HEADER_LOSS, min(MAX_HEADER_LOSS, value)) if math.isfinite(value) else value
 
 
 def verify_header(signed: SignedHeader) -> None:
@@ -303,14 +317,27 @@ def _check_header_fields(h: UpdateHeader) -> None:
         value = getattr(h, name)
         if value is not None and (type(value) is not int or abs(value) > _MAX_ABS_INT):
             raise EnvelopeError("malformed", f"{name} must be a 64-bit integer")
-    for name in _NUMBER_FIELDS:
-        if type(getattr(h, name)) not in (int, float):
-            raise EnvelopeError("malformed", f"{name} must be a number")
+    for name, bound in _NUMBER_BOUNDS.items():
+        value = getattr(h, name)
+        if type(value) not in (int, float) or not _within(value, bound, name == "loss"):
+            raise EnvelopeError("malformed", f"{name} must be a finite number within {bound:g}")
+    if h.created_at < 0:
+        raise EnvelopeError("malformed", "created_at must be >= 0")
     _check_string(h.fingerprint, "fingerprint", 64, hex64=True)
     _check_fragment(h)
     _check_payload_hash(h)
     _check_string(h.author, "author", _MAX_AUTHOR_CHARS)
     _check_string(h.codec, "codec", _MAX_CODEC_CHARS)
+
+
+def _within(value: float, bound: float, non_finite_ok: bool) -> bool:
+    """|value| <= bound, without turning a huge int into a float (OverflowError); NaN and
+    infinities pass only where `non_finite_ok` (the pipeline judges them)."""
+    if type(value) is int:
+        return -bound <= value <= bound
+    if not math.isfinite(value):
+        return non_finite_ok
+    return abs(value) <= bound
 
 
 def _check_fragment(h: UpdateHeader) -> None:

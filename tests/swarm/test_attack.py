@@ -147,10 +147,12 @@ def test_a_newcomer_refuses_a_poisoned_state_and_loads_an_honest_one(
     launch: Launch, tmp_path: Path, adversary_home: list[ChildProcess]
 ) -> None:
     """The adversary claims a thousand updates more than anyone, a second key of its own
-    reports the same progress, applied set and the poisoned state's sketch (so the newcomer
-    asks the adversary first and the same-applied-set check passes), and it serves its
-    replica noised by the params' own norm: the newcomer refuses it (far from both honest
-    replicas) and loads an honest donor's state."""
+    reports the same progress, applied set and the poisoned state's sketch (so, unless the
+    honest donors echo each other, whose track records rank them first, the newcomer asks
+    the adversary first and the same-applied-set check passes), and it serves its replica
+    noised by the params' own norm: the newcomer refuses it if asked (far from both honest
+    replicas, which weigh by track record; the accomplice has none) and loads an honest
+    donor's state."""
     honest_args = [*RUN, "--max-time", str(TRAIN_S), "--linger", "60"]
     a = launch(*honest_args, name="honest0")
     maddr = a.wait_listening(START_S)[0]
@@ -164,5 +166,7 @@ def test_a_newcomer_refuses_a_poisoned_state_and_loads_an_honest_one(
     loaded = newcomer.wait_event("state_downloaded", START_S)
     assert loaded["peer_id"] in (a.peer_id, b.peer_id), "the newcomer loaded no honest state"
     refused = {e["author"] for e in newcomer.of("update_rejected") if e["reason"] == "bad_state"}
-    assert refused == {mallory}, refused  # asked first and refused; no honest donor was
+    # Asked first and refused, or ranked after the honest donors (dht.vouchers): either way
+    # no honest donor was refused, and the poisoned state was not loaded (above).
+    assert refused <= {mallory}, refused
     newcomer.wait_event("round_done", START_S)

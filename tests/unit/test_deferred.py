@@ -103,3 +103,57 @@ def test_every_push_is_held_boundedly_then_accepted_or_counted_once(
             assert accepted <= live
         assert len(held) == len(waiting) <= capacity
     assert pushes == ends + len(waiting)
+
+
+def _key(i: int) -> str:
+    return Identity.from_private_bytes(i.to_bytes(4, "big") * 8).peer_id
+
+
+def test_a_flood_of_fresh_senders_never_evicts_a_known_senders_push() -> None:
+    held = DeferredNotifies()  # 64 places, 16 for fresh keys
+    restarted = KEYS[0].peer_id  # its updates were applied here before it restarted
+    assert held.hold(restarted, HEADERS[restarted], 1.0, known=True) == []
+    evicted = []
+    for i in range(1000):
+        evicted += held.hold(_key(i), HEADERS[KEYS[1].peer_id], 2.0 + i)
+    assert restarted not in evicted and len(evicted) == 1000 - 16  # counted, each once
+    assert held.num_fresh == 16 and len(held) == 17
+    settled = held.after_read(5000.0, lambda p: p == restarted)
+    assert settled.accepted == [HEADERS[restarted]]
+
+
+def test_known_senders_evict_fresh_ones_first_and_each_other_last() -> None:
+    held = DeferredNotifies(capacity=3, fresh_capacity=2)
+    a, b, c, d, e = (k.peer_id for k in KEYS[:5])
+    held.hold(a, HEADERS[a], 1.0)
+    held.hold(b, HEADERS[b], 2.0)
+    assert held.hold(c, HEADERS[c], 3.0, known=True) == []
+    assert held.hold(d, HEADERS[d], 4.0, known=True) == [a]  # the oldest fresh one
+    assert held.hold(e, HEADERS[e], 5.0, known=True) == [b]
+    assert held.hold(a, HEADERS[a], 6.0) == [a]  # full of known pushes: the fresh one waits
+    assert held.hold(b, HEADERS[b], 7.0, known=True) == [c]  # the oldest known one
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    pushes=st.lists(st.tuples(st.integers(0, 30), st.booleans()), max_size=60),
+    capacity=st.integers(0, 6),
+    data=st.data(),
+)
+def test_fresh_pushes_stay_within_their_share_and_never_displace_a_known_one(
+    pushes: list[tuple[int, bool]], capacity: int, data: st.DataObject
+) -> None:
+    fresh_capacity = data.draw(st.integers(0, capacity))
+    held = DeferredNotifies(capacity, fresh_capacity=fresh_capacity)
+    header = HEADERS[KEYS[0].peer_id]
+    known_held: set[str] = set()
+    for clock, (i, known) in enumerate(pushes):
+        sender = f"peer-{i}"
+        known_held.discard(sender)  # replaced by this push
+        evicted = held.hold(sender, header, float(clock), known=known)
+        if not known:
+            assert not known_held & set(evicted)
+        known_held -= set(evicted)
+        if known and sender not in evicted:
+            known_held.add(sender)
+        assert len(held) <= capacity and held.num_fresh <= fresh_capacity

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import math
 import struct
 from typing import Any
 
@@ -25,12 +26,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dht.catchup import parse_ranges
+from dht.gossip import parse_update_request
 from dht.messages import MessageError, parse_announced_seq, parse_run_listing
 from dht.records import _OWNER_RE, OwnerValidator, owner_subkey
 from dht.tensor_stream import join_tensors, parse_spec
 from dht.transport import TransportError, decode_request
 from merge.codecs import CODECS, CodecError, get_codec
-from merge.envelope import EnvelopeError, SignedHeader, SignedUpdate, seal
+from merge.envelope import MAX_CREATED_AT, EnvelopeError, SignedHeader, SignedUpdate, seal
 from merge.identity import Identity
 from merge.outer import OuterConfig, make_outer_optimizer
 from merge.pipeline import MergeConfig, UpdatePipeline
@@ -216,7 +218,7 @@ def _pipeline() -> UpdatePipeline:
         max_size=NUMEL,
     ).map(lambda xs: get_codec("fp32").encode(torch.tensor(xs, dtype=torch.float32))),
     seq=st.integers(0, 2**63 - 1),
-    created_at=st.floats(0, 1e12),
+    created_at=st.floats(0, MAX_CREATED_AT),
 )
 def test_any_signed_update_is_merged_or_rejected_with_a_reason_never_raised(
     codec: str, numel: int, payload: bytes, seq: int, created_at: float
@@ -236,3 +238,86 @@ def test_any_signed_update_is_merged_or_rejected_with_a_reason_never_raised(
     else:
         assert result.reason and pipeline.rejections[result.reason] == 1
         assert torch.equal(params, before)
+
+
+# ---- numbers from peers: finite and bounded, or refused -------------------------------------
+
+HOSTILE_NUMBERS = [10**400, -(10**400), 2**64, 1e300, -1e300]
+NON_FINITE = [float("nan"), float("inf"), float("-inf")]
+
+
+def _raw_header_blob(fields: dict[str, Any]) -> bytes:
+    """Like _signed_header_blob, but NaN and Infinity are written as Python's json writes them."""
+    raw = json.dumps(fields, sort_keys=True, separators=(",", ":"), allow_nan=True).encode()
+    return b"DLH1" + struct.pack("<I", len(raw)) + raw + MALLORY.sign(raw)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("loss", v) for v in HOSTILE_NUMBERS]
+    + [("created_at", v) for v in HOSTILE_NUMBERS + NON_FINITE],
+)
+def test_a_header_number_out_of_its_bounds_is_refused(name: str, value: Any) -> None:
+    with pytest.raises(EnvelopeError, match="malformed"):
+        SignedHeader.from_bytes(_raw_header_blob(VALID_HEADER | {name: value}))
+
+
+@pytest.mark.parametrize("loss", NON_FINITE)
+def test_a_non_finite_loss_is_refused_by_the_pipeline_and_counted(loss: float) -> None:
+    pipeline = _pipeline()
+    update = seal(
+        MALLORY, fingerprint=FINGERPRINT, seq=1, base_applied=0, published_applied=0,
+        inner_steps=1, tokens=1, loss=loss, codec="fp32", numel=NUMEL,
+        payload=bytes(4 * NUMEL), created_at=1.0,
+    )  # fmt: skip
+    result = pipeline.submit(SignedUpdate.from_bytes(update.to_bytes()))
+    assert not result.accepted and pipeline.rejections["non_finite"] == 1
+
+
+def test_a_negative_creation_time_is_refused_and_a_huge_loss_is_sealed_within_bounds() -> None:
+    with pytest.raises(EnvelopeError, match="created_at"):
+        SignedHeader.from_bytes(_raw_header_blob(VALID_HEADER | {"created_at": -1.0}))
+    update = seal(
+        MALLORY, fingerprint=FINGERPRINT, seq=1, base_applied=0, published_applied=0,
+        inner_steps=1, tokens=1, loss=1e300, codec="fp32", numel=NUMEL,
+        payload=bytes(4 * NUMEL), created_at=1.0,
+    )  # fmt: skip
+    assert SignedHeader.from_bytes(update.signed_header.to_bytes()).header.loss == 1e6
+
+
+@FAST
+@given(
+    st.sampled_from(["loss", "created_at"]),
+    st.floats(allow_nan=True, allow_infinity=True) | st.integers(),
+)
+def test_a_header_number_is_refused_or_parses_finite(name: str, value: Any) -> None:
+    try:
+        header = SignedHeader.from_bytes(_raw_header_blob(VALID_HEADER | {name: value})).header
+    except EnvelopeError:
+        return
+    parsed = getattr(header, name)
+    if name == "created_at":
+        assert math.isfinite(parsed) and 0 <= parsed <= MAX_CREATED_AT
+    else:  # a non-finite float loss is the pipeline's to refuse (tested above)
+        assert type(parsed) is float and not math.isfinite(parsed) or abs(parsed) <= 1e6
+
+
+@pytest.mark.parametrize("constant", [b"NaN", b"Infinity", b"-Infinity"])
+def test_a_request_holding_nan_or_infinity_is_refused(constant: bytes) -> None:
+    with pytest.raises(TransportError):
+        decode_request(b'{"args": ["a", ' + constant + b"]}")
+
+
+def test_a_deeply_nested_request_is_refused_not_raised() -> None:
+    with pytest.raises(TransportError):
+        decode_request(b"[" * 200_000)
+
+
+@FAST
+@given(JSON)
+def test_update_requests_parse_to_a_bounded_id_or_raise_transport_errors(args: Any) -> None:
+    try:
+        author, seq = parse_update_request(args)
+    except TransportError:
+        return
+    assert 0 < len(author) <= 128 and 1 <= seq <= 2**53

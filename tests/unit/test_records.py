@@ -7,7 +7,7 @@ import dataclasses
 from hivemind.dht.validation import DHTRecord
 from hivemind.utils import MSGPackSerializer
 
-from dht.records import OwnerValidator, owner_subkey, subkey_owner
+from dht.records import MAX_VALUE_BYTES, OwnerValidator, RefusalCounts, owner_subkey, subkey_owner
 from merge.identity import Identity
 
 OWNER, OTHER = Identity.generate(), Identity.generate()
@@ -62,3 +62,22 @@ def test_only_string_subkeys_are_valid_records() -> None:
         assert not reader.validate(record), subkey
     for junk in (b"", b"\xc1", b"\xda\xff\xff"):
         assert not reader.validate(DHTRecord(b"k", junk, b"v", 1.0))
+
+
+def test_a_value_over_the_size_bound_is_refused_and_counted_even_when_signed() -> None:
+    refusals = RefusalCounts()
+    reader = OwnerValidator(refusals=refusals)
+    big = b"x" * (MAX_VALUE_BYTES + 1)
+    plain = DHTRecord(b"k", MSGPackSerializer.dumps("fingerprint"), big, 1.0)
+    owned = record(OWNER, value=big)
+    assert not reader.validate(plain)
+    assert not reader.validate(
+        dataclasses.replace(owned, value=OwnerValidator(OWNER).sign_value(owned))
+    )
+    assert refusals.snapshot()["dht_record_too_large"] == 2
+    largest_heartbeat = record(OWNER, value=b"x" * (16 * 1024 + 72))
+    assert reader.validate(
+        dataclasses.replace(
+            largest_heartbeat, value=OwnerValidator(OWNER).sign_value(largest_heartbeat)
+        )
+    )
