@@ -17,6 +17,8 @@ over the shard it reduced. docs/scale.md says why both. Pure: no network, no clo
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -88,8 +90,8 @@ class ContributionHeader:
     signature: bytes = b""
 
     def signing_bytes(self) -> bytes:
-        fields = {k: v for k, v in self.__dict__.items() if k != "signature"}
-        return _CONTRIBUTION_TAG + json.dumps(fields, sort_keys=True).encode()
+        signed = {name: getattr(self, name) for name in _SIGNED_FIELDS}
+        return _CONTRIBUTION_TAG + json.dumps(signed, sort_keys=True).encode()
 
     def wire_bytes(self) -> int:
         """Bytes the header takes on the wire: its signed fields and the signature."""
@@ -100,8 +102,13 @@ class ContributionHeader:
             raise ValueError("a contribution is signed by its author.")
         return replace(self, signature=identity.sign(self.signing_bytes()))
 
-    def verified(self) -> bool:
+    @functools.cached_property
+    def _verified(self) -> bool:
         return verify_signature(self.author, self.signing_bytes(), self.signature)
+
+    def verified(self) -> bool:
+        """Whether the author signed these fields (checked once per parsed header)."""
+        return self._verified
 
     @classmethod
     def of(
@@ -131,12 +138,17 @@ class RoundFields:
     published_applied: int
 
 
+_SIGNED_FIELDS = tuple(
+    f.name for f in dataclasses.fields(ContributionHeader) if f.name != "signature"
+)
+
+
 def shard_statement(
     headers: tuple[ContributionHeader, ...], shard: int, shard_digest: str
 ) -> bytes:
     """What the reducer of ``shard`` co-signs: the round, who is included, its shard."""
     first = headers[0]
-    fields = {
+    signed = {
         "run_id": first.run_id,
         "group_key": first.group_key,
         "epoch": first.epoch,
@@ -145,7 +157,7 @@ def shard_statement(
         "shard": shard,
         "shard_digest": shard_digest,
     }
-    return _SHARD_TAG + json.dumps(fields, sort_keys=True).encode()
+    return _SHARD_TAG + json.dumps(signed, sort_keys=True).encode()
 
 
 @dataclass(frozen=True)
