@@ -5,8 +5,8 @@
 A virtual clock and network run the real decision classes of issue 22: dht.grouping (who is in
 which group, each epoch), dht.shards (heartbeat shards, split and merged as peers come and
 go), merge.group_update (each group's fault-tolerant reduction, with real Ed25519 signatures
-and co-signatures, verified before any replica applies the update) and the project's own
-merge.weighting, merge.robust and merge.outer on small tensors (a quadratic the swarm
+and co-signatures, verified before any replica applies the update), dht.catchup (what each
+group fetches, from which live holder, what is lost) and the project's own merge.weighting, merge.robust and merge.outer on small tensors (a quadratic the swarm
 descends). Churn: joins, kill -9 (before the deadline or while reducing) and freezes; every
 link has its own bandwidth. Bytes are counted from the simulated messages, sized for the
 `tiny` model's real update (its parameter count from node.model, its payload from
@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from dht.catchup import CatchUp, CatchUpConfig, UpdateId
 from dht.grouping import Grouping, GroupingPolicy, MembershipView
 from dht.shards import ShardConfig, ShardTree
 from merge.codecs import get_codec
@@ -43,6 +44,9 @@ from merge.robust import RobustConfig, RobustFilter
 from merge.weighting import StalenessConfig, TokenWeightConfig, staleness_weight, token_weight
 
 RUN_ID = "scale-sim"
+CATCH_UP = CatchUpConfig(lost_after_s=180.0, retry_s=5.0, max_in_flight=256)
+HOLDERS_PER_GROUP = 3
+"""Holder records a group keeps per update (its first members): bounded, as in the DHT."""
 CODEC = "bf16"
 MB = 1e6
 
@@ -79,7 +83,17 @@ class SimReplica:
     outer: OuterOptimizer
     robust: RobustFilter
     applied: dict[str, float] = field(default_factory=dict)
+    applied_ids: set[UpdateId] = field(default_factory=set)
+    """The applied set as dht.catchup counts it: (group key, round)."""
     inflight: set[str] = field(default_factory=set)
+    catch_up: CatchUp = field(init=False)
+    """The project's catch-up decisions (what to fetch, from whom, what is lost)."""
+
+    def __post_init__(self) -> None:
+        self.catch_up = CatchUp(CATCH_UP, f"replica-{id(self)}", self)
+
+    def has_applied(self, author: str, seq: int) -> bool:
+        return (author, seq) in self.applied_ids
 
     @classmethod
     def fresh(cls, dim: int) -> SimReplica:
@@ -92,7 +106,9 @@ class SimReplica:
         outer.load_state_dict(self.outer.state_dict())
         robust = RobustFilter(self.robust.config)
         robust.load_state_dict(self.robust.state_dict())
-        return SimReplica(self.params.clone(), outer, robust, dict(self.applied))
+        return SimReplica(
+            self.params.clone(), outer, robust, dict(self.applied), set(self.applied_ids)
+        )
 
 
 @dataclass(eq=False)
@@ -152,6 +168,8 @@ class Simulation:
         self.grouping: Grouping | None = None
         self.replicas: dict[str, SimReplica] = {}
         self.published: dict[str, Published] = {}
+        self.uids: dict[UpdateId, str] = {}
+        """Catch-up's ids, (group key, round), to update ids."""
         self.arrivals: list[tuple[float, int, str, int]] = []
         self.counters: Counter[str] = Counter()
         self.all_to_all_bytes = 0.0
@@ -378,9 +396,28 @@ class Simulation:
         at = deadline + 2 * (k - 1) / k * self.update_bytes / slowest + 2 * self.config.latency_s
         self.published[update.update_id] = Published(update, at, deadline, update.header_bytes())
         self.counters["published"] += 1
-        members = self._members(at)
+        members, alive = self._members(at), self._alive_ids(at)
+        uid = _uid(update)
+        self.uids[uid] = update.update_id
+        included = [h.author for h in update.contributions]
         for key, replica in self.replicas.items():
-            self._schedule(replica, update.update_id, at, key, members.get(id(replica), []))
+            here = members.get(id(replica), [])
+            if key == update.head.group_key:  # its own group holds it once reduced
+                self._schedule(replica, update.update_id, at, key, here)
+                continue
+            replica.catch_up.announced(*uid, None, at, holder=included[0])
+            replica.catch_up.holders(*uid, included, at)
+            self._fetch(replica, key, at, here, alive)
+
+    def _alive_ids(self, now: float) -> set[str]:
+        return {n.peer_id for n in self._live(now)}
+
+    def _fetch(
+        self, replica: SimReplica, key: str, now: float, members: list[SimNode], alive: set[str]
+    ) -> None:
+        """Starts the fetches the replica's catch-up decides on."""
+        for fetch in replica.catch_up.next_fetches(now, alive):
+            self._schedule(replica, self.uids[fetch.update_id], now, key, members)
 
     def _schedule(
         self, replica: SimReplica, update_id: str, now: float, key: str, members: list[SimNode]
@@ -409,8 +446,10 @@ class Simulation:
             at, _, update_id, replica_id = heapq.heappop(self.arrivals)
             replica = self._ids[replica_id]
             replica.inflight.discard(update_id)
+            update = self.published[update_id].update
             if update_id not in replica.applied:
-                self._apply(replica, self.published[update_id].update, at)
+                self._apply(replica, update, at)
+            replica.catch_up.fetched(_uid(update))
 
     def _apply(self, replica: SimReplica, update: GroupUpdate, at: float) -> None:
         """The project's weighting, robust checks and outer step, as a replica runs them."""
@@ -430,15 +469,26 @@ class Simulation:
         if weight:
             replica.outer.step(replica.params, pseudo_gradient, weight, head.learners)
         replica.applied[update.update_id] = at
+        replica.applied_ids.add(_uid(update))
 
     def _catch_up(self, now: float) -> None:
-        """Anti-entropy: every group fetches what it lacks from any live holder."""
-        members = self._members(now)
-        holders = set(members)
-        held = {u for r in self.replicas.values() if id(r) in holders for u in r.applied}
+        """Anti-entropy through dht.catchup: each group hears every published update and its
+        live holders (a bounded few per group), fetches what it lacks, counts what is lost."""
+        members, alive = self._members(now), self._alive_ids(now)
+        holders: dict[UpdateId, list[str]] = {}
+        for replica in {id(r): r for r in self.replicas.values()}.values():
+            first = [n.peer_id for n in members.get(id(replica), [])[:HOLDERS_PER_GROUP]]
+            for uid in replica.applied_ids:
+                holders.setdefault(uid, []).extend(first)
         for key, replica in self.replicas.items():
-            for update_id in sorted(held - replica.applied.keys() - replica.inflight):
-                self._schedule(replica, update_id, now, key, members.get(id(replica), []))
+            catch_up = replica.catch_up
+            for uid in self.uids:
+                if not catch_up.knows(uid):
+                    catch_up.announced(*uid, None, now, holder=(holders.get(uid) or [uid[0]])[0])
+                if uid in holders and not replica.has_applied(*uid):
+                    catch_up.holders(*uid, holders[uid], now)
+            self._fetch(replica, key, now, members.get(id(replica), []), alive)
+            self.counters["declared_lost"] += len(catch_up.declare_lost(now, alive))
 
     # -- accounting -------------------------------------------------------------------------
 
@@ -531,3 +581,8 @@ def parse_sizes(text: str) -> list[int]:
     if not sizes or any(n < 1 for n in sizes):
         raise ValueError(f"--nodes takes node counts >= 1, got {text!r}.")
     return sizes
+
+
+def _uid(update: GroupUpdate) -> UpdateId:
+    """An update's id as dht.catchup counts it: its group key as author, its round as seq."""
+    return (update.head.group_key, update.head.round)
