@@ -6,9 +6,10 @@ A virtual clock and network run the real decision classes of issue 22: dht.group
 which group, each epoch), dht.shards (heartbeat shards, split and merged as peers come and
 go), merge.group_update (each group's fault-tolerant reduction, with real Ed25519 signatures
 and co-signatures, verified before any replica applies the update), dht.catchup (what each
-group fetches, from which live holder, what is lost) and the project's own merge.weighting, merge.robust and merge.outer on small tensors (a quadratic the swarm
-descends). Churn: joins, kill -9 (before the deadline or while reducing) and freezes; every
-link has its own bandwidth. Bytes are counted from the simulated messages, sized for the
+group fetches, from which live holder, what is lost) and the project's own merge.weighting,
+merge.robust and merge.outer on small tensors (a noisy quadratic the swarm descends).
+Churn: joins, kill -9 (before the deadline or while reducing) and freezes; every link has
+its own bandwidth. Bytes are counted from the simulated messages, sized for the
 `tiny` model's real update (its parameter count from node.model, its payload from
 merge.codecs' bf16 codec) plus the signed headers; the all-to-all figure of the same rounds
 is computed beside them. Simplifications (docs/scale.md): the members of a group share one
@@ -388,7 +389,7 @@ class Simulation:
     def _pseudo_gradient(self, replica: SimReplica) -> torch.Tensor:
         """theta_base - theta_local after H inner steps on a noisy quadratic."""
         noise = torch.randn(self.config.dim, generator=self.noise)
-        return 0.1 * (replica.params - self.optimum) + 0.02 * noise
+        return 0.05 * (replica.params - self.optimum) + 0.02 * noise
 
     def _publish(self, update: GroupUpdate, deadline: float, contributors: list[SimNode]) -> None:
         k = len(update.contributions)
@@ -466,6 +467,8 @@ class Simulation:
             bound = replica.robust.config.max_norm_to_median * verdict.median_norm
             pseudo_gradient = pseudo_gradient * (bound / verdict.norm)
         replica.robust.record(verdict)
+        if verdict.reason is not None:
+            self.counters[f"robust_{verdict.reason}"] += 1
         if weight:
             replica.outer.step(replica.params, pseudo_gradient, weight, head.learners)
         replica.applied[update.update_id] = at
@@ -538,6 +541,12 @@ class Simulation:
             times = [n.had_at(update_id) for n in live if n.joined_at <= published.at]
             delays.append((max(times) - published.deadline) / self.config.round_s)
         received = sum(n.received for n in self.nodes)
+        distance = (
+            float(torch.linalg.vector_norm(live[0].replica.params - self.optimum))
+            / float(torch.linalg.vector_norm(self.optimum))
+            if live
+            else None
+        )
         max_records = max(n.records_read / n.live_s for n in self.nodes if n.live_s)
         return {
             "nodes": len(self.nodes) - self.counters["joined"],
@@ -547,6 +556,7 @@ class Simulation:
             "agreement": round(agreement, 4),
             "lost": lost,
             "rounds_to_every_replica": round(statistics.mean(delays), 3) if delays else 0.0,
+            "relative_distance_to_optimum": None if distance is None else round(distance, 4),
             "all_to_all_mb_per_node_per_round": round(
                 self.all_to_all_bytes / self.node_rounds / MB, 3
             ),
