@@ -37,6 +37,7 @@ from merge.group_update import (
     GroupReduction,
     GroupUpdate,
     Phase,
+    ReductionConfig,
     RoundFields,
 )
 from merge.identity import Identity
@@ -73,6 +74,9 @@ class SimConfig:
     """Length of the simulated pseudo-gradients (bytes are counted at tiny's size)."""
     latency_s: float = 0.05
     tokens_per_round: int = 16 * 128 * 5
+    dishonest_share: float = 0.0
+    """Share of peers that contribute -20x their honest pseudo-gradient (well signed)."""
+    reduction: ReductionConfig = field(default_factory=ReductionConfig)
     seed: int = 0
 
 
@@ -123,6 +127,7 @@ class SimNode:
     received: float = 0.0
     records_read: float = 0.0
     live_s: float = 0.0
+    dishonest: bool = False
     first_had: dict[str, float] = field(default_factory=dict)
     """When it first held each update it held before its latest change of replica."""
 
@@ -161,6 +166,7 @@ class Simulation:
     def __init__(self, nodes: int, config: SimConfig, update_bytes: int) -> None:
         self.config, self.update_bytes = config, update_bytes
         self.rng = random.Random(config.seed * 1_000_003 + nodes)
+        self.hostile_rng = random.Random(config.seed * 1_000_003 + nodes + 1)
         self.policy = GroupingPolicy(RUN_ID)
         self.shards = ShardTree(RUN_ID, ShardConfig())
         self.optimum = torch.randn(config.dim, generator=torch.Generator().manual_seed(1))
@@ -187,6 +193,7 @@ class Simulation:
 
     def _join(self, replica: SimReplica, now: float) -> SimNode:
         node = SimNode(Identity.generate(), self.rng.uniform(12.5e6, 125e6), replica, now)
+        node.dishonest = self.hostile_rng.random() < self.config.dishonest_share
         self.nodes.append(node)
         self.shards.add(node.peer_id)
         return node
@@ -349,11 +356,17 @@ class Simulation:
         replica: SimReplica,
     ) -> GroupUpdate | None:
         reduction = GroupReduction(
-            group_key=key, epoch=fields.epoch, round=fields.round, members=peers
+            group_key=key,
+            epoch=fields.epoch,
+            round=fields.round,
+            members=peers,
+            config=self.config.reduction,
         )
         header_bytes = []
         for node in contributors:
             pseudo_gradient = self._pseudo_gradient(replica)
+            if node.dishonest:
+                pseudo_gradient = -20 * pseudo_gradient
             header = ContributionHeader.of(
                 pseudo_gradient, node.identity, fields, self.config.tokens_per_round
             )

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
 import pytest
 
 from bench.scale_sim import SimConfig, Simulation, parse_sizes, run, tiny_update_bytes
+from merge.group_update import ReductionConfig
 
 CALM = SimConfig(rounds=5, linger_rounds=2, kill_rate=0.0, freeze_rate=0.0, join_rate=0.0)
 ROW_KEYS = {
@@ -52,6 +54,18 @@ def test_with_kills_freezes_and_joins_the_live_replicas_still_end_on_one_set() -
     assert len(applied) == 1
     # every group update published is on every live replica, or counted as lost
     assert len(next(iter(applied))) + row["lost"] == row["published"]
+
+
+def test_dishonest_members_are_held_to_the_in_group_bound() -> None:
+    """A tenth of the peers send -20x their pseudo-gradient, well signed: clipped to 4x their
+    group's median norm, the swarm still descends; unclipped, it climbs."""
+    hostile = dataclasses.replace(CALM, dishonest_share=0.1)
+    unclipped = dataclasses.replace(hostile, reduction=ReductionConfig(max_norm_to_median=0.0))
+    clipped_row = run([48], hostile)["rows"][0]
+    unclipped_row = run([48], unclipped)["rows"][0]
+    assert clipped_row["agreement"] == unclipped_row["agreement"] == 1.0
+    assert clipped_row["relative_distance_to_optimum"] < 1.0
+    assert unclipped_row["relative_distance_to_optimum"] > 1.0
 
 
 def test_the_command_ends_with_one_json_line_of_rows(
