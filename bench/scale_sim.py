@@ -192,7 +192,8 @@ class Simulation:
     # -- churn ------------------------------------------------------------------------------
 
     def _join(self, replica: SimReplica, now: float) -> SimNode:
-        node = SimNode(Identity.generate(), self.rng.uniform(12.5e6, 125e6), replica, now)
+        identity = Identity.from_private_bytes(self.hostile_rng.randbytes(32))  # seeded ids
+        node = SimNode(identity, self.rng.uniform(12.5e6, 125e6), replica, now)
         node.dishonest = self.hostile_rng.random() < self.config.dishonest_share
         self.nodes.append(node)
         self.shards.add(node.peer_id)
