@@ -201,8 +201,10 @@ class GroupUpdate:
         what the whole update is sized and weighed with, and that each shard is the one its
         reducer co-signed."""
         headers = self.contributions
-        if not headers or len(self.shard_digests) != len(headers):
+        if not headers or len(self.shard_digests) != len(headers) or self.aggregate.dim() != 1:
             return "malformed"
+        if not bool(torch.isfinite(self.aggregate).all()):
+            return "not_finite"
         if len(self.cosignatures) != len(headers):
             return "missing_cosignature"
         if [h.author for h in headers] != sorted({h.author for h in headers}):

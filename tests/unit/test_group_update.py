@@ -190,6 +190,10 @@ def test_a_tampered_group_update_is_refused_by_every_replica() -> None:
     )
     assert dropped.problem(members.__contains__) is not None
     assert update.problem(lambda p: p != IDS[0].peer_id) == "not_a_member"
+    poisoned = update.aggregate.clone()
+    poisoned[0] = float("nan")
+    nan = GroupUpdate(update.contributions, update.shard_digests, update.cosignatures, poisoned)
+    assert nan.problem(members.__contains__) == "not_finite"
 
 
 @pytest.mark.parametrize(
