@@ -2,6 +2,10 @@
 
     python -m bench.scale                            # N = 2, 4, 8; tiny; ~8 minutes on 2 cores
     python -m bench.scale --sizes 2 4 8 16 --train-s 300    # longer
+    python -m bench.scale --sim --nodes 8,64,1000            # learner groups, simulated
+
+--sim runs bench.scale_sim instead (no processes): learner groups on a virtual clock and
+network, see that module and docs/scale.md.
 
 For each N: all nodes train `tiny` with a small H for --train-s seconds while one node a
 minute is killed with SIGKILL (its whole process group) and restarted at once with the same
@@ -73,7 +77,12 @@ def main() -> None:
     parser.add_argument(
         "--events-dir", type=Path, help="keep every process's JSON events here (nN/, a file each)"
     )
+    parser.add_argument("--sim", action="store_true", help="simulate learner groups instead")
+    parser.add_argument("--nodes", default="8,64,1000", help="--sim: comma-separated swarm sizes")
     args = parser.parse_args()
+    if args.sim:
+        _simulate(parser, args)
+        return
     results = [measure(n, args) for n in args.sizes]
     summary = {
         "benchmark": "scale",
@@ -83,6 +92,24 @@ def main() -> None:
         "extrapolated_base": extrapolate(results),
     }
     print(json.dumps(summary))
+
+
+def _simulate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    from bench.scale_sim import SimConfig, parse_sizes, run
+
+    try:
+        sizes = parse_sizes(args.nodes)
+    except ValueError as e:
+        parser.error(str(e))
+    result = run(sizes, SimConfig(seed=args.seed))
+    for row in result["rows"]:
+        all_to_all = row["all_to_all_mb_per_node_per_round"]
+        print(
+            f"N={row['nodes']}: learners={row['learners']}, MB/node/round="
+            f"{row['mb_per_node_per_round']} (all-to-all {all_to_all})",
+            flush=True,
+        )
+    print(json.dumps(result))
 
 
 def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:

@@ -1,0 +1,131 @@
+"""The simulator's state: its settings, a replica, a node, a published group update.
+
+Kept apart from bench.scale_sim, which runs them; see that module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from dht.catchup import CatchUp, CatchUpConfig, UpdateId
+from merge.group_update import GroupUpdate, ReductionConfig
+from merge.identity import Identity
+from merge.outer import OuterConfig, OuterOptimizer, make_outer_optimizer
+from merge.robust import RobustConfig, RobustFilter
+
+CATCH_UP = CatchUpConfig(lost_after_s=180.0, retry_s=5.0, max_in_flight=256)
+"""Each group replica's catch-up: an update no live peer offers for 3 rounds is lost."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimConfig:
+    rounds: int = 10
+    """Training rounds; then `linger_rounds` with no publishing, for catch-up."""
+    linger_rounds: int = 3
+    epoch_rounds: int = 4
+    """Groups are re-decided every this many rounds."""
+    round_s: float = 60.0
+    heartbeat_period_s: float = 10.0
+    sample_shards: int = 2
+    """Shards beyond its group's one node reads per heartbeat period (the swarm-wide view)."""
+    kill_rate: float = 0.01
+    """Per node per round: kill -9 (a fifth of them while reducing)."""
+    freeze_rate: float = 0.01
+    """Per node per round: a freeze of one to two rounds (a fifth while reducing)."""
+    join_rate: float = 0.01
+    """Newcomers per node per round."""
+    dim: int = 64
+    """Length of the simulated pseudo-gradients (bytes are counted at tiny's size)."""
+    latency_s: float = 0.05
+    tokens_per_round: int = 16 * 128 * 5
+    dishonest_share: float = 0.0
+    """Share of peers that contribute -20x their honest pseudo-gradient (well signed)."""
+    reduction: ReductionConfig = field(default_factory=ReductionConfig)
+    seed: int = 0
+
+
+@dataclass(eq=False)
+class SimReplica:
+    """One replica: params, outer optimizer, robust window, applied ids with their times."""
+
+    params: torch.Tensor
+    outer: OuterOptimizer
+    robust: RobustFilter
+    applied: dict[str, float] = field(default_factory=dict)
+    applied_ids: set[UpdateId] = field(default_factory=set)
+    """The applied set as dht.catchup counts it: (group key, round)."""
+    inflight: set[str] = field(default_factory=set)
+    catch_up: CatchUp = field(init=False)
+    """The project's catch-up decisions (what to fetch, from whom, what is lost)."""
+
+    def __post_init__(self) -> None:
+        self.catch_up = CatchUp(CATCH_UP, f"replica-{id(self)}", self)
+
+    def has_applied(self, author: str, seq: int) -> bool:
+        return (author, seq) in self.applied_ids
+
+    @classmethod
+    def fresh(cls, dim: int) -> SimReplica:
+        return cls(
+            torch.zeros(dim), make_outer_optimizer(OuterConfig(), dim), RobustFilter(RobustConfig())
+        )
+
+    def copy(self) -> SimReplica:
+        outer = make_outer_optimizer(OuterConfig(), self.params.numel())
+        outer.load_state_dict(self.outer.state_dict())
+        robust = RobustFilter(self.robust.config)
+        robust.load_state_dict(self.robust.state_dict())
+        return SimReplica(
+            self.params.clone(), outer, robust, dict(self.applied), set(self.applied_ids)
+        )
+
+
+@dataclass(eq=False)
+class SimNode:
+    identity: Identity
+    down_bps: float
+    replica: SimReplica
+    joined_at: float
+    alive: bool = True
+    frozen_until: float = -1.0
+    received: float = 0.0
+    records_read: float = 0.0
+    live_s: float = 0.0
+    dishonest: bool = False
+    first_had: dict[str, float] = field(default_factory=dict)
+    """When it first held each update it held before its latest change of replica."""
+
+    def switch(self, replica: SimReplica, now: float) -> None:
+        """Takes ``replica`` (a state download, a group's copy): what it newly gets, it gets now."""
+        for update_id, at in self.replica.applied.items():
+            self.first_had.setdefault(update_id, at)
+        for update_id in replica.applied:
+            self.first_had.setdefault(update_id, now)
+        self.replica = replica
+
+    def had_at(self, update_id: str) -> float:
+        return self.first_had.get(update_id, self.replica.applied[update_id])
+
+    @property
+    def peer_id(self) -> str:
+        return self.identity.peer_id
+
+    def frozen(self, now: float) -> bool:
+        return now < self.frozen_until
+
+
+@dataclass
+class Published:
+    update: GroupUpdate
+    at: float
+    deadline: float
+    """The end of the round it was made in; published at ``at``, after the reduction."""
+    header_bytes: int
+    """Wire bytes of its headers, digests and co-signatures (beside the aggregate)."""
+
+
+def catch_up_id(update: GroupUpdate) -> UpdateId:
+    """An update's id as dht.catchup counts it: its group key as author, its round as seq."""
+    return (update.head.group_key, update.head.round)

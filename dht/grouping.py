@@ -1,0 +1,135 @@
+"""Learner groups: who is in which group, decided identically on every replica.
+
+A peer's group is the first ``bits`` bits of BLAKE2b(run id, peer id), keyed like hivemind's
+averaging buckets (``groups.0b0110``). So membership in a group is checkable from a peer id
+alone; only ``bits`` needs agreeing, and it is a pure function of the epoch's membership
+view and the previous epoch's bits (with hysteresis, so churn near a threshold does not flip
+it). A join or a leave changes no other peer's group; a change of bits splits every group
+into its two children (or merges two siblings), never moving a peer to an unrelated group.
+The learner count that sizes the outer step is the number of non-empty groups. Pure: no
+network; docs/scale.md has the design.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+GROUP_KEY_PREFIX = "groups"
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupingConfig:
+    """How large learner groups are; part of the run's settings (every replica uses them)."""
+
+    min_group_size: int = 8
+    """Fewest peers a group should hold on average; fewer peers than this form one group."""
+    max_bits: int = 5
+    """At most 2**max_bits groups (learners): 32 by default, a few dozen at any N."""
+    hysteresis: float = 0.25
+    """Groups split only when each child would hold (1 + hysteresis) x min_group_size on
+    average, and merge only below (1 - hysteresis) x min_group_size."""
+
+    def __post_init__(self) -> None:
+        if type(self.min_group_size) is not int or self.min_group_size < 1:
+            raise ValueError(
+                f"min_group_size must be an integer >= 1, got {self.min_group_size!r}."
+            )
+        if type(self.max_bits) is not int or not 0 <= self.max_bits <= 16:
+            raise ValueError(f"max_bits must be an integer in [0, 16], got {self.max_bits!r}.")
+        if not isinstance(self.hysteresis, int | float) or not 0 <= self.hysteresis < 1:
+            raise ValueError(f"hysteresis must be in [0, 1), got {self.hysteresis!r}.")
+
+
+@dataclass(frozen=True)
+class MembershipView:
+    """The peers an epoch's grouping is decided from (the epoch's census)."""
+
+    epoch: int
+    peers: frozenset[str]
+
+    @classmethod
+    def of(cls, epoch: int, peers: Iterable[str]) -> MembershipView:
+        return cls(epoch, frozenset(peers))
+
+
+def peer_bits(run_id: str, peer_id: str) -> str:
+    """The peer's 64-bit position as a string of 0/1, the same for groups and shards."""
+    digest = hashlib.blake2b(f"{run_id}\x00{peer_id}".encode(), digest_size=8).digest()
+    return format(int.from_bytes(digest, "big"), "064b")
+
+
+def group_key(prefix: str) -> str:
+    return f"{GROUP_KEY_PREFIX}.0b{prefix}"
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """One epoch's groups: the decision every replica reaches from the same view."""
+
+    epoch: int
+    bits: int
+    members: dict[str, tuple[str, ...]]
+    """Group key -> its peers, sorted; only non-empty groups."""
+
+    @property
+    def num_learners(self) -> int:
+        """The learner count that sizes the outer step: non-empty groups."""
+        return len(self.members)
+
+    def group_of(self, peer_id: str) -> str | None:
+        for key, peers in self.members.items():
+            if peer_id in peers:
+                return key
+        return None
+
+
+class GroupingPolicy:
+    """Decides an epoch's grouping from its membership view; holds no mutable state."""
+
+    def __init__(self, run_id: str, config: GroupingConfig | None = None) -> None:
+        self.run_id = run_id
+        self.config = config or GroupingConfig()
+
+    def bits_for(self, num_peers: int, previous_bits: int | None = None) -> int:
+        """The group bits for ``num_peers``; from ``previous_bits`` it moves one step at a time
+        past the hysteresis margins, or jumps straight to the target without one."""
+        if num_peers < 0:
+            raise ValueError(f"num_peers must be >= 0, got {num_peers}.")
+        target = self._target_bits(num_peers)
+        if previous_bits is None:
+            return target
+        bits = min(max(previous_bits, 0), self.config.max_bits)
+        c = self.config
+        while bits < target and num_peers >= 2 ** (bits + 1) * c.min_group_size * (
+            1 + c.hysteresis
+        ):
+            bits += 1
+        while bits > target and num_peers < 2**bits * c.min_group_size * (1 - c.hysteresis):
+            bits -= 1
+        return bits
+
+    def _target_bits(self, num_peers: int) -> int:
+        bits = 0
+        while (
+            bits < self.config.max_bits
+            and num_peers >= 2 ** (bits + 1) * self.config.min_group_size
+        ):
+            bits += 1
+        return bits
+
+    def prefix_of(self, peer_id: str, bits: int) -> str:
+        return peer_bits(self.run_id, peer_id)[:bits]
+
+    def key_of(self, peer_id: str, bits: int) -> str:
+        """The peer's group key at ``bits``: checkable from its peer id alone."""
+        return group_key(self.prefix_of(peer_id, bits))
+
+    def decide(self, view: MembershipView, previous_bits: int | None = None) -> Grouping:
+        bits = self.bits_for(len(view.peers), previous_bits)
+        members: dict[str, list[str]] = {}
+        for peer in sorted(view.peers):
+            members.setdefault(self.key_of(peer, bits), []).append(peer)
+        ordered = {key: tuple(members[key]) for key in sorted(members)}
+        return Grouping(view.epoch, bits, ordered)

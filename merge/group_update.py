@@ -1,0 +1,386 @@
+"""A learner group's update: its members' signed contributions, reduced fault-tolerantly.
+
+At a round's deadline the group's reduction decides once who is in: exactly the members whose
+signed contribution arrived by then (a straggler is left out, never waited for). Fewer than
+a quorum abandons the round. Each included member then reduces one shard of the aggregate
+and co-signs it; a member lost while reducing makes the reduction retry once without it, or
+abandon. So the outcome is either a complete :class:`GroupUpdate`, whose aggregate is the
+mean of exactly its included contributions (each clipped to the in-group robust bound) and
+which every included member co-signed, or nothing: never half-applied. Replicas apply a group
+update as one unit, id (group key, epoch, round).
+
+Trust: the update carries each member's signed :class:`ContributionHeader` (author, tokens,
+norm, digest of its pseudo-gradient, the group and round it is for, the learner count and
+applied counts it sizes and weighs the update with) and one co-signature per included member
+over the shard it reduced. docs/scale.md says why both. Pure: no network, no clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+import torch
+
+from merge.identity import Identity, verify_signature
+
+_CONTRIBUTION_TAG = b"diloco-group-contribution-v1\x00"
+_SHARD_TAG = b"diloco-group-shard-v1\x00"
+SIGNATURE_BYTES = 64
+
+
+class Phase(Enum):
+    COLLECTING = "collecting"
+    REDUCING = "reducing"
+    COMPLETED = "completed"
+    ABANDONED = "abandoned"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReductionConfig:
+    """How a group reduction decides; part of the run's settings."""
+
+    quorum_share: float = 0.5
+    """Share of the group's members that must contribute by the deadline, else abandon."""
+    max_retries: int = 1
+    """Times the reduction restarts without a member lost while reducing, then abandons."""
+    max_norm_to_median: float = 4.0
+    """A contribution's norm is clipped to this times the median of the included members'
+    signed norms (with 3 or more included; 0: off)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.quorum_share, int | float) or not 0 < self.quorum_share <= 1:
+            raise ValueError(f"quorum_share must be in (0, 1], got {self.quorum_share!r}.")
+        if type(self.max_retries) is not int or self.max_retries < 0:
+            raise ValueError(f"max_retries must be an integer >= 0, got {self.max_retries!r}.")
+        ratio = self.max_norm_to_median
+        if not isinstance(ratio, int | float) or not (math.isfinite(ratio) and ratio >= 0):
+            raise ValueError(f"max_norm_to_median must be a finite number >= 0, got {ratio!r}.")
+
+
+def tensor_digest(tensor: torch.Tensor) -> str:
+    """SHA-256 of a flat fp32 tensor's little-endian bytes."""
+    data = tensor.detach().to(torch.float32).contiguous().numpy().astype("<f4", copy=False)
+    return hashlib.sha256(data.tobytes()).hexdigest()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContributionHeader:
+    """What one member signs about its pseudo-gradient for one group round."""
+
+    run_id: str
+    author: str
+    group_key: str
+    epoch: int
+    round: int
+    learners: int
+    """The epoch's learner count (non-empty groups) that sizes the group's update."""
+    base_applied: int
+    published_applied: int
+    tokens: int
+    norm: float
+    digest: str
+    signature: bytes = b""
+
+    def signing_bytes(self) -> bytes:
+        signed = {name: getattr(self, name) for name in _SIGNED_FIELDS}
+        return _CONTRIBUTION_TAG + json.dumps(signed, sort_keys=True).encode()
+
+    def wire_bytes(self) -> int:
+        """Bytes the header takes on the wire: its signed fields and the signature."""
+        return len(self.signing_bytes()) + SIGNATURE_BYTES
+
+    def signed(self, identity: Identity) -> ContributionHeader:
+        if identity.peer_id != self.author:
+            raise ValueError("a contribution is signed by its author.")
+        return replace(self, signature=identity.sign(self.signing_bytes()))
+
+    @functools.cached_property
+    def _verified(self) -> bool:
+        return verify_signature(self.author, self.signing_bytes(), self.signature)
+
+    def verified(self) -> bool:
+        """Whether the author signed these fields (checked once per parsed header)."""
+        return self._verified
+
+    @classmethod
+    def of(
+        cls, pseudo_gradient: torch.Tensor, identity: Identity, round_: RoundFields, tokens: int
+    ) -> ContributionHeader:
+        """The signed header of ``identity``'s ``pseudo_gradient`` (its norm and digest)."""
+        header = cls(
+            **round_.__dict__,
+            author=identity.peer_id,
+            tokens=tokens,
+            norm=float(torch.linalg.vector_norm(pseudo_gradient)),
+            digest=tensor_digest(pseudo_gradient),
+        )
+        return header.signed(identity)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoundFields:
+    """What every member of a group round signs alike."""
+
+    run_id: str
+    group_key: str
+    epoch: int
+    round: int
+    learners: int
+    base_applied: int
+    published_applied: int
+
+
+_SIGNED_FIELDS = tuple(
+    f.name for f in dataclasses.fields(ContributionHeader) if f.name != "signature"
+)
+
+
+def shard_statement(
+    headers: tuple[ContributionHeader, ...], shard: int, shard_digest: str
+) -> bytes:
+    """What the reducer of ``shard`` co-signs: the round, who is included, its shard."""
+    first = headers[0]
+    signed = {
+        "run_id": first.run_id,
+        "group_key": first.group_key,
+        "epoch": first.epoch,
+        "round": first.round,
+        "included": [h.author for h in headers],
+        "shard": shard,
+        "shard_digest": shard_digest,
+    }
+    return _SHARD_TAG + json.dumps(signed, sort_keys=True).encode()
+
+
+@dataclass(frozen=True)
+class GroupUpdate:
+    """One group's update for one round, applied by replicas as one unit."""
+
+    contributions: tuple[ContributionHeader, ...]
+    """The included members' signed headers, sorted by author; member i reduced shard i."""
+    shard_digests: tuple[str, ...]
+    cosignatures: tuple[bytes, ...]
+    aggregate: torch.Tensor = field(compare=False)
+
+    @property
+    def update_id(self) -> str:
+        first = self.contributions[0]
+        return f"{first.group_key}/{first.epoch}/{first.round}"
+
+    @property
+    def tokens(self) -> int:
+        return sum(h.tokens for h in self.contributions)
+
+    @property
+    def head(self) -> ContributionHeader:
+        """The fields every contribution agrees on (group, round, learners, applied counts)."""
+        return self.contributions[0]
+
+    def header_bytes(self) -> int:
+        """Bytes of everything but the aggregate's payload: headers, digests, co-signatures."""
+        digests = sum(len(d) for d in self.shard_digests)
+        return (
+            sum(h.wire_bytes() for h in self.contributions)
+            + digests
+            + SIGNATURE_BYTES * len(self.cosignatures)
+        )
+
+    def problem(self, in_group: Callable[[str], bool]) -> str | None:
+        """Why a replica must refuse this update (a counted rejection), or None.
+
+        ``in_group(peer_id)``: whether the peer belongs to the update's group (a pure function
+        of its peer id, dht.grouping). Checks every signature, that the contributions agree on
+        what the whole update is sized and weighed with, and that each shard is the one its
+        reducer co-signed."""
+        headers = self.contributions
+        if not headers or len(self.shard_digests) != len(headers) or self.aggregate.dim() != 1:
+            return "malformed"
+        if not bool(torch.isfinite(self.aggregate).all()):
+            return "not_finite"
+        if len(self.cosignatures) != len(headers):
+            return "missing_cosignature"
+        if [h.author for h in headers] != sorted({h.author for h in headers}):
+            return "duplicate_or_unsorted_authors"
+        if any(_shared(h) != _shared(headers[0]) for h in headers):
+            return "headers_disagree"
+        if not all(in_group(h.author) for h in headers):
+            return "not_a_member"
+        if not all(h.verified() for h in headers):
+            return "bad_signature"
+        shards = torch.tensor_split(self.aggregate, len(headers))
+        for i, (h, shard, digest) in enumerate(
+            zip(headers, shards, self.shard_digests, strict=True)
+        ):
+            if tensor_digest(shard) != digest:
+                return "shard_mismatch"
+            statement = shard_statement(headers, i, digest)
+            if not verify_signature(h.author, statement, self.cosignatures[i]):
+                return "bad_cosignature"
+        return None
+
+
+def _shared(h: ContributionHeader) -> tuple[object, ...]:
+    return (
+        h.run_id,
+        h.group_key,
+        h.epoch,
+        h.round,
+        h.learners,
+        h.base_applied,
+        h.published_applied,
+    )
+
+
+@dataclass(frozen=True)
+class Abandoned:
+    reason: str
+
+
+class GroupReduction:
+    """One group round's reduction: collect until the deadline, then reduce or abandon.
+
+    The caller drives it from events: :meth:`contribute` before the deadline, :meth:`close`
+    at it, :meth:`lose` for a member that died while reducing, :meth:`cosign` as included
+    members sign their shards. :attr:`outcome` is set once, and never changes after.
+    """
+
+    def __init__(
+        self,
+        *,
+        group_key: str,
+        epoch: int,
+        round: int,
+        members: Iterable[str],
+        config: ReductionConfig | None = None,
+    ) -> None:
+        self.group_key, self.epoch, self.round = group_key, epoch, round
+        self.members = frozenset(members)
+        self.config = config or ReductionConfig()
+        self.phase = Phase.COLLECTING
+        self.outcome: GroupUpdate | Abandoned | None = None
+        self.retries = 0
+        self.rejected: dict[str, int] = {}
+        self._contributions: dict[str, tuple[ContributionHeader, torch.Tensor]] = {}
+        self._included: tuple[str, ...] = ()
+        self._aggregate: torch.Tensor | None = None
+        self._digests: tuple[str, ...] = ()
+        self._cosignatures: dict[str, bytes] = {}
+
+    @property
+    def included(self) -> tuple[str, ...]:
+        return self._included
+
+    @property
+    def quorum(self) -> int:
+        return max(1, math.ceil(self.config.quorum_share * len(self.members)))
+
+    def contribute(self, header: ContributionHeader, pseudo_gradient: torch.Tensor) -> bool:
+        """Takes one member's contribution before the deadline; False (counted) if refused."""
+        reason = self._refusal(header, pseudo_gradient)
+        if reason is not None:
+            self.rejected[reason] = self.rejected.get(reason, 0) + 1
+            return False
+        self._contributions[header.author] = (header, pseudo_gradient.detach().clone())
+        return True
+
+    def _refusal(self, header: ContributionHeader, pseudo_gradient: torch.Tensor) -> str | None:
+        if self.phase is not Phase.COLLECTING:
+            return "after_deadline"
+        if header.author not in self.members:
+            return "not_a_member"
+        if (header.group_key, header.epoch, header.round) != (
+            self.group_key,
+            self.epoch,
+            self.round,
+        ):
+            return "wrong_round"
+        if header.author in self._contributions:
+            return "duplicate"
+        if self._contributions and _shared(header) != _shared(
+            next(iter(self._contributions.values()))[0]
+        ):
+            return "headers_disagree"
+        if pseudo_gradient.dim() != 1 or not bool(torch.isfinite(pseudo_gradient).all()):
+            return "not_finite"
+        if tensor_digest(pseudo_gradient) != header.digest or not header.verified():
+            return "bad_signature"
+        return None
+
+    def close(self) -> Phase:
+        """The deadline: the included set is whoever contributed; below quorum, abandon."""
+        if self.phase is Phase.COLLECTING:
+            self._start_reducing(tuple(sorted(self._contributions)))
+        return self.phase
+
+    def lose(self, member: str) -> Phase:
+        """A member died (or froze) while reducing: retry once without it, or abandon."""
+        if self.phase is Phase.REDUCING and member in self._included:
+            if self.retries >= self.config.max_retries:
+                self._abandon("reducer_lost")
+            else:
+                self.retries += 1
+                self._start_reducing(tuple(m for m in self._included if m != member))
+        return self.phase
+
+    def statement(self, member: str) -> bytes:
+        """What ``member`` co-signs for the current attempt (it must be included)."""
+        if self.phase is not Phase.REDUCING or self._aggregate is None:
+            raise ValueError("only a reduction in progress has statements to co-sign.")
+        shard = self._included.index(member)
+        return shard_statement(self._headers(), shard, self._digests[shard])
+
+    def cosign(self, member: str, signature: bytes) -> Phase:
+        """Takes an included member's co-signature; the last one completes the reduction."""
+        if self.phase is not Phase.REDUCING or member not in self._included:
+            return self.phase
+        if not verify_signature(member, self.statement(member), signature):
+            self.rejected["bad_cosignature"] = self.rejected.get("bad_cosignature", 0) + 1
+            return self.phase
+        self._cosignatures[member] = signature
+        if len(self._cosignatures) == len(self._included):
+            self._complete()
+        return self.phase
+
+    def _start_reducing(self, included: tuple[str, ...]) -> None:
+        self._included, self._cosignatures = included, {}
+        if len(included) < self.quorum:
+            self._abandon("below_quorum")
+            return
+        self.phase = Phase.REDUCING
+        self._aggregate = self._mean_of_clipped(included)
+        shards = torch.tensor_split(self._aggregate, len(included))
+        self._digests = tuple(tensor_digest(s) for s in shards)
+
+    def _mean_of_clipped(self, included: tuple[str, ...]) -> torch.Tensor:
+        norms = [self._contributions[m][0].norm for m in included]
+        bound = self.config.max_norm_to_median * statistics.median(norms)
+        clip = len(included) >= 3 and bound > 0
+        total = torch.zeros_like(self._contributions[included[0]][1])
+        for member, norm in zip(included, norms, strict=True):
+            scale = bound / norm if clip and norm > bound else 1.0
+            total.add_(self._contributions[member][1], alpha=scale)
+        return total.div_(len(included))
+
+    def _headers(self) -> tuple[ContributionHeader, ...]:
+        return tuple(self._contributions[m][0] for m in self._included)
+
+    def _complete(self) -> None:
+        assert self._aggregate is not None
+        self.outcome = GroupUpdate(
+            self._headers(),
+            self._digests,
+            tuple(self._cosignatures[m] for m in self._included),
+            self._aggregate,
+        )
+        self.phase = Phase.COMPLETED
+
+    def _abandon(self, reason: str) -> None:
+        self.outcome, self.phase, self._aggregate = Abandoned(reason), Phase.ABANDONED, None

@@ -1,0 +1,88 @@
+"""The learner-group simulator: one applied set, flat bytes per node, the JSON line's shape."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+import pytest
+
+from bench.scale_sim import SimConfig, Simulation, parse_sizes, run, tiny_update_bytes
+from merge.group_update import ReductionConfig
+
+CALM = SimConfig(rounds=5, linger_rounds=2, kill_rate=0.0, freeze_rate=0.0, join_rate=0.0)
+ROW_KEYS = {
+    "nodes": int,
+    "learners": int,
+    "mb_per_node_per_round": float,
+    "max_dht_records_read_per_node_per_s": float,
+    "agreement": float,
+    "lost": int,
+    "rounds_to_every_replica": float,
+}
+
+
+def test_without_churn_every_replica_applies_one_set_and_bytes_stay_flat() -> None:
+    rows = run([8, 48], CALM)["rows"]
+    small, large = rows
+    assert [r["learners"] for r in rows] == [1, 4]
+    assert all(r["agreement"] == 1.0 and r["lost"] == 0 for r in rows)
+    assert all(r["published"] == CALM.rounds * r["learners"] for r in rows)
+    # the merged replicas descend the simulated loss, the same at both sizes (5 rounds: ~0.55)
+    assert all(r["relative_distance_to_optimum"] < 0.7 for r in rows)
+    assert not any(key.startswith("robust_") for r in rows for key in r)
+    assert large["mb_per_node_per_round"] <= 3 * small["mb_per_node_per_round"]
+    assert small["mb_per_node_per_round"] <= small["all_to_all_mb_per_node_per_round"]
+    # reads per node grow with its group and a bounded sample, not with the swarm
+    assert (
+        large["max_dht_records_read_per_node_per_s"]
+        <= 6 * small["max_dht_records_read_per_node_per_s"]
+    )
+
+
+def test_with_kills_freezes_and_joins_the_live_replicas_still_end_on_one_set() -> None:
+    stormy = SimConfig(
+        rounds=6, linger_rounds=3, kill_rate=0.05, freeze_rate=0.05, join_rate=0.05, seed=3
+    )
+    sim = Simulation(24, stormy, tiny_update_bytes())
+    row = sim.run()
+    assert row["killed"] > 0 and row["frozen"] > 0 and row["joined"] > 0
+    assert row["agreement"] == 1.0
+    live = [n for n in sim.nodes if n.alive]
+    applied = {frozenset(n.replica.applied) for n in live}
+    assert len(applied) == 1
+    # every group update published is on every live replica, or counted as lost
+    assert len(next(iter(applied))) + row["lost"] == row["published"]
+
+
+def test_dishonest_members_are_held_to_the_in_group_bound() -> None:
+    """A tenth of the peers send -20x their pseudo-gradient, well signed: clipped to 4x their
+    group's median norm, the swarm still descends; unclipped, it climbs."""
+    hostile = dataclasses.replace(CALM, dishonest_share=0.1)
+    unclipped = dataclasses.replace(hostile, reduction=ReductionConfig(max_norm_to_median=0.0))
+    clipped_row = run([48], hostile)["rows"][0]
+    unclipped_row = run([48], unclipped)["rows"][0]
+    assert clipped_row["agreement"] == unclipped_row["agreement"] == 1.0
+    assert clipped_row["relative_distance_to_optimum"] < 1.0
+    assert unclipped_row["relative_distance_to_optimum"] > 1.0
+
+
+def test_the_command_ends_with_one_json_line_of_rows(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bench import scale
+
+    monkeypatch.setattr(sys, "argv", ["scale", "--sim", "--nodes", "8,16"])
+    scale.main()
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [row["nodes"] for row in result["rows"]] == [8, 16]
+    for row in result["rows"]:
+        for key, kind in ROW_KEYS.items():
+            assert isinstance(row[key], kind), key
+
+
+@pytest.mark.parametrize("text", ["", "8,x", "0", "8,-1"])
+def test_bad_node_lists_are_refused_with_one_sentence(text: str) -> None:
+    with pytest.raises(ValueError, match="--nodes takes"):
+        parse_sizes(text)
