@@ -1,0 +1,89 @@
+"""Nodes behind real NATs (bench.nat: nftables masquerade in network namespaces) train together.
+
+A public node (the only one reachable from the internet) relays for two homes behind a cone
+and a symmetric NAT; the homes' nodes reach each other only through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from bench.nat import NatLab, missing
+from bench.procs import NODE_COMMAND, ChildProcess, python_module
+from tests.swarm.test_swarm import RUN, START_S, wait_merged
+
+pytestmark = [
+    pytest.mark.swarm,
+    pytest.mark.skipif(missing() is not None, reason=str(missing())),
+]
+PUBLIC_PORT = 4100
+NAT_MERGE_S = 150
+"""Relay reservations take ~15 s (AutoNAT must first call the node private)."""
+Launch = Callable[..., ChildProcess]
+
+
+@pytest.fixture
+def lab() -> Iterator[NatLab]:
+    with NatLab(down_mbit=None, up_mbit=None) as bed:  # rates: the chaos bench; here: wiring
+        yield bed
+
+
+@pytest.fixture
+def in_namespace(tmp_path: Path) -> Iterator[Launch]:
+    """`in_namespace(ns, *args, name=...)` starts a node in network namespace `ns`, reaped in
+    teardown whatever happens."""
+    nodes: list[ChildProcess] = []
+
+    def _launch(namespace: str, *args: str, name: str) -> ChildProcess:
+        argv = python_module("node", *NODE_COMMAND, "--host", "0.0.0.0", *args)
+        node = ChildProcess(name, argv, home=tmp_path / name, prefix=NatLab.prefix(namespace))
+        nodes.append(node)
+        return node.start()
+
+    try:
+        yield _launch
+    finally:
+        for node in nodes:
+            node.reap()
+        survivors = [p for node in nodes for p in node.leftover_processes()]
+        assert not survivors, f"processes outlived their node: {survivors}"
+
+
+def public_node(lab: NatLab, launch: Launch, *args: str) -> tuple[ChildProcess, str]:
+    address = f"/ip4/{lab.public_address(0)}/tcp/{PUBLIC_PORT}"
+    node = launch(
+        lab.public(0), *RUN, "--port", str(PUBLIC_PORT), "--announce", address, *args, name="pub"
+    )
+    maddr = next(m for m in node.wait_listening(START_S) if m.startswith(address))
+    return node, maddr
+
+
+def test_two_nodes_behind_two_nats_merge_each_others_updates_through_a_relay(
+    lab: NatLab, in_namespace: Launch
+) -> None:
+    # The public node serves no state: a newcomer must download it from behind a NAT.
+    public, maddr = public_node(lab, in_namespace, "--no-serve-state")
+    homes = [
+        in_namespace(lab.host(r), *RUN, "--port", "0", "--auto-relay", "--peers", maddr,
+                     name=f"home{r}")
+        for r in (0, 1)
+    ]  # fmt: skip
+    cone, symmetric = homes
+    for node in homes:
+        node.wait_listening(START_S)
+    wait_merged(cone, symmetric.peer_id, timeout_s=NAT_MERGE_S)
+    wait_merged(symmetric, cone.peer_id, timeout_s=NAT_MERGE_S)
+    for node in homes:
+        wait_merged(public, node.peer_id, timeout_s=NAT_MERGE_S)
+
+    newcomer = in_namespace(
+        lab.host(1), *RUN, "--port", "0", "--auto-relay", "--peers", maddr, name="newcomer"
+    )
+    downloaded = newcomer.wait_for_event("state_downloaded", START_S)
+    assert downloaded["peer_id"] in {cone.peer_id, symmetric.peer_id}
+    assert downloaded["num_applied"] > 0
+    first_own = wait_merged(newcomer, newcomer.peer_id, timeout_s=NAT_MERGE_S)
+    wait_merged(cone, newcomer.peer_id, after_seq=first_own["seq"] - 1, timeout_s=NAT_MERGE_S)
