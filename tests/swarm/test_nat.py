@@ -48,6 +48,7 @@ def in_namespace(tmp_path: Path) -> Iterator[Launch]:
     finally:
         for node in nodes:
             node.reap()
+            (tmp_path / f"{node.name}.stderr").write_text("\n".join(node.stderr))
         survivors = [p for node in nodes for p in node.leftover_processes()]
         assert not survivors, f"processes outlived their node: {survivors}"
 
