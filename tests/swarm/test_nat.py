@@ -6,6 +6,8 @@ and a symmetric NAT; the homes' nodes reach each other only through it.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import pytest
 
 from bench.nat import NatLab, missing
 from bench.procs import NODE_COMMAND, ChildProcess, python_module
+from tests.conftest import REPO
 from tests.swarm.test_swarm import RUN, START_S, wait_merged
 
 pytestmark = [
@@ -22,6 +25,7 @@ pytestmark = [
 PUBLIC_PORT = 4100
 NAT_MERGE_S = 150
 """Relay reservations take ~15 s (AutoNAT must first call the node private)."""
+DOCTOR_S = 90
 Launch = Callable[..., ChildProcess]
 
 
@@ -88,3 +92,33 @@ def test_two_nodes_behind_two_nats_merge_each_others_updates_through_a_relay(
     assert downloaded["num_applied"] > 0
     first_own = wait_merged(newcomer, newcomer.peer_id, timeout_s=NAT_MERGE_S)
     wait_merged(cone, newcomer.peer_id, after_seq=first_own["seq"] - 1, timeout_s=NAT_MERGE_S)
+
+
+def doctor(lab: NatLab, namespace: str, *args: str) -> tuple[int, str]:
+    result = subprocess.run(
+        [*lab.prefix(namespace), sys.executable, "-m", "node", "doctor", *args],
+        cwd=REPO, capture_output=True, text=True, timeout=DOCTOR_S,
+    )  # fmt: skip
+    return result.returncode, result.stdout + result.stderr
+
+
+def test_doctor_tells_a_public_node_a_nated_one_and_one_with_a_dead_bootstrap_apart(
+    lab: NatLab, in_namespace: Launch
+) -> None:
+    _, maddr = public_node(lab, in_namespace)
+    relay = maddr.rsplit("/p2p/", 1)[1]
+    public = f"/ip4/{lab.public_address(0)}/tcp/{PUBLIC_PORT + 1}"
+    code, out = doctor(lab, lab.public(0), "--peers", maddr, "--port", str(PUBLIC_PORT + 1),
+                       "--announce", public)  # fmt: skip
+    assert code == 0 and "reachability: public" in out, out
+
+    code, out = doctor(lab, lab.host(1), "--peers", maddr)  # behind the symmetric NAT
+    assert code == 0, out
+    assert f"behind a NAT, reachable through relay {relay}" in out, out
+    assert f"{maddr}/p2p-circuit/p2p/" in out, out
+
+    dead = maddr.replace(f"/tcp/{PUBLIC_PORT}/", f"/tcp/{PUBLIC_PORT + 2}/")
+    code, out = doctor(lab, lab.host(0), "--peers", dead)
+    assert code == 1, out
+    assert f"bootstrap {dead}: refused (nothing listens on {lab.public_address(0)} port" in out
+    assert "check --peers" in out
