@@ -185,7 +185,11 @@ class SwarmNetwork:
         appears once a relay has reserved this node a slot)."""
         assert self._p2p is not None
         peers = await asyncio.wait_for(self._p2p.list_peers(), REQUEST_READ_TIMEOUT_S)
+        before = self.paths.counts()
         self.paths.observe({str(p.peer_id): [str(a) for a in p.addrs] for p in peers})
+        now = self.paths.counts()
+        if now != before:
+            logger.info("connections: %s", ", ".join(f"{n} {kind}" for kind, n in now.items()))
         own = await asyncio.wait_for(self._p2p.get_visible_maddrs(), REQUEST_READ_TIMEOUT_S)
         self.visible_maddrs = [str(m) for m in own]
 

@@ -6,6 +6,7 @@ and a symmetric NAT; the homes' nodes reach each other only through it.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -83,6 +84,8 @@ def test_two_nodes_behind_two_nats_merge_each_others_updates_through_a_relay(
     wait_merged(symmetric, cone.peer_id, timeout_s=NAT_MERGE_S)
     for node in homes:
         wait_merged(public, node.peer_id, timeout_s=NAT_MERGE_S)
+    # Neither NAT lets the other home in: their connection to each other is relayed.
+    assert any(re.search(r"connections: .*[1-9]\d* relayed", line) for line in cone.stderr)
 
     newcomer = in_namespace(
         lab.host(1), *RUN, "--port", "0", "--auto-relay", "--peers", maddr, name="newcomer"
