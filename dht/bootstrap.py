@@ -21,9 +21,13 @@ logger = logging.getLogger(__name__)
 STARTUP_TIMEOUT_S = 30.0
 
 
-async def _start_p2p(host_maddrs: list[str], announce: list[str], limits: RelayLimits) -> object:
-    flags = daemon_flags(use_auto_relay=False, initial_peers=[], limits=limits)
+async def _start_p2p(
+    host_maddrs: list[str], announce: list[str], limits: RelayLimits, peers: list[str]
+) -> object:
+    flags = daemon_flags(use_auto_relay=False, initial_peers=peers, limits=limits)
     return await tuned_p2p(flags).create(
+        initial_peers=peers or None,
+        check_if_identity_free=False,
         host_maddrs=host_maddrs,
         announce_maddrs=announce,
         force_reachability="public",
@@ -46,9 +50,9 @@ def run_bootstrap(
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="bootstrap", daemon=True)
     thread.start()
-    p2p = asyncio.run_coroutine_threadsafe(_start_p2p(host_maddrs, announce, limits), loop).result(
-        STARTUP_TIMEOUT_S + 5
-    )
+    p2p = asyncio.run_coroutine_threadsafe(
+        _start_p2p(host_maddrs, announce, limits, initial_peers or []), loop
+    ).result(STARTUP_TIMEOUT_S + 5)
     dht = DHT(initial_peers=initial_peers or None, p2p=p2p, start=True)  # type: ignore[arg-type]
     try:
         maddrs = [str(m) for m in dht.get_visible_maddrs()]

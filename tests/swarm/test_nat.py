@@ -33,7 +33,8 @@ Launch = Callable[..., ChildProcess]
 
 @pytest.fixture
 def lab() -> Iterator[NatLab]:
-    with NatLab(down_mbit=None, up_mbit=None) as bed:  # rates: the chaos bench; here: wiring
+    # no rate limits: the wiring is tested here (a transfer on a 5 Mbit/s line is slow)
+    with NatLab(down_mbit=None, up_mbit=None) as bed:
         yield bed
 
 
@@ -73,18 +74,27 @@ def public_node(lab: NatLab, launch: Launch, *args: str) -> tuple[ChildProcess, 
     return node, maddr
 
 
-def bootstrap(lab: NatLab, launch_child: Callable[[ChildProcess], ChildProcess]) -> str:
-    """`diloco-node bootstrap` (trains nothing, holds no update) on the public machine; its
+def bootstrap(
+    lab: NatLab, launch_child: Callable[[ChildProcess], ChildProcess], i: int = 0, *args: str
+) -> str:
+    """`diloco-node bootstrap` (trains nothing, holds no update) on public machine `i`; its
     full address."""
-    address = f"/ip4/{lab.public_address(0)}/tcp/{PUBLIC_PORT}"
+    return started_bootstrap(lab, launch_child, i, *args)[1]
+
+
+def started_bootstrap(
+    lab: NatLab, launch_child: Callable[[ChildProcess], ChildProcess], i: int = 0, *args: str
+) -> tuple[ChildProcess, str]:
+    address = f"/ip4/{lab.public_address(i)}/tcp/{PUBLIC_PORT}"
     argv = python_module("node", "bootstrap", "--port", str(PUBLIC_PORT), "--announce", address)
-    prefix = lab.prefix(lab.public(0))
-    child = launch_child(ChildProcess("bootstrap", argv, home=Path("/tmp"), prefix=prefix))
+    prefix = lab.prefix(lab.public(i))
+    child = ChildProcess(f"bootstrap{i}", [*argv, *args], home=Path("/tmp"), prefix=prefix)
+    launch_child(child)
     deadline = time.monotonic() + START_S
     while True:  # it prints "bootstrap and relay at MADDR ..." on stdout
         said = [w for line in child.stderr for w in line.split() if w.startswith(address)]
         if said:
-            return said[0]
+            return child, said[0]
         assert child.alive() and time.monotonic() < deadline, child.stderr_tail()
         time.sleep(0.2)
 
