@@ -107,3 +107,14 @@ def test_the_cone_nat_keeps_ports_and_the_symmetric_one_randomises_them() -> Non
         assert "ct state established,related accept" in nft_rules(kind)
     with pytest.raises(ValueError, match="cone, symmetric"):
         nft_rules("full-cone")
+
+
+def test_join_turns_its_relay_flags_into_limits_and_refuses_bad_ones() -> None:
+    from node.config import JoinConfig
+
+    config = JoinConfig(relay_max_circuits=4, relay_max_mb=50.0, relay_max_duration=90.0)
+    assert config.relay_limits == RelayLimits(
+        max_circuits=4, max_bytes=50_000_000, max_duration_s=90.0
+    )
+    with pytest.raises(ValueError, match="--relay-max-mb"):
+        JoinConfig(relay_max_mb=0.0)
