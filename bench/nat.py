@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -249,13 +250,14 @@ class NatLab:
 
 def _shape(netns_args: list[str], dev: str, mbit: float) -> None:
     shape = ["root", "tbf", "rate", f"{mbit * 1000:.0f}kbit", "burst", str(tbf_burst_bytes(mbit))]
-    _run(["tc", *netns_args, "qdisc", "replace", "dev", dev, *shape, "latency", "200ms"])
+    shape += ["latency", f"{TBF_LATENCY_MS}ms"]
+    _run(["tc", *netns_args, "qdisc", "replace", "dev", dev, *shape])
 
 
-def delete_namespaces(names: object) -> None:
+def delete_namespaces(names: Iterable[str]) -> None:
     """Kill every process in each namespace, then delete it (a namespace with processes in
     it would live on, nameless, after its deletion)."""
-    for name in names:  # type: ignore[attr-defined]
+    for name in names:
         pids = _ip("netns", "pids", name, check=False).stdout.split()
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, ValueError):
@@ -284,9 +286,15 @@ def namespaces(tag: str | None = None) -> list[str]:
 
 def reap_stale() -> list[str]:
     """Delete the namespaces of runs whose process is gone; the names deleted."""
-    stale = [n for n in namespaces() if not _alive(int(TAG_PATTERN.match(n).group(1)))]  # type: ignore[union-attr]
+    stale = [n for n in namespaces() if not _alive(_builder_pid(n))]
     delete_namespaces(stale)
     return stale
+
+
+def _builder_pid(namespace: str) -> int:
+    found = TAG_PATTERN.match(namespace)
+    assert found is not None, namespace  # namespaces() keeps only matching names
+    return int(found.group(1))
 
 
 def _start_watchdog(tag: str) -> subprocess.Popen[bytes]:
