@@ -29,6 +29,7 @@ from hivemind.proto import p2pd_pb2
 from hivemind.utils import get_dht_time
 
 from dht.budget import StreamGuard, StreamLimits
+from dht.reachability import PathBook, RelayLimits, daemon_flags, tuned_p2p
 from dht.reaper import OrphanReaper
 from dht.records import OwnerValidator, RefusalCounts
 from dht.transport import TransportError, encode_request, receive_blob, send_blob
@@ -84,6 +85,8 @@ class SwarmConfig:
     """How long an update that no live peer offers is waited for before it counts as lost."""
     max_update_bytes: int = 1 << 30
     max_state_bytes: int = 4 << 30
+    relay_limits: RelayLimits = field(default_factory=RelayLimits)
+    """What this node spends relaying for peers behind NAT."""
 
     @property
     def prefix(self) -> str:
@@ -153,6 +156,8 @@ class SwarmNetwork:
         self._p2p: P2P | None = None
         self._dht: DHT | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self.paths = PathBook()
+        """Which path (direct, hole-punched, relayed) each connected peer is on."""
 
     # ---- start and stop ---------------------------------------------------------------------
 
@@ -170,6 +175,23 @@ class SwarmNetwork:
         self._dht = self._start_dht()
         assert self._dht.pid is not None
         self._reaper.watch(self._dht.pid)
+        self.call(self._watch_paths(), timeout_s)
+
+    async def _watch_paths(self) -> None:
+        self.every(self.config.heartbeat_period_s, self.refresh_paths)
+
+    async def refresh_paths(self) -> None:
+        """Re-read which path each connection took, and this node's addresses (a relayed one
+        appears once a relay has reserved this node a slot)."""
+        assert self._p2p is not None
+        peers = await asyncio.wait_for(self._p2p.list_peers(), REQUEST_READ_TIMEOUT_S)
+        before = self.paths.counts()
+        self.paths.observe({str(p.peer_id): [str(a) for a in p.addrs] for p in peers})
+        now = self.paths.counts()
+        if now != before:
+            logger.info("connections: %s", ", ".join(f"{n} {kind}" for kind, n in now.items()))
+        own = await asyncio.wait_for(self._p2p.get_visible_maddrs(), REQUEST_READ_TIMEOUT_S)
+        self.visible_maddrs = [str(m) for m in own]
 
     def _start_dht(self) -> DHT:
         # The DHT forks; do it from this (main) thread rather than the loop's, and without
@@ -199,14 +221,24 @@ class SwarmNetwork:
             return await self._spawn_p2p()
 
     async def _spawn_p2p(self) -> P2P:
-        return await P2P.create(
-            initial_peers=self.config.initial_peers or None,
-            host_maddrs=self.config.host_maddrs,
-            announce_maddrs=self.config.announce_maddrs or None,
-            identity_path=self.config.identity_path,
-            use_relay=self.config.use_relay,
-            use_auto_relay=self.config.use_auto_relay,
-            dht_mode="client" if self.config.client_mode else "server",
+        config = self.config
+        flags = daemon_flags(
+            use_auto_relay=config.use_auto_relay,
+            initial_peers=config.initial_peers,
+            limits=config.relay_limits,
+        )
+        return await tuned_p2p(flags).create(
+            initial_peers=config.initial_peers or None,
+            host_maddrs=config.host_maddrs,
+            announce_maddrs=config.announce_maddrs or None,
+            # a node told its public address serves as a relay before AutoNAT confirms it
+            force_reachability="public" if config.announce_maddrs else None,
+            # the bootstrap peers are the relays a node behind NAT reserves a slot with
+            trusted_relays=config.initial_peers if config.use_auto_relay else None,
+            identity_path=config.identity_path,
+            use_relay=config.use_relay,
+            use_auto_relay=config.use_auto_relay,
+            dht_mode="client" if config.client_mode else "server",
             check_if_identity_free=False,  # hivemind's check assumes RSA keys
             startup_timeout=30,
         )

@@ -53,6 +53,8 @@ from merge.sketch import ReplicaSketch, StateSketch
 
 logger = logging.getLogger(__name__)
 BUSY = "busy serving other newcomers"
+TRANSFER_PASSES = 3
+"""Passes over the donors while downloads break mid-way (within a donor's STATE_BURST)."""
 STATE_RATE_PER_S = 0.1
 """State downloads a peer may start per second (an honest newcomer asks once)."""
 STATE_BURST = 3.0
@@ -146,18 +148,23 @@ class StateTransfer:
         ):
             await self.membership.poll()
             await asyncio.sleep(0.2)
+        broken_passes = 0
         while True:
-            busy = False
+            busy = broken = False
             for donor in self._donors():
                 try:
                     return await self._download_from(donor.peer_id)
                 except TransportError as exc:
                     busy |= BUSY in str(exc)
+                    broken |= BUSY not in str(exc)
                     if BUSY not in str(exc):
                         self._reject("bad_state", donor.peer_id, str(exc))
                 except Exception as exc:  # an untrusted donor: try the next one
                     self._reject("bad_state", donor.peer_id, str(exc))
-            if not busy:
+            # A connection that broke (a relayed one reset, a NAT's mapping changed) is worth
+            # a few more passes; a donor that sent a bad state is not retried for that.
+            broken_passes += broken
+            if not busy and not (broken and broken_passes < TRANSFER_PASSES):
                 return None
             await asyncio.sleep(1.0)  # every donor is serving others: bounded by the caller
 

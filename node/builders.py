@@ -194,6 +194,7 @@ def swarm_config_from(
         announce_maddrs=list(config.announce or []),
         use_relay=config.relay,
         use_auto_relay=config.auto_relay,
+        relay_limits=config.relay_limits,
         client_mode=config.client_mode,
         serve_state=config.serve_state,
         heartbeat_period_s=config.heartbeat_period,

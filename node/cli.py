@@ -70,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--model", help="model the run trained, for a checkpoint that does not record it"
     )
     export.set_defaults(handler=run_export)
+    add_doctor_command(commands)
+    add_bootstrap_command(commands)
     keygen = commands.add_parser("keygen", help="create an Ed25519 identity key")
     keygen.add_argument("--identity", default=DEFAULT_IDENTITY, help="key file to write")
     keygen.add_argument("--force", action="store_true", help="replace an existing key")
@@ -80,6 +82,79 @@ def build_parser() -> argparse.ArgumentParser:
     )
     keygen.set_defaults(handler=run_keygen)
     return parser
+
+
+def add_doctor_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    doctor = commands.add_parser(
+        "doctor", help="say whether peers can reach this node (NAT, relay) before joining"
+    )
+    doctor.add_argument("--peers", nargs="*", default=[], metavar="MADDR", help="bootstrap peers")
+    doctor.add_argument("--host", default="0.0.0.0", help="address join would listen on")
+    doctor.add_argument("--port", type=int, default=0, help="port join would listen on")
+    doctor.add_argument("--announce", nargs="*", default=[], metavar="MADDR", help="as join's")
+    doctor.add_argument(
+        "--wait", type=float, default=40.0, help="seconds to wait for AutoNAT and a relay"
+    )
+    doctor.set_defaults(handler=run_doctor)
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    """Prints the verdict's lines; exit status 1 when no peer could reach this node."""
+    import asyncio
+
+    from dht.addresses import listen_maddrs, parse_announce_maddr, parse_peer_maddr
+    from dht.doctor import Verdict, diagnose
+
+    peers = [str(parse_peer_maddr(p)) for p in args.peers]
+    announce = [str(parse_announce_maddr(a)) for a in args.announce]
+    if not 1 <= args.wait <= 600:
+        raise UserError(f"--wait must be 1 to 600 seconds, got {args.wait}")
+    seen = asyncio.run(
+        diagnose(peers, listen_maddrs(args.host, args.port), announce, wait_s=args.wait)
+    )
+    verdict = Verdict(seen)
+    print("\n".join(verdict.lines()))
+    return 0 if verdict.ok else 1
+
+
+def add_bootstrap_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    boot = commands.add_parser(
+        "bootstrap", help="serve the DHT and relay for peers behind NAT, without training"
+    )
+    boot.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    boot.add_argument("--port", type=int, default=31337, help="TCP port to listen on")
+    boot.add_argument(
+        "--announce",
+        nargs="+",
+        required=True,
+        metavar="MADDR",
+        help="this machine's public address",
+    )
+    boot.add_argument("--peers", nargs="*", default=[], metavar="MADDR", help="other bootstraps")
+    boot.add_argument("--relay-max-circuits", type=int, default=16, help="as join's")
+    boot.add_argument("--relay-max-mb", type=float, default=1024.0, help="as join's")
+    boot.add_argument("--relay-max-duration", type=float, default=1200.0, help="as join's")
+    boot.set_defaults(handler=run_bootstrap_command)
+
+
+def run_bootstrap_command(args: argparse.Namespace) -> int:
+    from dht.addresses import listen_maddrs, parse_announce_maddr, parse_peer_maddr
+    from dht.bootstrap import run_bootstrap
+    from dht.reachability import RelayLimits
+
+    limits = RelayLimits(
+        max_circuits=args.relay_max_circuits,
+        max_bytes=int(args.relay_max_mb * 1e6),
+        max_duration_s=args.relay_max_duration,
+    )
+    announce = [str(parse_announce_maddr(a)) for a in args.announce]
+    peers = [str(parse_peer_maddr(p)) for p in args.peers]
+    stop = threading.Event()
+    with _stop_on_signals(stop.set):
+        run_bootstrap(
+            listen_maddrs(args.host, args.port), announce, limits, stop, initial_peers=peers
+        )
+    return 0
 
 
 def run_join(args: argparse.Namespace) -> int:

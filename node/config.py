@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, ClassVar, get_args, get_origin, get_type_hints
 
 from dht.addresses import host_ip, listen_maddrs, parse_announce_maddr, parse_peer_maddr
+from dht.reachability import RelayLimits
 from merge.allowlist import AllowList
 from merge.codecs import CODECS
 from merge.identity import read_secret_file
@@ -170,7 +171,13 @@ class JoinConfig:
     relay: bool = True
     """Relay traffic for peers behind NAT (libp2p circuit relay)."""
     auto_relay: bool = False
-    """Be reachable through relays when this node is behind NAT."""
+    """Be reachable through relays when this node is behind NAT (its --peers are its relays)."""
+    relay_max_circuits: int = 16
+    """Relayed connections open at once per peer, when relaying for peers behind NAT."""
+    relay_max_mb: float = 1024.0
+    """Megabytes one relayed connection carries (each way) before it is reset."""
+    relay_max_duration: float = 1200.0
+    """Seconds one relayed connection lives before it is reset (peers dial a new one)."""
     client_mode: bool = False
     """Accept no incoming connections: serve no DHT requests, state or update payloads."""
     org: str = ""
@@ -226,6 +233,7 @@ class JoinConfig:
         ),
         "network": (
             "swarm", "peers", "host", "port", "announce", "relay", "auto_relay", "client_mode",
+            "relay_max_circuits", "relay_max_mb", "relay_max_duration",
             "identity", "org", "serve_state", "heartbeat_period", "retain_updates", "retain_mb",
             "gap_wait", "allow_keys",
         ),
@@ -279,6 +287,7 @@ class JoinConfig:
         listen_maddrs(self.host, self.listen_port)  # raises for a bad --port
         self.peers = [str(parse_peer_maddr(p)) for p in self.peers or []] or None
         self.announce = [str(parse_announce_maddr(a)) for a in self.announce or []] or None
+        _ = self.relay_limits  # raises for a bad --relay-max-*
         if not 0.2 <= self.heartbeat_period <= 3600:
             raise ValueError("--heartbeat-period must be between 0.2 and 3600 seconds")
         _check_positive("retain_updates", self.retain_updates)
@@ -338,6 +347,14 @@ class JoinConfig:
         """Where this run's nodes keep their default checkpoint dirs (and did before 0.2:
         directly in it)."""
         return (DILOCO_HOME / "checkpoints" / self.run_id).expanduser()
+
+    @property
+    def relay_limits(self) -> RelayLimits:
+        return RelayLimits(
+            max_circuits=self.relay_max_circuits,
+            max_bytes=int(self.relay_max_mb * 1e6),
+            max_duration_s=self.relay_max_duration,
+        )
 
     @property
     def listen_port(self) -> int:

@@ -1,0 +1,128 @@
+"""How peers behind NAT reach each other: relay limits, p2pd's relay flags, and which path each
+connection took (direct, hole-punched, relayed).
+
+p2pd (hivemind's go-libp2p daemon) relays for others with circuit relay v2 and upgrades a
+relayed connection to a direct one by DCUtR hole punching (on with AutoNAT). Two of its defaults
+defeat a small swarm, and this module sets them:
+
+- With relay discovery on (its default), autorelay wants 4 relay candidates and otherwise waits
+  its boot delay (3 minutes) before reserving a slot; a swarm with one public node never gets a
+  relayed address in time. The node's bootstrap peers are given as static (trusted) relays and
+  discovery is turned off, so a NAT'd node reserves a slot with them as soon as AutoNAT calls it
+  private (about 15 s).
+- A node reachable at a public address that AutoNAT cannot yet confirm (no peer to dial it back)
+  does not serve as a relay; a node told its public address (--announce) is forced public.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:  # hivemind is slow to import; `--help` reads RelayLimits
+    from hivemind.p2p import P2P
+
+PathKind = Literal["direct", "holepunched", "relayed"]
+PATH_KINDS: tuple[PathKind, ...] = ("direct", "holepunched", "relayed")
+CIRCUIT = "/p2p-circuit"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RelayLimits:
+    """What this node spends relaying for peers behind NAT (p2pd's relay service)."""
+
+    max_circuits: int = 16
+    """Relayed connections open at once per peer."""
+    max_bytes: int = 1 << 30
+    """Bytes one relayed connection carries (each direction) before it is reset."""
+    max_duration_s: float = 1200.0
+    """Seconds one relayed connection lives before it is reset (a new one is dialled)."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_circuits <= 1024:
+            raise ValueError(f"--relay-max-circuits must be in 1..1024, got {self.max_circuits}")
+        if not 1 << 16 <= self.max_bytes <= 1 << 40:
+            raise ValueError("--relay-max-mb must be between 0.066 and 1099511 MB")
+        if not 10.0 <= self.max_duration_s <= 86400.0:
+            raise ValueError(
+                f"--relay-max-duration must be 10 to 86400 seconds, got {self.max_duration_s}"
+            )
+
+    def daemon_flags(self) -> dict[str, str]:
+        return {
+            "relayMaxCircuits": str(self.max_circuits),
+            "relayDataLimit": str(self.max_bytes),
+            "relayTimeLimit": f"{self.max_duration_s:.0f}s",
+        }
+
+
+def daemon_flags(
+    *, use_auto_relay: bool, initial_peers: Iterable[str], limits: RelayLimits
+) -> dict[str, str]:
+    """p2pd flags hivemind.P2P.create does not expose: relay limits, and static relays (the
+    bootstrap peers, passed as trusted_relays) without discovery when there are any."""
+    flags = limits.daemon_flags()
+    if use_auto_relay and list(initial_peers):
+        flags["relayDiscovery"] = "0"
+    return flags
+
+
+def tuned_p2p(flags: Mapping[str, str]) -> type[P2P]:
+    """hivemind's P2P, starting p2pd with `flags` added to those P2P.create passes."""
+    from hivemind.p2p import P2P
+
+    extra = dict(flags)
+
+    class TunedP2P(P2P):
+        def _make_process_args(self, *args: Any, **kwargs: Any) -> list[str]:  # type: ignore[override]
+            return P2P._make_process_args(*args, **{**kwargs, **extra})
+
+    return TunedP2P
+
+
+def is_relayed(maddr: str) -> bool:
+    return CIRCUIT in maddr
+
+
+def relay_of(maddr: str) -> str | None:
+    """The relay's peer id in a /.../p2p/RELAY/p2p-circuit[/p2p/TARGET] address."""
+    if not is_relayed(maddr):
+        return None
+    before = maddr.split(CIRCUIT, 1)[0]
+    return before.rsplit("/p2p/", 1)[-1] if "/p2p/" in before else None
+
+
+class PathBook:
+    """Which path each connected peer is on now, from the addresses of its connections.
+
+    A peer on a direct connection that was earlier seen only through a relay got there by hole
+    punching (or by dialling it once it learnt a direct address): counted as hole-punched.
+    """
+
+    def __init__(self) -> None:
+        self._was_relayed: set[str] = set()
+        self._paths: dict[str, PathKind] = {}
+
+    def observe(self, connections: Mapping[str, Iterable[str]]) -> None:
+        """Peer id -> addresses of its open connections (p2pd's list_peers), all peers."""
+        paths: dict[str, PathKind] = {}
+        for peer, addrs in connections.items():
+            addrs = list(addrs)
+            if not addrs:
+                continue
+            if all(is_relayed(a) for a in addrs):
+                self._was_relayed.add(peer)
+                paths[peer] = "relayed"
+            else:
+                paths[peer] = "holepunched" if peer in self._was_relayed else "direct"
+        self._paths = paths
+
+    def path(self, peer: str) -> PathKind | None:
+        return self._paths.get(peer)
+
+    def counts(self) -> dict[str, int]:
+        """Connected peers per path, every kind present (0 when none)."""
+        found = Counter(self._paths.values())
+        return {kind: found.get(kind, 0) for kind in PATH_KINDS}

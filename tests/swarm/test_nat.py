@@ -1,0 +1,156 @@
+"""Nodes behind real NATs (bench.nat: nftables masquerade in network namespaces) train together.
+
+A public node (the only one reachable from the internet) relays for two homes behind a cone
+and a symmetric NAT; the homes' nodes reach each other only through it.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from bench.nat import NatLab, missing
+from bench.procs import NODE_COMMAND, ChildProcess, python_module
+from tests.conftest import REPO
+from tests.swarm.test_swarm import RUN, START_S, wait_merged
+
+pytestmark = [
+    pytest.mark.swarm,
+    pytest.mark.skipif(missing() is not None, reason=str(missing())),
+]
+PUBLIC_PORT = 4100
+NAT_MERGE_S = 150
+"""Relay reservations take ~15 s (AutoNAT must first call the node private)."""
+DOCTOR_S = 90
+Launch = Callable[..., ChildProcess]
+
+
+@pytest.fixture
+def lab() -> Iterator[NatLab]:
+    # no rate limits: the wiring is tested here (a transfer on a 5 Mbit/s line is slow)
+    with NatLab(down_mbit=None, up_mbit=None) as bed:
+        yield bed
+
+
+@pytest.fixture
+def in_namespace(tmp_path: Path) -> Iterator[Launch]:
+    """`in_namespace(ns, *args, name=...)` starts a node in network namespace `ns`, reaped in
+    teardown whatever happens."""
+    nodes: list[ChildProcess] = []
+
+    def _launch(namespace: str, *args: str, name: str) -> ChildProcess:
+        argv = python_module("node", *NODE_COMMAND, "--host", "0.0.0.0", *args)
+        node = ChildProcess(name, argv, home=tmp_path / name, prefix=NatLab.prefix(namespace))
+        return _child(node)
+
+    def _child(child: ChildProcess) -> ChildProcess:
+        nodes.append(child)
+        return child.start()
+
+    _launch.child = _child  # type: ignore[attr-defined]
+
+    try:
+        yield _launch
+    finally:
+        for node in nodes:
+            node.reap()
+            (tmp_path / f"{node.name}.stderr").write_text("\n".join(node.stderr))
+        survivors = [p for node in nodes for p in node.leftover_processes()]
+        assert not survivors, f"processes outlived their node: {survivors}"
+
+
+def public_node(lab: NatLab, launch: Launch, *args: str) -> tuple[ChildProcess, str]:
+    address = f"/ip4/{lab.public_address(0)}/tcp/{PUBLIC_PORT}"
+    node = launch(
+        lab.public(0), *RUN, "--port", str(PUBLIC_PORT), "--announce", address, *args, name="pub"
+    )
+    maddr = next(m for m in node.wait_listening(START_S) if m.startswith(address))
+    return node, maddr
+
+
+def bootstrap(
+    lab: NatLab, launch_child: Callable[[ChildProcess], ChildProcess], i: int = 0, *args: str
+) -> str:
+    """`diloco-node bootstrap` (trains nothing, holds no update) on public machine `i`; its
+    full address."""
+    return started_bootstrap(lab, launch_child, i, *args)[1]
+
+
+def started_bootstrap(
+    lab: NatLab, launch_child: Callable[[ChildProcess], ChildProcess], i: int = 0, *args: str
+) -> tuple[ChildProcess, str]:
+    address = f"/ip4/{lab.public_address(i)}/tcp/{PUBLIC_PORT}"
+    argv = python_module("node", "bootstrap", "--port", str(PUBLIC_PORT), "--announce", address)
+    prefix = lab.prefix(lab.public(i))
+    child = ChildProcess(f"bootstrap{i}", [*argv, *args], home=Path("/tmp"), prefix=prefix)
+    launch_child(child)
+    deadline = time.monotonic() + START_S
+    while True:  # it prints "bootstrap and relay at MADDR ..." on stdout
+        said = [w for line in child.stderr for w in line.split() if w.startswith(address)]
+        if said:
+            return child, said[0]
+        assert child.alive() and time.monotonic() < deadline, child.stderr_tail()
+        time.sleep(0.2)
+
+
+def test_two_nodes_behind_two_nats_train_as_one_through_a_bootstrap_that_relays(
+    lab: NatLab, in_namespace: Launch
+) -> None:
+    maddr = bootstrap(lab, in_namespace.child)  # type: ignore[attr-defined]
+    homes = [
+        in_namespace(lab.host(r), *RUN, "--port", "0", "--auto-relay", "--peers", maddr,
+                     name=f"home{r}")
+        for r in (0, 1)
+    ]  # fmt: skip
+    cone, symmetric = homes
+    for node in homes:
+        node.wait_listening(START_S)
+    wait_merged(cone, symmetric.peer_id, timeout_s=NAT_MERGE_S)
+    wait_merged(symmetric, cone.peer_id, timeout_s=NAT_MERGE_S)
+    # Neither NAT lets the other home in: their connection to each other is relayed.
+    assert any(re.search(r"connections: .*[1-9]\d* relayed", line) for line in cone.stderr)
+
+    newcomer = in_namespace(
+        lab.host(0), *RUN, "--port", "0", "--auto-relay", "--peers", maddr, name="newcomer"
+    )
+    downloaded = newcomer.wait_for_event("state_downloaded", START_S)
+    assert downloaded["peer_id"] in {cone.peer_id, symmetric.peer_id}
+    assert downloaded["num_applied"] > 0
+    first_own = wait_merged(newcomer, newcomer.peer_id, timeout_s=NAT_MERGE_S)
+    wait_merged(symmetric, newcomer.peer_id, after_seq=first_own["seq"] - 1, timeout_s=NAT_MERGE_S)
+
+
+def doctor(lab: NatLab, namespace: str, *args: str) -> tuple[int, str]:
+    result = subprocess.run(
+        [*lab.prefix(namespace), sys.executable, "-m", "node", "doctor", *args],
+        cwd=REPO, capture_output=True, text=True, timeout=DOCTOR_S,
+    )  # fmt: skip
+    return result.returncode, result.stdout + result.stderr
+
+
+def test_doctor_tells_a_public_node_a_nated_one_and_one_with_a_dead_bootstrap_apart(
+    lab: NatLab, in_namespace: Launch
+) -> None:
+    _, maddr = public_node(lab, in_namespace)
+    relay = maddr.rsplit("/p2p/", 1)[1]
+    public = f"/ip4/{lab.public_address(0)}/tcp/{PUBLIC_PORT + 1}"
+    code, out = doctor(lab, lab.public(0), "--peers", maddr, "--port", str(PUBLIC_PORT + 1),
+                       "--announce", public)  # fmt: skip
+    assert code == 0 and "reachability: public" in out, out
+
+    code, out = doctor(lab, lab.host(1), "--peers", maddr)  # behind the symmetric NAT
+    assert code == 0, out
+    assert f"behind a NAT, reachable through relay {relay}" in out, out
+    assert f"{maddr}/p2p-circuit/p2p/" in out, out
+
+    dead = maddr.replace(f"/tcp/{PUBLIC_PORT}/", f"/tcp/{PUBLIC_PORT + 2}/")
+    code, out = doctor(lab, lab.host(0), "--peers", dead)
+    assert code == 1, out
+    assert f"bootstrap {dead}: refused (nothing listens on {lab.public_address(0)} port" in out
+    assert "check --peers" in out

@@ -1,0 +1,120 @@
+"""Relay limits, p2pd's relay flags, and which path each connection took (pure)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bench.nat import nft_rules
+from dht.reachability import PATH_KINDS, PathBook, RelayLimits, daemon_flags, relay_of
+
+RELAY = "12D3KooWNdCAR3NwA13FW74d2hURfeBQ4RaTmTorkqWxQcvHGnZw"
+DIRECT = "/ip4/11.64.0.101/tcp/4000"
+RELAYED = f"/ip4/11.64.0.10/tcp/4100/p2p/{RELAY}/p2p-circuit"
+BOOTSTRAP = f"/ip4/11.64.0.10/tcp/4100/p2p/{RELAY}"
+
+
+def test_relay_limits_become_p2pd_flags() -> None:
+    limits = RelayLimits(max_circuits=4, max_bytes=50_000_000, max_duration_s=90.0)
+    assert limits.daemon_flags() == {
+        "relayMaxCircuits": "4",
+        "relayDataLimit": "50000000",
+        "relayTimeLimit": "90s",
+    }
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "flag"),
+    [
+        ("max_circuits", 0, "--relay-max-circuits"),
+        ("max_bytes", 10, "--relay-max-mb"),
+        ("max_duration_s", 1.0, "--relay-max-duration"),
+    ],
+)
+def test_a_bad_relay_limit_names_its_flag(field: str, value: float, flag: str) -> None:
+    with pytest.raises(ValueError, match=flag):
+        RelayLimits(**{field: value})  # type: ignore[arg-type]
+
+
+def test_a_nated_node_uses_its_bootstrap_peers_as_static_relays_without_discovery() -> None:
+    flags = daemon_flags(use_auto_relay=True, initial_peers=[BOOTSTRAP], limits=RelayLimits())
+    assert flags["relayDiscovery"] == "0"
+
+
+def test_the_first_node_keeps_relay_discovery_p2pd_needs_it_without_static_relays() -> None:
+    for auto_relay, peers in ((True, []), (False, [BOOTSTRAP])):
+        flags = daemon_flags(use_auto_relay=auto_relay, initial_peers=peers, limits=RelayLimits())
+        assert "relayDiscovery" not in flags
+
+
+def test_relay_of_names_the_relay_not_the_target() -> None:
+    assert relay_of(f"{RELAYED}/p2p/12D3KooWtarget") == RELAY
+    assert relay_of(DIRECT) is None
+
+
+def test_a_peer_seen_relayed_then_direct_was_hole_punched() -> None:
+    book = PathBook()
+    book.observe({"a": [RELAYED], "b": [DIRECT]})
+    assert (book.path("a"), book.path("b")) == ("relayed", "direct")
+    book.observe({"a": [RELAYED, DIRECT], "b": [DIRECT]})
+    assert book.path("a") == "holepunched"
+    assert book.counts() == {"direct": 1, "holepunched": 1, "relayed": 0}
+
+
+def test_a_peer_that_disconnected_has_no_path() -> None:
+    book = PathBook()
+    book.observe({"a": [DIRECT]})
+    book.observe({})
+    assert book.path("a") is None
+    assert book.counts() == dict.fromkeys(PATH_KINDS, 0)
+
+
+@given(
+    st.lists(
+        st.dictionaries(
+            st.sampled_from("abcdef"),
+            st.lists(st.sampled_from([DIRECT, RELAYED]), max_size=3),
+            max_size=6,
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_every_connected_peer_is_counted_on_exactly_one_path(
+    rounds: list[dict[str, list[str]]],
+) -> None:
+    book = PathBook()
+    relayed_before: set[str] = set()
+    for connections in rounds:
+        book.observe(connections)
+        connected = {p for p, addrs in connections.items() if addrs}
+        assert sum(book.counts().values()) == len(connected)
+        for peer in connected:
+            only_relayed = all(a == RELAYED for a in connections[peer])
+            if only_relayed:
+                assert book.path(peer) == "relayed"
+                relayed_before.add(peer)
+            else:
+                expected = "holepunched" if peer in relayed_before else "direct"
+                assert book.path(peer) == expected
+
+
+def test_the_cone_nat_keeps_ports_and_the_symmetric_one_randomises_them() -> None:
+    assert "masquerade\n" in nft_rules("cone")
+    assert "masquerade random,fully-random" in nft_rules("symmetric")
+    for kind in ("cone", "symmetric"):
+        assert "ct state established,related accept" in nft_rules(kind)
+    with pytest.raises(ValueError, match="cone, symmetric"):
+        nft_rules("full-cone")
+
+
+def test_join_turns_its_relay_flags_into_limits_and_refuses_bad_ones() -> None:
+    from node.config import JoinConfig
+
+    config = JoinConfig(relay_max_circuits=4, relay_max_mb=50.0, relay_max_duration=90.0)
+    assert config.relay_limits == RelayLimits(
+        max_circuits=4, max_bytes=50_000_000, max_duration_s=90.0
+    )
+    with pytest.raises(ValueError, match="--relay-max-mb"):
+        JoinConfig(relay_max_mb=0.0)
