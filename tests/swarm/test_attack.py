@@ -169,7 +169,8 @@ def test_a_newcomer_refuses_a_poisoned_state_and_loads_an_honest_one(
     newcomer.wait_event("round_done", START_S)
 
 
-PATIENT = ["zero_flood", "summary_flood", "sideways", "sybil_learners"]
+PATIENT = ["zero_flood", "sideways", "sybil_learners", "summary_flood"]
+"""The summary flood last: it keeps the honest nodes' loops busy for a while after it ends."""
 PATIENT_S = 6
 """Seconds each patient class keeps on here (bench.attack keeps them on the whole run)."""
 
