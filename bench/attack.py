@@ -283,6 +283,14 @@ def measure(swarm: Swarm, sampler: Sampler, attack: str | None, started: float) 
             default=0,
         ),
         strangers_served=sum(stranger_updates(n, honest_ids) for n in swarm.honest),
+        learners=sorted(
+            {
+                e["learners"]
+                for n in swarm.pair
+                for e in n.of("update_merged")
+                if e["author"] in honest_ids and e["time"] >= since
+            }
+        ),  # fmt: skip
         seconds=time.time() - started,
     )
     if newcomer is not None and attack is not None:

@@ -47,6 +47,8 @@ class RunFigures:
     newcomer: dict[str, Any] | None = None
     strangers_served: int = 0
     """Updates of keys that are no honest node's fetched or merged by an honest node."""
+    learners: list[int] = field(default_factory=list)
+    """The learner counts M honest updates were sized by, from the class's start on."""
     seconds: float = 0.0
 
 
@@ -110,6 +112,8 @@ def class_row(
         "rounds_advanced": min(r.rounds_advanced for r in runs),
         "seconds": [round(r.seconds) for r in runs],
     }
+    learners = [m for r in runs for m in r.learners]
+    row["learners"] = [min(learners), max(learners)] if learners else None
     if any(r.newcomer is not None for r in runs):
         row["newcomer"] = [r.newcomer for r in runs]
         row["newcomer_rounds"] = [r.newcomer_round for r in runs]
@@ -161,6 +165,8 @@ def format_row(row: dict[str, Any]) -> str:
         f"tracebacks {row['tracebacks']}  rounds +{row['rounds_advanced']}  {verdict}\n"
         f"{'':<18} counted: {counted}"
     )
+    if row["learners"]:
+        text += f"; honest updates sized by M {row['learners'][0]}-{row['learners'][1]}"
     if "newcomer" in row:
         text += f"\n{'':<18} newcomer: {row['newcomer']}"
     if "refused_at_first_message" in row:
