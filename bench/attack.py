@@ -109,12 +109,15 @@ class Sampler:
                 (time.time(), {n.name: (rss_mb(n.pid), open_files(n.pid)) for n in live})
             )
 
-    def rss_growth_mb(self, since: float) -> float:
-        """The most any node's RSS rose above its last sample before `since`."""
+    def rss_growth_mb(self, since: float, names: list[str]) -> float:
+        """The most any of `names` rose above its last RSS sample before `since` (a node that
+        starts later, the newcomer, grows as it loads: not counted)."""
         before: dict[str, float] = {}
         growth = 0.0
         for t, sample in self.samples:
             for name, (rss, _) in sample.items():
+                if name not in names:
+                    continue
                 if t <= since or name not in before:
                     before[name] = rss
                 else:
@@ -270,9 +273,9 @@ def measure(swarm: Swarm, sampler: Sampler, attack: str | None, started: float) 
     figures = RunFigures(
         attack=attack,
         final_val={n.name: last_val(n) for n in swarm.pair},
-        newcomer_val=last_val(newcomer) if newcomer is not None else None,
+        newcomer_curve=val_curve(newcomer) if newcomer is not None else {},
         newcomer_round=swarm.newcomer_round,
-        rss_growth_mb=sampler.rss_growth_mb(since),
+        rss_growth_mb=sampler.rss_growth_mb(since, [n.name for n in swarm.pair]),
         max_open_files=sampler.max_open_files(since),
         tracebacks=sum(getattr(n.stderr, "tracebacks", 0) for n in swarm.honest),
         crashed=[n.name for n in swarm.honest if not n.of("lingering")],
@@ -296,6 +299,10 @@ def measure(swarm: Swarm, sampler: Sampler, attack: str | None, started: float) 
     if newcomer is not None and attack is not None:
         figures.newcomer = newcomer_outcome(newcomer, swarm.adversary)
     return figures
+
+
+def val_curve(node: ChildProcess) -> dict[int, float]:
+    return {e["round"]: float(e["val_loss"]) for e in node.of("round_done") if e.get("val_loss")}
 
 
 def last_val(node: ChildProcess) -> float | None:
@@ -381,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         def run(name: str, attack: str | None, newcomer: bool) -> RunFigures:
             figures = run_swarm(work / name, settings, attack, newcomer)
             print(f"{name}: final val loss {figures.final_val}"
-                  + (f", newcomer {figures.newcomer_val}" if newcomer else "")
+                  + (f", newcomer by round {figures.newcomer_curve}" if newcomer else "")
                   + f" ({figures.seconds:.0f} s)", flush=True)  # fmt: skip
             return figures
 
@@ -407,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         "failed": failed,
         "clean_val_loss": [c.final_val for c in cleans],
         "clean_rss_growth_mb": [round(c.rss_growth_mb, 1) for c in cleans],
-        "clean_newcomer_val_loss": [[c.final_val, c.newcomer_val] for c in cleans_newcomer],
+        "clean_newcomer_val_loss": [[c.final_val, c.newcomer_curve] for c in cleans_newcomer],
         "rounds": args.rounds,
         "repeats": args.repeats,
         "pace_s": args.pace,

@@ -34,8 +34,10 @@ class RunFigures:
     attack: str | None
     final_val: dict[str, float | None]
     """The final validation loss of each honest node that trains the whole run, by name."""
-    newcomer_val: float | None = None
-    """The newcomer's last validation loss (runs with a newcomer)."""
+    newcomer_curve: dict[int, float] = field(default_factory=dict)
+    """The newcomer's validation loss after each of its rounds (runs with a newcomer): a
+    poisoned state costs most right after it is loaded, and the newcomer mends within its
+    few rounds (sybil_vouchers: 1.17x after round 1, 0.96x after round 3)."""
     newcomer_round: int | None = None
     rss_growth_mb: float = 0.0
     max_open_files: int = 0
@@ -62,33 +64,39 @@ def clean_means(cleans: list[RunFigures]) -> dict[str, float]:
     return {name: statistics.fmean(vals) for name, vals in by_node.items()}
 
 
-def newcomer_mean(cleans: list[RunFigures]) -> float | None:
-    vals = [r.newcomer_val for r in cleans if r.newcomer_val is not None]
-    return statistics.fmean(vals) if vals else None
+def newcomer_mean(cleans: list[RunFigures]) -> dict[int, float]:
+    """The clean newcomers' mean validation loss after each of their rounds."""
+    by_round: dict[int, list[float]] = {}
+    for run in cleans:
+        for round_, val in run.newcomer_curve.items():
+            by_round.setdefault(round_, []).append(val)
+    return {r: statistics.fmean(vals) for r, vals in sorted(by_round.items())}
 
 
 def loss_ratio(
-    run: RunFigures, clean: dict[str, float], clean_newcomer: float | None
+    run: RunFigures, clean: dict[str, float], clean_newcomer: dict[int, float] | None
 ) -> float | None:
-    """The worse honest node's final loss over its clean mean (the newcomer's too, where one
-    joined); None when a node has no final loss (it crashed or stalled)."""
+    """The worse honest node's final loss over its clean mean, and where a newcomer joined,
+    its worst loss after any of its rounds over the clean newcomers' after the same round;
+    None when a node has no final loss (it crashed or stalled)."""
     ratios = []
     for name, base in clean.items():
         val = run.final_val.get(name)
         if val is None:
             return None
         ratios.append(val / base)
-    if clean_newcomer is not None and run.newcomer is not None:
-        if run.newcomer_val is None:
+    if clean_newcomer and run.newcomer is not None:
+        common = [r for r in run.newcomer_curve if r in clean_newcomer]
+        if not common:
             return None
-        ratios.append(run.newcomer_val / clean_newcomer)
+        ratios += [run.newcomer_curve[r] / clean_newcomer[r] for r in common]
     return max(ratios) if ratios else None
 
 
 def class_row(
     runs: list[RunFigures],
     clean: dict[str, float],
-    clean_newcomer: float | None,
+    clean_newcomer: dict[int, float] | None,
     *,
     allow_keys: bool,
 ) -> dict[str, Any]:

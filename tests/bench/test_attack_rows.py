@@ -18,7 +18,7 @@ CLEAN = clean_means([run(None, 3.0, 3.2), run(None, 3.4, 3.0)])
 
 
 def test_clean_means_are_per_node() -> None:
-    assert CLEAN == pytest.approx({"honest0": 3.2, "honest1": 3.1})
+    assert pytest.approx({"honest0": 3.2, "honest1": 3.1}) == CLEAN
 
 
 def test_a_run_is_judged_by_its_worse_node_against_that_node_s_clean_mean() -> None:
@@ -50,13 +50,19 @@ def test_a_stalled_node_fails_its_class() -> None:
     assert row["loss_ratio_mean"] is None and not row["passed"]
 
 
-def test_a_newcomer_that_loaded_a_poisoned_state_counts() -> None:
-    cleans = [run(None, 3.2, 3.1, newcomer_val=4.0), run(None, 3.2, 3.1, newcomer_val=4.2)]
+def test_a_newcomer_that_loaded_a_poisoned_state_counts_at_its_worst_round() -> None:
+    cleans = [
+        run(None, 3.2, 3.1, newcomer_curve={1: 3.0, 2: 3.0, 3: 3.1}),
+        run(None, 3.2, 3.1, newcomer_curve={1: 3.0, 2: 3.0, 3: 2.9}),
+    ]
     poisoned = run(
-        "sybil_vouchers", 3.2, 3.1, newcomer_val=4.1 * 1.18, newcomer={"donor": "adversary"}
-    )
+        "sybil_vouchers", 3.2, 3.1, newcomer_curve={1: 3.54, 2: 3.2, 3: 2.9},
+        newcomer={"donor": "adversary"},
+    )  # fmt: skip
     row = class_row([poisoned], clean_means(cleans), newcomer_mean(cleans), allow_keys=False)
     assert row["loss_ratio_mean"] == pytest.approx(1.18)
+    gone = run("sybil_vouchers", 3.2, 3.1, newcomer={"donor": None})
+    assert loss_ratio(gone, clean_means(cleans), newcomer_mean(cleans)) is None
 
 
 def test_permissioned_classes_must_serve_strangers_nothing() -> None:
