@@ -41,7 +41,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.adversary import ATTACKS, NEWCOMER_CLASSES, PATIENT
-from bench.attack_rows import RunFigures, class_row, clean_means, format_row, newcomer_mean
+from bench.attack_rows import (
+    RunFigures,
+    class_row,
+    clean_means,
+    clean_peaks,
+    format_row,
+    newcomer_mean,
+)
 from bench.procs import ChildProcess, WaitError, node_process, python_module, reap_all, save_events
 from merge.identity import Identity
 
@@ -123,6 +130,9 @@ class Sampler:
                 else:
                     growth = max(growth, rss - before[name])
         return growth
+
+    def peak_mb(self, name: str) -> float:
+        return max((s[name][0] for _, s in self.samples if name in s), default=0.0)
 
     def max_open_files(self, since: float) -> int:
         return max((f for t, s in self.samples if t >= since - 1 for _, f in s.values()), default=0)
@@ -276,6 +286,7 @@ def measure(swarm: Swarm, sampler: Sampler, attack: str | None, started: float) 
         newcomer_curve=val_curve(newcomer) if newcomer is not None else {},
         newcomer_round=swarm.newcomer_round,
         rss_growth_mb=sampler.rss_growth_mb(since, [n.name for n in swarm.pair]),
+        peak_rss_mb={n.name: sampler.peak_mb(n.name) for n in swarm.pair},
         max_open_files=sampler.max_open_files(since),
         tracebacks=sum(getattr(n.stderr, "tracebacks", 0) for n in swarm.honest),
         crashed=[n.name for n in swarm.honest if not n.of("lingering")],
@@ -405,7 +416,9 @@ def main(argv: list[str] | None = None) -> int:
             runs = [run(f"{attack}{i}", attack, newcomer) for i in range(args.repeats)]
             base = clean_new if newcomer else clean
             base_newcomer = newcomer_mean(cleans_newcomer) if newcomer else None
-            rows.append(class_row(runs, base, base_newcomer, allow_keys=args.allow_keys))
+            peak = clean_peaks(cleans_newcomer if newcomer else cleans)
+            row = class_row(runs, base, base_newcomer, allow_keys=args.allow_keys, clean_peak=peak)
+            rows.append(row)
             print(format_row(rows[-1]), flush=True)
     failed = [r["class"] for r in rows if not r["passed"]]
     summary = {
@@ -413,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
         "passed": not failed,
         "failed": failed,
         "clean_val_loss": [c.final_val for c in cleans],
-        "clean_rss_growth_mb": [round(c.rss_growth_mb, 1) for c in cleans],
+        "clean_peak_rss_mb": [c.peak_rss_mb for c in cleans],
+        "clean_rss_growth_in_run_mb": [round(c.rss_growth_mb, 1) for c in cleans],
         "clean_newcomer_val_loss": [[c.final_val, c.newcomer_curve] for c in cleans_newcomer],
         "rounds": args.rounds,
         "repeats": args.repeats,

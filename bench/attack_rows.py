@@ -7,8 +7,10 @@ here starts a process. The targets (issue 20):
   runs' (the ratio of a run is its worse node's final loss over that node's mean over the
   clean runs; a class passes on the mean of its runs' ratios);
 - no crash, no traceback in an honest node's log, no error in the adversary's class;
-- RSS growth (the honest main process's resident set, from the class's start to the end of
-  the run) at most MAX_RSS_GROWTH_MB, open files at most MAX_OPEN_FILES_SEEN;
+- RSS growth (an honest main process's peak resident set over the same node's mean peak in
+  the clean runs: a node's RSS grows by ~190 MB over a clean run as it warms up, so growth
+  within a run says little) at most MAX_RSS_GROWTH_MB, open files at most
+  MAX_OPEN_FILES_SEEN;
 - with --allow-keys, no update of a key the list lacks fetched or merged by an honest node
   and no state loaded from one: refused at the first message.
 """
@@ -39,7 +41,10 @@ class RunFigures:
     poisoned state costs most right after it is loaded, and the newcomer mends within its
     few rounds (sybil_vouchers: 1.17x after round 1, 0.96x after round 3)."""
     newcomer_round: int | None = None
+    peak_rss_mb: dict[str, float] = field(default_factory=dict)
+    """Each honest node's (of those training the whole run) highest RSS sample, by name."""
     rss_growth_mb: float = 0.0
+    """How far an honest node's RSS rose within the run after the class started (shown)."""
     max_open_files: int = 0
     tracebacks: int = 0
     crashed: list[str] = field(default_factory=list)
@@ -62,6 +67,28 @@ def clean_means(cleans: list[RunFigures]) -> dict[str, float]:
             if val is not None:
                 by_node.setdefault(name, []).append(val)
     return {name: statistics.fmean(vals) for name, vals in by_node.items()}
+
+
+def clean_peaks(cleans: list[RunFigures]) -> dict[str, float]:
+    """Each node's mean peak RSS over the clean runs."""
+    by_node: dict[str, list[float]] = {}
+    for run in cleans:
+        for name, peak in run.peak_rss_mb.items():
+            by_node.setdefault(name, []).append(peak)
+    return {name: statistics.fmean(peaks) for name, peaks in by_node.items()}
+
+
+def rss_growth(runs: list[RunFigures], clean_peak: dict[str, float]) -> float:
+    """The most an honest node's peak RSS exceeded its clean mean peak, over `runs`."""
+    return max(
+        (
+            peak - clean_peak[n]
+            for r in runs
+            for n, peak in r.peak_rss_mb.items()
+            if n in clean_peak
+        ),
+        default=0.0,
+    )
 
 
 def newcomer_mean(cleans: list[RunFigures]) -> dict[int, float]:
@@ -99,8 +126,10 @@ def class_row(
     clean_newcomer: dict[int, float] | None,
     *,
     allow_keys: bool,
+    clean_peak: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """One class's row: its runs' figures and whether it meets every target."""
+    """One class's row: its runs' figures and whether it meets every target (RSS growth over
+    `clean_peak`, or within the runs without one)."""
     ratios = [loss_ratio(r, clean, clean_newcomer) for r in runs]
     known = [r for r in ratios if r is not None]
     mean = statistics.fmean(known) if known and len(known) == len(ratios) else None
@@ -111,7 +140,11 @@ def class_row(
         "class": runs[0].attack,
         "loss_ratio_mean": None if mean is None else round(mean, 4),
         "loss_ratios": [None if r is None else round(r, 4) for r in ratios],
-        "rss_growth_mb": round(max(r.rss_growth_mb for r in runs), 1),
+        "rss_growth_mb": round(
+            rss_growth(runs, clean_peak) if clean_peak else max(r.rss_growth_mb for r in runs), 1
+        ),
+        "rss_growth_in_run_mb": round(max(r.rss_growth_mb for r in runs), 1),
+        "peak_rss_mb": round(max(max(r.peak_rss_mb.values(), default=0.0) for r in runs), 1),
         "max_open_files": max(r.max_open_files for r in runs),
         "tracebacks": sum(r.tracebacks for r in runs),
         "counted": dict(sorted(counted.items())),

@@ -7,7 +7,14 @@ import argparse
 import pytest
 
 from bench.attack import parse_classes
-from bench.attack_rows import RunFigures, class_row, clean_means, loss_ratio, newcomer_mean
+from bench.attack_rows import (
+    RunFigures,
+    class_row,
+    clean_means,
+    clean_peaks,
+    loss_ratio,
+    newcomer_mean,
+)
 
 
 def run(attack: str | None, a: float | None, b: float | None, **figures: object) -> RunFigures:
@@ -82,3 +89,10 @@ def test_classes_name_groups_or_known_classes() -> None:
     assert len(parse_classes("all,new")) == len(parse_classes("all"))
     with pytest.raises(argparse.ArgumentTypeError, match="unknown classes"):
         parse_classes("zero_flod")
+
+
+def test_rss_growth_is_over_the_same_node_s_clean_peak() -> None:
+    cleans = [run(None, 3.2, 3.1, peak_rss_mb={"honest0": 500.0, "honest1": 520.0})] * 2
+    flooded = run("summary_flood", 3.2, 3.1, peak_rss_mb={"honest0": 530.0, "honest1": 600.0})
+    row = class_row([flooded], CLEAN, None, allow_keys=False, clean_peak=clean_peaks(cleans))
+    assert row["rss_growth_mb"] == 80.0 and row["failed"] == ["RSS +80 MB"]
