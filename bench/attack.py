@@ -13,11 +13,12 @@ Per class, one block of lines, then a final JSON line:
 {"rows": [{class, loss_ratio_mean, loss_ratios, rss_growth_mb, max_open_files, tracebacks,
 counted, crashed, errors, ...}], "passed": bool, "failed": [classes], ...}.
 A run's loss ratio is its worse honest node's final val loss over that node's mean over the
-clean runs (and the newcomer's, where one joined); a class passes (bench.attack_rows) when
-the mean over its runs is within 5 %, no honest node crashed or logged a traceback, RSS grew
-at most 60 MB and open files stayed under 512. With --allow-keys the honest nodes run a
-permissioned swarm (the adversary's keys are not listed) and each class must also be
-refused at the first message: nothing of a stranger fetched, merged or loaded.
+clean runs (and the newcomer's worst round over the clean newcomers', where one joined); a
+class passes (bench.attack_rows) when the mean over its runs is within 5 %, no honest node
+crashed or logged a traceback, its peak RSS stayed within 60 MB of its mean peak in the clean
+runs and open files under 512. With --allow-keys the honest nodes run a permissioned swarm
+(the adversary's keys are not listed) and each class must also be refused at the first
+message: nothing of a stranger fetched, merged or loaded.
 
 Time: a run takes about --rounds x 5 x --pace seconds of training plus ~30 s of start and
 stop (40 rounds at 0.5 s: ~2.2 min on an idle 2-core machine), so the default (every class,
