@@ -72,10 +72,13 @@ ZERO_PERIOD_S = 0.25
 """zero_flood: seconds between two all-zero updates (an honest node publishes one a round)."""
 SIDEWAYS_POLL_S = 0.5
 """sideways: how often it looks whether the honest nodes started another round."""
-SIDEWAYS_CAP_SHARE = 0.97
-"""sideways: the update's norm as a share of the norm bound (max_norm_to_median x median)."""
-SIDEWAYS_COSINE_MARGIN = 0.05
-"""sideways: the cosine to the momentum sits this far above the refusal bound (min_cosine)."""
+SIDEWAYS_CAP_SHARE = 1.5
+"""sideways: the update's norm as a share of the norm bound (max_norm_to_median x median, as
+this node sees it): above 1, so that every receiver clips it to exactly its own bound."""
+SIDEWAYS_COSINE_MARGIN = 0.1
+"""sideways: the cosine to this node's momentum sits this far above the refusal bound
+(min_cosine): at 0.05, half the updates fell below it on the honest replicas (their momentum
+holds the sideways updates, this one's does not) and were zeroed."""
 SUMMARY_PERIOD_S = 0.5
 """summary_flood: seconds between two rounds of summaries (one to each honest node)."""
 SUMMARY_IDS = 1 << 20
@@ -598,12 +601,13 @@ class Adversary:
         return self.keep_up(lambda: self.offer(self.seal(zeros)), ZERO_PERIOD_S)
 
     def sideways(self) -> int:
-        """Near-cap updates (SIDEWAYS_CAP_SHARE of max_norm_to_median x the median norm) at a
-        cosine to the momentum just above the refusal bound (min_cosine + margin), all along
-        one fixed direction orthogonal to the momentum: neither clipped nor zeroed, and they
-        add up instead of cancelling. One per honest round, an honest learner's pace: what a
-        fair share of the merge lets through (a faster one is zero_flood's case, and at one a
-        second it also drags the median up: 61x the clean loss in a 24-round run)."""
+        """Updates at the norm cap (sent at SIDEWAYS_CAP_SHARE of it, clipped by each receiver
+        to max_norm_to_median x its median) at a cosine to the momentum just above the refusal
+        bound (min_cosine + margin), all along one fixed direction orthogonal to the momentum:
+        never zeroed, and they add up instead of cancelling. One per honest round, an honest
+        learner's pace: what a fair share of the merge lets through (a faster one is
+        zero_flood's case, and at one a second it also drags the median up: 61x the clean
+        loss in a 24-round run)."""
         robust = self.node.pipeline.robust.config
         cosine = min(robust.min_cosine + SIDEWAYS_COSINE_MARGIN, 1.0)
         generator = torch.Generator().manual_seed(11)
