@@ -343,6 +343,17 @@ def newcomer_outcome(newcomer: ChildProcess, adversary: ChildProcess | None) -> 
     }
 
 
+def clean_spread(cleans: list[RunFigures]) -> float | None:
+    """The widest ratio between two clean runs' final losses of one node: the noise floor a
+    loss ratio is read against (None with fewer than two clean runs)."""
+    spreads = []
+    for name in {n for c in cleans for n in c.final_val}:
+        vals = [v for c in cleans if (v := c.final_val.get(name)) is not None]
+        if len(vals) > 1:
+            spreads.append(max(vals) / min(vals))
+    return round(max(spreads), 4) if spreads else None
+
+
 def parse_classes(value: str) -> list[str]:
     classes: list[str] = []
     for name in (c.strip() for c in value.split(",") if c.strip()):
@@ -427,6 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         "passed": not failed,
         "failed": failed,
         "clean_val_loss": [c.final_val for c in cleans],
+        "clean_spread": clean_spread(cleans + cleans_newcomer),
         "clean_peak_rss_mb": [c.peak_rss_mb for c in cleans],
         "clean_rss_growth_in_run_mb": [round(c.rss_growth_mb, 1) for c in cleans],
         "clean_newcomer_val_loss": [[c.final_val, c.newcomer_curve] for c in cleans_newcomer],
@@ -435,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         "pace_s": args.pace,
         "allow_keys": args.allow_keys,
     }
+    print(f"clean runs' spread (noise floor): {summary['clean_spread']}", flush=True)
     print(f"classes failing a target: {failed or 'none'}", flush=True)
     print(json.dumps(summary), flush=True)
     return 0
