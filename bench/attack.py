@@ -22,7 +22,7 @@ message: nothing of a stranger fetched, merged or loaded.
 
 Time: a run takes about --rounds x 5 x --pace seconds of training plus ~30 s of start and
 stop (40 rounds at 0.5 s: ~2.2 min on an idle 2-core machine), so the default (every class,
-2 repeats, 4 clean runs) is ~46 runs, ~100 min; `--classes new` (issue 20's five) ~14 runs,
+2 repeats, 4 clean runs) is 42 runs, ~95 min; `--classes new` (issue 20's five) ~14 runs,
 ~30 min; `--classes zero_flood --rounds 16 --repeats 1` ~3 min.
 """
 
