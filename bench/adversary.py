@@ -13,11 +13,15 @@ each one reads what the honest nodes counted from their signed heartbeats (what
     {"event": "done"}
 
 Usage: python -m bench.adversary --peers MADDR --home DIR [--attacks a,b] [--sybils N]
-           [--settle S] -- RUN_ARGS (the honest nodes' run flags: model, inner steps, ...)
+           [--settle S] [--duration S] [--until-round R] -- RUN_ARGS (the honest nodes' run
+           flags: model, inner steps, ...)
 
 Attack classes (ATTACKS): forged_header, wrong_shape, nan_inf, norm_1000x, against_direction,
 replay, equivocation, oversized, notify_flood, sybil, bad_heartbeats, far_future,
-mixed_subkeys, poisoned_state.
+mixed_subkeys, poisoned_state; and the patient ones of issue 20, which keep on for
+--duration seconds or until every honest node reports --until-round: zero_flood,
+summary_flood, sideways, sybil_learners, and sybil_vouchers (poisoned_state vouched for by
+many Sybil heartbeats). Each class's docstring says what it sends.
 """
 
 from __future__ import annotations
@@ -37,12 +41,19 @@ from typing import Any
 import torch
 
 import dht.network
+from dht.catchup import to_ranges
 from dht.heartbeat import Heartbeat, sign_fields
 from dht.messages import RUN_LISTING_KEY, announcement_subkey
 from dht.records import _OWNER_RE, _SIGNATURE_MARK, OwnerValidator, _serialize, owner_subkey
 from dht.state_check import applied_digest
 from dht.state_transfer import send_state
-from dht.transport import decode_request, receive_blob, send_blob, send_refusal
+from dht.transport import (
+    decode_request,
+    encode_request,
+    receive_blob,
+    send_blob,
+    send_refusal,
+)
 from merge.codecs import get_codec
 from merge.envelope import SignedHeader, SignedUpdate, seal
 from merge.identity import Identity
@@ -57,6 +68,28 @@ FLOOD_STREAMS = 64
 """Notify streams the flood keeps open at once."""
 SYBIL_BATCH = 64
 """Sybil heartbeats stored at once."""
+ZERO_PERIOD_S = 0.25
+"""zero_flood: seconds between two all-zero updates (an honest node publishes one a round)."""
+SIDEWAYS_POLL_S = 0.5
+"""sideways: how often it looks whether the honest nodes started another round."""
+SIDEWAYS_CAP_SHARE = 1.5
+"""sideways: the update's norm as a share of the norm bound (max_norm_to_median x median, as
+this node sees it): above 1, so that every receiver clips it to exactly its own bound."""
+SIDEWAYS_COSINE_MARGIN = 0.1
+"""sideways: the cosine to this node's momentum sits this far above the refusal bound
+(min_cosine): at 0.05, half the updates fell below it on the honest replicas (their momentum
+holds the sideways updates, this one's does not) and were zeroed."""
+SUMMARY_PERIOD_S = 0.5
+"""summary_flood: seconds between two rounds of summaries (one to each honest node)."""
+SUMMARY_IDS = 1 << 20
+"""summary_flood: update ids the applied ranges name, and the retained ones (the parser's cap)."""
+SYBIL_LEARNERS = 40
+"""sybil_learners: Sybil authors, each claiming LEARNER_CLAIM learners."""
+LEARNER_CLAIM = 1024
+SYBIL_UPDATE_PERIOD_S = 2.0
+"""sybil_learners: seconds between two rounds of updates (one per Sybil author)."""
+SYBIL_VOUCHERS = 8
+"""sybil_vouchers: Sybil heartbeats vouching for the poisoned state (beside the accomplice)."""
 UpdateId = tuple[str, int]
 
 
@@ -98,6 +131,9 @@ class Adversary:
         emit: Callable[..., None],
         sybils: list[Identity],
         accomplice: Identity | None = None,
+        *,
+        duration_s: float = 30.0,
+        until_round: int | None = None,
     ) -> None:
         assert node.swarm is not None
         self.node = node
@@ -108,6 +144,10 @@ class Adversary:
         self.accomplice = accomplice or Identity.generate()
         """A second key of the adversary's (its DHT member must sign for it: build_node)."""
         self.fake_ids = {s.peer_id for s in sybils} | {self.accomplice.peer_id}
+        self.duration_s = duration_s
+        """How long a patient class (zero_flood, sideways, ...) keeps on at most."""
+        self.until_round = until_round
+        """A patient class stops once every honest node reports this round (None: never)."""
         self.served: dict[UpdateId, dict[str | None, bytes]] = {}
         """Payloads this adversary serves, per requesting peer (None: anyone else)."""
         self.poison = False
@@ -177,6 +217,7 @@ class Adversary:
         numel: int | None = None,
         codec: str = "fp32",
         created_at: float | None = None,
+        learners: int | None = None,
     ) -> SignedUpdate:
         if isinstance(payload, torch.Tensor):
             payload = get_codec("fp32").encode(payload.float())
@@ -194,7 +235,7 @@ class Adversary:
             numel=self.node.num_params if numel is None else numel,
             payload=payload,
             created_at=created_at,
-            learners=1 + len(self.honest()),
+            learners=1 + len(self.honest()) if learners is None else learners,
         )
 
     def notify(self, peer_ids: list[str], blob: bytes) -> int:
@@ -265,21 +306,23 @@ class Adversary:
         self._poisoned = state
         self._claim = (sum(map(len, applied.values())) + 1000, applied_digest(applied))
 
-    def vouch(self) -> bool:
-        """A heartbeat of a second key reporting the poisoned claim and the poisoned state's
-        sketch: the newcomer then sees the poisoner corroborated (asked first) and the exact
-        same-applied-set check passes on the accomplice."""
+    def vouch(self, vouchers: list[Identity] | None = None) -> bool:
+        """Heartbeats of other keys (the accomplice by default) reporting the poisoned claim
+        and the poisoned state's sketch: the newcomer then sees the poisoner corroborated
+        (asked first) and the exact same-applied-set check passes on the vouchers."""
         assert self._poisoned is not None
         num_applied, digest = self._claim
-        accomplice = self.accomplice
-        beat = Heartbeat(
-            peer_id=accomplice.peer_id, state="training", num_applied=num_applied,
-            applied_digest=digest, serves_state=False, sent_at=time.time(),
-            sketch=self.node.sketcher.settled(self.node.replica, self._poisoned),
-            heartbeat_period_s=self.swarm.config.heartbeat_period_s,
-        )  # fmt: skip
+        sketch = self.node.sketcher.settled(self.node.replica, self._poisoned)
         key = f"{self.swarm.config.prefix}/peers"
-        return self.dht_store(key, owner_subkey(accomplice.peer_id), beat.sign(accomplice), 60.0)
+        stored = 0
+        for voucher in vouchers or [self.accomplice]:
+            beat = Heartbeat(
+                peer_id=voucher.peer_id, state="training", num_applied=num_applied,
+                applied_digest=digest, serves_state=False, sent_at=time.time(),
+                sketch=sketch, heartbeat_period_s=self.swarm.config.heartbeat_period_s,
+            )  # fmt: skip
+            stored += self.dht_store(key, owner_subkey(voucher.peer_id), beat.sign(voucher), 60.0)
+        return stored > 0
 
     async def stream_state(self, writer: Any) -> int:
         if not self.poison or self._poisoned is None:
@@ -509,14 +552,14 @@ class Adversary:
         ]
         return sum(self.dht_store(k, s, v) for k, s, v in writes)
 
-    def poisoned_state(self, wait_s: float = 150.0) -> int:
+    def poisoned_state(self, wait_s: float = 150.0, vouchers: list[Identity] | None = None) -> int:
         """Serve a state with noised parameters while claiming the most progress; the harness
         starts a newcomer on `poison_ready`. Ends once the state was served, or once the
         newcomer holds a state from elsewhere (it asked corroborated donors first)."""
         before = {h.peer_id for h in self.honest()}
         self.poison_state()
         self.poison = True
-        self.vouch()
+        self.vouch(vouchers)
         time.sleep(2 * self.swarm.config.heartbeat_period_s)  # heartbeats carry the claim
         self.emit("poison_ready", peer_id=self.node.peer_id, accomplice=self.accomplice.peer_id)
         deadline = time.monotonic() + wait_s
@@ -525,12 +568,154 @@ class Adversary:
             if any(h.peer_id not in before and h.num_applied > 0 for h in self.honest()):
                 break  # the newcomer holds a state from elsewhere
             if time.monotonic() - vouched > self.swarm.config.heartbeat_period_s:
-                self.vouch()
+                self.vouch(vouchers)
                 vouched = time.monotonic()
             time.sleep(0.5)
         time.sleep(2 * self.swarm.config.heartbeat_period_s)  # the newcomer tries the next donor
         self.poison = False
         return self.poisons_served
+
+    # ---- patient attacks (issue 20): valid, signed, and kept up ---------------------------------
+
+    def keep_up(self, act: Callable[[], int], period_s: float) -> int:
+        """`act` once every `period_s` for `duration_s`, or until every honest node reports
+        `until_round`; what it sent in all."""
+        deadline = time.monotonic() + self.duration_s
+        sent = 0
+        while time.monotonic() < deadline and not self.honest_done():
+            started = time.monotonic()
+            sent += act()
+            time.sleep(max(0.0, period_s - (time.monotonic() - started)))
+        return sent
+
+    def honest_done(self) -> bool:
+        if self.until_round is None:
+            return False
+        honest = self.honest()
+        return bool(honest) and all(h.round >= self.until_round for h in honest)
+
+    def zero_flood(self) -> int:
+        """Valid signed all-zero updates of one author (this one), four a second: each passes
+        every check, and every one is a norm of 0 in the robust window's median."""
+        zeros = torch.zeros(self.node.num_params)
+        return self.keep_up(lambda: self.offer(self.seal(zeros)), ZERO_PERIOD_S)
+
+    def sideways(self) -> int:
+        """Updates at the norm cap (sent at SIDEWAYS_CAP_SHARE of it, clipped by each receiver
+        to max_norm_to_median x its median) at a cosine to the momentum just above the refusal
+        bound (min_cosine + margin), all along one fixed direction orthogonal to the momentum:
+        never zeroed, and they add up instead of cancelling. One per honest round, an honest
+        learner's pace: what a fair share of the merge lets through (a faster one is
+        zero_flood's case, and at one a second it also drags the median up: 61x the clean
+        loss in a 24-round run)."""
+        robust = self.node.pipeline.robust.config
+        cosine = min(robust.min_cosine + SIDEWAYS_COSINE_MARGIN, 1.0)
+        generator = torch.Generator().manual_seed(11)
+        side = torch.randn(self.node.num_params, generator=generator)
+        published_at = [-1]
+
+        def publish() -> int:
+            honest_round = max((h.round for h in self.honest()), default=0)
+            if honest_round <= published_at[0]:
+                return 0
+            published_at[0] = honest_round
+            d = self.direction()
+            across = side - (side @ d) * d
+            across = across / across.norm().clamp_min(1e-12)
+            unit = cosine * d + (1 - cosine**2) ** 0.5 * across
+            norm = SIDEWAYS_CAP_SHARE * robust.max_norm_to_median * self.typical_norm()
+            return self.offer(self.seal(unit * norm))
+
+        return self.keep_up(publish, SIDEWAYS_POLL_S)
+
+    def summary_flood(self) -> int:
+        """Repair summaries of ~170 bytes naming 2^20 applied and 2^20 retained update ids
+        (this node's, far ahead of what it published), sent to every honest node again and
+        again within its summary budget: each one is walked id by id by the receiver."""
+        first = self.next_seq() + 1000
+        ids = [[first, first + SUMMARY_IDS - 1]]
+        summary = encode_request(
+            applied={self.node.peer_id: ids}, retained={self.node.peer_id: ids}
+        )
+
+        async def send_all() -> list[object]:
+            sends = [
+                self.net.exchange(p, "summary", summary, max_bytes=1 << 20, timeout_s=20.0)
+                for p in [h.peer_id for h in self.honest()]
+            ]
+            return await asyncio.gather(*sends, return_exceptions=True)
+
+        def send() -> int:
+            return sum(not isinstance(r, BaseException) for r in self.call(send_all(), 60.0))
+
+        self.emit("summary_bytes", num_bytes=len(summary))
+        return self.keep_up(send, SUMMARY_PERIOD_S)
+
+    def sybil_learners(self) -> int:
+        """SYBIL_LEARNERS Sybil authors, each with a live signed heartbeat, publish valid small
+        updates along the momentum claiming LEARNER_CLAIM learners each: the learner floor
+        then sizes every honest update as a share of a far larger swarm. The updates are
+        pushed by this node and offered in its repair summaries (a Sybil key has no host)."""
+        authors = self.sybils[:SYBIL_LEARNERS]
+        seqs = dict.fromkeys((s.peer_id for s in authors), 0)
+        self._sybil_beats(authors, seqs)
+        time.sleep(2 * self.swarm.config.heartbeat_period_s)  # honest nodes read them
+
+        def publish() -> int:
+            sent = 0
+            for author in authors:
+                seqs[author.peer_id] += 1
+                update = self.seal(
+                    self.benign(0.25), identity=author, seq=seqs[author.peer_id],
+                    learners=LEARNER_CLAIM,
+                )  # fmt: skip
+                sent += self.offer(update)
+            self._sybil_beats(authors, seqs)
+            self._offer_summary({a: list(range(1, n + 1)) for a, n in seqs.items()})
+            return sent
+
+        return self.keep_up(publish, SYBIL_UPDATE_PERIOD_S)
+
+    def sybil_vouchers(self, wait_s: float = 150.0) -> int:
+        """poisoned_state, vouched for by SYBIL_VOUCHERS Sybil heartbeats beside the
+        accomplice: in an open swarm the keys outnumber the honest trained peers whose
+        sketches the newcomer compares the state with."""
+        vouchers = [self.accomplice, *self.sybils[:SYBIL_VOUCHERS]]
+        return self.poisoned_state(wait_s, vouchers)
+
+    def _sybil_beats(self, authors: list[Identity], seqs: dict[str, int]) -> int:
+        """A training heartbeat of each Sybil author, naming the seq it published last."""
+        key = f"{self.swarm.config.prefix}/peers"
+        period = self.swarm.config.heartbeat_period_s
+
+        async def store_all() -> list[object]:
+            stores = [
+                self.net.dht_store(
+                    key, owner_subkey(a.peer_id),
+                    Heartbeat(peer_id=a.peer_id, state="training", latest_seq=seqs[a.peer_id],
+                              updates_published=seqs[a.peer_id], sent_at=time.time(),
+                              heartbeat_period_s=period).sign(a),
+                    4 * period,
+                )
+                for a in authors
+            ]  # fmt: skip
+            return await asyncio.gather(*stores, return_exceptions=True)
+
+        return sum(not isinstance(r, BaseException) for r in self.call(store_all(), 60.0))
+
+    def _offer_summary(self, held: dict[str, list[int]]) -> int:
+        """A repair summary to every honest node: `held` applied here and retained."""
+        ranges = to_ranges(held)
+        blob = encode_request(applied=ranges, retained=ranges)
+
+        async def send_all() -> list[object]:
+            sends = [
+                self.net.exchange(p, "summary", blob, max_bytes=1 << 20, timeout_s=20.0)
+                for p in [h.peer_id for h in self.honest()]
+            ]
+            return await asyncio.gather(*sends, return_exceptions=True)
+
+        return sum(not isinstance(r, BaseException) for r in self.call(send_all(), 60.0))
 
     # ---- one class at a time ---------------------------------------------------------------------
 
@@ -573,8 +758,13 @@ ATTACKS = (
     "forged_header", "wrong_shape", "nan_inf", "norm_1000x", "against_direction", "replay",
     "equivocation", "oversized", "notify_flood", "bad_heartbeats", "far_future",
     "mixed_subkeys", "poisoned_state", "sybil",
+    "zero_flood", "summary_flood", "sideways", "sybil_learners", "sybil_vouchers",
 )  # fmt: skip
 """Every attack class, in the order they run by default (the swarm-wide ones last)."""
+PATIENT = ("zero_flood", "summary_flood", "sideways", "sybil_learners", "sybil_vouchers")
+"""The classes of issue 20: updates and messages that pass every check, kept up."""
+NEWCOMER_CLASSES = ("poisoned_state", "sybil_vouchers")
+"""Classes that need a newcomer joining (started by the harness on `poison_ready`)."""
 
 
 def build_node(peers: str, home: Path, run_args: list[str], sybils: list[Identity]) -> Node:
@@ -597,6 +787,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle", type=float, default=3.0, help="seconds after each attack")
     parser.add_argument("--honest", type=int, default=2, help="honest nodes to wait for")
     parser.add_argument("--min-applied", type=int, default=6)
+    parser.add_argument(
+        "--duration", type=float, default=30.0, help="seconds a patient class keeps on at most"
+    )
+    parser.add_argument(
+        "--until-round", type=int, help="a patient class stops once every honest node is here"
+    )
     parser.add_argument("run_args", nargs="*")
     args = parser.parse_args(argv)
     attacks = [a for a in args.attacks.split(",") if a]
@@ -609,7 +805,10 @@ def main(argv: list[str] | None = None) -> int:
     accomplice = Identity.generate()
     args.home.mkdir(parents=True, exist_ok=True)
     node = build_node(args.peers, args.home, args.run_args, [*sybils, accomplice])
-    adversary = Adversary(node, events.emit, sybils, accomplice)
+    adversary = Adversary(
+        node, events.emit, sybils, accomplice, duration_s=args.duration,
+        until_round=args.until_round,
+    )  # fmt: skip
     try:
         node.join_swarm()
         honest = adversary.wait_honest(args.honest, args.min_applied, 180.0)

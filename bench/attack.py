@@ -1,19 +1,29 @@
 """Hostile peers against honest nodes: what each attack class costs the swarm.
 
-`python -m bench.attack` runs two honest nodes (tiny model, fixed seed, a fixed number of
-rounds, at most 1024 open files each) once without an attacker (the clean run) and once with
-bench.adversary, a participant that speaks the real protocol, running every attack class in
-turn. One line per class: what the honest nodes counted (rejections by reason, read from
-their signed heartbeats), the rounds they advanced meanwhile, their validation loss at the end
-of the class over the clean run's at the same round, and their peak RSS so far. The last line
-is JSON: {"rows": [...], "clean_val_loss": ..., ...}.
+`python -m bench.attack` runs two honest nodes (tiny model, fixed seed, --rounds rounds, inner
+steps paced by --pace, at most 1024 open files each) several times: --repeats clean runs,
+then --repeats runs per attack class, each beside bench.adversary (a participant that speaks
+the real protocol) running that one class while the honest nodes train. The patient classes
+of issue 20 (zero_flood, summary_flood, sideways, sybil_learners) keep on until the honest
+nodes reach their last round. Classes that need a newcomer (poisoned_state, sybil_vouchers)
+get one at round --rounds/2 (or when the poisoner is ready, if later); so do --repeats clean
+runs they are compared with.
 
-With --separate each class gets its own attacked run (cleaner attribution, ~1 min a class).
-The attacked runs go first: when the poisoner's class brings a newcomer in, the clean run it is
-compared with gets one at the same round of honest0 (they compare the same learners; only the
-pair that trains the whole run is compared).
-Target: the honest nodes keep training, count every rejection with its reason, and end within
-5 % of the clean run's validation loss.
+Per class, one block of lines, then a final JSON line:
+{"rows": [{class, loss_ratio_mean, loss_ratios, rss_growth_mb, max_open_files, tracebacks,
+counted, crashed, errors, ...}], "passed": bool, "failed": [classes], ...}.
+A run's loss ratio is its worse honest node's final val loss over that node's mean over the
+clean runs (and the newcomer's worst round over the clean newcomers', where one joined); a
+class passes (bench.attack_rows) when the mean over its runs is within 5 %, no honest node
+crashed or logged a traceback, its peak RSS stayed within 60 MB of its mean peak in the clean
+runs and open files under 512. With --allow-keys the honest nodes run a permissioned swarm
+(the adversary's keys are not listed) and each class must also be refused at the first
+message: nothing of a stranger fetched, merged or loaded.
+
+Time: a run takes about --rounds x 5 x --pace seconds of training plus ~30 s of start and
+stop (40 rounds at 0.5 s: ~2.2 min on an idle 2-core machine), so the default (every class,
+2 repeats, 4 clean runs) is 42 runs, ~95 min; `--classes new` (issue 20's five) ~14 runs,
+~30 min; `--classes zero_flood --rounds 16 --repeats 1` ~3 min.
 """
 
 from __future__ import annotations
@@ -26,33 +36,39 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.adversary import ATTACKS
-from bench.procs import (
-    ChildProcess,
-    WaitError,
-    node_process,
-    python_module,
-    reap_all,
-    save_events,
+from bench.adversary import ATTACKS, NEWCOMER_CLASSES, PATIENT
+from bench.attack_rows import (
+    RunFigures,
+    class_row,
+    clean_means,
+    clean_peaks,
+    format_row,
+    newcomer_mean,
 )
+from bench.procs import ChildProcess, WaitError, node_process, python_module, reap_all, save_events
+from merge.identity import Identity
 
 RUN = ["--model", "tiny", "--threads", "1", "--inner-steps", "5", "--eval-batches", "2",
        "--heartbeat-period", "1", "--gap-wait", "10", "--seed", "0"]  # fmt: skip
+INNER_STEPS = 5
 MAX_OPEN_FILES = 1024
 START_S = 180.0
-NEWCOMER = ("newcomer", "--max-rounds", "3")
-LOSS_TOLERANCE = 0.05
+NEWCOMER_ROUNDS = 3
+CLEAN_SINCE_ROUND = 4
+TRACEBACK = "Traceback (most recent call last)"
+CLASS_GROUPS = {"all": ATTACKS, "new": PATIENT}
 
 
-def peak_rss_mb(pid: int) -> float:
-    """VmHWM: the highest resident set size the process has had."""
+def rss_mb(pid: int, field_name: str = "VmRSS") -> float:
+    """A resident-set figure of the process from /proc (VmRSS now, VmHWM its peak)."""
     with contextlib.suppress(OSError):
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(field_name + ":"):
                 return int(line.split()[1]) / 1024
     return 0.0
 
@@ -65,17 +81,28 @@ def open_files(pid: int) -> int:
         return 0
 
 
-class RssSampler:
-    """Peak RSS of each honest node's main process, sampled once a second with its time."""
+class TracebackCounter(deque[str]):
+    """A child's stderr lines (the last `maxlen`), counting every traceback that went by."""
+
+    def __init__(self, maxlen: int) -> None:
+        super().__init__(maxlen=maxlen)
+        self.tracebacks = 0
+
+    def append(self, line: str) -> None:
+        self.tracebacks += TRACEBACK in line
+        super().append(line)
+
+
+class Sampler:
+    """RSS and open files of each honest node's main process, once a second, with the time."""
 
     def __init__(self, nodes: list[ChildProcess]) -> None:
         self.nodes = nodes
-        self.samples: list[tuple[float, dict[str, float]]] = []
-        self.fd_samples: list[tuple[float, dict[str, int]]] = []
+        self.samples: list[tuple[float, dict[str, tuple[float, int]]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
-    def __enter__(self) -> RssSampler:
+    def __enter__(self) -> Sampler:
         self._thread.start()
         return self
 
@@ -85,321 +112,343 @@ class RssSampler:
 
     def _loop(self) -> None:
         while not self._stop.wait(1.0):
-            sample = {n.name: peak_rss_mb(n.pid) for n in list(self.nodes) if n.alive()}
-            fds = {n.name: open_files(n.pid) for n in list(self.nodes) if n.alive()}
-            self.samples.append((time.time(), sample))
-            self.fd_samples.append((time.time(), fds))
+            live = [n for n in list(self.nodes) if n.alive()]
+            self.samples.append(
+                (time.time(), {n.name: (rss_mb(n.pid), open_files(n.pid)) for n in live})
+            )
 
-    def peak_at(self, when: float) -> float:
-        seen = [max(s.values(), default=0.0) for t, s in self.samples if t <= when + 1]
-        return max(seen, default=0.0)
+    def rss_growth_mb(self, since: float, names: list[str]) -> float:
+        """The most any of `names` rose above its last RSS sample before `since` (a node that
+        starts later, the newcomer, grows as it loads: not counted)."""
+        before: dict[str, float] = {}
+        growth = 0.0
+        for t, sample in self.samples:
+            for name, (rss, _) in sample.items():
+                if name not in names:
+                    continue
+                if t <= since or name not in before:
+                    before[name] = rss
+                else:
+                    growth = max(growth, rss - before[name])
+        return growth
 
-    def max_fds(self, start: float, end: float) -> int:
-        seen = [max(s.values(), default=0) for t, s in self.fd_samples if start <= t <= end + 1]
-        return max(seen, default=0)
+    def peak_mb(self, name: str) -> float:
+        return max((s[name][0] for _, s in self.samples if name in s), default=0.0)
+
+    def max_open_files(self, since: float) -> int:
+        return max((f for t, s in self.samples if t >= since - 1 for _, f in s.values()), default=0)
 
 
 @dataclass
-class RunResult:
-    honest: list[ChildProcess]
-    adversary: ChildProcess | None
-    rss: RssSampler
-    attacks: list[dict[str, Any]] = field(default_factory=list)
-    crashed: list[str] = field(default_factory=list)
+class Swarm:
+    """One run's processes: the honest pair, the newcomer where one joins, the adversary."""
+
+    workdir: Path
+    honest_args: list[str]
+    allow_file: Path | None
+    honest: list[ChildProcess] = field(default_factory=list)
+    children: list[ChildProcess] = field(default_factory=list)
+    adversary: ChildProcess | None = None
     newcomer_round: int | None = None
-    """honest0's last round when the newcomer was launched (None: no newcomer)."""
+
+    def launch(self, name: str, *extra: str) -> ChildProcess:
+        home = self.workdir / name
+        identity = []
+        if self.allow_file is not None:
+            identity = ["--identity", str(home / "id.key"), "--allow-keys", str(self.allow_file)]
+        node = node_process(
+            name, *self.honest_args, *identity, *extra, home=home, max_open_files=MAX_OPEN_FILES
+        )
+        node.stderr = TracebackCounter(node.stderr.maxlen or 400)
+        self.children.append(node)
+        self.honest.append(node)
+        return node.start()
 
     @property
     def pair(self) -> list[ChildProcess]:
-        """The two nodes that train the whole run (the newcomer joins for a few rounds)."""
         return [n for n in self.honest if n.name != "newcomer"]
 
-    def val_curve(self, node: ChildProcess) -> dict[int, float]:
-        return {e["round"]: e["val_loss"] for e in node.of("round_done") if e["val_loss"]}
-
-    def at(self, node: ChildProcess, when: float) -> tuple[int, float | None]:
-        done = [e for e in node.of("round_done") if e["time"] <= when and e["val_loss"]]
-        return (done[-1]["round"], done[-1]["val_loss"]) if done else (0, None)
+    @property
+    def newcomer(self) -> ChildProcess | None:
+        return next((n for n in self.honest if n.name == "newcomer"), None)
 
 
-def run_swarm(
-    workdir: Path,
-    rounds: int,
-    attacks: list[str],
-    sybils: int,
-    settle_s: float,
-    pace_s: float,
-    events_dir: Path | None = None,
-    newcomer_at_round: int | None = None,
-) -> RunResult:
-    """One run of the honest pair, attacked by `attacks` (none: the clean run). A newcomer
-    joins when the poisoner serves its state, or (the clean run of an attacked run that had
-    one) when honest0 reaches `newcomer_at_round`: the clean run then has the same learners."""
-    honest_args = [*RUN, "--max-rounds", str(rounds), "--linger", "900"]
-    if pace_s > 0:  # the same pace in the clean and the attacked run: equal rounds, equal tokens
-        honest_args += ["--emulated-step-s", str(pace_s)]
-    children: list[ChildProcess] = []
-    honest: list[ChildProcess] = []
+def permissioned(workdir: Path) -> Path:
+    """Keys for honest0, honest1 and the newcomer, and an allow list naming them only."""
+    ids = []
+    for name in ("honest0", "honest1", "newcomer"):
+        identity = Identity.generate()
+        (workdir / name).mkdir(parents=True, exist_ok=True)
+        identity.save(workdir / name / "id.key")
+        ids.append(identity.peer_id)
+    allow = workdir / "allow.toml"
+    allow.write_text('"honest" = [' + ", ".join(f'"{p}"' for p in ids) + "]\n")
+    return allow
 
-    def launch(name: str, *extra: str) -> ChildProcess:
-        node = node_process(
-            name, *honest_args, *extra, home=workdir / name, max_open_files=MAX_OPEN_FILES
-        )
-        children.append(node)
-        honest.append(node)
-        return node.start()
 
-    rss = RssSampler(honest)
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    rounds: int
+    pace_s: float
+    sybils: int
+    settle_s: float
+    allow_keys: bool
+    events_dir: Path | None
+
+    @property
+    def training_s(self) -> float:
+        return self.rounds * INNER_STEPS * max(self.pace_s, 0.1)
+
+    @property
+    def newcomer_at(self) -> int:
+        return max(self.rounds // 2, 1)
+
+
+def run_swarm(workdir: Path, settings: Settings, attack: str | None, newcomer: bool) -> RunFigures:
+    """One run of the honest pair, attacked by `attack` (None: a clean run); with `newcomer`,
+    a newcomer joins at settings.newcomer_at (attacked: once the poisoner is ready too)."""
+    started = time.time()
+    honest_args = [*RUN, "--max-rounds", str(settings.rounds), "--linger", "900"]
+    if settings.pace_s > 0:  # the same pace in every run: equal rounds, equal tokens
+        honest_args += ["--emulated-step-s", str(settings.pace_s)]
+    allow = permissioned(workdir) if settings.allow_keys else None
+    swarm = Swarm(workdir, honest_args, allow)
+    sampler = Sampler(swarm.honest)
     try:
-        with rss:
-            first = launch("honest0")
+        with sampler:
+            first = swarm.launch("honest0")
             maddr = first.wait_listening(START_S)[0]
-            launch("honest1", "--peers", maddr).wait_listening(START_S)
-            adversary, newcomer_round = None, None
-            if newcomer_at_round is not None:
-                first.wait_for(
-                    lambda e: e.get("event") == "round_done" and e["round"] >= newcomer_at_round,
-                    START_S + 10 * rounds,
-                    f"honest0 reaching round {newcomer_at_round}",
-                )
-                launch(*NEWCOMER, "--peers", maddr)
-                newcomer_round = newcomer_at_round
-            if attacks:
-                adversary = ChildProcess(
-                    "adversary",
-                    python_module(
-                        "bench.adversary", "--peers", maddr, "--home", str(workdir / "adversary"),
-                        "--attacks", ",".join(attacks), "--sybils", str(sybils),
-                        "--settle", str(settle_s), "--", *RUN,
-                    ),
-                    home=workdir / "adversary",
-                )  # fmt: skip
-                children.append(adversary)
-                adversary.start()
-                newcomer_round = _follow_adversary(
-                    adversary, launch, first, maddr, timeout_s=START_S + 60 * len(attacks)
-                )
-            for node in honest:
+            swarm.launch("honest1", "--peers", maddr).wait_listening(START_S)
+            if attack is not None:
+                start_adversary(swarm, settings, attack, maddr)
+            if newcomer:
+                join_newcomer(swarm, settings, maddr)
+            if swarm.adversary is not None:
+                with contextlib.suppress(WaitError):  # the rows show a class that did not end
+                    swarm.adversary.wait_event("done", START_S + 2 * settings.training_s + 300)
+            for node in swarm.honest:
                 with contextlib.suppress(WaitError):  # a crashed node is reported, not raised
-                    node.wait_event("lingering", START_S + 10 * rounds)
-            result = RunResult(honest, adversary, rss, newcomer_round=newcomer_round)
-            result.crashed = [n.name for n in honest if not n.of("lingering")]
-            if adversary is not None:
-                result.attacks = adversary.of("attack")
-            for node in honest:
+                    node.wait_event("lingering", START_S + 10 * settings.rounds)
+            figures = measure(swarm, sampler, attack, started)
+            for node in swarm.honest:
                 node.stop(30)
-            return result
+            return figures
     finally:
-        reap_all(children)
-        if events_dir is not None:
-            save_events(children, events_dir / workdir.name)
+        reap_all(swarm.children)
+        if settings.events_dir is not None:
+            save_events(swarm.children, settings.events_dir / workdir.name)
 
 
-def _follow_adversary(
-    adversary: ChildProcess, launch: Any, first: ChildProcess, maddr: str, timeout_s: float
-) -> int | None:
-    """Until the adversary is done; a newcomer joins when it serves a poisoned state. The
-    round honest0 had reached then (None: no newcomer)."""
-    newcomer_round: int | None = None
-
-    def step(event: dict[str, Any]) -> bool:
-        nonlocal newcomer_round
-        if event.get("event") == "poison_ready" and newcomer_round is None:
-            newcomer_round = max((e["round"] for e in first.of("round_done")), default=0)
-            launch(*NEWCOMER, "--peers", maddr)
-        return event.get("event") == "done"
-
-    try:
-        adversary.wait_for(step, timeout_s, "the adversary finishing its attacks")
-    except WaitError as exc:  # report the classes that ran; the rows show which did not
-        print(f"adversary did not finish: {str(exc).splitlines()[0]}", file=sys.stderr)
-    return newcomer_round
+def start_adversary(swarm: Swarm, settings: Settings, attack: str, maddr: str) -> None:
+    home = swarm.workdir / "adversary"
+    patient = [
+        "--duration",
+        str(2 * settings.training_s + 60),
+        "--until-round",
+        str(settings.rounds - 1),
+    ]
+    argv = python_module(
+        "bench.adversary", "--peers", maddr, "--home", str(home), "--attacks", attack,
+        "--sybils", str(settings.sybils), "--settle", str(settings.settle_s), *patient,
+        "--", *RUN,
+    )  # fmt: skip
+    swarm.adversary = ChildProcess("adversary", argv, home=home)
+    swarm.children.append(swarm.adversary)
+    swarm.adversary.start()
 
 
-def rows_of(result: RunResult, clean: RunResult) -> list[dict[str, Any]]:
-    curves = [clean.val_curve(n) for n in clean.pair]
-    rows = []
-    for attack in result.attacks:
-        ended = attack["ended_at"]
-        ratios, advanced, peers = [], [], [0]  # peers alive as the honest rounds saw them
-        learners: list[int] = []  # the M each honest update was sized by, where it was merged
-        honest_ids = {n.peer_id for n in result.honest}
-        for i, node in enumerate(result.pair):
-            round_, val = result.at(node, ended)
-            clean_val = curves[i].get(round_)
-            if val is not None and clean_val:
-                ratios.append(val / clean_val)
-            start = attack["started_at"]
-            window = [e for e in node.of("round_done") if start <= e["time"] <= ended]
-            advanced.append(len(window))
-            peers += [e["peers_alive"] for e in window]
-            learners += [
-                e["learners"]
-                for e in node.of("update_merged")
-                if start <= e["time"] <= ended and e["author"] in honest_ids
-            ]
-        rows.append(
+def join_newcomer(swarm: Swarm, settings: Settings, maddr: str) -> None:
+    """At settings.newcomer_at rounds of honest0, and (attacked) once the poisoner is ready."""
+    first = swarm.honest[0]
+    if swarm.adversary is not None:
+        swarm.adversary.wait_event("poison_ready", START_S + settings.training_s)
+    first.wait_for(
+        lambda e: e.get("event") == "round_done" and e["round"] >= settings.newcomer_at,
+        START_S + 10 * settings.rounds,
+        f"honest0 reaching round {settings.newcomer_at}",
+    )
+    swarm.newcomer_round = max(e["round"] for e in first.of("round_done"))
+    swarm.launch("newcomer", "--peers", maddr, "--max-rounds", str(NEWCOMER_ROUNDS))
+
+
+def measure(swarm: Swarm, sampler: Sampler, attack: str | None, started: float) -> RunFigures:
+    events = swarm.adversary.of("attack") if swarm.adversary is not None else []
+    event = events[0] if events else {}
+    # A clean run's growth is measured from honest0's round CLEAN_SINCE_ROUND on: about when
+    # an adversary is ready to start its class, so the two growths compare.
+    warm = [e["time"] for e in swarm.honest[0].of("round_done") if e["round"] >= CLEAN_SINCE_ROUND]
+    since = event.get("started_at", warm[0] if warm else started)
+    ended = event.get("ended_at", time.time())
+    honest_ids = {n.peer_id for n in swarm.honest if n.of("listening")}
+    newcomer = swarm.newcomer
+    figures = RunFigures(
+        attack=attack,
+        final_val={n.name: last_val(n) for n in swarm.pair},
+        newcomer_curve=val_curve(newcomer) if newcomer is not None else {},
+        newcomer_round=swarm.newcomer_round,
+        rss_growth_mb=sampler.rss_growth_mb(since, [n.name for n in swarm.pair]),
+        peak_rss_mb={n.name: sampler.peak_mb(n.name) for n in swarm.pair},
+        max_open_files=sampler.max_open_files(since),
+        tracebacks=sum(getattr(n.stderr, "tracebacks", 0) for n in swarm.honest),
+        crashed=[n.name for n in swarm.honest if not n.of("lingering")],
+        counted=event.get("rejected", {}),
+        error=event.get("error") if events or swarm.adversary is None else "the class never ended",
+        rounds_advanced=min(
+            (sum(since <= e["time"] <= ended for e in n.of("round_done")) for n in swarm.pair),
+            default=0,
+        ),
+        strangers_served=sum(stranger_updates(n, honest_ids) for n in swarm.honest),
+        learners=sorted(
             {
-                "attack": attack["attack"],
-                "sent": attack["sent"],
-                "rejected": sum(attack["rejected"].values()),
-                "reasons": attack["rejected"],
-                "rounds_advanced": min(advanced, default=0),
-                "loss_ratio": round(max(ratios), 4) if ratios else None,
-                "peak_rss_mb": round(result.rss.peak_at(ended), 1),
-                "max_fds": result.rss.max_fds(attack["started_at"], ended),
-                "max_peers_alive": max(peers),
-                "min_peers_alive": min(peers[1:], default=None),
-                "learners": [min(learners), max(learners)] if learners else None,
-                "replicas_agree": _replicas_agree(attack, honest_ids),
-                "error": attack["error"],
+                e["learners"]
+                for n in swarm.pair
+                for e in n.of("update_merged")
+                if e["author"] in honest_ids and e["time"] >= since
             }
-        )
-        if attack["attack"] == "poisoned_state":
-            rows[-1]["newcomer"] = newcomer_outcome(result)
-    return rows
+        ),  # fmt: skip
+        seconds=time.time() - started,
+    )
+    if newcomer is not None and attack is not None:
+        figures.newcomer = newcomer_outcome(newcomer, swarm.adversary)
+    return figures
 
 
-def _replicas_agree(attack: dict[str, Any], honest_ids: set[str]) -> bool | None:
-    """Whether the honest nodes reported one applied set when the class ended (for
-    equivocation: that they settled the id the same way)."""
-    digests = {d for p, d in attack.get("digests", {}).items() if p in honest_ids}
-    return len(digests) == 1 if digests else None
+def val_curve(node: ChildProcess) -> dict[int, float]:
+    return {e["round"]: float(e["val_loss"]) for e in node.of("round_done") if e.get("val_loss")}
 
 
-def newcomer_outcome(result: RunResult) -> dict[str, Any]:
+def last_val(node: ChildProcess) -> float | None:
+    done = [e for e in node.of("round_done") if e.get("val_loss")]
+    return float(done[-1]["val_loss"]) if done else None
+
+
+def stranger_updates(node: ChildProcess, honest_ids: set[str]) -> int:
+    """Updates of keys no honest node holds that `node` fetched or merged."""
+    merged = sum(e["author"] not in honest_ids for e in node.of("update_merged"))
+    fetched = sum(e["peer_id"] not in honest_ids for e in node.of("update_fetched"))
+    return merged + fetched
+
+
+def newcomer_outcome(newcomer: ChildProcess, adversary: ChildProcess | None) -> dict[str, Any]:
     """Whose state the newcomer loaded, and the donors it refused."""
-    newcomer = next((n for n in result.honest if n.name == "newcomer"), None)
-    if newcomer is None:
-        return {"started": False}
     downloaded = newcomer.of("state_downloaded")
-    adversary = result.adversary.of("ready")[0]["peer_id"] if result.adversary else None
+    ready = adversary.of("ready") if adversary is not None else []
+    poisoner = ready[0]["peer_id"] if ready else None
     donor = downloaded[0]["peer_id"] if downloaded else None
     return {
-        "started": True,
-        "donor": "adversary" if donor is not None and donor == adversary else donor and "honest",
+        "donor": None if donor is None else "adversary" if donor == poisoner else "honest",
         "refused_donors": sum(
             e.get("reason") == "bad_state" for e in newcomer.of("update_rejected")
         ),
     }
 
 
-def final_ratio(result: RunResult, clean: RunResult) -> float | None:
-    """The pair's worst ratio at the last round both runs reached (the newcomer trains a few
-    rounds of its own numbering: not compared)."""
-    ratios = []
-    for node, base in zip(result.pair, clean.pair, strict=True):
-        mine, theirs = result.val_curve(node), clean.val_curve(base)
-        common = sorted(set(mine) & set(theirs))
-        if common:
-            ratios.append(mine[common[-1]] / theirs[common[-1]])
-    return round(max(ratios), 4) if ratios else None
+def clean_spread(cleans: list[RunFigures]) -> float | None:
+    """The widest ratio between two clean runs' final losses of one node: the noise floor a
+    loss ratio is read against (None with fewer than two clean runs)."""
+    spreads = []
+    for name in {n for c in cleans for n in c.final_val}:
+        vals = [v for c in cleans if (v := c.final_val.get(name)) is not None]
+        if len(vals) > 1:
+            spreads.append(max(vals) / min(vals))
+    return round(max(spreads), 4) if spreads else None
 
 
-def print_row(row: dict[str, Any]) -> None:
-    reasons = ", ".join(f"{r}={n}" for r, n in sorted(row["reasons"].items())) or "-"
-    ratio = "-" if row["loss_ratio"] is None else f"{row['loss_ratio']:.3f}"
-    if row.get("learners"):
-        reasons += f"; M {row['learners'][0]}-{row['learners'][1]}"
-    if row.get("replicas_agree") is False:
-        reasons += "; applied sets differ"
-    if "newcomer" in row:
-        reasons += f"; newcomer: {row['newcomer']}"
-    print(
-        f"{row['attack']:<18} sent {row['sent']:>5}  rejected {row['rejected']:>5}  "
-        f"rounds +{row['rounds_advanced']:<3} loss x{ratio:<6} rss {row['peak_rss_mb']:>6.0f} MB"
-        f" fds {row['max_fds']:>4} peers {row['min_peers_alive']}-{row['max_peers_alive']}"
-        f"  {reasons}" + (f"  ERROR {row['error']}" if row["error"] else ""),
-        flush=True,
+def parse_classes(value: str) -> list[str]:
+    classes: list[str] = []
+    for name in (c.strip() for c in value.split(",") if c.strip()):
+        classes += CLASS_GROUPS.get(name, (name,))
+    if unknown := sorted(set(classes) - set(ATTACKS)):
+        raise argparse.ArgumentTypeError(
+            f"unknown classes {unknown}; choose from all, new, {', '.join(ATTACKS)}"
+        )
+    return list(dict.fromkeys(classes))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--attacks", default=",".join(ATTACKS))
-    parser.add_argument("--rounds", type=int, default=40, help="rounds each honest node trains")
-    parser.add_argument("--sybils", type=int, default=1000)
-    parser.add_argument("--settle", type=float, default=2.0)
-    parser.add_argument("--separate", action="store_true", help="one attacked run per class")
     parser.add_argument(
-        "--pace",
-        type=float,
-        default=0.5,
-        help="seconds per honest inner step (emulated, both runs): 40 rounds of 5 steps last "
-        "~100 s, so every class runs while the honest nodes train; 0: full speed",
+        "--classes", "--attacks", type=parse_classes, default="all",
+        help="comma-separated attack classes, or 'all' (default), or 'new' (issue 20's: "
+        f"{', '.join(PATIENT)}); all: {', '.join(ATTACKS)}",
+    )  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=40, help="rounds each honest node trains")
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="runs per class, and clean runs (default 2)"
     )
+    parser.add_argument(
+        "--pace", type=float, default=0.5,
+        help="seconds per honest inner step (emulated, every run): 40 rounds of 5 steps last "
+        "~100 s, so every class runs while the honest nodes train; 0: full speed",
+    )  # fmt: skip
+    parser.add_argument(
+        "--allow-keys", action="store_true",
+        help="permissioned swarm: the honest nodes list only their own keys (--allow-keys "
+        "FILE), and every class must be refused at the first message at no cost to training",
+    )  # fmt: skip
+    parser.add_argument("--sybils", type=int, default=1000, help="the adversary's Sybil keys")
+    parser.add_argument("--settle", type=float, default=2.0, help="seconds after each class")
     parser.add_argument(
         "--events-dir", type=Path, help="keep every process's JSON events here, one file each"
     )
-    args = parser.parse_args(argv)
-    attacks = [a for a in args.attacks.split(",") if a]
-    if unknown := sorted(set(attacks) - set(ATTACKS)):
-        parser.error(f"unknown attacks {unknown}; choose from {', '.join(ATTACKS)}")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.rounds < 4 or args.repeats < 1:
+        build_parser().error("--rounds must be at least 4 and --repeats at least 1")
+    settings = Settings(
+        rounds=args.rounds, pace_s=args.pace, sybils=args.sybils, settle_s=args.settle,
+        allow_keys=args.allow_keys, events_dir=args.events_dir,
+    )  # fmt: skip
+    with_newcomer = any(c in NEWCOMER_CLASSES for c in args.classes)
     with tempfile.TemporaryDirectory(prefix="diloco-attack-") as tmp:
         work = Path(tmp)
-        run = {"sybils": args.sybils, "settle_s": args.settle, "pace_s": args.pace}
-        groups = [[a] for a in attacks] if args.separate else [attacks]
-        # The attacked runs first: a clean run gets a newcomer at the round the attacked run's
-        # joined (poisoned_state), so both compare the same learners.
-        attacked_runs = [
-            run_swarm(work / f"attacked{i}", args.rounds, group, **run, events_dir=args.events_dir)
-            for i, group in enumerate(groups)
-        ]
-        cleans: dict[int | None, RunResult] = {}
-        for attacked in attacked_runs:
-            key = attacked.newcomer_round
-            if key not in cleans:
-                name = "clean" if key is None else f"clean-newcomer{key}"
-                cleans[key] = run_swarm(
-                    work / name, args.rounds, [], **run, events_dir=args.events_dir,
-                    newcomer_at_round=key,
-                )  # fmt: skip
-        clean_val: list[float | None] = []
-        for key, clean in cleans.items():
-            clean_val = [clean.val_curve(n).get(args.rounds) for n in clean.pair]
-            joined = "" if key is None else f", newcomer at round {key}"
-            print(
-                f"clean run{joined}: {args.rounds} rounds, final val loss {clean_val}", flush=True
-            )
-        rows: list[dict[str, Any]] = []
-        crashed: list[str] = []
-        ratios: list[float | None] = []
-        attacked_val: list[list[float | None]] = []
-        for i, attacked in enumerate(attacked_runs):
-            clean = cleans[attacked.newcomer_round]
-            group_rows = rows_of(attacked, clean)
-            if args.separate:
-                for row in group_rows:
-                    row["loss_ratio"] = final_ratio(attacked, clean)
-            for row in group_rows:
-                print_row(row)
-            rows += group_rows
-            crashed += attacked.crashed
-            ratios.append(final_ratio(attacked, clean))
-            attacked_val.append([attacked.val_curve(n).get(args.rounds) for n in attacked.pair])
-            clean_val = [clean.val_curve(n).get(args.rounds) for n in clean.pair]
-            print(
-                f"attacked run {i}: final val loss {attacked_val[-1]} (clean {clean_val}), "
-                f"ratio {ratios[-1]}",
-                flush=True,
-            )
-    known = [r for r in ratios if r is not None]
-    idle = [row["attack"] for row in rows if row["rounds_advanced"] == 0]
-    if idle:
-        print(f"ran after the honest nodes stopped training: {idle} (raise --pace)", flush=True)
+
+        def run(name: str, attack: str | None, newcomer: bool) -> RunFigures:
+            figures = run_swarm(work / name, settings, attack, newcomer)
+            print(f"{name}: final val loss {figures.final_val}"
+                  + (f", newcomer by round {figures.newcomer_curve}" if newcomer else "")
+                  + f" ({figures.seconds:.0f} s)", flush=True)  # fmt: skip
+            return figures
+
+        cleans = [run(f"clean{i}", None, False) for i in range(args.repeats)]
+        cleans_newcomer = (
+            [run(f"clean-newcomer{i}", None, True) for i in range(args.repeats)]
+            if with_newcomer
+            else []
+        )
+        clean, clean_new = clean_means(cleans), clean_means(cleans_newcomer)
+        rows = []
+        for attack in args.classes:
+            newcomer = attack in NEWCOMER_CLASSES
+            runs = [run(f"{attack}{i}", attack, newcomer) for i in range(args.repeats)]
+            base = clean_new if newcomer else clean
+            base_newcomer = newcomer_mean(cleans_newcomer) if newcomer else None
+            peak = clean_peaks(cleans_newcomer if newcomer else cleans)
+            row = class_row(runs, base, base_newcomer, allow_keys=args.allow_keys, clean_peak=peak)
+            rows.append(row)
+            print(format_row(rows[-1]), flush=True)
+    failed = [r["class"] for r in rows if not r["passed"]]
     summary = {
         "rows": rows,
-        "clean_val_loss": clean_val,
-        "newcomer_rounds": [r.newcomer_round for r in attacked_runs],
-        "attacked_val_loss": attacked_val,
-        "final_loss_ratio": max(known) if known else None,
-        "within_tolerance": bool(known) and max(known) <= 1 + LOSS_TOLERANCE,
-        "classes_after_training": idle,
-        "honest_crashed": crashed,
+        "passed": not failed,
+        "failed": failed,
+        "clean_val_loss": [c.final_val for c in cleans],
+        "clean_spread": clean_spread(cleans + cleans_newcomer),
+        "clean_peak_rss_mb": [c.peak_rss_mb for c in cleans],
+        "clean_rss_growth_in_run_mb": [round(c.rss_growth_mb, 1) for c in cleans],
+        "clean_newcomer_val_loss": [[c.final_val, c.newcomer_curve] for c in cleans_newcomer],
         "rounds": args.rounds,
+        "repeats": args.repeats,
         "pace_s": args.pace,
+        "allow_keys": args.allow_keys,
     }
-    print(f"final val loss ratio to the clean run: {summary['final_loss_ratio']}", flush=True)
+    print(f"clean runs' spread (noise floor): {summary['clean_spread']}", flush=True)
+    print(f"classes failing a target: {failed or 'none'}", flush=True)
     print(json.dumps(summary), flush=True)
     return 0
 
