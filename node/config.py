@@ -19,18 +19,11 @@ from merge.allowlist import AllowList
 from merge.codecs import CODECS
 from merge.identity import read_secret_file
 from node.data import parse_data_slice
+from node.presets import MODEL_NAMES, auto_model
+from node.presets import MODEL_SIZES as MODEL_SIZES  # re-exported: callers name them here
+from node.presets import model_size as model_size
 
 DILOCO_HOME = Path("~/.diloco")
-MODEL_SIZES = ("tiny", "small", "base")
-HF_ARCHITECTURES = ("llama", "gpt2")
-MODEL_NAMES = MODEL_SIZES + tuple(f"hf:{a}-{s}" for a in HF_ARCHITECTURES for s in MODEL_SIZES)
-
-
-def model_size(name: str) -> str:
-    """The size preset of a model name: hf:llama-tiny -> tiny, small -> small."""
-    return name.rsplit("-", 1)[-1] if name.startswith("hf:") else name
-
-
 DEFAULT_PORT = 31337
 """Where a node listens when --port is not given (and that port is free)."""
 DEFAULT_IDENTITY = str(DILOCO_HOME / "identity.key")
@@ -239,8 +232,6 @@ class JoinConfig:
 
     def __post_init__(self) -> None:
         if self.model == "auto":
-            from node.model import auto_model  # imports torch: only when asked
-
             self.model = auto_model(self.device)
         for name, allowed in self.CHOICES.items():
             value = getattr(self, name)

@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -32,6 +32,7 @@ from merge.identity import Identity
 from merge.pipeline import MergeResult, UpdatePipeline
 from merge.rejections import RejectionLog
 from merge.sketch import ReplicaSketch
+from node.app import build_dashboard
 from node.builders import (
     build_learner,
     build_replica,
@@ -57,9 +58,6 @@ from node.seq_ledger import SeqLedger
 from node.snapshot import NodeStatus, PeerSighting
 from node.stats import LastRound, NodeStats, ReplicaView
 from node.streaming import FragmentCompressors, FragmentStream
-
-if TYPE_CHECKING:
-    from dashboard.embedded import EmbeddedDashboard
 
 logger = logging.getLogger(__name__)
 
@@ -200,7 +198,7 @@ class Node:
         self._host = host_facts(self.device)
         self._stop = threading.Event()
         self._started_at = time.monotonic()
-        self.dashboard = self._build_dashboard()
+        self.dashboard = build_dashboard(config, self.peer_id, self.status)
         self.events = self.dashboard.tee(events) if self.dashboard is not None else events
         self.allowlist = AllowList.load(config.allow_keys) if config.allow_keys else None
         self.swarm = self._build_swarm() if config.swarm else None
@@ -211,23 +209,6 @@ class Node:
         """Swarm rounds our last update took to land (merge.correction.expected_delay)."""
         self._step_offset = 0
         self._record_replica()
-
-    def _build_dashboard(self) -> EmbeddedDashboard | None:
-        c = self.config
-        if c.dashboard_port is None:
-            return None
-        # The dashboard sits above node/: imported only when asked for. It sees the node only
-        # through `status()`, and imports nothing of node.runtime.
-        from dashboard.embedded import EmbeddedDashboard
-
-        return EmbeddedDashboard(
-            host=c.dashboard_host,
-            port=c.dashboard_port,
-            token=c.dashboard_token,
-            run_id=c.run_id,
-            peer_id=self.peer_id,
-            status=self.status,
-        )
 
     def _apply_allowlist(self) -> None:
         """Permissioned run: only listed keys contribute, shown under the file's organization."""
