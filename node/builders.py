@@ -26,6 +26,7 @@ from merge.replica import Replica
 from merge.weighting import StalenessConfig, TokenWeightConfig
 from node.config import JoinConfig, run_fingerprint
 from node.data import Corpus, ShardSampler, Split, data_slice, validation_batches
+from node.distributed import ShardedLearner
 from node.learner import InnerConfig, Learner
 from node.model import DEFAULT_BATCH_SIZE, DEFAULT_INNER_LR, ModelConfig, model_config
 
@@ -150,8 +151,6 @@ def build_learner(
         block_size=spec.model.block_size,
     )
     if torch.distributed.is_initialized():  # a rank of a multi-GPU node (node.distributed)
-        from node.distributed import ShardedLearner
-
         return ShardedLearner(
             model, sampler, inner_config(config), device, parallel=config.parallel
         )

@@ -4,16 +4,26 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 import threading
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from types import FrameType
 from typing import NoReturn
 
+from dht.addresses import parse_peer_maddr
+from dht.observer import SwarmObserver
+from merge.identity import Identity
+from node.app import StandaloneConfig, serve_dashboard
 from node.config import DEFAULT_IDENTITY, JoinConfig, add_dataclass_arguments, dataclass_from_args
+from node.distributed import torchrun_rank
+from node.events import EventLog, JsonEventLog, configure_logging, make_event_log
+from node.export import export_checkpoint
+from node.multigpu import run_multiprocess_join
+from node.runtime import Node
+from node.signals import stop_on_signals
+from node.status import print_status
+from node.tracking import tracked
 
 logger = logging.getLogger(__name__)
 
@@ -53,9 +63,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
     status.set_defaults(handler=run_status)
-    # The dashboard sits above node/; its settings module imports nothing heavy.
-    from dashboard.settings import StandaloneConfig
-
     dashboard = commands.add_parser(
         "dashboard", help="serve the swarm dashboard in a browser without training"
     )
@@ -159,19 +166,13 @@ def run_bootstrap_command(args: argparse.Namespace) -> int:
 
 def run_join(args: argparse.Namespace) -> int:
     config: JoinConfig = dataclass_from_args(JoinConfig, args)
-    from node.distributed import run_multiprocess_join, torchrun_rank
-
     if config.nproc_per_node > 1 or torchrun_rank() is not None:
         return run_multiprocess_join(config, args.argv)
-    from node.events import configure_logging, make_event_log
-    from node.runtime import Node
-    from node.tracking import tracked
-
     configure_logging(config.log_level, config.log_format)
     events = tracked(make_event_log(config.log_format), config)
     try:
         node = Node(config, events)
-        with _stop_on_signals(node.request_stop):
+        with stop_on_signals(node.request_stop):
             node.run()
     finally:
         events.close()
@@ -179,10 +180,6 @@ def run_join(args: argparse.Namespace) -> int:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from dht.addresses import parse_peer_maddr
-    from dht.observer import SwarmObserver
-    from node.status import print_status
-
     peers = [str(parse_peer_maddr(p)) for p in args.peers]
     with SwarmObserver(peers) as observer:
         run_ids = [args.run_id] if args.run_id is not None else observer.run_ids()
@@ -192,17 +189,13 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def run_dashboard(args: argparse.Namespace) -> int:
-    from dashboard.settings import StandaloneConfig
-    from dashboard.standalone import serve
-    from node.events import EventLog, JsonEventLog, configure_logging
-
     config: StandaloneConfig = dataclass_from_args(StandaloneConfig, args)
     configure_logging(config.log_level, config.log_format)
     events: EventLog = JsonEventLog() if config.log_format == "json" else _LoggedEvents()
     stop = threading.Event()
     try:
-        with _stop_on_signals(stop.set):
-            serve(config, events, stop)
+        with stop_on_signals(stop.set):
+            serve_dashboard(config, events, stop)
     finally:
         events.close()
     return 0
@@ -223,8 +216,6 @@ class _LoggedEvents:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from node.export import export_checkpoint
-
     checkpoint_dir = Path(args.checkpoint_dir).expanduser()
     result = export_checkpoint(checkpoint_dir, Path(args.out).expanduser(), args.model)
     print(
@@ -235,8 +226,6 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_keygen(args: argparse.Namespace) -> int:
-    from merge.identity import Identity
-
     path = Path(args.identity).expanduser()
     if args.peer_id and not args.force:
         identity, _ = Identity.load_or_create(path)
@@ -249,28 +238,6 @@ def run_keygen(args: argparse.Namespace) -> int:
     identity.save(path)
     print(f"wrote {path}\npeer id: {identity.peer_id}")
     return 0
-
-
-class _stop_on_signals:
-    """First SIGINT/SIGTERM/SIGHUP asks the node to stop cleanly (it saves its partial round);
-    a second SIGINT aborts at once."""
-
-    def __init__(self, request_stop: object) -> None:
-        self._request_stop = request_stop
-        self._previous: dict[int, object] = {}
-
-    def __enter__(self) -> None:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            self._previous[sig] = signal.signal(sig, self._handle)
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        logger.info("received %s, stopping after the current step", signal.Signals(signum).name)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        self._request_stop()  # type: ignore[operator]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

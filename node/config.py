@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
-import ast
-import dataclasses
 import hashlib
-import inspect
 import ipaddress
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar
 
 from dht.addresses import host_ip, listen_maddrs, parse_announce_maddr, parse_peer_maddr
 from dht.reachability import RelayLimits
@@ -20,18 +16,12 @@ from merge.allowlist import AllowList
 from merge.codecs import CODECS
 from merge.identity import read_secret_file
 from node.data import parse_data_slice
+from node.flags import add_dataclass_arguments, dataclass_from_args, flag_name
+from node.presets import MODEL_NAMES, auto_model
+from node.presets import MODEL_SIZES as MODEL_SIZES  # re-exported: callers name them here
+from node.presets import model_size as model_size
 
 DILOCO_HOME = Path("~/.diloco")
-MODEL_SIZES = ("tiny", "small", "base")
-HF_ARCHITECTURES = ("llama", "gpt2")
-MODEL_NAMES = MODEL_SIZES + tuple(f"hf:{a}-{s}" for a in HF_ARCHITECTURES for s in MODEL_SIZES)
-
-
-def model_size(name: str) -> str:
-    """The size preset of a model name: hf:llama-tiny -> tiny, small -> small."""
-    return name.rsplit("-", 1)[-1] if name.startswith("hf:") else name
-
-
 DEFAULT_PORT = 31337
 """Where a node listens when --port is not given (and that port is free)."""
 DEFAULT_IDENTITY = str(DILOCO_HOME / "identity.key")
@@ -247,12 +237,10 @@ class JoinConfig:
 
     def __post_init__(self) -> None:
         if self.model == "auto":
-            from node.model import auto_model  # imports torch: only when asked
-
             self.model = auto_model(self.device)
         for name, allowed in self.CHOICES.items():
             value = getattr(self, name)
-            _check_choice(_flag(name), value.upper() if name == "log_level" else value, allowed)
+            _check_choice(flag_name(name), value.upper() if name == "log_level" else value, allowed)
         _check_positive("nproc_per_node", self.nproc_per_node)
         if not self.run_id or len(self.run_id) > 64:
             raise ValueError("--run-id must be 1 to 64 characters long")
@@ -266,11 +254,11 @@ class JoinConfig:
         for name in ("inner_lr", "max_time", "outer_lr", "round_time", "emulated_step_s"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
-                raise ValueError(f"--{_flag(name)} must be a positive number, got {value}")
+                raise ValueError(f"--{flag_name(name)} must be a positive number, got {value}")
         for name in ("weight_decay", "grad_clip", "staleness_a", "staleness_b", "linger"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"--{_flag(name)} must be a non-negative number, got {value}")
+                raise ValueError(f"--{flag_name(name)} must be a non-negative number, got {value}")
         if not 1.0 <= self.speed_factor <= 1000.0:
             raise ValueError(f"--speed-factor must be between 1 and 1000, got {self.speed_factor}")
         if self.data_slice is not None:
@@ -372,10 +360,6 @@ def run_fingerprint(run_spec: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _flag(name: str) -> str:
-    return name.replace("_", "-")
-
-
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ValueError(f"--{name} must be one of {', '.join(choices)}; got '{value}'")
@@ -383,96 +367,8 @@ def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
 
 def _check_positive(name: str, value: int) -> None:
     if value <= 0:
-        raise ValueError(f"--{_flag(name)} must be a positive integer, got {value}")
+        raise ValueError(f"--{flag_name(name)} must be a positive integer, got {value}")
 
-
-def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each dataclass field, read from the class source."""
-    tree = ast.parse(inspect.getsource(cls))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs: dict[str, str] = {}
-    for node, following in zip(body, body[1:], strict=False):
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and isinstance(following, ast.Expr)
-            and isinstance(following.value, ast.Constant)
-            and isinstance(following.value.value, str)
-        ):
-            docs[node.target.id] = following.value.value
-    return docs
-
-
-def add_dataclass_arguments(
-    parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = ()
-) -> None:
-    """One --flag per field of `cls`, typed from its annotation, help from its docstring.
-
-    A class may name the allowed values of a field (CHOICES: shown as {a,b,c}) and put its
-    flags in titled groups (FLAG_GROUPS); fields in no group go under "other options".
-    """
-    docs = field_docs(cls)
-    hints = get_type_hints(cls)
-    choices: dict[str, tuple[str, ...]] = getattr(cls, "CHOICES", {})
-    groups = _argument_groups(parser, getattr(cls, "FLAG_GROUPS", {}))
-    for f in dataclasses.fields(cls):
-        if f.name in skip:
-            continue
-        target = groups.get(f.name, parser)
-        default = None if f.default is dataclasses.MISSING else f.default
-        help_text = docs.get(f.name, "")
-        if default is not None and default is not False:
-            help_text += f" [default: {default}]"
-        flag = f"--{_flag(f.name)}"
-        help_text = help_text.replace("%", "%%")  # argparse formats help with %
-        options: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_text}
-        annotation = hints[f.name]
-        metavar = "{" + ",".join(choices[f.name]) + "}" if f.name in choices else f.name.upper()
-        if annotation is bool:
-            target.add_argument(flag, action=argparse.BooleanOptionalAction, **options)
-        elif _is_list(annotation):
-            target.add_argument(flag, nargs="+", metavar="MADDR", **options)
-        else:
-            target.add_argument(flag, type=_scalar_type(annotation), metavar=metavar, **options)
-
-
-def _argument_groups(
-    parser: argparse.ArgumentParser, flag_groups: dict[str, tuple[str, ...]]
-) -> dict[str, Any]:
-    """field name -> the argparse group its flag goes in."""
-    by_field: dict[str, Any] = {}
-    for title, names in flag_groups.items():
-        group = parser.add_argument_group(title)
-        by_field |= dict.fromkeys(names, group)
-    return by_field
-
-
-def dataclass_from_args(cls: type, args: argparse.Namespace) -> Any:
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in vars(args).items() if k in names})
-
-
-def _is_list(annotation: Any) -> bool:
-    return any(get_origin(a) is list for a in (annotation, *get_args(annotation)))
-
-
-def _scalar_type(annotation: Any) -> type:
-    if get_origin(annotation) is not None:
-        inner = [a for a in get_args(annotation) if a is not type(None)]
-        annotation = inner[0]
-    if annotation is float:
-        return _finite_float  # type: ignore[return-value]
-    return annotation  # type: ignore[no-any-return]
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(text)
-    return value
-
-
-_finite_float.__name__ = "float"  # argparse names the type in its error message
 
 __all__ = [
     "JoinConfig",

@@ -9,6 +9,9 @@ as if it were one big device. Rank 0 runs the ordinary Node (swarm, replica, che
 its learner is a ShardedLearner that tells the other ranks what to do next with a small
 command broadcast; the others run `follow` and never touch the network.
 
+torch.distributed's tensor, checkpoint and fsdp modules are imported where a rank uses them:
+together they take ~2 s to import, which no single-device node should pay.
+
 Every rank draws the node's global batch from the same seeded sampler and keeps its own
 rows, so the global batch (and the sampler state in rank 0's checkpoint) is exactly that of
 a single-process node with the same --batch-size.
@@ -27,7 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -35,9 +38,6 @@ from torch import Tensor, nn
 
 from node.data import ShardSampler
 from node.learner import InnerConfig, Learner, RoundStats, StepStats, _next_step_overruns
-
-if TYPE_CHECKING:
-    from node.config import JoinConfig
 
 logger = logging.getLogger(__name__)
 
@@ -392,88 +392,3 @@ def _fully_shard(model: nn.Module, device: torch.device) -> None:
             for block in module:
                 fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-
-
-def run_multiprocess_join(config: JoinConfig, argv: Sequence[str]) -> int:
-    """`join --nproc-per-node N`: start the ranks; as one of them (or under torchrun): train."""
-    rank = torchrun_rank()
-    if rank is None:
-        from node.model import DEFAULT_BATCH_SIZE
-
-        batch_size = config.batch_size or DEFAULT_BATCH_SIZE[config.model]
-        if batch_size % config.nproc_per_node:
-            raise ValueError(
-                f"the node's batch of {batch_size} sequences does not split over "
-                f"--nproc-per-node {config.nproc_per_node}; pass a --batch-size divisible by it"
-            )
-        _check_devices(config.device, config.nproc_per_node)
-        return launch_local_ranks(config.nproc_per_node, argv)
-    return run_ranked_join(config, rank)
-
-
-def _check_devices(device: str, nproc_per_node: int) -> None:
-    """One GPU per rank: more ranks than GPUs is a clear error, not a CUDA one later."""
-    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-    if use_cuda and nproc_per_node > torch.cuda.device_count():
-        raise ValueError(
-            f"--nproc-per-node {nproc_per_node} needs as many GPUs; "
-            f"this machine has {torch.cuda.device_count()}"
-        )
-
-
-def run_ranked_join(config: JoinConfig, rank: RankInfo) -> int:
-    """One rank of a multi-GPU node: rank 0 runs the Node, the others follow it."""
-    from node.events import configure_logging, make_event_log
-    from node.tracking import tracked
-
-    device = init_ranks(rank, config.device)
-    if not rank.is_leader:
-        configure_logging("WARNING", "rich")
-        follow(_follower_learner(config, _shared_peer_id(config, rank), device))
-        return 0
-    from node.cli import _stop_on_signals
-    from node.runtime import Node
-
-    configure_logging(config.log_level, config.log_format)
-    _shared_peer_id(config, rank)
-    events = make_event_log(config.log_format)
-    events = tracked(events, config)
-    try:
-        node = Node(config, events)
-        assert isinstance(node.learner, ShardedLearner)
-        try:
-            with _stop_on_signals(node.request_stop):
-                node.run()
-        finally:
-            with contextlib.suppress(Exception):  # a rank that died has closed the group
-                node.learner.release()
-    finally:
-        events.close()
-    return 0
-
-
-def _shared_peer_id(config: JoinConfig, rank: RankInfo) -> str:
-    """Rank 0's peer id, which seeds the node's data shard on every rank."""
-    box: list[str | None] = [None]
-    if rank.is_leader:
-        from merge.identity import Identity
-
-        box[0] = Identity.load_or_create(config.identity_path)[0].peer_id
-    dist.broadcast_object_list(box, src=0)
-    assert box[0] is not None
-    return box[0]
-
-
-def _follower_learner(config: JoinConfig, peer_id: str, device: torch.device) -> ShardedLearner:
-    """The same model, sampler and optimizer that rank 0's Node builds, on this rank."""
-    from node.builders import build_learner, build_run_spec, configure_torch
-    from node.data import load_corpus, split_corpus
-    from node.model import build_model
-
-    configure_torch(config)
-    corpus = load_corpus(config.data)
-    spec = build_run_spec(config, corpus)
-    model = build_model(spec.model, config.seed)
-    learner = build_learner(config, spec, model, split_corpus(corpus), peer_id, device)
-    assert isinstance(learner, ShardedLearner)
-    return learner

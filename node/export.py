@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from node.checkpoint import CheckpointError, read_checkpoint
@@ -153,7 +154,5 @@ def gpt2_config(config: ModelConfig) -> dict[str, Any]:
 
 
 def save_gpt_as_gpt2(gpt: GPT, out: Path) -> None:
-    from safetensors.torch import save_file
-
     save_file(gpt2_state_dict(gpt), str(out / WEIGHTS_FILE), metadata={"format": "pt"})
     (out / CONFIG_FILE).write_text(json.dumps(gpt2_config(gpt.config), indent=2) + "\n")

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from node.config import HF_ARCHITECTURES
-from node.model import ModelConfig, normal_portable_
+from node.portable_init import normal_portable_
+from node.presets import HF_ARCHITECTURES, ModelConfig
 
 # Output projections of a residual branch: drawn with std 0.02 / sqrt(2 * n_layer), as GPT-2.
 _RESIDUAL_PROJECTIONS = ("c_proj.weight", "o_proj.weight", "down_proj.weight")

@@ -3,62 +3,35 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from node.config import MODEL_NAMES, model_size
+from node.hf_model import HFModelConfig, build_hf_model
+from node.portable_init import normal_portable_
+from node.presets import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_INNER_LR,
+    MODEL_NAMES,
+    PRESETS,
+    ModelConfig,
+    auto_model,
+    model_size,
+)
 
-
-@dataclass(frozen=True, kw_only=True)
-class ModelConfig:
-    n_layer: int
-    """Number of transformer blocks."""
-    n_head: int
-    """Attention heads per block; must divide n_embd."""
-    n_embd: int
-    """Width of the residual stream."""
-    block_size: int
-    """Longest sequence (context length) the model accepts."""
-    vocab_size: int = 256
-    """Number of distinct tokens; 256 for raw bytes."""
-    dropout: float = 0.0
-    """Dropout probability on attention, MLP and embeddings (0 disables it)."""
-
-    def __post_init__(self) -> None:
-        for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}.")
-        if self.n_embd % self.n_head != 0:
-            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}).")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}.")
-
-    def as_dict(self) -> dict[str, int | float]:
-        return asdict(self)
-
-
-PRESETS: dict[str, ModelConfig] = {
-    "tiny": ModelConfig(n_layer=2, n_head=4, n_embd=128, block_size=128),
-    "small": ModelConfig(n_layer=6, n_head=6, n_embd=384, block_size=256),
-    "base": ModelConfig(n_layer=18, n_head=12, n_embd=768, block_size=1024),
-}
-_INNER_LR = {"tiny": 3e-3, "small": 1e-3, "base": 4e-4}
-_BATCH_SIZE = {"tiny": 16, "small": 16, "base": 8}
-# Keyed by model name (tiny, hf:llama-tiny, ...): an hf: model takes its size's defaults.
-DEFAULT_INNER_LR: dict[str, float] = {name: _INNER_LR[model_size(name)] for name in MODEL_NAMES}
-DEFAULT_BATCH_SIZE: dict[str, int] = {name: _BATCH_SIZE[model_size(name)] for name in MODEL_NAMES}
-
-
-def auto_model(device: str) -> str:
-    """--model auto: tiny on a CPU, base on a GPU with >= 16 GiB, else small."""
-    if device == "cpu" or not torch.cuda.is_available():
-        return "tiny"
-    memory = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-    return "base" if memory >= 16 * 2**30 else "small"
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_INNER_LR",
+    "GPT",
+    "PRESETS",
+    "ModelConfig",
+    "auto_model",
+    "build_model",
+    "model_config",
+    "normal_portable_",
+]
 
 
 def model_config(name: str, vocab_size: int = 256) -> ModelConfig:
@@ -76,8 +49,6 @@ def model_config(name: str, vocab_size: int = 256) -> ModelConfig:
         "dropout": p.dropout,
     }
     if name.startswith("hf:"):
-        from node.hf_model import HFModelConfig
-
         return HFModelConfig(arch=name[3:].rsplit("-", 1)[0], **shape)
     return ModelConfig(**shape)
 
@@ -175,15 +146,6 @@ class GPT(nn.Module):
         return logits, loss
 
 
-def normal_portable_(p: Tensor, std: float, generator: torch.Generator | None) -> None:
-    """Fill `p` from N(0, std) with the same samples on every machine."""
-    # torch's float32 normal_ takes a different (SIMD) code path per CPU capability, so its
-    # samples differ between machines; the float64 path is scalar and portable.
-    sample = torch.empty(p.shape, dtype=torch.float64, device="cpu")
-    sample.normal_(0.0, std, generator=generator)
-    p.copy_(sample)
-
-
 def build_model(config: ModelConfig, seed: int) -> nn.Module:
     """Build a model whose initial parameters depend only on (config, seed).
 
@@ -192,8 +154,6 @@ def build_model(config: ModelConfig, seed: int) -> nn.Module:
     (idx, targets) to (logits, loss), for the built-in GPT and hf: models alike.
     """
     if hasattr(config, "arch"):
-        from node.hf_model import HFModelConfig, build_hf_model
-
         assert isinstance(config, HFModelConfig)
         return build_hf_model(config, seed)
     with torch.random.fork_rng(devices=[]):  # the layers' default init draws from it

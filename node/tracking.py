@@ -13,12 +13,10 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+from node.config import JoinConfig
 from node.events import EventLog
-
-if TYPE_CHECKING:
-    from node.config import JoinConfig
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,8 @@ from node.builders import build_run_spec
 from node.config import JoinConfig
 from node.data import Corpus
 from node.events import RecordingEventLog
-from node.runtime import Node, peers_finished
+from node.runtime import Node
+from node.swarm_link import peers_finished
 
 SMALL_CORPUS = str(Path(torch.__file__).parent / "functional.py")
 
@@ -51,8 +52,8 @@ class CountingSketcher:
 
 def test_heartbeats_reuse_the_sketch_taken_when_the_replica_changed(tmp_path: Path) -> None:
     node = offline_node(tmp_path)
-    sketcher = CountingSketcher(node.sketcher)
-    node.sketcher = sketcher  # type: ignore[assignment]
+    sketcher = CountingSketcher(node.telemetry.sketcher)
+    node.telemetry.sketcher = sketcher  # type: ignore[assignment]
     for _ in range(5):
         node.heartbeat()
     assert sketcher.calls == 0, "a heartbeat sketched the replica (heavy work on the swarm loop)"
@@ -112,11 +113,11 @@ def test_look_ahead_starts_rounds_ahead_of_the_replica_along_its_momentum(
     node = offline_node(tmp_path, correction="lookahead", correction_strength=1.0)
     node.run_round()  # M = 1: the update folds the momentum in
     momentum = node.replica.outer.momentum_buffer.clone()
-    assert bool(momentum.any()) and node._delay == 0.0
-    start, applied = node._round_start()
+    assert bool(momentum.any()) and node.parts.publisher.delay == 0.0
+    start, applied = node.parts.publishing.round_start()
     assert torch.equal(start, node.replica.params) and applied == 1
 
-    node._delay = 2.0  # as if its last update had landed two swarm rounds late
+    node.parts.publisher.delay = 2.0  # as if its last update had landed two swarm rounds late
     expected = node.replica.params - 2.0 * node.merge_config.outer.lr * momentum
     loaded: list[torch.Tensor] = []
     load = node.learner.load_params

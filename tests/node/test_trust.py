@@ -12,7 +12,8 @@ from merge.envelope import seal
 from merge.identity import Identity
 from node.cli import main
 from node.events import RecordingEventLog
-from node.runtime import Node, _reportable_loss
+from node.runtime import Node
+from node.telemetry import reportable_loss
 from tests.dashboard.conftest import node_config
 
 
@@ -49,8 +50,8 @@ def test_a_permissioned_node_ignores_keys_outside_the_list_and_names_them(
 
 
 def test_a_diverged_loss_is_reported_as_unknown_not_refused() -> None:
-    assert _reportable_loss(float("nan")) is None and _reportable_loss(1e308) is None
-    assert _reportable_loss(2.5) == 2.5
+    assert reportable_loss(float("nan")) is None and reportable_loss(1e308) is None
+    assert reportable_loss(2.5) == 2.5
 
 
 def test_a_bad_allow_list_is_one_clear_error(

@@ -1,0 +1,293 @@
+"""The composition root: where a node's collaborators are built and wired together.
+
+`compose` builds, in order: the identity and checkpoint locks, the identity, data, model,
+replica and pipeline, the learner, the dashboard, the swarm (the network's, or an
+`OfflineSwarm` with --no-swarm), telemetry, publishing, persistence and the Trainer. Nothing
+else in node/ constructs collaborators; `node.runtime.Node` runs what is built here.
+
+It is also the one seam between node/ and dashboard/ (which sits above node/ in the import
+layers, see pyproject's [tool.importlinter]): no other module of node/ imports dashboard/.
+The dashboard knows a node only as a callable returning its `node.snapshot.NodeStatus`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dashboard.embedded import EmbeddedDashboard
+from dashboard.settings import StandaloneConfig
+from dashboard.standalone import serve
+from dht.swarm import Swarm
+from merge.allowlist import AllowList
+from merge.codecs import get_codec
+from merge.identity import Identity
+from merge.pipeline import UpdatePipeline
+from merge.replica import Replica
+from node.builders import (
+    RunSpec,
+    build_learner,
+    build_replica,
+    build_run_spec,
+    build_validation,
+    configure_torch,
+    host_facts,
+    swarm_config_from,
+)
+from node.config import JoinConfig
+from node.data import Corpus, load_corpus, split_corpus
+from node.events import EventLog
+from node.fingerprint import fingerprint_settings
+from node.learner import Learner, resolve_device
+from node.lifecycle import adopt_legacy_checkpoint, preflight
+from node.locks import ResourceLock, checkpoint_lock, lock_identity
+from node.model import build_model
+from node.persistence import Persistence
+from node.publishing import FragmentStreams, Publisher, RoundPublishing, WholeUpdates
+from node.round_size import RoundSizeConfig, RoundSizer
+from node.seq_ledger import SeqLedger
+from node.snapshot import NodeStatus
+from node.stats import NodeStats
+from node.swarm_link import NetworkSwarm, OfflineSwarm, SwarmLink
+from node.telemetry import Telemetry
+from node.trainer import Trainer
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["NodeParts", "StandaloneConfig", "compose", "serve_dashboard"]
+
+
+@dataclass
+class NodeParts:
+    """Everything a node is made of, built and wired by `compose`."""
+
+    config: JoinConfig
+    locks: list[ResourceLock]
+    identity: Identity
+    checkpoint_dir: Path
+    moved_checkpoint: Path | None
+    device: torch.device
+    corpus: Corpus
+    spec: RunSpec
+    seq_ledger: SeqLedger
+    run_settings: dict[str, Any]
+    replica: Replica
+    pipeline: UpdatePipeline
+    learner: Learner
+    stats: NodeStats
+    events: EventLog
+    dashboard: EmbeddedDashboard | None
+    network: Swarm | None
+    """The network's swarm (None with --no-swarm); the rest of the node sees `swarm`."""
+    swarm: SwarmLink
+    telemetry: Telemetry
+    publisher: Publisher
+    publishing: RoundPublishing
+    persistence: Persistence
+    trainer: Trainer
+
+    def release(self) -> None:
+        """Release the identity and checkpoint dir for another node."""
+        for lock in reversed(self.locks):
+            lock.release()
+
+
+def compose(config: JoinConfig, events: EventLog) -> NodeParts:
+    """Build a node from its settings; the locks taken are released again if that fails."""
+    identity_path, held = lock_identity(config.identity_path, is_default=config.identity is None)
+    locks = [held]
+    try:
+        return _compose(_with_identity(config, identity_path), events, locks)
+    except BaseException:
+        for lock in reversed(locks):
+            lock.release()
+        raise
+
+
+def _with_identity(config: JoinConfig, identity_path: Path) -> JoinConfig:
+    if identity_path == config.identity_path:
+        return config
+    logger.warning(
+        "identity %s is in use by another node on this machine; this node runs as %s",
+        config.identity_path,
+        identity_path,
+    )
+    return replace(config, identity=str(identity_path))
+
+
+def _compose(config: JoinConfig, events: EventLog, locks: list[ResourceLock]) -> NodeParts:
+    identity, _ = Identity.load_or_create(config.identity_path)
+    peer_id = identity.peer_id
+    checkpoint_dir = config.checkpoint_path(peer_id)
+    locks.append(checkpoint_lock(checkpoint_dir).acquire())
+    moved_checkpoint = adopt_legacy_checkpoint(config, peer_id)
+    device = resolve_device(config.device)
+    configure_torch(config)
+    corpus = load_corpus(config.data)
+    split = split_corpus(corpus)
+    spec = build_run_spec(config, corpus)
+    # Beside the identity (held under its lock): the seqs it sealed, per run.
+    seqs_path = config.identity_path.with_name(config.identity_path.name + ".seqs")
+    seq_ledger = SeqLedger(seqs_path, spec.fingerprint)
+    run_settings = fingerprint_settings(config, corpus)
+    model = build_model(spec.model, config.seed)
+    replica = build_replica(model, spec.merge, config.fragments)
+    pipeline = UpdatePipeline(replica, spec.merge, spec.fingerprint)
+    learner = build_learner(config, spec, model, split, peer_id, device)
+    stats = NodeStats()
+    # Measured and reported always (peers may size by it); sizes rounds with --dynamic-h.
+    round_sizer = RoundSizer(RoundSizeConfig(max_steps=config.inner_steps))
+    # The dashboard and the swarm call the telemetry back once started, after it is built.
+    dashboard = build_dashboard(config, peer_id, lambda: telemetry.status())
+    if dashboard is not None:
+        events = dashboard.tee(events)
+    allowlist = AllowList.load(config.allow_keys) if config.allow_keys else None
+    if allowlist is not None:  # a permissioned run: only listed keys contribute
+        pipeline.admit = allowlist.allows
+    network = None
+    swarm: SwarmLink = OfflineSwarm()
+    if config.swarm:
+        network = Swarm(
+            swarm_config_from(config, spec, replica.numel, preflight(config), run_settings),
+            identity,
+            replica,
+            pipeline,
+            heartbeat_fn=lambda: telemetry.heartbeat(),
+            on_merge=lambda result: telemetry.report_merge(result),
+            on_event=events.emit,
+        )
+        if allowlist is not None:  # shown under the file's organization
+            network.membership.admit = allowlist.allows
+            network.membership.org_of = allowlist.org_of
+        swarm = NetworkSwarm(
+            network,
+            peer_id=peer_id,
+            run_id=config.run_id,
+            run_settings=run_settings,
+            replica=replica,
+            pipeline=pipeline,
+            stats=stats,
+            events=events,
+        )
+    codec = get_codec(config.codec)
+    telemetry = Telemetry(
+        config=config,
+        peer_id=peer_id,
+        fingerprint=spec.fingerprint,
+        host=host_facts(device),
+        codec=codec.name,
+        replica=replica,
+        pipeline=pipeline,
+        swarm=swarm,
+        stats=stats,
+        round_sizer=round_sizer,
+        events=events,
+        facts={
+            "run_id": config.run_id,
+            "fingerprint": spec.fingerprint,
+            "peer_id": peer_id,
+            "model": config.model,
+            "num_params": replica.numel,
+            "device": str(device),
+            "data": corpus.source,
+        },
+    )
+    publisher = Publisher(
+        identity=identity,
+        fingerprint=spec.fingerprint,
+        codec=codec,
+        replica=replica,
+        pipeline=pipeline,
+        seq_ledger=seq_ledger,
+        stats=stats,
+        swarm=swarm,
+        report_merge=telemetry.report_merge,
+    )
+    publishing: RoundPublishing = (
+        WholeUpdates(publisher, learner, spec.merge, codec)
+        if replica.layout is None
+        else FragmentStreams(publisher, learner, codec, config.inner_steps, stats, events)
+    )
+    persistence = Persistence(
+        checkpoint_dir=checkpoint_dir,
+        fingerprint=spec.fingerprint,
+        model={"name": config.model, "vocab_size": spec.model.vocab_size},
+        peer_id=peer_id,
+        inner_steps=config.inner_steps,
+        replica=replica,
+        pipeline=pipeline,
+        learner=learner,
+        error_feedback=publishing.error_feedback(),
+        stats=stats,
+        seq_ledger=seq_ledger,
+        events=events,
+        replica_changed=telemetry.record_replica,
+    )
+    trainer = Trainer(
+        config=config,
+        learner=learner,
+        replica=replica,
+        val_batches=build_validation(config, spec, split),
+        publishing=publishing,
+        persistence=persistence,
+        telemetry=telemetry,
+        swarm=swarm,
+        round_sizer=round_sizer,
+        stats=stats,
+    )
+    telemetry.record_replica()
+    return NodeParts(
+        config=config,
+        locks=locks,
+        identity=identity,
+        checkpoint_dir=checkpoint_dir,
+        moved_checkpoint=moved_checkpoint,
+        device=device,
+        corpus=corpus,
+        spec=spec,
+        seq_ledger=seq_ledger,
+        run_settings=run_settings,
+        replica=replica,
+        pipeline=pipeline,
+        learner=learner,
+        stats=stats,
+        events=events,
+        dashboard=dashboard,
+        network=network,
+        swarm=swarm,
+        telemetry=telemetry,
+        publisher=publisher,
+        publishing=publishing,
+        persistence=persistence,
+        trainer=trainer,
+    )
+
+
+# ---- the dashboard seam ----------------------------------------------------------------------
+
+
+def build_dashboard(
+    config: JoinConfig, peer_id: str, status: Callable[[], NodeStatus]
+) -> EmbeddedDashboard | None:
+    """`join --dashboard-port`: the node's own dashboard (None without the flag)."""
+    if config.dashboard_port is None:
+        return None
+    return EmbeddedDashboard(
+        host=config.dashboard_host,
+        port=config.dashboard_port,
+        token=config.dashboard_token,
+        run_id=config.run_id,
+        peer_id=peer_id,
+        status=status,
+    )
+
+
+def serve_dashboard(config: StandaloneConfig, events: EventLog, stop: threading.Event) -> None:
+    """`diloco-node dashboard`: the swarm's dashboard without training, until `stop`."""
+    serve(config, events, stop)

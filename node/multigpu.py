@@ -1,0 +1,101 @@
+"""`join --nproc-per-node N` and torchrun launches: rank 0 runs the Node, the others follow.
+
+The ranks' inner loop lives in node.distributed; this module starts them and composes each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from merge.identity import Identity
+from node.builders import build_learner, build_run_spec, configure_torch
+from node.config import JoinConfig
+from node.data import load_corpus, split_corpus
+from node.distributed import (
+    RankInfo,
+    ShardedLearner,
+    follow,
+    init_ranks,
+    launch_local_ranks,
+    torchrun_rank,
+)
+from node.events import configure_logging, make_event_log
+from node.model import DEFAULT_BATCH_SIZE, build_model
+from node.runtime import Node
+from node.signals import stop_on_signals
+from node.tracking import tracked
+
+
+def run_multiprocess_join(config: JoinConfig, argv: Sequence[str]) -> int:
+    """`join --nproc-per-node N`: start the ranks; as one of them (or under torchrun): train."""
+    rank = torchrun_rank()
+    if rank is None:
+        batch_size = config.batch_size or DEFAULT_BATCH_SIZE[config.model]
+        if batch_size % config.nproc_per_node:
+            raise ValueError(
+                f"the node's batch of {batch_size} sequences does not split over "
+                f"--nproc-per-node {config.nproc_per_node}; pass a --batch-size divisible by it"
+            )
+        _check_devices(config.device, config.nproc_per_node)
+        return launch_local_ranks(config.nproc_per_node, argv)
+    return run_ranked_join(config, rank)
+
+
+def _check_devices(device: str, nproc_per_node: int) -> None:
+    """One GPU per rank: more ranks than GPUs is a clear error, not a CUDA one later."""
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if use_cuda and nproc_per_node > torch.cuda.device_count():
+        raise ValueError(
+            f"--nproc-per-node {nproc_per_node} needs as many GPUs; "
+            f"this machine has {torch.cuda.device_count()}"
+        )
+
+
+def run_ranked_join(config: JoinConfig, rank: RankInfo) -> int:
+    """One rank of a multi-GPU node: rank 0 runs the Node, the others follow it."""
+    device = init_ranks(rank, config.device)
+    if not rank.is_leader:
+        configure_logging("WARNING", "rich")
+        follow(_follower_learner(config, _shared_peer_id(config, rank), device))
+        return 0
+    configure_logging(config.log_level, config.log_format)
+    _shared_peer_id(config, rank)
+    events = make_event_log(config.log_format)
+    events = tracked(events, config)
+    try:
+        node = Node(config, events)
+        assert isinstance(node.learner, ShardedLearner)
+        try:
+            with stop_on_signals(node.request_stop):
+                node.run()
+        finally:
+            with contextlib.suppress(Exception):  # a rank that died has closed the group
+                node.learner.release()
+    finally:
+        events.close()
+    return 0
+
+
+def _shared_peer_id(config: JoinConfig, rank: RankInfo) -> str:
+    """Rank 0's peer id, which seeds the node's data shard on every rank."""
+    box: list[str | None] = [None]
+    if rank.is_leader:
+        box[0] = Identity.load_or_create(config.identity_path)[0].peer_id
+    dist.broadcast_object_list(box, src=0)
+    assert box[0] is not None
+    return box[0]
+
+
+def _follower_learner(config: JoinConfig, peer_id: str, device: torch.device) -> ShardedLearner:
+    """The same model, sampler and optimizer that rank 0's Node builds, on this rank."""
+    configure_torch(config)
+    corpus = load_corpus(config.data)
+    spec = build_run_spec(config, corpus)
+    model = build_model(spec.model, config.seed)
+    learner = build_learner(config, spec, model, split_corpus(corpus), peer_id, device)
+    assert isinstance(learner, ShardedLearner)
+    return learner

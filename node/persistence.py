@@ -1,0 +1,114 @@
+"""A node's checkpoints: what it saves (replica, learner, partial round, error feedback, what
+judged its updates), and resuming from them. The file format lives in node.checkpoint."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from merge.feedback import Compressor
+from merge.pipeline import UpdatePipeline
+from merge.replica import Replica
+from node.checkpoint import CheckpointError, Layout, load_checkpoint, save_checkpoint
+from node.events import EventLog
+from node.learner import Learner
+from node.progress import RoundProgress
+from node.seq_ledger import SeqLedger
+from node.stats import NodeStats
+from node.streaming import FragmentCompressors
+
+
+class Persistence:
+    """Saves the node's state to its checkpoint directory and resumes from it."""
+
+    def __init__(
+        self,
+        *,
+        checkpoint_dir: Path,
+        fingerprint: str,
+        model: dict[str, Any],
+        peer_id: str,
+        inner_steps: int,
+        replica: Replica,
+        pipeline: UpdatePipeline,
+        learner: Learner,
+        error_feedback: Compressor | FragmentCompressors,
+        stats: NodeStats,
+        seq_ledger: SeqLedger,
+        events: EventLog,
+        replica_changed: Callable[[], None],
+    ) -> None:
+        self.checkpoint_dir, self.fingerprint, self.model = checkpoint_dir, fingerprint, model
+        self.peer_id, self.inner_steps = peer_id, inner_steps
+        self.replica, self.pipeline, self.learner = replica, pipeline, learner
+        self.error_feedback, self.stats, self.seq_ledger = error_feedback, stats, seq_ledger
+        self.events, self.replica_changed = events, replica_changed
+
+    def state_dict(self, partial: RoundProgress | None) -> dict[str, Any]:
+        with self.replica.lock:  # the replica and what judged its updates, at one moment
+            replica = self.replica.state_dict()
+            merge = self.pipeline.state_dict()
+            equivocation = self.pipeline.equivocation.state_dict()
+        return {
+            "fingerprint": self.fingerprint,
+            "model": self.model,
+            "peer_id": self.peer_id,
+            "round": self.stats.round,
+            "seq": self.stats.seq,
+            "replica": replica,
+            "learner": self.learner.state_dict(),
+            "partial_round": partial.state_dict() if partial is not None else None,
+            "error_feedback": self.error_feedback.state_dict(),
+            "equivocation": equivocation,
+            "merge": merge,
+        }
+
+    def param_layout(self) -> Layout:
+        """The model's parameters in the replica's flat order (names for the weights file)."""
+        return [(name, p.shape) for name, p in self.learner.model.named_parameters()]
+
+    def save(self, partial: RoundProgress | None) -> None:
+        path = save_checkpoint(self.checkpoint_dir, self.state_dict(partial), self.param_layout())
+        step = partial.steps_done if partial is not None else 0
+        self.events.emit("checkpoint_saved", path=str(path), round=self.stats.round, step=step)
+
+    def resume(self) -> RoundProgress | None:
+        """Load the last checkpoint, if any; the round it stopped midway, if it did."""
+        path = self.checkpoint_dir
+        state = load_checkpoint(path, self.fingerprint, self.param_layout())
+        if state is None:
+            return None
+        try:
+            partial, own_seq = self._load(state)
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise CheckpointError(f"checkpoint in {path} is damaged ({exc})") from None
+        # A node that rejoins with the same identity continues its seq numbers.
+        last_seq = max(own_seq, self.replica.last_seq(self.peer_id), self.seq_ledger.last(), 0)
+        self.stats.set_seq(last_seq)
+        self.replica_changed()
+        self.events.emit(
+            "resumed",
+            path=str(self.checkpoint_dir),
+            round=self.stats.round,
+            step=partial.steps_done if partial is not None else 0,
+            num_applied=self.replica.num_applied,
+        )
+        return partial
+
+    def _load(self, state: dict[str, Any]) -> tuple[RoundProgress | None, int]:
+        self.replica.load_state_dict(state["replica"])
+        self.learner.load_state_dict(state["learner"])
+        if "error_feedback" in state:  # checkpoints before codecs with error feedback lack it
+            self.error_feedback.load_state_dict(state["error_feedback"])
+        # Proven equivocations and the ids settled in this replica (merge.equivocation).
+        self.pipeline.equivocation.load_state_dict(state.get("equivocation"), self.fingerprint)
+        # The robust windows and the learner floor (checkpoints before them lack "merge").
+        self.pipeline.load_state_dict(state.get("merge"))
+        self.stats.set_round(int(state["round"]))
+        own_seq = int(state["seq"]) if state["peer_id"] == self.peer_id else 0
+        partial = state.get("partial_round")
+        if partial is None:
+            return None, own_seq
+        numel = self.replica.numel
+        return RoundProgress.from_state_dict(partial, numel, self.inner_steps), own_seq

@@ -1,0 +1,279 @@
+"""Publishing this node's pseudo-gradients: whole updates at the end of a round, or a stream
+of fragments during it (Streaming DiLoCo, `--fragments P`).
+
+`Publisher` seals one update and hands it to the pipeline and the swarm. A `RoundPublishing`
+decides where a round starts and what it publishes: `WholeUpdates` or `FragmentStreams`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+import torch
+
+from merge.codec_base import Codec
+from merge.correction import expected_delay, look_ahead
+from merge.envelope import seal
+from merge.feedback import Compressor
+from merge.identity import Identity
+from merge.pipeline import MergeConfig, MergeResult, UpdatePipeline
+from merge.replica import Replica
+from node.events import EventLog
+from node.learner import Learner, RoundStats, StepStats
+from node.progress import RoundProgress
+from node.seq_ledger import SeqLedger
+from node.stats import NodeStats
+from node.streaming import FragmentCompressors, FragmentStream
+from node.swarm_link import SwarmLink
+
+
+@dataclass(frozen=True)
+class Published:
+    """One update this node sealed and submitted (a whole-model one or a fragment)."""
+
+    result: MergeResult
+    update_bytes: int
+    """Bytes of the signed envelope, 0 when our own pipeline refused it (not published)."""
+    encode_s: float
+    seal_s: float
+    merge_s: float
+
+
+class Publisher:
+    """Encodes, seals and merges one of our updates, then gives it to the swarm."""
+
+    def __init__(
+        self,
+        *,
+        identity: Identity,
+        fingerprint: str,
+        codec: Codec,
+        replica: Replica,
+        pipeline: UpdatePipeline,
+        seq_ledger: SeqLedger,
+        stats: NodeStats,
+        swarm: SwarmLink,
+        report_merge: Callable[[MergeResult], None],
+    ) -> None:
+        self.identity, self.fingerprint, self.codec = identity, fingerprint, codec
+        self.replica, self.pipeline, self.seq_ledger = replica, pipeline, seq_ledger
+        self.stats, self.swarm, self.report_merge = stats, swarm, report_merge
+        self.delay = 0.0
+        """Swarm rounds our last update took to land (merge.correction.expected_delay)."""
+
+    def publish(
+        self,
+        pseudo_gradient: torch.Tensor,
+        encode: Callable[[torch.Tensor], bytes],
+        base_applied: int,
+        work: tuple[int, int, float],
+        fragment: int | None = None,
+    ) -> Published:
+        """`work`: the inner steps, tokens and mean loss the pseudo-gradient comes from."""
+        steps, tokens, loss = work
+        t_start = time.perf_counter()
+        payload = encode(pseudo_gradient)
+        t_encode = time.perf_counter()
+        seq = self.stats.seq + 1
+        # On disk before it is sealed: a restart never signs another payload under this seq.
+        self.seq_ledger.record(seq)
+        update = seal(
+            self.identity,
+            fingerprint=self.fingerprint,
+            seq=seq,
+            base_applied=base_applied,
+            published_applied=self.replica.num_applied,
+            inner_steps=steps,
+            tokens=tokens,
+            loss=loss,
+            codec=self.codec.name,
+            numel=pseudo_gradient.numel(),
+            payload=payload,
+            learners=self.swarm.live_learners(),
+            fragment=fragment,
+            fragments=None if fragment is None else self.replica.num_fragments,
+        )
+        t_seal = time.perf_counter()
+        result = self.pipeline.submit(update)
+        t_merge = time.perf_counter()
+        self.report_merge(result)
+        if result.accepted:  # a rejected own update is not published and gives up no seq
+            self.delay = expected_delay(update.header.staleness, result.learners)
+            self.stats.set_seq(seq)
+            if self.swarm.publish(update):
+                self.stats.set_published_seq(seq)
+        update_bytes = len(update.to_bytes()) if result.accepted else 0
+        return Published(
+            result, update_bytes, t_encode - t_start, t_seal - t_encode, t_merge - t_seal
+        )
+
+
+class RoundPublishing(Protocol):
+    """Where a round starts and what of it is published, and when."""
+
+    published: list[Published]
+    """This round's publications so far."""
+
+    def begin(self, partial: RoundProgress | None) -> RoundProgress:
+        """Load the learner with the round's start; the progress it resumes from."""
+
+    def on_step(self, step: int, stats: StepStats) -> None:
+        """After inner step `step` of the round (counted from its start)."""
+
+    def finish(self, base: RoundProgress, stats: RoundStats) -> None:
+        """The round's inner steps are done: publish what is left of it."""
+
+    def interrupted(self, done: RoundProgress) -> RoundProgress | None:
+        """The round stopped early: what to keep (and checkpoint) to finish it later."""
+
+    def holds_learner_params(self) -> bool:
+        """Whether the learner's params carry over to the next round (evaluation restores them)."""
+
+    def error_feedback(self) -> Compressor | FragmentCompressors:
+        """What the lossy codecs carry from one payload to the next (checkpointed)."""
+
+
+class WholeUpdates:
+    """One update per round: base minus the learner's params after its inner steps."""
+
+    def __init__(
+        self, publisher: Publisher, learner: Learner, merge: MergeConfig, codec: Codec
+    ) -> None:
+        self.publisher, self.learner, self.merge = publisher, learner, merge
+        self.replica = publisher.replica
+        # Error feedback for the lossy codecs: what a payload drops goes into the next round's.
+        self.compressor = Compressor(codec, self.replica.numel)
+        self.published: list[Published] = []
+
+    def begin(self, partial: RoundProgress | None) -> RoundProgress:
+        self.published = []
+        if partial is not None and partial.params is not None:
+            self.learner.load_params(partial.params)
+            return partial
+        base, base_applied = self.round_start()
+        self.learner.load_params(base)
+        return RoundProgress(base, base_applied)
+
+    def round_start(self) -> tuple[torch.Tensor, int]:
+        """The replica and its applied count; with --correction lookahead, moved on along the
+        outer momentum by the swarm rounds our last update took to land (merge.correction)."""
+        with self.replica.lock:
+            params, applied = self.replica.snapshot()
+            momentum = self.replica.outer.momentum_buffer
+            lr = self.merge.outer.lr
+            delay = self.publisher.delay
+            start = look_ahead(self.merge.correction, params, momentum, delay, lr)
+        return start, applied
+
+    def on_step(self, step: int, stats: StepStats) -> None:
+        """Nothing is published during a round."""
+
+    def finish(self, base: RoundProgress, stats: RoundStats) -> None:
+        pseudo_gradient = base.base - self.learner.params_vector()
+        encode = self.compressor.encode
+        self.published.append(
+            self.publisher.publish(
+                pseudo_gradient,
+                encode,
+                base.base_applied,
+                (stats.num_steps, stats.tokens, stats.loss),
+            )
+        )
+
+    def interrupted(self, done: RoundProgress) -> RoundProgress | None:
+        """Not published; kept (and checkpointed) to be finished later."""
+        params = self.learner.params_vector()
+        return replace(done, params=params) if done.steps_done else None
+
+    def holds_learner_params(self) -> bool:
+        return False
+
+    def error_feedback(self) -> Compressor:
+        return self.compressor
+
+
+class FragmentStreams:
+    """Fragment p is published after inner step (p+1)*H/P of each round (node.streaming);
+    the learner then adopts the merged fragment, so its next round starts from there."""
+
+    def __init__(
+        self,
+        publisher: Publisher,
+        learner: Learner,
+        codec: Codec,
+        inner_steps: int,
+        stats: NodeStats,
+        events: EventLog,
+    ) -> None:
+        self.publisher, self.learner, self.inner_steps = publisher, learner, inner_steps
+        self.replica, self.stats, self.events = publisher.replica, stats, events
+        layout = self.replica.layout
+        assert layout is not None, "fragment streams need a replica split in fragments"
+        self.layout = layout
+        self.compressors = FragmentCompressors(codec, layout)
+        self.stream: FragmentStream | None = None
+        self.published: list[Published] = []
+
+    def begin(self, partial: RoundProgress | None) -> RoundProgress:
+        """The learner keeps its params from round to round (each fragment adopts the
+        replica's at its own publication); only a new stream starts from the replica."""
+        self.published = []
+        if self.stream is None:
+            base, base_applied = self.replica.snapshot()
+            self.learner.load_params(base)
+            self.stream = FragmentStream(self.layout, self.inner_steps, base, base_applied)
+        return RoundProgress(self.stream.base, self.stream.rounds[0].base_applied)
+
+    def on_step(self, step: int, stats: StepStats) -> None:
+        stream = self.stream
+        assert stream is not None
+        stream.record_step(stats.tokens, stats.loss)
+        for fragment in stream.due(step):
+            self._publish(stream, fragment, step)
+
+    def finish(self, base: RoundProgress, stats: RoundStats) -> None:
+        stream = self.stream
+        assert stream is not None
+        for fragment in stream.unpublished(stats.num_steps):  # cut by --round-time
+            self._publish(stream, fragment, stats.num_steps)
+
+    def interrupted(self, done: RoundProgress) -> RoundProgress | None:
+        """The fragments due so far are published; the others' steps since their last
+        publication are dropped, and the next round starts afresh."""
+        self.stream = None
+        return None
+
+    def holds_learner_params(self) -> bool:
+        return self.stream is not None
+
+    def error_feedback(self) -> FragmentCompressors:
+        return self.compressors
+
+    def _publish(self, stream: FragmentStream, fragment: int, step: int) -> None:
+        r = stream.rounds[fragment]
+        if r.steps == 0:
+            return
+        inner = self.learner.params_vector()
+        published = self.publisher.publish(
+            stream.pseudo_gradient(fragment, inner),
+            lambda g: self.compressors.encode(fragment, g),
+            r.base_applied,
+            (r.steps, r.tokens, r.loss),
+            fragment,
+        )
+        self.published.append(published)
+        merged, applied = self.replica.fragment_params(fragment)
+        self.layout.scatter(inner, fragment, merged)
+        self.learner.load_params(inner)
+        stream.adopt(fragment, merged, applied)
+        self.events.emit(
+            "fragment_published",
+            round=self.stats.round + 1,
+            step=step,
+            fragment=fragment,
+            seq=self.stats.seq if published.result.accepted else None,
+            update_bytes=published.update_bytes,
+        )

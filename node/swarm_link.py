@@ -1,0 +1,242 @@
+"""What the training loop needs of the swarm, with two kinds: the network and none at all.
+
+`NetworkSwarm` wraps `dht.swarm.Swarm`; `OfflineSwarm` is a node that trains alone (`join
+--no-swarm`, benchmarks): it publishes nowhere and sees no peers. The composition root picks
+one, so nothing else asks whether there is a swarm.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from dht.addresses import join_hint
+from dht.heartbeat import Heartbeat
+from dht.membership import count_learners
+from dht.swarm import RunMismatchError, Swarm
+from merge.envelope import SignedUpdate
+from merge.pipeline import UpdatePipeline
+from merge.replica import Replica
+from node.events import EventLog
+from node.fingerprint import describe_differences, join_arguments
+from node.snapshot import PeerSighting
+from node.stats import NodeStats
+
+logger = logging.getLogger(__name__)
+
+DRAIN_TIMEOUT_S = 15.0
+"""How long a stopping node waits for its own update to be announced and pushed to peers."""
+
+
+class SwarmLink(Protocol):
+    """The swarm as the training loop, the telemetry and the node's lifecycle see it."""
+
+    def join(self, joined: Callable[[int], None]) -> None:
+        """Enter the swarm; `joined(announced_seq)` runs once the state is in, before gossip."""
+
+    def alive_peers(self) -> list[Heartbeat]: ...
+
+    def live_learners(self) -> int:
+        """M: this node and its live peers that learn (what its updates are sized by)."""
+
+    def publish(self, update: SignedUpdate) -> bool:
+        """Send one of our merged updates to peers; False when there is nobody to send to."""
+
+    def linger(self, seconds: float, until_done: bool, stop: threading.Event) -> None:
+        """Keep serving and merging after the last round (--linger)."""
+
+    def leave(self) -> None:
+        """Let our updates in flight out (bounded), then stop every network process."""
+
+    def num_lost(self) -> int: ...
+
+    def rejections(self) -> dict[str, int]:
+        """Counted rejections of peer input by the network layer."""
+
+    def visible_maddrs(self) -> list[str]: ...
+
+    def sightings(self, now: float) -> tuple[PeerSighting, ...]: ...
+
+    def fetched(self) -> tuple[int, int]:
+        """Payloads fetched from peers (bounded history) and their bytes."""
+
+
+class OfflineSwarm:
+    """No network: the node trains alone; every answer is that of an empty swarm."""
+
+    def join(self, joined: Callable[[int], None]) -> None:
+        """Nothing to join."""
+
+    def alive_peers(self) -> list[Heartbeat]:
+        return []
+
+    def live_learners(self) -> int:
+        return 1
+
+    def publish(self, update: SignedUpdate) -> bool:
+        return False
+
+    def linger(self, seconds: float, until_done: bool, stop: threading.Event) -> None:
+        """Nobody to wait for."""
+
+    def leave(self) -> None:
+        """Nothing to leave."""
+
+    def num_lost(self) -> int:
+        return 0
+
+    def rejections(self) -> dict[str, int]:
+        return {}
+
+    def visible_maddrs(self) -> list[str]:
+        return []
+
+    def sightings(self, now: float) -> tuple[PeerSighting, ...]:
+        return ()
+
+    def fetched(self) -> tuple[int, int]:
+        return 0, 0
+
+
+class NetworkSwarm:
+    """The node's side of `dht.swarm.Swarm`: joining, counting learners, lingering, leaving."""
+
+    def __init__(
+        self,
+        swarm: Swarm,
+        *,
+        peer_id: str,
+        run_id: str,
+        run_settings: dict[str, Any],
+        replica: Replica,
+        pipeline: UpdatePipeline,
+        stats: NodeStats,
+        events: EventLog,
+    ) -> None:
+        self.swarm = swarm
+        self._peer_id, self._run_id, self._run_settings = peer_id, run_id, run_settings
+        self._replica, self._pipeline = replica, pipeline
+        self._stats, self._events = stats, events
+
+    def join(self, joined: Callable[[int], None]) -> None:
+        try:
+            maddrs = self.swarm.start()
+        except RunMismatchError as exc:
+            differences = describe_differences(exc.theirs, self._run_settings)
+            raise RunMismatchError(
+                f"run '{self._run_id}' in this swarm uses a different model or run "
+                f"configuration ({differences}); join with the command its nodes print, "
+                "or pick another --run-id"
+            ) from None
+        extra = join_arguments(self._run_settings)
+        self._events.emit(
+            "listening",
+            peer_id=self._peer_id,
+            maddrs=maddrs,
+            join_command=join_hint(maddrs, extra),
+        )
+        self._download_state()
+        joined(self.swarm.announced_seq())
+        self.swarm.start_gossip()
+
+    def _download_state(self) -> None:
+        stats = self.swarm.download_state()
+        if stats is None:
+            return
+        self._events.emit(
+            "state_downloaded",
+            peer_id=stats.peer_id,
+            num_applied=self._replica.num_applied,
+            megabytes=round(stats.num_bytes / 1e6, 3),
+            seconds=round(stats.seconds, 3),
+            mb_per_s=round(stats.mb_per_s, 2),
+            unannounced=stats.unannounced,
+            **self._pipeline.window_sizes(),  # what it took over to judge updates by
+        )
+
+    def alive_peers(self) -> list[Heartbeat]:
+        return self.swarm.alive_peers()
+
+    def live_learners(self) -> int:
+        """This node and its alive peers that learn (dht.membership.count_learners)."""
+        alive = self.swarm.alive_peers()
+        replica = self._replica
+        live = 1 + count_learners(alive, lambda peer_id: replica.last_seq(peer_id) >= 1)
+        # Peers whose updates are among the last few applied here learn, whether or not the
+        # last membership read found them: ~1,000 Sybil heartbeats make reads miss live peers,
+        # and a node that sized its updates as a lone learner then took whole outer steps.
+        idle = {h.peer_id for h in alive if h.state == "idle"}
+        with replica.lock:
+            recent = self._pipeline.learner_floor.recent_authors(max(8, 2 * live))
+        return max(live, 1 + len(recent - idle - {self._peer_id}))
+
+    def publish(self, update: SignedUpdate) -> bool:
+        self.swarm.publish(update)
+        return True
+
+    def linger(self, seconds: float, until_done: bool, stop: threading.Event) -> None:
+        """Keep serving and merging for `seconds`, so peers still get our last update and we
+        get theirs; with `until_done`, only until every live peer has finished, its last
+        update is merged here and ours there."""
+        if not seconds:
+            return
+        self._stats.set_state("idle")
+        self._events.emit("lingering", seconds=seconds)
+        started = time.monotonic()
+        deadline = started + seconds
+        # A peer's heartbeat says idle one period after it published its last update at most.
+        settle_s = 2 * self.swarm.config.heartbeat_period_s
+        while not stop.wait(min(settle_s, max(deadline - time.monotonic(), 0.0))):
+            own = len(self._replica.applied.get(self._peer_id, ()))
+            swarm_done = until_done and peers_finished(
+                self.swarm.alive_peers(), self._replica.last_seq, self._peer_id, own
+            )
+            if swarm_done or time.monotonic() >= deadline:
+                break
+        self._events.emit("lingered", seconds=round(time.monotonic() - started, 2))
+
+    def leave(self) -> None:
+        left = self.swarm.drain(DRAIN_TIMEOUT_S)
+        if left:
+            logger.warning(
+                "%d own update(s) still being published after %.0f s; leaving without them",
+                left,
+                DRAIN_TIMEOUT_S,
+            )
+        self.swarm.shutdown()
+
+    def num_lost(self) -> int:
+        return self.swarm.num_lost
+
+    def rejections(self) -> dict[str, int]:
+        return dict(self.swarm.rejections)
+
+    def visible_maddrs(self) -> list[str]:
+        return self.swarm.visible_maddrs
+
+    def sightings(self, now: float) -> tuple[PeerSighting, ...]:
+        period, at = self.swarm.config.heartbeat_period_s, self.swarm.membership.judged_at()
+        return tuple(
+            PeerSighting(view.heartbeat, view.alive(period, at), now - view.last_seen)
+            for view in list(self.swarm.peers.values())
+        )
+
+    def fetched(self) -> tuple[int, int]:
+        fetches = list(self.swarm.fetches)
+        return len(fetches), sum(f.num_bytes for f in fetches)
+
+
+def peers_finished(
+    peers: list[Heartbeat], last_seq: Callable[[str], int], own_id: str, own_updates: int
+) -> bool:
+    """Whether every peer has stopped training (idle), its last update is applied here and,
+    by its heartbeat, our ``own_updates`` updates are applied there."""
+    return all(
+        h.state == "idle"
+        and last_seq(h.peer_id) >= h.latest_seq
+        and h.merged_by_author.get(own_id, 0) >= own_updates
+        for h in peers
+    )

@@ -1,0 +1,195 @@
+"""The DiLoCo loop: begin a round from the replica, run H inner steps, publish the
+pseudo-gradient, evaluate, report; until a limit or a stop request.
+
+The Trainer runs with any swarm, the network's or none (node.swarm_link.OfflineSwarm), so
+benchmarks run the node's own round.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+from merge.pipeline import MergeResult
+from merge.replica import Replica
+from node.config import JoinConfig
+from node.learner import Learner, RoundStats, StepStats
+from node.persistence import Persistence
+from node.progress import RoundProgress
+from node.publishing import Published, RoundPublishing
+from node.round_size import PeerRate, RoundSizer
+from node.stats import NodeStats
+from node.swarm_link import SwarmLink
+from node.telemetry import RoundReport, RoundTimings, Telemetry
+
+
+@dataclass
+class RoundClock:
+    """perf_counter marks of one round: its start, end of inner steps, of merging, of eval."""
+
+    start: float
+    inner: float = 0.0
+    merged: float = 0.0
+    evaluated: float = 0.0
+
+
+class Trainer:
+    """One learner training against its replica of the global model."""
+
+    def __init__(
+        self,
+        *,
+        config: JoinConfig,
+        learner: Learner,
+        replica: Replica,
+        val_batches: list[tuple[torch.Tensor, torch.Tensor]],
+        publishing: RoundPublishing,
+        persistence: Persistence,
+        telemetry: Telemetry,
+        swarm: SwarmLink,
+        round_sizer: RoundSizer,
+        stats: NodeStats,
+    ) -> None:
+        self.config, self.learner, self.replica = config, learner, replica
+        self.val_batches, self.publishing, self.persistence = val_batches, publishing, persistence
+        self.telemetry, self.swarm, self.round_sizer = telemetry, swarm, round_sizer
+        self.stats = stats
+        self.stop = threading.Event()
+        self.started_at = time.monotonic()
+        self.partial: RoundProgress | None = None
+        """The round stopped midway, to be finished (and checkpointed meanwhile)."""
+        self.planned_steps = config.inner_steps
+        self._step_offset = 0
+
+    def run(self) -> None:
+        self.stats.set_state("training")
+        self.telemetry.started(self.stats.round, val_loss=self.evaluate())
+        reason = self._run_rounds()
+        if reason != "interrupted":
+            self.swarm.linger(self.config.linger, self.config.linger_until_done, self.stop)
+        self.persistence.save(self.partial)
+        self.telemetry.stopped(reason)
+
+    def _run_rounds(self) -> str:
+        """Rounds until a stop request ("interrupted") or a limit ("max_rounds", "max_time")."""
+        while not self.stop.is_set():
+            limit = self._limit_reached()
+            if limit is not None:
+                return limit
+            completed = self.run_round() is not None
+            if completed and self.stats.round % self.config.checkpoint_every == 0:
+                self.persistence.save(self.partial)
+        return "interrupted"
+
+    def run_round(self) -> MergeResult | None:
+        """H inner steps from the newest replica, then publish the pseudo-gradient (with
+        fragments, fragment p is published during the round; the result is the last one's)."""
+        clock = RoundClock(time.perf_counter())
+        begun = self.publishing.begin(self.partial)
+        self._step_offset = begun.steps_done
+        self.planned_steps = self._planned_steps()
+        stats = self.learner.run_round(
+            self.planned_steps - begun.steps_done,
+            self._should_interrupt,
+            self._on_step,
+            _remaining(self.config.round_time, begun.inner_s),
+        )
+        self.round_sizer.observe_round(stats.num_steps, stats.compute_s)
+        done = begun.extended(stats, time.perf_counter() - clock.start)
+        if stats.stopped_early or done.steps_done == 0:
+            self.partial = self.publishing.interrupted(done)
+            return None
+        self.partial = None
+        clock.inner = time.perf_counter()
+        in_steps_s = _publishing_s(self.publishing.published)  # fragments during the steps
+        self.publishing.finish(begun, done.as_round_stats())
+        self.stats.set_round(self.stats.round + 1)
+        clock.merged = time.perf_counter()
+        val_loss = self.evaluate()
+        clock.evaluated = time.perf_counter()
+        self._report(begun, done.as_round_stats(), val_loss, clock, in_steps_s)
+        published = self.publishing.published
+        return published[-1].result if published else None
+
+    def _report(
+        self,
+        begun: RoundProgress,
+        stats: RoundStats,
+        val_loss: float | None,
+        clock: RoundClock,
+        in_steps_s: float,
+    ) -> None:
+        published = self.publishing.published
+        timings = RoundTimings(
+            # Fragments published during the inner steps: their time is overhead, not steps.
+            inner_s=clock.inner - clock.start + begun.inner_s - in_steps_s,
+            encode_s=sum(p.encode_s for p in published),
+            seal_s=sum(p.seal_s for p in published),
+            merge_s=sum(p.merge_s for p in published),
+            eval_s=clock.evaluated - clock.merged,
+        )
+        accepted = any(p.result.accepted for p in published)
+        report = RoundReport(
+            stats=stats,
+            val_loss=val_loss,
+            timings=timings,
+            round_s=clock.evaluated - clock.start + begun.inner_s,
+            seq=self.stats.seq if accepted else None,
+            planned_steps=self.planned_steps,
+            resumed_at_step=begun.steps_done,
+            learner_step=self.learner.step,
+            update_bytes=sum(p.update_bytes for p in published),
+        )
+        self.telemetry.report_round(report)
+
+    def _on_step(self, step: StepStats) -> None:
+        at = step.step + self._step_offset
+        self.telemetry.report_step(self.stats.round + 1, at, self.planned_steps, step)
+        self.publishing.on_step(at, step)
+
+    def evaluate(self) -> float | None:
+        """Validation loss of the replica (None without --eval-batches)."""
+        if not self.val_batches:
+            return None
+        # Streaming fragments train on across rounds: their params are put back afterwards.
+        inner = self.learner.params_vector() if self.publishing.holds_learner_params() else None
+        params, _ = self.replica.snapshot()
+        self.learner.load_params(params)
+        val_loss = round(self.learner.evaluate(self.val_batches), 6)
+        if inner is not None:
+            self.learner.load_params(inner)
+        return val_loss
+
+    def _planned_steps(self) -> int:
+        """H, or with --dynamic-h H scaled by this learner's rate over the fastest live peer's."""
+        if not self.config.dynamic_h:
+            return self.config.inner_steps
+        peers = self.swarm.alive_peers()
+        rates = [PeerRate(h.peer_id, h.steps_per_s) for h in peers if h.state == "training"]
+        return self.round_sizer.steps(rates)
+
+    def _limit_reached(self) -> str | None:
+        if self.config.max_rounds is not None and self.stats.round >= self.config.max_rounds:
+            return "max_rounds"
+        if self._time_exhausted():
+            return "max_time"
+        return None
+
+    def _time_exhausted(self) -> bool:
+        limit = self.config.max_time
+        return limit is not None and time.monotonic() - self.started_at >= limit
+
+    def _should_interrupt(self) -> bool:
+        return self.stop.is_set() or self._time_exhausted()
+
+
+def _publishing_s(published: list[Published]) -> float:
+    return sum(p.encode_s + p.seal_s + p.merge_s for p in published)
+
+
+def _remaining(limit_s: float | None, spent_s: float) -> float | None:
+    """What is left of a round's time limit after `spent_s` (None: no limit)."""
+    return None if limit_s is None else max(limit_s - spent_s, 0.0)
