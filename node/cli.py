@@ -157,7 +157,7 @@ def run_bootstrap_command(args: argparse.Namespace) -> int:
     announce = [str(parse_announce_maddr(a)) for a in args.announce]
     peers = [str(parse_peer_maddr(p)) for p in args.peers]
     stop = threading.Event()
-    with _stop_on_signals(stop.set):
+    with stop_on_signals(stop.set):
         run_bootstrap(
             listen_maddrs(args.host, args.port), announce, limits, stop, initial_peers=peers
         )
