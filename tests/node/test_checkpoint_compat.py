@@ -21,8 +21,12 @@ from node.runtime import Node
 from tests.conftest import REPO
 from tests.node.test_stopping import _config
 
-BEFORE = "ebd5e5e0f9c272222f64eb5ab66989e8a6fc8d9c"
-"""The last commit before node/ was split into app, trainer, publishing, telemetry, persistence."""
+BEFORE = "22c5767e5d91344d843970e43dd28dbf5c9692f0"
+"""The last commit before node/ was split into app, trainer, publishing, telemetry, persistence.
+
+It already has issue 20's merge rules (per-author budgets, centered clipping): those are part of
+the run fingerprint, so checkpoints of earlier commits belong to another rule set and are refused
+as another run's (docs/open-swarms.md); this test is about the refactor's checkpoint format."""
 
 WRITE_WITH_OLD_CODE = """
 import sys
