@@ -28,6 +28,8 @@ TRAIN_S = 75
 """Seconds the honest nodes train (not a number of rounds: a round of tiny takes ~0.5 s, so
 20 rounds could end before the adversary, still starting on a loaded machine, was ready)."""
 ATTACK_S = 240
+EXIT_S = 30
+"""Seconds a node has to stop cleanly after Ctrl+C before its group is killed."""
 MAX_OPEN_FILES = 1024
 ATTACKS = ["forged_header", "wrong_shape", "nan_inf", "norm_1000x", "against_direction",
            "equivocation", "far_future", "oversized", "notify_flood", "bad_heartbeats",
@@ -174,15 +176,17 @@ def test_a_newcomer_refuses_a_poisoned_state_and_loads_an_honest_one(
 
 
 PATIENT = ["zero_flood", "sideways", "sybil_learners", "summary_flood"]
-"""The summary flood last: it keeps the honest nodes' loops busy for a while after it ends."""
+"""The summary flood last: were its ids walked, it would keep the honest loops busy after it."""
 PATIENT_S = 6
 """Seconds each patient class keeps on here (bench.attack keeps them on the whole run)."""
-PATIENT_TRAIN_S = 150
-"""Seconds the honest nodes train here: the four classes start only once the adversary is up,
-which took over a minute under a load average of 15 (TRAIN_S ran out before the first)."""
+PATIENT_TRAIN_S = 300
+"""A cap on the honest nodes' training: they are stopped with Ctrl+C once the adversary is
+done (its start took over a minute under a load average of 15; on an idle machine seconds)."""
+AFTER_S = 5
+"""Seconds the honest nodes keep on after the last class, for its last updates to land."""
 
 
-@pytest.mark.timeout(PATIENT_TRAIN_S + 2 * START_S)
+@pytest.mark.timeout(2 * START_S + ATTACK_S + AFTER_S + 2 * EXIT_S)
 def test_patient_classes_reach_the_honest_nodes_which_keep_training(
     launch: Launch, tmp_path: Path, adversary_home: list[ChildProcess]
 ) -> None:
@@ -192,7 +196,7 @@ def test_patient_classes_reach_the_honest_nodes_which_keep_training(
     What each class costs (loss, RSS, a node's heartbeats missed while a summary of 2^20 ids
     is walked on its loop) is bench.attack's to measure; the bounds are issue 20's, built
     and tested where the defences live."""
-    honest_args = [*RUN, "--max-time", str(PATIENT_TRAIN_S), "--linger", "120"]
+    honest_args = [*RUN, "--max-time", str(PATIENT_TRAIN_S)]
     a = launch(*honest_args, name="honest0")
     maddr = a.wait_listening(START_S)[0]
     b = launch(*honest_args, "--peers", maddr, name="honest1")
@@ -203,13 +207,17 @@ def test_patient_classes_reach_the_honest_nodes_which_keep_training(
     adversary_home.append(adversary)
     mallory = adversary.wait_event("ready", START_S)["peer_id"]
     adversary.wait_event("done", ATTACK_S)
+    time.sleep(AFTER_S)  # a grace period, not a synchronisation: the nodes train on meanwhile
+    for node in (a, b):
+        node.stop(EXIT_S)
     attacks = {e["attack"]: e for e in adversary.of("attack")}
     assert list(attacks) == PATIENT
     for name, event in attacks.items():
         assert event["error"] is None, (name, event["error"])
         assert event["sent"] > 0, name
-        if name != "summary_flood":  # it can stall a node's loop for seconds on this code
-            assert set(event["rounds"]) == {a.peer_id, b.peer_id}, f"{name}: a node vanished"
+        # Every class, the summary flood included (its ids are bounded before any work, so
+        # no loop stalls and no node misses its heartbeats): both honest nodes stay in view.
+        assert set(event["rounds"]) == {a.peer_id, b.peer_id}, f"{name}: a node vanished"
     honest = {a.peer_id, b.peer_id}
     started = attacks[PATIENT[0]]["started_at"]
     for node in (a, b):
@@ -220,7 +228,6 @@ def test_patient_classes_reach_the_honest_nodes_which_keep_training(
         repaired = [e for e in node.of("repair") if e["peer_id"] == mallory]
         by_node = attacks["summary_flood"]["by_node"].get(node.peer_id, {})
         assert repaired or any("summary" in r for r in by_node), f"{node.name}: summaries unheard"
-        node.wait_event("lingering", PATIENT_TRAIN_S + START_S)
         assert [e for e in node.of("round_done") if e["time"] >= started], node.name
         assert "Traceback" not in node.stderr_tail(400), node.stderr_tail(400)
 
