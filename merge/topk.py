@@ -2,8 +2,8 @@
 
 Like merge.sparse (SparseLoCo, arXiv 2508.15706), the vector is cut into chunks of 4096
 elements (the last one padded with zeros) and each chunk keeps its ``k`` entries of largest
-magnitude, each sent as 2 bits: its sign and one of two magnitude levels of its chunk, the
-mean magnitude of the chunk's k/2 largest kept entries (hi) and of the k/2 smallest (lo).
+magnitude, each sent as 2 bits: its sign and one of two magnitude levels of its chunk (the
+means of the kept magnitudes above and below a threshold: 2-means, see ``_two_levels``).
 What it does differently is the indices: a chunk's k sorted indices are Elias-Fano coded,
 ``L = floor(log2(4096 / k))`` low bits of each in a fixed field and the high parts as a
 bitvector of ``k + 4096 / 2**L`` bits (index i of the chunk, high part h, sets bit h + i).
@@ -62,11 +62,8 @@ class TopKCodec:
         numel = flat.numel()
         chunks = F.pad(flat.detach(), (0, num_blocks(numel, CHUNK) * CHUNK - numel))
         chunks = chunks.view(-1, CHUNK)
-        magnitudes, indices = chunks.abs().topk(self.k, dim=1)  # largest first
-        half = self.k // 2
-        levels = torch.stack((magnitudes[:, half:].mean(1), magnitudes[:, :half].mean(1)), 1)
-        is_hi = torch.zeros_like(indices, dtype=torch.uint8)
-        is_hi[:, :half] = 1
+        magnitudes, indices = chunks.abs().topk(self.k, dim=1)
+        levels, is_hi = _two_levels(magnitudes)
         negative = (chunks.gather(1, indices) < 0).to(torch.uint8)
         indices, order = indices.sort(dim=1)
         codes = is_hi.gather(1, order) | (negative.gather(1, order) << 1)
@@ -139,3 +136,25 @@ class TopKCodec:
         if bool((indices >= CHUNK).any()) or bool((np.diff(indices, axis=1) <= 0).any()):
             raise CodecError("topk payload indices are out of range or not increasing.")
         return indices
+
+
+def _two_levels(magnitudes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each chunk's kept magnitudes (chunks, k) as two levels (lo, hi) and which entries take
+    hi: the means of the larger and smaller half, then one step of 2-means (Lloyd) from
+    there: an entry takes the nearer level and each level becomes its entries' mean. That
+    step never raises the quantization error, and kept zeros (a chunk with fewer than k
+    nonzero entries) decode to zero instead of to the lower half's mean."""
+    half = magnitudes.shape[1] // 2
+    ordered = magnitudes.sort(dim=1, descending=True).values
+    first_hi, first_lo = ordered[:, :half].mean(1), ordered[:, half:].mean(1)
+    is_hi = magnitudes > ((first_hi + first_lo) / 2)[:, None]
+    hi = _mean_where(magnitudes, is_hi, first_hi)
+    lo = _mean_where(magnitudes, ~is_hi, first_lo)
+    return torch.stack((lo, hi), 1), is_hi.to(torch.uint8)
+
+
+def _mean_where(values: torch.Tensor, mask: torch.Tensor, empty: torch.Tensor) -> torch.Tensor:
+    """Row means of ``values`` where ``mask``; ``empty`` for rows where it is all False."""
+    count = mask.sum(1)
+    total = torch.where(mask, values, 0).sum(1)
+    return torch.where(count > 0, total / count.clamp(min=1), empty)

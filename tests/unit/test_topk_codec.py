@@ -60,14 +60,22 @@ def test_it_sends_exactly_the_k_largest_entries_of_each_chunk_with_their_signs(
 def test_kept_entries_decode_to_the_two_levels_of_their_chunk() -> None:
     codec = TopKCodec(k=8)
     values = torch.zeros(CHUNK)
-    values[[3, 100, 200, 300]] = torch.tensor([8.0, -6.0, 4.0, -2.0])  # hi: mean 5
-    values[[400, 500, 600, 4095]] = torch.tensor([1.0, -1.0, 0.5, -0.5])  # lo: mean 0.75
+    values[[3, 100, 200, 300]] = torch.tensor([8.0, -6.0, 4.0, -2.0])
+    values[[400, 500, 600, 4095]] = torch.tensor([1.0, -1.0, 0.5, -0.5])
 
     decoded = codec.decode(codec.encode(values), CHUNK)
 
+    # halves' means 5 and 0.75; entries above their midpoint 2.875 take hi = mean(8, 6, 4)
     assert decoded.nonzero().view(-1).tolist() == [3, 100, 200, 300, 400, 500, 600, 4095]
-    assert decoded[[3, 100, 200, 300]].tolist() == [5.0, -5.0, 5.0, -5.0]
-    assert decoded[[400, 500, 600, 4095]].tolist() == [0.75, -0.75, 0.75, -0.75]
+    assert decoded[[3, 100, 200]].tolist() == [6.0, -6.0, 6.0]
+    assert decoded[[300, 400, 500, 600, 4095]].tolist() == [-1.0, 1.0, -1.0, 1.0, -1.0]
+
+
+def test_a_chunk_with_fewer_than_k_nonzero_entries_decodes_exactly() -> None:
+    values = torch.zeros(CHUNK)
+    values[:120] = torch.tensor([3.0, -3.0] * 60)
+
+    assert torch.equal(get_codec("topk").decode(get_codec("topk").encode(values), CHUNK), values)
 
 
 @pytest.mark.parametrize("k", [8, 384, 2048])
