@@ -96,6 +96,10 @@ class WireConfig:
     """P of the fragment rows (1: none)."""
     schedule_model: str = "tiny"
     """Model the node trains for one round to measure its publish schedule (peak-to-mean)."""
+    start_from_residual: bool = False
+    """Each learner starts its round from the replica minus its own error feedback residual
+    (what it trained but has not sent yet) instead of from the replica, so it does not
+    relearn what the residual already holds. A node does not do this yet (docs/codecs.md)."""
     grid: bool = False
     """Instead: each of `grid_codecs` against bf16 at every (M, H) of the grid (bench.wire_grid)."""
     grid_codecs: str = "bf16,topk"
@@ -206,9 +210,10 @@ def train(codec: str, config: WireConfig, ev: Evaluator) -> tuple[dict[int, floa
         base, applied = pipeline.replica.snapshot()
         updates = []
         for learner, compressor, author in zip(learners, compressors, authors, strict=True):
-            learner.load_params(base)
+            start = own_start(base, compressor, config.start_from_residual)
+            learner.load_params(start)
             stats = learner.run_round(h, lambda: False, lambda _: None)
-            payload = compressor.encode(base - learner.params_vector())
+            payload = compressor.encode(start - learner.params_vector())
             updates.append(
                 seal_payload(
                     author,
@@ -230,6 +235,14 @@ def train(codec: str, config: WireConfig, ev: Evaluator) -> tuple[dict[int, floa
         if done == config.train_rounds or (config.eval_every and done % config.eval_every == 0):
             curve[done] = ev.val_loss(pipeline.replica.params)
     return curve, time.perf_counter() - started
+
+
+def own_start(base: torch.Tensor, compressor: Compressor, from_residual: bool) -> torch.Tensor:
+    """Where a learner starts a round: the replica, or the replica minus what its residual
+    holds (then its payload's target, pseudo-gradient + residual, is base - local params)."""
+    if not from_residual or compressor.residual.numel() == 0:
+        return base
+    return base - compressor.residual
 
 
 def make_pipeline(
