@@ -29,7 +29,9 @@ comes from real sealed envelopes of the `--model`'s P fragments (its tensors bin
 merge/fragments.py); they have no equal-tokens training run (val_loss_ratio_vs_bf16 is null).
 
 Targets (issue 9): >= 1,000x fewer bytes than DP with the sparse codec, H = 100, M = 8;
-int8, int4 and sparse within 1% of bf16's validation loss. The final line is JSON.
+int8, int4 and sparse within 1% of bf16's validation loss. Issue 25: topk >= 1,000x fewer
+bytes than DP at M = 8, H = 100 and within 1 % of bf16 across M = 2..8 and H = 10..100:
+`--grid` (bench.wire_grid) prints one row per (codec, M, H). The final line is JSON.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ class WireConfig:
     """M for the bytes comparison."""
     inner_steps: int = 100
     """H for the bytes comparison."""
-    codecs: str = "bf16,int8,int4,sparse"
+    codecs: str = "bf16,int8,int4,sparse,topk"
     """Codecs compared (bf16 first: the quality reference)."""
     train_model: str = "tiny"
     """Model trained for the quality comparison."""
@@ -94,6 +96,24 @@ class WireConfig:
     """P of the fragment rows (1: none)."""
     schedule_model: str = "tiny"
     """Model the node trains for one round to measure its publish schedule (peak-to-mean)."""
+    start_from_residual: bool = False
+    """Each learner starts its round from the replica minus its own error feedback residual
+    (what it trained but has not sent yet) instead of from the replica, so it does not
+    relearn what the residual already holds. A node does not do this yet (docs/codecs.md)."""
+    grid: bool = False
+    """Instead: each of `grid_codecs` against bf16 at every (M, H) of the grid (bench.wire_grid)."""
+    grid_codecs: str = "bf16,topk"
+    """Codecs of the grid (bf16 first: the quality reference)."""
+    grid_learners: str = "2,4,8"
+    """M of the grid."""
+    grid_inner_steps: str = "10,25,100"
+    """H of the grid."""
+    grid_steps: int = 300
+    """Inner steps per learner in each cell of the grid (rounds = grid_steps / H)."""
+    grid_min_rounds: int = 3
+    """Rounds of a grid cell at least."""
+    grid_jobs: int = 2
+    """Grid cells trained at once (one process and one torch thread each)."""
 
 
 def seal_payload(
@@ -190,9 +210,10 @@ def train(codec: str, config: WireConfig, ev: Evaluator) -> tuple[dict[int, floa
         base, applied = pipeline.replica.snapshot()
         updates = []
         for learner, compressor, author in zip(learners, compressors, authors, strict=True):
-            learner.load_params(base)
+            start = own_start(base, compressor, config.start_from_residual)
+            learner.load_params(start)
             stats = learner.run_round(h, lambda: False, lambda _: None)
-            payload = compressor.encode(base - learner.params_vector())
+            payload = compressor.encode(start - learner.params_vector())
             updates.append(
                 seal_payload(
                     author,
@@ -214,6 +235,14 @@ def train(codec: str, config: WireConfig, ev: Evaluator) -> tuple[dict[int, floa
         if done == config.train_rounds or (config.eval_every and done % config.eval_every == 0):
             curve[done] = ev.val_loss(pipeline.replica.params)
     return curve, time.perf_counter() - started
+
+
+def own_start(base: torch.Tensor, compressor: Compressor, from_residual: bool) -> torch.Tensor:
+    """Where a learner starts a round: the replica, or the replica minus what its residual
+    holds (then its payload's target, pseudo-gradient + residual, is base - local params)."""
+    if not from_residual or compressor.residual.numel() == 0:
+        return base
+    return base - compressor.residual
 
 
 def make_pipeline(
@@ -260,7 +289,11 @@ def fragment_row(codec: str, tensor_sizes: list[int], config: WireConfig, dp: fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name, default in asdict(WireConfig()).items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
+        flag = f"--{name.replace('_', '-')}"
+        if isinstance(default, bool):
+            parser.add_argument(flag, action="store_true")
+        else:
+            parser.add_argument(flag, type=type(default), default=default)
     config = WireConfig(**vars(parser.parse_args()))
     codecs = config.codecs.split(",")
     unknown = [c for c in codecs if c not in CODECS]
@@ -269,6 +302,10 @@ def main() -> None:
     torch.set_num_threads(config.threads)
     tensor_sizes = [p.numel() for p in build_model(model_config(config.model), 0).parameters()]
     numel = sum(tensor_sizes)
+    if config.grid:
+        from bench.wire_grid import main_grid  # it builds on this module
+
+        return main_grid(config, numel)
     dp = dp_bytes_per_step(numel, config.learners)
     print(f"{config.model}: {numel:,} params; DP all-reduce {dp / 1e6:.2f} MB/learner/step")
     ev = Evaluator(

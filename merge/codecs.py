@@ -2,7 +2,7 @@
 
 Every update, the node's own included, is decoded from its payload before it is applied, so
 all replicas apply the same numbers whatever the codec loses. The lossy codecs (int8, int4,
-sparse) are meant to be used with error feedback (merge.feedback): what one round's payload
+sparse, topk) are meant to be used with error feedback (merge.feedback): what one round's payload
 drops is carried into the next round's.
 """
 
@@ -17,6 +17,7 @@ import torch
 from merge.codec_base import Buffer, Codec, CodecError, check_flat, check_length, check_out
 from merge.quantize import Int4Codec, Int8Codec
 from merge.sparse import SparseTopKCodec
+from merge.topk import TopKCodec
 
 __all__ = ["CODECS", "Codec", "CodecError", "get_codec"]
 
@@ -99,7 +100,14 @@ def _read_only_view(view: memoryview, dtype: torch.dtype, count: int) -> torch.T
 
 CODECS: dict[str, Codec] = {
     codec.name: codec
-    for codec in (Fp32Codec(), Bf16Codec(), Int8Codec(), Int4Codec(), SparseTopKCodec())
+    for codec in (
+        Fp32Codec(),
+        Bf16Codec(),
+        Int8Codec(),
+        Int4Codec(),
+        SparseTopKCodec(),
+        TopKCodec(),
+    )
 }
 
 

@@ -61,7 +61,7 @@ class SparseTopKCodec:
         negative = (chunks.gather(1, indices) < 0).to(torch.uint8)
         indices, order = indices.sort(dim=1)
         codes = is_hi.gather(1, order) | (negative.gather(1, order) << 1)
-        packed = _pack_codes(codes.view(-1, _CODES_PER_BYTE))
+        packed = pack_codes(codes.view(-1, _CODES_PER_BYTE))
         return (
             levels.numpy().astype("<f4", copy=False).tobytes()
             + indices.numpy().astype("<u2").tobytes()
@@ -99,15 +99,15 @@ class SparseTopKCodec:
             raise CodecError("sparse payload indices are out of range or not increasing.")
         start += _INDEX_BYTES * num_entries
         packed = torch.from_numpy(np.frombuffer(view, np.uint8, offset=start).copy())
-        codes = _unpack_codes(packed).view(num_chunks, self.k)
+        codes = unpack_codes(packed).view(num_chunks, self.k)
         return levels.view(num_chunks, 2), indices, codes
 
 
-def _pack_codes(codes: torch.Tensor) -> torch.Tensor:
+def pack_codes(codes: torch.Tensor) -> torch.Tensor:
     """(n, 4) uint8 codes in [0, 3] -> n bytes."""
     return codes[:, 0] | (codes[:, 1] << 2) | (codes[:, 2] << 4) | (codes[:, 3] << 6)
 
 
-def _unpack_codes(packed: torch.Tensor) -> torch.Tensor:
+def unpack_codes(packed: torch.Tensor) -> torch.Tensor:
     """n bytes -> 4n uint8 codes in [0, 3]."""
     return torch.stack([(packed >> shift) & 3 for shift in (0, 2, 4, 6)], dim=1).view(-1)

@@ -13,7 +13,7 @@ from merge.feedback import Compressor
 from merge.quantize import Int4Codec, Int8Codec
 from merge.sparse import SparseTopKCodec
 
-LOSSY = ["int8", "int4", "sparse"]
+LOSSY = ["int8", "int4", "sparse", "topk"]
 FAST = settings(max_examples=25, deadline=None)
 
 
