@@ -813,6 +813,7 @@ class Node:
             staleness_histogram=list(s.staleness_counts),
             heartbeat_period_s=self.config.heartbeat_period,
             num_lost=self.swarm.num_lost if self.swarm is not None else 0,
+            paths=self.swarm.paths if self.swarm is not None else {},
             rejected_peers=self.pipeline.rejection_log.top(
                 MAX_REJECTED_PEERS, MAX_REJECTED_REASONS
             ),
