@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from dht.reachability import PathKind
+
 Mode = Literal["embedded", "standalone"]
 PeerState = Literal["syncing", "training", "idle", "dead"]
 TimelineKind = Literal["joined", "left", "rejected", "info"]
@@ -48,6 +50,9 @@ class PeerOut(_Model):
     """What this peer refused, by reason (updates, heartbeats, streams, DHT records)."""
     rejected_peers: dict[str, dict[str, int]] = {}
     """The peers whose input this peer refused most: peer id -> reason -> count."""
+    paths: dict[PathKind, int] = {}
+    """Its connected peers per path: direct, holepunched (a relayed connection upgraded by hole
+    punching), relayed (through a circuit relay). Empty from a peer that does not report it."""
 
 
 class Totals(_Model):

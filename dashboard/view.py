@@ -81,6 +81,7 @@ def peer_out(record: PeerRecord) -> PeerOut:
         local=record.local,
         rejections=dict(sorted(h.rejections.items())),
         rejected_peers={peer: dict(reasons) for peer, reasons in h.rejected_peers.items()},
+        paths=dict(h.paths),
     )
 
 

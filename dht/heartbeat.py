@@ -18,6 +18,7 @@ from typing import Annotated
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
 
+from dht.reachability import PathKind
 from merge.identity import Identity, verify_signature
 
 MAGIC = b"DHB1"
@@ -124,6 +125,11 @@ class Heartbeat:
     """The peers whose input this node rejected most: peer -> reason -> count."""
     num_lost: Count = 0
     """Updates this node knows were published but no live peer could give it."""
+    paths: Annotated[dict[PathKind, Count], Field(max_length=3)] = dataclasses.field(
+        default_factory=dict
+    )
+    """Connected peers per path (direct, holepunched, relayed); empty from a sender that does
+    not measure them (a node of an earlier version, or one outside a swarm)."""
 
     def sign(self, identity: Identity) -> bytes:
         if identity.peer_id != self.peer_id:

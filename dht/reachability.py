@@ -94,6 +94,12 @@ def relay_of(maddr: str) -> str | None:
     return before.rsplit("/p2p/", 1)[-1] if "/p2p/" in before else None
 
 
+def paths_label(counts: Mapping[str, int]) -> str:
+    """`1 direct, 2 relayed` (kinds with no peer left out); `-` when nothing was measured."""
+    found = [f"{counts[kind]} {kind}" for kind in PATH_KINDS if counts.get(kind)]
+    return ", ".join(found) if found else "-"
+
+
 class PathBook:
     """Which path each connected peer is on now, from the addresses of its connections.
 
@@ -122,7 +128,7 @@ class PathBook:
     def path(self, peer: str) -> PathKind | None:
         return self._paths.get(peer)
 
-    def counts(self) -> dict[str, int]:
+    def counts(self) -> dict[PathKind, int]:
         """Connected peers per path, every kind present (0 when none)."""
         found = Counter(self._paths.values())
         return {kind: found.get(kind, 0) for kind in PATH_KINDS}

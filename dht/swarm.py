@@ -20,6 +20,7 @@ from dht.gossip import Gossip
 from dht.heartbeat import Heartbeat
 from dht.membership import Membership, PeerView
 from dht.network import Rejections, RunMismatchError, SwarmConfig, SwarmError, SwarmNetwork
+from dht.reachability import PathKind
 from dht.state_transfer import StateTransfer, TransferStats
 from merge.envelope import SignedUpdate
 from merge.identity import Identity
@@ -99,6 +100,11 @@ class Swarm:
     @property
     def visible_maddrs(self) -> list[str]:
         return self.network.visible_maddrs
+
+    @property
+    def paths(self) -> dict[PathKind, int]:
+        """Connected peers per path (direct, holepunched, relayed), as last read from p2pd."""
+        return self.network.paths.counts()
 
     @property
     def num_lost(self) -> int:

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dht.observer import PeerStatus, SwarmSnapshot
+from dht.reachability import paths_label
 
 
 def peer_row(peer: PeerStatus) -> dict[str, Any]:
@@ -23,6 +24,7 @@ def peer_row(peer: PeerStatus) -> dict[str, Any]:
         "val_loss": h.val_loss,
         "applied": h.num_applied,
         "lost": h.num_lost,
+        "paths": dict(h.paths),
         "updates_published": h.updates_published,
         "updates_merged": h.updates_merged,
         "drift": h.drift,
@@ -61,7 +63,17 @@ def print_status(run_id: str | None, snapshots: list[SwarmSnapshot], *, as_json:
     for snap in snapshots:
         title = f"run '{snap.run_id}' ({snap.fingerprint[:12]}): {len(snap.peers)} peers"
         table = Table(title=title)
-        for column in ("peer", "org", "state", "round", "tokens/s", "loss", "applied", "seen"):
+        for column in (
+            "peer",
+            "org",
+            "state",
+            "round",
+            "tokens/s",
+            "loss",
+            "applied",
+            "paths",
+            "seen",
+        ):
             table.add_column(column, justify="left" if column in ("peer", "org") else "right")
         for peer in snap.peers:
             row = peer_row(peer)
@@ -74,6 +86,7 @@ def print_status(run_id: str | None, snapshots: list[SwarmSnapshot], *, as_json:
                 f"{row['tokens_per_s']:,.0f}",
                 "-" if loss is None else f"{loss:.4f}",
                 str(row["applied"]),
+                paths_label(row["paths"]),
                 f"{row['last_seen_s']:.0f}s ago",
             )
         console.print(table)

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from dht.addresses import join_hint
 from dht.heartbeat import Heartbeat
 from dht.membership import count_learners
+from dht.reachability import PathKind
 from dht.swarm import RunMismatchError, Swarm
 from merge.envelope import SignedUpdate
 from merge.pipeline import UpdatePipeline
@@ -53,6 +54,9 @@ class SwarmLink(Protocol):
 
     def num_lost(self) -> int: ...
 
+    def paths(self) -> dict[PathKind, int]:
+        """Open connections to peers by path: direct, holepunched, relayed."""
+
     def rejections(self) -> dict[str, int]:
         """Counted rejections of peer input by the network layer."""
 
@@ -87,6 +91,9 @@ class OfflineSwarm:
 
     def num_lost(self) -> int:
         return 0
+
+    def paths(self) -> dict[PathKind, int]:
+        return {}
 
     def rejections(self) -> dict[str, int]:
         return {}
@@ -210,6 +217,9 @@ class NetworkSwarm:
 
     def num_lost(self) -> int:
         return self.swarm.num_lost
+
+    def paths(self) -> dict[PathKind, int]:
+        return self.swarm.paths
 
     def rejections(self) -> dict[str, int]:
         return dict(self.swarm.rejections)

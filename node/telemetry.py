@@ -266,6 +266,7 @@ class Telemetry:
             staleness_histogram=list(s.staleness_counts),
             heartbeat_period_s=self.config.heartbeat_period,
             num_lost=self.swarm.num_lost(),
+            paths=self.swarm.paths(),
             rejected_peers=self.pipeline.rejection_log.top(
                 MAX_REJECTED_PEERS, MAX_REJECTED_REASONS
             ),

@@ -299,6 +299,12 @@ function renderLegend(peers, alive) {
   }
 }
 
+function fmtPaths(paths) {
+  // "1 direct · 2 relayed": each path with at least one connected peer; "–" if none reported.
+  const kinds = ["direct", "holepunched", "relayed"].filter((k) => (paths || {})[k] > 0);
+  return kinds.length ? kinds.map((k) => `${paths[k]} ${k}`).join(" · ") : "–";
+}
+
 function peerOrder(a, b) {
   return (b.alive - a.alive) || (b.local - a.local) || a.org.localeCompare(b.org)
     || a.peer_id.localeCompare(b.peer_id);
@@ -310,7 +316,7 @@ function renderPeers(swarm) {
   const peers = [...swarm.peers].sort(peerOrder);
   if (!peers.length) {
     const row = el("tr", { class: "empty-row" });
-    row.append(el("td", { colspan: "12" }, "no peer has sent a heartbeat yet"));
+    row.append(el("td", { colspan: "13" }, "no peer has sent a heartbeat yet"));
     body.append(row);
   }
   for (const p of peers) {
@@ -332,6 +338,8 @@ function renderPeers(swarm) {
       el("td", { class: "num" }, fmtCount(p.updates_merged)),
       el("td", { class: "num" }, fmtNum(p.staleness_mean, 2)),
       el("td", { class: "num" }, fmtDrift(p.drift)),
+      el("td", { class: "paths", title: "connected peers: direct, hole-punched, relayed" },
+        fmtPaths(p.paths)),
       el("td", { class: "num seen" }, fmtAgo(p.last_seen_s)));
     body.append(row);
   }

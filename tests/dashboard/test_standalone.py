@@ -176,3 +176,25 @@ def test_status_shows_rejections_per_peer_and_reason(
     (row,) = document["runs"][0]["peers"]
     assert row["rejected_peers"] == {b: {"bad_signature": 3}}
     assert f"rejected {b[-12:]}: 3 bad_signature" in capsys.readouterr().out
+
+
+def test_status_and_the_swarm_route_show_which_path_each_peer_is_on(
+    swarm: Swarm, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "160")  # a terminal wide enough that no cell wraps
+    swarm.beat("a", paths={"direct": 1, "holepunched": 0, "relayed": 2})
+    swarm.beat("b")  # a peer of the previous version: no path counts
+    snapshots = swarm.observer.snapshot("run")
+
+    document = status_document("run", snapshots)
+    print_status("run", snapshots, as_json=False)
+
+    rows = {row["peer_id"]: row["paths"] for row in document["runs"][0]["peers"]}
+    assert rows == {
+        swarm.peer_id("a"): {"direct": 1, "holepunched": 0, "relayed": 2},
+        swarm.peer_id("b"): {},
+    }
+    assert "1 direct, 2 relayed" in capsys.readouterr().out
+    shown = {p["peer_id"]: p["paths"] for p in swarm.read()["peers"]}
+    assert shown[swarm.peer_id("a")] == {"direct": 1, "holepunched": 0, "relayed": 2}
+    assert shown[swarm.peer_id("b")] == {}

@@ -92,7 +92,7 @@ def started_bootstrap(
     launch_child(child)
     deadline = time.monotonic() + START_S
     while True:  # it prints "bootstrap and relay at MADDR ..." on stdout
-        said = [w for line in child.stderr for w in line.split() if w.startswith(address)]
+        said = [w for line in child.stderr for w in line.split() if w.startswith(f"{address}/p2p/")]
         if said:
             return child, said[0]
         assert child.alive() and time.monotonic() < deadline, child.stderr_tail()
@@ -154,3 +154,48 @@ def test_doctor_tells_a_public_node_a_nated_one_and_one_with_a_dead_bootstrap_ap
     assert code == 1, out
     assert f"bootstrap {dead}: refused (nothing listens on {lab.public_address(0)} port" in out
     assert "check --peers" in out
+
+
+FAILOVER_S = 60
+"""After its relay dies a home is reachable again through another within this bound."""
+
+
+@pytest.fixture
+def two_relay_lab() -> Iterator[NatLab]:
+    with NatLab(num_public=2, down_mbit=None, up_mbit=None) as bed:
+        yield bed
+
+
+@pytest.mark.skip(
+    reason="known bug, not fixed: with two relays the homes' relayed connections are reset "
+    "within seconds and no update merges, before any relay dies (docs/nat.md, 'A relay's "
+    "death'); it costs 3-4 min of the suite while it fails: remove this mark to reproduce"
+)
+def test_homes_keep_merging_after_the_relay_they_reserved_with_is_killed(
+    two_relay_lab: NatLab, in_namespace: Launch
+) -> None:
+    lab, launch_child = two_relay_lab, in_namespace.child  # type: ignore[attr-defined]
+    (relay0, maddr0), (_, maddr1) = (started_bootstrap(lab, launch_child, i) for i in (0, 1))
+    homes = [
+        in_namespace(lab.host(r), *RUN, "--port", "0", "--auto-relay", "--peers", maddr0, maddr1,
+                     name=f"home{r}")
+        for r in (0, 1)
+    ]  # fmt: skip
+    cone, symmetric = homes
+    for node in homes:
+        node.wait_listening(START_S)
+    wait_merged(cone, symmetric.peer_id, timeout_s=NAT_MERGE_S)
+    wait_merged(symmetric, cone.peer_id, timeout_s=NAT_MERGE_S)
+
+    relay0.crash()  # kill -9 of the bootstrap, its DHT and its p2pd
+    killed_at = time.monotonic()
+    published = {node.peer_id: last_seq(node) for node in homes}  # before the kill
+    for node, other in ((cone, symmetric), (symmetric, cone)):
+        wait_merged(node, other.peer_id, after_seq=published[other.peer_id], timeout_s=FAILOVER_S)
+    print(f"merging again {time.monotonic() - killed_at:.0f} s after the relay died")
+
+
+def last_seq(node: ChildProcess) -> int:
+    """The seq of the latest update `node` has published so far (0: none yet)."""
+    done = [e["seq"] for e in list(node.events) if e.get("event") == "round_done" and e["seq"]]
+    return max(done, default=0)

@@ -54,6 +54,10 @@ def test_an_honest_heartbeat_round_trips() -> None:
         {"sketch": [float("nan")]},
         {"rejected_peers": {"p": {"replay": -1}}},
         {"rejected_peers": {f"p{i}": {} for i in range(9)}},
+        {"paths": {"carrier-pigeon": 1}},  # only the three paths a node measures
+        {"paths": {"relayed": -1}},
+        {"paths": {"direct": "2"}},
+        {"paths": [1, 0, 2]},
     ],
 )
 def test_mistyped_or_out_of_range_fields_are_rejected(changes: dict[str, Any]) -> None:
@@ -119,3 +123,15 @@ def test_mutated_signed_bodies_raise_only_heartbeat_errors(data: st.DataObject) 
 def test_any_json_values_raise_only_heartbeat_errors(changes: dict[str, Any]) -> None:
     with contextlib.suppress(HeartbeatError):
         Heartbeat.verify(signed_body(**changes), PEER)
+
+
+def test_a_heartbeat_of_the_previous_version_without_paths_still_parses() -> None:
+    fields = dataclasses.asdict(honest())
+    del fields["paths"]
+    beat = Heartbeat.verify(sign_fields(fields, IDENTITY), PEER)
+    assert beat.paths == {}
+
+
+def test_path_counts_round_trip() -> None:
+    beat = honest(paths={"direct": 1, "holepunched": 0, "relayed": 2})
+    assert Heartbeat.verify(beat.sign(IDENTITY), PEER).paths == beat.paths

@@ -35,6 +35,8 @@ def _setters() -> dict[str, Callable[[dict[str, Any], object], None]]:
         name = f.name
         if kind.startswith("Annotated[list"):
             setters[f"{name}[0]"] = lambda d, v, n=name: d.__setitem__(n, [v])
+        elif name == "paths":  # keys are the path kinds: a valid key, so the value is tested
+            setters[f"{name}.relayed"] = lambda d, v, n=name: d.__setitem__(n, {"relayed": v})
         elif name == "rejected_peers":
             setters[f"{name}.p.r"] = lambda d, v, n=name: d.__setitem__(n, {"p": {"r": v}})
         elif kind.startswith("Annotated[dict"):
@@ -49,7 +51,7 @@ SETTERS = _setters()
 
 def test_every_numeric_field_is_covered() -> None:
     expected = {"memory_gb", "loss", "sent_at", "sketch[0]", "merged_by_author.k", "num_lost"}
-    assert expected <= set(SETTERS) and len(SETTERS) == 23
+    assert expected | {"paths.relayed"} <= set(SETTERS) and len(SETTERS) == 24
 
 
 def hostile_blob(where: str, value: object) -> bytes:

@@ -7,7 +7,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bench.nat import nft_rules
-from dht.reachability import PATH_KINDS, PathBook, RelayLimits, daemon_flags, relay_of
+from dht.reachability import (
+    PATH_KINDS,
+    PathBook,
+    RelayLimits,
+    daemon_flags,
+    paths_label,
+    relay_of,
+)
 
 RELAY = "12D3KooWNdCAR3NwA13FW74d2hURfeBQ4RaTmTorkqWxQcvHGnZw"
 DIRECT = "/ip4/11.64.0.101/tcp/4000"
@@ -118,3 +125,9 @@ def test_join_turns_its_relay_flags_into_limits_and_refuses_bad_ones() -> None:
     )
     with pytest.raises(ValueError, match="--relay-max-mb"):
         JoinConfig(relay_max_mb=0.0)
+
+
+def test_paths_label_names_the_paths_in_use() -> None:
+    assert paths_label({"direct": 1, "holepunched": 0, "relayed": 2}) == "1 direct, 2 relayed"
+    assert paths_label({}) == "-"  # a peer of an earlier version reports none
+    assert paths_label(dict.fromkeys(PATH_KINDS, 0)) == "-"
