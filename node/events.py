@@ -115,8 +115,7 @@ def _describe(event: str, f: dict[str, Any]) -> str | None:
     if event in ("peer_joined", "peer_left"):
         return f"peer {f['peer_id']} {'joined' if event == 'peer_joined' else 'left'}"
     if event == "resumed":
-        at = f", step {f['step']} of round {f['round'] + 1}" if f.get("step") else ""
-        return f"resumed from {f['path']} at round {f['round']}{at} ({f['num_applied']} updates)"
+        return f"resumed from {f['path']}: {_resumed_at(f)} ({f['num_applied']} updates merged)"
     if event == "round_done":
         val = f"  val {f['val_loss']:.4f}" if f.get("val_loss") is not None else ""
         return (
@@ -133,6 +132,14 @@ def _describe(event: str, f: dict[str, Any]) -> str | None:
     if event == "stopped":
         return f"stopped after {f['round']} rounds ({f['reason']})"
     return None
+
+
+def _resumed_at(f: dict[str, Any]) -> str:
+    """`round` counts the rounds done; `step`, when set, the steps done of the next one."""
+    done = f"{f['round']} round{'s' if f['round'] != 1 else ''} done"
+    if f.get("step"):
+        return f"{done}, round {f['round'] + 1} continues after its step {f['step']}"
+    return f"{done}, round {f['round'] + 1} starts afresh"
 
 
 def make_event_log(log_format: str) -> EventLog:
