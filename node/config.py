@@ -184,7 +184,10 @@ class JoinConfig:
     gap_wait: float = 30.0
     """Seconds an update that no live peer offers is waited for before it counts as lost."""
     dashboard_port: int | None = None
-    """Serve the swarm dashboard on this port (0: any free port; default: no dashboard)."""
+    """Serve the swarm dashboard on this port (0: any free port; default: 8000, or any free
+    port when 8000 is taken)."""
+    dashboard: bool = True
+    """Serve this node's swarm dashboard (--no-dashboard: none)."""
     dashboard_host: str = "127.0.0.1"
     """Address the dashboard listens on; 0.0.0.0 opens it to the network (set a token)."""
     dashboard_token: str | None = None
@@ -228,7 +231,8 @@ class JoinConfig:
             "gap_wait", "allow_keys",
         ),
         "dashboard": (
-            "dashboard_port", "dashboard_host", "dashboard_token", "dashboard_token_file",
+            "dashboard", "dashboard_port", "dashboard_host", "dashboard_token",
+            "dashboard_token_file",
         ),
         "checkpoints": ("checkpoint_dir", "checkpoint_every"),
         "logging and tracking": ("log_level", "log_format", "tensorboard", "wandb"),
