@@ -34,11 +34,12 @@ class JoinConfig:
 
     run_id: str = "diloco-default"
     """Name of the run; nodes with the same run id, model and merge settings train together."""
-    model: str = "small"
-    """Model: tiny (CPU tests), small (~10M params), base (~125M params), or a transformers
+    model: str = "auto"
+    """Model: tiny (~0.4M params), small (~10M params), base (~125M params), or a transformers
     architecture of that size, hf:ARCH-SIZE with ARCH llama or gpt2 (e.g. hf:llama-small);
-    auto: tiny on a CPU, small on a GPU under 16 GiB, base above (all nodes of a run must
-    end up with the same model)."""
+    auto: tiny on a CPU, small on a GPU under 16 GiB, base above. The run's fingerprint holds
+    the model auto picked, and the join command a node prints names it: a node whose auto
+    picks another model is refused by the swarm with the --model to pass."""
     data: str | None = None
     """Text file, directory of text files or uint16 .bin; default: this Python's stdlib source."""
     data_slice: str | None = None

@@ -14,6 +14,8 @@ from rich.live import Live
 from rich.logging import RichHandler
 from rich.text import Text
 
+from node.round_eta import RoundEta, format_duration
+
 
 class EventLog(Protocol):
     def emit(self, event: str, **fields: Any) -> None: ...
@@ -74,27 +76,51 @@ class RecordingEventLog:
 
 
 class ConsoleEventLog:
-    """A live status line (round, inner step, loss, tokens/s) plus one line per notable event."""
+    """Progress within the round (step, loss, tokens/s, ETA) plus one line per notable event.
+
+    On a terminal the progress is a live status line; into a file or journald it is a
+    printed line every PROGRESS_PERIOD_S seconds (a live bar would write nothing there).
+    """
+
+    PROGRESS_PERIOD_S = 5.0
 
     def __init__(self, console: Console | None = None) -> None:
         self._console = console or Console(stderr=True)
-        self._live = Live(Text(""), console=self._console, refresh_per_second=4, transient=True)
-        self._live.start()
+        self._live: Live | None = None
+        if self._console.is_terminal:
+            self._live = Live(Text(""), console=self._console, refresh_per_second=4, transient=True)
+            self._live.start()
+        self._eta = RoundEta()
+        self._last_printed_s = -float("inf")
 
     def emit(self, event: str, **fields: Any) -> None:
         text = _describe(event, fields)
         if text:
-            self._live.console.print(text, highlight=False, soft_wrap=True)
+            self._console.print(text, highlight=False, soft_wrap=True)
 
     def progress(self, **fields: Any) -> None:
-        line = (
-            f"round {fields['round']}  step {fields['step']}/{fields['inner_steps']}  "
-            f"loss {fields['loss']:.4f}  {fields['tokens_per_s']:,.0f} tok/s"
+        now_s = time.monotonic()
+        line = _progress_line(
+            fields,
+            self._eta.estimate(fields["round"], fields["step"], fields["inner_steps"], now_s),
         )
-        self._live.update(Text(line, style="cyan"))
+        if self._live is not None:
+            self._live.update(Text(line, style="cyan"))
+        elif now_s - self._last_printed_s >= self.PROGRESS_PERIOD_S:
+            self._last_printed_s = now_s
+            self._console.print(line, highlight=False, soft_wrap=True)
 
     def close(self) -> None:
-        self._live.stop()
+        if self._live is not None:
+            self._live.stop()
+
+
+def _progress_line(f: dict[str, Any], eta_s: float | None) -> str:
+    eta = f"  ETA {format_duration(eta_s)}" if eta_s is not None else ""
+    return (
+        f"round {f['round']}  step {f['step']}/{f['inner_steps']}  loss {f['loss']:.4f}  "
+        f"{f['tokens_per_s']:,.0f} tok/s{eta}"
+    )
 
 
 def _describe(event: str, f: dict[str, Any]) -> str | None:
@@ -107,6 +133,8 @@ def _describe(event: str, f: dict[str, Any]) -> str | None:
     if event == "listening":
         addresses = "\n  ".join(f["maddrs"])
         return f"listening on\n  {addresses}\nothers join with:\n  [bold]{f['join_command']}[/]"
+    if event == "dashboard":
+        return f"dashboard: [bold]{f['url']}[/] ({f['access']}; --no-dashboard for none)"
     if event == "state_downloaded":
         return (
             f"downloaded the replica ({f['num_applied']} updates, {f['megabytes']:.1f} MB, "
