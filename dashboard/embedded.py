@@ -1,4 +1,4 @@
-"""The dashboard inside a node (`join --dashboard-port`): reads the node's status snapshot.
+"""The dashboard inside a node (`join`, unless --no-dashboard): reads the node's status snapshot.
 
 It knows the node only as a callable returning a `node.snapshot.NodeStatus`, so it never
 imports `node.runtime` nor touches the node's attributes.
@@ -20,6 +20,8 @@ from node.events import EventLog
 from node.snapshot import NodeStatus
 
 StatusFn = Callable[[], NodeStatus]
+DEFAULT_DASHBOARD_PORT = 8000
+"""`join` serves its dashboard here unless --dashboard-port says otherwise (or it is taken)."""
 
 
 class EmbeddedSource(PolledSource):
@@ -84,9 +86,16 @@ class EmbeddedDashboard:
         run_id: str,
         peer_id: str,
         status: StatusFn,
+        any_port_if_taken: bool = False,
+        access: str = "",
     ) -> None:
         self.settings = DashboardSettings(host=host, port=port, token=token)
-        check_free(self.settings.host, self.settings.port)
+        self.any_port_if_taken, self.access = any_port_if_taken, access
+        try:
+            check_free(self.settings.host, self.settings.port)
+        except OSError as exc:
+            if not any_port_if_taken:
+                raise OSError(f"{exc}; pass another --dashboard-port (0: any free port)") from None
         self.history = History(self.settings)
         self.source = EmbeddedSource(run_id, status, self.settings, self.history)
         self._local_peer_id = peer_id
@@ -97,9 +106,13 @@ class EmbeddedDashboard:
         return HistoryTee(events, self.history, self._local_peer_id)
 
     def start(self) -> str:
-        self._server = DashboardServer(
-            create_app(self.source, self.settings), self.settings.host, self.settings.port
-        )
+        app = create_app(self.source, self.settings)
+        try:
+            self._server = DashboardServer(app, self.settings.host, self.settings.port)
+        except OSError:
+            if not self.any_port_if_taken:
+                raise
+            self._server = DashboardServer(app, self.settings.host, 0)
         self.source.start()
         return self._server.start()
 

@@ -29,6 +29,7 @@ class DashboardServer:
             app,
             log_config=None,  # the process's logging (stderr) as it is; stdout stays clean
             access_log=False,
+            log_level="warning",  # not uvicorn's "Started/Finished server process" lines
             lifespan="off",
             timeout_graceful_shutdown=1,
         )

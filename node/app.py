@@ -12,6 +12,7 @@ The dashboard knows a node only as a callable returning its `node.snapshot.NodeS
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import threading
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from typing import Any
 
 import torch
 
-from dashboard.embedded import EmbeddedDashboard
+from dashboard.embedded import DEFAULT_DASHBOARD_PORT, EmbeddedDashboard
 from dashboard.settings import StandaloneConfig
 from dashboard.standalone import serve
 from dht.swarm import Swarm
@@ -275,17 +276,30 @@ def _compose(config: JoinConfig, events: EventLog, locks: list[ResourceLock]) ->
 def build_dashboard(
     config: JoinConfig, peer_id: str, status: Callable[[], NodeStatus]
 ) -> EmbeddedDashboard | None:
-    """`join --dashboard-port`: the node's own dashboard (None without the flag)."""
-    if config.dashboard_port is None:
+    """The node's own dashboard: on --dashboard-port, else on 8000 or any free port."""
+    if not config.dashboard:
         return None
     return EmbeddedDashboard(
         host=config.dashboard_host,
-        port=config.dashboard_port,
+        port=DEFAULT_DASHBOARD_PORT if config.dashboard_port is None else config.dashboard_port,
+        any_port_if_taken=config.dashboard_port is None,
+        access=dashboard_access(config),
         token=config.dashboard_token,
         run_id=config.run_id,
         peer_id=peer_id,
         status=status,
     )
+
+
+def dashboard_access(config: JoinConfig) -> str:
+    """Who may open the dashboard, as the console line under its URL says it."""
+    if config.dashboard_token_file is not None:
+        return f"token in {config.dashboard_token_file}"
+    if config.dashboard_token is not None:
+        return "token given by --dashboard-token"
+    if ipaddress.ip_address(config.dashboard_host).is_loopback:
+        return "no token: open to this machine only"
+    return "no token: open to the network"
 
 
 def serve_dashboard(config: StandaloneConfig, events: EventLog, stop: threading.Event) -> None:

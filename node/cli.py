@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import sys
 import threading
 from collections.abc import Sequence
@@ -240,9 +241,19 @@ def run_keygen(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_command_given(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """A flag before any subcommand (`diloco-node --model tiny`): suggest `join` with it."""
+    if not argv:
+        parser.error("say what to do, e.g. 'diloco-node join' to train (see --help)")
+    if argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
+        suggestion = shlex.join(["diloco-node", "join", *argv])
+        parser.error(f"options such as {argv[0]} follow a subcommand: did you mean '{suggestion}'?")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    check_command_given(parser, argv)
     args = parser.parse_args(argv)
     args.argv = argv  # a multi-GPU join re-executes itself under torchrun with these
     try:

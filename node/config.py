@@ -34,11 +34,12 @@ class JoinConfig:
 
     run_id: str = "diloco-default"
     """Name of the run; nodes with the same run id, model and merge settings train together."""
-    model: str = "small"
-    """Model: tiny (CPU tests), small (~10M params), base (~125M params), or a transformers
+    model: str = "auto"
+    """Model: tiny (~0.4M params), small (~10M params), base (~125M params), or a transformers
     architecture of that size, hf:ARCH-SIZE with ARCH llama or gpt2 (e.g. hf:llama-small);
-    auto: tiny on a CPU, small on a GPU under 16 GiB, base above (all nodes of a run must
-    end up with the same model)."""
+    auto: tiny on a CPU, small on a GPU under 16 GiB, base above. The run's fingerprint holds
+    the model auto picked, and the join command a node prints names it: a node whose auto
+    picks another model is refused by the swarm with the --model to pass."""
     data: str | None = None
     """Text file, directory of text files or uint16 .bin; default: this Python's stdlib source."""
     data_slice: str | None = None
@@ -184,7 +185,10 @@ class JoinConfig:
     gap_wait: float = 30.0
     """Seconds an update that no live peer offers is waited for before it counts as lost."""
     dashboard_port: int | None = None
-    """Serve the swarm dashboard on this port (0: any free port; default: no dashboard)."""
+    """Serve the swarm dashboard on this port (0: any free port; default: 8000, or any free
+    port when 8000 is taken)."""
+    dashboard: bool = True
+    """Serve this node's swarm dashboard (--no-dashboard: none)."""
     dashboard_host: str = "127.0.0.1"
     """Address the dashboard listens on; 0.0.0.0 opens it to the network (set a token)."""
     dashboard_token: str | None = None
@@ -228,7 +232,8 @@ class JoinConfig:
             "gap_wait", "allow_keys",
         ),
         "dashboard": (
-            "dashboard_port", "dashboard_host", "dashboard_token", "dashboard_token_file",
+            "dashboard", "dashboard_port", "dashboard_host", "dashboard_token",
+            "dashboard_token_file",
         ),
         "checkpoints": ("checkpoint_dir", "checkpoint_every"),
         "logging and tracking": ("log_level", "log_format", "tensorboard", "wandb"),

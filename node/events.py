@@ -14,6 +14,8 @@ from rich.live import Live
 from rich.logging import RichHandler
 from rich.text import Text
 
+from node.round_eta import RoundEta, format_duration
+
 
 class EventLog(Protocol):
     def emit(self, event: str, **fields: Any) -> None: ...
@@ -74,27 +76,51 @@ class RecordingEventLog:
 
 
 class ConsoleEventLog:
-    """A live status line (round, inner step, loss, tokens/s) plus one line per notable event."""
+    """Progress within the round (step, loss, tokens/s, ETA) plus one line per notable event.
+
+    On a terminal the progress is a live status line; into a file or journald it is a
+    printed line every PROGRESS_PERIOD_S seconds (a live bar would write nothing there).
+    """
+
+    PROGRESS_PERIOD_S = 5.0
 
     def __init__(self, console: Console | None = None) -> None:
         self._console = console or Console(stderr=True)
-        self._live = Live(Text(""), console=self._console, refresh_per_second=4, transient=True)
-        self._live.start()
+        self._live: Live | None = None
+        if self._console.is_terminal:
+            self._live = Live(Text(""), console=self._console, refresh_per_second=4, transient=True)
+            self._live.start()
+        self._eta = RoundEta()
+        self._last_printed_s = -float("inf")
 
     def emit(self, event: str, **fields: Any) -> None:
         text = _describe(event, fields)
         if text:
-            self._live.console.print(text, highlight=False, soft_wrap=True)
+            self._console.print(text, highlight=False, soft_wrap=True)
 
     def progress(self, **fields: Any) -> None:
-        line = (
-            f"round {fields['round']}  step {fields['step']}/{fields['inner_steps']}  "
-            f"loss {fields['loss']:.4f}  {fields['tokens_per_s']:,.0f} tok/s"
+        now_s = time.monotonic()
+        line = _progress_line(
+            fields,
+            self._eta.estimate(fields["round"], fields["step"], fields["inner_steps"], now_s),
         )
-        self._live.update(Text(line, style="cyan"))
+        if self._live is not None:
+            self._live.update(Text(line, style="cyan"))
+        elif now_s - self._last_printed_s >= self.PROGRESS_PERIOD_S:
+            self._last_printed_s = now_s
+            self._console.print(line, highlight=False, soft_wrap=True)
 
     def close(self) -> None:
-        self._live.stop()
+        if self._live is not None:
+            self._live.stop()
+
+
+def _progress_line(f: dict[str, Any], eta_s: float | None) -> str:
+    eta = f"  ETA {format_duration(eta_s)}" if eta_s is not None else ""
+    return (
+        f"round {f['round']}  step {f['step']}/{f['inner_steps']}  loss {f['loss']:.4f}  "
+        f"{f['tokens_per_s']:,.0f} tok/s{eta}"
+    )
 
 
 def _describe(event: str, f: dict[str, Any]) -> str | None:
@@ -107,6 +133,8 @@ def _describe(event: str, f: dict[str, Any]) -> str | None:
     if event == "listening":
         addresses = "\n  ".join(f["maddrs"])
         return f"listening on\n  {addresses}\nothers join with:\n  [bold]{f['join_command']}[/]"
+    if event == "dashboard":
+        return f"dashboard: [bold]{f['url']}[/] ({f['access']}; --no-dashboard for none)"
     if event == "state_downloaded":
         return (
             f"downloaded the replica ({f['num_applied']} updates, {f['megabytes']:.1f} MB, "
@@ -115,8 +143,7 @@ def _describe(event: str, f: dict[str, Any]) -> str | None:
     if event in ("peer_joined", "peer_left"):
         return f"peer {f['peer_id']} {'joined' if event == 'peer_joined' else 'left'}"
     if event == "resumed":
-        at = f", step {f['step']} of round {f['round'] + 1}" if f.get("step") else ""
-        return f"resumed from {f['path']} at round {f['round']}{at} ({f['num_applied']} updates)"
+        return f"resumed from {f['path']}: {_resumed_at(f)} ({f['num_applied']} updates merged)"
     if event == "round_done":
         val = f"  val {f['val_loss']:.4f}" if f.get("val_loss") is not None else ""
         return (
@@ -133,6 +160,14 @@ def _describe(event: str, f: dict[str, Any]) -> str | None:
     if event == "stopped":
         return f"stopped after {f['round']} rounds ({f['reason']})"
     return None
+
+
+def _resumed_at(f: dict[str, Any]) -> str:
+    """`round` counts the rounds done; `step`, when set, the steps done of the next one."""
+    done = f"{f['round']} round{'s' if f['round'] != 1 else ''} done"
+    if f.get("step"):
+        return f"{done}, round {f['round'] + 1} continues after its step {f['step']}"
+    return f"{done}, round {f['round'] + 1} starts afresh"
 
 
 def make_event_log(log_format: str) -> EventLog:

@@ -99,8 +99,8 @@ class Node:
         if self.dashboard is None:
             return
         url = self.dashboard.start()
-        logger.info("dashboard at %s", url)
-        self.events.emit("dashboard", url=url)
+        logger.debug("dashboard at %s", url)
+        self.events.emit("dashboard", url=url, access=self.dashboard.access)
 
     # ---- what the tests, the benchmarks and the dashboard read -------------------------------
 

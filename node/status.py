@@ -36,15 +36,25 @@ def peer_row(peer: PeerStatus) -> dict[str, Any]:
     }
 
 
+def run_config(summary: str) -> dict[str, Any]:
+    """A run record's settings as an object; a peer's unreadable record says so, not crashes."""
+    try:
+        config = json.loads(summary)
+    except ValueError:
+        config = None
+    return config if isinstance(config, dict) else {"unreadable": summary[:200]}
+
+
 def status_document(run_id: str | None, snapshots: list[SwarmSnapshot]) -> dict[str, Any]:
-    """`run_id` None: the runs were found through the DHT rather than named by the user."""
+    """`run_id` only when the user named one (else the runs were found through the DHT)."""
+    named = {} if run_id is None else {"run_id": run_id}
     return {
-        "run_id": run_id,
+        **named,
         "runs": [
             {
                 "run_id": snap.run_id,
                 "fingerprint": snap.fingerprint,
-                "config": snap.run_summary,
+                "config": run_config(snap.run_summary),
                 "peers": [peer_row(p) for p in snap.peers],
             }
             for snap in snapshots

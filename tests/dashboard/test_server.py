@@ -70,7 +70,7 @@ def test_a_dashboard_port_in_use_is_one_clear_error(
     (line,) = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert line == (
         f"diloco-node: error: the dashboard cannot listen on 127.0.0.1:{port}: "
-        "Address already in use"
+        "Address already in use; pass another --dashboard-port (0: any free port)"
     )
 
 
