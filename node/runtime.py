@@ -20,6 +20,7 @@ from dht.heartbeat import (
     MAX_REJECTED_REASONS,
     Heartbeat,
 )
+from dht.known_peers import join_peers, remember_peers
 from dht.membership import count_learners
 from dht.swarm import RunMismatchError, Swarm
 from dht.transport import WIRE_BYTES
@@ -239,14 +240,14 @@ class Node:
             self.swarm.membership.org_of = self.allowlist.org_of
 
     def _build_swarm(self) -> Swarm:
+        port = preflight(self.config)
+        config = swarm_config_from(self.config, self.spec, self.num_params, port, self.run_settings)
+        # known-peers hook: the bootstrap, retried, and the peers this node knew last run
+        config = replace(
+            config, initial_peers=join_peers(config.initial_peers, self.checkpoint_dir)
+        )
         return Swarm(
-            swarm_config_from(
-                self.config,
-                self.spec,
-                self.num_params,
-                preflight(self.config),
-                self.run_settings,
-            ),
+            config,
             self.identity,
             self.replica,
             self.pipeline,
@@ -874,6 +875,8 @@ class Node:
 
     def save_checkpoint(self) -> None:
         path = save_checkpoint(self.checkpoint_dir, self.state_dict(), self.param_layout())
+        if self.swarm is not None:  # known-peers hook: tried on restart (dht/known_peers.py)
+            remember_peers(self.checkpoint_dir, self.swarm.alive_peers())
         step = self._partial.steps_done if self._partial is not None else 0
         self.events.emit("checkpoint_saved", path=str(path), round=self.round, step=step)
 
