@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+MIN_WAIT_S = 0.01
+"""A wait shorter than this is not worth another attempt: the bound counts as spent."""
 MAX_KNOWN_TRIED = 8
 """Known peers tried per attempt besides the bootstrap peers, most recently seen first."""
 
@@ -67,6 +69,6 @@ class BootstrapRetry:
         """Record a failed attempt; seconds to wait before the next one, None to give up."""
         self.num_failed += 1
         remaining = self.bounds.give_up_after_s - self.elapsed_s
-        if remaining <= 0:
+        if remaining < MIN_WAIT_S:
             return None
         return min(self.next_delay_s(), remaining)
