@@ -111,7 +111,11 @@ def remember_peers(checkpoint_dir: Path, alive: Iterable[Heartbeat]) -> list[str
     newest = sorted(alive, key=lambda beat: beat.sent_at, reverse=True)
     maddrs = [m for beat in newest for m in peer_addresses(beat.peer_id, beat.maddrs)]
     path = known_peers_path(checkpoint_dir)
-    return save_known_peers(path, maddrs + load_known_peers(path))
+    try:
+        return save_known_peers(path, maddrs + load_known_peers(path))
+    except OSError as exc:  # the checkpoint matters more: say so and go on
+        logger.warning("could not write known peers to %s: %s", path, exc.strerror or exc)
+        return []
 
 
 def peer_addresses(peer_id: str, maddrs: Iterable[str]) -> list[str]:

@@ -79,7 +79,9 @@ def test_a_corrupt_file_is_ignored_with_one_line(
     assert "\n" not in message and "ignoring known peers file" in message
 
 
-@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(st.binary(max_size=512))
 def test_any_bytes_at_all_never_crash_the_reader(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / "known_peers.json"
@@ -87,7 +89,9 @@ def test_any_bytes_at_all_never_crash_the_reader(tmp_path: Path, content: bytes)
     assert isinstance(load_known_peers(path), list)
 
 
-@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(st.lists(st.integers(1, 65535), max_size=3 * MAX_KNOWN_PEERS))
 def test_the_file_stays_bounded_however_many_peers_were_seen(
     tmp_path: Path, ports: list[int]
@@ -115,3 +119,13 @@ def test_remembered_peers_are_the_newest_heard_first_then_those_known_before(
 def test_an_address_naming_another_peer_is_not_taken_as_this_one() -> None:
     got = peer_addresses(PEERS[0], ["/ip4/10.0.0.1/tcp/1", maddr(2, PEERS[1]), maddr(3)])
     assert got == [maddr(1, PEERS[0]).replace("127.0.0.1", "10.0.0.1"), maddr(3)]
+
+
+def test_an_unwritable_directory_costs_one_line_not_the_checkpoint(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with caplog.at_level(logging.WARNING, logger="dht.known_peers"):
+        assert remember_peers(blocker, [beat(PEERS[0], 1.0, maddr(1))]) == []
+    assert any("could not write known peers" in r.getMessage() for r in caplog.records)
