@@ -25,6 +25,7 @@ import torch
 from dashboard.embedded import DEFAULT_DASHBOARD_PORT, EmbeddedDashboard
 from dashboard.settings import StandaloneConfig
 from dashboard.standalone import serve
+from dht.known_peers import join_peers, remember_peers
 from dht.swarm import Swarm
 from merge.allowlist import AllowList
 from merge.codecs import get_codec
@@ -154,8 +155,15 @@ def _compose(config: JoinConfig, events: EventLog, locks: list[ResourceLock]) ->
     network = None
     swarm: SwarmLink = OfflineSwarm()
     if config.swarm:
+        swarm_config = swarm_config_from(
+            config, spec, replica.numel, preflight(config), run_settings
+        )
+        # The bootstrap, retried with backoff, then the peers this node knew last time.
+        swarm_config = replace(
+            swarm_config, initial_peers=join_peers(swarm_config.initial_peers, checkpoint_dir)
+        )
         network = Swarm(
-            swarm_config_from(config, spec, replica.numel, preflight(config), run_settings),
+            swarm_config,
             identity,
             replica,
             pipeline,
@@ -229,6 +237,7 @@ def _compose(config: JoinConfig, events: EventLog, locks: list[ResourceLock]) ->
         seq_ledger=seq_ledger,
         events=events,
         replica_changed=telemetry.record_replica,
+        saved=_peers_remembered(network, checkpoint_dir),
     )
     trainer = Trainer(
         config=config,
@@ -305,3 +314,13 @@ def dashboard_access(config: JoinConfig) -> str:
 def serve_dashboard(config: StandaloneConfig, events: EventLog, stop: threading.Event) -> None:
     """`diloco-node dashboard`: the swarm's dashboard without training, until `stop`."""
     serve(config, events, stop)
+
+
+def _peers_remembered(network: Swarm | None, checkpoint_dir: Path) -> Callable[[], None]:
+    """After each checkpoint: the live peers, tried on restart if the bootstrap is gone."""
+
+    def remember() -> None:
+        if network is not None:
+            remember_peers(checkpoint_dir, network.alive_peers())
+
+    return remember

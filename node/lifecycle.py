@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from dht.preflight import PreflightError, check_bootstrap_reachable, check_port_free
+from dht.preflight import PreflightError, check_port_free
 from node.checkpoint import (
     LEGACY_FILE,
     MANIFEST_FILE,
@@ -22,7 +22,8 @@ logger = logging.getLogger(__name__)
 def preflight(config: JoinConfig) -> int:
     """The port to listen on; PreflightError (one line) for the causes p2pd would otherwise
     fail on obscurely. With no --port, the default port, when another node holds it,
-    becomes any free port; a --port that is taken is an error."""
+    becomes any free port; a --port that is taken is an error. (The bootstrap peers are
+    dialled, with retries, by dht.known_peers.join_peers.)"""
     port = config.listen_port
     try:
         check_port_free(config.host, port)
@@ -31,7 +32,6 @@ def preflight(config: JoinConfig) -> int:
             raise
         logger.info("port %d is taken (another node here?); listening on any free port", port)
         port = 0
-    check_bootstrap_reachable(list(config.peers or []))
     return port
 
 

@@ -38,12 +38,14 @@ class Persistence:
         seq_ledger: SeqLedger,
         events: EventLog,
         replica_changed: Callable[[], None],
+        saved: Callable[[], None] = lambda: None,
     ) -> None:
+        """`saved` runs after each checkpoint (the swarm remembers its peers beside it)."""
         self.checkpoint_dir, self.fingerprint, self.model = checkpoint_dir, fingerprint, model
         self.peer_id, self.inner_steps = peer_id, inner_steps
         self.replica, self.pipeline, self.learner = replica, pipeline, learner
         self.error_feedback, self.stats, self.seq_ledger = error_feedback, stats, seq_ledger
-        self.events, self.replica_changed = events, replica_changed
+        self.events, self.replica_changed, self.saved = events, replica_changed, saved
 
     def state_dict(self, partial: RoundProgress | None) -> dict[str, Any]:
         with self.replica.lock:  # the replica and what judged its updates, at one moment
@@ -70,6 +72,7 @@ class Persistence:
 
     def save(self, partial: RoundProgress | None) -> None:
         path = save_checkpoint(self.checkpoint_dir, self.state_dict(partial), self.param_layout())
+        self.saved()
         step = partial.steps_done if partial is not None else 0
         self.events.emit("checkpoint_saved", path=str(path), round=self.stats.round, step=step)
 

@@ -1,0 +1,74 @@
+"""When to dial the bootstrap again, and whom: a pure policy over a clock passed in.
+
+A node that starts while its bootstrap is busy (sixteen nodes starting at once on two cores)
+or briefly absent (restarting) should wait and try again rather than exit; a node whose
+bootstrap is gone for good should still reach the swarm through the peers it knew last run
+(dht/known_peers.py). The policy decides; dht/preflight.py probes and sleeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+MIN_WAIT_S = 0.01
+"""A wait shorter than this is not worth another attempt: the bound counts as spent."""
+MAX_KNOWN_TRIED = 8
+"""Known peers tried per attempt besides the bootstrap peers, most recently seen first."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetryBounds:
+    """How long a node keeps trying to reach its first peer before it gives up."""
+
+    first_delay_s: float = 1.0
+    """Wait after the first failed attempt; each further wait doubles it."""
+    max_delay_s: float = 15.0
+    """The longest single wait between two attempts."""
+    give_up_after_s: float = 90.0
+    """No attempt starts later than this after the first one."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.first_delay_s <= self.max_delay_s:
+            raise ValueError("retry delays need 0 < first_delay_s <= max_delay_s")
+        if self.give_up_after_s < 0:
+            raise ValueError("give_up_after_s must be >= 0")
+
+
+def candidates(
+    bootstrap: Sequence[str], known: Iterable[str], max_known: int = MAX_KNOWN_TRIED
+) -> list[str]:
+    """Addresses to try, each once: the bootstrap peers as given, then up to `max_known`
+    peers known from last run (in their order: most recently seen first)."""
+    chosen = list(dict.fromkeys(bootstrap))
+    extra = [m for m in dict.fromkeys(known) if m not in chosen]
+    return chosen + extra[:max_known]
+
+
+class BootstrapRetry:
+    """Counts failed attempts to reach any candidate; says how long to wait before the next,
+    or that the bound is spent. Exponential backoff, capped; the last wait is cut so that no
+    attempt starts after `give_up_after_s`."""
+
+    def __init__(self, bounds: RetryBounds, clock: Callable[[], float]) -> None:
+        self.bounds = bounds
+        self._clock = clock
+        self._started_at = clock()
+        self.num_failed = 0
+
+    @property
+    def elapsed_s(self) -> float:
+        return self._clock() - self._started_at
+
+    def next_delay_s(self) -> float:
+        """The uncut wait after the current number of failures."""
+        exponent = min(max(self.num_failed - 1, 0), 62)
+        return float(min(self.bounds.max_delay_s, self.bounds.first_delay_s * 2.0**exponent))
+
+    def failed(self) -> float | None:
+        """Record a failed attempt; seconds to wait before the next one, None to give up."""
+        self.num_failed += 1
+        remaining = self.bounds.give_up_after_s - self.elapsed_s
+        if remaining < MIN_WAIT_S:
+            return None
+        return min(self.next_delay_s(), remaining)
