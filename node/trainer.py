@@ -63,10 +63,12 @@ class Trainer:
         """The round stopped midway, to be finished (and checkpointed meanwhile)."""
         self.planned_steps = config.inner_steps
         self._step_offset = 0
+        self._stepped = False
 
     def run(self) -> None:
         self.stats.set_state("training")
         self.telemetry.started(self.stats.round, val_loss=self.evaluate())
+        self.telemetry.events.emit("startup_phase", name="evaluation")
         reason = self._run_rounds()
         if reason != "interrupted":
             self.swarm.linger(self.config.linger, self.config.linger_until_done, self.stop)
@@ -147,6 +149,9 @@ class Trainer:
 
     def _on_step(self, step: StepStats) -> None:
         at = step.step + self._step_offset
+        if not self._stepped:  # the end of start-up: the first inner step of this process
+            self._stepped = True
+            self.telemetry.events.emit("startup_phase", name="first_batch", round=self.stats.round)
         self.telemetry.report_step(self.stats.round + 1, at, self.planned_steps, step)
         self.publishing.on_step(at, step)
 
