@@ -53,22 +53,25 @@ def test_kill_9_mid_round_loses_at_most_a_few_seconds_of_steps(
     assert (first_step["round"], first_step["step"]) == (1, last["step"] + 1)
 
 
+@pytest.mark.timeout(600)
 def test_a_restarted_node_trains_before_it_evaluates_and_ends_with_its_peers_replica(
     launch: Callable[..., NodeProcess], tmp_path: Path
 ) -> None:
-    run = ("--model", "tiny", "--inner-steps", "10", "--threads", "1", "--eval-batches", "2",
-           "--linger", "150", "--linger-until-done")  # fmt: skip
-    peer = launch(*run, "--max-rounds", "4", name="peer")
+    run = ("--model", "tiny", "--inner-steps", "10", "--threads", "1", "--eval-batches", "2")
+    # The peer serves (lingers) after its rounds until stopped, the node restarts meanwhile.
+    peer = launch(*run, "--max-rounds", "4", "--linger", "400", name="peer")
     join = ("--peers", peer.wait_listening(START_S)[0])
-    node = launch(*run, *join, "--max-rounds", "1", "--linger", "0", name="node")
+    node = launch(*run, *join, "--max-rounds", "1", name="node")
     assert node.wait_exit(ROUND_S) == 0
 
-    restarted = launch(*run, *join, "--max-rounds", "3", name="node")
+    until_done = ("--linger", "150", "--linger-until-done")  # our updates merged there too
+    restarted = launch(*run, *join, "--max-rounds", "3", *until_done, name="node")
     evaluated = restarted.wait_event("evaluated", ROUND_S)
     events = [e["event"] if e["event"] != "startup_phase" else e["name"] for e in restarted.events]
     assert events.index("resumed") < events.index("first_batch") < events.index("evaluated")
-    assert evaluated["round"] == 1
-    assert restarted.wait_exit(ROUND_S) == 0 and peer.wait_exit(ROUND_S) == 0
+    assert evaluated["round"] >= 1  # the replica it resumed, or the peer's it downloaded
+    assert restarted.wait_exit(ROUND_S) == 0
+    peer.stop()
 
     mine, theirs = (_replica(tmp_path / "homes" / name) for name in ("node", "peer"))
     assert mine["applied"] == theirs["applied"]
