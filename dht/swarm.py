@@ -54,6 +54,7 @@ class Swarm:
         self.config = config
         self.peer_id = identity.peer_id
         self.replica = replica
+        self.on_event = on_event
         self._reject = Rejections(on_merge, pipeline.rejection_log)
         self.network = SwarmNetwork(config, identity, self._reject)
         self._merge_pool = ThreadPoolExecutor(1, thread_name_prefix="merge")
@@ -122,10 +123,12 @@ class Swarm:
         Gossip starts with start_gossip(), after an optional download_state().
         """
         self.network.start(timeout_s)
+        self.on_event("startup_phase", name="p2pd")  # p2pd and the DHT's process
         self.network.call(self._register_handlers(), timeout_s)
         maddrs = self.network.read_visible_maddrs()
         self.network.call(self.membership.check_run(), timeout_s)
         self.network.call(self._start_heartbeats(), timeout_s)
+        self.on_event("startup_phase", name="dht_bootstrap")  # the run check, a heartbeat
         return maddrs
 
     def start_gossip(self, timeout_s: float = 60.0) -> None:

@@ -129,6 +129,7 @@ def _compose(config: JoinConfig, events: EventLog, locks: list[ResourceLock]) ->
     checkpoint_dir = config.checkpoint_path(peer_id)
     locks.append(checkpoint_lock(checkpoint_dir).acquire())
     moved_checkpoint = adopt_legacy_checkpoint(config, peer_id)
+    events.emit("startup_phase", name="identity_and_locks")
     device = resolve_device(config.device)
     configure_torch(config)
     corpus = load_corpus(config.data)

@@ -128,8 +128,10 @@ def _describe(event: str, f: dict[str, Any]) -> str | None:
         return (
             f"[bold]diloco-node[/] {f['peer_id']} run '{f['run_id']}' "
             f"({f['model']}, {f['num_params']:,} params, {f['device']}); "
-            f"data: {f['data']}; initial val loss {f['val_loss']:.4f}"
+            f"data: {f['data']}"
         )
+    if event == "evaluated":
+        return f"val loss at round {f['round']}: {f['val_loss']:.4f}"
     if event == "listening":
         addresses = "\n  ".join(f["maddrs"])
         return f"listening on\n  {addresses}\nothers join with:\n  [bold]{f['join_command']}[/]"

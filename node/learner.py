@@ -191,18 +191,10 @@ class Learner:
     @torch.no_grad()
     def evaluate(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
         """Mean loss of the current parameters on fixed validation batches."""
-        self.model.eval()
-        total = 0.0
-        for x, y in batches:
-            with self._autocast():
-                _, loss = self.model(x.to(self.device), y.to(self.device))
-            total += float(loss.item())
-        return total / len(batches)
+        return validation_loss(self.model, batches, self.device)
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self.device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        return autocast(self.device)
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -215,3 +207,23 @@ class Learner:
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = int(state["step"])
         self.sampler.load_state_dict(state["sampler"])
+
+
+def autocast(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def validation_loss(
+    model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device
+) -> float:
+    """Mean loss of `model` on fixed validation batches (left in eval mode)."""
+    model.eval()
+    total = 0.0
+    with torch.no_grad():
+        for x, y in batches:
+            with autocast(device):
+                _, loss = model(x.to(device), y.to(device))
+            total += float(loss.item())
+    return total / len(batches)

@@ -3,6 +3,8 @@ judged its updates), and resuming from them. The file format lives in node.check
 
 from __future__ import annotations
 
+import copy
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,9 @@ class Persistence:
         self.replica, self.pipeline, self.learner = replica, pipeline, learner
         self.error_feedback, self.stats, self.seq_ledger = error_feedback, stats, seq_ledger
         self.events, self.replica_changed, self.saved = events, replica_changed, saved
+        self._writing = threading.Lock()
+        """One checkpoint write at a time: each removes the generations before its own."""
+        self._background: threading.Thread | None = None
 
     def state_dict(self, partial: RoundProgress | None) -> dict[str, Any]:
         with self.replica.lock:  # the replica and what judged its updates, at one moment
@@ -71,10 +76,28 @@ class Persistence:
         return [(name, p.shape) for name, p in self.learner.model.named_parameters()]
 
     def save(self, partial: RoundProgress | None) -> None:
-        path = save_checkpoint(self.checkpoint_dir, self.state_dict(partial), self.param_layout())
+        """Write the state now (after a background write still running, if any); then the
+        `saved` hook (not after background writes: those run every few seconds)."""
+        self._write(self.state_dict(partial), partial)
         self.saved()
+
+    def save_in_background(self, partial: RoundProgress) -> bool:
+        """Copy the state now, write it in a thread; False (nothing done) while the previous
+        background write still runs. The copy is what the training thread pays."""
+        if self._background is not None and self._background.is_alive():
+            return False
+        state = copy.deepcopy(self.state_dict(partial))  # tensors the next steps change
+        self._background = threading.Thread(
+            target=self._write, args=(state, partial), name="checkpoint", daemon=True
+        )
+        self._background.start()
+        return True
+
+    def _write(self, state: dict[str, Any], partial: RoundProgress | None) -> None:
+        with self._writing:
+            path = save_checkpoint(self.checkpoint_dir, state, self.param_layout())
         step = partial.steps_done if partial is not None else 0
-        self.events.emit("checkpoint_saved", path=str(path), round=self.stats.round, step=step)
+        self.events.emit("checkpoint_saved", path=str(path), round=state["round"], step=step)
 
     def resume(self) -> RoundProgress | None:
         """Load the last checkpoint, if any; the round it stopped midway, if it did."""

@@ -132,6 +132,9 @@ class RoundPublishing(Protocol):
     def holds_learner_params(self) -> bool:
         """Whether the learner's params carry over to the next round (evaluation restores them)."""
 
+    def keeps_partial_rounds(self) -> bool:
+        """Whether a round stopped midway is kept to be finished (and checkpointed meanwhile)."""
+
     def error_feedback(self) -> Compressor | FragmentCompressors:
         """What the lossy codecs carry from one payload to the next (checkpointed)."""
 
@@ -191,6 +194,9 @@ class WholeUpdates:
     def holds_learner_params(self) -> bool:
         return False
 
+    def keeps_partial_rounds(self) -> bool:
+        return True
+
     def error_feedback(self) -> Compressor:
         return self.compressor
 
@@ -248,6 +254,9 @@ class FragmentStreams:
 
     def holds_learner_params(self) -> bool:
         return self.stream is not None
+
+    def keeps_partial_rounds(self) -> bool:
+        return False
 
     def error_feedback(self) -> FragmentCompressors:
         return self.compressors

@@ -23,7 +23,9 @@ class Node:
     """One learner with its replica of the global model."""
 
     def __init__(self, config: JoinConfig, events: EventLog) -> None:
+        events.emit("startup_phase", name="imports")  # process start to here: imports, flags
         parts = compose(config, events)
+        parts.events.emit("startup_phase", name="build")  # data, model, replica, learner
         self.parts = parts
         self.config, self.events = parts.config, parts.events
         self.identity, self.peer_id = parts.identity, parts.identity.peer_id
@@ -57,6 +59,7 @@ class Node:
             moved = str(parts.moved_checkpoint)
             self.events.emit("checkpoint_moved", src=moved, path=str(self.checkpoint_dir))
         self.resume()
+        self.events.emit("startup_phase", name="checkpoint_load")
         try:
             self.join_swarm()
             self._start_dashboard()

@@ -147,6 +147,7 @@ class NetworkSwarm:
         )
         self._download_state()
         joined(self.swarm.announced_seq())
+        self._events.emit("startup_phase", name="state_check")  # download, if a peer is ahead
         self.swarm.start_gossip()
 
     def _download_state(self) -> None:

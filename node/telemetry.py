@@ -141,6 +141,11 @@ class Telemetry:
     def started(self, round_: int, val_loss: float | None) -> None:
         self.events.emit("started", **self._facts, round=round_, val_loss=val_loss)
 
+    def evaluated(self, round_: int, val_loss: float | None) -> None:
+        """The replica's validation loss at the start of training (None: no validation)."""
+        if val_loss is not None:
+            self.events.emit("evaluated", round=round_, val_loss=val_loss)
+
     def stopped(self, reason: str) -> None:
         self.events.emit("stopped", round=self.stats.round, reason=reason, seq=self.stats.seq)
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from merge.pipeline import MergeResult
 from merge.replica import Replica
 from node.config import JoinConfig
+from node.evaluation import BackgroundEvaluation
 from node.learner import Learner, RoundStats, StepStats
 from node.persistence import Persistence
 from node.progress import RoundProgress
@@ -24,6 +25,12 @@ from node.round_size import PeerRate, RoundSizer
 from node.stats import NodeStats
 from node.swarm_link import SwarmLink
 from node.telemetry import RoundReport, RoundTimings, Telemetry
+
+PARTIAL_SAVE_S = 5.0
+"""A round in progress is checkpointed (in the background) at most this often: what a
+kill -9 loses is the inner steps since."""
+EVALUATION_WAIT_S = 60.0
+"""How long a stopping node waits for an evaluation still running beside training."""
 
 
 @dataclass
@@ -34,6 +41,27 @@ class RoundClock:
     inner: float = 0.0
     merged: float = 0.0
     evaluated: float = 0.0
+
+
+@dataclass
+class Segment:
+    """The inner steps this process ran of the current round so far (a round resumed from a
+    checkpoint continues what `begun` holds)."""
+
+    begun: RoundProgress
+    start: float = field(default_factory=time.perf_counter)
+    steps: int = 0
+    tokens: int = 0
+    loss_sum: float = 0.0
+
+    def add(self, step: StepStats) -> None:
+        self.steps, self.tokens = self.steps + 1, self.tokens + step.tokens
+        self.loss_sum += step.loss
+
+    def progress(self) -> RoundProgress:
+        elapsed = time.perf_counter() - self.start
+        stats = RoundStats(self.steps, self.tokens, self.loss_sum / max(self.steps, 1), elapsed)
+        return self.begun.extended(stats, elapsed)
 
 
 class Trainer:
@@ -63,15 +91,38 @@ class Trainer:
         """The round stopped midway, to be finished (and checkpointed meanwhile)."""
         self.planned_steps = config.inner_steps
         self._step_offset = 0
+        self._stepped = False
+        self._segment: Segment | None = None
+        self._initial_evaluation: BackgroundEvaluation | None = None
+        self._initial_snapshot: tuple[int, torch.Tensor] | None = None
+        self._saved_at = time.monotonic()
 
     def run(self) -> None:
         self.stats.set_state("training")
-        self.telemetry.started(self.stats.round, val_loss=self.evaluate())
-        reason = self._run_rounds()
-        if reason != "interrupted":
-            self.swarm.linger(self.config.linger, self.config.linger_until_done, self.stop)
-        self.persistence.save(self.partial)
+        self.telemetry.started(self.stats.round, val_loss=None)
+        background = self._initial_evaluation = self._background_evaluation()
+        if background is None:  # a sharded learner evaluates with its ranks, between steps
+            self.telemetry.evaluated(self.stats.round, self.evaluate())
+        else:  # the replica as it is now, evaluated beside training once the first step is in
+            self._initial_snapshot = (self.stats.round, self.replica.snapshot()[0])
+        try:
+            reason = self._run_rounds()
+            if reason != "interrupted":
+                self.swarm.linger(self.config.linger, self.config.linger_until_done, self.stop)
+            self.persistence.save(self.partial)
+        finally:
+            if background is not None:
+                background.wait(EVALUATION_WAIT_S)
         self.telemetry.stopped(reason)
+
+    def _background_evaluation(self) -> BackgroundEvaluation | None:
+        """None without validation batches, or for a sharded learner (its evaluation is a
+        collective of all ranks, which must not interleave with the training steps')."""
+        if not self.val_batches or getattr(self.learner, "sharded", False):
+            return None
+        return BackgroundEvaluation(
+            self.learner.model, self.val_batches, self.learner.device, self.telemetry.evaluated
+        )
 
     def _run_rounds(self) -> str:
         """Rounds until a stop request ("interrupted") or a limit ("max_rounds", "max_time")."""
@@ -90,6 +141,7 @@ class Trainer:
         clock = RoundClock(time.perf_counter())
         begun = self.publishing.begin(self.partial)
         self._step_offset = begun.steps_done
+        self._segment = Segment(begun, clock.start)
         self.planned_steps = self._planned_steps()
         stats = self.learner.run_round(
             self.planned_steps - begun.steps_done,
@@ -147,8 +199,32 @@ class Trainer:
 
     def _on_step(self, step: StepStats) -> None:
         at = step.step + self._step_offset
+        if not self._stepped:  # the end of start-up: the first inner step of this process
+            self._stepped = True
+            self.telemetry.events.emit("startup_phase", name="first_batch", round=self.stats.round)
+            if self._initial_evaluation is not None and self._initial_snapshot is not None:
+                self._initial_evaluation.submit(*self._initial_snapshot)
+                self._initial_snapshot = None
         self.telemetry.report_step(self.stats.round + 1, at, self.planned_steps, step)
         self.publishing.on_step(at, step)
+        self._save_partial(step)
+
+    def _save_partial(self, step: StepStats) -> None:
+        """Every PARTIAL_SAVE_S, the round so far to the checkpoint, written in the background
+        (whole updates only: fragment streams publish their fragments during the round)."""
+        segment = self._segment
+        if segment is None:
+            return
+        segment.add(step)
+        due = time.monotonic() - self._saved_at >= PARTIAL_SAVE_S
+        if not due or not self.publishing.keeps_partial_rounds():
+            return
+        done = segment.progress()
+        if not 0 < done.steps_done < min(self.planned_steps, self.config.inner_steps):
+            return
+        partial = replace(done, params=self.learner.params_vector())
+        if self.persistence.save_in_background(partial):
+            self._saved_at = time.monotonic()
 
     def evaluate(self) -> float | None:
         """Validation loss of the replica (None without --eval-batches)."""

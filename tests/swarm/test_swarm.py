@@ -59,7 +59,7 @@ def test_three_nodes_train_together_and_survive_the_bootstrap_dying(launch: Laun
     # node0 starts from the untrained model; node1 and node2 may start from a state downloaded
     # a few rounds in, whose loss the next rounds' noise can exceed (2.953 vs 2.933 in CI), so
     # every node is judged against the untrained model's loss (byte-level: ~ln 256).
-    untrained = nodes[0].of("started")[0]["val_loss"]
+    untrained = nodes[0].wait_event("evaluated", 60)["val_loss"]
     for node in nodes:
         # A round finished after the merges above, not the first with two peers alive.
         merged_at = max(e["time"] for e in node.of("update_merged"))

@@ -1,0 +1,125 @@
+"""Restart cost: from process start to the first inner step of a node that has a checkpoint
+and a live peer, broken down by the `startup_phase` events the node emits.
+
+    python -m bench.restart                    # tiny, 3 restarts against one live peer
+    python -m bench.restart --restarts 5
+
+A peer trains throughout; the measured node first trains one round and stops (its checkpoint),
+then is started `--restarts` times, each time stopped (SIGINT, a clean save) after its first
+inner step. `import_torch_s` is `python -c "import torch"` timed in the same run: the floor
+any node pays. The final line is JSON: start_to_first_step_s, import_torch_s, their ratio and
+each phase's median seconds (a phase is the time since the previous phase's event).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.procs import ChildProcess, Event, cli_flags, node_process, reap_all
+
+START_TIMEOUT_S = 180.0
+PHASES = (
+    "imports",
+    "identity_and_locks",
+    "build",
+    "checkpoint_load",
+    "p2pd",
+    "dht_bootstrap",
+    "state_check",
+    "evaluation",
+    "first_batch",
+)
+"""In the order a node before issue 23 passed them; a phase it no longer waits for is 0."""
+TARGET_RATIO = 1.5
+
+
+def import_torch_s() -> float:
+    started = time.time()
+    subprocess.run([sys.executable, "-c", "import torch"], check=True, timeout=120)
+    return time.time() - started
+
+
+def phases(events: list[Event], started_at: float) -> dict[str, float]:
+    """Seconds of each start-up phase, from process start to the `first_batch` phase event."""
+    marks = [e for e in events if e["event"] == "startup_phase"]
+    durations, previous = {}, started_at
+    for mark in marks:
+        durations[mark["name"]] = round(mark["time"] - previous, 3)
+        previous = mark["time"]
+        if mark["name"] == "first_batch":
+            break
+    return durations
+
+
+def first_step_at(child: ChildProcess) -> float:
+    event = child.wait_for(
+        lambda e: e["event"] == "startup_phase" and e.get("name") == "first_batch",
+        START_TIMEOUT_S,
+        "the first inner step",
+    )
+    return float(event["time"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--inner-steps", type=int, default=20)
+    parser.add_argument("--restarts", type=int, default=3)
+    args = parser.parse_args()
+    common = cli_flags(
+        run_id="bench-restart", model=args.model, inner_steps=args.inner_steps, threads=1
+    )
+    children: list[ChildProcess] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        try:
+            peer = node_process("peer", *common, "--identity", str(home / "peer.key"), home=home)
+            children.append(peer.start())
+            peers = cli_flags(peers=peer.wait_listening(START_TIMEOUT_S)[0])
+            own = [*common, *peers, "--identity", str(home / "node.key")]
+            own += cli_flags(checkpoint_dir=home / "ckpt")
+            first = node_process("node", *own, "--max-rounds", "1", home=home)
+            children.append(first.start())
+            first.wait_exit(START_TIMEOUT_S)
+            runs, floors = [], []
+            for _ in range(args.restarts):
+                floors.append(import_torch_s())
+                child = node_process("node", *own, home=home)
+                started_at = time.time()
+                children.append(child.start())
+                first_step_at(child)
+                runs.append(phases(child.events, started_at))
+                child.stop()
+        finally:
+            reap_all(children)
+    totals = [sum(run.values()) for run in runs]
+    floor = statistics.median(floors)
+    total = statistics.median(totals)
+    print(
+        json.dumps(
+            {
+                "benchmark": "restart",
+                "model": args.model,
+                "restarts": args.restarts,
+                "start_to_first_step_s": round(total, 3),
+                "start_to_first_step_each_s": [round(t, 3) for t in totals],
+                "import_torch_s": round(floor, 3),
+                "ratio": round(total / floor, 2),
+                "target_ratio": TARGET_RATIO,
+                "phases": {
+                    n: round(statistics.median(r.get(n, 0.0) for r in runs), 3) for n in PHASES
+                },
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
