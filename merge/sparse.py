@@ -72,14 +72,7 @@ class SparseTopKCodec:
         view = check_length(self, data, numel)
         num_chunks = num_blocks(numel, self.chunk)
         levels, indices, codes = self._parse(view, num_chunks)
-        level = torch.where(codes & 1 == 1, levels[:, 1:], levels[:, :1])
-        values = torch.where(codes & 2 == 2, -level, level).view(-1)
-        offsets = torch.arange(num_chunks, dtype=torch.int64)[:, None] * self.chunk
-        positions = (indices + offsets).view(-1)
-        inside = positions < numel
-        out = torch.zeros(numel, dtype=torch.float32)
-        out[positions[inside]] = values[inside]
-        return out
+        return scatter_chunks(levels, indices, codes, self.chunk, numel)
 
     def decode_view(self, data: Buffer, numel: int) -> torch.Tensor:
         return self.decode(data, numel)
@@ -111,3 +104,18 @@ def pack_codes(codes: torch.Tensor) -> torch.Tensor:
 def unpack_codes(packed: torch.Tensor) -> torch.Tensor:
     """n bytes -> 4n uint8 codes in [0, 3]."""
     return torch.stack([(packed >> shift) & 3 for shift in (0, 2, 4, 6)], dim=1).view(-1)
+
+
+def scatter_chunks(
+    levels: torch.Tensor, indices: torch.Tensor, codes: torch.Tensor, chunk: int, numel: int
+) -> torch.Tensor:
+    """The dense tensor of parsed chunks: per chunk two levels, the kept entries' positions in
+    the chunk and their 2-bit codes (bit 0: the high level; bit 1: negative)."""
+    level = torch.where(codes & 1 == 1, levels[:, 1:], levels[:, :1])
+    values = torch.where(codes & 2 == 2, -level, level).view(-1)
+    offsets = torch.arange(levels.shape[0], dtype=torch.int64)[:, None] * chunk
+    positions = (indices + offsets).view(-1)
+    inside = positions < numel
+    out = torch.zeros(numel, dtype=torch.float32)
+    out[positions[inside]] = values[inside]
+    return out

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from merge.codec_base import Buffer, CodecError, check_flat, check_length, num_blocks
-from merge.sparse import pack_codes, unpack_codes
+from merge.sparse import pack_codes, scatter_chunks, unpack_codes
 
 CHUNK = 4096
 """Elements per chunk."""
@@ -79,14 +79,7 @@ class TopKCodec:
         view = check_length(self, data, numel)
         num_chunks = num_blocks(numel, CHUNK)
         levels, indices, codes = self._parse(view, num_chunks)
-        level = torch.where(codes & 1 == 1, levels[:, 1:], levels[:, :1])
-        values = torch.where(codes & 2 == 2, -level, level).view(-1)
-        offsets = torch.arange(num_chunks, dtype=torch.int64)[:, None] * CHUNK
-        positions = (indices + offsets).view(-1)
-        inside = positions < numel
-        out = torch.zeros(numel, dtype=torch.float32)
-        out[positions[inside]] = values[inside]
-        return out
+        return scatter_chunks(levels, indices, codes, CHUNK, numel)
 
     def decode_view(self, data: Buffer, numel: int) -> torch.Tensor:
         return self.decode(data, numel)
