@@ -34,6 +34,7 @@ def offline_node(tmp_path: Path, **overrides: object) -> Node:
             "checkpoint_dir": str(tmp_path / "ckpt"),
             "log_format": "json",
             "swarm": False,
+            "dashboard": False,  # node.events stays the recording log the tests read
             **overrides,
         }  # type: ignore[arg-type]
     )

@@ -37,8 +37,12 @@ def test_joining_with_the_printed_arguments_reproduces_the_fingerprint() -> None
 
 
 def test_default_settings_print_only_the_run_and_the_model() -> None:
+    """The default --model auto prints the model it picked on this machine, never 'auto':
+    a joiner on other hardware must train the same model."""
+    picked = _config().model
+    assert JoinConfig.model == "auto" and picked != "auto"
     assert join_arguments(fingerprint_settings(_config(), CORPUS)) == [
-        "--run-id", "diloco-default", "--model", JoinConfig.model,
+        "--run-id", "diloco-default", "--model", picked,
     ]  # fmt: skip
 
 
