@@ -79,7 +79,10 @@ def test_a_three_times_slower_node_keeps_contributing_at_its_own_pace(
         assert all(e["planned_steps"] == INNER_STEPS for e in fast.of("round_done"))
         assert slow.of("round_done")[-1]["planned_steps"] < INNER_STEPS
         assert fast.of("round_done")[-1]["steps_per_s"] > slow.of("round_done")[-1]["steps_per_s"]
-    # ... and the swarm learns: the fast node's replica, slow updates merged in, improves.
-    started = fast.wait_event("evaluated", 60)["val_loss"]
-    assert fast.of("round_done")[-1]["val_loss"] < started
-    assert slow.of("round_done")[-1]["val_loss"] < slow.wait_event("evaluated", 60)["val_loss"]
+    # ... and the swarm learns: both replicas, each with the other's updates merged in, beat the
+    # untrained model the fast node started from. (The slow node joined from the fast one's
+    # state, so its own first evaluation is of an already trained replica: two evaluation
+    # batches later it may read a little higher by noise alone.)
+    untrained = fast.wait_event("evaluated", 60)["val_loss"]
+    assert fast.of("round_done")[-1]["val_loss"] < untrained
+    assert slow.of("round_done")[-1]["val_loss"] < untrained
