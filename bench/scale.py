@@ -133,7 +133,7 @@ def _measure(slots: list[Slot], args: argparse.Namespace) -> dict[str, Any]:
 
     def start(slot: Slot, peers: list[str]) -> ChildProcess:
         remaining = max(1.0, train_until - time.time()) if train_until else args.train_s
-        extra = ["--max-time", f"{remaining:.0f}", *(["--peers", peers[0]] if peers else [])]
+        extra = ["--max-time", f"{remaining:.0f}", *(["--peers", *peers[:3]] if peers else [])]
         child = node_process(slot.name, *run, *extra, home=slot.home).start()
         slot.children.append(child)
         return child
@@ -161,7 +161,9 @@ def _crash_loop(slots, args, train_until, start, sampler) -> int:  # type: ignor
             victim = rng.choice(slots)
             victim.current.crash()
             kills += 1
+            # Several live members, not one: the first may be busy or mid-restart itself.
             peers = [s.current.maddrs[0] for s in slots if s is not victim and s.current.alive()]
+            rng.shuffle(peers)
             start(victim, peers)
             _wait_started(victim, lambda v=victim, p=peers: start(v, p), args.timeout)
             next_kill = time.time() + args.kill_every
