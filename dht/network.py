@@ -34,8 +34,8 @@ from dht.reaper import OrphanReaper
 from dht.records import OwnerValidator, RefusalCounts
 from dht.transport import TransportError, encode_request, receive_blob, send_blob
 from merge.identity import Identity
-from merge.pipeline import MergeResult
 from merge.rejections import RejectionLog
+from merge.result import MergeResult
 
 logger = logging.getLogger(__name__)
 REQUEST_READ_TIMEOUT_S = 10.0

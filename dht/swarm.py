@@ -19,13 +19,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dht.gossip import Gossip
 from dht.heartbeat import Heartbeat
 from dht.membership import Membership, PeerView
+from dht.merge_port import MergePort
 from dht.network import Rejections, RunMismatchError, SwarmConfig, SwarmError, SwarmNetwork
 from dht.reachability import PathKind
 from dht.state_transfer import StateTransfer, TransferStats
 from merge.envelope import SignedUpdate
 from merge.identity import Identity
-from merge.pipeline import MergeResult, UpdatePipeline
 from merge.replica import Replica
+from merge.result import MergeResult
 
 __all__ = [
     "PeerView",
@@ -45,7 +46,7 @@ class Swarm:
         config: SwarmConfig,
         identity: Identity,
         replica: Replica,
-        pipeline: UpdatePipeline,
+        pipeline: MergePort,
         *,
         heartbeat_fn: Callable[[], Heartbeat],
         on_merge: Callable[[MergeResult], None],
