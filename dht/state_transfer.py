@@ -25,12 +25,8 @@ from dht.messages import (
     parse_state_manifest,
     parse_state_seal,
 )
-from dht.network import (
-    MIN_LINK_BYTES_PER_S,
-    REQUEST_READ_TIMEOUT_S,
-    Rejections,
-    SwarmNetwork,
-)
+from dht.network import MIN_LINK_BYTES_PER_S, REQUEST_READ_TIMEOUT_S, SwarmNetwork
+from dht.rejections import Rejections
 from dht.state_check import (
     StateCheckError,
     StateVerdict,

@@ -20,8 +20,9 @@ from dht.gossip import Gossip
 from dht.heartbeat import Heartbeat
 from dht.membership import Membership, PeerView
 from dht.merge_port import MergePort
-from dht.network import Rejections, RunMismatchError, SwarmConfig, SwarmError, SwarmNetwork
+from dht.network import RunMismatchError, SwarmConfig, SwarmError, SwarmNetwork
 from dht.reachability import PathKind
+from dht.rejections import Rejections
 from dht.state_transfer import StateTransfer, TransferStats
 from merge.envelope import SignedUpdate
 from merge.identity import Identity
