@@ -1,8 +1,9 @@
 """The swarm: discovery, heartbeats, gossip of signed pseudo-gradients, state download.
 
 A facade over the parts in dht/: the network core (network.py), membership and heartbeats
-(membership.py), gossip (gossip.py) and state transfer (state_transfer.py). Everything runs
-on one asyncio loop in a background thread, so the learner never waits on the network.
+(membership.py), gossip (gossip.py over gossip_*.py) and state transfer (state_transfer.py).
+Everything runs on one asyncio loop in a background thread, so the learner never waits on
+the network.
 hivemind's DHT (a forked process) holds small signed records: heartbeats, update
 announcements (signed headers) and holder lists. Payloads and replica state travel over
 libp2p streams of the node's own p2pd, never through DHT.store.

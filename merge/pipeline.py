@@ -104,7 +104,11 @@ class _Rejected(Exception):
 
 
 class UpdatePipeline:
-    """Validates untrusted updates and applies the good ones to a replica; thread-safe."""
+    """Validates untrusted updates and applies the good ones to a replica; thread-safe.
+
+    It is what dht/ calls through its merge port (dht.merge_port.MergePort, satisfied
+    structurally: merge/ imports no dht), so a change to the methods that port names is a
+    change to the network layer's interface."""
 
     def __init__(self, replica: Replica, config: MergeConfig, fingerprint: str) -> None:
         if not isinstance(fingerprint, str) or not _HEX64.fullmatch(fingerprint):
