@@ -16,7 +16,7 @@ applied here; a peer restarting) is held ahead of fresh keys. Fresh senders shar
 only by another known sender when every place holds one. 64 fresh keys pushing at once
 (bench.attack) used to evict every known peer's push.
 
-Pure: no clock, no network; dht.gossip calls it on the loop.
+Pure: no clock, no network; dht.gossip_headers calls it on the loop.
 """
 
 from __future__ import annotations

@@ -25,13 +25,16 @@ import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from multiaddr import Multiaddr
 
 from dht.addresses import peer_id_of, without_peer_id
 from dht.preflight import tcp_endpoint
 from dht.reachability import RelayLimits, daemon_flags, is_relayed, relay_of, tuned_p2p
+
+if TYPE_CHECKING:
+    from hivemind.p2p import P2P
 
 logger = logging.getLogger(__name__)
 Outcome = Literal["ok", "refused", "timed out", "unreachable", "wrong peer id", "failed"]
@@ -248,17 +251,17 @@ async def diagnose(
     )
 
 
-async def _handshake(p2p: object, maddr: str, timeout_s: float) -> dict[str, BootstrapProbe]:
+async def _handshake(p2p: P2P, maddr: str, timeout_s: float) -> dict[str, BootstrapProbe]:
     """{} when the peer at `maddr` is the one its /p2p part names; else its failure."""
-    from hivemind.p2p import PeerID
+    from hivemind.p2p.p2p_daemon_bindings.control import DaemonConnector
+
+    from dht.p2pd import connect
 
     expected = peer_id_of(Multiaddr(maddr))
+    control = DaemonConnector(p2p.daemon_listen_maddr)
     try:
         await asyncio.wait_for(
-            p2p._client.connect(  # type: ignore[attr-defined]
-                PeerID.from_base58(expected), [without_peer_id(Multiaddr(maddr))]
-            ),
-            timeout_s,
+            connect(control, expected, [without_peer_id(Multiaddr(maddr))]), timeout_s
         )
     except TimeoutError:
         return {maddr: BootstrapProbe(maddr, "timed out", "no libp2p handshake")}

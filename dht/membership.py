@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 from dht.heartbeat import Heartbeat, HeartbeatError
 from dht.messages import RUN_LISTING_KEY
-from dht.network import Rejections, RunMismatchError, SwarmNetwork
+from dht.network import RunMismatchError, SwarmNetwork
 from dht.records import owner_subkey, subkey_owner
+from dht.rejections import Rejections
 from merge.identity import Identity
 
 logger = logging.getLogger(__name__)

@@ -7,35 +7,27 @@ this class: DHT records with bounded waits, request/response streams, protocol n
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import threading
 import time
-from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from hivemind import DHT
-from hivemind.p2p import P2P, P2PDaemonError, PeerID
-from hivemind.p2p.p2p_daemon_bindings.utils import (
-    ControlFailure,
-    raise_if_failed,
-    read_pbmsg_safe,
-    write_pbmsg,
-)
-from hivemind.proto import p2pd_pb2
+from hivemind.p2p import P2P, P2PDaemonError
+from hivemind.p2p.p2p_daemon_bindings.control import DaemonConnector
 from hivemind.utils import get_dht_time
 
 from dht.budget import StreamGuard, StreamLimits
+from dht.p2pd import children_in_own_session, open_stream
 from dht.reachability import PathBook, RelayLimits, daemon_flags, tuned_p2p
 from dht.reaper import OrphanReaper
 from dht.records import OwnerValidator, RefusalCounts
-from dht.transport import TransportError, encode_request, receive_blob, send_blob
+from dht.rejections import Rejections
+from dht.transport import encode_request, receive_blob, send_blob
 from merge.identity import Identity
-from merge.pipeline import MergeResult
-from merge.rejections import RejectionLog
 
 logger = logging.getLogger(__name__)
 REQUEST_READ_TIMEOUT_S = 10.0
@@ -99,42 +91,6 @@ class SwarmConfig:
         return max(60.0, 12 * self.heartbeat_period_s)
 
 
-DHT_WRITER = "dht-record"
-"""Where refused DHT records are counted in the per-peer log (their writer is unknown)."""
-
-
-class Rejections:
-    """Counts what peers sent that this node refused (by reason, and per peer in `log`), and
-    reports refused updates as merge results."""
-
-    def __init__(
-        self, on_merge: Callable[[MergeResult], None], log: RejectionLog | None = None
-    ) -> None:
-        self.counts: Counter[str] = Counter()
-        self.log = log if log is not None else RejectionLog()
-        self._on_merge = on_merge
-
-    def __call__(
-        self, reason: str, author: str, detail: str, *, seq: int | None = None, update: bool = True
-    ) -> None:
-        """`update=False` for what is not an update (heartbeats): no merge result for it."""
-        self.counts[reason] += 1
-        self.log.count(author, reason)
-        logger.info("rejected %s from %s (seq %s): %s", reason, author, seq, detail)
-        if update and reason != "bad_heartbeat":
-            self._on_merge(MergeResult(False, author, seq or -1, 0, 0.0, reason))
-
-    def add_dht_refusals(self, counts: Mapping[str, int]) -> None:
-        """Records the DHT process refused since the last call (dht.records.RefusalCounts),
-        per reason. Who wrote a record is unknown to the DHT, so they are counted under the
-        label DHT_WRITER, not a peer."""
-        for reason, n in counts.items():
-            if n > 0:
-                self.counts[reason] += n
-                self.log.count(DHT_WRITER, reason, n)
-                logger.info("the DHT refused %d records: %s", n, reason)
-
-
 class SwarmNetwork:
     """p2pd, the DHT member and the loop they run on; thread-safe `call`, async internals."""
 
@@ -154,6 +110,9 @@ class SwarmNetwork:
         self._thread = threading.Thread(target=self.loop.run_forever, name="swarm", daemon=True)
         self._reaper = OrphanReaper()
         self._p2p: P2P | None = None
+        self._p2pd_pids: list[int] = []
+        """p2pd's pid (hivemind's P2P keeps it private), for the orphan reaper."""
+        self._control: DaemonConnector | None = None
         self._dht: DHT | None = None
         self._background: set[asyncio.Task[None]] = set()
         self.paths = PathBook()
@@ -170,8 +129,10 @@ class SwarmNetwork:
             reason = str(exc).splitlines()[-1] if str(exc) else type(exc).__name__
             peers = ", ".join(self.config.initial_peers) or "none"
             raise SwarmError(f"could not start the p2p daemon (peers: {peers}): {reason}") from None
-        assert self._p2p._child is not None
-        self._reaper.watch(self._p2p._child.pid)
+        for pid in self._p2pd_pids:
+            self._reaper.watch(pid)
+        # The daemon's control socket, as hivemind's own client reaches it (dht.p2pd).
+        self._control = DaemonConnector(self._p2p.daemon_listen_maddr)
         self._dht = self._start_dht()
         assert self._dht.pid is not None
         self._reaper.watch(self._dht.pid)
@@ -217,7 +178,7 @@ class SwarmNetwork:
         return self.visible_maddrs
 
     async def _create_p2p(self) -> P2P:
-        with _children_in_own_session():
+        with children_in_own_session(self._p2pd_pids):
             return await self._spawn_p2p()
 
     async def _spawn_p2p(self) -> P2P:
@@ -376,31 +337,10 @@ class SwarmNetwork:
             self._reject(reason, peer_id, detail, update=False)
 
     async def open_stream(self, peer_id: str, name: str) -> tuple[Any, Any]:
-        """(reader, writer) of a new stream to `peer_id`'s `name` handler.
-
-        hivemind's P2P.call_binary_stream_handler leaves its daemon connection open when the
-        daemon refuses the stream (unreachable peer, unknown protocol) or the call is
-        cancelled: one socket leaked per failed fetch until a garbage collection. This speaks
-        the same STREAM_OPEN request, and closes the connection on every failure.
-        """
-        assert self._p2p is not None and self._p2p._client is not None
-        control = self._p2p._client.control
-        reader, writer = await control.daemon_connector.open_connection()
-        try:
-            request = _stream_open_request(
-                PeerID.from_base58(peer_id).to_bytes(), self.protocol(name)
-            )
-            await write_pbmsg(writer, request)
-            response = p2pd_pb2.Response()
-            await read_pbmsg_safe(reader, response)
-            raise_if_failed(response)
-        except ControlFailure as exc:  # unreachable, or no such handler: a transport failure
-            writer.close()
-            raise TransportError(f"no stream to {peer_id}: {exc}") from None
-        except BaseException:
-            writer.close()
-            raise
-        return reader, writer
+        """(reader, writer) of a new stream to `peer_id`'s `name` handler (dht.p2pd: closed
+        on every failure, unlike hivemind's P2P.call_binary_stream_handler)."""
+        assert self._control is not None
+        return await open_stream(self._control, peer_id, self.protocol(name))
 
     async def request(
         self, peer_id: str, name: str, max_bytes: int, *args: Any, timeout_s: float
@@ -436,33 +376,3 @@ class SwarmNetwork:
                 await send_blob(writer, blob)
             finally:
                 writer.close()
-
-
-def _stream_open_request(peer: bytes, protocol: str) -> Any:
-    """p2pd's request to open a stream to `peer` speaking `protocol`."""
-    return p2pd_pb2.Request(
-        type=p2pd_pb2.Request.STREAM_OPEN,
-        streamOpen=p2pd_pb2.StreamOpenRequest(peer=peer, proto=[protocol]),
-    )
-
-
-@contextlib.contextmanager
-def _children_in_own_session() -> Iterator[None]:
-    """Start p2pd in its own session (hivemind offers no option for it).
-
-    A terminal's Ctrl+C (SIGINT) and hang-up (SIGHUP) go to the whole foreground process
-    group; in its own session p2pd is spared, so the node can still publish its last update
-    and then stop p2pd itself. The orphan reaper still ends p2pd if the node dies.
-    Only the swarm's loop thread spawns processes through asyncio while this is in effect.
-    """
-    original = asyncio.subprocess.create_subprocess_exec
-
-    async def spawn(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
-        kwargs.setdefault("start_new_session", True)
-        return await original(*args, **kwargs)
-
-    asyncio.subprocess.create_subprocess_exec = spawn  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        asyncio.subprocess.create_subprocess_exec = original  # type: ignore[assignment]

@@ -76,6 +76,8 @@ def tuned_p2p(flags: Mapping[str, str]) -> type[P2P]:
     extra = dict(flags)
 
     class TunedP2P(P2P):
+        # hivemind's private hook, kept: P2P.create builds p2pd's command line here and has
+        # no public parameter for extra daemon flags (relay limits, relay discovery).
         def _make_process_args(self, *args: Any, **kwargs: Any) -> list[str]:  # type: ignore[override]
             return P2P._make_process_args(*args, **{**kwargs, **extra})
 

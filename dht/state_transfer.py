@@ -17,6 +17,7 @@ import blake3
 from dht.budget import StreamLimits
 from dht.heartbeat import Heartbeat
 from dht.membership import Membership
+from dht.merge_port import MergePort
 from dht.messages import (
     MAX_SEAL_BYTES,
     MAX_STATE_META_BYTES,
@@ -24,12 +25,8 @@ from dht.messages import (
     parse_state_manifest,
     parse_state_seal,
 )
-from dht.network import (
-    MIN_LINK_BYTES_PER_S,
-    REQUEST_READ_TIMEOUT_S,
-    Rejections,
-    SwarmNetwork,
-)
+from dht.network import MIN_LINK_BYTES_PER_S, REQUEST_READ_TIMEOUT_S, SwarmNetwork
+from dht.rejections import Rejections
 from dht.state_check import (
     StateCheckError,
     StateVerdict,
@@ -48,7 +45,6 @@ from dht.tensor_stream import (
 )
 from dht.transport import TransportError, encode_request, receive_blob, send_blob, send_refusal
 from merge.identity import Identity
-from merge.pipeline import UpdatePipeline
 from merge.sketch import ReplicaSketch, StateSketch
 
 logger = logging.getLogger(__name__)
@@ -84,7 +80,7 @@ class StateTransfer:
         self,
         network: SwarmNetwork,
         membership: Membership,
-        pipeline: UpdatePipeline,
+        pipeline: MergePort,
         *,
         merge_pool: Executor,
         reject: Rejections,

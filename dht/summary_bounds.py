@@ -12,7 +12,7 @@ names), to the ids this node could plausibly lack:
 - at most `max_ids_per_author` ids per author and `max_ids` in all are kept; the rest are
   counted as `over_cap` (a later exchange names them again once the first are fetched).
 
-Pure: no network, no clock; dht.gossip runs it off the loop and counts what it refused.
+Pure: no network, no clock; dht.gossip_repair runs it off the loop and counts what it refused.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The swarm: discovery, heartbeats, gossip of signed pseudo-gradients, state download.
 
 A facade over the parts in dht/: the network core (network.py), membership and heartbeats
-(membership.py), gossip (gossip.py) and state transfer (state_transfer.py). Everything runs
-on one asyncio loop in a background thread, so the learner never waits on the network.
+(membership.py), gossip (gossip.py over gossip_*.py) and state transfer (state_transfer.py).
+Everything runs on one asyncio loop in a background thread, so the learner never waits on
+the network.
 hivemind's DHT (a forked process) holds small signed records: heartbeats, update
 announcements (signed headers) and holder lists. Payloads and replica state travel over
 libp2p streams of the node's own p2pd, never through DHT.store.
@@ -19,13 +20,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dht.gossip import Gossip
 from dht.heartbeat import Heartbeat
 from dht.membership import Membership, PeerView
-from dht.network import Rejections, RunMismatchError, SwarmConfig, SwarmError, SwarmNetwork
+from dht.merge_port import MergePort
+from dht.network import RunMismatchError, SwarmConfig, SwarmError, SwarmNetwork
 from dht.reachability import PathKind
+from dht.rejections import Rejections
 from dht.state_transfer import StateTransfer, TransferStats
 from merge.envelope import SignedUpdate
 from merge.identity import Identity
-from merge.pipeline import MergeResult, UpdatePipeline
 from merge.replica import Replica
+from merge.result import MergeResult
 
 __all__ = [
     "PeerView",
@@ -45,7 +48,7 @@ class Swarm:
         config: SwarmConfig,
         identity: Identity,
         replica: Replica,
-        pipeline: UpdatePipeline,
+        pipeline: MergePort,
         *,
         heartbeat_fn: Callable[[], Heartbeat],
         on_merge: Callable[[MergeResult], None],

@@ -39,6 +39,7 @@ from merge.learners import LearnerFloor
 from merge.outer import OuterConfig
 from merge.rejections import RejectionLog
 from merge.replica import Replica, parse_applied
+from merge.result import MergeResult
 from merge.robust import RobustConfig, RobustFilter, Verdict
 from merge.weighting import StalenessConfig, TokenWeightConfig, staleness_weight, token_weight
 
@@ -96,27 +97,6 @@ class MergeConfig:
         return dataclasses.asdict(self)
 
 
-@dataclass(frozen=True)
-class MergeResult:
-    """What became of one submitted update."""
-
-    accepted: bool
-    author: str
-    seq: int
-    staleness: int
-    weight: float
-    reason: str | None
-    learners: int = 1
-    """The learner count the update was sized by (one round of that many makes a step)."""
-    blocks_corrected: int = 0
-    """Blocks of the update that the staleness correction changed."""
-    robust: str | None = None
-    """A robust verdict (merge.robust.REASONS) that clipped or zeroed the update's contribution;
-    its id is applied all the same, so replicas keep one applied set."""
-    inner_steps: int = 0
-    """Inner steps behind the update, as its signed header says (0 for a rejected one)."""
-
-
 class _Rejected(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -124,7 +104,11 @@ class _Rejected(Exception):
 
 
 class UpdatePipeline:
-    """Validates untrusted updates and applies the good ones to a replica; thread-safe."""
+    """Validates untrusted updates and applies the good ones to a replica; thread-safe.
+
+    It is what dht/ calls through its merge port (dht.merge_port.MergePort, satisfied
+    structurally: merge/ imports no dht), so a change to the methods that port names is a
+    change to the network layer's interface."""
 
     def __init__(self, replica: Replica, config: MergeConfig, fingerprint: str) -> None:
         if not isinstance(fingerprint, str) or not _HEX64.fullmatch(fingerprint):

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from dht.budget import StreamLimits
-from dht.network import Rejections, SwarmConfig, SwarmNetwork
+from dht.network import SwarmConfig, SwarmNetwork
+from dht.rejections import Rejections
 from dht.transport import TransportError, receive_blob, send_blob
 from merge.identity import Identity
 

@@ -1,4 +1,4 @@
-"""Who a published header is pushed to (dht.gossip.push_targets): every peer that has
+"""Who a published header is pushed to (dht.gossip_context.push_targets): every peer that has
 contributed, and a bounded number of peers that have not, so ~1,000 Sybil heartbeats cost a
 publish a few streams while every honest learner still hears of each update at once."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dht.gossip import MAX_PUSH_NEWCOMERS, push_targets
+from dht.gossip_context import MAX_PUSH_NEWCOMERS, push_targets
 
 peers = st.lists(st.text("abcdef", min_size=1, max_size=4), unique=True, max_size=40)
 

@@ -1,0 +1,77 @@
+"""Evidence: proofs of equivocation (two signed payloads under one update id), settled here by
+the merge and passed on to the peers gossip pushes to."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from dht.budget import StreamLimits
+from dht.gossip_context import GossipContext
+from dht.network import REQUEST_READ_TIMEOUT_S
+from dht.transport import TooLargeError, TransportError, receive_blob
+from merge.envelope import EnvelopeError, SignedUpdate, UpdateHeader
+from merge.equivocation import MAX_PROOF_BYTES, Proof, ProofError
+
+logger = logging.getLogger(__name__)
+EVIDENCE_LIMITS = StreamLimits(rate_per_s=2.0, burst=16.0, max_in_flight=2, deadline_s=10.0)
+"""Proofs of equivocation a peer may push (an honest one passes on each proof once)."""
+
+
+class Evidence:
+    """Settles proofs of equivocation (off the loop: one may withdraw an applied update) and
+    passes each on once; a bad pushed proof is counted against its sender."""
+
+    def __init__(self, context: GossipContext) -> None:
+        self._ctx = context
+
+    def on_evidence(self, proof: Proof | None, sender: str | None = None) -> None:
+        """Settle a proof off the loop (it may withdraw an applied update), then pass it on."""
+        if proof is not None and self._ctx.active:
+            self._ctx.network.spawn(self._settle(proof, sender))
+
+    async def _settle(self, proof: Proof, sender: str | None) -> None:
+        ctx = self._ctx
+        action = await ctx.off_loop(ctx.merge.learn_proof, proof, self._retained_update)
+        ctx.catchup.fetched(proof.update_id)
+        if action == "none":
+            return
+        author, seq = proof.update_id
+        ctx.on_event("equivocation_proven", author=author, seq=seq, action=action)
+        blob = proof.to_bytes()
+        peers = ctx.push_targets(exclude=sender)
+        await asyncio.gather(
+            *(ctx.network.send(p, "evidence", blob, timeout_s=5.0) for p in peers),
+            return_exceptions=True,
+        )
+
+    def _retained_update(self, header: UpdateHeader) -> SignedUpdate | None:
+        """The update applied here under `header`'s id, from the retained copies (off the loop)."""
+        data = self._ctx.retained.get(header.update_id)
+        if data is None:
+            return None
+        try:
+            return SignedUpdate.from_bytes(data)
+        except EnvelopeError:
+            return None
+
+    async def rpc_evidence(self, info: Any, reader: Any, writer: Any) -> None:
+        """A pushed proof of equivocation: checked (both signatures, this run) before anything
+        is done with it; a bad one is counted against its sender."""
+        ctx, sender = self._ctx, str(info.peer_id)
+        try:
+            blob = await asyncio.wait_for(
+                receive_blob(reader, max_bytes=MAX_PROOF_BYTES), REQUEST_READ_TIMEOUT_S
+            )
+            if not ctx.membership.is_alive(sender):
+                ctx.reject("evidence_unknown_peer", sender, "no live heartbeat", update=False)
+                return
+            proof = Proof.from_bytes(blob, ctx.config.fingerprint)
+            self.on_evidence(proof, sender)
+        except ProofError as exc:
+            ctx.reject(f"evidence_{exc.reason}", sender, str(exc), update=False)
+        except TooLargeError as exc:
+            ctx.reject("evidence_too_large", sender, str(exc), update=False)
+        except (TransportError, OSError, TimeoutError) as exc:
+            logger.debug("evidence from %s dropped: %s", sender, exc)

@@ -1,0 +1,105 @@
+"""Fetching: an update CatchUp chose, asked of the peer it chose, checked, then merged (off the
+loop) and retained for others."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+
+from dht.catchup import Fetch
+from dht.gossip_context import GossipContext
+from dht.state_transfer import TransferStats
+from dht.transport import TooLargeError, TransportError
+from merge.envelope import EnvelopeError, SignedUpdate
+from merge.equivocation import Proof
+
+logger = logging.getLogger(__name__)
+
+
+class Fetcher:
+    """Fetches and merges one update at a time per `Fetch`; what a peer serves wrongly is
+    counted against it, and a failed fetch goes back to CatchUp to try another source."""
+
+    def __init__(
+        self,
+        context: GossipContext,
+        *,
+        on_evidence: Callable[[Proof | None], None],
+        retain: Callable[[SignedUpdate], Awaitable[None]],
+    ) -> None:
+        self._ctx = context
+        self._on_evidence = on_evidence
+        self._retain = retain
+        self.fetches: deque[TransferStats] = deque(maxlen=1000)
+        """The last fetches' sizes and speeds (the dashboard's transfer figures)."""
+
+    async def fetch_and_merge(self, fetch: Fetch) -> None:
+        ctx, uid = self._ctx, fetch.update_id
+        update = await self._fetch_update(fetch)
+        if update is None:
+            ctx.catchup.failed(uid, fetch.peer_id, time.monotonic())
+            ctx.kick()
+            return
+        result = await ctx.off_loop(ctx.merge.submit, update)
+        ctx.catchup.fetched(uid)
+        if result.reason == "equivocation":
+            self._on_evidence(ctx.merge.evidence(update.signed_header))
+        if result.reason != "duplicate":
+            ctx.on_merge(result)
+        if result.accepted:
+            await self._retain(update)
+        ctx.kick()
+
+    async def _fetch_update(self, fetch: Fetch) -> SignedUpdate | None:
+        """The update from `fetch.peer_id`, or None when it could not or would not give it."""
+        data = await self._fetch_from(fetch.peer_id, fetch.author, fetch.seq)
+        if data is None:
+            return None
+        try:
+            update = SignedUpdate.from_bytes(data)
+        except EnvelopeError as exc:
+            self._ctx.reject(exc.reason, fetch.peer_id, str(exc), seq=fetch.seq)
+            return None
+        if update.header.update_id != fetch.update_id:
+            self._ctx.reject("malformed", fetch.peer_id, "served another update", seq=fetch.seq)
+            return None
+        return update
+
+    async def _fetch_from(self, peer_id: str, author: str, seq: int) -> bytes | None:
+        ctx = self._ctx
+        if peer_id == ctx.peer_id:
+            return None
+        started = time.perf_counter()
+        try:
+            data = await ctx.network.request(
+                peer_id,
+                "update",
+                ctx.config.max_update_bytes,
+                author,
+                seq,
+                timeout_s=ctx.transfer_timeout_s,
+            )
+        except TooLargeError as exc:
+            ctx.reject("too_large", peer_id, str(exc), seq=seq, update=peer_id == author)
+            if peer_id == author:  # what its signed header names will not shrink: settled
+                ctx.catchup.fetched((author, seq))
+            return None
+        except (TimeoutError, TransportError, OSError, ValueError) as exc:
+            logger.debug("fetching %s/%d from %s failed: %s", author, seq, peer_id, exc)
+            return None
+        self._report(TransferStats(len(data), time.perf_counter() - started, peer_id), author, seq)
+        return data
+
+    def _report(self, stats: TransferStats, author: str, seq: int) -> None:
+        self.fetches.append(stats)
+        self._ctx.on_event(
+            "update_fetched",
+            author=author,
+            seq=seq,
+            peer_id=stats.peer_id,
+            megabytes=round(stats.num_bytes / 1e6, 3),
+            seconds=round(stats.seconds, 4),
+            mb_per_s=round(stats.mb_per_s, 2),
+        )
