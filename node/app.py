@@ -228,6 +228,7 @@ def _compose(config: JoinConfig, events: EventLog, locks: list[ResourceLock]) ->
         checkpoint_dir=checkpoint_dir,
         fingerprint=spec.fingerprint,
         model={"name": config.model, "vocab_size": spec.model.vocab_size},
+        settings=run_settings,
         peer_id=peer_id,
         inner_steps=config.inner_steps,
         replica=replica,

@@ -89,6 +89,10 @@ def save_checkpoint(directory: Path, state: dict[str, Any], layout: Layout) -> P
         "fingerprint": state["fingerprint"],
         "weights": weights_name,
         "state": state_name,
+        # Readable without the training file: export lists nodes by round, and a node of
+        # another configuration is told which settings differ.
+        "round": state.get("round"),
+        "settings": state.get("settings"),
     }
     path = directory / MANIFEST_FILE
     _write_atomic(path, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
@@ -105,13 +109,33 @@ def read_checkpoint(directory: Path) -> dict[str, Any] | None:
         legacy = directory / LEGACY_FILE
         if legacy.exists():
             return _torch_load(legacy)
-        nodes = [d for d in directory.glob("*/") if (d / MANIFEST_FILE).exists()]
+        nodes = node_checkpoints(directory)
         # A run's directory holding one node's (the default layout): that node's.
         return read_checkpoint(nodes[0]) if len(nodes) == 1 else None
     fingerprint = str(json.loads(manifest_path.read_text()).get("fingerprint"))
     state = load_checkpoint(directory, fingerprint, None)
     assert state is not None
     return state
+
+
+def node_checkpoints(run_dir: Path) -> list[Path]:
+    """The nodes' checkpoint directories in a run's directory (RUN_ID/PEER_ID), sorted."""
+    return sorted(d for d in run_dir.glob("*/") if (d / MANIFEST_FILE).exists())
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """The manifest of the checkpoint in `directory` ({} if it has none or it is unreadable)."""
+    try:
+        manifest = json.loads((directory / MANIFEST_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
+def checkpoint_round(directory: Path) -> int | None:
+    """Rounds done by the checkpoint in `directory`, from its manifest (None: not recorded)."""
+    found = read_manifest(directory).get("round")
+    return found if type(found) is int else None
 
 
 def load_checkpoint(

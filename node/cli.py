@@ -223,6 +223,12 @@ def run_export(args: argparse.Namespace) -> int:
         f"wrote {result.out}: {result.model}, {result.num_params:,} parameters, "
         f"replica of round {result.round}"
     )
+    if result.num_applied == 0:
+        print(
+            "diloco-node: warning: this replica has merged no update yet: the exported model "
+            "is untrained (the run's initial weights)",
+            file=sys.stderr,
+        )
     return 0
 
 
