@@ -10,7 +10,9 @@ A checkpoint directory holds one generation of two files and a manifest naming t
 Each file is written to a temporary name, fsynced and renamed; the manifest is replaced last,
 so a crash at any moment leaves the previous generation or the new one, never a mix. The
 weights file loads anywhere with `safetensors.torch.load_file`, without this package.
-A version 1 checkpoint (one checkpoint.pt) is still read.
+A version 1 checkpoint (one checkpoint.pt) is still read. The training file holds large
+all-zero tensors, and a partial round's base equal to the replica, as small markers
+(node.state_compaction); checkpoints written before that load unchanged.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from typing import IO, Any
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
+
+from node.state_compaction import compact, expand
 
 MANIFEST_FILE = "checkpoint.json"
 LEGACY_FILE = "checkpoint.pt"
@@ -72,11 +76,12 @@ def save_checkpoint(directory: Path, state: dict[str, Any], layout: Layout) -> P
     """
     directory.mkdir(parents=True, exist_ok=True)
     replica = dict(state["replica"])
-    weights = split_weights(replica.pop("params"), layout)
+    params = replica.pop("params")
+    weights = split_weights(params, layout)
     rest = {
         "format_version": FORMAT_VERSION,
-        **state,
-        "replica": replica,
+        # Zeros and a partial round's base equal to the replica as markers (state_compaction).
+        **compact({**state, "replica": replica}, params),
         "param_layout": [(name, list(shape)) for name, shape in layout],
     }
     gen = secrets.token_hex(6)
@@ -169,7 +174,12 @@ def load_checkpoint(
     replica = state.get("replica")
     if not isinstance(replica, dict):
         raise CheckpointError(f"checkpoint {state_path} has no replica state")
-    state["replica"] = {**replica, "params": join_weights(weights, layout or _saved_layout(state))}
+    params = join_weights(weights, layout or _saved_layout(state))
+    try:
+        state = expand(state, params)
+    except ValueError as exc:
+        raise CheckpointError(f"checkpoint {state_path} is damaged ({exc})") from None
+    state["replica"] = {**state["replica"], "params": params}
     return state
 
 
