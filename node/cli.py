@@ -20,6 +20,7 @@ from node.config import DEFAULT_IDENTITY, JoinConfig, add_dataclass_arguments, d
 from node.distributed import torchrun_rank
 from node.events import EventLog, JsonEventLog, configure_logging, make_event_log
 from node.export import export_checkpoint
+from node.local_nodes import find_local_nodes, nodes_dir
 from node.multigpu import run_multiprocess_join
 from node.runtime import Node
 from node.signals import stop_on_signals
@@ -58,7 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_dataclass_arguments(join, JoinConfig)
     join.set_defaults(handler=run_join)
     status = commands.add_parser("status", help="print the swarm's peers without training")
-    status.add_argument("--peers", nargs="+", required=True, metavar="MADDR", help="any members")
+    status.add_argument(
+        "--peers",
+        nargs="+",
+        metavar="MADDR",
+        help="any members (default: the nodes running on this machine)",
+    )
     status.add_argument(
         "--run-id", default=None, help="run to show (default: every run found through the peers)"
     )
@@ -181,12 +187,27 @@ def run_join(args: argparse.Namespace) -> int:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    peers = [str(parse_peer_maddr(p)) for p in args.peers]
+    peers = [str(parse_peer_maddr(p)) for p in args.peers or local_peers()]
     with SwarmObserver(peers) as observer:
         run_ids = [args.run_id] if args.run_id is not None else observer.run_ids()
         snapshots = [snap for run_id in run_ids for snap in observer.snapshot(run_id)]
     print_status(args.run_id, snapshots, as_json=args.json)
     return 0
+
+
+def local_peers() -> list[str]:
+    """The addresses of the nodes running on this machine (their control files), said on
+    stderr (stdout may be status's JSON); UserError when there is none."""
+    directory = nodes_dir()
+    nodes = find_local_nodes(directory) if directory.is_dir() else []
+    if not nodes:
+        raise UserError(
+            f"no node runs on this machine (none announced in {directory}); "
+            "pass --peers MADDR of any member of the swarm"
+        )
+    listed = ", ".join(f"{n.peer_id} (run '{n.run_id}', pid {n.pid})" for n in nodes)
+    print(f"nodes on this machine: {listed}", file=sys.stderr)
+    return [n.dial_maddr() for n in nodes]
 
 
 def run_dashboard(args: argparse.Namespace) -> int:

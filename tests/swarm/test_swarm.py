@@ -75,11 +75,14 @@ def test_three_nodes_train_together_and_survive_the_bootstrap_dying(launch: Laun
     assert drifts, "replicas with equal applied sets should have been compared"
     assert max(drifts) < 0.05, drifts
 
+    # No --peers: status finds node1 through its control file in node1's HOME.
     status = subprocess.run(
-        [sys.executable, "-m", "node", "status", "--peers", nodes[1].maddrs[0], "--json"],
+        [sys.executable, "-m", "node", "status", "--json"],
         cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "HOME": str(nodes[1].home)},
     )  # fmt: skip
     assert status.returncode == 0, status.stderr
+    assert f"nodes on this machine: {nodes[1].peer_id}" in status.stderr
     peers = json.loads(status.stdout)["runs"][0]["peers"]
     assert {p["peer_id"] for p in peers} == {n.peer_id for n in nodes}
     assert all(p["state"] == "training" and p["applied"] > 0 for p in peers)
