@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from dht.addresses import parse_peer_maddr
+from dht.network import SwarmError
 from dht.observer import SwarmObserver
 from merge.identity import Identity
 from node.app import StandaloneConfig, serve_dashboard
@@ -22,6 +23,7 @@ from node.events import EventLog, JsonEventLog, configure_logging, make_event_lo
 from node.export import export_checkpoint
 from node.local_nodes import find_local_nodes, nodes_dir
 from node.multigpu import run_multiprocess_join
+from node.run_choice import SwarmRun, choose_run, run_id_given, swarm_run
 from node.runtime import Node
 from node.signals import stop_on_signals
 from node.status import print_status
@@ -172,6 +174,7 @@ def run_bootstrap_command(args: argparse.Namespace) -> int:
 
 
 def run_join(args: argparse.Namespace) -> int:
+    args = with_swarm_run(args)
     config: JoinConfig = dataclass_from_args(JoinConfig, args)
     if config.nproc_per_node > 1 or torchrun_rank() is not None:
         return run_multiprocess_join(config, args.argv)
@@ -184,6 +187,46 @@ def run_join(args: argparse.Namespace) -> int:
     finally:
         events.close()
     return 0
+
+
+def with_swarm_run(args: argparse.Namespace) -> argparse.Namespace:
+    """`join --peers M` without --run-id: the run the swarm trains, with its settings (flags
+    on the command line still win); unchanged when the swarm trains none yet."""
+    argv: list[str] = args.argv
+    join_args = argv[argv.index("join") + 1 :] if "join" in argv else argv
+    peers, swarm = getattr(args, "peers", None), getattr(args, "swarm", True)
+    named = "run_id" in vars(args) or run_id_given(join_args)
+    if not peers or not swarm or named:
+        return args
+    run = choose_run(discover_runs(peers))
+    if run is None:
+        return args
+    print(
+        f"the swarm trains one run, {run.describe()}: joining it "
+        "(--run-id RUN to start or join another)",
+        file=sys.stderr,
+    )
+    new_argv = ["join", *run.join_flags(), *join_args]
+    chosen = build_parser().parse_args(new_argv)
+    chosen.argv = new_argv  # a multi-GPU join's ranks re-execute this, naming the run
+    return chosen
+
+
+def discover_runs(peers: list[str]) -> list[SwarmRun]:
+    """The runs with live peers in the swarm reached through `peers` ([] if unreachable:
+    the join then says so itself, after its retries)."""
+    maddrs = [str(parse_peer_maddr(p)) for p in peers]
+    try:
+        with SwarmObserver(maddrs) as observer:
+            runs = []
+            for run_id in observer.run_ids():
+                live = [snap for snap in observer.snapshot(run_id) if snap.peers]
+                if live:
+                    runs.append(swarm_run(run_id, [snap.run_summary for snap in live]))
+            return runs
+    except SwarmError as exc:
+        logger.info("could not list the swarm's runs: %s", exc)
+        return []
 
 
 def run_status(args: argparse.Namespace) -> int:

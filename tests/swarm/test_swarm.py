@@ -138,12 +138,15 @@ def test_a_node_frozen_past_the_gap_wait_comes_back_to_the_same_applied_set(
 
 
 def test_a_node_with_another_model_config_is_refused_clearly(launch: Launch) -> None:
-    first = launch(*RUN, name="node0")
+    first = launch(*RUN, "--run-id", "their-run", name="node0")
     maddr = first.wait_listening(START_S)[0]
-    other = launch(*RUN, "--seed", "7", "--peers", maddr, name="odd")
+    other = launch(*RUN, "--seed", "7", "--peers", maddr, name="odd")  # no --run-id
     assert other.wait_exit(START_S) != 0
     error = other.stderr_tail()
-    assert "different model or run configuration" in error
+    # The run its peer trains, with that run's settings (not diloco-default beside it) ...
+    assert "the swarm trains one run, 'their-run' (" in error
+    # ... and the flag given on the command line, which wins, named as the difference.
+    assert "run 'their-run' in this swarm uses a different model or run configuration" in error
     assert "seed: swarm 0, yours 7" in error  # each differing setting named, not two dicts
     assert "Traceback" not in error
 
