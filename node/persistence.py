@@ -176,7 +176,7 @@ def check_same_run(directory: Path, fingerprint: str, settings: dict[str, Any]) 
     flags = join_arguments({name: theirs_value for name, (theirs_value, _) in differences.items()})
     resume = f"pass {shlex.join(flags)} to resume it" if flags else "resume it with its settings"
     raise CheckpointError(
-        f"checkpoint in {directory} belongs to another run or model configuration "
+        f"checkpoint in {directory} belongs to a different run or model configuration "
         f"({describe_differences({'settings': theirs}, settings, label='checkpoint')}); "
         f"{resume}, or another --checkpoint-dir"
     )

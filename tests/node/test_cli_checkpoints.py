@@ -85,6 +85,6 @@ def test_resuming_a_checkpoint_of_other_settings_names_them_and_the_flag(
     shutil.copytree(trained, checkpoint, ignore=shutil.ignore_patterns(".lock"))
     argv = _tiny_join(tmp_path, checkpoint, "--max-rounds", "1", "--outer-lr", "0.5")
     line = _failure(capsys, argv)
-    assert f"checkpoint in {checkpoint} belongs to another run or model configuration" in line
+    assert f"checkpoint in {checkpoint} belongs to a different run or model configuration" in line
     assert "(outer_lr: checkpoint 0.7, yours 0.5)" in line
     assert "pass --outer-lr 0.7 to resume it, or another --checkpoint-dir" in line
