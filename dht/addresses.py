@@ -91,10 +91,25 @@ def without_peer_id(maddr: Multiaddr) -> Multiaddr:
 
 
 def join_hint(maddrs: list[str], extra_args: list[str]) -> str:
-    """A shell command another machine can paste to join through the given full addresses."""
+    """A shell command another machine can paste to join through the given full addresses,
+    those it can reach first (a loopback address serves only this machine's nodes)."""
     if not maddrs:
         raise AddressError("there is no address to put in the join command")
-    return shlex.join(["diloco-node", "join", "--peers", *maddrs, *extra_args])
+    reachable_first = sorted(maddrs, key=is_loopback)
+    return shlex.join(["diloco-node", "join", "--peers", *reachable_first, *extra_args])
+
+
+def is_loopback(maddr: str) -> bool:
+    """Whether the address is /ip4/127.x or /ip6/::1 (or /dns*/localhost)."""
+    parts = maddr.split("/")
+    if len(parts) < 3:
+        return False
+    if parts[1] in ("dns", "dns4", "dns6"):
+        return parts[2].lower() == LOCALHOST
+    try:
+        return parts[1] in ("ip4", "ip6") and ipaddress.ip_address(parts[2]).is_loopback
+    except ValueError:
+        return False
 
 
 def _parse_dialable(text: str, *, flag: str) -> Multiaddr:

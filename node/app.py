@@ -48,6 +48,7 @@ from node.events import EventLog
 from node.fingerprint import fingerprint_settings
 from node.learner import Learner, resolve_device
 from node.lifecycle import adopt_legacy_checkpoint, preflight
+from node.local_nodes import ControlFileEvents
 from node.locks import ResourceLock, checkpoint_lock, lock_identity
 from node.model import build_model
 from node.persistence import Persistence
@@ -150,6 +151,8 @@ def _compose(config: JoinConfig, events: EventLog, locks: list[ResourceLock]) ->
     dashboard = build_dashboard(config, peer_id, lambda: telemetry.status())
     if dashboard is not None:
         events = dashboard.tee(events)
+    if config.swarm:  # `status` without --peers finds it through its control file
+        events = ControlFileEvents(events, config.run_id)
     allowlist = AllowList.load(config.allow_keys) if config.allow_keys else None
     if allowlist is not None:  # a permissioned run: only listed keys contribute
         pipeline.admit = allowlist.allows
@@ -228,6 +231,7 @@ def _compose(config: JoinConfig, events: EventLog, locks: list[ResourceLock]) ->
         checkpoint_dir=checkpoint_dir,
         fingerprint=spec.fingerprint,
         model={"name": config.model, "vocab_size": spec.model.vocab_size},
+        settings=run_settings,
         peer_id=peer_id,
         inner_steps=config.inner_steps,
         replica=replica,

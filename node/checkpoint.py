@@ -10,7 +10,9 @@ A checkpoint directory holds one generation of two files and a manifest naming t
 Each file is written to a temporary name, fsynced and renamed; the manifest is replaced last,
 so a crash at any moment leaves the previous generation or the new one, never a mix. The
 weights file loads anywhere with `safetensors.torch.load_file`, without this package.
-A version 1 checkpoint (one checkpoint.pt) is still read.
+A version 1 checkpoint (one checkpoint.pt) is still read. The training file holds large
+all-zero tensors, and a partial round's base equal to the replica, as small markers
+(node.state_compaction); checkpoints written before that load unchanged.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from typing import IO, Any
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
+
+from node.state_compaction import compact, expand
 
 MANIFEST_FILE = "checkpoint.json"
 LEGACY_FILE = "checkpoint.pt"
@@ -72,11 +76,12 @@ def save_checkpoint(directory: Path, state: dict[str, Any], layout: Layout) -> P
     """
     directory.mkdir(parents=True, exist_ok=True)
     replica = dict(state["replica"])
-    weights = split_weights(replica.pop("params"), layout)
+    params = replica.pop("params")
+    weights = split_weights(params, layout)
     rest = {
         "format_version": FORMAT_VERSION,
-        **state,
-        "replica": replica,
+        # Zeros and a partial round's base equal to the replica as markers (state_compaction).
+        **compact({**state, "replica": replica}, params),
         "param_layout": [(name, list(shape)) for name, shape in layout],
     }
     gen = secrets.token_hex(6)
@@ -89,6 +94,10 @@ def save_checkpoint(directory: Path, state: dict[str, Any], layout: Layout) -> P
         "fingerprint": state["fingerprint"],
         "weights": weights_name,
         "state": state_name,
+        # Readable without the training file: export lists nodes by round, and a node of
+        # another configuration is told which settings differ.
+        "round": state.get("round"),
+        "settings": state.get("settings"),
     }
     path = directory / MANIFEST_FILE
     _write_atomic(path, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
@@ -105,13 +114,33 @@ def read_checkpoint(directory: Path) -> dict[str, Any] | None:
         legacy = directory / LEGACY_FILE
         if legacy.exists():
             return _torch_load(legacy)
-        nodes = [d for d in directory.glob("*/") if (d / MANIFEST_FILE).exists()]
+        nodes = node_checkpoints(directory)
         # A run's directory holding one node's (the default layout): that node's.
         return read_checkpoint(nodes[0]) if len(nodes) == 1 else None
     fingerprint = str(json.loads(manifest_path.read_text()).get("fingerprint"))
     state = load_checkpoint(directory, fingerprint, None)
     assert state is not None
     return state
+
+
+def node_checkpoints(run_dir: Path) -> list[Path]:
+    """The nodes' checkpoint directories in a run's directory (RUN_ID/PEER_ID), sorted."""
+    return sorted(d for d in run_dir.glob("*/") if (d / MANIFEST_FILE).exists())
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """The manifest of the checkpoint in `directory` ({} if it has none or it is unreadable)."""
+    try:
+        manifest = json.loads((directory / MANIFEST_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
+def checkpoint_round(directory: Path) -> int | None:
+    """Rounds done by the checkpoint in `directory`, from its manifest (None: not recorded)."""
+    found = read_manifest(directory).get("round")
+    return found if type(found) is int else None
 
 
 def load_checkpoint(
@@ -145,7 +174,12 @@ def load_checkpoint(
     replica = state.get("replica")
     if not isinstance(replica, dict):
         raise CheckpointError(f"checkpoint {state_path} has no replica state")
-    state["replica"] = {**replica, "params": join_weights(weights, layout or _saved_layout(state))}
+    params = join_weights(weights, layout or _saved_layout(state))
+    try:
+        state = expand(state, params)
+    except ValueError as exc:
+        raise CheckpointError(f"checkpoint {state_path} is damaged ({exc})") from None
+    state["replica"] = {**state["replica"], "params": params}
     return state
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from dht.addresses import parse_peer_maddr
+from dht.network import SwarmError
 from dht.observer import SwarmObserver
 from merge.identity import Identity
 from node.app import StandaloneConfig, serve_dashboard
@@ -20,7 +21,9 @@ from node.config import DEFAULT_IDENTITY, JoinConfig, add_dataclass_arguments, d
 from node.distributed import torchrun_rank
 from node.events import EventLog, JsonEventLog, configure_logging, make_event_log
 from node.export import export_checkpoint
+from node.local_nodes import find_local_nodes, nodes_dir
 from node.multigpu import run_multiprocess_join
+from node.run_choice import SwarmRun, choose_run, run_id_given, swarm_run
 from node.runtime import Node
 from node.signals import stop_on_signals
 from node.status import print_status
@@ -58,7 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_dataclass_arguments(join, JoinConfig)
     join.set_defaults(handler=run_join)
     status = commands.add_parser("status", help="print the swarm's peers without training")
-    status.add_argument("--peers", nargs="+", required=True, metavar="MADDR", help="any members")
+    status.add_argument(
+        "--peers",
+        nargs="+",
+        metavar="MADDR",
+        help="any members (default: the nodes running on this machine)",
+    )
     status.add_argument(
         "--run-id", default=None, help="run to show (default: every run found through the peers)"
     )
@@ -166,6 +174,7 @@ def run_bootstrap_command(args: argparse.Namespace) -> int:
 
 
 def run_join(args: argparse.Namespace) -> int:
+    args = with_swarm_run(args)
     config: JoinConfig = dataclass_from_args(JoinConfig, args)
     if config.nproc_per_node > 1 or torchrun_rank() is not None:
         return run_multiprocess_join(config, args.argv)
@@ -180,13 +189,68 @@ def run_join(args: argparse.Namespace) -> int:
     return 0
 
 
+def with_swarm_run(args: argparse.Namespace) -> argparse.Namespace:
+    """`join --peers M` without --run-id: the run the swarm trains, with its settings (flags
+    on the command line still win); unchanged when the swarm trains none yet."""
+    argv: list[str] = args.argv
+    join_args = argv[argv.index("join") + 1 :] if "join" in argv else argv
+    peers, swarm = getattr(args, "peers", None), getattr(args, "swarm", True)
+    named = "run_id" in vars(args) or run_id_given(join_args)
+    if not peers or not swarm or named:
+        return args
+    run = choose_run(discover_runs(peers))
+    if run is None:
+        return args
+    print(
+        f"the swarm trains one run, {run.describe()}: joining it "
+        "(--run-id RUN to start or join another)",
+        file=sys.stderr,
+    )
+    new_argv = ["join", *run.join_flags(), *join_args]
+    chosen = build_parser().parse_args(new_argv)
+    chosen.argv = new_argv  # a multi-GPU join's ranks re-execute this, naming the run
+    return chosen
+
+
+def discover_runs(peers: list[str]) -> list[SwarmRun]:
+    """The runs with live peers in the swarm reached through `peers` ([] if unreachable:
+    the join then says so itself, after its retries)."""
+    maddrs = [str(parse_peer_maddr(p)) for p in peers]
+    try:
+        with SwarmObserver(maddrs) as observer:
+            runs = []
+            for run_id in observer.run_ids():
+                live = [snap for snap in observer.snapshot(run_id) if snap.peers]
+                if live:
+                    runs.append(swarm_run(run_id, [snap.run_summary for snap in live]))
+            return runs
+    except SwarmError as exc:
+        logger.info("could not list the swarm's runs: %s", exc)
+        return []
+
+
 def run_status(args: argparse.Namespace) -> int:
-    peers = [str(parse_peer_maddr(p)) for p in args.peers]
+    peers = [str(parse_peer_maddr(p)) for p in args.peers or local_peers()]
     with SwarmObserver(peers) as observer:
         run_ids = [args.run_id] if args.run_id is not None else observer.run_ids()
         snapshots = [snap for run_id in run_ids for snap in observer.snapshot(run_id)]
     print_status(args.run_id, snapshots, as_json=args.json)
     return 0
+
+
+def local_peers() -> list[str]:
+    """The addresses of the nodes running on this machine (their control files), said on
+    stderr (stdout may be status's JSON); UserError when there is none."""
+    directory = nodes_dir()
+    nodes = find_local_nodes(directory) if directory.is_dir() else []
+    if not nodes:
+        raise UserError(
+            f"no node runs on this machine (none announced in {directory}); "
+            "pass --peers MADDR of any member of the swarm"
+        )
+    listed = ", ".join(f"{n.peer_id} (run '{n.run_id}', pid {n.pid})" for n in nodes)
+    print(f"nodes on this machine: {listed}", file=sys.stderr)
+    return [n.dial_maddr() for n in nodes]
 
 
 def run_dashboard(args: argparse.Namespace) -> int:
@@ -223,6 +287,12 @@ def run_export(args: argparse.Namespace) -> int:
         f"wrote {result.out}: {result.model}, {result.num_params:,} parameters, "
         f"replica of round {result.round}"
     )
+    if result.num_applied == 0:
+        print(
+            "diloco-node: warning: this replica has merged no update yet: the exported model "
+            "is untrained (the run's initial weights)",
+            file=sys.stderr,
+        )
     return 0
 
 

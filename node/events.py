@@ -157,6 +157,8 @@ def _describe(event: str, f: dict[str, Any]) -> str | None:
     if event == "checkpoint_moved":
         return f"moved this node's checkpoint from {f['src']} to {f['path']}"
     if event == "checkpoint_saved":
+        if f.get("background"):
+            return None  # every few seconds mid-round: kept in the JSON log, not on the console
         partial = f" (round {f['round'] + 1} kept at step {f['step']})" if f.get("step") else ""
         return f"checkpoint saved to {f['path']}{partial}"
     if event == "stopped":

@@ -20,7 +20,13 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from node.checkpoint import CheckpointError, read_checkpoint
+from node.checkpoint import (
+    MANIFEST_FILE,
+    CheckpointError,
+    checkpoint_round,
+    node_checkpoints,
+    read_checkpoint,
+)
 from node.hf_model import HFCausalLM
 from node.model import GPT, ModelConfig, build_model, model_config
 
@@ -42,6 +48,8 @@ class ExportResult:
     model: str
     num_params: int
     round: int
+    num_applied: int
+    """Updates merged into the replica: 0 is the untrained initial model."""
 
 
 def checkpoint_model(state: dict[str, Any]) -> tuple[str, int] | None:
@@ -57,9 +65,13 @@ def checkpoint_model(state: dict[str, Any]) -> tuple[str, int] | None:
 
 def export_checkpoint(checkpoint_dir: Path, out: Path, model: str | None = None) -> ExportResult:
     """Write the replica of the checkpoint in `checkpoint_dir` to `out` as an HF model."""
+    _check_one_node(checkpoint_dir)
     state = read_checkpoint(checkpoint_dir)
     if state is None:
-        raise ValueError(f"no checkpoint in {checkpoint_dir}")
+        raise ValueError(
+            f"no checkpoint in {checkpoint_dir}; a node keeps its own in "
+            "~/.diloco/checkpoints/RUN_ID/PEER_ID unless it ran with --checkpoint-dir"
+        )
     name, config = _resolve_model(state, model)
     params = _replica_params(state)
     module = build_model(config, seed=0)
@@ -83,7 +95,32 @@ def export_checkpoint(checkpoint_dir: Path, out: Path, model: str | None = None)
         "num_applied": state.get("replica", {}).get("num_applied"),
     }
     (out / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
-    return ExportResult(out=out, model=name, num_params=expected, round=int(state.get("round", 0)))
+    return ExportResult(
+        out=out,
+        model=name,
+        num_params=expected,
+        round=int(state.get("round", 0)),
+        num_applied=int(provenance["num_applied"] or 0),
+    )
+
+
+def _check_one_node(run_dir: Path) -> None:
+    """A run's directory (RUN_ID/, the default layout) with several nodes' checkpoints:
+    which one to export is the user's choice, so name them all with their rounds."""
+    if (run_dir / MANIFEST_FILE).exists() or not run_dir.is_dir():
+        return
+    nodes = node_checkpoints(run_dir)
+    if len(nodes) > 1:
+        listed = ", ".join(f"{path} ({_round_label(path)})" for path in nodes)
+        raise ValueError(
+            f"{run_dir} holds the checkpoints of {len(nodes)} nodes; "
+            f"pass one of them as --checkpoint-dir: {listed}"
+        )
+
+
+def _round_label(node_dir: Path) -> str:
+    round_done = checkpoint_round(node_dir)
+    return "round unknown" if round_done is None else f"{round_done} rounds done"
 
 
 def _resolve_model(state: dict[str, Any], asked: str | None) -> tuple[str, ModelConfig]:

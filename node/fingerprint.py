@@ -46,19 +46,28 @@ def join_arguments(settings: dict[str, Any]) -> list[str]:
     return args
 
 
-def describe_differences(theirs: object, ours: dict[str, Any]) -> str:
-    """`inner_steps: swarm 100, yours 50; ...` from the swarm's run record and our settings
-    (a setting missing from either side is at its default)."""
-    swarm = _settings_of(theirs)
-    if swarm is None:
-        return f"swarm {theirs}, yours {json.dumps(ours, sort_keys=True)}"
-    defaults = {f.name: f.default for f in dataclasses.fields(JoinConfig)}
-    parts = []
-    for name in sorted(set(swarm) | set(ours)):
-        a, b = swarm.get(name, defaults.get(name)), ours.get(name, defaults.get(name))
-        if a != b:
-            parts.append(f"{name}: swarm {_show(a)}, yours {_show(b)}")
+def describe_differences(theirs: object, ours: dict[str, Any], label: str = "swarm") -> str:
+    """`inner_steps: swarm 100, yours 50; ...` from the swarm's run record (or, with `label`,
+    another holder's summary {"settings": ...}) and our settings."""
+    settings = _settings_of(theirs)
+    if settings is None:
+        return f"{label} {theirs}, yours {json.dumps(ours, sort_keys=True)}"
+    parts = [
+        f"{name}: {label} {_show(a)}, yours {_show(b)}"
+        for name, (a, b) in settings_differences(settings, ours).items()
+    ]
     return "; ".join(parts) or "the same settings, but another version of diloco-node"
+
+
+def settings_differences(theirs: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
+    """{name: (theirs, ours)} for each setting that differs (one missing is at its default)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(JoinConfig)}
+    differences = {}
+    for name in sorted(set(theirs) | set(ours)):
+        a, b = theirs.get(name, defaults.get(name)), ours.get(name, defaults.get(name))
+        if a != b:
+            differences[name] = (a, b)
+    return differences
 
 
 def _settings_of(summary: object) -> dict[str, Any] | None:

@@ -4,6 +4,7 @@ judged its updates), and resuming from them. The file format lives in node.check
 from __future__ import annotations
 
 import copy
+import shlex
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -12,8 +13,15 @@ from typing import Any
 from merge.feedback import Compressor
 from merge.pipeline import UpdatePipeline
 from merge.replica import Replica
-from node.checkpoint import CheckpointError, Layout, load_checkpoint, save_checkpoint
+from node.checkpoint import (
+    CheckpointError,
+    Layout,
+    load_checkpoint,
+    read_manifest,
+    save_checkpoint,
+)
 from node.events import EventLog
+from node.fingerprint import describe_differences, join_arguments, settings_differences
 from node.learner import Learner
 from node.progress import RoundProgress
 from node.seq_ledger import SeqLedger
@@ -30,6 +38,7 @@ class Persistence:
         checkpoint_dir: Path,
         fingerprint: str,
         model: dict[str, Any],
+        settings: dict[str, Any],
         peer_id: str,
         inner_steps: int,
         replica: Replica,
@@ -42,8 +51,11 @@ class Persistence:
         replica_changed: Callable[[], None],
         saved: Callable[[], None] = lambda: None,
     ) -> None:
-        """`saved` runs after each checkpoint (the swarm remembers its peers beside it)."""
+        """`settings`: the run's fingerprint settings (node.fingerprint), recorded so that a
+        node of another configuration is told which differ. `saved` runs after each
+        checkpoint (the swarm remembers its peers beside it)."""
         self.checkpoint_dir, self.fingerprint, self.model = checkpoint_dir, fingerprint, model
+        self.settings = settings
         self.peer_id, self.inner_steps = peer_id, inner_steps
         self.replica, self.pipeline, self.learner = replica, pipeline, learner
         self.error_feedback, self.stats, self.seq_ledger = error_feedback, stats, seq_ledger
@@ -60,6 +72,7 @@ class Persistence:
         return {
             "fingerprint": self.fingerprint,
             "model": self.model,
+            "settings": self.settings,
             "peer_id": self.peer_id,
             "round": self.stats.round,
             "seq": self.stats.seq,
@@ -88,20 +101,31 @@ class Persistence:
             return False
         state = copy.deepcopy(self.state_dict(partial))  # tensors the next steps change
         self._background = threading.Thread(
-            target=self._write, args=(state, partial), name="checkpoint", daemon=True
+            target=self._write, args=(state, partial, True), name="checkpoint", daemon=True
         )
         self._background.start()
         return True
 
-    def _write(self, state: dict[str, Any], partial: RoundProgress | None) -> None:
+    def _write(
+        self, state: dict[str, Any], partial: RoundProgress | None, background: bool = False
+    ) -> None:
+        """`background`: one of the periodic mid-round saves (the event log keeps them; the
+        console does not print them)."""
         with self._writing:
             path = save_checkpoint(self.checkpoint_dir, state, self.param_layout())
         step = partial.steps_done if partial is not None else 0
-        self.events.emit("checkpoint_saved", path=str(path), round=state["round"], step=step)
+        self.events.emit(
+            "checkpoint_saved",
+            path=str(path),
+            round=state["round"],
+            step=step,
+            background=background,
+        )
 
     def resume(self) -> RoundProgress | None:
         """Load the last checkpoint, if any; the round it stopped midway, if it did."""
         path = self.checkpoint_dir
+        check_same_run(path, self.fingerprint, self.settings)
         state = load_checkpoint(path, self.fingerprint, self.param_layout())
         if state is None:
             return None
@@ -138,3 +162,21 @@ class Persistence:
             return None, own_seq
         numel = self.replica.numel
         return RoundProgress.from_state_dict(partial, numel, self.inner_steps), own_seq
+
+
+def check_same_run(directory: Path, fingerprint: str, settings: dict[str, Any]) -> None:
+    """A checkpoint of another configuration: CheckpointError naming the settings that differ
+    and the flags that resume it (a checkpoint from before recorded settings: load_checkpoint's
+    plainer error)."""
+    manifest = read_manifest(directory)
+    theirs = manifest.get("settings")
+    if manifest.get("fingerprint") in (None, fingerprint) or not isinstance(theirs, dict):
+        return
+    differences = settings_differences(theirs, settings)
+    flags = join_arguments({name: theirs_value for name, (theirs_value, _) in differences.items()})
+    resume = f"pass {shlex.join(flags)} to resume it" if flags else "resume it with its settings"
+    raise CheckpointError(
+        f"checkpoint in {directory} belongs to a different run or model configuration "
+        f"({describe_differences({'settings': theirs}, settings, label='checkpoint')}); "
+        f"{resume}, or another --checkpoint-dir"
+    )

@@ -75,11 +75,14 @@ def test_three_nodes_train_together_and_survive_the_bootstrap_dying(launch: Laun
     assert drifts, "replicas with equal applied sets should have been compared"
     assert max(drifts) < 0.05, drifts
 
+    # No --peers: status finds node1 through its control file in node1's HOME.
     status = subprocess.run(
-        [sys.executable, "-m", "node", "status", "--peers", nodes[1].maddrs[0], "--json"],
+        [sys.executable, "-m", "node", "status", "--json"],
         cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "HOME": str(nodes[1].home)},
     )  # fmt: skip
     assert status.returncode == 0, status.stderr
+    assert f"nodes on this machine: {nodes[1].peer_id}" in status.stderr
     peers = json.loads(status.stdout)["runs"][0]["peers"]
     assert {p["peer_id"] for p in peers} == {n.peer_id for n in nodes}
     assert all(p["state"] == "training" and p["applied"] > 0 for p in peers)
@@ -135,12 +138,15 @@ def test_a_node_frozen_past_the_gap_wait_comes_back_to_the_same_applied_set(
 
 
 def test_a_node_with_another_model_config_is_refused_clearly(launch: Launch) -> None:
-    first = launch(*RUN, name="node0")
+    first = launch(*RUN, "--run-id", "their-run", name="node0")
     maddr = first.wait_listening(START_S)[0]
-    other = launch(*RUN, "--seed", "7", "--peers", maddr, name="odd")
+    other = launch(*RUN, "--seed", "7", "--peers", maddr, name="odd")  # no --run-id
     assert other.wait_exit(START_S) != 0
     error = other.stderr_tail()
-    assert "different model or run configuration" in error
+    # The run its peer trains, with that run's settings (not diloco-default beside it) ...
+    assert "the swarm trains one run, 'their-run' (" in error
+    # ... and the flag given on the command line, which wins, named as the difference.
+    assert "run 'their-run' in this swarm uses a different model or run configuration" in error
     assert "seed: swarm 0, yours 7" in error  # each differing setting named, not two dicts
     assert "Traceback" not in error
 
