@@ -34,6 +34,7 @@ from dht.network import (
     SwarmNetwork,
 )
 from dht.records import subkey_owner
+from dht.resumable import fetch_resumable, parse_part_request, part_answer
 from dht.retention import RetainedUpdates
 from dht.state_transfer import TransferStats
 from dht.summary_bounds import (
@@ -505,14 +506,13 @@ class Gossip:
             return None
         started = time.perf_counter()
         try:
-            data = await self.network.request(
-                peer_id,
-                "update",
-                self.config.max_update_bytes,
-                author,
-                seq,
-                timeout_s=self._transfer_timeout_s,
-            )
+            async with asyncio.timeout(self._transfer_timeout_s):
+                data, num_attempts = await fetch_resumable(
+                    lambda: self.network.open_stream(peer_id, "update"),
+                    [author, seq],
+                    max_bytes=self.config.max_update_bytes,
+                    stall_timeout_s=REQUEST_READ_TIMEOUT_S,
+                )
         except TooLargeError as exc:
             self._reject("too_large", peer_id, str(exc), seq=seq, update=peer_id == author)
             if peer_id == author:  # what its signed header names will not shrink: settled
@@ -522,6 +522,7 @@ class Gossip:
             logger.debug("fetching %s/%d from %s failed: %s", author, seq, peer_id, exc)
             return None
         stats = TransferStats(len(data), time.perf_counter() - started, peer_id)
+        path = await self.network.path_to(peer_id)  # the connection the fetch just used
         self.fetches.append(stats)
         self._on_event(
             "update_fetched",
@@ -531,6 +532,8 @@ class Gossip:
             megabytes=round(stats.num_bytes / 1e6, 3),
             seconds=round(stats.seconds, 4),
             mb_per_s=round(stats.mb_per_s, 2),
+            num_attempts=num_attempts,
+            path=path,
         )
         return data
 
@@ -588,17 +591,18 @@ class Gossip:
     # ---- serving ----------------------------------------------------------------------------
 
     async def rpc_update(self, _info: Any, reader: Any, writer: Any) -> None:
-        """Serve a retained update (the stream's deadline and closing: SwarmNetwork)."""
+        """Serve a retained update from the offset asked (dht.resumable; the stream's deadline
+        and closing: SwarmNetwork)."""
         try:
             request = await asyncio.wait_for(
                 receive_blob(reader, max_bytes=4096), REQUEST_READ_TIMEOUT_S
             )
-            uid = parse_update_request(decode_request(request).get("args"))
+            uid, offset = parse_part_request(decode_request(request).get("args"))
             data = await asyncio.to_thread(self.retained.get, uid)
             if data is None:
                 await send_refusal(writer, "not held")
             else:
-                await send_blob(writer, data)
+                await send_blob(writer, part_answer(data, offset))
         except (TransportError, ValueError, TypeError, OSError, TimeoutError) as exc:
             logger.debug("update request failed: %s", exc)
 

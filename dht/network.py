@@ -193,6 +193,19 @@ class SwarmNetwork:
         own = await asyncio.wait_for(self._p2p.get_visible_maddrs(), REQUEST_READ_TIMEOUT_S)
         self.visible_maddrs = [str(m) for m in own]
 
+    async def path_to(self, peer_id: str) -> str | None:
+        """The path (direct, holepunched, relayed) of this node's connection to `peer_id` now,
+        read from p2pd (None: not connected, or p2pd did not answer); the path book learns it
+        too."""
+        assert self._p2p is not None
+        try:
+            peers = await asyncio.wait_for(self._p2p.list_peers(), REQUEST_READ_TIMEOUT_S)
+        except (TimeoutError, OSError, P2PDaemonError, ControlFailure) as exc:
+            logger.debug("listing connections failed: %s", exc)
+            return None
+        self.paths.observe({str(p.peer_id): [str(a) for a in p.addrs] for p in peers})
+        return self.paths.path(peer_id)
+
     def _start_dht(self) -> DHT:
         # The DHT forks; do it from this (main) thread rather than the loop's, and without
         # the node's SIGTERM handler, which would make the DHT child ignore SIGTERM.
