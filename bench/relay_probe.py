@@ -59,7 +59,9 @@ async def receive(relay: str) -> None:
 
     await p2p.add_binary_stream_handler(PROTOCOL, count)
     while True:
-        circuits = [str(m) for m in await p2p.get_visible_maddrs(latest=True) if "p2p-circuit" in str(m)]
+        circuits = [
+            str(m) for m in await p2p.get_visible_maddrs(latest=True) if "p2p-circuit" in str(m)
+        ]
         if circuits:
             _say(role="receiver", peer_id=str(p2p.peer_id), circuits=circuits)
             break
@@ -97,7 +99,7 @@ def run_bed(megabytes: float, num_streams: int, log_dir: Path) -> dict[str, Any]
 
     log_dir.mkdir(parents=True, exist_ok=True)
     env_debug = {"GOLOG_LOG_LEVEL": "error,relay=debug,p2p-circuit=debug"}
-    os.environ.update(env_debug)
+    os.environ.update(env_debug)  # the relay's "relayed N bytes" lines, in boot.stderr
     with NatLab(down_mbit=None, up_mbit=None) as lab:
         address = f"/ip4/{lab.public_address(0)}/tcp/{PORT}"
         argv = python_module("node", "bootstrap", "--port", str(PORT), "--announce", address)
@@ -113,7 +115,7 @@ def run_bed(megabytes: float, num_streams: int, log_dir: Path) -> dict[str, Any]
             ready = recv.wait_for(lambda e: "circuits" in e, 90, "a relayed address")
             snd = ChildProcess(
                 "send",
-                [*me, "send", relay, ready["peer_id"], ready["circuits"][0],
+                [*me, "send", relay, ready["peer_id"], f"{relay}/p2p-circuit",
                  str(int(megabytes * 1e6)), str(num_streams)],
                 home=Path("/tmp"), prefix=lab.prefix(lab.host(0)),
             )  # fmt: skip

@@ -168,11 +168,6 @@ def two_relay_lab() -> Iterator[NatLab]:
         yield bed
 
 
-@pytest.mark.skip(
-    reason="known bug, not fixed: with two relays the homes' relayed connections are reset "
-    "within seconds and no update merges, before any relay dies (docs/nat.md, 'A relay's "
-    "death'); it costs 3-4 min of the suite while it fails: remove this mark to reproduce"
-)
 def test_homes_keep_merging_after_the_relay_they_reserved_with_is_killed(
     two_relay_lab: NatLab, in_namespace: Launch
 ) -> None:
