@@ -19,6 +19,13 @@ from dht.resumable import (
     parse_part_request,
     part_answer,
 )
+from dht.state_parts import (
+    KEEP_S,
+    BufferWriter,
+    SerializedStates,
+    parse_transfer_id,
+    serialized_state,
+)
 from dht.transport import HEADER, OK, REFUSED, TooLargeError, TransportError
 
 ARGS = ["author", 7]
@@ -190,3 +197,43 @@ def test_an_offset_past_the_end_is_refused() -> None:
     assert part_answer(b"abc", 3)[8:] == b""
     with pytest.raises(ValueError):
         part_answer(b"abc", 4)
+
+
+# ---- state downloads in parts (dht.state_parts) ------------------------------------------------
+
+
+def test_a_state_is_serialized_once_per_download_and_kept_within_bounds() -> None:
+    states = SerializedStates(max_states=2)
+    calls = []
+
+    async def serialize(writer: BufferWriter) -> None:
+        calls.append(1)
+        writer.write(b"state-%d" % len(calls))
+        await writer.drain()
+
+    async def run() -> list[bytes | None]:
+        got = [await serialized_state(states, ("a", "0" * 16), serialize)]
+        got.append(await serialized_state(states, ("a", "0" * 16), serialize))  # the same
+        got.append(await serialized_state(states, ("b", "1" * 16), serialize))
+        got.append(await serialized_state(states, ("c", "2" * 16), serialize))  # no room: busy
+        return got
+
+    assert asyncio.run(run()) == [b"state-1", b"state-1", b"state-2", None]
+    assert len(calls) == 2 and len(states) == 2
+
+
+def test_a_kept_state_is_dropped_after_its_newcomer_falls_silent() -> None:
+    states = SerializedStates(max_states=1)
+    states.put(("a", "0" * 16), b"x", now=0.0)
+    assert states.get(("a", "0" * 16), now=KEEP_S - 1) == b"x"  # a request keeps it alive
+    assert states.has_room(now=2 * KEEP_S - 2) is False
+    assert states.has_room(now=2 * KEEP_S) is True
+    assert states.get(("a", "0" * 16), now=2 * KEEP_S) is None
+
+
+@pytest.mark.parametrize(
+    "args", [["0" * 16], ["0" * 15, 0], ["G" * 16, 0], [7, 0], "x", ["0" * 16, 0, 1]]
+)
+def test_malformed_transfer_ids_are_transport_errors(args: object) -> None:
+    with pytest.raises(TransportError):
+        parse_transfer_id(args)
