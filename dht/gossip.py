@@ -597,12 +597,14 @@ class Gossip:
             request = await asyncio.wait_for(
                 receive_blob(reader, max_bytes=4096), REQUEST_READ_TIMEOUT_S
             )
-            uid, offset = parse_part_request(decode_request(request).get("args"))
+            args = decode_request(request).get("args")
+            whole = isinstance(args, list) and len(args) == 2  # a node of an earlier version
+            uid, offset = (parse_update_request(args), 0) if whole else parse_part_request(args)
             data = await asyncio.to_thread(self.retained.get, uid)
             if data is None:
                 await send_refusal(writer, "not held")
             else:
-                await send_blob(writer, part_answer(data, offset))
+                await send_blob(writer, data if whole else part_answer(data, offset))
         except (TransportError, ValueError, TypeError, OSError, TimeoutError) as exc:
             logger.debug("update request failed: %s", exc)
 
