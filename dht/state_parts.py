@@ -17,11 +17,14 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from dht.budget import PeerBudget
 from dht.transport import TransportError
 
 TRANSFER_ID = re.compile(r"[0-9a-f]{16}")
 KEEP_S = 120.0
 """How long a serialized state waits for its newcomer's next part request."""
+NEW_PER_S = 0.1
+NEW_BURST = 3.0
 
 
 class BufferWriter:
@@ -42,11 +45,14 @@ class BufferWriter:
 
 class SerializedStates:
     """The sealed states being downloaded, one per (newcomer, transfer id), in bounded memory:
-    at most `max_states` at once, each dropped KEEP_S after its last request."""
+    at most `max_states` at once and one per newcomer (a new download replaces its last), each
+    dropped KEEP_S after its last request; a newcomer may start NEW_PER_S downloads per second
+    on average (NEW_BURST at once), as many as the whole-stream protocol allowed."""
 
     def __init__(self, max_states: int) -> None:
         self.max_states = max_states
         self._states: OrderedDict[tuple[str, str], tuple[bytes, float]] = OrderedDict()
+        self._new = PeerBudget(rate_per_s=NEW_PER_S, burst=NEW_BURST)
 
     def get(self, key: tuple[str, str], now: float) -> bytes | None:
         self._expire(now)
@@ -56,8 +62,13 @@ class SerializedStates:
         self._states[key] = (found[0], now)
         return found[0]
 
-    def has_room(self, now: float) -> bool:
+    def admit(self, newcomer: str, now: float) -> bool:
+        """Whether `newcomer` may start a new download now (it then replaces its last one)."""
         self._expire(now)
+        if not self._new.allow(newcomer, now):
+            return False
+        for key in [k for k in self._states if k[0] == newcomer]:
+            del self._states[key]
         return len(self._states) < self.max_states
 
     def put(self, key: tuple[str, str], blob: bytes, now: float) -> None:
@@ -93,7 +104,7 @@ async def serialized_state(
     blob = states.get(key, now)
     if blob is not None:
         return blob
-    if not states.has_room(now):
+    if not states.admit(key[0], now):
         return None
     writer = BufferWriter()
     await serialize(writer)

@@ -226,9 +226,20 @@ def test_a_kept_state_is_dropped_after_its_newcomer_falls_silent() -> None:
     states = SerializedStates(max_states=1)
     states.put(("a", "0" * 16), b"x", now=0.0)
     assert states.get(("a", "0" * 16), now=KEEP_S - 1) == b"x"  # a request keeps it alive
-    assert states.has_room(now=2 * KEEP_S - 2) is False
-    assert states.has_room(now=2 * KEEP_S) is True
+    assert states.admit("b", now=2 * KEEP_S - 2) is False
+    assert states.admit("b", now=2 * KEEP_S) is True
     assert states.get(("a", "0" * 16), now=2 * KEEP_S) is None
+
+
+def test_a_newcomer_holds_one_state_and_starts_few_downloads() -> None:
+    states = SerializedStates(max_states=2)
+    for i in range(3):  # its burst: each new download replaces its last
+        assert states.admit("a", now=0.0)
+        states.put(("a", f"{i:016x}"), b"x", now=0.0)
+        assert len(states) == 1
+    assert not states.admit("a", now=0.0)  # a fourth at once: refused as busy
+    assert states.admit("b", now=0.0)  # others are not
+    assert states.admit("a", now=10.0)  # one more after 1 / NEW_PER_S seconds
 
 
 @pytest.mark.parametrize(
