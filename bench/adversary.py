@@ -45,6 +45,7 @@ from dht.catchup import to_ranges
 from dht.heartbeat import Heartbeat, sign_fields
 from dht.messages import RUN_LISTING_KEY, announcement_subkey
 from dht.records import _OWNER_RE, _SIGNATURE_MARK, OwnerValidator, _serialize, owner_subkey
+from dht.resumable import parse_part_request, part_answer
 from dht.state_check import applied_digest
 from dht.state_transfer import send_state
 from dht.transport import (
@@ -258,7 +259,7 @@ class Adversary:
         """The real handler's protocol; what it serves is the adversary's choice."""
         try:
             args = decode_request(await receive_blob(reader, max_bytes=4096)).get("args")
-            uid = (str(args[0]), int(args[1]))  # type: ignore[index]
+            uid, offset = parse_part_request(args)
             blobs = self.served.get(uid)
             if blobs is None:
                 data = await asyncio.to_thread(self.swarm.gossip.retained.get, uid)
@@ -267,7 +268,7 @@ class Adversary:
             if data is None:
                 await send_refusal(writer, "not held")
             else:
-                await send_blob(writer, data)
+                await send_blob(writer, part_answer(data, offset))
         except Exception as exc:  # a hostile server does not care
             logger.debug("update request failed: %s", exc)
         finally:

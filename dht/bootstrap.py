@@ -1,11 +1,10 @@
 """A public bootstrap and relay that trains nothing: `diloco-node bootstrap`.
 
-hivemind's own bootstrap (`hivemind-dht`) serves the DHT, but relays for peers behind NAT only
-with libp2p's limited-relay defaults (128 KiB and 2 minutes per relayed connection) until
-AutoNAT has confirmed it public, and a pseudo-gradient is megabytes: every relayed transfer is
-cut and no update passes between two NATs. This one runs the same DHT on a p2pd told it is
-public (its --announce address) and relaying within RelayLimits.
-"""
+It runs the same DHT as hivemind's own bootstrap (`hivemind-dht`), on a p2pd told it is public
+(its --announce address), so it relays for peers behind NAT from its first second instead of
+after AutoNAT has confirmed it public. Like every relay of hivemind 1.1.12's p2pd, it may cut a
+relayed connection every 128 KiB whatever RelayLimits says (dht.resumable says why); transfers
+resume across the cuts."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@ loop) and retained for others."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import deque
@@ -10,6 +11,8 @@ from collections.abc import Awaitable, Callable
 
 from dht.catchup import Fetch
 from dht.gossip_context import GossipContext
+from dht.network import REQUEST_READ_TIMEOUT_S
+from dht.resumable import fetch_resumable
 from dht.state_transfer import TransferStats
 from dht.transport import TooLargeError, TransportError
 from merge.envelope import EnvelopeError, SignedUpdate
@@ -73,14 +76,14 @@ class Fetcher:
             return None
         started = time.perf_counter()
         try:
-            data = await ctx.network.request(
-                peer_id,
-                "update",
-                ctx.config.max_update_bytes,
-                author,
-                seq,
-                timeout_s=ctx.transfer_timeout_s,
-            )
+            # In as many streams as the path needs: a relay may cut each (dht.resumable).
+            async with asyncio.timeout(ctx.transfer_timeout_s):
+                data, num_attempts = await fetch_resumable(
+                    lambda: ctx.network.open_stream(peer_id, "update"),
+                    [author, seq],
+                    max_bytes=ctx.config.max_update_bytes,
+                    stall_timeout_s=REQUEST_READ_TIMEOUT_S,
+                )
         except TooLargeError as exc:
             ctx.reject("too_large", peer_id, str(exc), seq=seq, update=peer_id == author)
             if peer_id == author:  # what its signed header names will not shrink: settled
@@ -89,10 +92,14 @@ class Fetcher:
         except (TimeoutError, TransportError, OSError, ValueError) as exc:
             logger.debug("fetching %s/%d from %s failed: %s", author, seq, peer_id, exc)
             return None
-        self._report(TransferStats(len(data), time.perf_counter() - started, peer_id), author, seq)
+        stats = TransferStats(len(data), time.perf_counter() - started, peer_id)
+        path = await ctx.network.path_to(peer_id)  # the connection the fetch just used
+        self._report(stats, author, seq, num_attempts, path)
         return data
 
-    def _report(self, stats: TransferStats, author: str, seq: int) -> None:
+    def _report(
+        self, stats: TransferStats, author: str, seq: int, num_attempts: int, path: str | None
+    ) -> None:
         self.fetches.append(stats)
         self._ctx.on_event(
             "update_fetched",
@@ -102,4 +109,6 @@ class Fetcher:
             megabytes=round(stats.num_bytes / 1e6, 3),
             seconds=round(stats.seconds, 4),
             mb_per_s=round(stats.mb_per_s, 2),
+            num_attempts=num_attempts,
+            path=path,
         )

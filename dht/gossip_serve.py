@@ -9,6 +9,7 @@ from typing import Any
 from dht.budget import StreamLimits
 from dht.messages import MAX_SEQ
 from dht.network import REQUEST_READ_TIMEOUT_S
+from dht.resumable import parse_part_request, part_answer
 from dht.retention import RetainedUpdates
 from dht.transport import TransportError, decode_request, receive_blob, send_blob, send_refusal
 
@@ -37,17 +38,20 @@ class UpdateServer:
         self._retained = retained
 
     async def rpc_update(self, _info: Any, reader: Any, writer: Any) -> None:
-        """Serve a retained update (the stream's deadline and closing: SwarmNetwork)."""
+        """Serve a retained update from the offset asked (dht.resumable; the stream's deadline
+        and closing: SwarmNetwork)."""
         try:
             request = await asyncio.wait_for(
                 receive_blob(reader, max_bytes=4096), REQUEST_READ_TIMEOUT_S
             )
-            uid = parse_update_request(decode_request(request).get("args"))
+            args = decode_request(request).get("args")
+            whole = isinstance(args, list) and len(args) == 2  # a node of an earlier version
+            uid, offset = (parse_update_request(args), 0) if whole else parse_part_request(args)
             data = await asyncio.to_thread(self._retained.get, uid)
             if data is None:
                 await send_refusal(writer, "not held")
             else:
-                await send_blob(writer, data)
+                await send_blob(writer, data if whole else part_answer(data, offset))
         except (TransportError, ValueError, TypeError, OSError, TimeoutError) as exc:
             logger.debug("update request failed: %s", exc)
 

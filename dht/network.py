@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from hivemind import DHT
 from hivemind.p2p import P2P, P2PDaemonError
 from hivemind.p2p.p2p_daemon_bindings.control import DaemonConnector
+from hivemind.p2p.p2p_daemon_bindings.utils import ControlFailure
 from hivemind.utils import get_dht_time
 
 from dht.budget import StreamGuard, StreamLimits
@@ -153,6 +154,19 @@ class SwarmNetwork:
             logger.info("connections: %s", ", ".join(f"{n} {kind}" for kind, n in now.items()))
         own = await asyncio.wait_for(self._p2p.get_visible_maddrs(), REQUEST_READ_TIMEOUT_S)
         self.visible_maddrs = [str(m) for m in own]
+
+    async def path_to(self, peer_id: str) -> str | None:
+        """The path (direct, holepunched, relayed) of this node's connection to `peer_id` now,
+        read from p2pd (None: not connected, or p2pd did not answer); the path book learns it
+        too."""
+        assert self._p2p is not None
+        try:
+            peers = await asyncio.wait_for(self._p2p.list_peers(), REQUEST_READ_TIMEOUT_S)
+        except (TimeoutError, OSError, P2PDaemonError, ControlFailure) as exc:
+            logger.debug("listing connections failed: %s", exc)
+            return None
+        self.paths.observe({str(p.peer_id): [str(a) for a in p.addrs] for p in peers})
+        return self.paths.path(peer_id)
 
     def _start_dht(self) -> DHT:
         # The DHT forks; do it from this (main) thread rather than the loop's, and without

@@ -31,7 +31,11 @@ CIRCUIT = "/p2p-circuit"
 
 @dataclass(frozen=True, kw_only=True)
 class RelayLimits:
-    """What this node spends relaying for peers behind NAT (p2pd's relay service)."""
+    """What this node spends relaying for peers behind NAT (p2pd's relay service).
+
+    Passed to p2pd; hivemind 1.1.12's p2pd may serve circuits with a second relay service of
+    go-libp2p's defaults instead (128 KiB, 2 minutes: dht.resumable), so these are upper bounds
+    that a relayed connection does not always reach."""
 
     max_circuits: int = 16
     """Relayed connections open at once per peer."""

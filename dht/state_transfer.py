@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
@@ -27,6 +28,7 @@ from dht.messages import (
 )
 from dht.network import MIN_LINK_BYTES_PER_S, REQUEST_READ_TIMEOUT_S, SwarmNetwork
 from dht.rejections import Rejections
+from dht.resumable import fetch_resumable, parse_offset, part_answer
 from dht.state_check import (
     StateCheckError,
     StateVerdict,
@@ -34,6 +36,7 @@ from dht.state_check import (
     check_donor_state,
     rank_donors,
 )
+from dht.state_parts import SerializedStates, parse_transfer_id, serialized_state
 from dht.tensor_stream import (
     DTYPES,
     TensorSpec,
@@ -43,7 +46,13 @@ from dht.tensor_stream import (
     split_tensors,
     tensor_spec,
 )
-from dht.transport import TransportError, encode_request, receive_blob, send_blob, send_refusal
+from dht.transport import (
+    TransportError,
+    decode_request,
+    receive_blob,
+    send_blob,
+    send_refusal,
+)
 from merge.identity import Identity
 from merge.sketch import ReplicaSketch, StateSketch
 
@@ -54,6 +63,8 @@ TRANSFER_PASSES = 3
 STATE_RATE_PER_S = 0.1
 """State downloads a peer may start per second (an honest newcomer asks once)."""
 STATE_BURST = 3.0
+STATE_PART_LIMITS = StreamLimits(rate_per_s=20.0, burst=256.0, max_in_flight=2, deadline_s=60.0)
+"""Part requests a newcomer may send (a relayed download takes one per ~100 KiB)."""
 STATE_RECHECKS = 2
 """Fresh heartbeat reads before a state the live peers contradict is refused: a heartbeat
 announces its author's updates up to a period late, and a donor's state is newer than it."""
@@ -94,6 +105,8 @@ class StateTransfer:
         self._reject = reject
         self._num_serving = 0
         self._sketch = ReplicaSketch(replica.numel, network.config.fingerprint)
+        self._states = SerializedStates(network.config.max_state_streams)
+        """Sealed states being downloaded in parts (dht.state_parts)."""
 
     async def register(self) -> None:
         limits = StreamLimits(
@@ -103,6 +116,7 @@ class StateTransfer:
             deadline_s=self._transfer_timeout_s,
         )
         await self.network.add_handler("state", self.rpc_state, limits)
+        await self.network.add_handler("state_part", self.rpc_state_part, STATE_PART_LIMITS)
 
     @property
     def _transfer_timeout_s(self) -> float:
@@ -125,6 +139,27 @@ class StateTransfer:
                 logger.info("served replica state (%.1f MB) to %s", num_bytes / 1e6, info.peer_id)
         except (TransportError, OSError, TimeoutError) as exc:
             logger.debug("state request failed: %s", exc)
+
+    async def rpc_state_part(self, info: Any, reader: Any, writer: Any) -> None:
+        """Serve a part of a sealed state, serialized on the download's first request
+        (dht.state_parts; the stream's deadline and closing: SwarmNetwork)."""
+        try:
+            request = await asyncio.wait_for(
+                receive_blob(reader, max_bytes=4096), REQUEST_READ_TIMEOUT_S
+            )
+            args = decode_request(request).get("args")
+            transfer_id, offset = parse_transfer_id(args), parse_offset(args)
+            if not self.config.serve_state:
+                await send_refusal(writer, "this node does not serve state")
+                return
+            key = (str(info.peer_id), transfer_id)
+            blob = await serialized_state(self._states, key, self._stream_state)
+            if blob is None:
+                await send_refusal(writer, BUSY)
+            else:
+                await send_blob(writer, part_answer(blob, offset))
+        except (TransportError, OSError, TimeoutError, ValueError) as exc:
+            logger.debug("state part request failed: %s", exc)
 
     async def _stream_state(self, writer: Any) -> int:
         """The replica and what judges its updates (merge.handover) as a JSON tree followed
@@ -196,17 +231,24 @@ class StateTransfer:
         )
 
     async def _receive_state(self, peer_id: str) -> tuple[dict[str, Any], int]:
-        reader, writer = await self.network.open_stream(peer_id, "state")
-        try:
-            await send_blob(writer, encode_request(version=3))
-            return await receive_state(
-                reader,
-                peer_id,
-                fingerprint=self.config.fingerprint,
-                max_state_bytes=self.config.max_state_bytes,
-            )
-        finally:
-            writer.close()
+        """The donor's sealed state, in as many streams as the path needs (a relayed one is
+        cut every ~128 KiB: dht.resumable), then checked as one stream (receive_state)."""
+        blob, num_attempts = await fetch_resumable(
+            lambda: self.network.open_stream(peer_id, "state_part"),
+            [secrets.token_hex(8)],
+            max_bytes=self.config.max_state_bytes + MAX_STATE_META_BYTES + MAX_SEAL_BYTES + 64,
+            stall_timeout_s=REQUEST_READ_TIMEOUT_S,
+        )
+        logger.info("state of %s: %d bytes in %d streams", peer_id, len(blob), num_attempts)
+        reader = asyncio.StreamReader()
+        reader.feed_data(blob)
+        reader.feed_eof()
+        return await receive_state(
+            reader,
+            peer_id,
+            fingerprint=self.config.fingerprint,
+            max_state_bytes=self.config.max_state_bytes,
+        )
 
     def _donors(self) -> list[Heartbeat]:
         """Peers ahead of us that serve state, corroborated first (dht.state_check.rank_donors)."""

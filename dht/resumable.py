@@ -1,0 +1,187 @@
+"""Update transfers that survive a cut stream: the fetcher keeps what arrived and asks for the rest.
+
+Why: a relayed connection between two NAT'd nodes is cut after 128 KiB each way. hivemind
+1.1.12's p2pd starts a second circuit relay v2 service with go-libp2p's default resources
+(`EnableRelayV2`: `relay.New(host)`, Limit.Data = 1 << 17, Limit.Duration = 2 min) beside the
+one `-relayDataLimit` configures; both register the same hop protocol and the last one wins.
+No p2pd flag removes it, so no relay of this p2pd, ours included, carries a pseudo-gradient
+in one piece. The fetcher's stream ends early (EOF, or a reset), and the next stream to the
+same peer dials a fresh circuit: each circuit carries the next ~100 KiB.
+
+The protocol: a request names (author, seq, offset); the answer is the update's total size
+and its bytes from `offset`, up to PART_BYTES. `Resume` (pure) decides what to ask next and
+when to give up; `fetch_resumable` runs it over streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from dht.messages import MAX_SEQ
+from dht.transport import (
+    HEADER,
+    OK,
+    REFUSED,
+    WIRE_BYTES,
+    TooLargeError,
+    TransportError,
+    encode_request,
+)
+
+TOTAL = struct.Struct(">Q")
+PART_BYTES = 16 << 20
+"""The most one answer carries (a direct connection moves a whole tiny/small update at once)."""
+READ_BYTES = 64 << 10
+MAX_OFFSET = 1 << 40
+MAX_IDLE_ATTEMPTS = 6
+"""Attempts in a row that brought no byte (refused as busy, cut at once) before giving up."""
+BACKOFF_S = 0.2
+"""Wait before an attempt that follows one without progress, doubled each time (max 3.2 s)."""
+
+
+@dataclass(kw_only=True)
+class Resume:
+    """What an interrupted download has: the bytes so far, the size the peer announced, and
+    how many attempts in a row brought nothing."""
+
+    max_bytes: int
+    data: bytearray = field(default_factory=bytearray)
+    total: int | None = None
+    idle_attempts: int = 0
+    num_attempts: int = 0
+
+    @property
+    def offset(self) -> int:
+        return len(self.data)
+
+    @property
+    def done(self) -> bool:
+        return self.total is not None and self.offset == self.total
+
+    @property
+    def exhausted(self) -> bool:
+        return self.idle_attempts >= MAX_IDLE_ATTEMPTS
+
+    def backoff_s(self) -> float:
+        """How long to wait before the next attempt (0 after one that made progress)."""
+        return 0.0 if self.idle_attempts == 0 else BACKOFF_S * 2 ** min(self.idle_attempts - 1, 4)
+
+    def announce(self, total: int) -> None:
+        """The peer's size of the whole update; it may not change between attempts."""
+        if total > self.max_bytes:
+            raise TooLargeError(f"peer announced {total} bytes, more than the {self.max_bytes} cap")
+        if self.total is not None and total != self.total:
+            raise TransportError(f"peer announced {total} bytes, then {self.total}")
+        if total < self.offset:
+            raise TransportError(f"peer announced {total} bytes, {self.offset} already received")
+        self.total = total
+
+    def add(self, part: bytes) -> None:
+        """Bytes that arrived at `offset` (a part may end early: a cut stream)."""
+        assert self.total is not None, "announce the total first"
+        if self.offset + len(part) > self.total:
+            raise TransportError("peer sent more than the size it announced")
+        self.data += part
+
+    def attempt_ended(self, received: int) -> None:
+        self.num_attempts += 1
+        self.idle_attempts = 0 if received > 0 else self.idle_attempts + 1
+
+
+Opener = Callable[[], Awaitable[tuple[Any, Any]]]
+
+
+async def fetch_resumable(
+    open_stream: Opener, args: list[Any], *, max_bytes: int, stall_timeout_s: float
+) -> tuple[bytes, int]:
+    """The whole blob that `args` names and the number of attempts it took, however many
+    streams it took; TransportError (or TooLargeError, TimeoutError) when the peer refused it
+    or made no progress MAX_IDLE_ATTEMPTS times in a row. The caller bounds the total time."""
+    resume = Resume(max_bytes=max_bytes)
+    while not resume.done:
+        await asyncio.sleep(resume.backoff_s())
+        received = 0
+        try:
+            received = await _attempt(open_stream, args, resume, stall_timeout_s)
+        except (TransportError, OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
+            if isinstance(exc, TooLargeError) or _refused(exc):
+                raise
+            error: BaseException = exc
+        else:
+            error = TransportError("peer closed the stream early")
+        resume.attempt_ended(received)
+        if not resume.done and resume.exhausted:
+            raise TransportError(f"no progress in {resume.idle_attempts} attempts: {error}")
+    return bytes(resume.data), resume.num_attempts
+
+
+def _refused(exc: BaseException) -> bool:
+    return isinstance(exc, TransportError) and str(exc).startswith("peer refused")
+
+
+async def _attempt(open_stream: Opener, args: list[Any], resume: Resume, stall_s: float) -> int:
+    """One stream: ask from `resume.offset`, keep what arrives until the part ends or is cut.
+    The bytes received (0 when the stream brought nothing)."""
+    reader, writer = await open_stream()
+    before = resume.offset
+    try:
+        request = encode_request(args=[*args, resume.offset])
+        writer.write(HEADER.pack(OK, len(request)) + request)
+        await writer.drain()
+        status, length = HEADER.unpack(await _exactly(reader, HEADER.size, stall_s))
+        if status == REFUSED:
+            reason = await _exactly(reader, min(length, 200), stall_s)
+            raise TransportError(f"peer refused: {reason.decode(errors='replace')}")
+        if status != OK or length < TOTAL.size:
+            raise TransportError(f"malformed answer (status {status}, {length} bytes)")
+        resume.announce(TOTAL.unpack(await _exactly(reader, TOTAL.size, stall_s))[0])
+        left = length - TOTAL.size
+        while left > 0:
+            chunk = await asyncio.wait_for(reader.read(min(READ_BYTES, left)), stall_s)
+            if not chunk:
+                break
+            resume.add(chunk)
+            left -= len(chunk)
+        return resume.offset - before
+    except (TransportError, OSError, TimeoutError, asyncio.IncompleteReadError):
+        if resume.offset > before:  # what arrived before the cut is kept
+            return resume.offset - before
+        raise
+    finally:
+        WIRE_BYTES.add(received=resume.offset - before)
+        writer.close()
+
+
+async def _exactly(reader: Any, size: int, stall_s: float) -> bytes:
+    return bytes(await asyncio.wait_for(reader.readexactly(size), stall_s))
+
+
+def part_answer(blob: bytes, offset: int) -> bytes:
+    """The answer to a request from `offset`: the total size, then up to PART_BYTES bytes."""
+    if not 0 <= offset <= len(blob):
+        raise ValueError(f"offset {offset} is outside the {len(blob)}-byte update")
+    return TOTAL.pack(len(blob)) + blob[offset : offset + PART_BYTES]
+
+
+def parse_part_request(args: object) -> tuple[tuple[str, int], int]:
+    """The update id (author, seq) and the offset a peer asks from; TransportError otherwise."""
+    if not isinstance(args, list) or len(args) != 3:
+        raise TransportError("malformed request")
+    author, seq, offset = args
+    if not isinstance(author, str) or not 0 < len(author) <= 128:
+        raise TransportError("malformed request: the author is not a short string")
+    if type(seq) is not int or not 1 <= seq <= MAX_SEQ:
+        raise TransportError("malformed request: the seq is not an integer in range")
+    return (author, seq), parse_offset(args)
+
+
+def parse_offset(args: object) -> int:
+    """The offset a part request asks from: its args' last item, an integer in range."""
+    offset = args[-1] if isinstance(args, list) and args else None
+    if type(offset) is not int or not 0 <= offset <= MAX_OFFSET:
+        raise TransportError("malformed request: the offset is not an integer in range")
+    return offset

@@ -1,0 +1,250 @@
+"""Resumable update transfers (dht.resumable): what a cut stream brought is kept, the rest asked
+for, and a peer that makes no progress, refuses or lies about the size is given up on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dht import resumable
+from dht.resumable import (
+    MAX_IDLE_ATTEMPTS,
+    Resume,
+    fetch_resumable,
+    parse_part_request,
+    part_answer,
+)
+from dht.state_parts import (
+    KEEP_S,
+    BufferWriter,
+    SerializedStates,
+    parse_transfer_id,
+    serialized_state,
+)
+from dht.transport import HEADER, OK, REFUSED, TooLargeError, TransportError
+
+ARGS = ["author", 7]
+
+
+class Stream:
+    """One stream to a server that answers from the offset asked, cut after `cut` bytes of its
+    answer (None: never cut)."""
+
+    def __init__(self, answer: Callable[[int], bytes], cut: int | None) -> None:
+        self._answer, self._cut = answer, cut
+        self._request = bytearray()
+        self._out: bytes | None = None
+        self.closed = False
+
+    # writer side
+    def write(self, data: bytes) -> None:
+        self._request += data
+
+    async def drain(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+    # reader side
+    def _pending(self) -> bytearray:
+        if self._out is None:
+            args = json.loads(bytes(self._request[HEADER.size :]))["args"]
+            assert args[:2] == ARGS
+            out = self._answer(args[2])
+            self._out = out if self._cut is None else out[: self._cut]
+        return self._out  # type: ignore[return-value]
+
+    async def readexactly(self, size: int) -> bytes:
+        out = self._pending()
+        if len(out) < size:
+            self._out = b""
+            raise asyncio.IncompleteReadError(bytes(out), size)
+        self._out = out[size:]
+        return bytes(out[:size])
+
+    async def read(self, size: int) -> bytes:
+        out = self._pending()
+        self._out = out[size:]
+        return bytes(out[:size])
+
+
+def serving(blob: bytes, cuts: list[int | None]) -> tuple[Callable[[], object], list[Stream]]:
+    """An opener whose i-th stream is cut after cuts[i] bytes (later ones are not cut)."""
+    streams: list[Stream] = []
+
+    def answer(offset: int) -> bytes:
+        body = part_answer(blob, offset)
+        return HEADER.pack(OK, len(body)) + body
+
+    async def open_stream() -> tuple[Stream, Stream]:
+        cut = cuts[len(streams)] if len(streams) < len(cuts) else None
+        stream = Stream(answer, cut)
+        streams.append(stream)
+        return stream, stream
+
+    return open_stream, streams
+
+
+def fetch(open_stream: Callable[[], object], max_bytes: int = 1 << 30) -> tuple[bytes, int]:
+    return asyncio.run(
+        fetch_resumable(open_stream, ARGS, max_bytes=max_bytes, stall_timeout_s=1.0)  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture(autouse=True)
+def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(resumable, "BACKOFF_S", 0.0)
+
+
+def test_an_update_cut_every_100_kib_arrives_whole_in_as_many_streams() -> None:
+    blob = bytes(range(256)) * 2000  # 512,000 bytes, as a relay cutting at ~100 KiB would
+    open_stream, streams = serving(blob, [100_000] * 10)
+    data, num_attempts = fetch(open_stream)
+    assert data == blob
+    assert num_attempts == len(streams) == 6  # 5 cut streams of ~100 KB, then the rest
+    assert all(s.closed for s in streams)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    size=st.integers(0, 40_000),
+    cuts=st.lists(st.one_of(st.none(), st.integers(0, 20_000)), max_size=30),
+)
+def test_whatever_the_cuts_the_blob_arrives_whole_or_the_fetch_gives_up(
+    size: int, cuts: list[int | None]
+) -> None:
+    blob = bytes(i % 251 for i in range(size))
+    open_stream, streams = serving(blob, cuts)
+    try:
+        data, num_attempts = fetch(open_stream)
+    except TransportError:  # only after MAX_IDLE_ATTEMPTS streams in a row brought nothing
+        idle = [c is not None and c <= HEADER.size + 8 for c in cuts[: len(streams)]]
+        assert idle[-MAX_IDLE_ATTEMPTS:] == [True] * MAX_IDLE_ATTEMPTS
+        return
+    assert data == blob and num_attempts == len(streams)
+
+
+def test_a_peer_that_never_sends_a_byte_is_given_up_after_the_idle_limit() -> None:
+    open_stream, streams = serving(b"x" * 1000, [0] * 100)
+    with pytest.raises(TransportError, match="no progress"):
+        fetch(open_stream)
+    assert len(streams) == MAX_IDLE_ATTEMPTS
+
+
+def test_a_refusal_ends_the_fetch_at_once() -> None:
+    streams: list[Stream] = []
+
+    async def open_stream() -> tuple[Stream, Stream]:
+        stream = Stream(lambda _: HEADER.pack(REFUSED, 8) + b"not held", None)
+        streams.append(stream)
+        return stream, stream
+
+    with pytest.raises(TransportError, match="refused: not held"):
+        fetch(open_stream)
+    assert len(streams) == 1
+
+
+def test_an_announced_size_over_the_cap_is_refused_before_reading_it() -> None:
+    open_stream, _ = serving(b"x" * 5000, [])
+    with pytest.raises(TooLargeError):
+        fetch(open_stream, max_bytes=4999)
+
+
+def test_a_size_that_changes_between_parts_is_refused() -> None:
+    resume = Resume(max_bytes=100)
+    resume.announce(50)
+    resume.add(b"x" * 10)
+    with pytest.raises(TransportError, match="then"):
+        resume.announce(60)
+    with pytest.raises(TransportError, match="more than"):
+        resume.add(b"x" * 41)
+
+
+def test_backoff_grows_with_idle_attempts_and_resets_on_progress(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(resumable, "BACKOFF_S", 0.2)
+    resume = Resume(max_bytes=10)
+    waits = []
+    for _ in range(7):
+        resume.attempt_ended(0)
+        waits.append(resume.backoff_s())
+    assert waits == [0.2, 0.4, 0.8, 1.6, 3.2, 3.2, 3.2]
+    resume.attempt_ended(5)
+    assert resume.backoff_s() == 0.0
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["a", 1], ["a", 1, -1], ["a", 0, 0], ["", 1, 0], ["a", 1, 1.5], ["a", 1, True], "x", None],
+)
+def test_malformed_part_requests_are_transport_errors(args: object) -> None:
+    with pytest.raises(TransportError):
+        parse_part_request(args)
+
+
+def test_a_part_request_parses_to_its_id_and_offset() -> None:
+    assert parse_part_request(["a", 3, 4096]) == (("a", 3), 4096)
+
+
+def test_an_offset_past_the_end_is_refused() -> None:
+    assert part_answer(b"abc", 3)[8:] == b""
+    with pytest.raises(ValueError):
+        part_answer(b"abc", 4)
+
+
+# ---- state downloads in parts (dht.state_parts) ------------------------------------------------
+
+
+def test_a_state_is_serialized_once_per_download_and_kept_within_bounds() -> None:
+    states = SerializedStates(max_states=2)
+    calls = []
+
+    async def serialize(writer: BufferWriter) -> None:
+        calls.append(1)
+        writer.write(b"state-%d" % len(calls))
+        await writer.drain()
+
+    async def run() -> list[bytes | None]:
+        got = [await serialized_state(states, ("a", "0" * 16), serialize)]
+        got.append(await serialized_state(states, ("a", "0" * 16), serialize))  # the same
+        got.append(await serialized_state(states, ("b", "1" * 16), serialize))
+        got.append(await serialized_state(states, ("c", "2" * 16), serialize))  # no room: busy
+        return got
+
+    assert asyncio.run(run()) == [b"state-1", b"state-1", b"state-2", None]
+    assert len(calls) == 2 and len(states) == 2
+
+
+def test_a_kept_state_is_dropped_after_its_newcomer_falls_silent() -> None:
+    states = SerializedStates(max_states=1)
+    states.put(("a", "0" * 16), b"x", now=0.0)
+    assert states.get(("a", "0" * 16), now=KEEP_S - 1) == b"x"  # a request keeps it alive
+    assert states.admit("b", now=2 * KEEP_S - 2) is False
+    assert states.admit("b", now=2 * KEEP_S) is True
+    assert states.get(("a", "0" * 16), now=2 * KEEP_S) is None
+
+
+def test_a_newcomer_holds_one_state_and_starts_few_downloads() -> None:
+    states = SerializedStates(max_states=2)
+    for i in range(3):  # its burst: each new download replaces its last
+        assert states.admit("a", now=0.0)
+        states.put(("a", f"{i:016x}"), b"x", now=0.0)
+        assert len(states) == 1
+    assert not states.admit("a", now=0.0)  # a fourth at once: refused as busy
+    assert states.admit("b", now=0.0)  # others are not
+    assert states.admit("a", now=10.0)  # one more after 1 / NEW_PER_S seconds
+
+
+@pytest.mark.parametrize(
+    "args", [["0" * 16], ["0" * 15, 0], ["G" * 16, 0], [7, 0], "x", ["0" * 16, 0, 1]]
+)
+def test_malformed_transfer_ids_are_transport_errors(args: object) -> None:
+    with pytest.raises(TransportError):
+        parse_transfer_id(args)
