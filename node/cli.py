@@ -16,7 +16,7 @@ from dht.addresses import parse_peer_maddr
 from dht.observer import SwarmObserver
 from merge.identity import Identity
 from node.app import StandaloneConfig, serve_dashboard
-from node.config import DEFAULT_IDENTITY, JoinConfig, add_dataclass_arguments, dataclass_from_args
+from node.config import DEFAULT_IDENTITY, JoinConfig, add_config_arguments, config_from_args
 from node.distributed import torchrun_rank
 from node.events import EventLog, JsonEventLog, configure_logging, make_event_log
 from node.export import export_checkpoint
@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     join = commands.add_parser(
         "join", help="train, and merge everyone's pseudo-gradients", usage="%(prog)s [options]"
     )
-    add_dataclass_arguments(join, JoinConfig)
+    add_config_arguments(join, JoinConfig)
     join.set_defaults(handler=run_join)
     status = commands.add_parser("status", help="print the swarm's peers without training")
     status.add_argument("--peers", nargs="+", required=True, metavar="MADDR", help="any members")
@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     dashboard = commands.add_parser(
         "dashboard", help="serve the swarm dashboard in a browser without training"
     )
-    add_dataclass_arguments(dashboard, StandaloneConfig)
+    add_config_arguments(dashboard, StandaloneConfig)
     dashboard.set_defaults(handler=run_dashboard)
     export = commands.add_parser(
         "export", help="write a checkpoint's model as safetensors + config.json (transformers)"
@@ -166,7 +166,7 @@ def run_bootstrap_command(args: argparse.Namespace) -> int:
 
 
 def run_join(args: argparse.Namespace) -> int:
-    config: JoinConfig = dataclass_from_args(JoinConfig, args)
+    config = config_from_args(JoinConfig, args)
     if config.nproc_per_node > 1 or torchrun_rank() is not None:
         return run_multiprocess_join(config, args.argv)
     configure_logging(config.log_level, config.log_format)
@@ -190,7 +190,7 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def run_dashboard(args: argparse.Namespace) -> int:
-    config: StandaloneConfig = dataclass_from_args(StandaloneConfig, args)
+    config = config_from_args(StandaloneConfig, args)
     configure_logging(config.log_level, config.log_format)
     events: EventLog = JsonEventLog() if config.log_format == "json" else _LoggedEvents()
     stop = threading.Event()
