@@ -120,7 +120,9 @@ def config_from_args(cls: type[ConfigT], args: argparse.Namespace) -> ConfigT:
 
     Raises ValueError with one line naming the flag for a value pydantic refuses."""
     model = _flags_model(cls)
-    source = CliSettingsSource(model, root_parser=argparse.ArgumentParser(add_help=False))
+    source: CliSettingsSource[argparse.ArgumentParser] = CliSettingsSource(
+        model, root_parser=argparse.ArgumentParser(add_help=False)
+    )
     sections = sections_of(cls)
     parsed = {k: v for k, v in vars(args).items() if k.split(".", 1)[0] in sections}
     try:
