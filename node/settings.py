@@ -46,7 +46,7 @@ class OneOf:
         seen = value.upper() if self.case_insensitive else value
         if seen not in self.values:
             choices = ", ".join(self.values)
-            raise ValueError(f"{flag(info.field_name)} must be one of {choices}; got '{value}'")
+            raise ValueError(f"{flag(info.field_name)} must be one of {choices}; got {value!r}")
         return value
 
 

@@ -149,7 +149,7 @@ def one_line(error: ValidationError) -> str:
     name = flag(names[-1]) if names else "a setting"
     kind = _INVALID_VALUE.get(first["type"])
     if kind is not None:
-        return f"argument {name}: invalid {kind} value: '{first['input']}'"
+        return f"argument {name}: invalid {kind} value: {first['input']!r}"
     return f"argument {name}: {first['msg']}"
 
 
