@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any, TypeVar, get_args, get_origin
 
@@ -61,6 +62,7 @@ def sections_of(cls: type) -> Mapping[str, tuple[type, str | None]]:
     return getattr(cls, "SECTIONS", None) or {FLAT: (cls, None)}
 
 
+@functools.cache
 def _flags_model(cls: type) -> type[_Flags]:
     fields: dict[str, Any] = {
         name: (section, Field(default_factory=dict, validate_default=True))
