@@ -13,8 +13,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import math
 from collections.abc import Mapping
-from typing import Any, TypeVar, get_args, get_origin
+from typing import Annotated, Any, TypeVar, get_args, get_origin
 
 from pydantic import Field, ValidationError, create_model
 from pydantic.fields import FieldInfo
@@ -103,6 +104,7 @@ class _FlagBuilder:
             options |= {"nargs": "+", "metavar": "MADDR"}
         else:
             options["metavar"] = _metavar(name, info)
+            options["type"] = _ARGPARSE_TYPES.get(_scalar(info.annotation), str)
         return target.add_argument(flag(name), **options)
 
 
@@ -177,6 +179,26 @@ def _metavar(name: str, info: FieldInfo) -> str:
     if _is_list(info.annotation):
         return "MADDR"
     return name.upper()
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return value
+
+
+_finite_float.__name__ = "float"  # argparse names the type in its error message
+_ARGPARSE_TYPES: dict[Any, Any] = {int: int, float: _finite_float}
+"""argparse converts numbers itself, so a word for a number exits 2 as it always did."""
+
+
+def _scalar(annotation: Any) -> Any:
+    """int from int, int | None, Annotated[int, ...] | None."""
+    if get_origin(annotation) is Annotated:
+        return _scalar(get_args(annotation)[0])
+    inner = [a for a in get_args(annotation) if a is not type(None)]
+    return _scalar(inner[0]) if len(inner) == 1 else annotation
 
 
 def _is_list(annotation: Any) -> bool:

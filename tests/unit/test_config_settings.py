@@ -4,14 +4,16 @@ line naming its flag, and nothing but the command line sets a node's configurati
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import io
 
 import pydantic.dataclasses
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.cli import build_parser
+from node.cli import build_parser, main
 from node.config import JoinConfig, add_config_arguments, config_from_args
 from node.settings import FLAGS, SECTIONS
 
@@ -81,9 +83,6 @@ def test_lists_and_switches_read_as_before() -> None:
 @pytest.mark.parametrize(
     ("argv", "line"),
     [
-        (["--inner-steps", "zero"], "argument --inner-steps: invalid int value: 'zero'"),
-        (["--outer-lr", "nan"], "argument --outer-lr: invalid float value: 'nan'"),
-        (["--max-time", "inf"], "argument --max-time: invalid float value: 'inf'"),
         (["--retain-updates", "-1"], "--retain-updates must be a positive integer, got -1"),
         (["--speed-factor", "0.5"], "--speed-factor must be between 1 and 1000, got 0.5"),
         (["--dashboard-port", "70000"], "--dashboard-port must be between 0 and 65535, got 70000"),
@@ -98,18 +97,40 @@ def test_a_bad_value_is_one_line_naming_its_flag(argv: list[str], line: str) -> 
     assert error.startswith(line), error
 
 
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["--inner-steps", "zero"], "argument --inner-steps: invalid int value: 'zero'"),
+        (["--outer-lr", "nan"], "argument --outer-lr: invalid float value: 'nan'"),
+        (["--max-time", "inf"], "argument --max-time: invalid float value: 'inf'"),
+    ],
+)
+def test_a_word_for_a_number_exits_2_as_argparse_did(argv: list[str], line: str) -> None:
+    error = io.StringIO()
+    with pytest.raises(SystemExit) as exited, contextlib.redirect_stderr(error):
+        main(["join", *argv])
+    assert exited.value.code == 2
+    assert error.getvalue() == f"diloco-node join: error: {line}\n"
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     flag=st.sampled_from(["--inner-steps", "--outer-lr", "--codec", "--port", "--dashboard-port"]),
     text=st.text(min_size=1, max_size=12).filter(lambda s: not s.startswith("-")),
 )
 def test_any_text_is_a_value_or_one_line_naming_its_flag(flag: str, text: str) -> None:
+    error = io.StringIO()
     try:
-        config = _join(flag, text)
-    except ValueError as exc:
-        assert "\n" not in str(exc) and flag in str(exc), str(exc)
+        with contextlib.redirect_stderr(error):
+            config = _join(flag, text)
+    except SystemExit:  # argparse: a word for a number
+        message = error.getvalue().removesuffix("\n")
+    except ValueError as exc:  # pydantic: a value out of range or choices
+        message = str(exc)
     else:
         assert str(getattr(config, flag[2:].replace("-", "_"))) != ""
+        return
+    assert "\n" not in message and flag in message, message
 
 
 def test_log_level_is_checked_in_any_case_and_kept_as_given() -> None:
