@@ -15,7 +15,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Mapping
-from typing import Annotated, Any, TypeVar, get_args, get_origin
+from typing import Annotated, Any, TypeVar, cast, get_args, get_origin
 
 from pydantic import Field, ValidationError, create_model
 from pydantic.fields import FieldInfo
@@ -123,7 +123,7 @@ def config_from_args(cls: type[ConfigT], args: argparse.Namespace) -> ConfigT:
     """The `cls` that the flags of `add_config_arguments(parser, cls)` parsed into `args`.
 
     Raises ValueError with one line naming the flag for a value pydantic refuses."""
-    model = _flags_model(cls)
+    model = _flags_model(cast(type, cls))  # a class is hashable; mypy cannot tell of type[T]
     source: CliSettingsSource[argparse.ArgumentParser] = CliSettingsSource(
         model, root_parser=argparse.ArgumentParser(add_help=False)
     )
