@@ -30,7 +30,7 @@ def _error(*argv: str) -> str:
     return str(caught.value)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(
     inner_steps=st.integers(1, 10_000),
     outer_lr=st.floats(1e-6, 10.0),
@@ -113,7 +113,7 @@ def test_a_word_for_a_number_exits_2_as_argparse_did(argv: list[str], line: str)
     assert error.getvalue() == f"diloco-node join: error: {line}\n"
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(
     flag=st.sampled_from(["--inner-steps", "--outer-lr", "--codec", "--port", "--dashboard-port"]),
     text=st.text(min_size=1, max_size=12).filter(lambda s: not s.startswith("-")),
