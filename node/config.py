@@ -94,11 +94,11 @@ class JoinConfig(
                 f"--dashboard-host must be an IP address such as 127.0.0.1, got '{host}'"
             ) from None
         if self.dashboard_token_file is not None:
-            if self.dashboard_token is not None:
+            from_file = read_secret_file(self.dashboard_token_file, "--dashboard-token-file")
+            # the file's token already in place: a copy (dataclasses.replace) checks again
+            if self.dashboard_token not in (None, from_file):
                 raise ValueError("give --dashboard-token or --dashboard-token-file, not both")
-            self.dashboard_token = read_secret_file(
-                self.dashboard_token_file, "--dashboard-token-file"
-            )
+            self.dashboard_token = from_file
         token = self.dashboard_token
         if token is not None and not (token.isascii() and token.isprintable() and " " not in token):
             raise ValueError("--dashboard-token must be printable ASCII without spaces")

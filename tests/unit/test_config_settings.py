@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import dataclasses
 import io
+from pathlib import Path
 
 import pydantic.dataclasses
 import pytest
@@ -145,6 +146,19 @@ def test_the_environment_sets_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INNER_STEPS", "7")
     config = _join()
     assert (config.inner_steps, config.port, config.wandb) == (100, None, False)
+
+
+def test_a_copy_keeps_the_token_read_from_its_file(tmp_path: Path) -> None:
+    """compose() copies the config with another --identity when the default key is taken."""
+    token_file = tmp_path / "token"
+    token_file.write_text("from-a-file\n")
+    token_file.chmod(0o600)
+    config = _join("--dashboard-token-file", str(token_file))
+    copy = dataclasses.replace(config, identity=str(tmp_path / "identity-1.key"))
+    assert copy.dashboard_token == config.dashboard_token == "from-a-file"
+    assert "not both" in _error(
+        "--dashboard-token", "other", "--dashboard-token-file", str(token_file)
+    )
 
 
 @pydantic.dataclasses.dataclass(kw_only=True, config=FLAGS)
