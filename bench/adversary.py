@@ -59,7 +59,7 @@ from merge.codecs import get_codec
 from merge.envelope import SignedHeader, SignedUpdate, seal
 from merge.identity import Identity
 from node.cli import build_parser
-from node.config import JoinConfig, dataclass_from_args
+from node.config import JoinConfig, config_from_args
 from node.events import JsonEventLog, RecordingEventLog
 from node.runtime import Node
 
@@ -776,7 +776,7 @@ def build_node(peers: str, home: Path, run_args: list[str], sybils: list[Identit
         ["join", *run_args, "--peers", peers, "--host", "127.0.0.1", "--port", "0",
          "--identity", str(home / "id.key"), "--checkpoint-dir", str(home / "ckpt")]
     )  # fmt: skip
-    return Node(dataclass_from_args(JoinConfig, args), RecordingEventLog())
+    return Node(config_from_args(JoinConfig, args), RecordingEventLog())
 
 
 def main(argv: list[str] | None = None) -> int:

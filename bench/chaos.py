@@ -32,10 +32,13 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import pydantic.dataclasses
+
 from bench import netns
 from bench.chaos_accounting import Incarnation, Slot, account
 from bench.procs import ChildProcess, cli_flags, python_module, reap_all
-from node.config import add_dataclass_arguments, dataclass_from_args
+from node.config import add_config_arguments, config_from_args
+from node.settings import FLAGS
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +51,7 @@ START_TIMEOUT_S = 240.0
 """Bounded wait for a node to start training (a loaded 2-core machine starts 4 slowly)."""
 
 
-@dataclass(kw_only=True)
+@pydantic.dataclasses.dataclass(kw_only=True, config=FLAGS)
 class ChaosConfig:
     """A chaos run: the swarm, the failure schedule and how long to measure."""
 
@@ -335,8 +338,8 @@ def format_summary(report: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_dataclass_arguments(parser, ChaosConfig)
-    config: ChaosConfig = dataclass_from_args(ChaosConfig, parser.parse_args())
+    add_config_arguments(parser, ChaosConfig)
+    config = config_from_args(ChaosConfig, parser.parse_args())
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     report = run_chaos(config)
     for fault in report["schedule"]:

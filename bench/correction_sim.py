@@ -42,6 +42,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Literal
 
+import pydantic.dataclasses
 import torch
 from torch.nn.utils import parameters_to_vector
 
@@ -49,8 +50,9 @@ from bench.quality import Evaluator, QualityConfig
 from merge.correction import CorrectionConfig, correct, expected_delay, look_ahead
 from merge.outer import DelayedNesterov
 from merge.weighting import StalenessConfig, rounds_stale, staleness_weight
-from node.config import add_dataclass_arguments, dataclass_from_args
+from node.config import add_config_arguments, config_from_args
 from node.data import ShardSampler, data_slice
+from node.settings import FLAGS
 
 OUTER_LR, OUTER_MOMENTUM = 0.7, 0.9
 View = Literal["signed", "late", "apply"]
@@ -58,7 +60,7 @@ VIEWS: tuple[View, ...] = ("signed", "late", "apply")
 KINDS = ("none", "heloco", "lookahead")
 
 
-@dataclass(kw_only=True)
+@pydantic.dataclasses.dataclass(kw_only=True, config=FLAGS)
 class SimConfig:
     """Virtual-clock replay settings."""
 
@@ -328,8 +330,8 @@ def staleness_views(events: list[Publication | Apply], learners: int) -> dict[st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_dataclass_arguments(parser, SimConfig)
-    config: SimConfig = dataclass_from_args(SimConfig, parser.parse_args())
+    add_config_arguments(parser, SimConfig)
+    config = config_from_args(SimConfig, parser.parse_args())
     torch.set_num_threads(1)
     try:
         arms = [Arm.parse(a) for a in config.arms.split(",")]

@@ -39,9 +39,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
+import pydantic.dataclasses
 from scipy.special import ndtri
 
-from node.config import add_dataclass_arguments, dataclass_from_args
+from node.config import add_config_arguments, config_from_args
+from node.settings import FLAGS
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +65,7 @@ PAPER = {
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
-@dataclass(kw_only=True)
+@pydantic.dataclasses.dataclass(kw_only=True, config=FLAGS)
 class SimConfig:
     """Parameters of the simulated cluster; the defaults reproduce the paper's setting."""
 
@@ -329,7 +331,7 @@ def plot_curves(curves: dict[str, list[float]], chips: int, path: Path) -> Path:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_dataclass_arguments(parser, SimConfig)
+    add_config_arguments(parser, SimConfig)
     parser.add_argument(
         "--chips",
         type=int,
@@ -361,7 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = build_parser().parse_args()
-    config: SimConfig = dataclass_from_args(SimConfig, args)
+    config = config_from_args(SimConfig, args)
     rows = table_rows(config, args.chips, args.learners)
     print(json.dumps({"config": asdict(config)}))
     print(format_table(rows))

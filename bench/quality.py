@@ -43,15 +43,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import pydantic.dataclasses
 import torch
 from torch.nn.utils import parameters_to_vector
 
 from bench.procs import ChildProcess, cli_flags, python_module, reap_all
 from node.checkpoint import read_checkpoint
-from node.config import add_dataclass_arguments, dataclass_from_args
+from node.config import add_config_arguments, config_from_args
 from node.data import ShardSampler, load_corpus, split_corpus, validation_batches
 from node.learner import InnerConfig, Learner
 from node.model import DEFAULT_BATCH_SIZE, DEFAULT_INNER_LR, build_model, model_config
+from node.settings import FLAGS
 
 logger = logging.getLogger(__name__)
 RUN_TIMEOUT_S = 900.0
@@ -60,7 +62,7 @@ SIZINGS = ("round-time", "dynamic-h", "fixed-h")
 METHODS = ("sync", "async", "async_uncorrected")
 
 
-@dataclass(kw_only=True)
+@pydantic.dataclasses.dataclass(kw_only=True, config=FLAGS)
 class QualityConfig:
     """Equal-token comparison settings."""
 
@@ -401,8 +403,8 @@ def _replica(home: Path, run_id: str) -> tuple[int, torch.Tensor]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_dataclass_arguments(parser, QualityConfig)
-    config: QualityConfig = dataclass_from_args(QualityConfig, parser.parse_args())
+    add_config_arguments(parser, QualityConfig)
+    config = config_from_args(QualityConfig, parser.parse_args())
     try:
         config.speeds(), config.seed_list(), config.method_list(), config.strength()
     except ValueError as e:

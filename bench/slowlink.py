@@ -37,15 +37,18 @@ import signal
 import subprocess
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from statistics import mean
 from types import FrameType
 
+import pydantic.dataclasses
+
 from bench import netns
 from bench.procs import ChildProcess, Event, cli_flags, python_module, reap_all
 from merge.codecs import CODECS
-from node.config import add_dataclass_arguments, dataclass_from_args
+from node.config import add_config_arguments, config_from_args
+from node.settings import FLAGS
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +63,7 @@ POLL_S = 0.5
 """How often a row checks whether every node has reached the target."""
 
 
-@dataclass(kw_only=True)
+@pydantic.dataclasses.dataclass(kw_only=True, config=FLAGS)
 class SlowlinkConfig:
     """A slow-link comparison: the swarm, the link, the codecs and the target."""
 
@@ -492,8 +495,8 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_dataclass_arguments(parser, SlowlinkConfig)
-    config: SlowlinkConfig = dataclass_from_args(SlowlinkConfig, parser.parse_args())
+    add_config_arguments(parser, SlowlinkConfig)
+    config = config_from_args(SlowlinkConfig, parser.parse_args())
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     signal.signal(signal.SIGTERM, _raise_interrupt)  # unwinds: nodes reaped, namespaces deleted
     report = run_slowlink(config)

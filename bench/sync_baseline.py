@@ -24,20 +24,21 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pydantic.dataclasses
 import torch
 from hivemind import DHT
 from hivemind.averaging import DecentralizedAverager
 from hivemind.utils import get_dht_time
 
 from merge.outer import NesterovSGD
-from node.config import add_dataclass_arguments, dataclass_from_args
+from node.config import add_config_arguments, config_from_args
 from node.data import ShardSampler, data_slice, load_corpus, split_corpus
 from node.learner import InnerConfig, Learner
 from node.model import DEFAULT_BATCH_SIZE, DEFAULT_INNER_LR, build_model, model_config
+from node.settings import FLAGS
 
 logger = logging.getLogger(__name__)
 CHECKPOINT_FILE = "sync_checkpoint.pt"
@@ -48,7 +49,7 @@ LOST_IN_A_ROW = 4
 finished the run without it (it fell behind and nobody is left to average with)."""
 
 
-@dataclass(kw_only=True)
+@pydantic.dataclasses.dataclass(kw_only=True, config=FLAGS)
 class WorkerConfig:
     """One synchronous worker."""
 
@@ -382,8 +383,8 @@ def emit(event: str, **fields: Any) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_dataclass_arguments(parser, WorkerConfig)
-    config: WorkerConfig = dataclass_from_args(WorkerConfig, parser.parse_args())
+    add_config_arguments(parser, WorkerConfig)
+    config = config_from_args(WorkerConfig, parser.parse_args())
     if config.mode not in ("diloco", "dp"):
         parser.error("--mode must be diloco or dp")
     logging.basicConfig(

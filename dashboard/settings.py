@@ -5,6 +5,9 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+import pydantic.dataclasses
+from pydantic import ConfigDict
+
 from dht.addresses import parse_peer_maddr
 from merge.allowlist import AllowList
 from merge.identity import read_secret_file
@@ -53,7 +56,9 @@ def is_valid_token(token: str) -> bool:
     return bool(token) and token.isascii() and token.isprintable() and " " not in token
 
 
-@dataclass(kw_only=True)
+@pydantic.dataclasses.dataclass(
+    kw_only=True, config=ConfigDict(use_attribute_docstrings=True, allow_inf_nan=False)
+)
 class StandaloneConfig:
     """`diloco-node dashboard`: watch a swarm through any of its members, train nothing."""
 

@@ -17,7 +17,7 @@ from dht.network import SwarmError
 from dht.observer import SwarmObserver
 from merge.identity import Identity
 from node.app import StandaloneConfig, serve_dashboard
-from node.config import DEFAULT_IDENTITY, JoinConfig, add_dataclass_arguments, dataclass_from_args
+from node.config import DEFAULT_IDENTITY, JoinConfig, add_config_arguments, config_from_args
 from node.distributed import torchrun_rank
 from node.events import EventLog, JsonEventLog, configure_logging, make_event_log
 from node.export import export_checkpoint
@@ -25,6 +25,7 @@ from node.local_nodes import find_local_nodes, nodes_dir
 from node.multigpu import run_multiprocess_join
 from node.run_choice import SwarmRun, choose_run, run_id_given, swarm_run
 from node.runtime import Node
+from node.settings_cli import flag_value
 from node.signals import stop_on_signals
 from node.status import print_status
 from node.tracking import tracked
@@ -58,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     join = commands.add_parser(
         "join", help="train, and merge everyone's pseudo-gradients", usage="%(prog)s [options]"
     )
-    add_dataclass_arguments(join, JoinConfig)
+    add_config_arguments(join, JoinConfig)
     join.set_defaults(handler=run_join)
     status = commands.add_parser("status", help="print the swarm's peers without training")
     status.add_argument(
@@ -75,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     dashboard = commands.add_parser(
         "dashboard", help="serve the swarm dashboard in a browser without training"
     )
-    add_dataclass_arguments(dashboard, StandaloneConfig)
+    add_config_arguments(dashboard, StandaloneConfig)
     dashboard.set_defaults(handler=run_dashboard)
     export = commands.add_parser(
         "export", help="write a checkpoint's model as safetensors + config.json (transformers)"
@@ -175,7 +176,7 @@ def run_bootstrap_command(args: argparse.Namespace) -> int:
 
 def run_join(args: argparse.Namespace) -> int:
     args = with_swarm_run(args)
-    config: JoinConfig = dataclass_from_args(JoinConfig, args)
+    config = config_from_args(JoinConfig, args)
     if config.nproc_per_node > 1 or torchrun_rank() is not None:
         return run_multiprocess_join(config, args.argv)
     configure_logging(config.log_level, config.log_format)
@@ -194,8 +195,8 @@ def with_swarm_run(args: argparse.Namespace) -> argparse.Namespace:
     on the command line still win); unchanged when the swarm trains none yet."""
     argv: list[str] = args.argv
     join_args = argv[argv.index("join") + 1 :] if "join" in argv else argv
-    peers, swarm = getattr(args, "peers", None), getattr(args, "swarm", True)
-    named = "run_id" in vars(args) or run_id_given(join_args)
+    peers, swarm = flag_value(args, "peers"), flag_value(args, "swarm") is not False
+    named = flag_value(args, "run_id") is not None or run_id_given(join_args)
     if not peers or not swarm or named:
         return args
     run = choose_run(discover_runs(peers))
@@ -254,7 +255,7 @@ def local_peers() -> list[str]:
 
 
 def run_dashboard(args: argparse.Namespace) -> int:
-    config: StandaloneConfig = dataclass_from_args(StandaloneConfig, args)
+    config = config_from_args(StandaloneConfig, args)
     configure_logging(config.log_level, config.log_format)
     events: EventLog = JsonEventLog() if config.log_format == "json" else _LoggedEvents()
     stop = threading.Event()

@@ -11,18 +11,19 @@ validate the values as if the user had typed them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
-from node.config import JoinConfig
 from node.fingerprint import join_arguments
+from node.settings import SECTIONS
 
 ADOPTABLE = frozenset(
-    name
-    for group in ("training", "outer optimizer and merging")
-    for name in JoinConfig.FLAG_GROUPS[group]
+    field.name
+    for section in ("train", "outer", "merge")
+    for field in dataclasses.fields(SECTIONS[section][0])
 ) - frozenset(
     {
         "data", "data_slice", "max_rounds", "max_time", "linger", "linger_until_done",

@@ -1,6 +1,7 @@
 """The import contracts of pyproject's [tool.importlinter] hold: layers dashboard > node > dht >
 merge (node reaches dashboard only through node.app), dht reaches the merge only through its
-port (dht.merge_port, never merge.pipeline), and no module imports itself in a cycle."""
+port (dht.merge_port, never merge.pipeline), the settings import no model code, and no module
+imports itself in a cycle."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ CONTRACTS = [
     "Layers: dashboard above node above dht above merge",
     "The dashboard reads a node's status snapshot, events and settings, never the node",
     "dht reaches the merge through dht.merge_port, never merge.pipeline",
+    "Settings import no model code: model names live with the models (node.presets)",
     "No import cycles inside a layer",
 ]
 

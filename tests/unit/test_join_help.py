@@ -1,4 +1,5 @@
-"""`join --help` explains itself: flags in titled groups, allowed values shown; --model auto."""
+"""`join --help` explains itself: each section's flags in a titled group, allowed values shown;
+--model auto."""
 
 from __future__ import annotations
 
@@ -8,14 +9,14 @@ import pytest
 
 from node.cli import build_parser, main
 from node.config import JoinConfig
+from node.settings import SECTIONS
 
 
-def test_every_join_flag_is_in_exactly_one_group() -> None:
+def test_every_join_flag_is_in_exactly_one_section() -> None:
     fields = {f.name for f in dataclasses.fields(JoinConfig)}
-    grouped = [name for names in JoinConfig.FLAG_GROUPS.values() for name in names]
-    assert sorted(grouped) == sorted(set(grouped)), "a flag in two groups"
-    assert set(grouped) == fields, f"ungrouped: {fields - set(grouped)}"
-    assert set(JoinConfig.CHOICES) <= fields
+    sectioned = [f.name for cls, _ in SECTIONS.values() for f in dataclasses.fields(cls)]
+    assert sorted(sectioned) == sorted(set(sectioned)), "a flag in two sections"
+    assert set(sectioned) == fields, f"in no section: {fields - set(sectioned)}"
 
 
 def test_help_shows_the_groups_and_the_allowed_values(capsys: pytest.CaptureFixture[str]) -> None:

@@ -17,6 +17,7 @@ from node.run_choice import (
     run_id_given,
     swarm_run,
 )
+from node.settings_cli import flag_value
 
 
 def _summary(**settings: object) -> str:
@@ -34,7 +35,8 @@ def test_the_only_run_is_joined_with_its_settings_and_the_users_flags_win() -> N
     assert run is not None and run.describe() == "'their-run' (--model tiny --inner-steps 5)"
     argv = ["join", *run.join_flags(), "--peers", "/ip4/1.2.3.4/tcp/1/p2p/x", "--inner-steps", "7"]
     args = build_parser().parse_args(argv)
-    assert (args.run_id, args.model, args.inner_steps) == ("their-run", "tiny", 7)
+    chosen = [flag_value(args, name) for name in ("run_id", "model", "inner_steps")]
+    assert chosen == ["their-run", "tiny", 7]
 
 
 def test_several_runs_stop_the_node_with_one_line_listing_them() -> None:

@@ -1,0 +1,323 @@
+"""`diloco-node join`'s settings in typed sections: train, outer, merge, network, dashboard,
+checkpoint and logging. Each field's docstring is its flag's help; its type says what a value
+may be, and pydantic checks it (node/settings_cli.py turns the sections into flags).
+
+A field's flag is its name in kebab case (inner_steps -> --inner-steps), whatever its section.
+Checks that span sections, and values resolved from the machine (--model auto), live in
+`node.config.JoinConfig`, which has every section's fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass as std_dataclass
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, ConfigDict, GetCoreSchemaHandler, ValidationInfo
+from pydantic.dataclasses import dataclass
+from pydantic_core import core_schema
+
+from merge.codecs import CODECS
+from node.data import parse_data_slice
+from node.presets import MODEL_NAMES
+
+FLAGS = ConfigDict(use_attribute_docstrings=True, allow_inf_nan=False, extra="forbid")
+"""Every flag class's pydantic config: docstrings are help, no NaN or infinity, no stray keys."""
+
+
+def flag(field_name: str | None) -> str:
+    """inner_steps -> --inner-steps."""
+    return "--" + (field_name or "").replace("_", "-")
+
+
+@std_dataclass(frozen=True)
+class OneOf:
+    """A string field that takes one of `values` (shown as {a,b,c} in --help)."""
+
+    values: tuple[str, ...]
+    case_insensitive: bool = False
+
+    def __get_pydantic_core_schema__(
+        self, source: type[Any], handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.with_info_after_validator_function(self.check, handler(source))
+
+    def check(self, value: str, info: ValidationInfo) -> str:
+        seen = value.upper() if self.case_insensitive else value
+        if seen not in self.values:
+            choices = ", ".join(self.values)
+            raise ValueError(f"{flag(info.field_name)} must be one of {choices}; got {value!r}")
+        return value
+
+
+def check(ok: Callable[[Any], bool], message: str) -> AfterValidator:
+    """A field check: `message` (with {flag} and {value}) when `ok(value)` is false."""
+
+    def validate(value: Any, info: ValidationInfo) -> Any:
+        if value is not None and not ok(value):
+            raise ValueError(message.format(flag=flag(info.field_name), value=value))
+        return value
+
+    return AfterValidator(validate)
+
+
+PositiveInt = Annotated[
+    int, check(lambda v: v > 0, "{flag} must be a positive integer, got {value}")
+]
+PositiveFloat = Annotated[
+    float, check(lambda v: v > 0, "{flag} must be a positive number, got {value}")
+]
+NonNegativeFloat = Annotated[
+    float, check(lambda v: v >= 0, "{flag} must be a non-negative number, got {value}")
+]
+NonNegativeInt = Annotated[int, check(lambda v: v >= 0, "{flag} must not be negative, got {value}")]
+RunId = Annotated[str, check(lambda v: 0 < len(v) <= 64, "{flag} must be 1 to 64 characters long")]
+Label = Annotated[str, check(lambda v: len(v) <= 64, "{flag} must be at most 64 characters long")]
+Port = Annotated[
+    int, check(lambda v: 0 <= v <= 65535, "{flag} must be between 0 and 65535, got {value}")
+]
+SpeedFactor = Annotated[
+    float, check(lambda v: 1 <= v <= 1000, "{flag} must be between 1 and 1000, got {value}")
+]
+Momentum = Annotated[float, check(lambda v: 0 <= v < 1, "{flag} must be in [0, 1), got {value}")]
+CorrectionStrength = Annotated[
+    float, check(lambda v: 0 <= v <= 100, "{flag} must be in [0, 100], got {value}")
+]
+HeartbeatPeriod = Annotated[
+    float, check(lambda v: 0.2 <= v <= 3600, "{flag} must be between 0.2 and 3600 seconds")
+]
+Megabytes = Annotated[
+    float, check(lambda v: 0 <= v <= 1e7, "{flag} must be between 0 and 10000000")
+]
+GapWait = Annotated[
+    float, check(lambda v: 0 < v <= 86400, "{flag} must be between 0 and 86400 seconds")
+]
+STALENESS_KINDS = ("constant", "polynomial", "hinge", "exponential")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def _data_slice(value: str | None) -> str | None:
+    if value is not None:
+        parse_data_slice(value)  # raises with --data-slice in its message
+    return value
+
+
+@dataclass(kw_only=True, config=FLAGS)
+class TrainSettings:
+    """The model, the data and the inner loop: what this learner trains, and for how long."""
+
+    run_id: RunId = "diloco-default"
+    """Name of the run; nodes with the same run id, model and merge settings train together."""
+    model: Annotated[str, OneOf(("auto", *MODEL_NAMES))] = "auto"
+    """Model: tiny (~0.4M params), small (~10M params), base (~125M params), or a transformers
+    architecture of that size, hf:ARCH-SIZE with ARCH llama or gpt2 (e.g. hf:llama-small);
+    auto: tiny on a CPU, small on a GPU under 16 GiB, base above. The run's fingerprint holds
+    the model auto picked, and the join command a node prints names it: a node whose auto
+    picks another model is refused by the swarm with the --model to pass."""
+    data: str | None = None
+    """Text file, directory of text files or uint16 .bin; default: this Python's stdlib source."""
+    data_slice: Annotated[str | None, AfterValidator(_data_slice)] = None
+    """K/N: train only on the K-th of N equal contiguous slices of the training split, so nodes
+    on different slices see different data (emulates non-IID learners; default: all of it)."""
+    seed: int = 0
+    """Genesis seed: every node initialises the global model identically from it."""
+    inner_steps: PositiveInt = 100
+    """H: inner AdamW steps per round before a pseudo-gradient is published."""
+    batch_size: PositiveInt | None = None
+    """Sequences per inner step (default: the preset's)."""
+    inner_lr: PositiveFloat | None = None
+    """Peak inner AdamW learning rate (default: the preset's)."""
+    weight_decay: NonNegativeFloat = 0.1
+    """Inner AdamW weight decay."""
+    grad_clip: NonNegativeFloat = 1.0
+    """Clip the inner gradient norm to this value (0 disables clipping)."""
+    warmup_steps: NonNegativeInt = 100
+    """Linear warmup of the inner learning rate, in inner steps."""
+    lr_decay_steps: PositiveInt | None = None
+    """Inner steps of cosine decay to 10% of peak (default: max-rounds x H, else 100000)."""
+    round_time: PositiveFloat | None = None
+    """Dynamic local updates: each round runs as many inner steps as fit in this many seconds
+    (at most --inner-steps), so slower hardware publishes smaller updates as often."""
+    dynamic_h: bool = False
+    """Dynamic local updates sized by throughput: this learner runs H x its inner steps per
+    second over the fastest live peer's (as far as that peer's updates bear it out), at least
+    H/16; peers report their rates in heartbeats."""
+    speed_factor: SpeedFactor = 1.0
+    """Emulate slower hardware (tests, benchmarks): each inner step is followed by a sleep of
+    F-1 times its measured duration."""
+    emulated_step_s: PositiveFloat | None = None
+    """With --speed-factor F: pace every inner step to last F times this many seconds instead
+    (benchmarks on a shared machine: the emulated speed does not follow its load)."""
+    max_rounds: PositiveInt | None = None
+    """Stop after this many rounds (default: run until interrupted)."""
+    max_time: PositiveFloat | None = None
+    """Stop after this many seconds of wall time (default: run until interrupted)."""
+    linger: NonNegativeFloat = 0.0
+    """After --max-rounds or --max-time, keep serving and merging for this many seconds."""
+    linger_until_done: bool = False
+    """End --linger early once every live peer has finished and the last updates crossed
+    both ways (benchmarks that compare replicas; a lone node would leave at once)."""
+    eval_batches: NonNegativeInt = 4
+    """Validation batches evaluated on the replica after every round (0 disables)."""
+    device: Annotated[str, OneOf(("auto", "cpu", "cuda"))] = "auto"
+    """Training device: auto, cpu or cuda (bf16 autocast on CUDA)."""
+    threads: PositiveInt | None = None
+    """CPU threads for torch (default: torch's choice)."""
+    nproc_per_node: PositiveInt = 1
+    """Processes (GPUs) training this node together with torch.distributed, launched with
+    torchrun; rank 0 alone talks to the swarm. --batch-size is the node's, split over them."""
+    parallel: Annotated[str, OneOf(("ddp", "fsdp"))] = "ddp"
+    """How a multi-process node shares the model: ddp (a full copy per GPU) or fsdp (FSDP2,
+    parameters, gradients and optimizer state sharded, for models that do not fit one GPU)."""
+
+
+@dataclass(kw_only=True, config=FLAGS)
+class OuterSettings:
+    """The outer optimizer every replica steps with the merged pseudo-gradients, and how
+    stale updates are corrected against its momentum."""
+
+    outer_optimizer: Annotated[str, OneOf(("nesterov", "delayed_nesterov"))] = "delayed_nesterov"
+    """Outer optimizer: nesterov or delayed_nesterov (Liu et al. 2024, the asynchronous default)."""
+    outer_lr: PositiveFloat = 0.7
+    """Outer learning rate."""
+    outer_momentum: Momentum | None = None
+    """Outer Nesterov momentum (default 0.9; 0.5 with --codec sparse, whose error feedback
+    residual already acts as a momentum)."""
+    outer_delay: PositiveInt | None = None
+    """Delayed Nesterov: a fixed round of N updates (default: each update's signed count of
+    live learners, so a round of the swarm's updates is one outer step at any swarm size)."""
+    correction: Annotated[str, OneOf(("none", "heloco", "lookahead"))] = "none"
+    """Correction of stale updates before the outer step: none, heloco (shrink the parts
+    of a stale update that conflict with the outer momentum, arXiv 2606.00271) or lookahead
+    (start each round where the outer momentum will carry the replica before it lands)."""
+    correction_strength: CorrectionStrength = 1.0
+    """In [0, 100]. heloco: the shrinkage strength k_s, a conflicting block loses
+    min(k_s x |cosine| x confidence, 1) of its component along the momentum; lookahead: how
+    many times the delay of our last update the start moves ahead."""
+
+
+@dataclass(kw_only=True, config=FLAGS)
+class MergeSettings:
+    """How an update is weighed and encoded, and how the model is split for publishing."""
+
+    staleness: Annotated[str, OneOf(STALENESS_KINDS)] = "polynomial"
+    """Staleness weighting: constant, polynomial (1+s)^-a, hinge or exponential."""
+    staleness_a: NonNegativeFloat = 0.5
+    """Parameter a of the staleness function."""
+    staleness_b: NonNegativeFloat = 4.0
+    """Hinge threshold b: updates at most b rounds stale keep full weight."""
+    token_weighting: Annotated[str, OneOf(("tokens", "none"))] = "tokens"
+    """Weigh an update by the tokens it trained on (tokens) or not at all (none)."""
+    codec: Annotated[str, OneOf(tuple(CODECS))] = "bf16"
+    """Encoding of published pseudo-gradients: fp32, bf16, int8 or int4 (blockwise), or sparse
+    (top 2.9% of each 4096 entries, 2 bits each); the last three carry error feedback."""
+    fragments: PositiveInt = 1
+    """Streaming DiLoCo: split the model into P fragments (tensors bin-packed by size) and
+    publish fragment p as its own signed update after inner step (p+1)*H/P of each round, so
+    uploads spread over the round; every node of a run must use the same P (1: whole updates)."""
+
+
+@dataclass(kw_only=True, config=FLAGS)
+class NetworkSettings:
+    """How this node reaches the swarm, and what it holds and serves for its peers."""
+
+    identity: str | None = None
+    """Ed25519 identity key file (libp2p format), created with mode 0600 on first use. Not
+    given: ~/.diloco/identity.key, or the next free ~/.diloco/identity-N.key while another
+    node on this machine holds it; a key given here that is in use is an error."""
+    swarm: bool = True
+    """Join the peer-to-peer swarm (--no-swarm trains alone, offline)."""
+    peers: list[str] | None = None
+    """Multiaddrs of any swarm members to join through (default: start a new swarm)."""
+    host: str = "0.0.0.0"
+    """Address to listen on for peers (use 127.0.0.1 to stay on this machine)."""
+    port: int | None = None
+    """TCP port to listen on for peers (0: any free port). Not given: 31337, or any free port
+    when another node on this machine holds 31337; a port given here that is taken is an
+    error."""
+    announce: list[str] | None = None
+    """Public multiaddrs to announce, e.g. /ip4/203.0.113.7/tcp/31337 behind a port forward."""
+    relay: bool = True
+    """Relay traffic for peers behind NAT (libp2p circuit relay)."""
+    auto_relay: bool = False
+    """Be reachable through relays when this node is behind NAT (its --peers are its relays)."""
+    relay_max_circuits: int = 16
+    """Relayed connections open at once per peer, when relaying for peers behind NAT."""
+    relay_max_mb: float = 1024.0
+    """Megabytes one relayed connection carries (each way) before it is reset."""
+    relay_max_duration: float = 1200.0
+    """Seconds one relayed connection lives before it is reset (peers dial a new one)."""
+    client_mode: bool = False
+    """Accept no incoming connections: serve no DHT requests, state or update payloads."""
+    org: Label = ""
+    """Organisation label shown to the swarm (who contributed which hardware)."""
+    serve_state: bool = True
+    """Let newcomers download this node's replica."""
+    heartbeat_period: HeartbeatPeriod = 5.0
+    """Seconds between heartbeats; a peer silent for three periods drops out."""
+    retain_updates: PositiveInt = 16
+    """Updates kept per author to serve to peers that missed them (x P with --fragments P:
+    as many rounds)."""
+    retain_mb: Megabytes = 256.0
+    """Megabytes of retained updates held in memory; beyond it they spill to disk."""
+    gap_wait: GapWait = 30.0
+    """Seconds an update that no live peer offers is waited for before it counts as lost."""
+    allow_keys: str | None = None
+    """Permissioned run: TOML or YAML file mapping organizations to the peer ids or Ed25519
+    public keys that may contribute; others are ignored and counted (default: open swarm)."""
+
+
+@dataclass(kw_only=True, config=FLAGS)
+class DashboardSettings:
+    """The swarm dashboard this node serves in a browser."""
+
+    dashboard_port: Port | None = None
+    """Serve the swarm dashboard on this port (0: any free port; default: 8000, or any free
+    port when 8000 is taken)."""
+    dashboard: bool = True
+    """Serve this node's swarm dashboard (--no-dashboard: none)."""
+    dashboard_host: str = "127.0.0.1"
+    """Address the dashboard listens on; 0.0.0.0 opens it to the network (set a token)."""
+    dashboard_token: str | None = None
+    """Require 'Authorization: Bearer TOKEN' on every dashboard route (browser: /?token=TOKEN)."""
+    dashboard_token_file: str | None = None
+    """Read the dashboard token from this file (mode 0600): unlike --dashboard-token, not in ps."""
+
+
+@dataclass(kw_only=True, config=FLAGS)
+class CheckpointSettings:
+    """Where this node keeps its checkpoints, and how often it writes them."""
+
+    checkpoint_dir: str | None = None
+    """Checkpoint directory, locked while the node runs; join resumes from it
+    (default: ~/.diloco/checkpoints/RUN_ID/PEER_ID)."""
+    checkpoint_every: PositiveInt = 10
+    """Save a checkpoint every N rounds (and always on Ctrl+C, SIGTERM or SIGHUP)."""
+
+
+@dataclass(kw_only=True, config=FLAGS)
+class LoggingSettings:
+    """What this node says, and where its per-round metrics go."""
+
+    tensorboard: str | None = None
+    """Write per-round metrics (loss, val loss, tokens/s, staleness, drift, MB, goodput) as
+    TensorBoard events under DIR/RUN_ID/PEER_ID."""
+    wandb: bool = False
+    """Log per-round metrics to Weights & Biases (offline unless WANDB_API_KEY, a wandb login
+    or WANDB_MODE says otherwise)."""
+    log_level: Annotated[str, OneOf(LOG_LEVELS, case_insensitive=True)] = "INFO"
+    """Logging level: DEBUG, INFO, WARNING or ERROR."""
+    log_format: Annotated[str, OneOf(("rich", "json"))] = "rich"
+    """rich: a live progress line for people; json: one JSON event per line on stdout."""
+
+
+SECTIONS: dict[str, tuple[type, str]] = {
+    "train": (TrainSettings, "training"),
+    "outer": (OuterSettings, "outer optimizer and merging"),
+    "merge": (MergeSettings, "outer optimizer and merging"),
+    "network": (NetworkSettings, "network"),
+    "dashboard": (DashboardSettings, "dashboard"),
+    "checkpoint": (CheckpointSettings, "checkpoints"),
+    "logging": (LoggingSettings, "logging and tracking"),
+}
+"""`join`'s sections, in --help order, each with the title of its group there."""
