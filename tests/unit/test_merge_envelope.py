@@ -20,29 +20,16 @@ from merge.envelope import (
     verify_header,
 )
 from merge.identity import Identity
-
-FINGERPRINT = hashlib.sha256(b"run").hexdigest()
-ALICE = Identity.from_private_bytes(b"a" * 32)
-MALLORY = Identity.from_private_bytes(b"m" * 32)
+from tests.factories import ALICE, FINGERPRINT, MALLORY, sealed_update
 
 
 def make_update(
     identity: Identity = ALICE, payload: bytes = b"\x01\x02\x03\x04" * 4
 ) -> SignedUpdate:
-    return seal(
-        identity,
-        fingerprint=FINGERPRINT,
-        seq=7,
-        base_applied=10,
-        published_applied=13,
-        inner_steps=50,
-        tokens=51200,
-        loss=2.75,
-        codec="fp32",
-        numel=len(payload) // 4,
-        payload=payload,
-        created_at=1_700_000_000.5,
-    )
+    return sealed_update(
+        identity, payload=payload, seq=7, base_applied=10, published_applied=13,
+        inner_steps=50, tokens=51200, loss=2.75, created_at=1_700_000_000.5,
+    )  # fmt: skip
 
 
 def reason_of(action: Callable[[], object]) -> str:

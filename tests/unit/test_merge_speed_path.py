@@ -22,6 +22,7 @@ from merge.outer import DelayedNesterov, NesterovSGD, OuterConfig, make_outer_op
 from merge.pipeline import MergeConfig, UpdatePipeline
 from merge.replica import Replica
 from merge.weighting import TokenWeightConfig
+from tests.factories import sealed_update
 
 FINGERPRINT = hashlib.sha256(b"speed").hexdigest()
 AUTHORS = [Identity.from_private_bytes(bytes([65 + i]) * 32) for i in range(3)]
@@ -45,21 +46,10 @@ def make_pipeline(ratio: float = 1.0, numel: int = NUMEL) -> UpdatePipeline:
 def make_update(
     delta: torch.Tensor, seq: int, author: int = 0, codec: str = "fp32", learners: int = 4
 ) -> SignedUpdate:
-    update = seal(
-        AUTHORS[author],
-        fingerprint=FINGERPRINT,
-        seq=seq,
-        base_applied=0,
-        published_applied=0,
-        inner_steps=1,
-        tokens=1,
-        loss=1.0,
-        codec=codec,
-        numel=delta.numel(),
-        payload=get_codec(codec).encode(delta),
-        created_at=1.0,
-        learners=learners,
-    )
+    update = sealed_update(
+        AUTHORS[author], delta=delta, codec=codec, fingerprint=FINGERPRINT, seq=seq,
+        inner_steps=1, tokens=1, loss=1.0, learners=learners,
+    )  # fmt: skip
     return SignedUpdate.from_bytes(update.to_bytes())  # as received: a view into the bytes
 
 
