@@ -15,9 +15,9 @@ from merge.pipeline import MergeConfig, MergeResult, UpdatePipeline
 from merge.replica import Replica
 from merge.robust import RobustConfig
 from merge.weighting import StalenessConfig, TokenWeightConfig
-from tests.factories import ALICE, FINGERPRINT, encoded, sealed_update
+from tests.factories import ALICE, FINGERPRINT, encoded, identity, sealed_update
 
-BOB = Identity.from_private_bytes(b"b" * 32)
+BOB = identity("b")
 START = [1.0, 2.0, 3.0, 4.0]  # norm sqrt(30) ~ 5.48
 DELTA = [0.5, 0.0, -0.5, 1.0]
 CONFIG = MergeConfig(
@@ -208,7 +208,7 @@ def test_concurrent_submissions_of_one_update_apply_it_once() -> None:
 
 def test_concurrent_authors_are_all_applied() -> None:
     pipeline = make_pipeline()
-    updates = [make_update(Identity.from_private_bytes(bytes([i]) * 32)) for i in range(16)]
+    updates = [make_update(identity(bytes([i]))) for i in range(16)]
 
     threads = [threading.Thread(target=pipeline.submit, args=(u,)) for u in updates]
     for thread in threads:
@@ -234,7 +234,7 @@ def test_merge_config_is_plain_json_and_validated() -> None:
         UpdatePipeline(make_pipeline().replica, CONFIG, "not-a-fingerprint")
 
 
-SWARM = [Identity.from_private_bytes(bytes([i + 1]) * 32) for i in range(16)]
+SWARM = [identity(bytes([i + 1])) for i in range(16)]
 
 
 @pytest.mark.parametrize("kind", ["nesterov", "delayed_nesterov"])

@@ -17,15 +17,14 @@ from hypothesis import strategies as st
 
 from merge.codecs import CodecError, get_codec
 from merge.envelope import PARALLEL_HASH_MIN_BYTES, SignedUpdate, payload_matches, seal
-from merge.identity import Identity
 from merge.outer import DelayedNesterov, NesterovSGD, OuterConfig, make_outer_optimizer
 from merge.pipeline import MergeConfig, UpdatePipeline
 from merge.replica import Replica
 from merge.weighting import TokenWeightConfig
-from tests.factories import sealed_update
+from tests.factories import identity, sealed_update
 
 FINGERPRINT = hashlib.sha256(b"speed").hexdigest()
-AUTHORS = [Identity.from_private_bytes(bytes([65 + i]) * 32) for i in range(3)]
+AUTHORS = [identity(bytes([65 + i])) for i in range(3)]
 NUMEL = 64
 
 

@@ -23,10 +23,10 @@ from merge.pipeline import MergeConfig, MergeResult, UpdatePipeline
 from merge.replica import Replica
 from merge.robust import RobustConfig, RobustFilter
 from merge.weighting import TokenWeightConfig
-from tests.factories import MALLORY, sealed_update
+from tests.factories import MALLORY, identity, sealed_update
 
 FINGERPRINT = hashlib.sha256(b"open").hexdigest()
-HONEST = [Identity.from_private_bytes(bytes([104 + i]) * 32) for i in range(3)]
+HONEST = [identity(bytes([104 + i])) for i in range(3)]
 SYBILS = [Identity.from_private_bytes(hashlib.sha256(b"%d" % i).digest()) for i in range(40)]
 NUMEL, M = 64, 3
 CONFIG = MergeConfig(
