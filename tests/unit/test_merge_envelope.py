@@ -15,12 +15,11 @@ from merge.envelope import (
     SignedHeader,
     SignedUpdate,
     UpdateHeader,
-    seal,
     verify,
     verify_header,
 )
 from merge.identity import Identity
-from tests.factories import ALICE, FINGERPRINT, MALLORY, sealed_update
+from tests.factories import ALICE, MALLORY, sealed_update
 
 
 def make_update(
@@ -247,10 +246,7 @@ def test_version_1_headers_stay_valid_and_keep_their_bytes() -> None:
 
 
 def test_learner_count_is_signed() -> None:
-    update = seal(
-        ALICE, fingerprint=FINGERPRINT, seq=1, base_applied=0, published_applied=0,
-        inner_steps=1, tokens=1, loss=1.0, codec="fp32", numel=1, payload=bytes(4), learners=5,
-    )  # fmt: skip
+    update = sealed_update(ALICE, seq=1, inner_steps=1, tokens=1, loss=1.0, numel=1, learners=5)
     forged = SignedHeader(dataclasses.replace(update.header, learners=1), update.signature)
 
     assert SignedHeader.from_bytes(update.signed_header.to_bytes()).header.learners == 5
