@@ -61,10 +61,14 @@ def budgets(source: str, default_timeout_s: float) -> list[TestBudget]:
 
 
 def _budget(test: ast.FunctionDef, waits: _Waits, module_timeout_s: float) -> TestBudget:
+    waits_s = waits.of_function(test, {})
+    mark_s = _timeout_mark(test.decorator_list, waits.constants)
+    if mark_s is None and any(_is_timeout_mark(d) for d in test.decorator_list):
+        waits.unknown.append("its timeout mark")  # a mark, but not one made of constants
     return TestBudget(
         name=test.name,
-        waits_s=waits.of_function(test, {}),
-        timeout_s=_timeout_mark(test.decorator_list, waits.constants) or module_timeout_s,
+        waits_s=waits_s,
+        timeout_s=mark_s or module_timeout_s,
         unknown=tuple(waits.unknown),
     )
 
@@ -121,16 +125,18 @@ def _pytestmark(module: ast.Module) -> list[ast.expr]:
     return []
 
 
+def _is_timeout_mark(decorator: ast.expr) -> bool:
+    return (
+        isinstance(decorator, ast.Call)
+        and isinstance(decorator.func, ast.Attribute)
+        and decorator.func.attr == "timeout"
+        and bool(decorator.args)
+    )
+
+
 def _timeout_mark(decorators: list[ast.expr], names: Mapping[str, Any]) -> float | None:
-    for decorator in decorators:
-        if (
-            isinstance(decorator, ast.Call)
-            and isinstance(decorator.func, ast.Attribute)
-            and decorator.func.attr == "timeout"
-            and decorator.args
-        ):
-            return _number(decorator.args[0], names)
-    return None
+    marks = [d for d in decorators if _is_timeout_mark(d)]
+    return _number(marks[0].args[0], names) if marks else None  # type: ignore[attr-defined]
 
 
 Helper = tuple[ast.FunctionDef, dict[str, Any]]

@@ -98,3 +98,15 @@ def test_a_module_mark_applies_and_the_global_timeout_comes_from_pyproject() -> 
     assert budget_of(source) == (450, 500)
     assert global_timeout_s(REPO / "pyproject.toml") > 0
     assert covering() == SETUP_S
+
+
+def test_a_bound_or_a_mark_not_made_of_constants_fails_by_name() -> None:
+    source = """
+        import pytest
+
+        @pytest.mark.timeout(compute_it())
+        def test_it(node, bound_s):
+            node.wait_exit(bound_s)
+    """
+    (found,) = budgets(textwrap.dedent(source), DEFAULT_S)
+    assert not found.covered and found.unknown == ("bound_s", "its timeout mark")
