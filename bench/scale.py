@@ -36,16 +36,14 @@ import json
 import random
 import statistics
 import tempfile
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from bench.procs import ChildProcess, node_process, reap_all, save_events
+from bench.sampling import BackgroundSampler, rss_bytes
 from dht.observer import SwarmObserver
 from merge.sketch import relative_distance
 
@@ -184,41 +182,30 @@ def _wait_started(slot: Slot, restart: Any, timeout_s: float, attempts: int = 3)
             restart()
 
 
-class Sampler:
+class Sampler(BackgroundSampler):
     """Every second: each node's last heartbeat (through a DHT observer) and main-process RSS."""
 
     def __init__(self, slots: list[Slot], peers: list[str]) -> None:
+        super().__init__(period_s=1.0)
         self._slots = slots
         self._observer = SwarmObserver(peers)
         self.samples: list[tuple[float, list[Any]]] = []
         self.rss: dict[str, int] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> Sampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+    def close(self) -> None:
         self._observer.close()
 
-    def _run(self) -> None:
-        while not self._stop.wait(1.0):
-            try:
-                runs = self._observer.snapshot(RUN_ID)
-            except Exception:  # a slow DHT: skip this sample
-                continue
-            fresh = [p.heartbeat for r in runs for p in r.peers if p.last_seen_s < 3.0]
-            self.samples.append((time.time(), fresh))
-            for slot in self._slots:
-                if slot.current.alive():
-                    try:
-                        rss = psutil.Process(slot.current.pid).memory_info().rss
-                    except psutil.Error:
-                        continue
-                    self.rss[slot.name] = max(self.rss.get(slot.name, 0), rss)
+    def sample(self) -> None:
+        try:
+            runs = self._observer.snapshot(RUN_ID)
+        except Exception:  # a slow DHT: skip this sample
+            return
+        fresh = [p.heartbeat for r in runs for p in r.peers if p.last_seen_s < 3.0]
+        self.samples.append((time.time(), fresh))
+        for slot in self._slots:
+            rss = rss_bytes(slot.current.pid) if slot.current.alive() else None
+            if rss is not None:
+                self.rss[slot.name] = max(self.rss.get(slot.name, 0), rss)
 
     def wait_converged(self, train_until: float, bound_s: float) -> float | None:
         """Seconds from the end of training until every live node reports one applied set."""

@@ -19,7 +19,6 @@ import asyncio
 import json
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ import psutil
 from hivemind.p2p import P2P
 
 from bench.procs import ChildProcess, python_module
+from bench.sampling import BackgroundSampler, rss_bytes
 
 RAW_MB = 100
 CHUNK = 1 << 20
@@ -133,33 +133,20 @@ def _run_swarm(
     }
 
 
-class RssSampler:
+class RssSampler(BackgroundSampler):
     """Samples the resident memory of each child's main process every 20 ms."""
 
     def __init__(self, children: list[ChildProcess], period_s: float = 0.02) -> None:
-        self._children = children
-        self._period_s = period_s
+        super().__init__(period_s)
         self._samples: dict[str, list[tuple[float, int]]] = {c.name: [] for c in children}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._processes = {c.name: psutil.Process(c.pid) for c in children}
 
-    def __enter__(self) -> RssSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        procs = {c.name: psutil.Process(c.pid) for c in self._children}
-        while not self._stop.wait(self._period_s):
-            now = time.time()
-            for name, proc in procs.items():
-                try:
-                    self._samples[name].append((now, proc.memory_info().rss))
-                except psutil.Error:
-                    continue
+    def sample(self) -> None:
+        now = time.time()
+        for name, process in self._processes.items():
+            rss = rss_bytes(process)
+            if rss is not None:
+                self._samples[name].append((now, rss))
 
     def growth(self, child: ChildProcess, window: tuple[float, float]) -> float:
         """Peak RSS within `window` minus the last sample before it, in bytes (rounded)."""

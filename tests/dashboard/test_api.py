@@ -13,9 +13,9 @@ from dashboard.app import STATIC_DIR, create_app
 from dashboard.history import History
 from dashboard.settings import DashboardSettings
 from dashboard.standalone import StandaloneSource
-from merge.envelope import seal
 from node.runtime import Node
 from tests.dashboard.conftest import FakeObserver
+from tests.factories import sealed_update
 
 PEER_FIELDS = {
     "peer_id", "org", "state", "alive", "round", "updates_published", "updates_merged",
@@ -55,19 +55,10 @@ def test_swarm_lists_the_node_with_the_documented_fields(trained_node: Node) -> 
 
 
 def test_node_route_counts_rejected_updates(trained_node: Node) -> None:
-    replay = seal(
-        trained_node.identity,
-        fingerprint=trained_node.fingerprint,
-        seq=1,
-        base_applied=0,
-        published_applied=0,
-        inner_steps=2,
-        tokens=2,
-        loss=1.0,
-        codec="fp32",
-        numel=trained_node.num_params,
-        payload=bytes(4 * trained_node.num_params),
-    )
+    replay = sealed_update(
+        trained_node.identity, fingerprint=trained_node.fingerprint, seq=1, inner_steps=2,
+        tokens=2, loss=1.0, numel=trained_node.num_params, created_at=None,
+    )  # fmt: skip
     trained_node.report_merge(trained_node.pipeline.submit(replay))
     trained_node.dashboard.source.refresh()  # type: ignore[union-attr]
 

@@ -20,8 +20,13 @@ from node.events import RecordingEventLog
 from node.runtime import Node
 from tests.conftest import REPO
 from tests.node.test_stopping import _config
+from tests.timeouts import covering
 
 BEFORE = "22c5767e5d91344d843970e43dd28dbf5c9692f0"
+ARCHIVE_S = 60
+"""git archive of the old code."""
+OLD_CODE_RUN_S = 600
+"""The old code writing its checkpoint in a process of its own."""
 """The last commit before node/ was split into app, trainer, publishing, telemetry, persistence.
 
 It already has issue 20's merge rules (per-author budgets, centered clipping): those are part of
@@ -49,7 +54,7 @@ def _old_code(dest: Path) -> Path:
             ["git", "-C", str(REPO), "archive", BEFORE, "node", "dht", "merge", "dashboard"],
             capture_output=True,
             check=True,
-            timeout=60,
+            timeout=ARCHIVE_S,
         ).stdout
     except (OSError, subprocess.CalledProcessError) as exc:
         pytest.skip(f"commit {BEFORE} is not in this clone ({exc}); a shallow clone lacks it")
@@ -58,6 +63,7 @@ def _old_code(dest: Path) -> Path:
     return dest
 
 
+@pytest.mark.timeout(covering(ARCHIVE_S, OLD_CODE_RUN_S))
 def test_a_checkpoint_of_the_old_code_resumes_bit_identically(tmp_path: Path) -> None:
     old = _old_code(tmp_path / "old")
     env_path = f"{old}:{REPO}"  # the old node/, dht/, merge/; the current tests/ helpers
@@ -66,7 +72,7 @@ def test_a_checkpoint_of_the_old_code_resumes_bit_identically(tmp_path: Path) ->
         env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"},
         cwd=tmp_path,
         check=True,
-        timeout=600,
+        timeout=OLD_CODE_RUN_S,
     )
     straight = Node(_config(tmp_path, "straight"), RecordingEventLog())
     straight.run()

@@ -17,12 +17,14 @@ from node.config import JoinConfig
 from node.events import RecordingEventLog
 from node.runtime import Node
 from tests.conftest import REPO, run_cli
+from tests.timeouts import CLI_ERROR_S, EXIT_S, ONE_ROUND_RUN_S, START_S, covering
 
 # The default --port: the second node finds 31337 taken and listens on any free port.
 TINY = ["join", "--model", "tiny", "--batch-size", "2", "--eval-batches", "1", "--threads", "1",
         "--log-format", "json", "--host", "localhost"]  # fmt: skip
 
 
+@pytest.mark.timeout(covering(START_S, 2 * ONE_ROUND_RUN_S, 2 * CLI_ERROR_S, EXIT_S))
 def test_a_second_node_with_default_paths_runs_as_its_own_and_an_explicit_shared_key_is_refused(
     node_home: Path,
 ) -> None:
@@ -37,38 +39,40 @@ def test_a_second_node_with_default_paths_runs_as_its_own_and_an_explicit_shared
     )
     try:
         assert first.stdout is not None
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + START_S
         started = None
         while started is None and time.monotonic() < deadline:
             line = first.stdout.readline()
             assert line, "the first node exited early"
             if '"event": "started"' in line:
                 started = json.loads(line)
-        assert started is not None, "the first node did not start within 90 s"
+        assert started is not None, f"the first node did not start within {START_S} s"
 
         # Default paths: the second node takes the next free default identity.
         run = [*TINY, "--max-rounds", "1", "--inner-steps", "2"]
-        code, events, err = run_cli(run, home=node_home, timeout_s=120)
+        code, events, err = run_cli(run, home=node_home, timeout_s=ONE_ROUND_RUN_S)
         assert code == 0, err[-2000:]
         second = next(e for e in events if e["event"] == "started")["peer_id"]
         assert second != started["peer_id"]
         assert (node_home / ".diloco" / "identity-2.key").exists()
 
         # It keeps that identity when restarted while the first still runs.
-        code, events, err = run_cli(run, home=node_home, timeout_s=120)
+        code, events, err = run_cli(run, home=node_home, timeout_s=ONE_ROUND_RUN_S)
         assert code == 0, err[-2000:]
         assert next(e for e in events if e["event"] == "started")["peer_id"] == second
 
         # An identity given explicitly is never swapped, even the default path spelled out:
         # in use, it is a one-line error.
         for shared in (str(node_home / ".diloco" / "identity.key"), "~/.diloco/identity.key"):
-            code, _, err = run_cli([*run, "--identity", shared], home=node_home, timeout_s=60)
+            code, _, err = run_cli(
+                [*run, "--identity", shared], home=node_home, timeout_s=CLI_ERROR_S
+            )
             lines = [line for line in err.splitlines() if "error:" in line]
             assert code == 1 and len(lines) == 1, err[-2000:]
             assert "identity" in lines[0] and "in use" in lines[0] and "--identity" in lines[0]
     finally:
         os.killpg(first.pid, signal.SIGINT)
-        _, err = first.communicate(timeout=45)
+        _, err = first.communicate(timeout=EXIT_S)
     assert first.returncode == 0, err[-2000:]
     run_dir = node_home / ".diloco" / "checkpoints" / "diloco-default"
     assert sorted(p.name for p in run_dir.iterdir()) == sorted([started["peer_id"], second])

@@ -14,12 +14,12 @@ from typing import Any
 import psutil
 import torch
 
-from merge.envelope import seal
 from merge.identity import Identity
 from node.config import JoinConfig
 from node.events import RecordingEventLog
 from node.runtime import Node
 from tests.conftest import REPO, run_cli
+from tests.factories import sealed_update
 
 
 def test_tiny_model_learns_the_default_corpus(node_home: Path) -> None:
@@ -112,19 +112,10 @@ def test_replayed_and_forged_updates_are_rejected_and_counted(tmp_path: Path) ->
     node.run()
     before = node.replica.params.clone()
     own = node.pipeline  # replay the node's own first update through the same path
-    replay = seal(
-        node.identity,
-        fingerprint=node.fingerprint,
-        seq=1,
-        base_applied=0,
-        published_applied=0,
-        inner_steps=3,
-        tokens=3 * 4 * 128,
-        loss=1.0,
-        codec="fp32",
-        numel=node.num_params,
-        payload=torch.zeros(node.num_params).numpy().tobytes(),
-    )
+    replay = sealed_update(
+        node.identity, fingerprint=node.fingerprint, seq=1, inner_steps=3, tokens=3 * 4 * 128,
+        loss=1.0, numel=node.num_params, created_at=None,
+    )  # fmt: skip
     node.report_merge(own.submit(replay))
     # seq 1 was applied with another payload: a second one under the same id is equivocation
     assert own.rejections["equivocation"] == 1

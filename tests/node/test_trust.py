@@ -8,20 +8,19 @@ import pytest
 import torch
 
 from dht.heartbeat import Heartbeat
-from merge.envelope import seal
 from merge.identity import Identity
 from node.cli import main
 from node.events import RecordingEventLog
 from node.runtime import Node
 from node.telemetry import reportable_loss
 from tests.dashboard.conftest import node_config
+from tests.factories import sealed_update
 
 
 def foreign_update(node: Node, identity: Identity) -> object:
-    return seal(
-        identity, fingerprint=node.fingerprint, seq=1, base_applied=0, published_applied=0,
-        inner_steps=2, tokens=2, loss=1.0, codec="fp32", numel=node.num_params,
-        payload=bytes(4 * node.num_params),
+    return sealed_update(
+        identity, fingerprint=node.fingerprint, seq=1, inner_steps=2, tokens=2, loss=1.0,
+        numel=node.num_params, created_at=None,
     )  # fmt: skip
 
 

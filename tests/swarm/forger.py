@@ -12,11 +12,11 @@ import time
 
 import torch
 
-from merge.envelope import seal
 from node.cli import build_parser
 from node.config import JoinConfig, dataclass_from_args
 from node.events import RecordingEventLog
 from node.runtime import Node
+from tests.factories import sealed_update
 
 
 def main() -> None:
@@ -29,8 +29,9 @@ def main() -> None:
     node.join_swarm()
     try:
         applied = node.replica.num_applied
-        honest = seal(
+        honest = sealed_update(
             node.identity,
+            delta=torch.full((node.num_params,), 1e-3),
             fingerprint=node.fingerprint,
             seq=node.seq + 1,
             base_applied=applied,
@@ -38,9 +39,7 @@ def main() -> None:
             inner_steps=node.config.inner_steps,
             tokens=node.merge_config.token_weight.reference_tokens,
             loss=1.0,
-            codec="fp32",
-            numel=node.num_params,
-            payload=torch.full((node.num_params,), 1e-3).numpy().tobytes(),
+            created_at=None,
         )
         header = dataclasses.replace(honest.header, loss=0.5)  # the signature no longer matches
         node.seq = node.published_seq = honest.header.seq

@@ -11,13 +11,12 @@ import pytest
 from dht.observer import SwarmObserver
 from dht.state_check import applied_digest
 from tests.swarm.conftest import NodeProcess
+from tests.timeouts import MERGE_S, START_S, covering
 
 pytestmark = pytest.mark.swarm
 Launch = Callable[..., NodeProcess]
 RUN = ["--model", "tiny", "--threads", "1", "--inner-steps", "10", "--eval-batches", "1",
        "--heartbeat-period", "1", "--fragments", "2"]  # fmt: skip
-START_S = 120  # bounded waits: generous for a loaded 2-core machine
-MERGE_S = 90
 SLOW_STEP_S = 0.6
 """a's paced inner step: 5 steps (3 s) between its fragment 0 and fragment 1 of a round."""
 
@@ -26,6 +25,7 @@ def merged(node: NodeProcess, author: str, seq: int) -> Callable[[dict], bool]:
     return lambda e: e.get("event") == "update_merged" and e["author"] == author and e["seq"] == seq
 
 
+@pytest.mark.timeout(covering(2 * START_S, 5 * MERGE_S))
 def test_two_nodes_exchange_fragments_and_a_killed_one_loses_only_the_unpublished(
     launch: Launch,
 ) -> None:

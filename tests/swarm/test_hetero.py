@@ -8,6 +8,7 @@ import pytest
 
 from merge.weighting import rounds_stale
 from tests.swarm.conftest import NodeProcess
+from tests.timeouts import SLOW_MERGE_S, START_S, covering
 
 pytestmark = pytest.mark.swarm
 Launch = Callable[..., NodeProcess]
@@ -22,8 +23,7 @@ SIZING = {
     # itself and the fast node's updates bear out the rate its heartbeats report.
     "dynamic_h": ["--dynamic-h"],
 }
-START_S = 120
-MERGE_S = 120
+EVAL_S = 60
 
 
 def wait_merged_count(node: NodeProcess, author: str, count: int) -> list[dict]:
@@ -33,13 +33,14 @@ def wait_merged_count(node: NodeProcess, author: str, count: int) -> list[dict]:
             and e["author"] == author
             and sum(m["author"] == author for m in node.of("update_merged")) >= count
         ),
-        MERGE_S,
+        SLOW_MERGE_S,
         f"{node.name} merging {count} updates of {author}",
     )
     return [e for e in node.of("update_merged") if e["author"] == author]
 
 
 @pytest.mark.parametrize("sizing", SIZING)
+@pytest.mark.timeout(covering(2 * START_S, 5 * SLOW_MERGE_S, EVAL_S))  # 3 rounds reported
 def test_a_three_times_slower_node_keeps_contributing_at_its_own_pace(
     launch: Launch, sizing: str
 ) -> None:
@@ -63,7 +64,7 @@ def test_a_three_times_slower_node_keeps_contributing_at_its_own_pace(
     for merged in from_slow:
         published = slow.wait_for(
             lambda e, seq=merged["seq"]: e.get("event") == "round_done" and e["seq"] == seq,
-            MERGE_S,
+            SLOW_MERGE_S,
             f"slow reporting the round of seq {merged['seq']}",
         )
         tokens[merged["seq"]] = published["tokens"]
@@ -83,6 +84,6 @@ def test_a_three_times_slower_node_keeps_contributing_at_its_own_pace(
     # untrained model the fast node started from. (The slow node joined from the fast one's
     # state, so its own first evaluation is of an already trained replica: two evaluation
     # batches later it may read a little higher by noise alone.)
-    untrained = fast.wait_event("evaluated", 60)["val_loss"]
+    untrained = fast.wait_event("evaluated", EVAL_S)["val_loss"]
     assert fast.of("round_done")[-1]["val_loss"] < untrained
     assert slow.of("round_done")[-1]["val_loss"] < untrained

@@ -8,12 +8,12 @@ import pytest
 
 from dht.known_peers import KNOWN_PEERS_FILE, load_known_peers
 from tests.swarm.conftest import NodeProcess
+from tests.timeouts import EXIT_S, START_S, covering
 
 pytestmark = pytest.mark.swarm
 Launch = Callable[..., NodeProcess]
 RUN = ["--model", "tiny", "--threads", "1", "--inner-steps", "5", "--eval-batches", "0",
        "--heartbeat-period", "1"]  # fmt: skip
-START_S = 90  # bounded waits: generous for a loaded 2-core machine
 
 
 def wait_peers_alive(node: NodeProcess, count: int, timeout_s: float) -> None:
@@ -24,6 +24,7 @@ def wait_peers_alive(node: NodeProcess, count: int, timeout_s: float) -> None:
     )
 
 
+@pytest.mark.timeout(covering(5 * START_S, EXIT_S))  # EXIT_S: the clean stop
 def test_a_restarted_node_joins_through_known_peers_after_its_bootstrap_died(
     launch: Launch,
 ) -> None:

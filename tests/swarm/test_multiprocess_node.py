@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.swarm.test_swarm import MERGE_S, RUN, START_S, Launch, wait_merged
+from tests.swarm.test_swarm import RUN, Launch, wait_merged
+from tests.timeouts import EXIT_S, MERGE_S, START_S, covering
 
 pytestmark = pytest.mark.swarm
 
 
+@pytest.mark.timeout(covering(2 * START_S, 3 * MERGE_S, EXIT_S, 5))
 def test_a_two_process_node_trains_in_the_swarm_like_any_other(launch: Launch) -> None:
     single = launch(*RUN, name="single")
     maddr = single.wait_listening(START_S)[0]

@@ -16,14 +16,17 @@ import pytest
 from dht.observer import SwarmObserver
 from tests.conftest import REPO
 from tests.swarm.conftest import NodeProcess
+from tests.timeouts import EXIT_S, MERGE_S, START_S, covering
 
 pytestmark = pytest.mark.swarm
 Launch = Callable[..., NodeProcess]
 # Every node in a test shares these, so their run fingerprints agree.
 RUN = ["--model", "tiny", "--threads", "1", "--inner-steps", "10", "--eval-batches", "2",
        "--heartbeat-period", "1"]  # fmt: skip
-START_S = 120  # bounded waits: generous for a loaded 2-core CI machine
-MERGE_S = 90
+EVAL_S = 60
+HIVEMIND_DHT_S = 60  # a plain hivemind-dht printing its address
+STATUS_S = 120
+FORGER_S = 180
 
 
 def merged_from(node: NodeProcess, author: str) -> list[dict]:
@@ -49,6 +52,7 @@ def start_swarm(launch: Launch, count: int, *extra: str) -> list[NodeProcess]:
     return [first, *rest]
 
 
+@pytest.mark.timeout(covering(4 * START_S, 14 * MERGE_S, EVAL_S, STATUS_S))
 def test_three_nodes_train_together_and_survive_the_bootstrap_dying(launch: Launch) -> None:
     nodes = start_swarm(launch, 3)
     for node in nodes:
@@ -59,7 +63,7 @@ def test_three_nodes_train_together_and_survive_the_bootstrap_dying(launch: Laun
     # node0 starts from the untrained model; node1 and node2 may start from a state downloaded
     # a few rounds in, whose loss the next rounds' noise can exceed (2.953 vs 2.933 in CI), so
     # every node is judged against the untrained model's loss (byte-level: ~ln 256).
-    untrained = nodes[0].wait_event("evaluated", 60)["val_loss"]
+    untrained = nodes[0].wait_event("evaluated", EVAL_S)["val_loss"]
     for node in nodes:
         # A round finished after the merges above, not the first with two peers alive.
         merged_at = max(e["time"] for e in node.of("update_merged"))
@@ -78,7 +82,7 @@ def test_three_nodes_train_together_and_survive_the_bootstrap_dying(launch: Laun
     # No --peers: status finds node1 through its control file in node1's HOME.
     status = subprocess.run(
         [sys.executable, "-m", "node", "status", "--json"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=REPO, capture_output=True, text=True, timeout=STATUS_S,
         env={**os.environ, "HOME": str(nodes[1].home)},
     )  # fmt: skip
     assert status.returncode == 0, status.stderr
@@ -107,6 +111,7 @@ def test_three_nodes_train_together_and_survive_the_bootstrap_dying(launch: Laun
         assert merged["seq"] == first_own["seq"]
 
 
+@pytest.mark.timeout(covering(6 * START_S, 3 * MERGE_S))
 def test_a_node_frozen_past_the_gap_wait_comes_back_to_the_same_applied_set(
     launch: Launch,
 ) -> None:
@@ -151,6 +156,7 @@ def test_a_node_with_another_model_config_is_refused_clearly(launch: Launch) -> 
     assert "Traceback" not in error
 
 
+@pytest.mark.timeout(covering(3 * START_S, 4 * MERGE_S))
 def test_a_straggler_delays_nobody_and_its_late_update_weighs_less(launch: Launch) -> None:
     a, b, c = start_swarm(launch, 3)
     window_s = 8.0
@@ -176,6 +182,7 @@ def test_a_straggler_delays_nobody_and_its_late_update_weighs_less(launch: Launc
     assert min(e["weight"] for e in late) < min(e["weight"] for e in before)
 
 
+@pytest.mark.timeout(covering(2 * START_S, FORGER_S, 2 * MERGE_S))
 def test_a_forged_update_is_rejected_and_counted_and_training_goes_on(
     launch: Launch, tmp_path: Path
 ) -> None:
@@ -184,7 +191,7 @@ def test_a_forged_update_is_rejected_and_counted_and_training_goes_on(
     victim.wait_for_event("round_done", START_S)
     forger = subprocess.run(
         [sys.executable, "-m", "tests.swarm.forger", maddr, str(tmp_path / "forger"), *RUN],
-        cwd=REPO, capture_output=True, text=True, timeout=180,
+        cwd=REPO, capture_output=True, text=True, timeout=FORGER_S,
         env={**os.environ, "HOME": str(tmp_path / "forger")},
     )  # fmt: skip
     assert forger.returncode == 0, forger.stderr[-3000:]
@@ -203,6 +210,7 @@ def test_a_forged_update_is_rejected_and_counted_and_training_goes_on(
     assert not [e for e in victim.of("update_merged") if e["author"] == rejected["author"]]
 
 
+@pytest.mark.timeout(covering(HIVEMIND_DHT_S, 2 * START_S, 2 * MERGE_S, EXIT_S))
 def test_a_plain_hivemind_dht_peer_can_bootstrap_the_swarm(launch: Launch) -> None:
     dht = subprocess.Popen(
         ["hivemind-dht", "--host_maddrs", "/ip4/127.0.0.1/tcp/0"],
@@ -218,12 +226,12 @@ def test_a_plain_hivemind_dht_peer_can_bootstrap_the_swarm(launch: Launch) -> No
         wait_merged(b, a.peer_id)
     finally:
         os.killpg(dht.pid, 9)
-        dht.wait(timeout=10)
+        dht.wait(timeout=EXIT_S)
 
 
 def _bootstrap_maddr(proc: subprocess.Popen[str]) -> str:
     assert proc.stdout is not None
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + HIVEMIND_DHT_S
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         found = re.search(r"--initial_peers (\S+)", line)
@@ -231,9 +239,10 @@ def _bootstrap_maddr(proc: subprocess.Popen[str]) -> str:
             return found.group(1)
         if not line and proc.poll() is not None:
             break
-    raise AssertionError("hivemind-dht did not print its address within 60 s")
+    raise AssertionError(f"hivemind-dht did not print its address within {HIVEMIND_DHT_S} s")
 
 
+@pytest.mark.timeout(covering(3 * START_S, 3 * MERGE_S, 2 * EXIT_S))
 def test_a_finished_node_lingers_serving_and_merging_before_it_leaves(launch: Launch) -> None:
     # Long enough for the stayer to start, join and finish a round on a loaded machine.
     linger_s = 30
@@ -243,7 +252,7 @@ def test_a_finished_node_lingers_serving_and_merging_before_it_leaves(launch: La
     lingering = a.wait_for_event("lingering", START_S)
     stopped = a.wait_for_event("stopped", MERGE_S)
     assert stopped["reason"] == "max_rounds" and stopped["time"] - lingering["time"] >= linger_s
-    assert a.wait_exit(60) == 0
+    assert a.wait_exit(2 * EXIT_S) == 0
     merged_while_lingering = [
         e for e in merged_from(a, b.peer_id) if lingering["time"] < e["time"] < stopped["time"]
     ]

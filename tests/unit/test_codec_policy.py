@@ -10,7 +10,7 @@ from merge.codec_policy import AUTO_CODECS, pick_codec, round_upload_bytes
 from merge.codecs import get_codec
 from merge.envelope import SignedUpdate
 from merge.feedback import Compressor
-from merge.identity import Identity
+from tests.factories import identity
 
 NUMEL = 10_844_160  # the `small` model
 MBIT = 1e6 / 8
@@ -85,7 +85,7 @@ def test_one_replica_applies_updates_of_different_codecs_from_one_run() -> None:
     for rank, codec in enumerate(["bf16", "topk"]):
         payload = Compressor(get_codec(codec), numel).encode(pseudo_gradient)
         update = seal_payload(
-            Identity.from_private_bytes(bytes([rank + 1]) * 32), codec, payload, numel,
+            identity(bytes([rank + 1])), codec, payload, numel,
             seq=0, applied=0, tokens=h * 64, inner_steps=h, learners=2,
         )  # fmt: skip
         result = pipeline.submit(SignedUpdate.from_bytes(update.to_bytes()))

@@ -8,9 +8,10 @@ from hypothesis import strategies as st
 
 from dht.deferred import DeferredNotifies
 from merge.identity import Identity
+from tests.factories import identity
 from tests.unit.test_merge_pipeline import make_update
 
-KEYS = [Identity.from_private_bytes(bytes([i + 10]) * 32) for i in range(6)]
+KEYS = [identity(bytes([i + 10])) for i in range(6)]
 HEADERS = {k.peer_id: make_update(k, seq=1).signed_header for k in KEYS}
 
 

@@ -32,16 +32,15 @@ from dht.records import _OWNER_RE, OwnerValidator, owner_subkey
 from dht.tensor_stream import join_tensors, parse_spec
 from dht.transport import TransportError, decode_request
 from merge.codecs import CODECS, CodecError, get_codec
-from merge.envelope import MAX_CREATED_AT, EnvelopeError, SignedHeader, SignedUpdate, seal
-from merge.identity import Identity
+from merge.envelope import MAX_CREATED_AT, EnvelopeError, SignedHeader, SignedUpdate
 from merge.outer import OuterConfig, make_outer_optimizer
 from merge.pipeline import MergeConfig, UpdatePipeline
 from merge.replica import Replica
 from merge.weighting import TokenWeightConfig
+from tests.factories import MALLORY, identity, sealed_update
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-MALLORY = Identity.from_private_bytes(b"m" * 32)
-OWNER = Identity.from_private_bytes(b"o" * 32)
+OWNER = identity("o")
 FINGERPRINT = hashlib.sha256(b"fuzz").hexdigest()
 NUMEL = 16
 JSON = st.recursive(
@@ -160,10 +159,9 @@ def _signed_header_blob(fields: dict[str, Any]) -> bytes:
     return b"DLH1" + struct.pack("<I", len(raw)) + raw + MALLORY.sign(raw)
 
 
-VALID_HEADER = seal(
-    MALLORY, fingerprint=FINGERPRINT, seq=1, base_applied=0, published_applied=0, inner_steps=1,
-    tokens=1, loss=1.0, codec="fp32", numel=NUMEL, payload=bytes(4 * NUMEL), created_at=1.0,
-).header.to_dict()  # fmt: skip
+VALID_HEADER = sealed_update(
+    MALLORY, fingerprint=FINGERPRINT, seq=1, inner_steps=1, tokens=1, loss=1.0, numel=NUMEL
+).header.to_dict()
 
 
 @FAST
@@ -225,10 +223,9 @@ def test_any_signed_update_is_merged_or_rejected_with_a_reason_never_raised(
 ) -> None:
     pipeline = _pipeline()
     before = pipeline.replica.params.clone()
-    update = seal(
-        MALLORY, fingerprint=FINGERPRINT, seq=seq, base_applied=0, published_applied=0,
-        inner_steps=1, tokens=1, loss=1.0, codec=codec, numel=numel, payload=payload,
-        created_at=created_at,
+    update = sealed_update(
+        MALLORY, payload=payload, codec=codec, numel=numel, fingerprint=FINGERPRINT, seq=seq,
+        inner_steps=1, tokens=1, loss=1.0, created_at=created_at,
     )  # fmt: skip
     result = pipeline.submit(SignedUpdate.from_bytes(update.to_bytes()))
     params = pipeline.replica.params
@@ -265,11 +262,9 @@ def test_a_header_number_out_of_its_bounds_is_refused(name: str, value: Any) -> 
 @pytest.mark.parametrize("loss", NON_FINITE)
 def test_a_non_finite_loss_is_refused_by_the_pipeline_and_counted(loss: float) -> None:
     pipeline = _pipeline()
-    update = seal(
-        MALLORY, fingerprint=FINGERPRINT, seq=1, base_applied=0, published_applied=0,
-        inner_steps=1, tokens=1, loss=loss, codec="fp32", numel=NUMEL,
-        payload=bytes(4 * NUMEL), created_at=1.0,
-    )  # fmt: skip
+    update = sealed_update(
+        MALLORY, fingerprint=FINGERPRINT, seq=1, inner_steps=1, tokens=1, loss=loss, numel=NUMEL
+    )
     result = pipeline.submit(SignedUpdate.from_bytes(update.to_bytes()))
     assert not result.accepted and pipeline.rejections["non_finite"] == 1
 
@@ -277,11 +272,9 @@ def test_a_non_finite_loss_is_refused_by_the_pipeline_and_counted(loss: float) -
 def test_a_negative_creation_time_is_refused_and_a_huge_loss_is_sealed_within_bounds() -> None:
     with pytest.raises(EnvelopeError, match="created_at"):
         SignedHeader.from_bytes(_raw_header_blob(VALID_HEADER | {"created_at": -1.0}))
-    update = seal(
-        MALLORY, fingerprint=FINGERPRINT, seq=1, base_applied=0, published_applied=0,
-        inner_steps=1, tokens=1, loss=1e300, codec="fp32", numel=NUMEL,
-        payload=bytes(4 * NUMEL), created_at=1.0,
-    )  # fmt: skip
+    update = sealed_update(
+        MALLORY, fingerprint=FINGERPRINT, seq=1, inner_steps=1, tokens=1, loss=1e300, numel=NUMEL
+    )
     assert SignedHeader.from_bytes(update.signed_header.to_bytes()).header.loss == 1e6
 
 

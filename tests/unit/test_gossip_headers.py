@@ -17,14 +17,14 @@ from dht.gossip_headers import Headers
 from dht.network import SwarmConfig
 from dht.rejections import Rejections
 from dht.retention import RetainedUpdates
-from merge.codecs import get_codec
-from merge.envelope import SignedHeader, SignedUpdate, seal
+from merge.envelope import SignedHeader, SignedUpdate
 from merge.identity import Identity
 from merge.outer import make_outer_optimizer
 from merge.pipeline import MergeConfig, UpdatePipeline
 from merge.replica import Replica
 from merge.result import MergeResult
 from merge.weighting import TokenWeightConfig
+from tests.factories import sealed_update
 
 FINGERPRINT = "ab" * 32
 ALICE = Identity.generate()
@@ -46,11 +46,9 @@ class Offline:
 
 
 def update(seq: int, inner_steps: int = 10) -> SignedUpdate:
-    payload = get_codec("fp32").encode(torch.tensor([0.1, -0.1, 0.2, 0.0]))
-    return seal(
-        ALICE, fingerprint=FINGERPRINT, seq=seq, base_applied=0, published_applied=0,
-        inner_steps=inner_steps, tokens=500, loss=2.0, codec="fp32", numel=4,
-        payload=payload, created_at=1.0,
+    return sealed_update(
+        ALICE, delta=[0.1, -0.1, 0.2, 0.0], fingerprint=FINGERPRINT, seq=seq,
+        inner_steps=inner_steps, tokens=500,
     )  # fmt: skip
 
 

@@ -19,11 +19,11 @@ from hypothesis import strategies as st
 from dht.tensor_stream import join_tensors, split_tensors
 from merge.equivocation import Proof
 from merge.handover import HandoverError, check_handover
-from merge.identity import Identity
 from merge.pipeline import MergeResult, UpdatePipeline
+from tests.factories import identity
 from tests.unit.test_merge_pipeline import ALICE, BOB, DELTA, make_pipeline, make_update
 
-CAROL = Identity.from_private_bytes(b"c" * 32)
+CAROL = identity("c")
 AUTHORS = [ALICE, BOB, CAROL]
 
 

@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 
 from dht.heartbeat import Heartbeat, HeartbeatError, sign_fields
 from dht.records import owner_subkey
-from merge.identity import Identity
+from tests.factories import identity
 from tests.unit.test_membership_hold import membership, record
 
-PEER = Identity.from_private_bytes(b"p" * 32)
-ME = Identity.from_private_bytes(b"q" * 32)
+PEER = identity("p")
+ME = identity("q")
 HOSTILE = [10**400, -(10**400), float("nan"), float("inf"), float("-inf"), 2**64, -1, 1e300]
 _NUMERIC = re.compile(r"\b(Count|Seconds|Rate|Loss|float|int|SketchValue)\b")
 

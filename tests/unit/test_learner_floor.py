@@ -7,11 +7,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from merge.identity import Identity
 from merge.learners import LearnerFloor
+from tests.factories import identity
 from tests.unit.test_merge_pipeline import ALICE, BOB, make_pipeline, make_update
 
-CAROL = Identity.from_private_bytes(b"c" * 32)
+CAROL = identity("c")
 
 
 def floor_after(history: list[tuple[str, int]], window: int = 256) -> LearnerFloor:

@@ -15,34 +15,20 @@ from merge.envelope import (
     SignedHeader,
     SignedUpdate,
     UpdateHeader,
-    seal,
     verify,
     verify_header,
 )
 from merge.identity import Identity
-
-FINGERPRINT = hashlib.sha256(b"run").hexdigest()
-ALICE = Identity.from_private_bytes(b"a" * 32)
-MALLORY = Identity.from_private_bytes(b"m" * 32)
+from tests.factories import ALICE, MALLORY, sealed_update
 
 
 def make_update(
     identity: Identity = ALICE, payload: bytes = b"\x01\x02\x03\x04" * 4
 ) -> SignedUpdate:
-    return seal(
-        identity,
-        fingerprint=FINGERPRINT,
-        seq=7,
-        base_applied=10,
-        published_applied=13,
-        inner_steps=50,
-        tokens=51200,
-        loss=2.75,
-        codec="fp32",
-        numel=len(payload) // 4,
-        payload=payload,
-        created_at=1_700_000_000.5,
-    )
+    return sealed_update(
+        identity, payload=payload, seq=7, base_applied=10, published_applied=13,
+        inner_steps=50, tokens=51200, loss=2.75, created_at=1_700_000_000.5,
+    )  # fmt: skip
 
 
 def reason_of(action: Callable[[], object]) -> str:
@@ -260,10 +246,7 @@ def test_version_1_headers_stay_valid_and_keep_their_bytes() -> None:
 
 
 def test_learner_count_is_signed() -> None:
-    update = seal(
-        ALICE, fingerprint=FINGERPRINT, seq=1, base_applied=0, published_applied=0,
-        inner_steps=1, tokens=1, loss=1.0, codec="fp32", numel=1, payload=bytes(4), learners=5,
-    )  # fmt: skip
+    update = sealed_update(ALICE, seq=1, inner_steps=1, tokens=1, loss=1.0, numel=1, learners=5)
     forged = SignedHeader(dataclasses.replace(update.header, learners=1), update.signature)
 
     assert SignedHeader.from_bytes(update.signed_header.to_bytes()).header.learners == 5

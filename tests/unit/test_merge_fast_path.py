@@ -1,36 +1,22 @@
 """The merge path reads a received update without copying it: views, not copies, where safe."""
 
-import hashlib
-
 import numpy as np
 import torch
 
 from merge.codecs import get_codec
-from merge.envelope import SignedUpdate, seal, verify
-from merge.identity import Identity
+from merge.envelope import SignedUpdate, verify
 from merge.outer import OuterConfig, make_outer_optimizer
 from merge.pipeline import MergeConfig, UpdatePipeline
 from merge.replica import Replica
 from merge.weighting import TokenWeightConfig
-
-FINGERPRINT = hashlib.sha256(b"run").hexdigest()
-ALICE = Identity.from_private_bytes(b"a" * 32)
+from tests.factories import ALICE, FINGERPRINT, sealed_update
 
 
 def make_update(values: list[float], codec: str = "fp32") -> SignedUpdate:
-    return seal(
-        ALICE,
-        fingerprint=FINGERPRINT,
-        seq=0,
-        base_applied=0,
-        published_applied=0,
-        inner_steps=1,
-        tokens=10,
-        loss=1.0,
-        codec=codec,
-        numel=len(values),
-        payload=get_codec(codec).encode(torch.tensor(values)),
-    )
+    return sealed_update(
+        ALICE, delta=values, codec=codec, fingerprint=FINGERPRINT, inner_steps=1, tokens=10,
+        loss=1.0, created_at=None,
+    )  # fmt: skip
 
 
 def make_pipeline(numel: int) -> UpdatePipeline:

@@ -12,17 +12,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from merge.codecs import get_codec
-from merge.envelope import EnvelopeError, SignedHeader, SignedUpdate, seal
+from merge.envelope import EnvelopeError, SignedHeader, SignedUpdate
 from merge.fragments import FragmentLayout
-from merge.identity import Identity
 from merge.outer import OuterConfig, make_outer_optimizer
 from merge.pipeline import MergeConfig, UpdatePipeline
 from merge.replica import Replica
 from merge.weighting import StalenessConfig, TokenWeightConfig
 from node.streaming import FragmentCompressors, FragmentStream
+from tests.factories import ALICE, sealed_update
 
 FINGERPRINT = hashlib.sha256(b"fragments").hexdigest()
-ALICE = Identity.from_private_bytes(b"a" * 32)
 SIZES = [6, 2, 5, 3, 4]  # five tensors; P = 2 packs {0, 1, 3} (11) and {2, 4} (9)
 CONFIG = MergeConfig(
     outer=OuterConfig(kind="nesterov", lr=0.5, momentum=0.5),
@@ -48,12 +47,10 @@ def update(
     learners: int = 1, **overrides: Any,
 ) -> SignedUpdate:  # fmt: skip
     fields: dict[str, Any] = dict(
-        fingerprint=FINGERPRINT, seq=seq, base_applied=0, published_applied=0, inner_steps=10,
-        tokens=100, loss=2.0, codec="fp32", numel=g.numel(),
-        payload=get_codec("fp32").encode(g), learners=learners, fragment=fragment,
-        fragments=fragments, created_at=1_700_000_000.0,
+        fingerprint=FINGERPRINT, seq=seq, tokens=100, delta=g, learners=learners,
+        fragment=fragment, fragments=fragments, created_at=1_700_000_000.0,
     )  # fmt: skip
-    return seal(ALICE, **(fields | overrides))
+    return sealed_update(ALICE, **(fields | overrides))
 
 
 # ---- layout ------------------------------------------------------------------------------

@@ -7,19 +7,17 @@ from typing import Any
 import pytest
 import torch
 
-from merge.codecs import get_codec
 from merge.correction import CorrectionConfig
-from merge.envelope import SignedUpdate, seal
+from merge.envelope import SignedUpdate
 from merge.identity import Identity
 from merge.outer import OuterConfig, make_outer_optimizer
 from merge.pipeline import MergeConfig, MergeResult, UpdatePipeline
 from merge.replica import Replica
 from merge.robust import RobustConfig
 from merge.weighting import StalenessConfig, TokenWeightConfig
+from tests.factories import ALICE, FINGERPRINT, encoded, identity, sealed_update
 
-FINGERPRINT = hashlib.sha256(b"run").hexdigest()
-ALICE = Identity.from_private_bytes(b"a" * 32)
-BOB = Identity.from_private_bytes(b"b" * 32)
+BOB = identity("b")
 START = [1.0, 2.0, 3.0, 4.0]  # norm sqrt(30) ~ 5.48
 DELTA = [0.5, 0.0, -0.5, 1.0]
 CONFIG = MergeConfig(
@@ -41,20 +39,15 @@ def make_update(
 ) -> SignedUpdate:
     fields: dict[str, Any] = {
         "fingerprint": FINGERPRINT,
-        "seq": 0,
         "base_applied": 10,
         "published_applied": 13,  # staleness 3 -> weight (1+3)^-0.5 = 0.5
-        "inner_steps": 10,
         "tokens": 500,  # 500 / 1000 reference tokens -> weight 0.5
-        "loss": 2.0,
-        "codec": "fp32",
         "numel": len(delta),
     }
     fields.update(overrides)
-    payload = fields.pop("payload", None)
-    if payload is None:
-        payload = get_codec(fields["codec"]).encode(torch.tensor(delta))
-    return seal(identity, payload=payload, created_at=1.0, **fields)
+    if fields.get("payload") is None:
+        fields["payload"] = encoded(delta, fields.get("codec", "fp32"))
+    return sealed_update(identity, **fields)
 
 
 def test_accepted_update_moves_params_by_the_weighted_nesterov_step() -> None:
@@ -215,7 +208,7 @@ def test_concurrent_submissions_of_one_update_apply_it_once() -> None:
 
 def test_concurrent_authors_are_all_applied() -> None:
     pipeline = make_pipeline()
-    updates = [make_update(Identity.from_private_bytes(bytes([i]) * 32)) for i in range(16)]
+    updates = [make_update(identity(bytes([i]))) for i in range(16)]
 
     threads = [threading.Thread(target=pipeline.submit, args=(u,)) for u in updates]
     for thread in threads:
@@ -241,7 +234,7 @@ def test_merge_config_is_plain_json_and_validated() -> None:
         UpdatePipeline(make_pipeline().replica, CONFIG, "not-a-fingerprint")
 
 
-SWARM = [Identity.from_private_bytes(bytes([i + 1]) * 32) for i in range(16)]
+SWARM = [identity(bytes([i + 1])) for i in range(16)]
 
 
 @pytest.mark.parametrize("kind", ["nesterov", "delayed_nesterov"])

@@ -2,25 +2,23 @@
 
 from __future__ import annotations
 
-import hashlib
+from typing import Any
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from merge.codecs import get_codec
-from merge.envelope import seal
+from merge.envelope import SignedUpdate
 from merge.identity import Identity
 from merge.outer import OuterConfig, make_outer_optimizer
 from merge.pipeline import MergeConfig, UpdatePipeline
 from merge.replica import Replica
 from merge.robust import RobustConfig, RobustFilter
 from merge.weighting import TokenWeightConfig
+from tests.factories import FINGERPRINT, MALLORY, encoded, identity, sealed_update
 
-FINGERPRINT = hashlib.sha256(b"run").hexdigest()
-HONEST = Identity.from_private_bytes(b"h" * 32)
-MALLORY = Identity.from_private_bytes(b"m" * 32)
+HONEST = identity("h")
 NUMEL = 64
 CONFIG = MergeConfig(
     outer=OuterConfig(kind="nesterov", lr=0.1, momentum=0.9),
@@ -28,6 +26,7 @@ CONFIG = MergeConfig(
     max_inner_steps=100,
     max_tokens_per_step=100,
 )
+
 DIRECTION = torch.linspace(-1, 1, NUMEL)
 
 
@@ -39,14 +38,11 @@ def make_pipeline() -> UpdatePipeline:
     return pipeline
 
 
-def update(identity: Identity, seq: int, delta: torch.Tensor, **overrides: object):  # type: ignore[no-untyped-def]
-    fields: dict[str, object] = dict(
-        fingerprint=FINGERPRINT, seq=seq, base_applied=0, published_applied=0, inner_steps=10,
-        tokens=1000, loss=2.0, codec="fp32", numel=NUMEL, created_at=999.0,
-    )  # fmt: skip
-    fields.update(overrides)
-    payload = fields.pop("payload", None) or get_codec("fp32").encode(delta.float())
-    return seal(identity, payload=payload, **fields)  # type: ignore[arg-type]
+def update(identity: Identity, seq: int, delta: torch.Tensor, **overrides: Any) -> SignedUpdate:
+    fields: dict[str, Any] = dict(fingerprint=FINGERPRINT, numel=NUMEL, created_at=999.0)
+    if not overrides.get("payload"):
+        fields["payload"] = encoded(delta)
+    return sealed_update(identity, seq=seq, **(fields | overrides))
 
 
 def honest_delta(seed: int) -> torch.Tensor:

@@ -16,15 +16,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from merge.codecs import CodecError, get_codec
-from merge.envelope import PARALLEL_HASH_MIN_BYTES, SignedUpdate, payload_matches, seal
-from merge.identity import Identity
+from merge.envelope import PARALLEL_HASH_MIN_BYTES, SignedUpdate, payload_matches
 from merge.outer import DelayedNesterov, NesterovSGD, OuterConfig, make_outer_optimizer
 from merge.pipeline import MergeConfig, UpdatePipeline
 from merge.replica import Replica
 from merge.weighting import TokenWeightConfig
+from tests.factories import identity, sealed_update
 
 FINGERPRINT = hashlib.sha256(b"speed").hexdigest()
-AUTHORS = [Identity.from_private_bytes(bytes([65 + i]) * 32) for i in range(3)]
+AUTHORS = [identity(bytes([65 + i])) for i in range(3)]
 NUMEL = 64
 
 
@@ -45,21 +45,10 @@ def make_pipeline(ratio: float = 1.0, numel: int = NUMEL) -> UpdatePipeline:
 def make_update(
     delta: torch.Tensor, seq: int, author: int = 0, codec: str = "fp32", learners: int = 4
 ) -> SignedUpdate:
-    update = seal(
-        AUTHORS[author],
-        fingerprint=FINGERPRINT,
-        seq=seq,
-        base_applied=0,
-        published_applied=0,
-        inner_steps=1,
-        tokens=1,
-        loss=1.0,
-        codec=codec,
-        numel=delta.numel(),
-        payload=get_codec(codec).encode(delta),
-        created_at=1.0,
-        learners=learners,
-    )
+    update = sealed_update(
+        AUTHORS[author], delta=delta, codec=codec, fingerprint=FINGERPRINT, seq=seq,
+        inner_steps=1, tokens=1, loss=1.0, learners=learners,
+    )  # fmt: skip
     return SignedUpdate.from_bytes(update.to_bytes())  # as received: a view into the bytes
 
 
@@ -219,10 +208,9 @@ def test_bf16_updates_through_the_reused_buffer_apply_as_fresh_decodes(buffer_bu
 
 def test_a_large_payload_hashed_on_threads_has_the_same_verdicts() -> None:
     payload = np.random.default_rng(0).bytes(PARALLEL_HASH_MIN_BYTES + 4096)
-    header = seal(
-        AUTHORS[0], fingerprint=FINGERPRINT, seq=0, base_applied=0, published_applied=0,
-        inner_steps=1, tokens=1, loss=1.0, codec="fp32", numel=len(payload) // 4,
-        payload=payload,
+    header = sealed_update(
+        AUTHORS[0], payload=payload, fingerprint=FINGERPRINT, inner_steps=1, tokens=1, loss=1.0,
+        created_at=None,
     ).header  # fmt: skip
     tampered = bytearray(payload)
     tampered[-1] ^= 1

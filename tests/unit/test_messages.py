@@ -7,7 +7,6 @@ the envelope, the header parser, the codecs, DHT records and the state manifest.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 
 import pytest
@@ -26,21 +25,20 @@ from dht.messages import (
     parse_state_manifest,
 )
 from merge.codecs import CODECS, CodecError, get_codec
-from merge.envelope import EnvelopeError, SignedUpdate, seal
+from merge.envelope import EnvelopeError, SignedUpdate
 from merge.identity import Identity
+from tests.factories import FINGERPRINT, sealed_update
 
 FAST = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ALICE, MALLORY = Identity.generate(), Identity.generate()
-FINGERPRINT = hashlib.sha256(b"run").hexdigest()
 PAYLOAD = get_codec("fp32").encode(torch.arange(8, dtype=torch.float32))
 
 
 def sealed(identity: Identity = ALICE, seq: int = 3) -> SignedUpdate:
     """The same bytes on every call (hypothesis replays its examples)."""
-    return seal(
-        identity, fingerprint=FINGERPRINT, seq=seq, base_applied=0, published_applied=1,
-        inner_steps=1, tokens=10, loss=1.0, codec="fp32", numel=8, payload=PAYLOAD, created_at=1.0,
-    )  # fmt: skip
+    return sealed_update(
+        identity, seq=seq, published_applied=1, inner_steps=1, tokens=10, loss=1.0, payload=PAYLOAD
+    )
 
 
 def mutate(data: bytes, draw: st.DataObject) -> bytes:

@@ -16,18 +16,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from merge.codecs import get_codec
-from merge.envelope import SignedUpdate, seal
+from merge.envelope import SignedUpdate
 from merge.identity import Identity
 from merge.outer import OuterConfig, make_outer_optimizer
 from merge.pipeline import MergeConfig, MergeResult, UpdatePipeline
 from merge.replica import Replica
 from merge.robust import RobustConfig, RobustFilter
 from merge.weighting import TokenWeightConfig
+from tests.factories import MALLORY, identity, sealed_update
 
 FINGERPRINT = hashlib.sha256(b"open").hexdigest()
-HONEST = [Identity.from_private_bytes(bytes([104 + i]) * 32) for i in range(3)]
-MALLORY = Identity.from_private_bytes(b"m" * 32)
+HONEST = [identity(bytes([104 + i])) for i in range(3)]
 SYBILS = [Identity.from_private_bytes(hashlib.sha256(b"%d" % i).digest()) for i in range(40)]
 NUMEL, M = 64, 3
 CONFIG = MergeConfig(
@@ -36,6 +35,7 @@ CONFIG = MergeConfig(
     max_inner_steps=100,
     max_tokens_per_step=100,
 )
+
 DIRECTION = torch.linspace(-1, 1, NUMEL) / torch.linspace(-1, 1, NUMEL).norm()
 
 
@@ -47,11 +47,9 @@ def make_pipeline() -> UpdatePipeline:
 
 
 def update(identity: Identity, seq: int, delta: torch.Tensor, learners: int = M) -> SignedUpdate:
-    return seal(
-        identity, payload=get_codec("fp32").encode(delta.float().contiguous()),
-        fingerprint=FINGERPRINT, seq=seq, base_applied=0, published_applied=M - 1,
-        inner_steps=10, tokens=1000, loss=2.0, codec="fp32", numel=NUMEL, created_at=999.0,
-        learners=learners,
+    return sealed_update(
+        identity, delta=delta, fingerprint=FINGERPRINT, seq=seq, published_applied=M - 1,
+        created_at=999.0, learners=learners,
     )  # fmt: skip
 
 
