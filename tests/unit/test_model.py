@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from node.config import MODEL_NAMES, MODEL_SIZES
+from node.presets import MODEL_NAMES, MODEL_SIZES
 from node.model import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_INNER_LR,
