@@ -117,7 +117,12 @@ class JoinConfig:
     """End --linger early once every live peer has finished and the last updates crossed
     both ways (benchmarks that compare replicas; a lone node would leave at once)."""
     eval_batches: int = 4
-    """Validation batches evaluated on the replica after every round (0 disables)."""
+    """Validation batches the replica is evaluated on (0 disables): at start and after
+    every --eval-every rounds, on a snapshot, beside training (round_done's val_loss is the
+    newest evaluation finished by then; each one is an `evaluated` event)."""
+    eval_every: int = 1
+    """Evaluate the replica after every N-th round only (the evaluation's share of the
+    machine, which it takes beside training, divided by N)."""
     checkpoint_dir: str | None = None
     """Checkpoint directory, locked while the node runs; join resumes from it
     (default: ~/.diloco/checkpoints/RUN_ID/PEER_ID)."""
@@ -216,8 +221,8 @@ class JoinConfig:
             "run_id", "model", "data", "data_slice", "seed", "inner_steps", "round_time",
             "dynamic_h", "batch_size", "inner_lr", "weight_decay", "grad_clip", "warmup_steps",
             "lr_decay_steps", "max_rounds", "max_time", "linger", "linger_until_done",
-            "eval_batches", "device", "threads", "nproc_per_node", "parallel", "speed_factor",
-            "emulated_step_s",
+            "eval_batches", "eval_every", "device", "threads", "nproc_per_node", "parallel",
+            "speed_factor", "emulated_step_s",
         ),
         "outer optimizer and merging": (
             "outer_optimizer", "outer_lr", "outer_momentum", "outer_delay", "staleness",
@@ -249,7 +254,7 @@ class JoinConfig:
         _check_positive("nproc_per_node", self.nproc_per_node)
         if not self.run_id or len(self.run_id) > 64:
             raise ValueError("--run-id must be 1 to 64 characters long")
-        for name in ("inner_steps", "checkpoint_every", "fragments"):
+        for name in ("inner_steps", "checkpoint_every", "fragments", "eval_every"):
             _check_positive(name, getattr(self, name))
         self._check_fragments()
         for name in ("batch_size", "max_rounds", "threads", "lr_decay_steps", "outer_delay"):
