@@ -115,8 +115,8 @@ class Trainer:
             self.beside_training.insert(0, lambda: self._submit_evaluation(*at_start))
         try:
             reason = self._run_rounds()
-            self._start_beside_training()  # no round ran: the swarm still catches up
-            if reason != "interrupted":
+            if reason != "interrupted":  # (if no step ran) lingering merges: catch up first
+                self._start_beside_training()
                 self.swarm.linger(self.config.linger, self.config.linger_until_done, self.stop)
             self.persistence.save(self.partial)
         finally:
@@ -229,7 +229,8 @@ class Trainer:
         if not self._stepped:  # the end of start-up: the first inner step of this process
             self._stepped = True
             self.telemetry.events.emit("startup_phase", name="first_batch", round=self.stats.round)
-            self._start_beside_training()
+            if not self.stop.is_set():  # a node stopping already starts nothing more
+                self._start_beside_training()
         self.telemetry.report_step(self.stats.round + 1, at, self.planned_steps, step)
         # Fragments are published mid-round: not before the node knows its seq and state.
         if self.publishing.keeps_partial_rounds() or self.swarm.wait_caught_up(self.stop):
