@@ -101,11 +101,14 @@ class Trainer:
         self.schedule = EvaluationSchedule(config.eval_every)
         self.latest_loss = LatestLoss()
         self._evaluation = self._background_evaluation()
+        self._running = False
+        """Inside `run`: evaluations go beside training."""
         self.beside_training: list[Callable[[], None]] = []
         """Started once the first inner step is in (or when no round runs): each starts
         something that runs beside training and returns at once."""
 
     def run(self) -> None:
+        self._running = True
         self.stats.set_state("training")
         self.telemetry.started(self.stats.round, val_loss=None)
         if self._evaluation is None:  # a sharded learner evaluates with its ranks, inline
@@ -255,11 +258,12 @@ class Trainer:
             self._saved_at = time.monotonic()
 
     def _evaluate_round(self, round_: int) -> None:
-        """The replica after `round_`, if due: a snapshot handed to the evaluation thread (a
-        sharded learner evaluates inline, with its ranks)."""
+        """The replica after `round_`, if due: a snapshot handed to the evaluation thread
+        while the loop runs (`run`). A sharded learner, and a round run by hand (`run_round`
+        from tests and benchmarks, which read its loss at once), evaluate inline."""
         if not self.val_batches or not self.schedule.due(round_):
             return
-        if self._evaluation is None:
+        if self._evaluation is None or not self._running:
             self._report_evaluation(round_, self.evaluate())
         else:
             self._evaluation.submit(round_, self.replica.snapshot()[0])
