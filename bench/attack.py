@@ -314,11 +314,13 @@ def measure(swarm: Swarm, sampler: Sampler, attack: str | None, started: float) 
 
 
 def val_curve(node: ChildProcess) -> dict[int, float]:
-    return {e["round"]: float(e["val_loss"]) for e in node.of("round_done") if e.get("val_loss")}
+    """Each evaluated round's loss (evaluations run beside training: round_done's val_loss is
+    the newest finished by then, often an earlier round's)."""
+    return {e["round"]: float(e["val_loss"]) for e in node.of("evaluated") if e.get("val_loss")}
 
 
 def last_val(node: ChildProcess) -> float | None:
-    done = [e for e in node.of("round_done") if e.get("val_loss")]
+    done = sorted((e for e in node.of("evaluated") if e.get("val_loss")), key=lambda e: e["round"])
     return float(done[-1]["val_loss"]) if done else None
 
 

@@ -22,9 +22,14 @@ per chip. Each learner is a synchronous group whose steps wait for its slowest c
 
 Interruptions strike running chips only (the clock of a learner stops while it restarts or
 waits at a barrier), so the non-elastic and elastic data-parallel rows follow
-1 / (1 + rate * cost): the calibration targets below fix restart_s and reconfig_s, and the
-asynchronous rows are then predictions from the same parameters. The final line is JSON:
-{"rows": [{"method", "chips", "learners", "goodput", ...}, ...]}.
+1 / (1 + rate * cost): the calibration targets below fix restart_s and reconfig_s. The
+asynchronous rows take their recovery per failure from this project's own measurement when
+there is one (issue 23): `--restart-figures FILE` (default bench/results/restart.json, which
+`python -m bench.restart` writes) gives bench.restart's start_to_first_step_s plus half its
+partial_save_s (the inner steps a kill -9 loses on average); `--async-recovery-s` sets it by
+hand; with neither they use reconfig_s, the paper's calibration. The output says which. The
+final line is JSON: {"rows": [{"method", "chips", "learners", "goodput", ...}, ...],
+"async_costs": {"recovery_s", "source"}}.
 """
 
 from __future__ import annotations
@@ -63,6 +68,8 @@ PAPER = {
 }
 """Decoupled DiLoCo's reported goodput at MTBI 1 year, by (method, chips, learners)."""
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESTART_FIGURES = RESULTS_DIR / "restart.json"
+"""Where `python -m bench.restart` writes its final line (the measured restart costs)."""
 
 
 @pydantic.dataclasses.dataclass(kw_only=True, config=FLAGS)
@@ -100,6 +107,13 @@ class SimConfig:
     goodput at exactly 1)."""
     seed: int = 0
     """Seed of the failure and straggler draws; every setting starts from it."""
+    async_recovery_s: float | None = None
+    """Recovery of an asynchronous learner per failure, in seconds (default: from
+    --restart-figures, else reconfig_s, the paper's calibration)."""
+    restart_figures: str | None = None
+    """A file whose last JSON line is bench.restart's: the asynchronous rows' recovery is
+    its start_to_first_step_s plus half its partial_save_s (the command's default:
+    bench/results/restart.json when it exists)."""
 
     def __post_init__(self) -> None:
         for name in ("mtbi_years", "step_s", "horizon_h"):
@@ -110,6 +124,9 @@ class SimConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be a non-negative number")
         if self.host_chips < 1 or self.inner_steps < 1:
             raise ValueError("--host-chips and --inner-steps must be positive integers")
+        recovery = self.async_recovery_s
+        if recovery is not None and not (math.isfinite(recovery) and recovery >= 0):
+            raise ValueError("--async-recovery-s must be a non-negative number")
 
     @property
     def mtbi_s(self) -> float:
@@ -118,6 +135,51 @@ class SimConfig:
     @property
     def horizon_s(self) -> float:
         return self.horizon_h * 3600
+
+
+@dataclass(frozen=True)
+class AsyncCosts:
+    """What a failure costs an asynchronous learner, and where the figure comes from."""
+
+    recovery_s: float
+    source: str
+
+
+def restart_recovery_s(figures: dict) -> float:
+    """Recovery per failure from bench.restart's figures: process start to the first inner
+    step, plus on average half the period of the partial-round saves (the steps a kill -9
+    loses). ValueError for figures that are not bench.restart's."""
+    try:
+        start_s, save_s = float(figures["start_to_first_step_s"]), float(figures["partial_save_s"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(
+            f"not bench.restart's figures (start_to_first_step_s, partial_save_s): {exc}"
+        ) from None
+    if not (math.isfinite(start_s) and math.isfinite(save_s) and start_s >= 0 and save_s >= 0):
+        raise ValueError("bench.restart's figures must be non-negative numbers")
+    return start_s + save_s / 2
+
+
+def read_restart_figures(path: Path) -> dict:
+    """The last JSON line of `path` (bench.restart's output, or only its final line)."""
+    lines = [line for line in path.read_text().splitlines() if line.startswith("{")]
+    if not lines:
+        raise ValueError(f"{path} holds no JSON line of bench.restart")
+    figures = json.loads(lines[-1])
+    if not isinstance(figures, dict):
+        raise ValueError(f"{path}: bench.restart's line is a JSON object")
+    return figures
+
+
+def async_costs(config: SimConfig) -> AsyncCosts:
+    """The asynchronous rows' recovery: set by hand, measured, or the paper's calibration."""
+    if config.async_recovery_s is not None:
+        return AsyncCosts(config.async_recovery_s, "--async-recovery-s")
+    if config.restart_figures is not None:
+        path = Path(config.restart_figures)
+        recovery_s = restart_recovery_s(read_restart_figures(path))
+        return AsyncCosts(recovery_s, f"measured: bench.restart ({path})")
+    return AsyncCosts(config.reconfig_s, "the paper's calibration (reconfig_s)")
 
 
 @dataclass(frozen=True)
@@ -132,12 +194,20 @@ class LearnerSim:
     """One learner of `chips` chips: runs steps, fails as a Poisson process, recovers."""
 
     def __init__(
-        self, config: SimConfig, chips: int, rng: np.random.Generator, *, elastic: bool
+        self,
+        config: SimConfig,
+        chips: int,
+        rng: np.random.Generator,
+        *,
+        elastic: bool,
+        recovery_s: float | None = None,
     ) -> None:
+        """`recovery_s`: an elastic learner's recovery per failure (default: reconfig_s)."""
         self.config = config
         self.chips = chips
         self.rng = rng
         self.elastic = elastic
+        self.recovery_s = config.reconfig_s if recovery_s is None else recovery_s
         self.t = 0.0
         self.num_failures = 0
         self._to_failure: float | None = None
@@ -194,7 +264,7 @@ class LearnerSim:
         while self._repairs and self._repairs[0] <= self.t:  # repaired hosts rejoin now
             self._repairs.popleft()
         self._active = max(1, self.chips - len(self._repairs) * c.host_chips)
-        self.t += c.reconfig_s
+        self.t += self.recovery_s
 
 
 def simulate(config: SimConfig, method: str, chips: int, learners: int) -> float:
@@ -232,8 +302,9 @@ def _data_parallel(config: SimConfig, chips: int, rng: np.random.Generator, elas
 def _asynchronous(config: SimConfig, chips: int, learners: int, rng: np.random.Generator) -> float:
     """Independent learners; a round's compute counts once the round is published."""
     useful = 0.0
+    recovery_s = async_costs(config).recovery_s
     for size in _learner_sizes(chips, learners):
-        learner = LearnerSim(config, size, rng, elastic=True)
+        learner = LearnerSim(config, size, rng, elastic=True, recovery_s=recovery_s)
         while learner.t < config.horizon_s:
             steps, _ = learner.run_steps(config.inner_steps)
             if learner.t <= config.horizon_s:
@@ -362,10 +433,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main() -> None:
-    args = build_parser().parse_args()
+    parser = build_parser()
+    args = parser.parse_args()
     config = config_from_args(SimConfig, args)
+    if config.restart_figures is None and RESTART_FIGURES.exists():
+        config = replace(config, restart_figures=str(RESTART_FIGURES))
+    try:
+        costs = async_costs(config)  # read once: every async row uses it
+    except (OSError, ValueError) as exc:
+        parser.error(f"--restart-figures: {exc}")
+    config = replace(config, async_recovery_s=costs.recovery_s)
     rows = table_rows(config, args.chips, args.learners)
     print(json.dumps({"config": asdict(config)}))
+    print(f"async rows: recovery {costs.recovery_s:.2f} s per failure, {costs.source}")
     print(format_table(rows))
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         print("plot: skipped, matplotlib is not installed (pip install -e '.[bench]')")
@@ -373,7 +453,7 @@ def main() -> None:
         curves = failure_rate_curves(config, args.plot_chips)
         path = plot_curves(curves, args.plot_chips, RESULTS_DIR / "goodput_vs_failure_rate.png")
         print(f"plot: {path}")
-    print(json.dumps({"rows": rows}))
+    print(json.dumps({"rows": rows, "async_costs": asdict(costs)}))
 
 
 if __name__ == "__main__":

@@ -7,8 +7,11 @@ and a live peer, broken down by the `startup_phase` events the node emits.
 A peer trains throughout; the measured node first trains one round and stops (its checkpoint),
 then is started `--restarts` times, each time stopped (SIGINT, a clean save) after its first
 inner step. `import_torch_s` is `python -c "import torch"` timed in the same run: the floor
-any node pays. The final line is JSON: start_to_first_step_s, import_torch_s, their ratio and
-each phase's median seconds (a phase is the time since the previous phase's event).
+any node pays. The final line is JSON: start_to_first_step_s, import_torch_s, their ratio,
+each phase's median seconds (a phase is the time since the previous phase's event) and
+partial_save_s (how often a round in progress is saved: a kill -9 loses half of it on
+average). It is also written to bench/results/restart.json, where bench.goodput_sim takes its
+asynchronous rows' recovery from.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ import time
 from pathlib import Path
 
 from bench.procs import ChildProcess, Event, cli_flags, node_process, reap_all
+from node.trainer import PARTIAL_SAVE_S
+
+RESULTS = Path(__file__).resolve().parent / "results" / "restart.json"
 
 START_TIMEOUT_S = 180.0
 PHASES = (
@@ -102,23 +108,23 @@ def main() -> None:
     totals = [sum(run.values()) for run in runs]
     floor = statistics.median(floors)
     total = statistics.median(totals)
-    print(
-        json.dumps(
-            {
-                "benchmark": "restart",
-                "model": args.model,
-                "restarts": args.restarts,
-                "start_to_first_step_s": round(total, 3),
-                "start_to_first_step_each_s": [round(t, 3) for t in totals],
-                "import_torch_s": round(floor, 3),
-                "ratio": round(total / floor, 2),
-                "target_ratio": TARGET_RATIO,
-                "phases": {
-                    n: round(statistics.median(r.get(n, 0.0) for r in runs), 3) for n in PHASES
-                },
-            }
-        )
+    line = json.dumps(
+        {
+            "benchmark": "restart",
+            "model": args.model,
+            "restarts": args.restarts,
+            "start_to_first_step_s": round(total, 3),
+            "start_to_first_step_each_s": [round(t, 3) for t in totals],
+            "import_torch_s": round(floor, 3),
+            "ratio": round(total / floor, 2),
+            "target_ratio": TARGET_RATIO,
+            "phases": {n: round(statistics.median(r.get(n, 0.0) for r in runs), 3) for n in PHASES},
+            "partial_save_s": PARTIAL_SAVE_S,
+        }
     )
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(line + "\n")
+    print(line)
 
 
 if __name__ == "__main__":

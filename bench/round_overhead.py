@@ -1,9 +1,15 @@
-"""Share of a DiLoCo round spent outside inner steps (encode, hash, sign, verify, merge).
+"""Share of a DiLoCo round spent outside inner steps (encode, hash, sign, verify, merge), and
+what evaluation costs it now that it runs beside training.
 
     python -m bench.round_overhead                 # small, H = 50, 3 rounds on this machine
     python -m bench.round_overhead --model tiny --rounds 2
+    python -m bench.round_overhead --eval-every 4  # evaluate every 4th round only
 
-Target (issue 2): below 5% for `small` on CPU with H = 50. The final line is JSON.
+Target (issue 2): below 5% for `small` on CPU with H = 50. The node runs twice, side by side:
+with evaluation (--eval-batches, on a snapshot in a thread: issue 23) and without. eval_s of a
+round is now the snapshot handed to the thread (overhead_share_with_eval counts it beside the
+merge path); what the thread takes from training shows as longer rounds:
+eval_beside_share = 1 - round_s without / round_s with. The final line is JSON.
 """
 
 from __future__ import annotations
@@ -13,10 +19,33 @@ import json
 import statistics
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from node.config import JoinConfig
 from node.events import RecordingEventLog
 from node.runtime import Node
+
+
+def run_node(args: argparse.Namespace, eval_batches: int) -> tuple[list[dict[str, Any]], int]:
+    """The node's round_done events and its parameter count (a lone node, in this process)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        events = RecordingEventLog()
+        config = JoinConfig(
+            model=args.model,
+            inner_steps=args.inner_steps,
+            max_rounds=args.rounds,
+            codec=args.codec,
+            threads=args.threads,
+            eval_batches=eval_batches,
+            eval_every=args.eval_every,
+            identity=str(Path(tmp) / "id.key"),
+            checkpoint_dir=str(Path(tmp) / "ckpt"),
+            checkpoint_every=10**9,
+            log_format="json",
+        )
+        node = Node(config, events)
+        node.run()
+    return events.of("round_done"), node.num_params
 
 
 def main() -> None:
@@ -26,40 +55,34 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--codec", default="bf16", choices=("fp32", "bf16"))
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--eval-batches", type=int, default=4)
+    parser.add_argument("--eval-every", type=int, default=1)
     args = parser.parse_args()
+    if args.eval_batches < 1 or args.eval_every < 1:
+        parser.error("--eval-batches and --eval-every must be at least 1")
 
-    with tempfile.TemporaryDirectory() as tmp:
-        events = RecordingEventLog()
-        config = JoinConfig(
-            model=args.model,
-            inner_steps=args.inner_steps,
-            max_rounds=args.rounds,
-            codec=args.codec,
-            threads=args.threads,
-            identity=str(Path(tmp) / "id.key"),
-            checkpoint_dir=str(Path(tmp) / "ckpt"),
-            checkpoint_every=10**9,
-            log_format="json",
-        )
-        node = Node(config, events)
-        node.run()
-    rounds = events.of("round_done")
+    rounds, num_params = run_node(args, args.eval_batches)
+    without, _ = run_node(args, 0)
     for r in rounds:
         print(
             f"round {r['round']}: {r['round_s']:.2f} s, inner {r['inner_s']:.2f} s, "
             f"encode {r['encode_s'] * 1e3:.1f} ms, hash+sign {r['seal_s'] * 1e3:.1f} ms, "
-            f"verify+merge {r['merge_s'] * 1e3:.1f} ms, eval {r['eval_s'] * 1e3:.0f} ms"
+            f"verify+merge {r['merge_s'] * 1e3:.1f} ms, eval (snapshot) {r['eval_s'] * 1e3:.1f} ms"
         )
     overhead = [r["encode_s"] + r["seal_s"] + r["merge_s"] for r in rounds]
     round_s = [r["round_s"] for r in rounds]
+    round_s_without = statistics.median(r["round_s"] for r in without)
     figures = {
         "benchmark": "round_overhead",
         "model": args.model,
-        "num_params": node.num_params,
+        "num_params": num_params,
         "inner_steps": args.inner_steps,
         "codec": args.codec,
         "rounds": len(rounds),
+        "eval_batches": args.eval_batches,
+        "eval_every": args.eval_every,
         "round_s_median": round(statistics.median(round_s), 3),
+        "round_s_median_without_eval": round(round_s_without, 3),
         "inner_step_ms_median": round(
             1e3 * statistics.median(r["inner_s"] for r in rounds) / args.inner_steps, 2
         ),
@@ -71,6 +94,7 @@ def main() -> None:
         "overhead_share_with_eval": round(
             sum(o + r["eval_s"] for o, r in zip(overhead, rounds, strict=True)) / sum(round_s), 5
         ),
+        "eval_beside_share": round(1 - round_s_without / statistics.median(round_s), 5),
         "target_overhead_share": 0.05,
     }
     print(json.dumps(figures))

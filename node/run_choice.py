@@ -27,7 +27,8 @@ ADOPTABLE = frozenset(
 ) - frozenset(
     {
         "data", "data_slice", "max_rounds", "max_time", "linger", "linger_until_done",
-        "eval_batches", "device", "threads", "nproc_per_node", "parallel", "speed_factor",
+        "eval_batches", "eval_every", "device", "threads", "nproc_per_node", "parallel",
+        "speed_factor",
         "emulated_step_s",
     }
 )  # fmt: skip

@@ -7,6 +7,7 @@ training loop itself is `node.trainer.Trainer`.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from dht.heartbeat import Heartbeat
@@ -60,12 +61,20 @@ class Node:
             self.events.emit("checkpoint_moved", src=moved, path=str(self.checkpoint_dir))
         self.resume()
         self.events.emit("startup_phase", name="checkpoint_load")
+        dashboard: threading.Thread | None = None
         try:
-            self.join_swarm()
-            self._start_dashboard()
+            parts.swarm.enter()  # p2pd, the DHT to the first reachable peer, the run check
+            # Beside training, once its first inner step is in: nothing here waits for them.
+            dashboard = threading.Thread(target=self._start_dashboard, name="dashboard-start")
+            self.trainer.beside_training += [
+                lambda: parts.swarm.catch_up(self._joined),  # state check, then gossip
+                dashboard.start,
+            ]
             self.trainer.run()
         finally:
             self.stats.set_state("idle")
+            if dashboard is not None and dashboard.ident is not None:
+                dashboard.join()  # bounded by the server's own start timeout
             if self.dashboard is not None:
                 self.dashboard.stop()
             parts.swarm.leave()
@@ -84,7 +93,8 @@ class Node:
         self.parts.release()
 
     def join_swarm(self) -> None:
-        """Enter the swarm (nothing offline): listen, download the state, start gossip."""
+        """Enter the swarm and catch up, waiting for both (nothing offline): listen, download
+        the state, start gossip. `run` does the catching up beside training instead."""
         self.parts.swarm.join(self._joined)
 
     def _joined(self, announced_seq: int) -> None:
@@ -98,10 +108,15 @@ class Node:
         self.telemetry.resketcher.start()  # after the DHT's fork: no thread of ours may exist then
 
     def _start_dashboard(self) -> None:
-        """Once the swarm's DHT process has forked: no server thread may hold a lock then."""
+        """Once the swarm's DHT process has forked: no server thread may hold a lock then.
+        Its port was found free when it was built; one taken since costs the page, logged."""
         if self.dashboard is None:
             return
-        url = self.dashboard.start()
+        try:
+            url = self.dashboard.start()
+        except OSError as exc:
+            logger.error("the dashboard did not start: %s", exc)
+            return
         logger.debug("dashboard at %s", url)
         self.events.emit("dashboard", url=url, access=self.dashboard.access)
 

@@ -158,7 +158,12 @@ class TrainSettings:
     """End --linger early once every live peer has finished and the last updates crossed
     both ways (benchmarks that compare replicas; a lone node would leave at once)."""
     eval_batches: NonNegativeInt = 4
-    """Validation batches evaluated on the replica after every round (0 disables)."""
+    """Validation batches the replica is evaluated on (0 disables): at start and after
+    every --eval-every rounds, on a snapshot, beside training (round_done's val_loss is the
+    newest evaluation finished by then; each one is an `evaluated` event)."""
+    eval_every: PositiveInt = 1
+    """Evaluate the replica after every N-th round only (the evaluation's share of the
+    machine, which it takes beside training, divided by N)."""
     device: Annotated[str, OneOf(("auto", "cpu", "cuda"))] = "auto"
     """Training device: auto, cpu or cuda (bf16 autocast on CUDA)."""
     threads: PositiveInt | None = None

@@ -36,7 +36,19 @@ class SwarmLink(Protocol):
     """The swarm as the training loop, the telemetry and the node's lifecycle see it."""
 
     def join(self, joined: Callable[[int], None]) -> None:
-        """Enter the swarm; `joined(announced_seq)` runs once the state is in, before gossip."""
+        """Enter the swarm and catch up, waiting for both (`enter`, `catch_up`)."""
+
+    def enter(self) -> None:
+        """Listen and bootstrap: p2pd, the DHT (to the first reachable peer), the run check
+        and the first heartbeat. What must be done before the node trains."""
+
+    def catch_up(self, joined: Callable[[int], None]) -> None:
+        """In the background: the state check (download if a peer is ahead), then gossip;
+        `joined(announced_seq)` runs once the state is in, before gossip. Returns at once."""
+
+    def wait_caught_up(self, stop: threading.Event) -> bool:
+        """Until `catch_up` has ended (at once if it was never started); False if `stop` came
+        first. Raises what made it fail."""
 
     def alive_peers(self) -> list[Heartbeat]: ...
 
@@ -73,6 +85,15 @@ class OfflineSwarm:
 
     def join(self, joined: Callable[[int], None]) -> None:
         """Nothing to join."""
+
+    def enter(self) -> None:
+        """Nothing to enter."""
+
+    def catch_up(self, joined: Callable[[int], None]) -> None:
+        """Nobody to catch up with."""
+
+    def wait_caught_up(self, stop: threading.Event) -> bool:
+        return True
 
     def alive_peers(self) -> list[Heartbeat]:
         return []
@@ -127,8 +148,16 @@ class NetworkSwarm:
         self._peer_id, self._run_id, self._run_settings = peer_id, run_id, run_settings
         self._replica, self._pipeline = replica, pipeline
         self._stats, self._events = stats, events
+        self._catching_up: threading.Thread | None = None
+        self._caught_up = threading.Event()
+        self._catch_up_error: BaseException | None = None
 
     def join(self, joined: Callable[[int], None]) -> None:
+        self.enter()
+        self.catch_up(joined)
+        self.wait_caught_up(threading.Event())
+
+    def enter(self) -> None:
         try:
             maddrs = self.swarm.start()
         except RunMismatchError as exc:
@@ -145,10 +174,34 @@ class NetworkSwarm:
             maddrs=maddrs,
             join_command=join_hint(maddrs, extra),
         )
-        self._download_state()
-        joined(self.swarm.announced_seq())
-        self._events.emit("startup_phase", name="state_check")  # download, if a peer is ahead
-        self.swarm.start_gossip()
+
+    def catch_up(self, joined: Callable[[int], None]) -> None:
+        # After enter(): the DHT's process has forked, a thread of ours is safe now.
+        self._catching_up = threading.Thread(
+            target=self._catch_up, args=(joined,), name="catch-up", daemon=True
+        )
+        self._catching_up.start()
+
+    def _catch_up(self, joined: Callable[[int], None]) -> None:
+        try:
+            self._download_state()
+            joined(self.swarm.announced_seq())
+            self._events.emit("startup_phase", name="state_check")  # download, if ahead
+            self.swarm.start_gossip()
+        except BaseException as exc:  # raised to the training loop by wait_caught_up
+            self._catch_up_error = exc
+        finally:
+            self._caught_up.set()
+
+    def wait_caught_up(self, stop: threading.Event) -> bool:
+        if self._catching_up is None:
+            return True
+        while not self._caught_up.wait(0.2):
+            if stop.is_set():
+                return False
+        if self._catch_up_error is not None:
+            raise self._catch_up_error
+        return True
 
     def _download_state(self) -> None:
         stats = self.swarm.download_state()
@@ -207,6 +260,8 @@ class NetworkSwarm:
         self._events.emit("lingered", seconds=round(time.monotonic() - started, 2))
 
     def leave(self) -> None:
+        if self._catching_up is not None and not self._caught_up.is_set():
+            logger.info("leaving before the state check ended")
         left = self.swarm.drain(DRAIN_TIMEOUT_S)
         if left:
             logger.warning(
@@ -215,6 +270,8 @@ class NetworkSwarm:
                 DRAIN_TIMEOUT_S,
             )
         self.swarm.shutdown()
+        if self._catching_up is not None:  # ends with the network, if it had not yet
+            self._catching_up.join(timeout=DRAIN_TIMEOUT_S)
 
     def num_lost(self) -> int:
         return self.swarm.num_lost

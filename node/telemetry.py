@@ -46,7 +46,8 @@ class RoundTimings:
 
     @property
     def overhead_s(self) -> float:
-        """Time spent on the round outside inner steps and evaluation."""
+        """Time spent on the round outside inner steps and evaluation (eval_s: handing a
+        snapshot to the evaluation thread, or evaluating inline on a sharded learner)."""
         return self.encode_s + self.seal_s + self.merge_s
 
 
@@ -142,7 +143,8 @@ class Telemetry:
         self.events.emit("started", **self._facts, round=round_, val_loss=val_loss)
 
     def evaluated(self, round_: int, val_loss: float | None) -> None:
-        """The replica's validation loss at the start of training (None: no validation)."""
+        """The validation loss of the replica after round `round_` (0 or the round resumed:
+        at start), computed beside training (None: no validation)."""
         if val_loss is not None:
             self.events.emit("evaluated", round=round_, val_loss=val_loss)
 

@@ -1,5 +1,7 @@
 """The DiLoCo loop: begin a round from the replica, run H inner steps, publish the
-pseudo-gradient, evaluate, report; until a limit or a stop request.
+pseudo-gradient, report; until a limit or a stop request. Evaluation runs beside it (on a
+snapshot, in a thread), and so does whatever can wait until the first inner step is in
+(`Trainer.beside_training`: the state check and gossip, the dashboard).
 
 The Trainer runs with any swarm, the network's or none (node.swarm_link.OfflineSwarm), so
 benchmarks run the node's own round.
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -16,7 +19,7 @@ import torch
 from merge.pipeline import MergeResult
 from merge.replica import Replica
 from node.config import JoinConfig
-from node.evaluation import BackgroundEvaluation
+from node.evaluation import BackgroundEvaluation, EvaluationSchedule, LatestLoss
 from node.learner import Learner, RoundStats, StepStats
 from node.persistence import Persistence
 from node.progress import RoundProgress
@@ -35,7 +38,8 @@ EVALUATION_WAIT_S = 60.0
 
 @dataclass
 class RoundClock:
-    """perf_counter marks of one round: its start, end of inner steps, of merging, of eval."""
+    """perf_counter marks of one round: its start, end of inner steps, of merging, and of
+    handing its replica to evaluation (a snapshot; the evaluation runs beside training)."""
 
     start: float
     inner: float = 0.0
@@ -93,26 +97,34 @@ class Trainer:
         self._step_offset = 0
         self._stepped = False
         self._segment: Segment | None = None
-        self._initial_evaluation: BackgroundEvaluation | None = None
-        self._initial_snapshot: tuple[int, torch.Tensor] | None = None
         self._saved_at = time.monotonic()
+        self.schedule = EvaluationSchedule(config.eval_every)
+        self.latest_loss = LatestLoss()
+        self._evaluation = self._background_evaluation()
+        self._running = False
+        """Inside `run`: evaluations go beside training."""
+        self.beside_training: list[Callable[[], None]] = []
+        """Started once the first inner step is in (or when no round runs): each starts
+        something that runs beside training and returns at once."""
 
     def run(self) -> None:
+        self._running = True
         self.stats.set_state("training")
         self.telemetry.started(self.stats.round, val_loss=None)
-        background = self._initial_evaluation = self._background_evaluation()
-        if background is None:  # a sharded learner evaluates with its ranks, between steps
-            self.telemetry.evaluated(self.stats.round, self.evaluate())
-        else:  # the replica as it is now, evaluated beside training once the first step is in
-            self._initial_snapshot = (self.stats.round, self.replica.snapshot()[0])
+        if self._evaluation is None:  # a sharded learner evaluates with its ranks, inline
+            self._report_evaluation(self.stats.round, self.evaluate())
+        else:  # the replica as it is now, evaluated once the first step is in
+            at_start = (self.stats.round, self.replica.snapshot()[0])
+            self.beside_training.insert(0, lambda: self._submit_evaluation(*at_start))
         try:
             reason = self._run_rounds()
-            if reason != "interrupted":
+            if reason != "interrupted":  # (if no step ran) lingering merges: catch up first
+                self._start_beside_training()
                 self.swarm.linger(self.config.linger, self.config.linger_until_done, self.stop)
             self.persistence.save(self.partial)
         finally:
-            if background is not None:
-                background.wait(EVALUATION_WAIT_S)
+            if self._evaluation is not None:
+                self._evaluation.wait(EVALUATION_WAIT_S)
         self.telemetry.stopped(reason)
 
     def _background_evaluation(self) -> BackgroundEvaluation | None:
@@ -121,8 +133,22 @@ class Trainer:
         if not self.val_batches or getattr(self.learner, "sharded", False):
             return None
         return BackgroundEvaluation(
-            self.learner.model, self.val_batches, self.learner.device, self.telemetry.evaluated
+            self.learner.model, self.val_batches, self.learner.device, self._report_evaluation
         )
+
+    def _report_evaluation(self, round_: int, val_loss: float | None) -> None:
+        if val_loss is not None:
+            self.latest_loss.record(round_, val_loss)
+        self.telemetry.evaluated(round_, val_loss)
+
+    def _submit_evaluation(self, round_: int, params: torch.Tensor) -> None:
+        assert self._evaluation is not None
+        self._evaluation.submit(round_, params)
+
+    def _start_beside_training(self) -> None:
+        starts, self.beside_training = self.beside_training, []
+        for start in starts:
+            start()
 
     def _run_rounds(self) -> str:
         """Rounds until a stop request ("interrupted") or a limit ("max_rounds", "max_time")."""
@@ -154,14 +180,18 @@ class Trainer:
         if stats.stopped_early or done.steps_done == 0:
             self.partial = self.publishing.interrupted(done)
             return None
-        self.partial = None
         clock.inner = time.perf_counter()
+        if not self.swarm.wait_caught_up(self.stop):  # stopped first: published next time
+            self.partial = self.publishing.interrupted(done)
+            return None
+        self.partial = None
         in_steps_s = _publishing_s(self.publishing.published)  # fragments during the steps
         self.publishing.finish(begun, done.as_round_stats())
         self.stats.set_round(self.stats.round + 1)
         clock.merged = time.perf_counter()
-        val_loss = self.evaluate()
+        self._evaluate_round(self.stats.round)
         clock.evaluated = time.perf_counter()
+        val_loss = self.latest_loss.val_loss
         self._report(begun, done.as_round_stats(), val_loss, clock, in_steps_s)
         published = self.publishing.published
         return published[-1].result if published else None
@@ -202,11 +232,12 @@ class Trainer:
         if not self._stepped:  # the end of start-up: the first inner step of this process
             self._stepped = True
             self.telemetry.events.emit("startup_phase", name="first_batch", round=self.stats.round)
-            if self._initial_evaluation is not None and self._initial_snapshot is not None:
-                self._initial_evaluation.submit(*self._initial_snapshot)
-                self._initial_snapshot = None
+            if not self.stop.is_set():  # a node stopping already starts nothing more
+                self._start_beside_training()
         self.telemetry.report_step(self.stats.round + 1, at, self.planned_steps, step)
-        self.publishing.on_step(at, step)
+        # Fragments are published mid-round: not before the node knows its seq and state.
+        if self.publishing.keeps_partial_rounds() or self.swarm.wait_caught_up(self.stop):
+            self.publishing.on_step(at, step)
         self._save_partial(step)
 
     def _save_partial(self, step: StepStats) -> None:
@@ -226,8 +257,20 @@ class Trainer:
         if self.persistence.save_in_background(partial):
             self._saved_at = time.monotonic()
 
+    def _evaluate_round(self, round_: int) -> None:
+        """The replica after `round_`, if due: a snapshot handed to the evaluation thread
+        while the loop runs (`run`). A sharded learner, and a round run by hand (`run_round`
+        from tests and benchmarks, which read its loss at once), evaluate inline."""
+        if not self.val_batches or not self.schedule.due(round_):
+            return
+        if self._evaluation is None or not self._running:
+            self._report_evaluation(round_, self.evaluate())
+        else:
+            self._evaluation.submit(round_, self.replica.snapshot()[0])
+
     def evaluate(self) -> float | None:
-        """Validation loss of the replica (None without --eval-batches)."""
+        """Validation loss of the replica, on the training thread (None without
+        --eval-batches)."""
         if not self.val_batches:
             return None
         # Streaming fragments train on across rounds: their params are put back afterwards.

@@ -83,7 +83,8 @@ def test_a_three_times_slower_node_keeps_contributing_at_its_own_pace(
     # ... and the swarm learns: both replicas, each with the other's updates merged in, beat the
     # untrained model the fast node started from. (The slow node joined from the fast one's
     # state, so its own first evaluation is of an already trained replica: two evaluation
-    # batches later it may read a little higher by noise alone.)
+    # batches later it may read a little higher by noise alone.) The newest evaluation of
+    # each: they run beside training.
     untrained = fast.wait_event("evaluated", EVAL_S)["val_loss"]
-    assert fast.of("round_done")[-1]["val_loss"] < untrained
-    assert slow.of("round_done")[-1]["val_loss"] < untrained
+    assert fast.of("evaluated")[-1]["val_loss"] < untrained
+    assert slow.of("evaluated")[-1]["val_loss"] < untrained

@@ -1,5 +1,6 @@
 """Restarts (issue 23): a node killed with -9 mid-round loses at most a few seconds of inner
-steps, and a restarted node trains before it evaluates, then ends with its peer's replica."""
+steps, and a restarted node trains before it evaluates or checks the swarm's state, then
+ends with its peer's replica."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def test_kill_9_mid_round_loses_at_most_a_few_seconds_of_steps(
 
 
 @pytest.mark.timeout(600)
-def test_a_restarted_node_trains_before_it_evaluates_and_ends_with_its_peers_replica(
+def test_a_restarted_node_trains_first_catches_up_beside_and_ends_with_its_peers_replica(
     launch: Callable[..., NodeProcess], tmp_path: Path
 ) -> None:
     run = ("--model", "tiny", "--inner-steps", "10", "--threads", "1", "--eval-batches", "2")
@@ -68,7 +69,11 @@ def test_a_restarted_node_trains_before_it_evaluates_and_ends_with_its_peers_rep
     restarted = launch(*run, *join, "--max-rounds", "3", *until_done, name="node")
     evaluated = restarted.wait_event("evaluated", ROUND_S)
     events = [e["event"] if e["event"] != "startup_phase" else e["name"] for e in restarted.events]
-    assert events.index("resumed") < events.index("first_batch") < events.index("evaluated")
+    first_step = events.index("first_batch")
+    assert events.index("resumed") < first_step < events.index("evaluated")
+    restarted.wait_for(lambda e: e.get("name") == "state_check", ROUND_S, "the state check")
+    events = [e["event"] if e["event"] != "startup_phase" else e["name"] for e in restarted.events]
+    assert first_step < events.index("state_check")  # it trained while it caught up
     assert evaluated["round"] >= 1  # the replica it resumed, or the peer's it downloaded
     assert restarted.wait_exit(ROUND_S) == 0
     peer.stop()

@@ -74,7 +74,12 @@ def test_three_nodes_train_together_and_survive_the_bootstrap_dying(launch: Laun
             MERGE_S,
             "a round after the merges",
         )
-        assert latest["val_loss"] < 0.8 * untrained, (node.name, latest["val_loss"], untrained)
+        evaluated = node.wait_for(  # that round's replica, evaluated beside training
+            lambda e, at=latest["round"]: e.get("event") == "evaluated" and e["round"] >= at,
+            MERGE_S,
+            "the evaluation of that round",
+        )
+        assert evaluated["val_loss"] < 0.8 * untrained, (node.name, evaluated, untrained)
     drifts = [e["drift"] for n in nodes for e in n.of("round_done") if e["drift"] is not None]
     assert drifts, "replicas with equal applied sets should have been compared"
     assert max(drifts) < 0.05, drifts

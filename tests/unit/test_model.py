@@ -3,7 +3,6 @@ import math
 import pytest
 import torch
 
-from node.presets import MODEL_NAMES, MODEL_SIZES
 from node.model import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_INNER_LR,
@@ -13,6 +12,7 @@ from node.model import (
     build_model,
     model_config,
 )
+from node.presets import MODEL_NAMES, MODEL_SIZES
 
 
 @pytest.fixture(scope="module")
