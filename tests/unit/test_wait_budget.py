@@ -24,7 +24,6 @@ NOT_YET_MARKED = {
     "tests/swarm/test_nat.py::test_doctor_tells_a_public_node_a_nated_one_and_one_with_a_dead_bootstrap_apart",
     "tests/swarm/test_nat.py::test_homes_keep_merging_after_the_relay_they_reserved_with_is_killed",
     "tests/swarm/test_restart.py::test_kill_9_mid_round_loses_at_most_a_few_seconds_of_steps",
-    "tests/swarm/test_restart.py::test_a_restarted_node_trains_before_it_evaluates_and_ends_with_its_peers_replica",
 }  # fmt: skip
 
 
