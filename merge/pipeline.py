@@ -49,6 +49,9 @@ _BENIGN_REASONS = frozenset({"duplicate", "replay", "too_stale", "wrong_run"})
 _MIN_PARAMS_NORM = 1e-12
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _NO_GRADIENT = torch.empty(0)  # what a weight-0 apply is given: it reads none
+ALONE_AFTER_SKEWS = 3.0
+"""An author is alone (merge.contribution) once every other author's latest update is signed
+this many `max_clock_skew_s` before its own."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,6 +93,9 @@ class MergeConfig:
         ratio = self.max_update_norm_ratio
         if not isinstance(ratio, int | float) or not (math.isfinite(ratio) and ratio > 0):
             raise ValueError(f"max_update_norm_ratio must be a finite number > 0, got {ratio!r}.")
+        skew = self.max_clock_skew_s
+        if not isinstance(skew, int | float) or not (math.isfinite(skew) and skew > 0):
+            raise ValueError(f"max_clock_skew_s must be a finite number > 0, got {skew!r}.")
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON types only."""
@@ -148,7 +154,7 @@ class UpdatePipeline:
         self.learner_floor = LearnerFloor()
         """A floor under each update's signed learner count, from the recent applied updates'
         authors and claims (merge.learners): a low claim cannot buy a whole outer step."""
-        self.ledger = ContributionLedger(config.robust.budget)
+        self.ledger = self._new_ledger()
         """Each author's contribution budget and track record (merge.contribution)."""
         self.equivocation = EquivocationBook()
         """The signed header applied under each recent id (a second payload under it is
@@ -178,7 +184,7 @@ class UpdatePipeline:
             raise ValueError(f"merge state must hold {len(self._robust)} robust filter states.")
         if not all(isinstance(r, dict) for r in robust):
             raise ValueError("merge state's robust filter states must be mappings.")
-        ledger = ContributionLedger(self.config.robust.budget)
+        ledger = self._new_ledger()
         if parts.get("ledger") is not None:  # checkpoints before budgets lack it: none earned
             ledger.load_state_dict(parts["ledger"])
         with self.replica.lock:
@@ -186,6 +192,12 @@ class UpdatePipeline:
             self.ledger = ledger
             for robust_filter, robust_state in zip(self._robust, robust, strict=True):
                 robust_filter.load_state_dict(robust_state)
+
+    def _new_ledger(self) -> ContributionLedger:
+        # Alone after 3x the clock skew a receiver tolerates: a flooder dating its updates
+        # ahead cannot look alone while honest learners publish every 2x that skew or faster.
+        alone_after_s = ALONE_AFTER_SKEWS * self.config.max_clock_skew_s
+        return ContributionLedger(self.config.robust.budget, alone_after_s=alone_after_s)
 
     def window_sizes(self) -> dict[str, int]:
         """How much history the decisions stand on: accepted norms in the (first) robust
@@ -333,7 +345,7 @@ class UpdatePipeline:
             norm = norm if clipped is corrected.pseudo_gradient else None
             self.replica.apply(header, clipped, weight, norm, learners=stepped)
             robust.record(verdict, author)  # clamped into a band around the reference
-            self.ledger.applied(author, learners, allowance)
+            self.ledger.applied(author, learners, allowance, header.created_at)
             self.learner_floor.applied(author, learners_of(header))
             self.equivocation.first_seen(signed, weight, stepped)
         # Reported as sized by `learners`: weight / learners is the share of a round it moved.
@@ -346,7 +358,7 @@ class UpdatePipeline:
 
     def _allowance(self, header: UpdateHeader, learners: int) -> float:
         """The share of the update its author's contribution budget lets through, counted."""
-        allowance = self.ledger.allowance(header.author, learners)
+        allowance = self.ledger.allowance(header.author, learners, header.created_at)
         if allowance < 1:
             with self._stats_lock:
                 self.rejections["over_budget"] += 1

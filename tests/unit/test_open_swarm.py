@@ -212,7 +212,7 @@ def test_one_authors_updates_leave_the_honest_contribution_within_bounds(
     # the honest progress plus the budget's initial room, in rounds; each round-share of at
     # most (1 + center_radius) reference norms, about what a round of honest updates moves.
     budget, robust = CONFIG.robust.budget, CONFIG.robust
-    cap = attacked.ledger.cap(MALLORY.peer_id)
+    cap = attacked.ledger.cap(MALLORY.peer_id, M)
     rounds = cap / (M - 1) * (len(attacks) / M + budget.budget_rounds)
     per_round = scale / (len(attacks) / M)  # what one round of the honest authors moved
     bound = rounds * (1 + robust.center_radius) * per_round * 1.2  # the reference varies
