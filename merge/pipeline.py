@@ -343,7 +343,7 @@ class UpdatePipeline:
             stepped, weight = budgeted(learners, weight, allowance, self.config.max_learners)
             clipped = robust.clipped(corrected.pseudo_gradient, direction, verdict)
             norm = norm if clipped is corrected.pseudo_gradient else None
-            self.replica.apply(header, clipped, weight, norm, learners=stepped)
+            self.replica.apply(header, clipped, weight, norm, learners=stepped, credited=allowance)
             robust.record(verdict, author)  # clamped into a band around the reference
             self.ledger.applied(author, learners, allowance, header.created_at)
             self.learner_floor.applied(author, learners_of(header))
@@ -396,7 +396,7 @@ class UpdatePipeline:
         with self.replica.lock:
             action = self.equivocation.learn(proof, applied=self.replica.has_applied(*uid))
             if action == "record":
-                self.replica.apply(proof.first.header, _NO_GRADIENT, 0.0)
+                self.replica.apply(proof.first.header, _NO_GRADIENT, 0.0, credited=0.0)
             elif action == "withdraw":
                 self._withdraw(uid, applied_update)
             self.equivocation.settled(uid)

@@ -82,12 +82,12 @@ class Contributions:
         self.by_author: dict[str, torch.Tensor] = {}
         apply = pipeline.replica.apply
 
-        def spy(header, g, weight, norm=None, *, learners=None):  # type: ignore[no-untyped-def]
+        def spy(header, g, weight, norm=None, *, learners=None, credited=1.0):  # type: ignore[no-untyped-def]
             if weight:
                 share = (weight / learners) * g.double()
                 total = self.by_author.get(header.author, torch.zeros(NUMEL, dtype=torch.float64))
                 self.by_author[header.author] = total + share
-            apply(header, g, weight, norm, learners=learners)
+            apply(header, g, weight, norm, learners=learners, credited=credited)
 
         pipeline.replica.apply = spy  # type: ignore[method-assign]
 
@@ -263,3 +263,31 @@ def test_the_merge_state_carries_the_ledger_and_old_states_load() -> None:
     norms = state["robust"][0]["norms"]  # type: ignore[index]
     window = CONFIG.robust.window  # one anonymous voter: the median of the last window
     assert from_old.robust.median_norm() == statistics.median(norms[-window:])
+
+
+@settings(max_examples=8, deadline=None)
+@given(floods=st.lists(st.integers(0, 40), min_size=1, max_size=10))
+def test_a_zero_flood_does_not_make_honest_updates_stale(floods: list[int]) -> None:
+    """An author's header counts what its replica applied during its round in credited
+    progress (Replica.progress): a budget-cut flood interleaved with the honest rounds adds to
+    an honest author's staleness at most the flooder's budget (cap / (M - 1) rounds of each
+    round, plus its initial room), not one per flood update (4-5.5 rounds stale in
+    bench.attack before, 1 clean)."""
+    clean, attacked = established(), established()
+    extra, mallory_seq = 0, 0
+    for i, count in enumerate(floods):
+        seq = 12 + i
+        bases = (clean.replica.progress, attacked.replica.progress)
+        honest_round(clean, seq)
+        honest_round(attacked, seq)
+        for _ in range(count):
+            assert attacked.submit(update(MALLORY, mallory_seq, torch.zeros(NUMEL))).accepted
+            mallory_seq += 1
+        clean_staleness = clean.replica.progress - bases[0]
+        assert clean_staleness == M  # the round's own updates: nothing beyond them
+        extra += attacked.replica.progress - bases[1] - clean_staleness
+    budget = CONFIG.robust.budget
+    cap = attacked.ledger.cap(MALLORY.peer_id, M)
+    credited = cap / (M - 1) * (len(floods) + budget.budget_rounds) * M  # in updates
+    assert 0 <= extra <= credited + 1
+    assert attacked.replica.num_applied - clean.replica.num_applied == sum(floods)
