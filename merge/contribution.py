@@ -9,7 +9,8 @@ per author:
   the author's own clock: the swarm's clock (the progress credited to *trusted* authors, in
   rounds; everyone's while none is trusted) less its own part. Publishing faster does not
   advance one's own clock, so it buys no budget, and keys not yet trusted advance no one's;
-- ``record``: its credited updates (the sum of f), never decayed: its track record here.
+- ``record``: its credited updates (the sum of f, each times the share of its learner claim
+  the replica's evidence bears out, see `applied`), never decayed: its track record here.
 
 An update is allowed what fits under the cap ``c * budget_rounds / (M - 1)``, which is ``c``
 times what an author publishing 1/M of every round accrues in steady state (1/(M - 1) of a
@@ -119,6 +120,7 @@ class _Account:
         *,
         clocked: bool,
         loaded: bool = True,
+        evidence: float = 1.0,
     ) -> None:
         """`total`: the swarm's clock before this update; `clocked`: whether it advances it;
         `loaded`: whether it counts against the budget (not when its author is alone)."""
@@ -127,7 +129,7 @@ class _Account:
         self.load = self.load_at(total, tau) + (share * allowance if loaded else 0.0)
         self.clock = total - self.own
         self.own += share * allowance if clocked else 0.0
-        self.record += allowance
+        self.record += allowance * evidence  # share <= evidence: load and own stay <= record
 
 
 class ContributionLedger:
@@ -161,6 +163,14 @@ class ContributionLedger:
             and account.record >= self.config.min_record
             and account.tenure(self._total) >= self.config.min_tenure
         )
+
+    def counts_alone(self, author: str) -> bool:
+        """Whether `author`'s learner claim votes on its own (merge.learners) rather than in
+        the fresh cohort: established, or, while no author is, credited one whole update's
+        worth of record (a key claiming far more learners than are seen earns it slowly)."""
+        if self.any_established():
+            return self.is_established(author)
+        return self.record(author) >= 1.0
 
     def any_established(self) -> bool:
         return any(self.is_established(a) for a in self._accounts)
@@ -226,10 +236,17 @@ class ContributionLedger:
         return cap - (account.load_at(self._total, self.config.budget_rounds) if account else 0)
 
     def applied(
-        self, author: str, learners: int, allowance: float, created_at: float | None = None
+        self,
+        author: str,
+        learners: int,
+        allowance: float,
+        created_at: float | None = None,
+        evidence: float = 1.0,
     ) -> None:
         """An update of `author` sized by `learners`, signed at `created_at`, was applied with
-        `allowance`."""
+        `allowance`. `evidence` in [0, 1]: the share of its learner claim the replica bears
+        out (the learner floor over the claim): a key claiming 1,024 learners where a few
+        authors are seen makes each update cheap for its budget, and earns as little record."""
         if author == FRESH:
             return
         share, tau = 1.0 / learners, self.config.budget_rounds
@@ -238,7 +255,10 @@ class ContributionLedger:
             account = self._accounts.setdefault(FRESH, _Account())
             account.credit(share, allowance, self._total, tau, clocked=clocked)
         account = self._accounts.setdefault(author, _Account())
-        account.credit(share, allowance, self._total, tau, clocked=clocked, loaded=loaded)
+        evidence = min(1.0, max(0.0, evidence))
+        account.credit(
+            share, allowance, self._total, tau, clocked=clocked, loaded=loaded, evidence=evidence
+        )
         if created_at is not None and math.isfinite(created_at):
             account.seen_at = max(account.seen_at, created_at)
         self._total += share * allowance if clocked else 0.0
@@ -277,7 +297,7 @@ class ContributionLedger:
             if not all(_is_amount(x) for x in row[1:]) or row[0] in accounts:
                 raise ValueError("contribution ledger accounts must hold finite amounts >= 0.")
             load, clock, own, record, since, *seen_at = (float(x) for x in row[1:])
-            if max(load, own) > record or max(clock, own, since) > total + 1e-9:
+            if max(load, own) > record + 1e-9 or max(clock, own, since) > total + 1e-9:
                 raise ValueError("contribution ledger account exceeds what it was credited.")
             accounts[row[0]] = _Account(load, clock, own, record, since, *seen_at)
         self._accounts, self._total = accounts, float(total)

@@ -35,7 +35,7 @@ from merge.envelope import (
 )
 from merge.equivocation import Action, EquivocationBook, Proof
 from merge.handover import check_handover, settled_in
-from merge.learners import LearnerFloor
+from merge.learners import LearnerFloor, credited_learners
 from merge.outer import OuterConfig
 from merge.rejections import RejectionLog
 from merge.replica import Replica, parse_applied
@@ -317,7 +317,10 @@ class UpdatePipeline:
         with self.replica.lock:
             _raise_if(self._trust_reason(header) or self._novelty_reason(header))
             author, established = header.author, self._credited()
-            learners = self.learner_floor.effective(author, learners_of(header), established)
+            # Sized by the floor with fresh keys as one cohort (in a swarm's first rounds too:
+            # 40 Sybils claiming 1,024 must not size the founders' updates as 1/43 of a round).
+            claim = learners_of(header)
+            learners = self.learner_floor.effective(author, claim, self.ledger.counts_alone)
             weight = self.weight_of(header, learners)
             _raise_if(self._norm_reason(update_norm))
             outer = self.replica.outer_for(header.fragment)  # a fragment's: its own momentum
@@ -345,7 +348,9 @@ class UpdatePipeline:
             norm = norm if clipped is corrected.pseudo_gradient else None
             self.replica.apply(header, clipped, weight, norm, learners=stepped, credited=allowance)
             robust.record(verdict, author)  # clamped into a band around the reference
-            self.ledger.applied(author, learners, allowance, header.created_at)
+            # A claim beyond the authors seen and their claims earns record in proportion.
+            evidence = self.learner_floor.floor(author) / claim
+            self.ledger.applied(author, learners, allowance, header.created_at, evidence)
             self.learner_floor.applied(author, learners_of(header))
             self.equivocation.first_seen(signed, weight, stepped)
         # Reported as sized by `learners`: weight / learners is the share of a round it moved.
@@ -355,6 +360,12 @@ class UpdatePipeline:
         """Whose learner claims and robust votes count: the authors with a track record, or
         everyone (None) while no author has one (a swarm's first updates)."""
         return self.ledger.is_established if self.ledger.any_established() else None
+
+    def credited_learners(self, peers: set[str]) -> int:
+        """How many learners live contributing `peers` count as (merge.learners): those
+        with a track record each (ContributionLedger.counts_alone), fresh keys as one."""
+        with self.replica.lock:
+            return credited_learners(peers, self.ledger.counts_alone)
 
     def _allowance(self, header: UpdateHeader, learners: int) -> float:
         """The share of the update its author's contribution budget lets through, counted."""

@@ -291,3 +291,20 @@ def test_a_zero_flood_does_not_make_honest_updates_stale(floods: list[int]) -> N
     credited = cap / (M - 1) * (len(floods) + budget.budget_rounds) * M  # in updates
     assert 0 <= extra <= credited + 1
     assert attacked.replica.num_applied - clean.replica.num_applied == sum(floods)
+
+
+def test_sybils_from_the_swarms_first_update_earn_no_record_and_count_as_one_learner() -> None:
+    """40 Sybil keys claiming 1,024 learners from the first round on (before anyone has a
+    track record, when every claim still votes): a claim beyond what the replica sees earns
+    record only in proportion (floor / claim), so the honest authors establish and the
+    Sybils stay fresh; then the floor and the live learner count take them as one cohort."""
+    pipeline = make_pipeline()
+    for seq in range(12):
+        honest_round(pipeline, seq)
+        for sybil in SYBILS:
+            assert pipeline.submit(update(sybil, seq, honest_delta(9, seq), learners=1024)).accepted
+    assert all(pipeline.ledger.is_established(h.peer_id) for h in HONEST)
+    assert not any(pipeline.ledger.is_established(s.peer_id) for s in SYBILS)
+    assert [r.learners for r in honest_round(pipeline, 12)] == [M, M, M]
+    peers = {h.peer_id for h in HONEST[1:]} | {s.peer_id for s in SYBILS}
+    assert pipeline.credited_learners(peers) == (M - 1) + 1  # the Sybils: one learner
