@@ -361,6 +361,11 @@ class UpdatePipeline:
         everyone (None) while no author has one (a swarm's first updates)."""
         return self.ledger.is_established if self.ledger.any_established() else None
 
+    def is_fresh_author(self, author: str) -> bool:
+        """Without a track record here: not counted on its own (ContributionLedger)."""
+        with self.replica.lock:
+            return not self.ledger.counts_alone(author)
+
     def credited_learners(self, peers: set[str]) -> int:
         """How many learners live contributing `peers` count as (merge.learners): those
         with a track record each (ContributionLedger.counts_alone), fresh keys as one."""
