@@ -46,6 +46,7 @@ Not thread-safe: the pipeline calls it under the replica lock.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 FRESH = ""
@@ -164,13 +165,14 @@ class ContributionLedger:
             and account.tenure(self._total) >= self.config.min_tenure
         )
 
-    def counts_alone(self, author: str) -> bool:
-        """Whether `author`'s learner claim votes on its own (merge.learners) rather than in
+    def individually_counted(self) -> Callable[[str], bool]:
+        """Whether an author's learner claim votes on its own (merge.learners) rather than in
         the fresh cohort: established, or, while no author is, credited one whole update's
-        worth of record (a key claiming far more learners than are seen earns it slowly)."""
+        worth of record (a key claiming far more learners than are seen earns it slowly).
+        One predicate for one decision: whether anyone is established is looked up once."""
         if self.any_established():
-            return self.is_established(author)
-        return self.record(author) >= 1.0
+            return self.is_established
+        return lambda author: self.record(author) >= 1.0
 
     def any_established(self) -> bool:
         return any(self.is_established(a) for a in self._accounts)

@@ -320,7 +320,9 @@ class UpdatePipeline:
             # Sized by the floor with fresh keys as one cohort (in a swarm's first rounds too:
             # 40 Sybils claiming 1,024 must not size the founders' updates as 1/43 of a round).
             claim = learners_of(header)
-            learners = self.learner_floor.effective(author, claim, self.ledger.counts_alone)
+            learners = self.learner_floor.effective(
+                author, claim, self.ledger.individually_counted()
+            )
             weight = self.weight_of(header, learners)
             _raise_if(self._norm_reason(update_norm))
             outer = self.replica.outer_for(header.fragment)  # a fragment's: its own momentum
@@ -364,13 +366,13 @@ class UpdatePipeline:
     def is_fresh_author(self, author: str) -> bool:
         """Without a track record here: not counted on its own (ContributionLedger)."""
         with self.replica.lock:
-            return not self.ledger.counts_alone(author)
+            return not self.ledger.individually_counted()(author)
 
     def credited_learners(self, peers: set[str]) -> int:
         """How many learners live contributing `peers` count as (merge.learners): those
-        with a track record each (ContributionLedger.counts_alone), fresh keys as one."""
+        with a track record each (ContributionLedger.individually_counted), fresh keys as one."""
         with self.replica.lock:
-            return credited_learners(peers, self.ledger.counts_alone)
+            return credited_learners(peers, self.ledger.individually_counted())
 
     def _allowance(self, header: UpdateHeader, learners: int) -> float:
         """The share of the update its author's contribution budget lets through, counted."""
