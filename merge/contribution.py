@@ -31,11 +31,12 @@ this ledger) there is no cohort budget: the first authors make the swarm.
 An author alone is the swarm and has no one to take a share from: an update sized by one
 learner (the learner floor found no other author claiming more), or one signed
 `alone_after_s` after every other author's latest applied update (a node whose only peer died
-or is partitioned away, while the floor still remembers the peer), is allowed whole and adds
-no load. Signed times are the author's word, but a receiver refuses an update dated more than
-the merge's `max_clock_skew_s` ahead of its own clock: `alone_after_s` (3x that skew, from the
-pipeline) is chosen so a flooder cannot date itself alone while honest learners publish more
-often than every `alone_after_s - max_clock_skew_s` seconds.
+or is partitioned away, while the floor still remembers the peer), is allowed whole, adds no
+load, earns no record (no one is there to trust it) and advances no one's clock. Signed times
+are the author's word, but a receiver refuses an update dated more than the merge's
+`max_clock_skew_s` ahead of its own clock: `alone_after_s` (3x that skew, from the pipeline)
+is chosen so a flooder cannot date itself alone while honest learners publish more often than
+every `alone_after_s - max_clock_skew_s` seconds.
 
 Pure, deterministic and counted in credited shares of applied updates (no clocks): replicas
 that applied the same updates in the same order hold the same ledger; in another order they
@@ -252,12 +253,16 @@ class ContributionLedger:
         if author == FRESH:
             return
         share, tau = 1.0 / learners, self.config.budget_rounds
-        clocked, loaded = self._clocks(author), not self.is_alone(author, learners, created_at)
+        loaded = not self.is_alone(author, learners, created_at)
+        clocked = loaded and self._clocks(author)  # alone, it is not the others' time either
         if loaded and not self.is_established(author) and self.any_established():
             account = self._accounts.setdefault(FRESH, _Account())
             account.credit(share, allowance, self._total, tau, clocked=clocked)
         account = self._accounts.setdefault(author, _Account())
         evidence = min(1.0, max(0.0, evidence))
+        # Alone, there is no one to earn trust from: a stranger that publishes before anyone
+        # else (sized by one learner) must not be established when the founders arrive.
+        evidence = evidence if loaded else 0.0
         account.credit(
             share, allowance, self._total, tau, clocked=clocked, loaded=loaded, evidence=evidence
         )

@@ -88,6 +88,11 @@ class LearnerFloor:
         """The learner count an update claiming `claimed` is sized by."""
         return max(claimed, self.floor(author, credited))
 
+    def num_authors(self, author: str) -> int:
+        """Distinct authors in the window, with `author` (the most learners a claim of its
+        can be borne out by: merge.contribution's record by evidence)."""
+        return len(self._claims) + (author not in self._claims)
+
     def recent_authors(self, last: int) -> set[str]:
         """The distinct authors of the last `last` applied updates."""
         n = len(self._recent)

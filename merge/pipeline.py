@@ -350,8 +350,9 @@ class UpdatePipeline:
             norm = norm if clipped is corrected.pseudo_gradient else None
             self.replica.apply(header, clipped, weight, norm, learners=stepped, credited=allowance)
             robust.record(verdict, author)  # clamped into a band around the reference
-            # A claim beyond the authors seen and their claims earns record in proportion.
-            evidence = self.learner_floor.floor(author) / claim
+            # A claim beyond the authors seen earns record in proportion (a low claim of
+            # another author does not lower it, as a floor over everyone's claims would).
+            evidence = self.learner_floor.num_authors(author) / claim
             self.ledger.applied(author, learners, allowance, header.created_at, evidence)
             self.learner_floor.applied(author, learners_of(header))
             self.equivocation.first_seen(signed, weight, stepped)

@@ -308,3 +308,25 @@ def test_sybils_from_the_swarms_first_update_earn_no_record_and_count_as_one_lea
     assert [r.learners for r in honest_round(pipeline, 12)] == [M, M, M]
     peers = {h.peer_id for h in HONEST[1:]} | {s.peer_id for s in SYBILS}
     assert pipeline.credited_learners(peers) == (M - 1) + 1  # the Sybils: one learner
+
+
+def test_a_stranger_flooding_before_the_founders_arrive_earns_no_record_from_it() -> None:
+    """A flooder that publishes before it sees anyone claims one learner: alone, its updates
+    are whole (there is no one to take a share from) but earn no record, so once the founders
+    arrive its record is what its budget lets through beside them, not its head start
+    (bench.attack zero_flood: 1.73x while alone updates earned record)."""
+    pipeline = make_pipeline()
+    mallory_seq = 0
+    for _ in range(50):
+        assert pipeline.submit(update(MALLORY, mallory_seq, torch.zeros(NUMEL), 1)).accepted
+        mallory_seq += 1
+    assert pipeline.ledger.record(MALLORY.peer_id) == 0.0
+    for seq in range(12):
+        honest_round(pipeline, seq)
+        for _ in range(4):
+            pipeline.submit(update(MALLORY, mallory_seq, torch.zeros(NUMEL), M + 1))
+            mallory_seq += 1
+    assert all(pipeline.ledger.is_established(h.peer_id) for h in HONEST)
+    budget = CONFIG.robust.budget  # fresh_share fair shares of 12 rounds, and its burst room
+    bound = budget.fresh_share * M / (M - 1) * (12 + budget.budget_rounds)
+    assert pipeline.ledger.record(MALLORY.peer_id) <= bound < 50
