@@ -58,3 +58,8 @@ class MergePort(Protocol):
     def adopt(self, state: dict[str, Any]) -> None:
         """Load a donor's transfer_state in place of this replica, all or nothing."""
         ...
+
+    def is_fresh_author(self, author: str) -> bool:
+        """Whether `author` has no track record here yet (its retained updates share the
+        fresh keys' part of the memory budget: dht.retention)."""
+        ...

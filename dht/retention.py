@@ -8,17 +8,23 @@ import shutil
 import tempfile
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
 UpdateId = tuple[str, int]
+FRESH_MEMORY_SHARE = 1 / 8
+"""The share of the memory budget that authors without a track record hold together: 40 Sybil
+keys' updates filled all 256 MB of it (bench.attack sybil_learners: +250 MB RSS)."""
 
 
 class RetainedUpdates:
     """The last `per_author` updates of each author, as wire bytes; thread-safe.
 
     At most `budget_bytes` are held in memory; older updates beyond it are written to disk
-    (one file each) and read back when a peer asks for them.
+    (one file each) and read back when a peer asks for them. Updates of fresh authors
+    (`is_fresh`, set by the node from merge's ledger) hold at most FRESH_MEMORY_SHARE of it
+    together, however many keys publish.
     """
 
     def __init__(self, *, per_author: int, budget_bytes: int, spill_dir: Path | None = None):
@@ -34,13 +40,22 @@ class RetainedUpdates:
         self._by_author: dict[str, list[int]] = {}
         self.memory_bytes = 0
         self.disk_bytes = 0
+        self.is_fresh: Callable[[str], bool] = lambda author: False
+        """Whether an author has no track record (its updates share the fresh budget)."""
+        self._fresh: OrderedDict[UpdateId, int] = OrderedDict()
+        """Fresh authors' updates in memory, oldest first, and their sizes."""
+        self.fresh_bytes = 0
 
     def put(self, uid: UpdateId, data: bytes) -> None:
+        fresh = self.is_fresh(uid[0])  # outside the lock: it takes the replica's
         with self._lock:
             if uid in self._memory or uid in self._on_disk:
                 return
             self._memory[uid] = data
             self.memory_bytes += len(data)
+            if fresh:
+                self._fresh[uid] = len(data)
+                self.fresh_bytes += len(data)
             seqs = self._by_author.setdefault(uid[0], [])
             seqs.append(uid[1])
             seqs.sort()
@@ -71,6 +86,8 @@ class RetainedUpdates:
         """Forget everything and remove the spill directory."""
         with self._lock:
             self._memory.clear()
+            self._fresh.clear()
+            self.fresh_bytes = 0
             self._on_disk.clear()
             self._by_author.clear()
             self.memory_bytes = self.disk_bytes = 0
@@ -81,22 +98,32 @@ class RetainedUpdates:
     # ---- internals (lock held) -------------------------------------------------------------
 
     def _spill_over_budget(self) -> None:
+        while self.fresh_bytes > self.budget_bytes * FRESH_MEMORY_SHARE:
+            self._spill(next(iter(self._fresh)))
         while self.memory_bytes > self.budget_bytes and self._memory:
-            uid, data = self._memory.popitem(last=False)
-            self.memory_bytes -= len(data)
+            self._spill(next(iter(self._memory)))
+
+    def _spill(self, uid: UpdateId) -> None:
+        data = self._pop_memory(uid)
+        if data is not None:
             try:
                 self._path(uid).write_bytes(data)
             except OSError as exc:  # a full disk costs retention, never the node
                 logger.warning("could not spill update %s#%d to disk: %s", *uid, exc)
                 self._forget_seq(uid)
-                continue
+                return
             self._on_disk[uid] = len(data)
             self.disk_bytes += len(data)
 
-    def _drop(self, uid: UpdateId) -> None:
+    def _pop_memory(self, uid: UpdateId) -> bytes | None:
         data = self._memory.pop(uid, None)
         if data is not None:
             self.memory_bytes -= len(data)
+            self.fresh_bytes -= self._fresh.pop(uid, 0)
+        return data
+
+    def _drop(self, uid: UpdateId) -> None:
+        self._pop_memory(uid)
         size = self._on_disk.pop(uid, None)
         if size is not None:
             self.disk_bytes -= size

@@ -84,6 +84,7 @@ class Swarm:
             merge_pool=self._merge_pool,
             reject=self._reject,
         )
+        self.gossip.retained.is_fresh = pipeline.is_fresh_author  # they share a budget
         self.membership.on_left = self.gossip.forget_peer
         self._publishing: set[concurrent.futures.Future[None]] = set()
 

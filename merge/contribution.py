@@ -9,14 +9,16 @@ per author:
   the author's own clock: the swarm's clock (the progress credited to *trusted* authors, in
   rounds; everyone's while none is trusted) less its own part. Publishing faster does not
   advance one's own clock, so it buys no budget, and keys not yet trusted advance no one's;
-- ``record``: its credited updates (the sum of f), never decayed: its track record here.
+- ``record``: its credited updates (the sum of f, each times the share of its learner claim
+  the replica's evidence bears out, see `applied`), never decayed: its track record here.
 
 An update is allowed what fits under the cap ``c * budget_rounds / (M - 1)``, which is ``c``
 times what an author publishing 1/M of every round accrues in steady state (1/(M - 1) of a
 round per round of the others' progress): f = (cap - load) / share, clamped to [0, 1]. The
 factor c is `fresh_share` for a new author and, once it is established, grows linearly with
-its tenure (the others' progress since its first credited update) to `max_share` over
-`trust_rounds`: honest learners differ in speed, and trust is built from history.
+its tenure (the others' progress since its first credited update, in rounds of a swarm of
+M learners: times M / (M - 1)) to `max_share` over `trust_rounds`: honest learners differ in
+speed, and trust is built from history.
 
 Authors credited fewer than `min_record` updates, or present for fewer than `min_tenure`
 rounds of the others' progress, are *fresh*: together they share one more
@@ -25,6 +27,16 @@ more than one author's worth; a key earns its own budget by being credited `min_
 updates, which at the cohort's rate costs Sybils time linear in their number. While no author
 is established (a swarm's first updates, or a replica restored from a checkpoint without
 this ledger) there is no cohort budget: the first authors make the swarm.
+
+An author alone is the swarm and has no one to take a share from: an update sized by one
+learner (the learner floor found no other author claiming more), or one signed
+`alone_after_s` after every other author's latest applied update (a node whose only peer died
+or is partitioned away, while the floor still remembers the peer), is allowed whole, adds no
+load, earns no record (no one is there to trust it) and advances no one's clock. Signed times
+are the author's word, but a receiver refuses an update dated more than the merge's
+`max_clock_skew_s` ahead of its own clock: `alone_after_s` (3x that skew, from the pipeline)
+is chosen so a flooder cannot date itself alone while honest learners publish more often than
+every `alone_after_s - max_clock_skew_s` seconds.
 
 Pure, deterministic and counted in credited shares of applied updates (no clocks): replicas
 that applied the same updates in the same order hold the same ledger; in another order they
@@ -35,6 +47,7 @@ Not thread-safe: the pipeline calls it under the replica lock.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 FRESH = ""
@@ -89,6 +102,8 @@ class _Account:
     """Credited updates in all."""
     since: float = 0.0
     """The others' progress when its first update was credited."""
+    seen_at: float = 0.0
+    """The latest signed time (created_at) of its applied updates."""
 
     def load_at(self, total: float, tau: float) -> float:
         elapsed = max(0.0, total - self.own - self.clock)
@@ -99,22 +114,37 @@ class _Account:
         return max(0.0, total - self.own - self.since)
 
     def credit(
-        self, share: float, allowance: float, total: float, tau: float, *, clocked: bool
+        self,
+        share: float,
+        allowance: float,
+        total: float,
+        tau: float,
+        *,
+        clocked: bool,
+        loaded: bool = True,
+        evidence: float = 1.0,
     ) -> None:
-        """`total`: the swarm's clock before this update; `clocked`: whether it advances it."""
+        """`total`: the swarm's clock before this update; `clocked`: whether it advances it;
+        `loaded`: whether it counts against the budget (not when its author is alone)."""
         if self.record == 0 and self.own == 0:
             self.since = total - self.own
-        self.load = self.load_at(total, tau) + share * allowance
+        self.load = self.load_at(total, tau) + (share * allowance if loaded else 0.0)
         self.clock = total - self.own
         self.own += share * allowance if clocked else 0.0
-        self.record += allowance
+        self.record += allowance * evidence  # share <= evidence: load and own stay <= record
 
 
 class ContributionLedger:
     """Per-author budgets and track records, from the updates this replica applied."""
 
-    def __init__(self, config: BudgetConfig | None = None) -> None:
+    def __init__(
+        self, config: BudgetConfig | None = None, *, alone_after_s: float = math.inf
+    ) -> None:
         self.config = config or BudgetConfig()
+        if not alone_after_s > 0:  # also refuses NaN
+            raise ValueError(f"alone_after_s must be > 0, got {alone_after_s!r}.")
+        self.alone_after_s = alone_after_s
+        """Signed seconds of every other author's silence after which an author is alone."""
         self._accounts: dict[str, _Account] = {}
         self._total = 0.0
         """The swarm's clock: credited shares of trusted authors' updates (rounds)."""
@@ -136,29 +166,54 @@ class ContributionLedger:
             and account.tenure(self._total) >= self.config.min_tenure
         )
 
+    def individually_counted(self) -> Callable[[str], bool]:
+        """Whether an author's learner claim votes on its own (merge.learners) rather than in
+        the fresh cohort: established, or, while no author is, credited one whole update's
+        worth of record (a key claiming far more learners than are seen earns it slowly).
+        One predicate for one decision: whether anyone is established is looked up once."""
+        if self.any_established():
+            return self.is_established
+        return lambda author: self.record(author) >= 1.0
+
     def any_established(self) -> bool:
         return any(self.is_established(a) for a in self._accounts)
 
-    def allowance(self, author: str, learners: int) -> float:
-        """The share in [0, 1] of an update sized by `learners` that `author` may still
-        contribute; pure."""
+    def allowance(self, author: str, learners: int, created_at: float | None = None) -> float:
+        """The share in [0, 1] of an update sized by `learners` and signed at `created_at`
+        that `author` may still contribute; pure."""
         if self.config.max_share == 0 or author == FRESH:
+            return 1.0
+        if self.is_alone(author, learners, created_at):
             return 1.0
         share, tau = 1.0 / learners, self.config.budget_rounds
         fair = tau / max(1, learners - 1)  # steady load of one author at 1/M of each round
-        allowed = self._room(author, self.cap(author) * fair) / share
+        allowed = self._room(author, self.cap(author, learners) * fair) / share
         if not self.is_established(author) and self.any_established():
             allowed = min(allowed, self._room(FRESH, self.config.fresh_share * fair) / share)
         return min(1.0, max(0.0, allowed))
 
-    def cap(self, author: str) -> float:
+    def is_alone(self, author: str, learners: int, created_at: float | None = None) -> bool:
+        """Whether `author` is the swarm: its update is sized by one learner, or signed
+        `alone_after_s` after every other author's latest applied update."""
+        if learners == 1:
+            return True
+        if created_at is None or not math.isfinite(created_at):
+            return False
+        others = [acc.seen_at for a, acc in self._accounts.items() if a not in (author, FRESH)]
+        if 0.0 in others:  # an author of a state saved before signed times were kept
+            return False
+        return created_at - max(others, default=-math.inf) > self.alone_after_s
+
+    def cap(self, author: str, learners: int) -> float:
         """The author's cap in fair shares: `fresh_share` until it is established, then
-        growing with its tenure to `max_share`."""
+        growing with its tenure to `max_share`. Tenure counts rounds of the swarm sized by
+        `learners`: the others' progress is (M - 1)/M of each (a learner 3x as fast as the
+        only other one needs a cap of 3 and reaches it within ~10 of the other's rounds)."""
         config = self.config
         base = min(config.fresh_share, config.max_share)
         if not self.is_established(author):
             return base
-        tenure = self._accounts[author].tenure(self._total)
+        tenure = self._accounts[author].tenure(self._total) * learners / max(1, learners - 1)
         trusted = min(1.0, tenure / config.trust_rounds) if config.trust_rounds > 0 else 1.0
         return base + (config.max_share - base) * trusted
 
@@ -183,17 +238,36 @@ class ContributionLedger:
         account = self._accounts.get(key)
         return cap - (account.load_at(self._total, self.config.budget_rounds) if account else 0)
 
-    def applied(self, author: str, learners: int, allowance: float) -> None:
-        """An update of `author` sized by `learners` was applied with `allowance`."""
+    def applied(
+        self,
+        author: str,
+        learners: int,
+        allowance: float,
+        created_at: float | None = None,
+        evidence: float = 1.0,
+    ) -> None:
+        """An update of `author` sized by `learners`, signed at `created_at`, was applied with
+        `allowance`. `evidence` in [0, 1]: the share of its learner claim the replica bears
+        out (the learner floor over the claim): a key claiming 1,024 learners where a few
+        authors are seen makes each update cheap for its budget, and earns as little record."""
         if author == FRESH:
             return
         share, tau = 1.0 / learners, self.config.budget_rounds
-        clocked = self._clocks(author)
-        if not self.is_established(author) and self.any_established():
+        loaded = not self.is_alone(author, learners, created_at)
+        clocked = loaded and self._clocks(author)  # alone, it is not the others' time either
+        if loaded and not self.is_established(author) and self.any_established():
             account = self._accounts.setdefault(FRESH, _Account())
             account.credit(share, allowance, self._total, tau, clocked=clocked)
         account = self._accounts.setdefault(author, _Account())
-        account.credit(share, allowance, self._total, tau, clocked=clocked)
+        evidence = min(1.0, max(0.0, evidence))
+        # Alone, there is no one to earn trust from: a stranger that publishes before anyone
+        # else (sized by one learner) must not be established when the founders arrive.
+        evidence = evidence if loaded else 0.0
+        account.credit(
+            share, allowance, self._total, tau, clocked=clocked, loaded=loaded, evidence=evidence
+        )
+        if created_at is not None and math.isfinite(created_at):
+            account.seen_at = max(account.seen_at, created_at)
         self._total += share * allowance if clocked else 0.0
         if len(self) > MAX_AUTHORS:
             self._forget_least_recorded()
@@ -207,7 +281,7 @@ class ContributionLedger:
         return {
             "total": self._total,
             "accounts": [
-                [a, acc.load, acc.clock, acc.own, acc.record, acc.since]
+                [a, acc.load, acc.clock, acc.own, acc.record, acc.since, acc.seen_at]
                 for a, acc in self._accounts.items()
             ],
         }
@@ -222,14 +296,17 @@ class ContributionLedger:
             raise ValueError(f"contribution ledger state must list at most {MAX_AUTHORS} accounts.")
         accounts: dict[str, _Account] = {}
         for row in rows:
-            if not (isinstance(row, list | tuple) and len(row) == 6 and isinstance(row[0], str)):
-                raise ValueError("contribution ledger accounts must be [author, 5 numbers].")
+            # Six columns: a state from before seen_at (its authors count as long silent).
+            if not (
+                isinstance(row, list | tuple) and len(row) in (6, 7) and isinstance(row[0], str)
+            ):
+                raise ValueError("contribution ledger accounts must be [author, 5 or 6 numbers].")
             if not all(_is_amount(x) for x in row[1:]) or row[0] in accounts:
                 raise ValueError("contribution ledger accounts must hold finite amounts >= 0.")
-            load, clock, own, record, since = (float(x) for x in row[1:])
-            if max(load, own) > record or max(clock, own, since) > total + 1e-9:
+            load, clock, own, record, since, *seen_at = (float(x) for x in row[1:])
+            if max(load, own) > record + 1e-9 or max(clock, own, since) > total + 1e-9:
                 raise ValueError("contribution ledger account exceeds what it was credited.")
-            accounts[row[0]] = _Account(load, clock, own, record, since)
+            accounts[row[0]] = _Account(load, clock, own, record, since, *seen_at)
         self._accounts, self._total = accounts, float(total)
 
 

@@ -116,9 +116,13 @@ def _check_ledger(ledger: object, applied: Mapping[str, Set[int]]) -> None:
     if not total <= num_applied:
         raise HandoverError("a donor's contribution ledger credits more than it applied.")
     for row in rows:
-        if not isinstance(row, list | tuple) or len(row) != 6 or not isinstance(row[0], str):
+        if (
+            not isinstance(row, list | tuple)
+            or len(row) not in (6, 7)
+            or not isinstance(row[0], str)
+        ):
             raise HandoverError(
-                "a donor's contribution ledger accounts must be [author, 5 numbers]."
+                "a donor's contribution ledger accounts must be [author, 5 or 6 numbers]."
             )
         author, record = row[0], row[4]
         limit = num_applied if author == "" else len(applied.get(author, ()))

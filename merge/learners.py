@@ -31,8 +31,10 @@ new one (about window / 2N updates each; they are sized a little small meanwhile
 outer step, never a larger one); claims above the floor, as after a growth, are never
 changed.
 
-Only authors with a track record (merge.contribution) vote and count, once any author has
-one: a claim is credited only on evidence, applied updates over time.
+Only authors with a track record (merge.contribution) vote and count individually, once any
+author has one: a claim is credited only on evidence, applied updates over time. The fresh
+keys together are one cohort: one vote (the median of their claims) and one author, however
+many keys there are (`credited_learners` counts the live learners the same way).
 
 Replicas that applied the same recent updates compute the same floor; the window is counted
 in applied updates, not time, so it does not depend on clocks. Pure and not thread-safe: the
@@ -42,7 +44,7 @@ pipeline calls it under the replica lock.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 DEFAULT_WINDOW = 256
 """Applied updates the floor looks back over (several rounds of a large swarm)."""
@@ -70,18 +72,26 @@ class LearnerFloor:
         None: everyone's). Fresh keys neither vote on the floor nor count as authors seen, so
         40 Sybils claiming 1,024 learners raise no honest update's divisor.
         """
-        counted = [a for a in self._claims if credited is None or credited(a)]
-        others = sorted(_lower_median(self._claims[a]) for a in counted if a != author)
-        if not others:
+        others = [a for a in self._claims if a != author]
+        counted = [a for a in others if credited is None or credited(a)]
+        votes = sorted(_lower_median(self._claims[a]) for a in counted)
+        fresh = sorted(_lower_median(self._claims[a]) for a in others if a not in counted)
+        if fresh:  # the fresh keys: one cohort, one vote
+            votes = sorted([*votes, fresh[(len(fresh) - 1) // 2]])
+        if not votes:
             return 1
-        authors = len(counted) + (author not in counted)
-        return max(1, min(authors, others[(len(others) - 1) // 2]))
+        return max(1, min(len(votes) + 1, votes[(len(votes) - 1) // 2]))
 
     def effective(
         self, author: str, claimed: int, credited: Callable[[str], bool] | None = None
     ) -> int:
         """The learner count an update claiming `claimed` is sized by."""
         return max(claimed, self.floor(author, credited))
+
+    def num_authors(self, author: str) -> int:
+        """Distinct authors in the window, with `author` (the most learners a claim of its
+        can be borne out by: merge.contribution's record by evidence)."""
+        return len(self._claims) + (author not in self._claims)
 
     def recent_authors(self, last: int) -> set[str]:
         """The distinct authors of the last `last` applied updates."""
@@ -125,6 +135,17 @@ class LearnerFloor:
         for author, claim in entries[-self.window :]:
             fresh.applied(author, claim)
         self._recent, self._claims = fresh._recent, fresh._claims
+
+
+def credited_learners(peers: Iterable[str], credited: Callable[[str], bool] | None) -> int:
+    """How many learners `peers` (live, contributing) count as: each one with a track
+    record, and the fresh keys together as one cohort (None: no author has a record yet,
+    every peer counts: a swarm's first rounds are sized by everyone, never by too few)."""
+    peers = set(peers)
+    if credited is None:
+        return len(peers)
+    established = sum(map(credited, peers))
+    return established + (established < len(peers))
 
 
 def _lower_median(claims: deque[int]) -> int:

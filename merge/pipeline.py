@@ -35,7 +35,7 @@ from merge.envelope import (
 )
 from merge.equivocation import Action, EquivocationBook, Proof
 from merge.handover import check_handover, settled_in
-from merge.learners import LearnerFloor
+from merge.learners import LearnerFloor, credited_learners
 from merge.outer import OuterConfig
 from merge.rejections import RejectionLog
 from merge.replica import Replica, parse_applied
@@ -50,6 +50,9 @@ _BENIGN_REASONS = frozenset({"duplicate", "replay", "too_stale", "wrong_run"})
 _MIN_PARAMS_NORM = 1e-12
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _NO_GRADIENT = torch.empty(0)  # what a weight-0 apply is given: it reads none
+ALONE_AFTER_SKEWS = 3.0
+"""An author is alone (merge.contribution) once every other author's latest update is signed
+this many `max_clock_skew_s` before its own."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,6 +94,9 @@ class MergeConfig:
         ratio = self.max_update_norm_ratio
         if not isinstance(ratio, int | float) or not (math.isfinite(ratio) and ratio > 0):
             raise ValueError(f"max_update_norm_ratio must be a finite number > 0, got {ratio!r}.")
+        skew = self.max_clock_skew_s
+        if not isinstance(skew, int | float) or not (math.isfinite(skew) and skew > 0):
+            raise ValueError(f"max_clock_skew_s must be a finite number > 0, got {skew!r}.")
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON types only."""
@@ -132,7 +138,7 @@ class UpdatePipeline:
         self.learner_floor = LearnerFloor()
         """A floor under each update's signed learner count, from the recent applied updates'
         authors and claims (merge.learners): a low claim cannot buy a whole outer step."""
-        self.ledger = ContributionLedger(config.robust.budget)
+        self.ledger = self._new_ledger()
         """Each author's contribution budget and track record (merge.contribution)."""
         self.equivocation = EquivocationBook()
         """The signed header applied under each recent id (a second payload under it is
@@ -162,7 +168,7 @@ class UpdatePipeline:
             raise ValueError(f"merge state must hold {len(self._robust)} robust filter states.")
         if not all(isinstance(r, dict) for r in robust):
             raise ValueError("merge state's robust filter states must be mappings.")
-        ledger = ContributionLedger(self.config.robust.budget)
+        ledger = self._new_ledger()
         if parts.get("ledger") is not None:  # checkpoints before budgets lack it: none earned
             ledger.load_state_dict(parts["ledger"])
         with self.replica.lock:
@@ -170,6 +176,12 @@ class UpdatePipeline:
             self.ledger = ledger
             for robust_filter, robust_state in zip(self._robust, robust, strict=True):
                 robust_filter.load_state_dict(robust_state)
+
+    def _new_ledger(self) -> ContributionLedger:
+        # Alone after 3x the clock skew a receiver tolerates: a flooder dating its updates
+        # ahead cannot look alone while honest learners publish every 2x that skew or faster.
+        alone_after_s = ALONE_AFTER_SKEWS * self.config.max_clock_skew_s
+        return ContributionLedger(self.config.robust.budget, alone_after_s=alone_after_s)
 
     def window_sizes(self) -> dict[str, int]:
         """How much history the decisions stand on: accepted norms in the (first) robust
@@ -289,7 +301,12 @@ class UpdatePipeline:
         with self.replica.lock:
             _raise_if(self._trust_reason(header) or self._novelty_reason(header))
             author, established = header.author, self._credited()
-            learners = self.learner_floor.effective(author, learners_of(header), established)
+            # Sized by the floor with fresh keys as one cohort (in a swarm's first rounds too:
+            # 40 Sybils claiming 1,024 must not size the founders' updates as 1/43 of a round).
+            claim = learners_of(header)
+            learners = self.learner_floor.effective(
+                author, claim, self.ledger.individually_counted()
+            )
             weight = self.weight_of(header, learners)
             _raise_if(self._norm_reason(update_norm))
             outer = self.replica.outer_for(header.fragment)  # a fragment's: its own momentum
@@ -315,9 +332,12 @@ class UpdatePipeline:
             stepped, weight = budgeted(learners, weight, allowance, self.config.max_learners)
             clipped = robust.clipped(corrected.pseudo_gradient, direction, verdict)
             norm = norm if clipped is corrected.pseudo_gradient else None
-            self.replica.apply(header, clipped, weight, norm, learners=stepped)
+            self.replica.apply(header, clipped, weight, norm, learners=stepped, credited=allowance)
             robust.record(verdict, author)  # clamped into a band around the reference
-            self.ledger.applied(author, learners, allowance)
+            # A claim beyond the authors seen earns record in proportion (a low claim of
+            # another author does not lower it, as a floor over everyone's claims would).
+            evidence = self.learner_floor.num_authors(author) / claim
+            self.ledger.applied(author, learners, allowance, header.created_at, evidence)
             self.learner_floor.applied(author, learners_of(header))
             self.equivocation.first_seen(signed, weight, stepped)
         # Reported as sized by `learners`: weight / learners is the share of a round it moved.
@@ -328,9 +348,20 @@ class UpdatePipeline:
         everyone (None) while no author has one (a swarm's first updates)."""
         return self.ledger.is_established if self.ledger.any_established() else None
 
+    def is_fresh_author(self, author: str) -> bool:
+        """Without a track record here: not counted on its own (ContributionLedger)."""
+        with self.replica.lock:
+            return not self.ledger.individually_counted()(author)
+
+    def credited_learners(self, peers: set[str]) -> int:
+        """How many learners live contributing `peers` count as (merge.learners): those
+        with a track record each (ContributionLedger.individually_counted), fresh keys as one."""
+        with self.replica.lock:
+            return credited_learners(peers, self.ledger.individually_counted())
+
     def _allowance(self, header: UpdateHeader, learners: int) -> float:
         """The share of the update its author's contribution budget lets through, counted."""
-        allowance = self.ledger.allowance(header.author, learners)
+        allowance = self.ledger.allowance(header.author, learners, header.created_at)
         if allowance < 1:
             with self._stats_lock:
                 self.rejections["over_budget"] += 1
@@ -368,7 +399,7 @@ class UpdatePipeline:
         with self.replica.lock:
             action = self.equivocation.learn(proof, applied=self.replica.has_applied(*uid))
             if action == "record":
-                self.replica.apply(proof.first.header, _NO_GRADIENT, 0.0)
+                self.replica.apply(proof.first.header, _NO_GRADIENT, 0.0, credited=0.0)
             elif action == "withdraw":
                 self._withdraw(uid, applied_update)
             self.equivocation.settled(uid)

@@ -68,6 +68,9 @@ class Replica:
         self._applied: dict[str, set[int]] = {}
         self._last_seq: dict[str, int] = {}
         self._num_applied = 0
+        self._credited = 0.0
+        """Applied updates, each counted by the share its author's budget let through
+        (merge.contribution): the progress an author's header counts staleness in."""
         self._version = 0
         """Bumped whenever the applied set changes: the cached digest is for one version."""
         self._digest: tuple[int, str] | None = None
@@ -105,13 +108,25 @@ class Replica:
         """A copy of one fragment's params and the number of updates they include."""
         with self.lock:
             if self.layout is None:
-                return self.params.clone(), self._num_applied
-            return self.layout.gather(self.params, fragment), self._num_applied
+                return self.params.clone(), self._progress()
+            return self.layout.gather(self.params, fragment), self._progress()
 
     @property
     def num_applied(self) -> int:
         with self.lock:
             return self._num_applied
+
+    @property
+    def progress(self) -> int:
+        """Applied updates counted by their credited shares (whole ones): what an author's
+        header counts as applied (base_applied, published_applied), so a budget-cut flood
+        applied during a round does not make an honest update stale. Equal to num_applied
+        while no update was cut."""
+        with self.lock:
+            return self._progress()
+
+    def _progress(self) -> int:
+        return math.floor(self._credited + 1e-9)
 
     @property
     def applied(self) -> dict[str, list[int]]:
@@ -158,9 +173,11 @@ class Replica:
         norm: float | None = None,
         *,
         learners: int | None = None,
+        credited: float = 1.0,
     ) -> None:
         """Steps the outer optimizer with the update and records its id; sized by `learners`
-        (the pipeline's, merge.learners), else by the header's signed count.
+        (the pipeline's, merge.learners), else by the header's signed count; `credited`: the
+        share of it its author's budget let through (it counts that much in :attr:`progress`).
 
         An update of weight 0 contributes nothing: its id is recorded, the params and the outer
         optimizer's state stay as they are. ``norm``: the pseudo-gradient's norm, when the
@@ -180,6 +197,7 @@ class Replica:
                 moved = self._step(header.fragment, pseudo_gradient, weight, learners)
                 self._carry_norm_bounds(bounds, moved, norm)
             self._record(header.author, header.seq)
+            self._credited += min(1.0, max(0.0, credited))
 
     def withdraw(
         self, header: UpdateHeader, pseudo_gradient: torch.Tensor, weight: float, learners: int
@@ -260,9 +278,9 @@ class Replica:
         return _settled(params, terms, self.layout, index)
 
     def snapshot(self) -> tuple[torch.Tensor, int]:
-        """A copy of the params and the number of updates they include, taken atomically."""
+        """A copy of the params and the :attr:`progress` they include, taken atomically."""
         with self.lock:
-            return self.params.clone(), self._num_applied
+            return self.params.clone(), self._progress()
 
     def applied_digest(self) -> str:
         """SHA-256 hex of the lexicographically sorted "author:seq\\n" lines of the applied set.
@@ -286,6 +304,7 @@ class Replica:
                 "outer": self._outer_state(),
                 "applied": self.applied,
                 "num_applied": self._num_applied,
+                "num_credited": self._credited,
             }
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
@@ -301,6 +320,9 @@ class Replica:
         num_applied = state.get("num_applied")
         if type(num_applied) is not int or num_applied != sum(map(len, applied.values())):
             raise ValueError("replica state num_applied does not match its applied set.")
+        credited = state.get("num_credited", num_applied)  # a state from before: all whole
+        if type(credited) not in (int, float) or not 0 <= credited <= num_applied:  # type: ignore[operator]
+            raise ValueError("replica state num_credited must be a number in [0, num_applied].")
         with self.lock:
             self._load_outer_state(outer)
             self.params.copy_(params)
@@ -309,6 +331,7 @@ class Replica:
             for author, seqs in applied.items():
                 for seq in seqs:
                     self._record(author, seq)
+            self._credited = float(credited)  # type: ignore[arg-type]
 
     def _outer_state(self) -> dict[str, object]:
         """The optimizer's state; with fragments, {"fragments": [one state per fragment]}."""

@@ -85,7 +85,7 @@ class Publisher:
             fingerprint=self.fingerprint,
             seq=seq,
             base_applied=base_applied,
-            published_applied=self.replica.num_applied,
+            published_applied=max(base_applied, self.replica.progress),  # credited progress
             inner_steps=steps,
             tokens=tokens,
             loss=loss,

@@ -232,7 +232,9 @@ class NetworkSwarm:
         idle = {h.peer_id for h in alive if h.state == "idle"}
         with replica.lock:
             recent = self._pipeline.learner_floor.recent_authors(max(8, 2 * live))
-        return max(live, 1 + len(recent - idle - {self._peer_id}))
+        learning = {h.peer_id for h in alive if replica.last_seq(h.peer_id) >= 1} | recent
+        # Fresh keys count as one learner together (merge.learners.credited_learners).
+        return 1 + self._pipeline.credited_learners(learning - idle - {self._peer_id})
 
     def publish(self, update: SignedUpdate) -> bool:
         self.swarm.publish(update)

@@ -56,10 +56,11 @@ def test_a_flood_buys_no_more_than_a_bounded_share_of_each_round() -> None:
         round_robin(ledger, 1)
         credited += flood(ledger, "mallory", 1000)
     # Its budget: its cap (in fair shares: M / (M - 1) updates per round of the others'
-    # progress) over the 30 rounds and the budget's initial room; its record is short, so
-    # its cap is still near one fair share (an honest author's 30 updates), not max_share.
-    cap = ledger.cap("mallory")
-    assert cap <= 1 + 3 * 30 / BudgetConfig().trust_rounds  # tenure: 30 rounds at most
+    # progress) over the 30 rounds and the budget's initial room. Its tenure is 30 rounds of
+    # the others at most (45 of the swarm), so its cap grew at most that far to max_share.
+    cap = ledger.cap("mallory", M)
+    tenure = 30 * M / (M - 1)
+    assert cap <= 1.5 + (config.max_share - 1.5) * min(1.0, tenure / config.trust_rounds)
     assert credited <= cap * M / (M - 1) * (30 + config.budget_rounds) + 1e-6
     assert credited >= 30  # and it is not shut out: a newcomer earns a record
 
@@ -126,7 +127,7 @@ def test_honest_shares_stay_whole_and_one_author_stays_bounded(
             ledger.applied("mallory", learners, allowance)
             credited_rounds += allowance / learners
     honest_rounds = len(bursts)  # M updates of 1/M each per round
-    bound = ledger.cap("mallory") / (M - 1) * (config.budget_rounds + honest_rounds)
+    bound = ledger.cap("mallory", M) / (M - 1) * (config.budget_rounds + honest_rounds)
     assert credited_rounds <= bound + 1e-6
 
 
@@ -202,3 +203,102 @@ def test_an_honest_newcomer_at_the_swarms_pace_keeps_its_whole_share() -> None:
     for _ in range(30):
         round_robin(ledger, 1)
         assert flood(ledger, "newcomer", 1) == 1.0
+
+
+SKEW_S = 600.0
+"""The merge's max_clock_skew_s: receivers refuse updates dated further ahead of them."""
+ALONE_AFTER_S = 3 * SKEW_S  # what the pipeline gives its ledger
+
+
+class Clocked:
+    """A ledger fed updates with the signed times (created_at) their authors put on them."""
+
+    def __init__(self) -> None:
+        self.ledger = ContributionLedger(alone_after_s=ALONE_AFTER_S)
+        self.now = 1_000.0
+
+    def publish(self, author: str, learners: int, dated: float = 0.0) -> float:
+        """`author`'s update signed at now + `dated`; its allowance."""
+        allowance = self.ledger.allowance(author, learners, self.now + dated)
+        self.ledger.applied(author, learners, allowance, self.now + dated)
+        return allowance
+
+
+@settings(max_examples=40, deadline=None)
+@given(count=st.integers(1, 2000), period_s=st.floats(0.01, 3600))
+def test_a_lone_node_keeps_its_whole_share_forever(count: int, period_s: float) -> None:
+    """A node alone sizes its updates by one learner: it is the swarm, and its budget never
+    runs out however many updates it publishes (it ran out after 6 before)."""
+    swarm = Clocked()
+    for _ in range(count):
+        swarm.now += period_s
+        assert swarm.publish("alone", 1) == 1.0
+    assert swarm.ledger.record("alone") == 0.0  # alone, it earns no one's trust
+
+
+@settings(max_examples=40, deadline=None)
+@given(rounds=st.integers(0, 60), period_s=st.floats(1, 600), after=st.integers(1, 500))
+def test_a_node_whose_only_peer_died_keeps_training_at_full_weight(
+    rounds: int, period_s: float, after: int
+) -> None:
+    """Its peer gone, a node's updates are still sized by two learners for a while (the learner
+    floor remembers the peer): no one else's progress advances its budget's clock, so its
+    updates were cut to nothing. Once its updates are signed `alone_after_s` after the peer's
+    last one it is alone, and keeps its whole share from then on."""
+    swarm = Clocked()
+    for _ in range(rounds):
+        swarm.now += period_s
+        swarm.publish("alice", 2)
+        swarm.publish("bob", 2)  # then bob dies
+    last_of_bob = swarm.now
+    while swarm.now - last_of_bob <= ALONE_AFTER_S:
+        swarm.now += period_s
+        swarm.publish("alice", 2)  # cut or not: within the budget's burst room
+    for _ in range(after):
+        swarm.now += period_s
+        assert swarm.publish("alice", 2) == 1.0
+
+
+@pytest.mark.parametrize(("speed", "early", "late"), [(3, 0.9, 1.0), (4, 0.7, 0.9)])
+def test_an_honest_learner_faster_than_its_only_peer_keeps_most_of_its_share(
+    speed: int, early: float, late: float
+) -> None:
+    """In a 2-node swarm a learner 3x (4x) as fast publishes 3 (4) updates per round of the
+    other and needs a cap of 3 (4, max_share) fair shares. From the swarm's start it keeps
+    `early` of what it publishes over the other's first 20 rounds (a newcomer's cap is 1.5
+    until it is established), and `late` once trusted."""
+    swarm, kept = Clocked(), []
+    for _ in range(60):
+        swarm.now += 30.0
+        assert swarm.publish("slow", 2) == 1.0
+        for _ in range(speed):
+            swarm.now += 30.0 / speed
+            kept.append(swarm.publish("fast", 2))
+    assert sum(kept[: 20 * speed]) / (20 * speed) >= early
+    assert sum(kept[-10 * speed :]) / (10 * speed) >= late
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    bursts=st.lists(st.tuples(st.integers(0, 40), st.floats(-1e6, SKEW_S)), min_size=1,
+                    max_size=25),
+    round_s=st.floats(1, ALONE_AFTER_S - SKEW_S - 1),
+)  # fmt: skip
+def test_a_flooder_dating_its_updates_ahead_stays_capped(
+    bursts: list[tuple[int, float]], round_s: float
+) -> None:
+    """However a flooder dates its updates (receivers refuse those more than max_clock_skew_s
+    ahead of them), it cannot look alone while the honest authors publish more often than
+    every alone_after_s - max_clock_skew_s: its credited share stays under its budget."""
+    swarm, config = Clocked(), BudgetConfig()
+    for _ in range(12):
+        swarm.now += round_s
+        assert [swarm.publish(author, M) for author in HONEST] == [1.0] * M
+    credited_rounds = 0.0
+    for count, dated in bursts:
+        swarm.now += round_s
+        assert [swarm.publish(author, M) for author in HONEST] == [1.0] * M
+        for _ in range(count):
+            credited_rounds += swarm.publish("mallory", M, dated) / M
+    cap = swarm.ledger.cap("mallory", M)
+    assert credited_rounds <= cap / (M - 1) * (config.budget_rounds + len(bursts)) + 1e-6

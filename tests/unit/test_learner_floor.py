@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from merge.learners import LearnerFloor
+from merge.learners import LearnerFloor, credited_learners
 from tests.factories import identity
 from tests.unit.test_merge_pipeline import ALICE, BOB, make_pipeline, make_update
 
@@ -118,3 +118,24 @@ def test_after_the_swarm_shrinks_for_good_the_floor_follows_once_half_the_claims
     assert floor_after(steady + outage).effective("a", 2) == 3  # an outage moves nothing
     gone = [(a, 2) for _ in range(25) for a in "ab"]  # c left for good
     assert floor_after(steady + gone).effective("a", 2) == 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    fresh=st.lists(st.tuples(st.integers(0, 200), st.integers(1, 1024)), max_size=80),
+    honest=st.integers(1, 6),
+)
+def test_fresh_keys_vote_and_count_as_one_cohort(fresh: list[tuple[int, int]], honest: int) -> None:
+    """However many fresh keys claim whatever, the floor under an honest author's update is at
+    most the established authors plus one (the cohort) and the live learner count is the
+    established peers plus one; honest claims of the swarm's size are kept."""
+    established = {f"h{i}" for i in range(honest)}
+    history = [(a, honest) for _ in range(4) for a in sorted(established)]
+    history += [(f"sybil{key}", claim) for key, claim in fresh]
+    floor = floor_after(history)
+    for author in established:
+        assert floor.floor(author, established.__contains__) <= honest + 1
+        assert floor.effective(author, honest, established.__contains__) <= honest + 1
+    peers = established | {f"sybil{key}" for key, _ in fresh}
+    assert credited_learners(peers, established.__contains__) == honest + bool(fresh)
+    assert credited_learners(peers, None) == len(peers)  # nobody established: all count

@@ -41,6 +41,7 @@ def test_the_port_names_the_pipeline_methods_dht_calls() -> None:
         "learn_proof",
         "transfer_state",
         "adopt",
+        "is_fresh_author",
     }
     for name in port_members():
         declared = getattr(MergePort, name)

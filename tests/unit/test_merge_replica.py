@@ -129,3 +129,23 @@ def test_replica_refuses_params_the_optimizer_is_not_sized_for() -> None:
         Replica(torch.zeros(4), outer)
     with pytest.raises(ValueError):
         Replica(torch.zeros(3, dtype=torch.float64), outer)
+
+
+def test_progress_counts_updates_by_their_credited_share_and_survives_a_reload() -> None:
+    replica = make_replica()
+    g = torch.tensor([1.0, 0.0, -1.0, 2.0])
+    replica.apply(header("alice", 0), g, 1.0)
+    for seq in range(10):  # a budget-cut flood: ten updates credited a tenth each
+        replica.apply(header("mallory", seq), g, 0.0, credited=0.1)
+    replica.apply(header("bob", 0), g, 1.0)
+    assert (replica.num_applied, replica.progress, replica.snapshot()[1]) == (12, 3, 3)
+
+    restored = make_replica()
+    restored.load_state_dict(replica.state_dict())
+    assert restored.progress == 3
+    old = {k: v for k, v in replica.state_dict().items() if k != "num_credited"}
+    restored.load_state_dict(old)  # a state from before credited progress: every update whole
+    assert restored.progress == 12
+    with pytest.raises(ValueError, match="num_credited"):
+        restored.load_state_dict({**replica.state_dict(), "num_credited": 13.0})
+    assert restored.progress == 12

@@ -80,12 +80,12 @@ class Contributions:
         self.by_author: dict[str, torch.Tensor] = {}
         apply = pipeline.replica.apply
 
-        def spy(header, g, weight, norm=None, *, learners=None):  # type: ignore[no-untyped-def]
+        def spy(header, g, weight, norm=None, *, learners=None, credited=1.0):  # type: ignore[no-untyped-def]
             if weight:
                 share = (weight / learners) * g.double()
                 total = self.by_author.get(header.author, torch.zeros(NUMEL, dtype=torch.float64))
                 self.by_author[header.author] = total + share
-            apply(header, g, weight, norm, learners=learners)
+            apply(header, g, weight, norm, learners=learners, credited=credited)
 
         pipeline.replica.apply = spy  # type: ignore[method-assign]
 
@@ -210,7 +210,7 @@ def test_one_authors_updates_leave_the_honest_contribution_within_bounds(
     # the honest progress plus the budget's initial room, in rounds; each round-share of at
     # most (1 + center_radius) reference norms, about what a round of honest updates moves.
     budget, robust = CONFIG.robust.budget, CONFIG.robust
-    cap = attacked.ledger.cap(MALLORY.peer_id)
+    cap = attacked.ledger.cap(MALLORY.peer_id, M)
     rounds = cap / (M - 1) * (len(attacks) / M + budget.budget_rounds)
     per_round = scale / (len(attacks) / M)  # what one round of the honest authors moved
     bound = rounds * (1 + robust.center_radius) * per_round * 1.2  # the reference varies
@@ -261,3 +261,70 @@ def test_the_merge_state_carries_the_ledger_and_old_states_load() -> None:
     norms = state["robust"][0]["norms"]  # type: ignore[index]
     window = CONFIG.robust.window  # one anonymous voter: the median of the last window
     assert from_old.robust.median_norm() == statistics.median(norms[-window:])
+
+
+@settings(max_examples=8, deadline=None)
+@given(floods=st.lists(st.integers(0, 40), min_size=1, max_size=10))
+def test_a_zero_flood_does_not_make_honest_updates_stale(floods: list[int]) -> None:
+    """An author's header counts what its replica applied during its round in credited
+    progress (Replica.progress): a budget-cut flood interleaved with the honest rounds adds to
+    an honest author's staleness at most the flooder's budget (cap / (M - 1) rounds of each
+    round, plus its initial room), not one per flood update (4-5.5 rounds stale in
+    bench.attack before, 1 clean)."""
+    clean, attacked = established(), established()
+    extra, mallory_seq = 0, 0
+    for i, count in enumerate(floods):
+        seq = 12 + i
+        bases = (clean.replica.progress, attacked.replica.progress)
+        honest_round(clean, seq)
+        honest_round(attacked, seq)
+        for _ in range(count):
+            assert attacked.submit(update(MALLORY, mallory_seq, torch.zeros(NUMEL))).accepted
+            mallory_seq += 1
+        clean_staleness = clean.replica.progress - bases[0]
+        assert clean_staleness == M  # the round's own updates: nothing beyond them
+        extra += attacked.replica.progress - bases[1] - clean_staleness
+    budget = CONFIG.robust.budget
+    cap = attacked.ledger.cap(MALLORY.peer_id, M)
+    credited = cap / (M - 1) * (len(floods) + budget.budget_rounds) * M  # in updates
+    assert 0 <= extra <= credited + 1
+    assert attacked.replica.num_applied - clean.replica.num_applied == sum(floods)
+
+
+def test_sybils_from_the_swarms_first_update_earn_no_record_and_count_as_one_learner() -> None:
+    """40 Sybil keys claiming 1,024 learners from the first round on (before anyone has a
+    track record, when every claim still votes): a claim beyond what the replica sees earns
+    record only in proportion (floor / claim), so the honest authors establish and the
+    Sybils stay fresh; then the floor and the live learner count take them as one cohort."""
+    pipeline = make_pipeline()
+    for seq in range(12):
+        honest_round(pipeline, seq)
+        for sybil in SYBILS:
+            assert pipeline.submit(update(sybil, seq, honest_delta(9, seq), learners=1024)).accepted
+    assert all(pipeline.ledger.is_established(h.peer_id) for h in HONEST)
+    assert not any(pipeline.ledger.is_established(s.peer_id) for s in SYBILS)
+    assert [r.learners for r in honest_round(pipeline, 12)] == [M, M, M]
+    peers = {h.peer_id for h in HONEST[1:]} | {s.peer_id for s in SYBILS}
+    assert pipeline.credited_learners(peers) == (M - 1) + 1  # the Sybils: one learner
+
+
+def test_a_stranger_flooding_before_the_founders_arrive_earns_no_record_from_it() -> None:
+    """A flooder that publishes before it sees anyone claims one learner: alone, its updates
+    are whole (there is no one to take a share from) but earn no record, so once the founders
+    arrive its record is what its budget lets through beside them, not its head start
+    (bench.attack zero_flood: 1.73x while alone updates earned record)."""
+    pipeline = make_pipeline()
+    mallory_seq = 0
+    for _ in range(50):
+        assert pipeline.submit(update(MALLORY, mallory_seq, torch.zeros(NUMEL), 1)).accepted
+        mallory_seq += 1
+    assert pipeline.ledger.record(MALLORY.peer_id) == 0.0
+    for seq in range(12):
+        honest_round(pipeline, seq)
+        for _ in range(4):
+            pipeline.submit(update(MALLORY, mallory_seq, torch.zeros(NUMEL), M + 1))
+            mallory_seq += 1
+    assert all(pipeline.ledger.is_established(h.peer_id) for h in HONEST)
+    budget = CONFIG.robust.budget  # fresh_share fair shares of 12 rounds, and its burst room
+    bound = budget.fresh_share * M / (M - 1) * (12 + budget.budget_rounds)
+    assert pipeline.ledger.record(MALLORY.peer_id) <= bound < 50

@@ -33,3 +33,22 @@ def test_close_removes_the_spill_directory(tmp_path: Path) -> None:
     assert retained.get(("../evil", 1)) == b"z"
     retained.close()
     assert list(tmp_path.iterdir()) == [] and retained.ids() == []
+
+
+def test_fresh_authors_hold_an_eighth_of_the_memory_budget_together(tmp_path: Path) -> None:
+    """40 Sybil keys' updates filled the whole memory budget (bench.attack sybil_learners:
+    +250 MB RSS); now fresh authors share an eighth of it and the rest spill to disk, served
+    all the same, and an established author's updates stay in memory."""
+    retained = RetainedUpdates(per_author=16, budget_bytes=8_000, spill_dir=tmp_path)
+    retained.is_fresh = lambda author: author.startswith("sybil")
+    for seq in range(4):
+        retained.put(("alice", seq), b"a" * 500)
+    for seq in range(4):
+        for key in range(40):
+            retained.put((f"sybil{key}", seq), bytes([key]) * 100)
+    assert retained.fresh_bytes <= 1_000
+    assert retained.memory_bytes == 2_000 + retained.fresh_bytes  # alice: all in memory
+    assert retained.get(("sybil0", 0)) == bytes([0]) * 100  # spilled, still served
+    assert retained.memory_bytes + retained.disk_bytes == 2_000 + 160 * 100
+    retained.close()
+    assert retained.fresh_bytes == retained.memory_bytes == 0
