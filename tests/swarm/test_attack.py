@@ -18,6 +18,7 @@ import pytest
 from bench.procs import ChildProcess, python_module
 from dht.observer import SwarmObserver
 from tests.swarm.conftest import NodeProcess
+from tests.timeouts import covering
 
 pytestmark = pytest.mark.swarm
 Launch = Callable[..., NodeProcess]
@@ -70,6 +71,7 @@ def start_adversary(home: Path, maddr: str, attacks: list[str], *extra: str) -> 
     return ChildProcess("adversary", argv, home=home).start()
 
 
+@pytest.mark.timeout(covering(3 * START_S, ATTACK_S, 2 * (TRAIN_S + START_S), 60))
 def test_honest_nodes_count_each_attack_keep_training_and_agree(
     launch: Launch, tmp_path: Path, adversary_home: list[ChildProcess]
 ) -> None:
@@ -146,6 +148,7 @@ def test_honest_nodes_count_each_attack_keep_training_and_agree(
             time.sleep(1)
 
 
+@pytest.mark.timeout(covering(6 * START_S))
 def test_a_newcomer_refuses_a_poisoned_state_and_loads_an_honest_one(
     launch: Launch, tmp_path: Path, adversary_home: list[ChildProcess]
 ) -> None:
@@ -186,7 +189,7 @@ AFTER_S = 5
 """Seconds the honest nodes keep on after the last class, for its last updates to land."""
 
 
-@pytest.mark.timeout(2 * START_S + ATTACK_S + AFTER_S + 2 * EXIT_S)
+@pytest.mark.timeout(covering(3 * START_S, ATTACK_S, AFTER_S, 2 * EXIT_S))
 def test_patient_classes_reach_the_honest_nodes_which_keep_training(
     launch: Launch, tmp_path: Path, adversary_home: list[ChildProcess]
 ) -> None:

@@ -18,6 +18,7 @@ from bench.nat import NatLab, missing
 from bench.procs import NODE_COMMAND, ChildProcess, python_module, save_events
 from tests.conftest import REPO
 from tests.swarm.test_swarm import RUN, START_S, wait_merged
+from tests.timeouts import covering
 
 pytestmark = [
     pytest.mark.swarm,
@@ -99,6 +100,7 @@ def started_bootstrap(
         time.sleep(0.2)
 
 
+@pytest.mark.timeout(covering(3 * START_S, 4 * NAT_MERGE_S))
 def test_two_nodes_behind_two_nats_train_as_one_through_a_bootstrap_that_relays(
     lab: NatLab, in_namespace: Launch
 ) -> None:
@@ -136,6 +138,7 @@ def doctor(lab: NatLab, namespace: str, *args: str) -> tuple[int, str]:
     return result.returncode, result.stdout + result.stderr
 
 
+@pytest.mark.timeout(covering(START_S, 3 * DOCTOR_S))
 def test_doctor_tells_a_public_node_a_nated_one_and_one_with_a_dead_bootstrap_apart(
     lab: NatLab, in_namespace: Launch
 ) -> None:
@@ -168,6 +171,7 @@ def two_relay_lab() -> Iterator[NatLab]:
         yield bed
 
 
+@pytest.mark.timeout(covering(3 * START_S, 2 * NAT_MERGE_S, FAILOVER_S))
 def test_homes_keep_merging_after_the_relay_they_reserved_with_is_killed(
     two_relay_lab: NatLab, in_namespace: Launch
 ) -> None:

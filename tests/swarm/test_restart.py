@@ -32,6 +32,7 @@ def _saved_mid_round(node: NodeProcess, after: float) -> dict:
     )
 
 
+@pytest.mark.timeout(covering(4 * START_S))
 def test_kill_9_mid_round_loses_at_most_a_few_seconds_of_steps(
     launch: Callable[..., NodeProcess],
 ) -> None:
