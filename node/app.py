@@ -37,10 +37,10 @@ from node.builders import (
     build_learner,
     build_replica,
     build_run_spec,
+    build_swarm_config,
     build_validation,
     configure_torch,
     host_facts,
-    swarm_config_from,
 )
 from node.config import JoinConfig
 from node.data import Corpus, load_corpus, split_corpus
@@ -159,8 +159,8 @@ def _compose(config: JoinConfig, events: EventLog, locks: list[ResourceLock]) ->
     network = None
     swarm: SwarmLink = OfflineSwarm()
     if config.swarm:
-        swarm_config = swarm_config_from(
-            config, spec, replica.numel, preflight(config), run_settings
+        swarm_config = build_swarm_config(
+            config, config, spec, replica.numel, preflight(config), run_settings
         )
         # The bootstrap, retried with backoff, then the peers this node knew last time.
         swarm_config = replace(

@@ -1,7 +1,8 @@
 """A node's configuration: every section of node/settings.py in one object, checked whole.
 
 `JoinConfig` inherits the fields of every section, so `config.inner_steps` reads as before and
-a part that needs one section can take that section's type (a JoinConfig is each of them).
+a part that needs one section takes that section's type (a JoinConfig is each of them; the
+run-level sections together are `RunSettings`).
 """
 
 from __future__ import annotations
@@ -15,30 +16,24 @@ from typing import Any, ClassVar
 from pydantic.dataclasses import dataclass
 
 from dht.addresses import host_ip, listen_maddrs, parse_announce_maddr, parse_peer_maddr
-from dht.reachability import RelayLimits
 from merge.allowlist import AllowList
 from merge.identity import read_secret_file
 from node.presets import MODEL_SIZES as MODEL_SIZES  # re-exported: callers name them here
 from node.presets import auto_model
 from node.presets import model_size as model_size
+from node.settings import DEFAULT_IDENTITY as DEFAULT_IDENTITY  # re-exported: callers name
+from node.settings import DEFAULT_PORT as DEFAULT_PORT  # them here
+from node.settings import DILOCO_HOME as DILOCO_HOME
 from node.settings import (
     FLAGS,
     SECTIONS,
     CheckpointSettings,
     DashboardSettings,
     LoggingSettings,
-    MergeSettings,
     NetworkSettings,
-    OuterSettings,
-    TrainSettings,
+    RunSettings,
 )
 from node.settings_cli import add_config_arguments, config_from_args
-
-DILOCO_HOME = Path("~/.diloco")
-DEFAULT_PORT = 31337
-"""Where a node listens when --port is not given (and that port is free)."""
-DEFAULT_IDENTITY = str(DILOCO_HOME / "identity.key")
-"""The key a node uses when --identity is not given (and no other node here holds it)."""
 
 
 @dataclass(kw_only=True, config=FLAGS)
@@ -47,9 +42,7 @@ class JoinConfig(
     CheckpointSettings,
     DashboardSettings,
     NetworkSettings,
-    MergeSettings,
-    OuterSettings,
-    TrainSettings,
+    RunSettings,
 ):
     """Everything `diloco-node join` needs. Run-level fields enter the run fingerprint.
 
@@ -114,23 +107,6 @@ class JoinConfig(
         """Where this run's nodes keep their default checkpoint dirs (and did before 0.2:
         directly in it)."""
         return (DILOCO_HOME / "checkpoints" / self.run_id).expanduser()
-
-    @property
-    def relay_limits(self) -> RelayLimits:
-        return RelayLimits(
-            max_circuits=self.relay_max_circuits,
-            max_bytes=int(self.relay_max_mb * 1e6),
-            max_duration_s=self.relay_max_duration,
-        )
-
-    @property
-    def listen_port(self) -> int:
-        """--port, or the default port when none was given."""
-        return DEFAULT_PORT if self.port is None else self.port
-
-    @property
-    def identity_path(self) -> Path:
-        return Path(DEFAULT_IDENTITY if self.identity is None else self.identity).expanduser()
 
 
 def run_fingerprint(run_spec: dict[str, Any]) -> str:

@@ -5,24 +5,40 @@ may be, and pydantic checks it (node/settings_cli.py turns the sections into fla
 A field's flag is its name in kebab case (inner_steps -> --inner-steps), whatever its section.
 Checks that span sections, and values resolved from the machine (--model auto), live in
 `node.config.JoinConfig`, which has every section's fields.
+
+A section builds the component config it stands for (`OuterSettings.outer_config`,
+`MergeSettings.staleness_config`, `NetworkSettings.relay_limits`, ...); node/builders.py
+takes the sections a part needs, by type, and composes those pieces.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass as std_dataclass
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, ConfigDict, GetCoreSchemaHandler, ValidationInfo
 from pydantic.dataclasses import dataclass
 from pydantic_core import core_schema
 
+from dht.reachability import RelayLimits
 from merge.codecs import CODECS
+from merge.correction import CorrectionConfig
+from merge.feedback import default_outer_momentum
+from merge.outer import OuterConfig
+from merge.weighting import StalenessConfig, TokenWeightConfig
 from node.data import parse_data_slice
 from node.presets import MODEL_NAMES
 
 FLAGS = ConfigDict(use_attribute_docstrings=True, allow_inf_nan=False, extra="forbid")
 """Every flag class's pydantic config: docstrings are help, no NaN or infinity, no stray keys."""
+
+DILOCO_HOME = Path("~/.diloco")
+DEFAULT_PORT = 31337
+"""Where a node listens when --port is not given (and that port is free)."""
+DEFAULT_IDENTITY = str(DILOCO_HOME / "identity.key")
+"""The key a node uses when --identity is not given (and no other node here holds it)."""
 
 
 def flag(field_name: str | None) -> str:
@@ -200,6 +216,22 @@ class OuterSettings:
     min(k_s x |cosine| x confidence, 1) of its component along the momentum; lookahead: how
     many times the delay of our last update the start moves ahead."""
 
+    def outer_config(self, codec: str) -> OuterConfig:
+        """The outer optimizer; its momentum defaults by the `codec` updates are sent in."""
+        momentum = self.outer_momentum
+        return OuterConfig(
+            kind=self.outer_optimizer,  # type: ignore[arg-type]
+            lr=self.outer_lr,
+            momentum=default_outer_momentum(codec) if momentum is None else momentum,
+            delay=self.outer_delay,
+        )
+
+    def correction_config(self) -> CorrectionConfig:
+        return CorrectionConfig(
+            kind=self.correction,  # type: ignore[arg-type]
+            strength=self.correction_strength,
+        )
+
 
 @dataclass(kw_only=True, config=FLAGS)
 class MergeSettings:
@@ -220,6 +252,27 @@ class MergeSettings:
     """Streaming DiLoCo: split the model into P fragments (tensors bin-packed by size) and
     publish fragment p as its own signed update after inner step (p+1)*H/P of each round, so
     uploads spread over the round; every node of a run must use the same P (1: whole updates)."""
+
+    def staleness_config(self) -> StalenessConfig:
+        return StalenessConfig(
+            kind=self.staleness,  # type: ignore[arg-type]
+            a=self.staleness_a,
+            b=self.staleness_b,
+        )
+
+    def token_weight_config(self, reference_tokens: int) -> TokenWeightConfig:
+        """`reference_tokens`: the tokens of a full round, which weigh 1."""
+        return TokenWeightConfig(
+            kind=self.token_weighting,  # type: ignore[arg-type]
+            reference_tokens=reference_tokens,
+        )
+
+
+@dataclass(kw_only=True, config=FLAGS)
+class RunSettings(MergeSettings, OuterSettings, TrainSettings):
+    """The sections every node of a run must agree on (the fingerprint is made of them, with
+    the model and data they resolve to): train, outer and merge. Not a section of its own:
+    the parts that read them together (node/builders.py) take this type."""
 
 
 @dataclass(kw_only=True, config=FLAGS)
@@ -273,6 +326,23 @@ class NetworkSettings:
     allow_keys: str | None = None
     """Permissioned run: TOML or YAML file mapping organizations to the peer ids or Ed25519
     public keys that may contribute; others are ignored and counted (default: open swarm)."""
+
+    @property
+    def relay_limits(self) -> RelayLimits:
+        return RelayLimits(
+            max_circuits=self.relay_max_circuits,
+            max_bytes=int(self.relay_max_mb * 1e6),
+            max_duration_s=self.relay_max_duration,
+        )
+
+    @property
+    def listen_port(self) -> int:
+        """--port, or the default port when none was given."""
+        return DEFAULT_PORT if self.port is None else self.port
+
+    @property
+    def identity_path(self) -> Path:
+        return Path(DEFAULT_IDENTITY if self.identity is None else self.identity).expanduser()
 
 
 @dataclass(kw_only=True, config=FLAGS)

@@ -8,13 +8,13 @@ import torch
 from bench.wire import make_pipeline
 from merge.codecs import CODECS
 from merge.feedback import default_outer_momentum
-from node.builders import merge_config_from
+from node.builders import build_merge_config
 from node.config import JoinConfig
 
 
 @pytest.mark.parametrize("codec", sorted(CODECS))
 def test_a_node_uses_its_codecs_default_outer_momentum(codec: str) -> None:
-    merge = merge_config_from(JoinConfig(codec=codec, swarm=False), 100)
+    merge = build_merge_config(JoinConfig(codec=codec, swarm=False), 100)
     assert merge.outer.momentum == default_outer_momentum(codec)
     # sparse's residual holds rounds of progress and acts as a momentum of its own
     assert merge.outer.momentum == (0.5 if codec == "sparse" else 0.9)
@@ -23,7 +23,7 @@ def test_a_node_uses_its_codecs_default_outer_momentum(codec: str) -> None:
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 def test_an_explicit_outer_momentum_wins_over_the_codecs(momentum: float) -> None:
     config = JoinConfig(codec="sparse", outer_momentum=momentum, swarm=False)
-    assert merge_config_from(config, 100).outer.momentum == momentum
+    assert build_merge_config(config, 100).outer.momentum == momentum
 
 
 def test_an_outer_momentum_out_of_range_is_refused() -> None:
@@ -34,6 +34,6 @@ def test_an_outer_momentum_out_of_range_is_refused() -> None:
 @pytest.mark.parametrize("codec", ["bf16", "sparse"])
 def test_bench_wire_trains_each_codec_with_the_nodes_outer_optimizer(codec: str) -> None:
     pipeline = make_pipeline(torch.zeros(8), 10, 100, codec)
-    node = merge_config_from(JoinConfig(codec=codec, swarm=False), 100)
+    node = build_merge_config(JoinConfig(codec=codec, swarm=False), 100)
     assert pipeline.replica.outer_for(None).momentum == node.outer.momentum
     assert pipeline.replica.outer_for(None).lr == node.outer.lr
