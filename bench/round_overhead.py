@@ -5,7 +5,10 @@ what evaluation costs it now that it runs beside training.
     python -m bench.round_overhead --model tiny --rounds 2
     python -m bench.round_overhead --eval-every 4  # evaluate every 4th round only
 
-Target (issue 2): below 5% for `small` on CPU with H = 50. The node runs twice, side by side:
+Target (issue 2): below 5% for `small` on CPU with H = 50. The node runs offline (--no-swarm:
+node.app composes it with the do-nothing swarm, and its `node.trainer.Trainer` runs the same
+rounds, seals and merges as on the network; no p2pd, DHT or dashboard shares the machine with
+the measurement). It runs twice, side by side:
 with evaluation (--eval-batches, on a snapshot in a thread: issue 23) and without. eval_s of a
 round is now the snapshot handed to the thread (overhead_share_with_eval counts it beside the
 merge path); what the thread takes from training shows as longer rounds:
@@ -27,7 +30,8 @@ from node.runtime import Node
 
 
 def run_node(args: argparse.Namespace, eval_batches: int) -> tuple[list[dict[str, Any]], int]:
-    """The node's round_done events and its parameter count (a lone node, in this process)."""
+    """The node's round_done events and its parameter count (a lone offline node, in this
+    process: the node's own Trainer, with no swarm)."""
     with tempfile.TemporaryDirectory() as tmp:
         events = RecordingEventLog()
         config = JoinConfig(
@@ -42,6 +46,8 @@ def run_node(args: argparse.Namespace, eval_batches: int) -> tuple[list[dict[str
             checkpoint_dir=str(Path(tmp) / "ckpt"),
             checkpoint_every=10**9,
             log_format="json",
+            swarm=False,
+            dashboard=False,
         )
         node = Node(config, events)
         node.run()
