@@ -7,14 +7,17 @@
 An in-process replay of an asynchronous swarm of learners at speeds 1 : 2 : 4 (--hetero), each
 running H inner steps per round (fixed H, so the slowest learner's updates are the stalest):
 the real Learner (inner AdamW), the real DelayedNesterov outer optimizer, the real staleness
-weight (merge.weighting) and the real correction (merge.correction). Only the network and the
-clock are replaced. Every learner keeps its own replica, as a node does: it applies its own
-update when it publishes it and starts its next round from that replica; a peer's update
-reaches it --lag virtual time units later (units: one inner step of the fastest learner). The
-schedule of publications and applies is a pure function of the speeds, H, the horizon and the
-lag (:func:`schedule`), so every arm of a seed sees the same updates in the same order and the
-arms differ only by how they weigh, correct or start from them. That is what bench.quality
-cannot give on a loaded machine, where the merge order and step counts vary run to run.
+weight (merge.weighting) and the real correction (merge.correction), each built from the node's
+default settings sections as a node builds them. Only the network and the clock are replaced,
+and of `merge.pipeline` only its correct, weigh and step are kept (no trust checks, robust
+verdicts or budgets), since an arm's view may give a staleness no header carries. Every learner
+keeps its own replica, as a node does: it applies its own update when it publishes it and
+starts its next round from that replica; a peer's update reaches it --lag virtual time units
+later (units: one inner step of the fastest learner). The schedule of publications and applies
+is a pure function of the speeds, H, the horizon and the lag (:func:`schedule`), so every arm
+of a seed sees the same updates in the same order and the arms differ only by how they weigh,
+correct or start from them. That is what bench.quality cannot give on a loaded machine, where
+the merge order and step counts vary run to run.
 
 An arm is ``KIND[:STRENGTH][@VIEW]``:
 - KIND: ``none``; ``heloco`` (merge.correction at k_s = STRENGTH, default 10); ``lookahead``
@@ -48,13 +51,16 @@ from torch.nn.utils import parameters_to_vector
 
 from bench.quality import Evaluator, QualityConfig
 from merge.correction import CorrectionConfig, correct, expected_delay, look_ahead
-from merge.outer import DelayedNesterov
-from merge.weighting import StalenessConfig, rounds_stale, staleness_weight
+from merge.outer import make_outer_optimizer
+from merge.weighting import rounds_stale, staleness_weight
 from node.config import add_config_arguments, config_from_args
 from node.data import ShardSampler, data_slice
-from node.settings import FLAGS
+from node.settings import FLAGS, MergeSettings, OuterSettings
 
-OUTER_LR, OUTER_MOMENTUM = 0.7, 0.9
+OUTER = OuterSettings().outer_config("bf16")
+"""A node's outer optimizer at its defaults: delayed Nesterov, lr 0.7, momentum 0.9."""
+STALENESS = MergeSettings().staleness_config()
+"""A node's staleness weight at its defaults: polynomial, (1+s)^-0.5."""
 View = Literal["signed", "late", "apply"]
 VIEWS: tuple[View, ...] = ("signed", "late", "apply")
 KINDS = ("none", "heloco", "lookahead")
@@ -265,9 +271,7 @@ def replay(config: SimConfig, seed: int, arm: Arm, events: list[Publication | Ap
             )  # fmt: skip
     genesis = parameters_to_vector(learners[0].model.parameters()).detach().float().clone()
     params = [genesis.clone() for _ in speeds]
-    outers = [DelayedNesterov(lr=OUTER_LR, momentum=OUTER_MOMENTUM, numel=genesis.numel())]
-    outers += [DelayedNesterov(lr=OUTER_LR, momentum=OUTER_MOMENTUM, numel=genesis.numel())
-               for _ in speeds[1:]]  # fmt: skip
+    outers = [make_outer_optimizer(OUTER, genesis.numel()) for _ in speeds]
     bases = [genesis.clone() for _ in speeds]
     for learner in learners:
         learner.load_params(genesis)
@@ -295,14 +299,14 @@ def replay(config: SimConfig, seed: int, arm: Arm, events: list[Publication | Ap
         if j == pub.author:
             removed.append(float((corrected - update).norm() / update.norm()))
         late = pub.late if arm.view == "late" else 0
-        weight = staleness_weight(StalenessConfig(), staleness, num, late)
+        weight = staleness_weight(STALENESS, staleness, num, late)
         outer.step(params[j], corrected, weight, num)
         pending[pub.index] -= 1
         if not pending[pub.index]:
             del updates[pub.index]
         if j == pub.author:  # its next round starts from its replica
             delay = expected_delay(pub.staleness, num)
-            start = look_ahead(correction, params[j], outer.momentum_buffer, delay, OUTER_LR)
+            start = look_ahead(correction, params[j], outer.momentum_buffer, delay, OUTER.lr)
             bases[j] = start.clone()
             learners[j].load_params(bases[j])
     losses = [ev.val_loss(p) for p in params]

@@ -48,12 +48,13 @@ import torch
 from torch.nn.utils import parameters_to_vector
 
 from bench.procs import ChildProcess, cli_flags, python_module, reap_all
+from node.builders import build_run_spec, inner_config
 from node.checkpoint import read_checkpoint
 from node.config import add_config_arguments, config_from_args
 from node.data import ShardSampler, load_corpus, split_corpus, validation_batches
-from node.learner import InnerConfig, Learner
-from node.model import DEFAULT_BATCH_SIZE, DEFAULT_INNER_LR, build_model, model_config
-from node.settings import FLAGS
+from node.learner import Learner
+from node.model import build_model
+from node.settings import FLAGS, RunSettings, TrainSettings
 
 logger = logging.getLogger(__name__)
 RUN_TIMEOUT_S = 900.0
@@ -161,8 +162,10 @@ class Evaluator:
     def __init__(self, config: QualityConfig) -> None:
         self.corpus = load_corpus(None)
         self.split = split_corpus(self.corpus)
-        self.model_config = model_config(config.model, self.corpus.vocab_size)
-        self.batch_size = DEFAULT_BATCH_SIZE[config.model]
+        # The model and batch a node of this run builds (node.builders, from its settings).
+        spec = build_run_spec(RunSettings(model=config.model, seed=config.seed), self.corpus)
+        self.model_config = spec.model
+        self.batch_size = spec.batch_size
         self.config = config
         self.batches = validation_batches(
             self.split.val,
@@ -172,6 +175,8 @@ class Evaluator:
         )
 
     def learner(self, steps: int, seed: str, speed_factor: float = 1.0) -> Learner:
+        """The node's Learner at the node's inner defaults (node.builders.inner_config of a
+        train section), decaying over `steps`; `seed` seeds its batches."""
         model = build_model(self.model_config, self.config.seed)
         sampler = ShardSampler(
             self.split.train,
@@ -179,15 +184,10 @@ class Evaluator:
             batch_size=self.batch_size,
             block_size=self.model_config.block_size,
         )
-        inner = InnerConfig(
-            lr=DEFAULT_INNER_LR[self.config.model],
-            weight_decay=0.1,
-            grad_clip=1.0,
-            warmup_steps=100,
-            decay_steps=steps,
-            speed_factor=speed_factor,
+        train = TrainSettings(
+            model=self.config.model, lr_decay_steps=steps, speed_factor=speed_factor
         )
-        return Learner(model, sampler, inner, torch.device("cpu"))
+        return Learner(model, sampler, inner_config(train), torch.device("cpu"))
 
     def val_loss(self, params: torch.Tensor) -> float:
         learner = self.learner(1, "eval")
