@@ -36,23 +36,21 @@ from merge.codec_base import DecodesInto
 from merge.codecs import CODECS, get_codec
 from merge.envelope import SignedUpdate, payload_matches, seal
 from merge.identity import Identity
-from merge.outer import OuterConfig, make_outer_optimizer
-from merge.pipeline import MergeConfig, UpdatePipeline
+from merge.outer import make_outer_optimizer
+from merge.pipeline import UpdatePipeline
 from merge.replica import Replica
-from merge.weighting import TokenWeightConfig
+from node.builders import build_merge_config
 from node.model import build_model, model_config
+from node.settings import RunSettings
 
 FINGERPRINT = hashlib.sha256(b"merge-speed").hexdigest()
 TARGET_RATIO = 0.9
 
 
-def make_pipeline(genesis: torch.Tensor) -> UpdatePipeline:
-    config = MergeConfig(
-        outer=OuterConfig(),
-        token_weight=TokenWeightConfig(reference_tokens=1000),
-        max_inner_steps=100,
-        max_tokens_per_step=1000,
-    )
+def make_pipeline(genesis: torch.Tensor, codec: str) -> UpdatePipeline:
+    """A node's merge path for updates in `codec`: its merge config as node.builders builds it
+    from the default settings (H = 100 inner steps of 1000 tokens, as the envelopes say)."""
+    config = build_merge_config(RunSettings(inner_steps=100, codec=codec), tokens_per_step=1000)
     replica = Replica(genesis.clone(), make_outer_optimizer(config.outer, genesis.numel()))
     return UpdatePipeline(replica, config, FINGERPRINT)
 
@@ -114,13 +112,13 @@ def main() -> None:
 def measure(args: argparse.Namespace, genesis: torch.Tensor, codec: str) -> dict:
     """One codec's row: the merge path, SHA-256, BLAKE3 and the outer step, interleaved."""
     envelopes = make_envelopes(genesis, codec, args.updates + 1, args.learners)
-    pipeline = make_pipeline(genesis)
+    pipeline = make_pipeline(genesis, codec)
     warm_up = envelopes.pop(0)
     merge_one(pipeline, warm_up)  # warm-up: first-touch allocations, thread pools
-    floor = make_pipeline(genesis)  # the outer step alone, on a replica of its own
+    floor = make_pipeline(genesis, codec)  # the outer step alone, on a replica of its own
     scratch = torch.empty(genesis.numel())  # the decode buffer the pipeline reuses
     floor_one(floor, envelopes[0], scratch)
-    stages = make_pipeline(genesis)  # each stage on its own, on a third replica
+    stages = make_pipeline(genesis, codec)  # each stage on its own, on a third replica
     stages_one(stages, SignedUpdate.from_bytes(warm_up), scratch)
     times: dict[str, list[float]] = {"merge": [], "sha": [], "blake3": [], "apply": []}
     stage_times: dict[str, list[float]] = {}
