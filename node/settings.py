@@ -1,6 +1,7 @@
 """`diloco-node join`'s settings in typed sections: train, outer, merge, network, dashboard,
 checkpoint and logging. Each field's docstring is its flag's help; its type says what a value
-may be, and pydantic checks it (node/settings_cli.py turns the sections into flags).
+may be (node/settings_types.py), and pydantic checks it (node/settings_cli.py turns the
+sections into flags).
 
 A field's flag is its name in kebab case (inner_steps -> --inner-steps), whatever its section.
 Checks that span sections, and values resolved from the machine (--model auto), live in
@@ -13,14 +14,10 @@ takes the sections a part needs, by type, and composes those pieces.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass as std_dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
-from pydantic import AfterValidator, ConfigDict, GetCoreSchemaHandler, ValidationInfo
 from pydantic.dataclasses import dataclass
-from pydantic_core import core_schema
 
 from dht.reachability import RelayLimits
 from merge.codecs import CODECS
@@ -28,94 +25,34 @@ from merge.correction import CorrectionConfig
 from merge.feedback import default_outer_momentum
 from merge.outer import OuterConfig
 from merge.weighting import StalenessConfig, TokenWeightConfig
-from node.data import parse_data_slice
 from node.presets import MODEL_NAMES
-
-FLAGS = ConfigDict(use_attribute_docstrings=True, allow_inf_nan=False, extra="forbid")
-"""Every flag class's pydantic config: docstrings are help, no NaN or infinity, no stray keys."""
+from node.settings_types import (
+    FLAGS,
+    LOG_LEVELS,
+    STALENESS_KINDS,
+    CorrectionStrength,
+    DataSlice,
+    GapWait,
+    HeartbeatPeriod,
+    Label,
+    Megabytes,
+    Momentum,
+    NonNegativeFloat,
+    NonNegativeInt,
+    OneOf,
+    Port,
+    PositiveFloat,
+    PositiveInt,
+    RunId,
+    SpeedFactor,
+    flag,
+)
 
 DILOCO_HOME = Path("~/.diloco")
 DEFAULT_PORT = 31337
 """Where a node listens when --port is not given (and that port is free)."""
 DEFAULT_IDENTITY = str(DILOCO_HOME / "identity.key")
 """The key a node uses when --identity is not given (and no other node here holds it)."""
-
-
-def flag(field_name: str | None) -> str:
-    """inner_steps -> --inner-steps."""
-    return "--" + (field_name or "").replace("_", "-")
-
-
-@std_dataclass(frozen=True)
-class OneOf:
-    """A string field that takes one of `values` (shown as {a,b,c} in --help)."""
-
-    values: tuple[str, ...]
-    case_insensitive: bool = False
-
-    def __get_pydantic_core_schema__(
-        self, source: type[Any], handler: GetCoreSchemaHandler
-    ) -> core_schema.CoreSchema:
-        return core_schema.with_info_after_validator_function(self.check, handler(source))
-
-    def check(self, value: str, info: ValidationInfo) -> str:
-        seen = value.upper() if self.case_insensitive else value
-        if seen not in self.values:
-            choices = ", ".join(self.values)
-            raise ValueError(f"{flag(info.field_name)} must be one of {choices}; got {value!r}")
-        return value
-
-
-def check(ok: Callable[[Any], bool], message: str) -> AfterValidator:
-    """A field check: `message` (with {flag} and {value}) when `ok(value)` is false."""
-
-    def validate(value: Any, info: ValidationInfo) -> Any:
-        if value is not None and not ok(value):
-            raise ValueError(message.format(flag=flag(info.field_name), value=value))
-        return value
-
-    return AfterValidator(validate)
-
-
-PositiveInt = Annotated[
-    int, check(lambda v: v > 0, "{flag} must be a positive integer, got {value}")
-]
-PositiveFloat = Annotated[
-    float, check(lambda v: v > 0, "{flag} must be a positive number, got {value}")
-]
-NonNegativeFloat = Annotated[
-    float, check(lambda v: v >= 0, "{flag} must be a non-negative number, got {value}")
-]
-NonNegativeInt = Annotated[int, check(lambda v: v >= 0, "{flag} must not be negative, got {value}")]
-RunId = Annotated[str, check(lambda v: 0 < len(v) <= 64, "{flag} must be 1 to 64 characters long")]
-Label = Annotated[str, check(lambda v: len(v) <= 64, "{flag} must be at most 64 characters long")]
-Port = Annotated[
-    int, check(lambda v: 0 <= v <= 65535, "{flag} must be between 0 and 65535, got {value}")
-]
-SpeedFactor = Annotated[
-    float, check(lambda v: 1 <= v <= 1000, "{flag} must be between 1 and 1000, got {value}")
-]
-Momentum = Annotated[float, check(lambda v: 0 <= v < 1, "{flag} must be in [0, 1), got {value}")]
-CorrectionStrength = Annotated[
-    float, check(lambda v: 0 <= v <= 100, "{flag} must be in [0, 100], got {value}")
-]
-HeartbeatPeriod = Annotated[
-    float, check(lambda v: 0.2 <= v <= 3600, "{flag} must be between 0.2 and 3600 seconds")
-]
-Megabytes = Annotated[
-    float, check(lambda v: 0 <= v <= 1e7, "{flag} must be between 0 and 10000000")
-]
-GapWait = Annotated[
-    float, check(lambda v: 0 < v <= 86400, "{flag} must be between 0 and 86400 seconds")
-]
-STALENESS_KINDS = ("constant", "polynomial", "hinge", "exponential")
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-
-
-def _data_slice(value: str | None) -> str | None:
-    if value is not None:
-        parse_data_slice(value)  # raises with --data-slice in its message
-    return value
 
 
 @dataclass(kw_only=True, config=FLAGS)
@@ -132,7 +69,7 @@ class TrainSettings:
     picks another model is refused by the swarm with the --model to pass."""
     data: str | None = None
     """Text file, directory of text files or uint16 .bin; default: this Python's stdlib source."""
-    data_slice: Annotated[str | None, AfterValidator(_data_slice)] = None
+    data_slice: DataSlice = None
     """K/N: train only on the K-th of N equal contiguous slices of the training split, so nodes
     on different slices see different data (emulates non-IID learners; default: all of it)."""
     seed: int = 0
@@ -388,6 +325,8 @@ class LoggingSettings:
     log_format: Annotated[str, OneOf(("rich", "json"))] = "rich"
     """rich: a live progress line for people; json: one JSON event per line on stdout."""
 
+
+__all__ = ["FLAGS", "STALENESS_KINDS", "OneOf", "flag"]  # re-exported: callers name them here
 
 SECTIONS: dict[str, tuple[type, str]] = {
     "train": (TrainSettings, "training"),

@@ -23,7 +23,7 @@ from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings, CliSettingsSource, PydanticBaseSettingsSource
 from pydantic_settings import SettingsConfigDict as _SettingsConfigDict
 
-from node.settings import OneOf, flag
+from node.settings_types import OneOf, flag
 
 ConfigT = TypeVar("ConfigT")
 
