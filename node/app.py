@@ -47,7 +47,7 @@ from node.data import Corpus, load_corpus, split_corpus
 from node.events import EventLog
 from node.fingerprint import fingerprint_settings
 from node.learner import Learner, resolve_device
-from node.lifecycle import adopt_legacy_checkpoint, preflight
+from node.lifecycle import adopt_legacy_checkpoint, has_checkpoint, preflight
 from node.local_nodes import ControlFileEvents
 from node.locks import ResourceLock, checkpoint_lock, lock_identity
 from node.model import build_model
@@ -162,10 +162,12 @@ def _compose(config: JoinConfig, events: EventLog, locks: list[ResourceLock]) ->
         swarm_config = swarm_config_from(
             config, spec, replica.numel, preflight(config), run_settings
         )
-        # The bootstrap, retried with backoff, then the peers this node knew last time.
-        swarm_config = replace(
-            swarm_config, initial_peers=join_peers(swarm_config.initial_peers, checkpoint_dir)
+        # The bootstrap, retried with backoff, then the peers this node knew last time; a
+        # known member that reaches none trains and dials them in the background.
+        peers = join_peers(
+            swarm_config.initial_peers, checkpoint_dir, known_member=has_checkpoint(checkpoint_dir)
         )
+        swarm_config = replace(swarm_config, initial_peers=peers.now, rejoin_peers=peers.rejoin)
         network = Swarm(
             swarm_config,
             identity,
