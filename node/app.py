@@ -24,7 +24,6 @@ import torch
 
 from dashboard.embedded import DEFAULT_DASHBOARD_PORT, EmbeddedDashboard
 from dashboard.settings import StandaloneConfig
-from dashboard.standalone import serve
 from dht.known_peers import join_peers, remember_peers
 from dht.swarm import Swarm
 from merge.allowlist import AllowList
@@ -320,6 +319,8 @@ def dashboard_access(config: JoinConfig) -> str:
 
 def serve_dashboard(config: StandaloneConfig, events: EventLog, stop: threading.Event) -> None:
     """`diloco-node dashboard`: the swarm's dashboard without training, until `stop`."""
+    from dashboard.standalone import serve  # fastapi: not on a training node's start-up
+
     serve(config, events, stop)
 
 
