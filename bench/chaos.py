@@ -49,6 +49,8 @@ BOOST_NICENESS = -10
 """CPU niceness of a restarting node until it trains (the others run at 0)."""
 START_TIMEOUT_S = 240.0
 """Bounded wait for a node to start training (a loaded 2-core machine starts 4 slowly)."""
+WATCH_PERIOD_S = 1.0
+"""How often the schedule checks for nodes that exited on their own."""
 
 
 @pydantic.dataclasses.dataclass(kw_only=True, config=FLAGS)
@@ -145,6 +147,8 @@ class Phase:
         self.slots = [Slot(node) for node in range(config.nodes)]
         self.children: list[list[ChildProcess]] = [[] for _ in range(config.nodes)]
         self.run_id = f"chaos-{method}-{int(time.time())}"
+        self.exits_restarted = 0
+        """Nodes that exited on their own (not a fault) and were restarted at once."""
 
     # ---- processes ---------------------------------------------------------------------
 
@@ -234,13 +238,40 @@ class Phase:
         heapq.heapify(queue)
         while queue:
             at, _, item = heapq.heappop(queue)
-            time.sleep(max(0.0, at - time.time()))
+            self.watch_until(at)
             if isinstance(item, Fault):
                 end = self.inject(item)
                 heapq.heappush(queue, (time.time() + item.duration_s, next(order), end))
             else:
                 item()
-        time.sleep(max(0.0, t0 + self.config.duration_s - time.time()))
+        self.watch_until(t0 + self.config.duration_s)
+
+    def watch_until(self, at: float) -> None:
+        """Until `at`, restart every node that exited on its own (a crash the schedule did
+        not cause: the node's own failure is part of its goodput, not a reason to stay down)."""
+        while True:
+            self.restart_exited()
+            left = at - time.time()
+            if left <= 0:
+                return
+            time.sleep(min(WATCH_PERIOD_S, left))
+
+    def restart_exited(self) -> None:
+        for node, children in enumerate(self.children):
+            incarnation = self.slots[node].incarnations[-1] if children else None
+            if incarnation is None or incarnation.ended is not None or children[-1].alive():
+                continue  # down for a fault (restarted when it ends), or running
+            child = children[-1]
+            child.reap()
+            incarnation.ended = child.exited_at or time.time()
+            self.exits_restarted += 1
+            logger.warning(
+                "%s: node%d exited on its own (%s); restarting it",
+                self.method,
+                node,
+                (list(child.stderr) or ["no output"])[-1],
+            )
+            self.restart(node)
 
     def restart(self, node: int) -> None:
         boost = self.config.boost_restarts
@@ -284,7 +315,12 @@ def run_phase(
     if config.keep_logs:
         write_logs(phase, RESULTS_DIR / "chaos" / method)
     figures = account(phase.slots, t0, t1, synchronous=method != "async", window_s=config.window_s)
-    return {"method": method, **figures, "orphans_killed": len(survivors)}
+    return {
+        "method": method,
+        **figures,
+        "exits_restarted": phase.exits_restarted,
+        "orphans_killed": len(survivors),
+    }
 
 
 def write_logs(phase: Phase, directory: Path) -> None:

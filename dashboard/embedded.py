@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import cast
 
-from dashboard.app import create_app
 from dashboard.history import History, HistoryTee
 from dashboard.models import Mode, NodeOut, PeerState
 from dashboard.server import DashboardServer, check_free
@@ -106,6 +105,10 @@ class EmbeddedDashboard:
         return HistoryTee(events, self.history, self._local_peer_id)
 
     def start(self) -> str:
+        # Here, not at import: fastapi and uvicorn cost ~a third of `import torch`, and a node
+        # starts its dashboard beside training, after its first inner step (docs/goodput.md).
+        from dashboard.app import create_app
+
         app = create_app(self.source, self.settings)
         try:
             self._server = DashboardServer(app, self.settings.host, self.settings.port)

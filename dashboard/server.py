@@ -8,9 +8,10 @@ import logging
 import socket
 import threading
 import time
+from typing import TYPE_CHECKING
 
-import uvicorn
-from fastapi import FastAPI
+if TYPE_CHECKING:  # uvicorn and fastapi load with the first server, beside the node's training
+    from fastapi import FastAPI
 
 logger = logging.getLogger(__name__)
 
@@ -22,6 +23,8 @@ class DashboardServer:
     """Binds at construction, so a port in use is reported before anything else starts."""
 
     def __init__(self, app: FastAPI, host: str, port: int) -> None:
+        import uvicorn  # not at import: a node starts its dashboard after its first step
+
         self._socket = bind(host, port)
         self.host = host
         self.port = int(self._socket.getsockname()[1])

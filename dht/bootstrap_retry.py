@@ -72,3 +72,49 @@ class BootstrapRetry:
         if remaining < MIN_WAIT_S:
             return None
         return min(self.next_delay_s(), remaining)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RejoinBounds:
+    """How a known member that found no peer at start dials its known peers again, in the
+    background while it trains: capped exponential backoff, never giving up."""
+
+    first_delay_s: float = 1.0
+    max_delay_s: float = 15.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.first_delay_s <= self.max_delay_s:
+            raise ValueError("rejoin delays need 0 < first_delay_s <= max_delay_s")
+
+
+class RejoinBackoff:
+    """When the next background dial is due. `alone(now)` says whether to dial now; a dial
+    that reached nobody (`failed`) doubles the wait, up to the cap; being connected
+    (`connected`) resets it, so that losing every peer later starts again from the first
+    delay. Pure: the clock is passed in."""
+
+    def __init__(self, bounds: RejoinBounds, now: float) -> None:
+        self.bounds = bounds
+        self.num_failed = 0
+        self._due_at = now  # the first dial at once
+
+    def delay_s(self) -> float:
+        """The wait after the current number of consecutive failed dials."""
+        exponent = min(max(self.num_failed - 1, 0), 62)
+        return float(min(self.bounds.max_delay_s, self.bounds.first_delay_s * 2.0**exponent))
+
+    def alone(self, now: float) -> bool:
+        """Connected to nobody at `now`: whether a dial is due."""
+        return now >= self._due_at
+
+    def failed(self, now: float) -> float:
+        """A dial at `now` reached nobody; seconds until the next one."""
+        self.num_failed += 1
+        wait_s = self.delay_s()
+        self._due_at = now + wait_s
+        return wait_s
+
+    def connected(self, now: float) -> None:
+        """Some peer is connected at `now`: a later loss dials at once, from the first delay."""
+        self.num_failed = 0
+        self._due_at = now

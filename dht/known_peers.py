@@ -14,14 +14,16 @@ import logging
 import os
 import tempfile
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from dht.addresses import AddressError, parse_peer_maddr
+from dht.bootstrap_retry import RetryBounds, candidates
 from dht.heartbeat import Heartbeat
-from dht.preflight import reach_peers
+from dht.preflight import PreflightError, reach_peers
 
 logger = logging.getLogger(__name__)
 
@@ -99,10 +101,31 @@ def save_known_peers(path: Path, maddrs: Iterable[str]) -> list[str]:
     return peers
 
 
-def join_peers(bootstrap: list[str], checkpoint_dir: Path) -> list[str]:
-    """The peers to dial at start: the bootstrap and the peers known last run that answer,
-    retried with bounded backoff (dht/preflight.reach_peers)."""
-    return reach_peers(bootstrap, load_known_peers(known_peers_path(checkpoint_dir)))
+@dataclass(frozen=True)
+class PeersToDial:
+    now: list[str]
+    """Dialled at start (hivemind's bootstrap)."""
+    rejoin: list[str]
+    """A known member's peers, dialled in the background while none answers
+    (dht.bootstrap_rejoin); empty for a newcomer, which has nothing to train on alone."""
+
+
+def join_peers(bootstrap: list[str], checkpoint_dir: Path, *, known_member: bool) -> PeersToDial:
+    """The peers to dial at start: the bootstrap and the peers known last run that answer.
+
+    A newcomer retries with bounded backoff and exits once that is spent
+    (dht/preflight.reach_peers). A known member (it has a checkpoint) tries once: if nobody
+    answers it trains on its checkpoint and keeps dialling them in the background."""
+    known = load_known_peers(known_peers_path(checkpoint_dir))
+    if not known_member or not bootstrap:
+        return PeersToDial(reach_peers(bootstrap, known), [])
+    tried = candidates(bootstrap, known)
+    try:
+        now = reach_peers(bootstrap, known, bounds=RetryBounds(give_up_after_s=0))
+    except PreflightError as exc:
+        logger.info("%s", exc)
+        now = []
+    return PeersToDial(now, tried)
 
 
 def remember_peers(checkpoint_dir: Path, alive: Iterable[Heartbeat]) -> list[str]:

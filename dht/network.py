@@ -13,14 +13,17 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 from hivemind import DHT
-from hivemind.p2p import P2P, P2PDaemonError
+from hivemind.p2p import P2P, P2PDaemonError, PeerID
 from hivemind.p2p.p2p_daemon_bindings.control import DaemonConnector
 from hivemind.p2p.p2p_daemon_bindings.utils import ControlFailure
 from hivemind.utils import get_dht_time
+from multiaddr import Multiaddr
 
+from dht.addresses import peer_id_of, without_peer_id
 from dht.budget import StreamGuard, StreamLimits
 from dht.p2pd import children_in_own_session, open_stream
 from dht.reachability import PathBook, RelayLimits, daemon_flags, tuned_p2p
@@ -80,6 +83,9 @@ class SwarmConfig:
     max_state_bytes: int = 4 << 30
     relay_limits: RelayLimits = field(default_factory=RelayLimits)
     """What this node spends relaying for peers behind NAT."""
+    rejoin_peers: list[str] = field(default_factory=list)
+    """A known member's peers: if none answers at start, the DHT starts alone and they are
+    dialled in the background (dht.bootstrap_rejoin) instead of the node exiting."""
 
     @property
     def prefix(self) -> str:
@@ -179,6 +185,8 @@ class SwarmNetwork:
                 start=True,
                 client_mode=self.config.client_mode,
                 shutdown_timeout=3,
+                # a known member starts alone and dials its peers later (dht.bootstrap_rejoin)
+                ensure_bootstrap_success=not self.config.rejoin_peers,
                 wait_timeout=self.dht_wait_timeout_s,  # per request to one DHT member
                 # [owner:PEER_ID] subkeys (heartbeats) only their owner can write
                 record_validators=[OwnerValidator(self.identity, self.dht_refusals)],
@@ -303,6 +311,28 @@ class SwarmNetwork:
         assert self._dht is not None
         await self._dht.store(key, value, get_dht_time() + ttl_s, subkey=subkey, return_future=True)
 
+    async def dht_peer_count(self) -> int:
+        """Peers in this node's DHT routing table (hivemind drops one that stops answering)."""
+        assert self._dht is not None
+        return int(await self._dht.run_coroutine(_routing_table_size, return_future=True))
+
+    async def dial(self, maddr: str, timeout_s: float) -> bool:
+        """Connect p2pd to `maddr` (ending in /p2p/ID) and ping that peer from the DHT member,
+        which puts each in the other's routing table; whether it answered within `timeout_s`."""
+        assert self._p2p is not None and self._dht is not None
+        try:
+            parsed = Multiaddr(maddr)
+            peer_id = peer_id_of(parsed)
+            await asyncio.wait_for(
+                self._p2p._client.connect(PeerID.from_base58(peer_id), [without_peer_id(parsed)]),
+                timeout_s,
+            )
+            ping = self._dht.run_coroutine(partial(_ping_peer, peer_id), return_future=True)
+            return bool(await asyncio.wait_for(ping, timeout_s))
+        except (TimeoutError, OSError, ValueError, P2PDaemonError, ControlFailure) as exc:
+            logger.debug("dialling %s failed: %s", maddr, exc)
+            return False
+
     # ---- streams ----------------------------------------------------------------------------
 
     def protocol(self, name: str) -> str:
@@ -390,3 +420,17 @@ class SwarmNetwork:
                 await send_blob(writer, blob)
             finally:
                 writer.close()
+
+
+async def _routing_table_size(_dht: Any, node: Any) -> int:
+    """In the DHT's process: how many peers its routing table holds."""
+    return len(node.protocol.routing_table.uid_to_peer_id)
+
+
+async def _ping_peer(peer_id: str, _dht: Any, node: Any) -> bool:
+    """In the DHT's process: ping `peer_id` (both routing tables learn the other), then look
+    up this node's neighbourhood through it, as hivemind's own bootstrap does."""
+    if await node.protocol.call_ping(PeerID.from_base58(peer_id)) is None:
+        return False
+    await node.find_nearest_nodes([node.node_id])
+    return True

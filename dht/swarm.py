@@ -17,6 +17,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from dht.bootstrap_rejoin import REJOIN_TICK_S, Rejoiner
 from dht.gossip import Gossip
 from dht.heartbeat import Heartbeat
 from dht.membership import Membership, PeerView
@@ -87,6 +88,8 @@ class Swarm:
         self.gossip.retained.is_fresh = pipeline.is_fresh_author  # they share a budget
         self.membership.on_left = self.gossip.forget_peer
         self._publishing: set[concurrent.futures.Future[None]] = set()
+        self.rejoiner: Rejoiner | None = None
+        """A known member's background dialling of its peers (None: not a known member)."""
 
     # ---- what the node and the dashboard read -----------------------------------------------
 
@@ -132,6 +135,8 @@ class Swarm:
         maddrs = self.network.read_visible_maddrs()
         self.network.call(self.membership.check_run(), timeout_s)
         self.network.call(self._start_heartbeats(), timeout_s)
+        if self.config.rejoin_peers:  # a known member: found nobody? train, dial them later
+            self.network.call(self._start_rejoining(), timeout_s)
         self.on_event("startup_phase", name="dht_bootstrap")  # the run check, a heartbeat
         return maddrs
 
@@ -175,6 +180,13 @@ class Swarm:
     async def _start_heartbeats(self) -> None:
         await self.membership.send_heartbeat()
         self.network.every(self.config.heartbeat_period_s, self.membership.send_heartbeat)
+
+    async def _start_rejoining(self) -> None:
+        rejoiner = Rejoiner(self.network, self.config.rejoin_peers)
+        self.rejoiner = rejoiner
+        if await rejoiner.check_start():
+            self.on_event("alone", known_peers=len(rejoiner.peers))
+        self.network.every(REJOIN_TICK_S, rejoiner.tick)
 
     async def _start_gossip(self) -> None:
         await self.gossip.start()

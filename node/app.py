@@ -24,7 +24,6 @@ import torch
 
 from dashboard.embedded import DEFAULT_DASHBOARD_PORT, EmbeddedDashboard
 from dashboard.settings import StandaloneConfig
-from dashboard.standalone import serve
 from dht.known_peers import join_peers, remember_peers
 from dht.swarm import Swarm
 from merge.allowlist import AllowList
@@ -47,7 +46,7 @@ from node.data import Corpus, load_corpus, split_corpus
 from node.events import EventLog
 from node.fingerprint import fingerprint_settings
 from node.learner import Learner, resolve_device
-from node.lifecycle import adopt_legacy_checkpoint, preflight
+from node.lifecycle import adopt_legacy_checkpoint, has_checkpoint, preflight
 from node.local_nodes import ControlFileEvents
 from node.locks import ResourceLock, checkpoint_lock, lock_identity
 from node.model import build_model
@@ -162,10 +161,12 @@ def _compose(config: JoinConfig, events: EventLog, locks: list[ResourceLock]) ->
         swarm_config = build_swarm_config(
             config, config, spec, replica.numel, preflight(config), run_settings
         )
-        # The bootstrap, retried with backoff, then the peers this node knew last time.
-        swarm_config = replace(
-            swarm_config, initial_peers=join_peers(swarm_config.initial_peers, checkpoint_dir)
+        # The bootstrap, retried with backoff, then the peers this node knew last time; a
+        # known member that reaches none trains and dials them in the background.
+        peers = join_peers(
+            swarm_config.initial_peers, checkpoint_dir, known_member=has_checkpoint(checkpoint_dir)
         )
+        swarm_config = replace(swarm_config, initial_peers=peers.now, rejoin_peers=peers.rejoin)
         network = Swarm(
             swarm_config,
             identity,
@@ -318,6 +319,8 @@ def dashboard_access(config: JoinConfig) -> str:
 
 def serve_dashboard(config: StandaloneConfig, events: EventLog, stop: threading.Event) -> None:
     """`diloco-node dashboard`: the swarm's dashboard without training, until `stop`."""
+    from dashboard.standalone import serve  # fastapi: not on a training node's start-up
+
     serve(config, events, stop)
 
 

@@ -202,6 +202,21 @@ class ShardedLearner(Learner):
                 forward_sync_buffers=False,  # buffers are constants (rotary tables)
             )
 
+    def _build_optimizer(self) -> torch.optim.Optimizer:
+        """torch's own AdamW (same math and state as node.inner_optim's): FSDP's optimizer
+        state dict helpers need a torch.optim.Optimizer."""
+        return torch.optim.AdamW(
+            self.model.parameters(),
+            lr=self.config.lr,
+            weight_decay=self.config.weight_decay,
+            betas=(0.9, 0.95),
+            fused=self.device.type == "cuda",
+        )
+
+    @property
+    def _torch_optimizer(self) -> torch.optim.Optimizer:
+        return cast(torch.optim.Optimizer, self.optimizer)  # built by _build_optimizer
+
     # ---- what rank 0 asks, everyone does ---------------------------------------------------
 
     def load_params(self, flat: Tensor) -> None:
@@ -283,7 +298,7 @@ class ShardedLearner(Learner):
 
         self._command(_STATE)
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        optimizer = get_optimizer_state_dict(self.module, self.optimizer, options=options)
+        optimizer = get_optimizer_state_dict(self.module, self._torch_optimizer, options=options)
         return {**super().state_dict(), "optimizer": optimizer, "parallel": "fsdp"}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -302,7 +317,7 @@ class ShardedLearner(Learner):
 
         options = StateDictOptions(full_state_dict=True)
         set_optimizer_state_dict(
-            self.module, self.optimizer, optim_state_dict=state["optimizer"], options=options
+            self.module, self._torch_optimizer, optim_state_dict=state["optimizer"], options=options
         )
         self.step = int(state["step"])
         self.sampler.load_state_dict(state["sampler"])

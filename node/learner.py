@@ -14,6 +14,7 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector
 
 from node.data import ShardSampler
+from node.inner_optim import InnerAdamW
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,12 +101,17 @@ class Learner:
         self.config = config
         self.device = device
         self.step = 0
-        self.optimizer = torch.optim.AdamW(
+        self.optimizer = self._build_optimizer()
+
+    def _build_optimizer(self) -> InnerAdamW | torch.optim.Optimizer:
+        """AdamW, not torch.optim.AdamW: its first call imports torch._dynamo, ~as long as
+        `import torch`, on every start's path to the first inner step (node.inner_optim)."""
+        return InnerAdamW(
             self.model.parameters(),
-            lr=config.lr,
-            weight_decay=config.weight_decay,
+            lr=self.config.lr,
+            weight_decay=self.config.weight_decay,
             betas=(0.9, 0.95),
-            fused=device.type == "cuda",
+            fused=self.device.type == "cuda",
         )
 
     def load_params(self, flat: torch.Tensor) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 
 import pytest
@@ -44,3 +45,40 @@ def test_a_restarted_node_joins_through_known_peers_after_its_bootstrap_died(
     again.wait_listening(START_S)
     wait_peers_alive(again, 1, START_S)
     assert again.peer_id == returning.peer_id
+
+
+@pytest.mark.timeout(covering(7 * START_S, EXIT_S))  # EXIT_S: the clean stop
+def test_a_known_member_whose_peers_are_all_down_trains_alone_and_rejoins_when_one_returns(
+    launch: Launch,
+) -> None:
+    """Its only peer is down: it trains on its checkpoint at once (no exit, no minute of
+    retries), dials in the background, and merges the peer's updates once it is back."""
+    port = _free_port()
+    peer = launch(*RUN, "--port", str(port), name="peer")
+    peer_maddr = peer.wait_listening(START_S)[0]
+    member = launch(*RUN, "--peers", peer_maddr, name="member")
+    wait_peers_alive(member, 1, START_S)
+    member.stop()  # its checkpoint: a known member now
+    peer.crash()
+
+    again = launch(*RUN, "--peers", peer_maddr, name="member")
+    again.wait_event("alone", START_S)
+    again.wait_for(
+        lambda e: e.get("event") == "startup_phase" and e.get("name") == "first_batch",
+        START_S,
+        "training alone",
+    )
+    back = launch(*RUN, "--port", str(port), name="peer")  # same identity, same address
+    assert back.wait_listening(START_S)[0] == peer_maddr
+    again.wait_for(
+        lambda e: e.get("event") == "update_merged" and e["author"] == peer.peer_id,
+        START_S,
+        "merging the returned peer's update",
+    )
+    wait_peers_alive(again, 1, START_S)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

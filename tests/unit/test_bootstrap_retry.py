@@ -10,7 +10,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dht.bootstrap_retry import MAX_KNOWN_TRIED, MIN_WAIT_S, BootstrapRetry, RetryBounds, candidates
+from dht.bootstrap_retry import (
+    MAX_KNOWN_TRIED,
+    MIN_WAIT_S,
+    BootstrapRetry,
+    RejoinBackoff,
+    RejoinBounds,
+    RetryBounds,
+    candidates,
+)
 from dht.preflight import PreflightError, reach_peers
 
 PEER = "12D3KooWGgtHxHyqJ2bBHB6YPBFu2yC7n1AVXsbuXrBjVt3jxY3E"
@@ -158,3 +166,47 @@ def test_a_node_without_peers_starts_a_swarm_and_dials_no_one() -> None:
 
 def _no_sleep(seconds: float) -> None:
     raise AssertionError("nothing to wait for")
+
+
+# ---- a known member's background dialling (dht.bootstrap_rejoin) ----------------------------
+
+rejoin_bounds_st = st.builds(
+    RejoinBounds, first_delay_s=st.floats(0.01, 10), max_delay_s=st.floats(10, 60)
+)
+
+
+@given(rejoin_bounds_st, st.lists(st.tuples(st.booleans(), st.floats(0, 30)), max_size=80))
+def test_rejoin_dials_at_once_backs_off_to_the_cap_and_resets_when_connected(
+    bounds: RejoinBounds, steps: list[tuple[bool, float]]
+) -> None:
+    """Alone, a dial is due at once after a start or a loss; after each failed dial the wait
+    doubles from the first delay up to the cap; being connected resets it. It never gives up."""
+    now = 0.0
+    backoff = RejoinBackoff(bounds, now)
+    assert backoff.alone(now)
+    failed = 0
+    for connected, advance in steps:
+        if connected:
+            backoff.connected(now)
+            failed = 0
+            assert backoff.alone(now)  # a later loss dials at once
+        elif backoff.alone(now):
+            wait_s = backoff.failed(now)
+            failed += 1
+            expected = min(bounds.max_delay_s, bounds.first_delay_s * 2 ** (failed - 1))
+            assert wait_s == pytest.approx(expected)
+            assert bounds.first_delay_s <= wait_s <= bounds.max_delay_s
+            assert not backoff.alone(now + wait_s * 0.999)
+            assert backoff.alone(now + wait_s)
+        now += advance
+
+
+def test_rejoin_waits_one_two_four_then_fifteen_seconds_forever() -> None:
+    backoff = RejoinBackoff(RejoinBounds(), 0.0)
+    assert [backoff.failed(0.0) for _ in range(7)] == [1.0, 2.0, 4.0, 8.0, 15.0, 15.0, 15.0]
+
+
+@pytest.mark.parametrize("kwargs", [{"first_delay_s": 0}, {"first_delay_s": 9, "max_delay_s": 3}])
+def test_nonsense_rejoin_bounds_are_refused(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        RejoinBounds(**kwargs)

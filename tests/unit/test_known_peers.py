@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,8 @@ from dht.heartbeat import Heartbeat
 from dht.known_peers import (
     MAX_FILE_BYTES,
     MAX_KNOWN_PEERS,
+    PeersToDial,
+    join_peers,
     known_peers_path,
     load_known_peers,
     peer_addresses,
@@ -129,3 +133,40 @@ def test_an_unwritable_directory_costs_one_line_not_the_checkpoint(
     with caplog.at_level(logging.WARNING, logger="dht.known_peers"):
         assert remember_peers(blocker, [beat(PEERS[0], 1.0, maddr(1))]) == []
     assert any("could not write known peers" in r.getMessage() for r in caplog.records)
+
+
+def _dead_port() -> int:
+    with socket.socket() as sock:  # bound, never listening: a connection is refused
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_a_known_member_whose_peers_are_all_down_starts_alone_and_keeps_them(
+    tmp_path: Path,
+) -> None:
+    """It tries once (no 90 s of retries before training): nobody answers, so the DHT starts
+    alone and the bootstrap and known peers are dialled in the background."""
+    bootstrap, known = maddr(_dead_port()), maddr(_dead_port(), PEERS[1])
+    save_known_peers(known_peers_path(tmp_path), [known])
+    started = time.monotonic()
+    peers = join_peers([bootstrap], tmp_path, known_member=True)
+    assert time.monotonic() - started < 5
+    assert peers == PeersToDial(now=[], rejoin=[bootstrap, known])
+
+
+def test_a_known_member_dials_who_answers_and_keeps_every_peer_for_later(tmp_path: Path) -> None:
+    with socket.socket() as member:
+        member.bind(("127.0.0.1", 0))
+        member.listen()
+        alive, dead = maddr(member.getsockname()[1]), maddr(_dead_port(), PEERS[1])
+        peers = join_peers([dead, alive], tmp_path, known_member=True)
+    assert peers == PeersToDial(now=[alive], rejoin=[dead, alive])
+
+
+def test_a_newcomer_has_nothing_to_rejoin_with(tmp_path: Path) -> None:
+    with socket.socket() as member:
+        member.bind(("127.0.0.1", 0))
+        member.listen()
+        alive = maddr(member.getsockname()[1])
+        assert join_peers([alive], tmp_path, known_member=False) == PeersToDial([alive], [])
+    assert join_peers([], tmp_path, known_member=True) == PeersToDial([], [])
