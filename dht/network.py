@@ -23,7 +23,13 @@ from hivemind.utils import get_dht_time
 
 from dht.budget import StreamGuard, StreamLimits
 from dht.p2pd import children_in_own_session, open_stream
-from dht.reachability import PathBook, RelayLimits, daemon_flags, tuned_p2p
+from dht.reachability import (
+    PathBook,
+    RelayLimits,
+    connections_by_peer,
+    daemon_flags,
+    tuned_p2p,
+)
 from dht.reaper import OrphanReaper
 from dht.records import OwnerValidator, RefusalCounts
 from dht.rejections import Rejections
@@ -148,11 +154,14 @@ class SwarmNetwork:
         assert self._p2p is not None
         peers = await asyncio.wait_for(self._p2p.list_peers(), REQUEST_READ_TIMEOUT_S)
         before = self.paths.counts()
-        self.paths.observe({str(p.peer_id): [str(a) for a in p.addrs] for p in peers})
+        self.paths.observe(connections_by_peer((str(p.peer_id), map(str, p.addrs)) for p in peers))
         now = self.paths.counts()
         if now != before:
             logger.info("connections: %s", ", ".join(f"{n} {kind}" for kind, n in now.items()))
-        own = await asyncio.wait_for(self._p2p.get_visible_maddrs(), REQUEST_READ_TIMEOUT_S)
+        # latest: ask p2pd again; its first answer, cached by hivemind, predates any relay slot
+        own = await asyncio.wait_for(
+            self._p2p.get_visible_maddrs(latest=True), REQUEST_READ_TIMEOUT_S
+        )
         self.visible_maddrs = [str(m) for m in own]
 
     async def path_to(self, peer_id: str) -> str | None:
@@ -165,7 +174,7 @@ class SwarmNetwork:
         except (TimeoutError, OSError, P2PDaemonError, ControlFailure) as exc:
             logger.debug("listing connections failed: %s", exc)
             return None
-        self.paths.observe({str(p.peer_id): [str(a) for a in p.addrs] for p in peers})
+        self.paths.observe(connections_by_peer((str(p.peer_id), map(str, p.addrs)) for p in peers))
         return self.paths.path(peer_id)
 
     def _start_dht(self) -> DHT:
