@@ -22,6 +22,8 @@ from hivemind.p2p.p2p_daemon_bindings.utils import ControlFailure
 from hivemind.utils import get_dht_time
 
 from dht.budget import StreamGuard, StreamLimits
+from dht.doctor import probe_bootstraps
+from dht.join_report import bootstrap_failure
 from dht.p2pd import children_in_own_session, open_stream
 from dht.reachability import (
     PathBook,
@@ -124,6 +126,8 @@ class SwarmNetwork:
         self._background: set[asyncio.Task[None]] = set()
         self.paths = PathBook()
         """Which path (direct, hole-punched, relayed) each connected peer is on."""
+        self.on_addresses: Callable[[list[str]], None] | None = None
+        """Called on the loop when this node's addresses change (a relay slot taken or lost)."""
 
     # ---- start and stop ---------------------------------------------------------------------
 
@@ -134,6 +138,8 @@ class SwarmNetwork:
             self._p2p = self.call(self._create_p2p(), timeout_s)
         except P2PDaemonError as exc:
             reason = str(exc).splitlines()[-1] if str(exc) else type(exc).__name__
+            if "bootstrap peers" in reason and self.config.initial_peers:
+                raise SwarmError(self._why_no_bootstrap(timeout_s)) from None
             peers = ", ".join(self.config.initial_peers) or "none"
             raise SwarmError(f"could not start the p2p daemon (peers: {peers}): {reason}") from None
         for pid in self._p2pd_pids:
@@ -144,6 +150,16 @@ class SwarmNetwork:
         assert self._dht.pid is not None
         self._reaper.watch(self._dht.pid)
         self.call(self._watch_paths(), timeout_s)
+
+    def _why_no_bootstrap(self, timeout_s: float) -> str:
+        """p2pd says only "failed to connect to bootstrap peers": probe each (TCP, then the
+        peer id its address names) to say which failed and why."""
+        try:
+            probes = self.call(probe_bootstraps(self.config.initial_peers), timeout_s)
+        except Exception as exc:  # the probe itself failed: say what p2pd said
+            logger.debug("probing the bootstrap peers failed: %r", exc)
+            return "could not connect to a bootstrap peer: " + ", ".join(self.config.initial_peers)
+        return bootstrap_failure(probes)
 
     async def _watch_paths(self) -> None:
         self.every(self.config.heartbeat_period_s, self.refresh_paths)
@@ -162,7 +178,10 @@ class SwarmNetwork:
         own = await asyncio.wait_for(
             self._p2p.get_visible_maddrs(latest=True), REQUEST_READ_TIMEOUT_S
         )
-        self.visible_maddrs = [str(m) for m in own]
+        seen = [str(m) for m in own]
+        if seen != self.visible_maddrs and self.on_addresses is not None:
+            self.on_addresses(seen)
+        self.visible_maddrs = seen
 
     async def path_to(self, peer_id: str) -> str | None:
         """The path (direct, holepunched, relayed) of this node's connection to `peer_id` now,

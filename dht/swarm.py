@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from dht.gossip import Gossip
 from dht.heartbeat import Heartbeat
+from dht.join_report import ReachabilityNotes
 from dht.membership import Membership, PeerView
 from dht.merge_port import MergePort
 from dht.network import RunMismatchError, SwarmConfig, SwarmError, SwarmNetwork
@@ -87,6 +88,10 @@ class Swarm:
         self.gossip.retained.is_fresh = pipeline.is_fresh_author  # they share a budget
         self.membership.on_left = self.gossip.forget_peer
         self._publishing: set[concurrent.futures.Future[None]] = set()
+        self._reachability = ReachabilityNotes(
+            announce_given=bool(config.announce_maddrs), use_auto_relay=config.use_auto_relay
+        )
+        self.network.on_addresses = self._addresses_changed
 
     # ---- what the node and the dashboard read -----------------------------------------------
 
@@ -118,6 +123,19 @@ class Swarm:
 
     def alive_peers(self) -> list[Heartbeat]:
         return self.membership.alive_peers()
+
+    def tell_reachability(self) -> None:
+        """A `reachability` event: how peers reach this node (after `start`; again on each
+        change)."""
+        found = self._reachability.first(self.network.visible_maddrs)
+        self.on_event("reachability", line=found.line, relays=found.relays, maddrs=found.announced)
+
+    def _addresses_changed(self, maddrs: list[str]) -> None:
+        found = self._reachability.update(maddrs)
+        if found is not None:
+            self.on_event(
+                "reachability", line=found.line, relays=found.relays, maddrs=found.announced
+            )
 
     # ---- thread-safe entry points --------------------------------------------------------
 

@@ -174,6 +174,7 @@ class NetworkSwarm:
             maddrs=maddrs,
             join_command=join_hint(maddrs, extra),
         )
+        self.swarm.tell_reachability()
 
     def catch_up(self, joined: Callable[[int], None]) -> None:
         # After enter(): the DHT's process has forked, a thread of ours is safe now.
