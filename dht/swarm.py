@@ -26,6 +26,7 @@ from dht.network import RunMismatchError, SwarmConfig, SwarmError, SwarmNetwork
 from dht.reachability import PathKind
 from dht.rejections import Rejections
 from dht.state_transfer import StateTransfer, TransferStats
+from dht.transfer_progress import ProgressReport
 from merge.envelope import SignedUpdate
 from merge.identity import Identity
 from merge.replica import Replica
@@ -84,6 +85,7 @@ class Swarm:
             pipeline,
             merge_pool=self._merge_pool,
             reject=self._reject,
+            on_event=on_event,
         )
         self.gossip.retained.is_fresh = pipeline.is_fresh_author  # they share a budget
         self.membership.on_left = self.gossip.forget_peer
@@ -115,6 +117,11 @@ class Swarm:
     def paths(self) -> dict[PathKind, int]:
         """Connected peers per path (direct, holepunched, relayed), as last read from p2pd."""
         return self.network.paths.counts()
+
+    @property
+    def state_download(self) -> ProgressReport | None:
+        """The running state download's bytes, rate and ETA (None: none running)."""
+        return self.transfer.progress
 
     @property
     def num_lost(self) -> int:
