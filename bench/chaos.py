@@ -3,6 +3,7 @@
     python -m bench.chaos                               # 4 nodes, MTBF 120 s, async + baselines
     python -m bench.chaos --methods async --duration-s 120 --mtbf-s 60
     python -m bench.chaos --no-netns                    # loopback only: no network cuts
+    python -m bench.chaos --topology nat --duration-s 300  # behind NATs vs loopback (chaos_nat)
 
 Every method runs the same seeded schedule on the same machine, one after the other, in one
 invocation: `async` (this project: `diloco-node join`), `sync_diloco` (synchronous DiLoCo on
@@ -91,6 +92,14 @@ class ChaosConfig:
     """Run each node in its own network namespace (root needed; falls back to loopback)."""
     seed: int = 0
     """Seed of the failure schedule."""
+    topology: str = "flat"
+    """flat: every node on one bridge (or loopback); nat: node 0 public, the others behind a
+    cone and a symmetric NAT, kill faults only, against the same run on loopback
+    (bench/chaos_nat.py)."""
+    down_mbit: float = 20.0
+    """--topology nat: each home's downlink, Mbit/s (tc tbf)."""
+    up_mbit: float = 5.0
+    """--topology nat: each home's uplink, Mbit/s (tc tbf)."""
     keep_logs: bool = True
     """Write every node's events under bench/results/chaos/METHOD/."""
 
@@ -103,6 +112,8 @@ class ChaosConfig:
         unknown = set(self.kind_list) - set(FAULT_KINDS) or set(self.method_list) - set(METHODS)
         if unknown:
             raise ValueError(f"unknown fault kind or method: {', '.join(sorted(unknown))}")
+        if self.topology not in ("flat", "nat"):
+            raise ValueError(f"--topology is flat or nat, got {self.topology!r}")
 
     @property
     def kind_list(self) -> list[str]:
@@ -377,6 +388,10 @@ def main() -> None:
     add_config_arguments(parser, ChaosConfig)
     config = config_from_args(ChaosConfig, parser.parse_args())
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if config.topology == "nat":
+        from bench.chaos_nat import main_nat
+
+        return main_nat(config)
     report = run_chaos(config)
     for fault in report["schedule"]:
         print(f"fault at {fault['at_s']:6.1f} s: {fault['kind']:<5} node{fault['node']}")

@@ -7,14 +7,16 @@ imports `node.runtime` nor touches the node's attributes.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import cast
 
 from dashboard.history import History, HistoryTee
-from dashboard.models import Mode, NodeOut, PeerState
+from dashboard.models import Mode, NodeOut, PeerState, StateDownloadOut
 from dashboard.server import DashboardServer, check_free
 from dashboard.settings import DashboardSettings
 from dashboard.sources import PolledSource
 from dashboard.view import PeerRecord, SwarmState
+from dht.transfer_progress import ProgressReport
 from node.events import EventLog
 from node.snapshot import NodeStatus
 
@@ -70,6 +72,7 @@ class EmbeddedSource(PolledSource):
             rejected_peers=own.rejected_peers,
             fetches=status.fetches,
             fetched_megabytes=round(status.fetched_bytes / 1e6, 3),
+            state_download=_state_download(status.state_download),
         )
 
 
@@ -123,3 +126,9 @@ class EmbeddedDashboard:
         if self._server is not None:
             self._server.stop()
         self.source.stop()
+
+
+def _state_download(progress: ProgressReport | None) -> StateDownloadOut | None:
+    if progress is None:
+        return None
+    return StateDownloadOut(**asdict(progress))

@@ -107,6 +107,21 @@ class SwarmOut(_Model):
     staleness_histogram: list[StalenessBucket]
 
 
+class StateDownloadOut(_Model):
+    """A state download: this node's replica coming from a donor."""
+
+    peer_id: str
+    """The donor."""
+    num_bytes: int
+    total_bytes: int | None
+    """What the donor announced (null before its first answer)."""
+    bytes_per_s: float | None
+    """Over the last few seconds (null at the start)."""
+    eta_s: float | None
+    """Seconds left at that rate (null when unknown)."""
+    elapsed_s: float
+
+
 class NodeOut(_Model):
     peer_id: str
     org: str
@@ -136,6 +151,8 @@ class NodeOut(_Model):
     fetches: int
     """Update payloads fetched from peers."""
     fetched_megabytes: float
+    state_download: StateDownloadOut | None = None
+    """The state download running now (null: none)."""
 
 
 class SwarmPoint(_Model):

@@ -216,11 +216,7 @@ async def diagnose(
     timeout_s: float = 5.0,
 ) -> Observation:
     """Observe this machine's reachability as `join` with these flags (and --auto-relay) would."""
-    loop = asyncio.get_running_loop()
-    probes = await asyncio.gather(
-        *(loop.run_in_executor(None, probe_tcp, p, timeout_s) for p in peers)
-    )
-    failed = {p.maddr: p for p in probes if p is not None}
+    failed = await _tcp_failures(peers, timeout_s)
     reachable = [p for p in peers if p not in failed]
     flags = daemon_flags(use_auto_relay=True, initial_peers=reachable, limits=RelayLimits())
     with _autonat_log() as autonat:
@@ -249,6 +245,31 @@ async def diagnose(
         announced=announced,
         port=port,
     )
+
+
+async def probe_bootstraps(peers: list[str], timeout_s: float = 5.0) -> list[BootstrapProbe]:
+    """Each bootstrap address's outcome: a TCP connection, then a libp2p handshake (from a
+    throwaway p2pd) that checks the peer id the address names."""
+    from hivemind.p2p import P2P
+
+    failed = await _tcp_failures(peers, timeout_s)
+    reachable = [p for p in peers if p not in failed]
+    if reachable:
+        p2p = await P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+        try:
+            for maddr in reachable:
+                failed.update(await _handshake(p2p, maddr, timeout_s))
+        finally:
+            await p2p.shutdown()
+    return [failed.get(p, BootstrapProbe(p, "ok")) for p in peers]
+
+
+async def _tcp_failures(peers: list[str], timeout_s: float) -> dict[str, BootstrapProbe]:
+    loop = asyncio.get_running_loop()
+    probes = await asyncio.gather(
+        *(loop.run_in_executor(None, probe_tcp, p, timeout_s) for p in peers)
+    )
+    return {p.maddr: p for p in probes if p is not None}
 
 
 async def _handshake(p2p: P2P, maddr: str, timeout_s: float) -> dict[str, BootstrapProbe]:

@@ -25,8 +25,16 @@ from multiaddr import Multiaddr
 
 from dht.addresses import peer_id_of, without_peer_id
 from dht.budget import StreamGuard, StreamLimits
+from dht.doctor import probe_bootstraps
+from dht.join_report import bootstrap_failure
 from dht.p2pd import children_in_own_session, open_stream
-from dht.reachability import PathBook, RelayLimits, daemon_flags, tuned_p2p
+from dht.reachability import (
+    PathBook,
+    RelayLimits,
+    connections_by_peer,
+    daemon_flags,
+    tuned_p2p,
+)
 from dht.reaper import OrphanReaper
 from dht.records import OwnerValidator, RefusalCounts
 from dht.rejections import Rejections
@@ -124,6 +132,8 @@ class SwarmNetwork:
         self._background: set[asyncio.Task[None]] = set()
         self.paths = PathBook()
         """Which path (direct, hole-punched, relayed) each connected peer is on."""
+        self.on_addresses: Callable[[list[str]], None] | None = None
+        """Called on the loop when this node's addresses change (a relay slot taken or lost)."""
 
     # ---- start and stop ---------------------------------------------------------------------
 
@@ -134,6 +144,8 @@ class SwarmNetwork:
             self._p2p = self.call(self._create_p2p(), timeout_s)
         except P2PDaemonError as exc:
             reason = str(exc).splitlines()[-1] if str(exc) else type(exc).__name__
+            if "bootstrap peers" in reason and self.config.initial_peers:
+                raise SwarmError(self._why_no_bootstrap(timeout_s)) from None
             peers = ", ".join(self.config.initial_peers) or "none"
             raise SwarmError(f"could not start the p2p daemon (peers: {peers}): {reason}") from None
         for pid in self._p2pd_pids:
@@ -145,6 +157,16 @@ class SwarmNetwork:
         self._reaper.watch(self._dht.pid)
         self.call(self._watch_paths(), timeout_s)
 
+    def _why_no_bootstrap(self, timeout_s: float) -> str:
+        """p2pd says only "failed to connect to bootstrap peers": probe each (TCP, then the
+        peer id its address names) to say which failed and why."""
+        try:
+            probes = self.call(probe_bootstraps(self.config.initial_peers), timeout_s)
+        except Exception as exc:  # the probe itself failed: say what p2pd said
+            logger.debug("probing the bootstrap peers failed: %r", exc)
+            return "could not connect to a bootstrap peer: " + ", ".join(self.config.initial_peers)
+        return bootstrap_failure(probes)
+
     async def _watch_paths(self) -> None:
         self.every(self.config.heartbeat_period_s, self.refresh_paths)
 
@@ -154,12 +176,18 @@ class SwarmNetwork:
         assert self._p2p is not None
         peers = await asyncio.wait_for(self._p2p.list_peers(), REQUEST_READ_TIMEOUT_S)
         before = self.paths.counts()
-        self.paths.observe({str(p.peer_id): [str(a) for a in p.addrs] for p in peers})
+        self.paths.observe(connections_by_peer((str(p.peer_id), map(str, p.addrs)) for p in peers))
         now = self.paths.counts()
         if now != before:
             logger.info("connections: %s", ", ".join(f"{n} {kind}" for kind, n in now.items()))
-        own = await asyncio.wait_for(self._p2p.get_visible_maddrs(), REQUEST_READ_TIMEOUT_S)
-        self.visible_maddrs = [str(m) for m in own]
+        # latest: ask p2pd again; its first answer, cached by hivemind, predates any relay slot
+        own = await asyncio.wait_for(
+            self._p2p.get_visible_maddrs(latest=True), REQUEST_READ_TIMEOUT_S
+        )
+        seen = [str(m) for m in own]
+        if seen != self.visible_maddrs and self.on_addresses is not None:
+            self.on_addresses(seen)
+        self.visible_maddrs = seen
 
     async def path_to(self, peer_id: str) -> str | None:
         """The path (direct, holepunched, relayed) of this node's connection to `peer_id` now,
@@ -171,7 +199,7 @@ class SwarmNetwork:
         except (TimeoutError, OSError, P2PDaemonError, ControlFailure) as exc:
             logger.debug("listing connections failed: %s", exc)
             return None
-        self.paths.observe({str(p.peer_id): [str(a) for a in p.addrs] for p in peers})
+        self.paths.observe(connections_by_peer((str(p.peer_id), map(str, p.addrs)) for p in peers))
         return self.paths.path(peer_id)
 
     def _start_dht(self) -> DHT:

@@ -100,6 +100,17 @@ def relay_of(maddr: str) -> str | None:
     return before.rsplit("/p2p/", 1)[-1] if "/p2p/" in before else None
 
 
+def connections_by_peer(entries: Iterable[tuple[str, Iterable[str]]]) -> dict[str, list[str]]:
+    """Peer id -> the remote addresses of all its connections, from p2pd's list_peers entries.
+
+    p2pd lists one entry per connection, so a peer that holds a relayed and a direct
+    connection appears twice; a dictionary built entry by entry would keep only the last."""
+    found: dict[str, list[str]] = {}
+    for peer, addrs in entries:
+        found.setdefault(peer, []).extend(addrs)
+    return found
+
+
 def paths_label(counts: Mapping[str, int]) -> str:
     """`1 direct, 2 relayed` (kinds with no peer left out); `-` when nothing was measured."""
     found = [f"{counts[kind]} {kind}" for kind in PATH_KINDS if counts.get(kind)]

@@ -53,6 +53,8 @@ class Resume:
     total: int | None = None
     idle_attempts: int = 0
     num_attempts: int = 0
+    on_progress: Callable[[int, int], None] | None = None
+    """Told (bytes so far, total) as bytes arrive (dht.transfer_progress)."""
 
     @property
     def offset(self) -> int:
@@ -86,6 +88,8 @@ class Resume:
         if self.offset + len(part) > self.total:
             raise TransportError("peer sent more than the size it announced")
         self.data += part
+        if self.on_progress is not None:
+            self.on_progress(self.offset, self.total)
 
     def attempt_ended(self, received: int) -> None:
         self.num_attempts += 1
@@ -96,12 +100,17 @@ Opener = Callable[[], Awaitable[tuple[Any, Any]]]
 
 
 async def fetch_resumable(
-    open_stream: Opener, args: list[Any], *, max_bytes: int, stall_timeout_s: float
+    open_stream: Opener,
+    args: list[Any],
+    *,
+    max_bytes: int,
+    stall_timeout_s: float,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> tuple[bytes, int]:
     """The whole blob that `args` names and the number of attempts it took, however many
     streams it took; TransportError (or TooLargeError, TimeoutError) when the peer refused it
     or made no progress MAX_IDLE_ATTEMPTS times in a row. The caller bounds the total time."""
-    resume = Resume(max_bytes=max_bytes)
+    resume = Resume(max_bytes=max_bytes, on_progress=on_progress)
     while not resume.done:
         await asyncio.sleep(resume.backoff_s())
         received = 0

@@ -10,7 +10,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import blake3
@@ -46,6 +46,7 @@ from dht.tensor_stream import (
     split_tensors,
     tensor_spec,
 )
+from dht.transfer_progress import ProgressReport, TransferProgress
 from dht.transport import (
     TransportError,
     decode_request,
@@ -95,8 +96,12 @@ class StateTransfer:
         *,
         merge_pool: Executor,
         reject: Rejections,
+        on_event: Callable[..., None] = lambda event, **fields: None,
     ) -> None:
         self.network = network
+        self._on_event = on_event
+        self.progress: ProgressReport | None = None
+        """The running state download's progress, for the dashboard (None: none running)."""
         self.config = network.config
         self.membership = membership
         self.pipeline = pipeline
@@ -233,12 +238,25 @@ class StateTransfer:
     async def _receive_state(self, peer_id: str) -> tuple[dict[str, Any], int]:
         """The donor's sealed state, in as many streams as the path needs (a relayed one is
         cut every ~128 KiB: dht.resumable), then checked as one stream (receive_state)."""
-        blob, num_attempts = await fetch_resumable(
-            lambda: self.network.open_stream(peer_id, "state_part"),
-            [secrets.token_hex(8)],
-            max_bytes=self.config.max_state_bytes + MAX_STATE_META_BYTES + MAX_SEAL_BYTES + 64,
-            stall_timeout_s=REQUEST_READ_TIMEOUT_S,
-        )
+        progress = TransferProgress(peer_id, time.monotonic())
+
+        def arrived(num_bytes: int, total: int) -> None:
+            now = time.monotonic()
+            progress.update(num_bytes, total, now)
+            self.progress = report = progress.report(now)
+            if progress.due(now):  # a long download: bytes, rate, ETA every few seconds
+                self._on_event("state_progress", line=report.line(), **asdict(report))
+
+        try:
+            blob, num_attempts = await fetch_resumable(
+                lambda: self.network.open_stream(peer_id, "state_part"),
+                [secrets.token_hex(8)],
+                max_bytes=self.config.max_state_bytes + MAX_STATE_META_BYTES + MAX_SEAL_BYTES + 64,
+                stall_timeout_s=REQUEST_READ_TIMEOUT_S,
+                on_progress=arrived,
+            )
+        finally:
+            self.progress = None
         logger.info("state of %s: %d bytes in %d streams", peer_id, len(blob), num_attempts)
         reader = asyncio.StreamReader()
         reader.feed_data(blob)

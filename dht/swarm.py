@@ -20,12 +20,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dht.bootstrap_rejoin import REJOIN_TICK_S, Rejoiner
 from dht.gossip import Gossip
 from dht.heartbeat import Heartbeat
+from dht.join_report import ReachabilityNotes
 from dht.membership import Membership, PeerView
 from dht.merge_port import MergePort
 from dht.network import RunMismatchError, SwarmConfig, SwarmError, SwarmNetwork
 from dht.reachability import PathKind
 from dht.rejections import Rejections
 from dht.state_transfer import StateTransfer, TransferStats
+from dht.transfer_progress import ProgressReport
 from merge.envelope import SignedUpdate
 from merge.identity import Identity
 from merge.replica import Replica
@@ -84,12 +86,17 @@ class Swarm:
             pipeline,
             merge_pool=self._merge_pool,
             reject=self._reject,
+            on_event=on_event,
         )
         self.gossip.retained.is_fresh = pipeline.is_fresh_author  # they share a budget
         self.membership.on_left = self.gossip.forget_peer
         self._publishing: set[concurrent.futures.Future[None]] = set()
         self.rejoiner: Rejoiner | None = None
         """A known member's background dialling of its peers (None: not a known member)."""
+        self._reachability = ReachabilityNotes(
+            announce_given=bool(config.announce_maddrs), use_auto_relay=config.use_auto_relay
+        )
+        self.network.on_addresses = self._addresses_changed
 
     # ---- what the node and the dashboard read -----------------------------------------------
 
@@ -115,12 +122,30 @@ class Swarm:
         return self.network.paths.counts()
 
     @property
+    def state_download(self) -> ProgressReport | None:
+        """The running state download's bytes, rate and ETA (None: none running)."""
+        return self.transfer.progress
+
+    @property
     def num_lost(self) -> int:
         """Updates this node knows exist but that no live peer could give it."""
         return self.gossip.num_lost
 
     def alive_peers(self) -> list[Heartbeat]:
         return self.membership.alive_peers()
+
+    def tell_reachability(self) -> None:
+        """A `reachability` event: how peers reach this node (after `start`; again on each
+        change)."""
+        found = self._reachability.first(self.network.visible_maddrs)
+        self.on_event("reachability", line=found.line, relays=found.relays, maddrs=found.announced)
+
+    def _addresses_changed(self, maddrs: list[str]) -> None:
+        found = self._reachability.update(maddrs)
+        if found is not None:
+            self.on_event(
+                "reachability", line=found.line, relays=found.relays, maddrs=found.announced
+            )
 
     # ---- thread-safe entry points --------------------------------------------------------
 

@@ -135,6 +135,10 @@ def _describe(event: str, f: dict[str, Any]) -> str | None:
     if event == "listening":
         addresses = "\n  ".join(f["maddrs"])
         return f"listening on\n  {addresses}\nothers join with:\n  [bold]{f['join_command']}[/]"
+    if event == "state_progress":
+        return f"downloading the replica from {f['peer_id']}: {f['line']}"
+    if event == "reachability":
+        return f"reachability: {f['line']}"
     if event == "dashboard":
         return f"dashboard: [bold]{f['url']}[/] ({f['access']}; --no-dashboard for none)"
     if event == "state_downloaded":

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dht.heartbeat import Heartbeat
+from dht.transfer_progress import ProgressReport
 
 
 @dataclass(frozen=True)
@@ -33,3 +34,5 @@ class NodeStatus:
     fetched_bytes: int
     taken_at: float
     """Unix time of the snapshot."""
+    state_download: ProgressReport | None = None
+    """The running state download: bytes, rate, ETA (None: none running)."""

@@ -18,6 +18,7 @@ from dht.heartbeat import Heartbeat
 from dht.membership import count_learners
 from dht.reachability import PathKind
 from dht.swarm import RunMismatchError, Swarm
+from dht.transfer_progress import ProgressReport
 from merge.envelope import SignedUpdate
 from merge.pipeline import UpdatePipeline
 from merge.replica import Replica
@@ -74,6 +75,9 @@ class SwarmLink(Protocol):
 
     def visible_maddrs(self) -> list[str]: ...
 
+    def state_download(self) -> ProgressReport | None:
+        """The running state download: bytes, rate, ETA (None: none running)."""
+
     def sightings(self, now: float) -> tuple[PeerSighting, ...]: ...
 
     def fetched(self) -> tuple[int, int]:
@@ -121,6 +125,9 @@ class OfflineSwarm:
 
     def visible_maddrs(self) -> list[str]:
         return []
+
+    def state_download(self) -> ProgressReport | None:
+        return None
 
     def sightings(self, now: float) -> tuple[PeerSighting, ...]:
         return ()
@@ -174,6 +181,7 @@ class NetworkSwarm:
             maddrs=maddrs,
             join_command=join_hint(maddrs, extra),
         )
+        self.swarm.tell_reachability()
 
     def catch_up(self, joined: Callable[[int], None]) -> None:
         # After enter(): the DHT's process has forked, a thread of ours is safe now.
@@ -286,6 +294,9 @@ class NetworkSwarm:
 
     def visible_maddrs(self) -> list[str]:
         return self.swarm.visible_maddrs
+
+    def state_download(self) -> ProgressReport | None:
+        return self.swarm.state_download
 
     def sightings(self, now: float) -> tuple[PeerSighting, ...]:
         period, at = self.swarm.config.heartbeat_period_s, self.swarm.membership.judged_at()

@@ -294,6 +294,7 @@ class Telemetry:
             fetches=fetches,
             fetched_bytes=fetched_bytes,
             taken_at=now,
+            state_download=self.swarm.state_download(),
         )
 
 

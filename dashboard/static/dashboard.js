@@ -75,6 +75,13 @@ function fmtAgo(seconds) {
   return Math.round(seconds / 3600) + " h ago";
 }
 
+function fmtEta(seconds) {
+  if (!isNum(seconds)) return "–";
+  if (seconds < 90) return Math.round(seconds) + " s";
+  if (seconds < 5400) return Math.round(seconds / 60) + " min";
+  return (seconds / 3600).toFixed(1) + " h";
+}
+
 function fmtClock(t, withSeconds = true) {
   const d = new Date(t * 1000);
   const pad = (n) => String(n).padStart(2, "0");
@@ -427,6 +434,19 @@ function renderTimeline(history) {
   }
 }
 
+// A state download in progress (embedded: the node's own), hidden otherwise.
+function renderDownload(node) {
+  const d = node && node.state_download;
+  $("download").hidden = !d;
+  if (!d) return;
+  const total = d.total_bytes ? ` of ${fmtBytes(d.total_bytes)}` : "";
+  const rate = isNum(d.bytes_per_s) ? ` · ${fmtBytes(d.bytes_per_s)}/s` : "";
+  const eta = isNum(d.eta_s) ? ` · ${fmtEta(d.eta_s)} left` : "";
+  $("download-text").textContent =
+    `downloading the replica from ${shortId(d.peer_id)}: ${fmtBytes(d.num_bytes)}${total}${rate}${eta}`;
+  $("download-bar").value = d.total_bytes ? d.num_bytes / d.total_bytes : 0;
+}
+
 // ---- polling -------------------------------------------------------------------------------
 
 class Unauthorized extends Error {}
@@ -463,6 +483,7 @@ async function tick() {
     renderRejections(swarm);
     renderOrgs(swarm);
     renderTimeline(history);
+    renderDownload(swarm.mode === "embedded" ? await getJSON("/api/node").catch(() => null) : null);
     setBanner(null);
     setConnection("live", "live · " + fmtClock(swarm.generated_at));
   } catch (error) {

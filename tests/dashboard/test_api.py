@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -10,10 +11,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dashboard import app as app_module
 from dashboard.app import STATIC_DIR, create_app
+from dashboard.embedded import EmbeddedSource
 from dashboard.history import History
 from dashboard.settings import DashboardSettings
 from dashboard.standalone import StandaloneSource
+from dht.transfer_progress import ProgressReport
 from node.runtime import Node
+from node.snapshot import NodeStatus
 from tests.dashboard.conftest import FakeObserver
 from tests.factories import sealed_update
 
@@ -70,6 +74,23 @@ def test_node_route_counts_rejected_updates(trained_node: Node) -> None:
     assert node["num_applied"] == 2 and node["round"] == 2
     timeline = embedded_client(trained_node).get("/api/history").json()["timeline"]
     assert timeline[-1]["kind"] == "rejected" and "equivocation" in timeline[-1]["detail"]
+
+
+def test_node_route_shows_a_state_download_while_it_runs(trained_node: Node) -> None:
+    progress = ProgressReport(
+        peer_id="12D3KooWdonor", num_bytes=5_000_000, total_bytes=20_000_000,
+        bytes_per_s=1e6, eta_s=15.0, elapsed_s=5.0,
+    )  # fmt: skip
+    settings = DashboardSettings(host="127.0.0.1", port=0)
+
+    def downloading() -> NodeStatus:
+        return dataclasses.replace(trained_node.status(), state_download=progress)
+
+    source = EmbeddedSource(trained_node.config.run_id, downloading, settings, History(settings))
+    node = TestClient(create_app(source, settings)).get("/api/node").json()
+
+    assert node["state_download"] == dataclasses.asdict(progress)
+    assert embedded_client(trained_node).get("/api/node").json()["state_download"] is None
 
 
 def test_history_has_a_loss_point_per_round_and_the_events_pass_through(

@@ -11,6 +11,7 @@ from dht.reachability import (
     PATH_KINDS,
     PathBook,
     RelayLimits,
+    connections_by_peer,
     daemon_flags,
     paths_label,
     relay_of,
@@ -67,6 +68,24 @@ def test_a_peer_seen_relayed_then_direct_was_hole_punched() -> None:
     book.observe({"a": [RELAYED, DIRECT], "b": [DIRECT]})
     assert book.path("a") == "holepunched"
     assert book.counts() == {"direct": 1, "holepunched": 1, "relayed": 0}
+
+
+def test_a_peer_listed_once_per_connection_keeps_its_direct_one() -> None:
+    # p2pd lists each connection apart: the relayed one listed last must not hide the direct
+    entries = [("a", [DIRECT]), ("b", [RELAYED]), ("a", [RELAYED])]
+    assert connections_by_peer(entries) == {"a": [DIRECT, RELAYED], "b": [RELAYED]}
+    book = PathBook()
+    book.observe(connections_by_peer([("a", [RELAYED])]))
+    book.observe(connections_by_peer(entries))
+    assert (book.path("a"), book.path("b")) == ("holepunched", "relayed")
+
+
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.lists(st.sampled_from([DIRECT, RELAYED])))))
+def test_grouping_connections_loses_no_address(entries: list[tuple[str, list[str]]]) -> None:
+    grouped = connections_by_peer(entries)
+    assert set(grouped) == {peer for peer, _ in entries}
+    for peer, addrs in grouped.items():
+        assert addrs == [a for p, listed in entries if p == peer for a in listed]
 
 
 def test_a_peer_that_disconnected_has_no_path() -> None:

@@ -111,6 +111,19 @@ def test_an_update_cut_every_100_kib_arrives_whole_in_as_many_streams() -> None:
     assert all(s.closed for s in streams)
 
 
+def test_progress_is_told_as_bytes_arrive_across_cut_streams() -> None:
+    blob = bytes(range(256)) * 2000
+    open_stream, _ = serving(blob, [100_000] * 10)
+    told: list[tuple[int, int]] = []
+    data, _ = asyncio.run(
+        fetch_resumable(open_stream, ARGS, max_bytes=1 << 30, stall_timeout_s=1.0,  # type: ignore[arg-type]
+                        on_progress=lambda num_bytes, total: told.append((num_bytes, total)))
+    )  # fmt: skip
+    assert data == blob
+    assert told[-1] == (len(blob), len(blob)) and {total for _, total in told} == {len(blob)}
+    assert [n for n, _ in told] == sorted({n for n, _ in told})  # only ever grows
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     size=st.integers(0, 40_000),

@@ -1,0 +1,190 @@
+"""`python -m bench.chaos --topology nat`: the chaos run with its nodes behind real NATs, then the
+same run on loopback, side by side.
+
+    python -m bench.chaos --topology nat                      # 4 nodes, MTBF 120 s kill -9, 300 s
+    python -m bench.chaos --topology nat --duration-s 120 --up-mbit 2
+
+Layout (bench/nat.py): node 0 trains on the public machine (it announces its address and
+relays); the others sit in two homes, alternately behind the cone NAT and the symmetric one
+(4 nodes: 2 behind the cone, 1 behind the symmetric), with --auto-relay and node 0 as their
+bootstrap. Each home's line is asymmetric: --down-mbit in, --up-mbit out (tc tbf). Faults
+are kill -9 only (a cut needs the flat bridge of bench/netns.py); a killed node restarts with
+the same HOME after --downtime-s, node 0 on its fixed address, the others through it.
+
+Then the same seeded schedule runs on loopback (no namespaces). The final line is JSON:
+{"goodput", "goodput_loopback", "val_loss", "val_loss_loopback", "paths": {"direct",
+"holepunched", "relayed"}, ...}: goodput as bench/chaos_accounting.py counts it, val loss the
+median over nodes of each node's last evaluation, and paths the update fetches of the NAT run
+by the path their connection took (dht.reachability) at the time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bench.chaos import RESULTS_DIR, Fault, Phase, make_schedule, write_logs
+from bench.chaos_accounting import account
+from bench.nat import Home, NatLab, missing
+from dht.reachability import PATH_KINDS
+
+if TYPE_CHECKING:
+    from bench.chaos import ChaosConfig
+
+logger = logging.getLogger(__name__)
+PUBLIC_PORT = 4100
+
+
+class NatPlacement:
+    """Where each node runs in the NAT bed, with the interface Phase asks of a lab."""
+
+    def __init__(self, lab: NatLab, num_nodes: int) -> None:
+        self.lab = lab
+        cone = [lab.host(0, j) for j in range(lab.homes[0].num_hosts)]
+        symmetric = [lab.host(1, j) for j in range(lab.homes[1].num_hosts)]
+        behind = [ns for pair in zip(cone, symmetric + [""], strict=False) for ns in pair if ns]
+        self.namespaces = [lab.public(0), *behind][:num_nodes]
+
+    def exec_prefix(self, node: int) -> list[str]:
+        return NatLab.prefix(self.namespaces[node])
+
+    def address(self, node: int) -> str:
+        return "0.0.0.0"
+
+    @property
+    def public_address(self) -> str:
+        return f"/ip4/{self.lab.public_address(0)}/tcp/{PUBLIC_PORT}"
+
+    def nat_of(self, node: int) -> str:
+        if node == 0:
+            return "public"
+        return self.lab.homes[0 if "-h0-" in self.namespaces[node] else 1].nat
+
+
+def homes_for(num_nodes: int) -> tuple[Home, Home]:
+    """Node 0 is public; the others alternate cone, symmetric."""
+    behind = num_nodes - 1
+    return Home("cone", (behind + 1) // 2), Home("symmetric", max(1, behind // 2))
+
+
+class NatPhase(Phase):
+    """Phase with node 0 public (fixed port, announced) and the rest NAT'd with --auto-relay,
+    always bootstrapping through node 0."""
+
+    def __init__(self, config: ChaosConfig, home: Path, placement: NatPlacement) -> None:
+        super().__init__(config, "async", home, placement)  # type: ignore[arg-type]
+        self.placement = placement
+
+    def command(self, node: int, peers: list[str]) -> list[str]:
+        public = self.placement.public_address
+        if node == 0:
+            return [*super().command(node, []), "--port", str(PUBLIC_PORT), "--announce", public]
+        return [*super().command(node, self._public_maddrs()), "--auto-relay"]
+
+    def _public_maddrs(self) -> list[str]:
+        public = self.placement.public_address
+        for child in self.children[0]:
+            for listening in child.of("listening"):
+                found = [m for m in listening["maddrs"] if m.startswith(public + "/p2p/")]
+                if found:
+                    return found[:1]
+        raise RuntimeError("node 0 (public) never said its address")
+
+    def live_maddrs(self, exclude: int) -> list[str]:
+        return [] if exclude == 0 else self._public_maddrs()
+
+    def start_all(self) -> float:
+        first = self.launch(0, [])
+        first.wait_event("listening", 240.0)
+        for node in range(1, self.config.nodes):
+            self.launch(node, [])
+        for children in self.children:
+            children[-1].wait_event("started", 240.0)
+        return time.time()
+
+
+def measure(config: ChaosConfig, schedule: list[Fault], phase: Phase, name: str) -> dict[str, Any]:
+    """Run `phase` on `schedule`; its goodput figures, val loss and fetches by path."""
+    try:
+        t0 = phase.start_all()
+        phase.run_schedule(schedule, t0)
+        t1 = t0 + config.duration_s
+        time.sleep(config.drain_s)
+    finally:
+        survivors = phase.stop_all()
+    if config.keep_logs:
+        write_logs(phase, RESULTS_DIR / "chaos_nat" / name)
+    figures = account(phase.slots, t0, t1, synchronous=False, window_s=config.window_s)
+    events = [e for children in phase.children for c in children for e in c.events]
+    return figures | {
+        "val_loss": final_val_loss(phase),
+        "paths": fetch_paths(events),
+        "orphans_killed": len(survivors),
+    }
+
+
+def final_val_loss(phase: Phase) -> float | None:
+    """Median over nodes of each node's last evaluation (its latest incarnation that has one)."""
+    last = []
+    for children in phase.children:
+        found = [e["val_loss"] for c in children for e in c.of("evaluated")]
+        if found:
+            last.append(found[-1])
+    return round(statistics.median(last), 4) if last else None
+
+
+def fetch_paths(events: list[dict[str, Any]]) -> dict[str, int]:
+    """Update fetches by the path of the connection they used (unknown ones left out)."""
+    found = Counter(e.get("path") for e in events if e.get("event") == "update_fetched")
+    return {kind: found.get(kind, 0) for kind in PATH_KINDS}
+
+
+def run_nat(config: ChaosConfig) -> dict[str, Any]:
+    """The NAT run and the loopback run on one seeded kill schedule."""
+    why = missing()
+    if why is not None:
+        raise SystemExit(f"--topology nat: {why}")
+    config = replace(config, kinds="kill", methods="async")
+    schedule = make_schedule(config)
+    with tempfile.TemporaryDirectory(prefix="chaos-nat-") as directory:
+        home = Path(directory)
+        homes = homes_for(config.nodes)
+        with NatLab(homes=homes, down_mbit=config.down_mbit, up_mbit=config.up_mbit) as lab:
+            placement = NatPlacement(lab, config.nodes)
+            nat = measure(config, schedule, NatPhase(config, home / "nat", placement), "nat")
+            where = [placement.nat_of(n) for n in range(config.nodes)]
+        loop_phase = Phase(config, "async", home / "loopback", None)
+        loopback = measure(config, schedule, loop_phase, "loopback")
+    return {
+        "goodput": nat["goodput"],
+        "goodput_loopback": loopback["goodput"],
+        "val_loss": nat["val_loss"],
+        "val_loss_loopback": loopback["val_loss"],
+        "paths": nat["paths"],
+        "placement": where,
+        "config": asdict(config),
+        "schedule": [asdict(f) for f in schedule],
+        "nat": nat,
+        "loopback": loopback,
+    }
+
+
+def main_nat(config: ChaosConfig) -> None:
+    report = run_nat(config)
+    for fault in report["schedule"]:
+        print(f"fault at {fault['at_s']:6.1f} s: kill node{fault['node']}")
+    for name in ("nat", "loopback"):
+        figures = report[name]
+        print(
+            f"{name:<9} goodput {figures['goodput']:.3f}  val loss {figures['val_loss']}  "
+            f"restarts {figures['restarts']}  lost {figures['updates_lost']}"
+        )
+    print(f"paths (update fetches, NAT run): {report['paths']}")
+    print(json.dumps(report))
