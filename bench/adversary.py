@@ -22,6 +22,9 @@ mixed_subkeys, poisoned_state; and the patient ones of issue 20, which keep on f
 --duration seconds or until every honest node reports --until-round: zero_flood,
 summary_flood, sideways, sybil_learners, and sybil_vouchers (poisoned_state vouched for by
 many Sybil heartbeats). Each class's docstring says what it sends.
+
+The protocol peer (a real node's parts, hooked) is bench.adversary_peer; the patient classes
+are bench.adversary_patient; the one-shot classes, sybil_vouchers and the runner are here.
 """
 
 from __future__ import annotations
@@ -34,34 +37,18 @@ import logging
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
 
 import torch
 
-import dht.network
-from dht.catchup import to_ranges
+from bench.adversary_patient import PatientAttacks
+from bench.adversary_peer import build_node
 from dht.heartbeat import Heartbeat, sign_fields
 from dht.messages import RUN_LISTING_KEY, announcement_subkey
-from dht.records import _OWNER_RE, _SIGNATURE_MARK, OwnerValidator, _serialize, owner_subkey
-from dht.resumable import parse_part_request, part_answer
-from dht.state_check import applied_digest
-from dht.state_transfer import send_state
-from dht.transport import (
-    decode_request,
-    encode_request,
-    receive_blob,
-    send_blob,
-    send_refusal,
-)
-from merge.codecs import get_codec
-from merge.envelope import SignedHeader, SignedUpdate, seal
+from dht.records import owner_subkey
+from merge.envelope import SignedHeader, SignedUpdate
 from merge.identity import Identity
-from node.cli import build_parser
-from node.config import JoinConfig, config_from_args
-from node.events import JsonEventLog, RecordingEventLog
-from node.runtime import Node
+from node.events import JsonEventLog
 
 logger = logging.getLogger("bench.adversary")
 TEN_YEARS_S = 10 * 365 * 86400
@@ -69,287 +56,13 @@ FLOOD_STREAMS = 64
 """Notify streams the flood keeps open at once."""
 SYBIL_BATCH = 64
 """Sybil heartbeats stored at once."""
-ZERO_PERIOD_S = 0.25
-"""zero_flood: seconds between two all-zero updates (an honest node publishes one a round)."""
-SIDEWAYS_POLL_S = 0.5
-"""sideways: how often it looks whether the honest nodes started another round."""
-SIDEWAYS_CAP_SHARE = 1.5
-"""sideways: the update's norm as a share of the norm bound (max_norm_to_median x median, as
-this node sees it): above 1, so that every receiver clips it to exactly its own bound."""
-SIDEWAYS_COSINE_MARGIN = 0.1
-"""sideways: the cosine to this node's momentum sits this far above the refusal bound
-(min_cosine): at 0.05, half the updates fell below it on the honest replicas (their momentum
-holds the sideways updates, this one's does not) and were zeroed."""
-SUMMARY_PERIOD_S = 0.5
-"""summary_flood: seconds between two rounds of summaries (one to each honest node)."""
-SUMMARY_IDS = 1 << 20
-"""summary_flood: update ids the applied ranges name, and the retained ones (the parser's cap)."""
-SYBIL_LEARNERS = 40
-"""sybil_learners: Sybil authors, each claiming LEARNER_CLAIM learners."""
-LEARNER_CLAIM = 1024
-SYBIL_UPDATE_PERIOD_S = 2.0
-"""sybil_learners: seconds between two rounds of updates (one per Sybil author)."""
 SYBIL_VOUCHERS = 8
 """sybil_vouchers: Sybil heartbeats vouching for the poisoned state (beside the accomplice)."""
 UpdateId = tuple[str, int]
 
 
-class SybilValidator(OwnerValidator):
-    """The adversary's DHT member: signs owner records for every key it holds (its Sybils),
-    signs records in other peers' names with a junk signature (honest members must refuse
-    them), and keeps whatever it is sent."""
-
-    def __init__(self, identity: Identity | None, keys: dict[str, Identity]) -> None:
-        super().__init__(identity)
-        self._keys = keys
-
-    def validate(self, record: Any) -> bool:
-        """Its own Sybils' records pass; anyone else's are checked as honest members check
-        them (else its own view of the swarm would hold the junk it wrote)."""
-        owners = set(_OWNER_RE.findall(record.subkey or b""))
-        if len(owners) == 1 and owners.pop().decode() in self._keys:
-            return True
-        return super().validate(record)
-
-    def sign_value(self, record: Any) -> bytes:
-        owners = set(_OWNER_RE.findall(record.subkey or b""))
-        if len(owners) != 1 or self._identity is None:
-            return bytes(record.value)
-        owner = owners.pop().decode()
-        if owner == self._identity.peer_id:
-            return super().sign_value(record)
-        key = self._keys.get(owner)
-        signature = key.sign(_serialize(record)) if key is not None else bytes(64)
-        return bytes(record.value) + _SIGNATURE_MARK + signature
-
-
-class Adversary:
-    """Attacks on the honest nodes of a swarm, through a real node's network parts."""
-
-    def __init__(
-        self,
-        node: Node,
-        emit: Callable[..., None],
-        sybils: list[Identity],
-        accomplice: Identity | None = None,
-        *,
-        duration_s: float = 30.0,
-        until_round: int | None = None,
-    ) -> None:
-        assert node.swarm is not None
-        self.node = node
-        self.swarm = node.swarm
-        self.net = node.swarm.network
-        self.emit = emit
-        self.sybils = sybils
-        self.accomplice = accomplice or Identity.generate()
-        """A second key of the adversary's (its DHT member must sign for it: build_node)."""
-        self.fake_ids = {s.peer_id for s in sybils} | {self.accomplice.peer_id}
-        self.duration_s = duration_s
-        """How long a patient class (zero_flood, sideways, ...) keeps on at most."""
-        self.until_round = until_round
-        """A patient class stops once every honest node reports this round (None: never)."""
-        self.served: dict[UpdateId, dict[str | None, bytes]] = {}
-        """Payloads this adversary serves, per requesting peer (None: anyone else)."""
-        self.poison = False
-        self.poisons_served = 0
-        self._poisoned: dict[str, Any] | None = None
-        """The noised state served while poisoning, fixed once (so a sketch can vouch for it)."""
-        self._claim: tuple[int, str] = (0, "")
-        """(num_applied, applied_digest) claimed while poisoning."""
-        self._seq = 0
-        self._original_stream_state = self.swarm.transfer._stream_state
-        # Hooks on the real parts (registered as stream handlers when the swarm starts).
-        self.swarm.gossip.rpc_update = self.rpc_update  # type: ignore[method-assign,assignment]
-        self.swarm.transfer._stream_state = self.stream_state  # type: ignore[method-assign]
-        self.swarm.membership._heartbeat_fn = self.heartbeat
-
-    # ---- what the honest nodes say -------------------------------------------------------------
-
-    def honest(self) -> list[Heartbeat]:
-        own = {self.node.peer_id} | self.fake_ids
-        return sorted(
-            (h for h in self.swarm.alive_peers() if h.peer_id not in own), key=lambda h: h.peer_id
-        )
-
-    def wait_honest(self, count: int, min_applied: int, timeout_s: float) -> list[Heartbeat]:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            honest = self.honest()
-            if len(honest) >= count and all(h.num_applied >= min_applied for h in honest):
-                return honest
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"honest nodes not ready: {[h.peer_id for h in honest]}")
-            time.sleep(0.5)
-
-    def observe(self) -> dict[str, Heartbeat]:
-        return {h.peer_id: h for h in self.honest()}
-
-    def observe_after(
-        self, since: float, count: int, timeout_s: float = 30.0
-    ) -> dict[str, Heartbeat]:
-        """The honest nodes' heartbeats once `count` of them were sent after `since` (so their
-        counters include what this class sent, however loaded the machine: heartbeats and this
-        node's polls lag), or whatever is there after `timeout_s`."""
-        time.sleep(max(since - time.time(), 0.0))
-        deadline = time.monotonic() + timeout_s
-        while True:
-            after = self.observe()
-            fresh = [h for h in after.values() if h.sent_at >= since]
-            if len(fresh) >= count or time.monotonic() >= deadline:
-                return after
-            time.sleep(0.5)
-
-    # ---- the real protocol -------------------------------------------------------------------
-
-    def call(self, coro: Coroutine[Any, Any, Any], timeout_s: float = 60.0) -> Any:
-        return self.net.call(coro, timeout_s)
-
-    def next_seq(self) -> int:
-        self._seq = max(self._seq, self.node.seq) + 1
-        return self._seq
-
-    def seal(
-        self,
-        payload: torch.Tensor | bytes,
-        *,
-        identity: Identity | None = None,
-        seq: int | None = None,
-        numel: int | None = None,
-        codec: str = "fp32",
-        created_at: float | None = None,
-        learners: int | None = None,
-    ) -> SignedUpdate:
-        if isinstance(payload, torch.Tensor):
-            payload = get_codec("fp32").encode(payload.float())
-        applied = self.node.replica.num_applied
-        return seal(
-            identity or self.node.identity,
-            fingerprint=self.node.fingerprint,
-            seq=self.next_seq() if seq is None else seq,
-            base_applied=applied,
-            published_applied=applied,
-            inner_steps=self.node.config.inner_steps,
-            tokens=self.node.merge_config.token_weight.reference_tokens,
-            loss=1.0,
-            codec=codec,
-            numel=self.node.num_params if numel is None else numel,
-            payload=payload,
-            created_at=created_at,
-            learners=1 + len(self.honest()) if learners is None else learners,
-        )
-
-    def notify(self, peer_ids: list[str], blob: bytes) -> int:
-        """Push `blob` on each peer's notify stream; how many streams took it."""
-
-        async def push() -> list[object]:
-            return await asyncio.gather(
-                *(asyncio.wait_for(self.net.send(p, "notify", blob), 10.0) for p in peer_ids),
-                return_exceptions=True,
-            )
-
-        return sum(not isinstance(r, BaseException) for r in self.call(push()))
-
-    def offer(self, update: SignedUpdate, per_peer: dict[str | None, bytes] | None = None) -> int:
-        """Serve `update` (or another payload per peer) and notify every honest node of it."""
-        self.served[update.header.update_id] = {None: update.to_bytes(), **(per_peer or {})}
-        return self.notify([h.peer_id for h in self.honest()], update.signed_header.to_bytes())
-
-    async def rpc_update(self, info: Any, reader: Any, writer: Any) -> None:
-        """The real handler's protocol; what it serves is the adversary's choice."""
-        try:
-            args = decode_request(await receive_blob(reader, max_bytes=4096)).get("args")
-            uid, offset = parse_part_request(args)
-            blobs = self.served.get(uid)
-            if blobs is None:
-                data = await asyncio.to_thread(self.swarm.gossip.retained.get, uid)
-            else:
-                data = blobs.get(str(info.peer_id), blobs[None])
-            if data is None:
-                await send_refusal(writer, "not held")
-            else:
-                await send_blob(writer, part_answer(data, offset))
-        except Exception as exc:  # a hostile server does not care
-            logger.debug("update request failed: %s", exc)
-        finally:
-            writer.close()
-
-    def dht_store(self, key: str, subkey: str | int, value: object, ttl_s: float = 60.0) -> bool:
-        try:
-            self.call(self.net.dht_store(key, subkey, value, ttl_s), 30.0)
-            return True
-        except Exception as exc:
-            logger.info("DHT store %s/%s failed: %s", key, subkey, exc)
-            return False
-
-    # ---- state served and heartbeat sent -------------------------------------------------------
-
-    def heartbeat(self) -> Heartbeat:
-        """Idle (it is no learner the honest nodes size their steps by); when poisoning, it
-        claims far more progress than anyone so that a newcomer picks it as donor."""
-        own = self.node.heartbeat()
-        if not self.poison:
-            return dataclasses.replace(own, state="idle")
-        num, digest = self._claim
-        return dataclasses.replace(own, state="idle", num_applied=num, applied_digest=digest)
-
-    def poison_state(self) -> None:
-        """Noise the replica's params by their own norm, once; claim a thousand updates more
-        than it holds, under its applied set."""
-        state = self.node.replica.state_dict()
-        params = state["params"]
-        assert isinstance(params, torch.Tensor)
-        noise = torch.randn(params.shape, generator=torch.Generator().manual_seed(7))
-        state["params"] = params + noise.to(params.dtype) * params.norm() / params.numel() ** 0.5
-        applied = state["applied"]
-        assert isinstance(applied, dict)
-        state["applied"] = applied = {a: list(seqs) for a, seqs in applied.items()}
-        self._poisoned = state
-        self._claim = (sum(map(len, applied.values())) + 1000, applied_digest(applied))
-
-    def vouch(self, vouchers: list[Identity] | None = None) -> bool:
-        """Heartbeats of other keys (the accomplice by default) reporting the poisoned claim
-        and the poisoned state's sketch: the newcomer then sees the poisoner corroborated
-        (asked first) and the exact same-applied-set check passes on the vouchers."""
-        assert self._poisoned is not None
-        num_applied, digest = self._claim
-        sketch = self.node.sketcher.settled(self.node.replica, self._poisoned)
-        key = f"{self.swarm.config.prefix}/peers"
-        stored = 0
-        for voucher in vouchers or [self.accomplice]:
-            beat = Heartbeat(
-                peer_id=voucher.peer_id, state="training", num_applied=num_applied,
-                applied_digest=digest, serves_state=False, sent_at=time.time(),
-                sketch=sketch, heartbeat_period_s=self.swarm.config.heartbeat_period_s,
-            )  # fmt: skip
-            stored += self.dht_store(key, owner_subkey(voucher.peer_id), beat.sign(voucher), 60.0)
-        return stored > 0
-
-    async def stream_state(self, writer: Any) -> int:
-        if not self.poison or self._poisoned is None:
-            return await self._original_stream_state(writer)
-        num_bytes = await send_state(  # sealed with its own key: the seal checks out
-            writer, self._poisoned, self.net.identity, self.swarm.config.fingerprint
-        )
-        self.poisons_served += 1
-        return num_bytes
-
-    # ---- payload material ----------------------------------------------------------------------
-
-    def direction(self) -> torch.Tensor:
-        """The swarm's training direction (the outer momentum of this node's replica), unit."""
-        with self.node.replica.lock:
-            momentum = self.node.replica.outer.momentum_direction()
-            d = momentum.clone() if momentum is not None else torch.randn(self.node.num_params)
-        return d / d.norm().clamp_min(1e-12)
-
-    def typical_norm(self) -> float:
-        with self.node.replica.lock:
-            median = self.node.pipeline.robust.median_norm()
-        return median if median is not None else 1e-3 * float(self.node.replica.params.norm())
-
-    def benign(self, scale: float = 0.5) -> torch.Tensor:
-        return self.direction() * scale * self.typical_norm()
+class Adversary(PatientAttacks):
+    """Attacks on the honest nodes of a swarm, one class (a method) at a time."""
 
     # ---- the attacks ---------------------------------------------------------------------------
 
@@ -576,147 +289,12 @@ class Adversary:
         self.poison = False
         return self.poisons_served
 
-    # ---- patient attacks (issue 20): valid, signed, and kept up ---------------------------------
-
-    def keep_up(self, act: Callable[[], int], period_s: float) -> int:
-        """`act` once every `period_s` for `duration_s`, or until every honest node reports
-        `until_round`; what it sent in all."""
-        deadline = time.monotonic() + self.duration_s
-        sent = 0
-        while time.monotonic() < deadline and not self.honest_done():
-            started = time.monotonic()
-            sent += act()
-            time.sleep(max(0.0, period_s - (time.monotonic() - started)))
-        return sent
-
-    def honest_done(self) -> bool:
-        if self.until_round is None:
-            return False
-        honest = self.honest()
-        return bool(honest) and all(h.round >= self.until_round for h in honest)
-
-    def zero_flood(self) -> int:
-        """Valid signed all-zero updates of one author (this one), four a second: each passes
-        every check, and every one is a norm of 0 in the robust window's median."""
-        zeros = torch.zeros(self.node.num_params)
-        return self.keep_up(lambda: self.offer(self.seal(zeros)), ZERO_PERIOD_S)
-
-    def sideways(self) -> int:
-        """Updates at the norm cap (sent at SIDEWAYS_CAP_SHARE of it, clipped by each receiver
-        to max_norm_to_median x its median) at a cosine to the momentum just above the refusal
-        bound (min_cosine + margin), all along one fixed direction orthogonal to the momentum:
-        never zeroed, and they add up instead of cancelling. One per honest round, an honest
-        learner's pace: what a fair share of the merge lets through (a faster one is
-        zero_flood's case, and at one a second it also drags the median up: 61x the clean
-        loss in a 24-round run)."""
-        robust = self.node.pipeline.robust.config
-        cosine = min(robust.min_cosine + SIDEWAYS_COSINE_MARGIN, 1.0)
-        generator = torch.Generator().manual_seed(11)
-        side = torch.randn(self.node.num_params, generator=generator)
-        published_at = [-1]
-
-        def publish() -> int:
-            honest_round = max((h.round for h in self.honest()), default=0)
-            if honest_round <= published_at[0]:
-                return 0
-            published_at[0] = honest_round
-            d = self.direction()
-            across = side - (side @ d) * d
-            across = across / across.norm().clamp_min(1e-12)
-            unit = cosine * d + (1 - cosine**2) ** 0.5 * across
-            norm = SIDEWAYS_CAP_SHARE * robust.max_norm_to_median * self.typical_norm()
-            return self.offer(self.seal(unit * norm))
-
-        return self.keep_up(publish, SIDEWAYS_POLL_S)
-
-    def summary_flood(self) -> int:
-        """Repair summaries of ~170 bytes naming 2^20 applied and 2^20 retained update ids
-        (this node's, far ahead of what it published), sent to every honest node again and
-        again within its summary budget: each one is walked id by id by the receiver."""
-        first = self.next_seq() + 1000
-        ids = [[first, first + SUMMARY_IDS - 1]]
-        summary = encode_request(
-            applied={self.node.peer_id: ids}, retained={self.node.peer_id: ids}
-        )
-
-        async def send_all() -> list[object]:
-            sends = [
-                self.net.exchange(p, "summary", summary, max_bytes=1 << 20, timeout_s=20.0)
-                for p in [h.peer_id for h in self.honest()]
-            ]
-            return await asyncio.gather(*sends, return_exceptions=True)
-
-        def send() -> int:
-            return sum(not isinstance(r, BaseException) for r in self.call(send_all(), 60.0))
-
-        self.emit("summary_bytes", num_bytes=len(summary))
-        return self.keep_up(send, SUMMARY_PERIOD_S)
-
-    def sybil_learners(self) -> int:
-        """SYBIL_LEARNERS Sybil authors, each with a live signed heartbeat, publish valid small
-        updates along the momentum claiming LEARNER_CLAIM learners each: the learner floor
-        then sizes every honest update as a share of a far larger swarm. The updates are
-        pushed by this node and offered in its repair summaries (a Sybil key has no host)."""
-        authors = self.sybils[:SYBIL_LEARNERS]
-        seqs = dict.fromkeys((s.peer_id for s in authors), 0)
-        self._sybil_beats(authors, seqs)
-        time.sleep(2 * self.swarm.config.heartbeat_period_s)  # honest nodes read them
-
-        def publish() -> int:
-            sent = 0
-            for author in authors:
-                seqs[author.peer_id] += 1
-                update = self.seal(
-                    self.benign(0.25), identity=author, seq=seqs[author.peer_id],
-                    learners=LEARNER_CLAIM,
-                )  # fmt: skip
-                sent += self.offer(update)
-            self._sybil_beats(authors, seqs)
-            self._offer_summary({a: list(range(1, n + 1)) for a, n in seqs.items()})
-            return sent
-
-        return self.keep_up(publish, SYBIL_UPDATE_PERIOD_S)
-
     def sybil_vouchers(self, wait_s: float = 150.0) -> int:
         """poisoned_state, vouched for by SYBIL_VOUCHERS Sybil heartbeats beside the
         accomplice: in an open swarm the keys outnumber the honest trained peers whose
         sketches the newcomer compares the state with."""
         vouchers = [self.accomplice, *self.sybils[:SYBIL_VOUCHERS]]
         return self.poisoned_state(wait_s, vouchers)
-
-    def _sybil_beats(self, authors: list[Identity], seqs: dict[str, int]) -> int:
-        """A training heartbeat of each Sybil author, naming the seq it published last."""
-        key = f"{self.swarm.config.prefix}/peers"
-        period = self.swarm.config.heartbeat_period_s
-
-        async def store_all() -> list[object]:
-            stores = [
-                self.net.dht_store(
-                    key, owner_subkey(a.peer_id),
-                    Heartbeat(peer_id=a.peer_id, state="training", latest_seq=seqs[a.peer_id],
-                              updates_published=seqs[a.peer_id], sent_at=time.time(),
-                              heartbeat_period_s=period).sign(a),
-                    4 * period,
-                )
-                for a in authors
-            ]  # fmt: skip
-            return await asyncio.gather(*stores, return_exceptions=True)
-
-        return sum(not isinstance(r, BaseException) for r in self.call(store_all(), 60.0))
-
-    def _offer_summary(self, held: dict[str, list[int]]) -> int:
-        """A repair summary to every honest node: `held` applied here and retained."""
-        ranges = to_ranges(held)
-        blob = encode_request(applied=ranges, retained=ranges)
-
-        async def send_all() -> list[object]:
-            sends = [
-                self.net.exchange(p, "summary", blob, max_bytes=1 << 20, timeout_s=20.0)
-                for p in [h.peer_id for h in self.honest()]
-            ]
-            return await asyncio.gather(*sends, return_exceptions=True)
-
-        return sum(not isinstance(r, BaseException) for r in self.call(send_all(), 60.0))
 
     # ---- one class at a time ---------------------------------------------------------------------
 
@@ -766,17 +344,6 @@ PATIENT = ("zero_flood", "summary_flood", "sideways", "sybil_learners", "sybil_v
 """The classes of issue 20: updates and messages that pass every check, kept up."""
 NEWCOMER_CLASSES = ("poisoned_state", "sybil_vouchers")
 """Classes that need a newcomer joining (started by the harness on `poison_ready`)."""
-
-
-def build_node(peers: str, home: Path, run_args: list[str], sybils: list[Identity]) -> Node:
-    keys = {s.peer_id: s for s in sybils}
-    # The adversary's own DHT member signs for its Sybils (resolved when the swarm starts).
-    dht.network.OwnerValidator = lambda identity, refusals=None: SybilValidator(identity, keys)  # type: ignore[assignment,misc]
-    args = build_parser().parse_args(
-        ["join", *run_args, "--peers", peers, "--host", "127.0.0.1", "--port", "0",
-         "--identity", str(home / "id.key"), "--checkpoint-dir", str(home / "ckpt")]
-    )  # fmt: skip
-    return Node(config_from_args(JoinConfig, args), RecordingEventLog())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,10 +31,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 import tempfile
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -51,6 +49,7 @@ from bench.attack_rows import (
     newcomer_mean,
 )
 from bench.procs import ChildProcess, WaitError, node_process, python_module, reap_all, save_events
+from bench.sampling import BackgroundSampler, open_files, rss_bytes
 from merge.identity import Identity
 
 RUN = ["--model", "tiny", "--threads", "1", "--inner-steps", "5", "--eval-batches", "2",
@@ -62,23 +61,6 @@ NEWCOMER_ROUNDS = 3
 CLEAN_SINCE_ROUND = 4
 TRACEBACK = "Traceback (most recent call last)"
 CLASS_GROUPS = {"all": ATTACKS, "new": PATIENT}
-
-
-def rss_mb(pid: int, field_name: str = "VmRSS") -> float:
-    """A resident-set figure of the process from /proc (VmRSS now, VmHWM its peak)."""
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(field_name + ":"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def open_files(pid: int) -> int:
-    """File descriptors the process holds now."""
-    try:
-        return len(os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        return 0
 
 
 class TracebackCounter(deque[str]):
@@ -93,29 +75,22 @@ class TracebackCounter(deque[str]):
         super().append(line)
 
 
-class Sampler:
-    """RSS and open files of each honest node's main process, once a second, with the time."""
+class Sampler(BackgroundSampler):
+    """RSS and open files of each honest node's main process, once a second, with the time
+    (a node that has exited, or whose figures cannot be read, is left out of that sample)."""
 
     def __init__(self, nodes: list[ChildProcess]) -> None:
+        super().__init__(period_s=1.0)
         self.nodes = nodes
         self.samples: list[tuple[float, dict[str, tuple[float, int]]]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
 
-    def __enter__(self) -> Sampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(1.0):
-            live = [n for n in list(self.nodes) if n.alive()]
-            self.samples.append(
-                (time.time(), {n.name: (rss_mb(n.pid), open_files(n.pid)) for n in live})
-            )
+    def sample(self) -> None:
+        figures: dict[str, tuple[float, int]] = {}
+        for node in [n for n in list(self.nodes) if n.alive()]:
+            rss, files = rss_bytes(node.pid), open_files(node.pid)
+            if rss is not None and files is not None:
+                figures[node.name] = (rss / 2**20, files)
+        self.samples.append((time.time(), figures))
 
     def rss_growth_mb(self, since: float, names: list[str]) -> float:
         """The most any of `names` rose above its last RSS sample before `since` (a node that

@@ -37,6 +37,7 @@ from merge.identity import Identity
 from merge.outer import OuterConfig, make_outer_optimizer
 from merge.pipeline import MergeConfig, UpdatePipeline
 from merge.replica import Replica
+from merge.result import MergeResult
 from merge.weighting import TokenWeightConfig
 from node.data import load_corpus, split_corpus
 from node.model import ModelConfig, build_model
@@ -56,12 +57,30 @@ class Swarm:
     model: nn.Module
     seqs: dict[str, int] = field(default_factory=dict)
     honest_divisors: list[int] = field(default_factory=list)
+    shares: dict[str, float] = field(default_factory=dict)
+    """Per author, the round shares its applied updates moved (weight / learners)."""
+    authors: set[str] = field(default_factory=set)
+    honest: int = 3
+    """Honest learners (the attacks spread a round's updates over their updates)."""
+    """Every author seen (what a live node counts among its learning peers)."""
+
+    def submitted(self, author: str, result: MergeResult) -> MergeResult:
+        self.authors.add(author)
+        if result.accepted:
+            share = result.weight / max(1, result.learners)
+            self.shares[author] = self.shares.get(author, 0.0) + share
+        return result
+
+    def claim(self, author: str) -> int:
+        """The learner count a live node signs: itself and the others, credited
+        (node.swarm_link.live_learners)."""
+        return 1 + self.pipeline.credited_learners(self.authors - {author})
 
     def publish(self, identity: Identity, delta: torch.Tensor, base: int, learners: int) -> bool:
         seq = self.seqs.get(identity.peer_id, 0)
         self.seqs[identity.peer_id] = seq + 1
         update = _seal(identity, delta, seq, base, self.pipeline.replica.num_applied, learners)
-        return self.pipeline.submit(update).accepted
+        return self.submitted(identity.peer_id, self.pipeline.submit(update)).accepted
 
 
 def _seal(
@@ -158,8 +177,9 @@ def _reference(pipeline: UpdatePipeline) -> float:
 def zero_flood(swarm: Swarm, _round: int) -> None:
     mallory = Identity.from_private_bytes(b"z" * 32)
     numel = swarm.pipeline.replica.numel
-    for _ in range(ZEROS_PER_ROUND // 3):  # called after each of 3 honest updates
-        swarm.publish(mallory, torch.zeros(numel), swarm.pipeline.replica.num_applied, 3)
+    for _ in range(ZEROS_PER_ROUND // swarm.honest):  # called after each honest update
+        claim = swarm.honest + 1
+        swarm.publish(mallory, torch.zeros(numel), swarm.pipeline.replica.num_applied, claim)
 
 
 SYBILS = [
@@ -172,19 +192,27 @@ def sybil(swarm: Swarm, _round: int) -> None:
     key once a round, each claiming 1,024 learners."""
     numel = swarm.pipeline.replica.numel
     rng = torch.Generator().manual_seed(len(swarm.seqs))
-    third = len(swarm.honest_divisors) % 3
-    for identity in SYBILS[third::3]:
+    part = len(swarm.honest_divisors) % swarm.honest
+    for identity in SYBILS[part :: swarm.honest]:
         small = 1e-4 * torch.randn(numel, generator=rng)
         swarm.publish(identity, small, swarm.pipeline.replica.num_applied, 1024)
 
 
 def replay(
-    attack: Attack | None, rounds: int, seed: int, start: int, learners: int = 3
+    attack: Attack | None,
+    rounds: int,
+    seed: int,
+    start: int,
+    learners: int = 3,
+    live_claims: bool = False,
 ) -> dict[str, float]:
+    """`live_claims`: honest learners claim what a live node would (themselves and every
+    author seen, credited), not `learners`."""
     split = split_corpus(load_corpus(None), val_tokens=65_536)
     val_data = batches(split.val, seed + 999)
     val = [next(val_data) for _ in range(16)]
     swarm = make_swarm(seed)
+    swarm.honest = learners
     honest = [Identity.from_private_bytes(bytes([65 + i]) * 32) for i in range(learners)]
     shards = np.array_split(split.train, learners)
     data = [batches(shard, seed + i) for i, shard in enumerate(shards)]
@@ -195,18 +223,23 @@ def replay(
         )
         deltas = [inner_round(swarm, data[i], base) for i in range(learners)]
         for identity, delta in zip(honest, deltas, strict=True):
+            claim = swarm.claim(identity.peer_id) if live_claims else learners
             update = _seal(
-                identity, delta, round_, base_applied, swarm.pipeline.replica.num_applied, learners
+                identity, delta, round_, base_applied, swarm.pipeline.replica.num_applied, claim
             )
-            result = swarm.pipeline.submit(update)
+            result = swarm.submitted(identity.peer_id, swarm.pipeline.submit(update))
             assert result.accepted, result.reason
             swarm.honest_divisors.append(result.learners)
             if attack is not None and round_ >= start:
                 attack(swarm, round_)
     divisors = swarm.honest_divisors[start * learners :]
+    ids = {i.peer_id for i in honest}
+    moved = sum(swarm.shares.values())
     return {
         "val_loss": val_loss(swarm, val),
         "max_honest_divisor": max(divisors),
+        "mean_honest_divisor": round(sum(divisors) / len(divisors), 3),
+        "stranger_share": round(1 - sum(swarm.shares.get(a, 0.0) for a in ids) / moved, 4),
         "rejections": dict(swarm.pipeline.rejections),  # type: ignore[dict-item]
     }
 
@@ -218,6 +251,10 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=1, help="sideways updates per honest one")
     parser.add_argument("--start", type=int, default=8, help="round the stranger arrives in")
     parser.add_argument("--attacks", default="sideways,zero_flood,sybil", help="comma list")
+    parser.add_argument("--honest", type=int, default=3, help="honest learners")
+    parser.add_argument(
+        "--live-claims", action="store_true", help="honest claims as a live node counts them"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     attacks: dict[str, Attack | None] = {
@@ -230,7 +267,8 @@ def main() -> None:
     results: dict[str, list[dict[str, float]]] = {}
     for name, attack in attacks.items():
         results[name] = [
-            replay(attack, args.rounds, seed, args.start) for seed in range(args.seeds)
+            replay(attack, args.rounds, seed, args.start, args.honest, args.live_claims)
+            for seed in range(args.seeds)
         ]
         print(json.dumps({"attack": name, "runs": results[name]}), flush=True)
     clean = [r["val_loss"] for r in results["clean"]]

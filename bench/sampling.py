@@ -2,8 +2,9 @@
 
 A bench subclasses :class:`BackgroundSampler`, says what one sample is (``sample``) and reads
 what it kept once the ``with`` block is over. Starting, the period, stopping and joining the
-thread live here; so does reading a process's resident memory, which a process that has just
-exited makes fail (``rss_bytes`` says None then, and the sample goes on with the others).
+thread live here; so does reading a process's resident memory and open files, which a process
+that has just exited makes fail (``rss_bytes`` and ``open_files`` say None then, and the
+sample goes on with the others).
 """
 
 from __future__ import annotations
@@ -51,5 +52,14 @@ def rss_bytes(process: int | psutil.Process) -> int | None:
     try:
         found = process if isinstance(process, psutil.Process) else psutil.Process(process)
         return int(found.memory_info().rss)
+    except psutil.Error:
+        return None
+
+
+def open_files(process: int | psutil.Process) -> int | None:
+    """The file descriptors a process holds now, or None when it is gone or not ours."""
+    try:
+        found = process if isinstance(process, psutil.Process) else psutil.Process(process)
+        return int(found.num_fds())
     except psutil.Error:
         return None

@@ -10,7 +10,8 @@ per author:
   rounds; everyone's while none is trusted) less its own part. Publishing faster does not
   advance one's own clock, so it buys no budget, and keys not yet trusted advance no one's;
 - ``record``: its credited updates (the sum of f, each times the share of its learner claim
-  the replica's evidence bears out, see `applied`), never decayed: its track record here.
+  the replica's evidence bears out and its substance, merge.robust.substance: see `applied`),
+  never decayed: its track record here. Zero updates earn none.
 
 An update is allowed what fits under the cap ``c * budget_rounds / (M - 1)``, which is ``c``
 times what an author publishing 1/M of every round accrues in steady state (1/(M - 1) of a
@@ -21,10 +22,11 @@ M learners: times M / (M - 1)) to `max_share` over `trust_rounds`: honest learne
 speed, and trust is built from history.
 
 Authors credited fewer than `min_record` updates, or present for fewer than `min_tenure`
-rounds of the others' progress, are *fresh*: together they share one more
-budget of ``fresh_share`` such authors (a cohort with its own clock), so minting keys buys no
-more than one author's worth; a key earns its own budget by being credited `min_record`
-updates, which at the cohort's rate costs Sybils time linear in their number. While no author
+rounds of the others' progress, are *fresh*: together they share one more budget of
+``cohort_share`` of one more learner (a cohort with its own clock, ~1/M of a round; fresh keys
+count as no learner, merge.learners), so minting keys buys no more than one author's worth;
+a key earns its own budget by being credited `min_record` updates, which at the cohort's rate
+costs Sybils time linear in their number. While no author
 is established (a swarm's first updates, or a replica restored from a checkpoint without
 this ledger) there is no cohort budget: the first authors make the swarm.
 
@@ -69,6 +71,10 @@ class BudgetConfig:
     fresh_share: float = 1.5
     """The cap of all fresh authors together, and of each author until it has a track
     record, in fair shares of a round (above 1: one honest newcomer keeps its whole share)."""
+    cohort_share: float = 1.0
+    """The cap of all fresh authors together once any author is established, in fair shares
+    of one more learner (1/M of each round of M - 1 established ones): fresh keys do not count
+    as learners (merge.learners), so this bounds what they move to ~1/M of a round."""
     min_record: float = 8.0
     """Credited updates after which an author is established (its own budget, its learner
     count credited, its robust vote counted)."""
@@ -81,7 +87,8 @@ class BudgetConfig:
     publishing faster does not earn it sooner)."""
 
     def __post_init__(self) -> None:
-        for name in ("max_share", "fresh_share", "min_record", "min_tenure", "trust_rounds"):
+        names = ("max_share", "fresh_share", "cohort_share", "min_record", "min_tenure")
+        for name in (*names, "trust_rounds"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}.")
@@ -173,7 +180,12 @@ class ContributionLedger:
         One predicate for one decision: whether anyone is established is looked up once."""
         if self.any_established():
             return self.is_established
-        return lambda author: self.record(author) >= 1.0
+        return self.has_substance
+
+    def has_substance(self, author: str) -> bool:
+        """Credited one whole update's worth of record (of an honest update's substance and a
+        claim the replica bears out): a zero flooder never has."""
+        return self.record(author) >= 1.0
 
     def any_established(self) -> bool:
         return any(self.is_established(a) for a in self._accounts)
@@ -189,7 +201,10 @@ class ContributionLedger:
         fair = tau / max(1, learners - 1)  # steady load of one author at 1/M of each round
         allowed = self._room(author, self.cap(author, learners) * fair) / share
         if not self.is_established(author) and self.any_established():
-            allowed = min(allowed, self._room(FRESH, self.config.fresh_share * fair) / share)
+            # The cohort as one more learner: an update sized by M established learners'
+            # floor, at 1/(M + 1) of each round, accrues 1/M per round of the others.
+            cohort = self.config.cohort_share * tau / learners
+            allowed = min(allowed, self._room(FRESH, cohort) / share)
         return min(1.0, max(0.0, allowed))
 
     def is_alone(self, author: str, learners: int, created_at: float | None = None) -> bool:

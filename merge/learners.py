@@ -31,10 +31,14 @@ new one (about window / 2N updates each; they are sized a little small meanwhile
 outer step, never a larger one); claims above the floor, as after a growth, are never
 changed.
 
-Only authors with a track record (merge.contribution) vote and count individually, once any
-author has one: a claim is credited only on evidence, applied updates over time. The fresh
-keys together are one cohort: one vote (the median of their claims) and one author, however
-many keys there are (`credited_learners` counts the live learners the same way).
+Only authors with a track record (merge.contribution) vote and count, once any author has
+one: a claim is credited only on evidence, applied updates over time. Fresh keys then do not
+vote on the floor: an author with no record must not raise the divisor of established
+authors' updates. Their updates are sized by the established authors' floor, their share of
+each round is bounded by the cohort budget of merge.contribution, and together they count as
+one live learner (`credited_learners`) only once one of them has a record of substance. While
+no author has a record (a swarm's first updates) the fresh keys together are one cohort: one
+vote (the median of their claims) and one author, however many keys there are.
 
 Replicas that applied the same recent updates compute the same floor; the window is counted
 in applied updates, not time, so it does not depend on clocks. Pure and not thread-safe: the
@@ -65,28 +69,35 @@ class LearnerFloor:
         """Applied updates in the window."""
         return len(self._recent)
 
-    def floor(self, author: str, credited: Callable[[str], bool] | None = None) -> int:
+    def floor(
+        self, author: str, credited: Callable[[str], bool] | None = None, cohort: bool = True
+    ) -> int:
         """The least learner count an update of `author` is sized by (1 with no history).
 
         ``credited``: whose claims count (the authors with a track record, merge.contribution;
-        None: everyone's). Fresh keys neither vote on the floor nor count as authors seen, so
-        40 Sybils claiming 1,024 learners raise no honest update's divisor.
+        None: everyone's). Fresh keys do not count as authors seen, and vote together as one
+        cohort only with ``cohort`` (while no author is established), so 40 Sybils claiming
+        1,024 learners raise no honest update's divisor.
         """
         others = [a for a in self._claims if a != author]
         counted = [a for a in others if credited is None or credited(a)]
         votes = sorted(_lower_median(self._claims[a]) for a in counted)
         fresh = sorted(_lower_median(self._claims[a]) for a in others if a not in counted)
-        if fresh:  # the fresh keys: one cohort, one vote
+        if fresh and cohort:  # the fresh keys: one cohort, one vote
             votes = sorted([*votes, fresh[(len(fresh) - 1) // 2]])
         if not votes:
             return 1
         return max(1, min(len(votes) + 1, votes[(len(votes) - 1) // 2]))
 
     def effective(
-        self, author: str, claimed: int, credited: Callable[[str], bool] | None = None
+        self,
+        author: str,
+        claimed: int,
+        credited: Callable[[str], bool] | None = None,
+        cohort: bool = True,
     ) -> int:
         """The learner count an update claiming `claimed` is sized by."""
-        return max(claimed, self.floor(author, credited))
+        return max(claimed, self.floor(author, credited, cohort))
 
     def num_authors(self, author: str) -> int:
         """Distinct authors in the window, with `author` (the most learners a claim of its
@@ -137,15 +148,25 @@ class LearnerFloor:
         self._recent, self._claims = fresh._recent, fresh._claims
 
 
-def credited_learners(peers: Iterable[str], credited: Callable[[str], bool] | None) -> int:
+def credited_learners(
+    peers: Iterable[str],
+    credited: Callable[[str], bool] | None,
+    cohort: Callable[[str], bool] | None = None,
+) -> int:
     """How many learners `peers` (live, contributing) count as: each one with a track
-    record, and the fresh keys together as one cohort (None: no author has a record yet,
-    every peer counts: a swarm's first rounds are sized by everyone, never by too few)."""
+    record, and the fresh keys together as one, if any of them is ``cohort`` (None: any
+    fresh key is). With ``credited`` None every peer counts: a swarm's first rounds are sized
+    by everyone, never by too few. Once authors are established the pipeline counts the
+    cohort only for a fresh key with an update's worth of substance in its record: a zero
+    flooder counted as a learner shrank each honest update to 1/3 of a round, not 1/2
+    (bench.attack zero_flood, 1.2x the clean loss), while an honest newcomer must count, or
+    the established author alone beside it takes whole outer steps."""
     peers = set(peers)
     if credited is None:
         return len(peers)
-    established = sum(map(credited, peers))
-    return established + (established < len(peers))
+    fresh = [p for p in peers if not credited(p)]
+    counts = any(fresh) if cohort is None else any(map(cohort, fresh))
+    return len(peers) - len(fresh) + counts
 
 
 def _lower_median(claims: deque[int]) -> int:

@@ -40,7 +40,7 @@ from merge.outer import OuterConfig
 from merge.rejections import RejectionLog
 from merge.replica import Replica, parse_applied
 from merge.result import MergeResult
-from merge.robust import RobustConfig, RobustFilter, Verdict
+from merge.robust import RobustConfig, RobustFilter, Verdict, substance
 from merge.weighting import StalenessConfig, TokenWeightConfig, staleness_weight, token_weight
 
 logger = logging.getLogger(__name__)
@@ -304,8 +304,9 @@ class UpdatePipeline:
             # Sized by the floor with fresh keys as one cohort (in a swarm's first rounds too:
             # 40 Sybils claiming 1,024 must not size the founders' updates as 1/43 of a round).
             claim = learners_of(header)
+            cohort = not self.ledger.any_established()
             learners = self.learner_floor.effective(
-                author, claim, self.ledger.individually_counted()
+                author, claim, self.ledger.individually_counted(), cohort
             )
             weight = self.weight_of(header, learners)
             _raise_if(self._norm_reason(update_norm))
@@ -335,8 +336,9 @@ class UpdatePipeline:
             self.replica.apply(header, clipped, weight, norm, learners=stepped, credited=allowance)
             robust.record(verdict, author)  # clamped into a band around the reference
             # A claim beyond the authors seen earns record in proportion (a low claim of
-            # another author does not lower it, as a floor over everyone's claims would).
-            evidence = self.learner_floor.num_authors(author) / claim
+            # another author does not lower it, as a floor over everyone's claims would), and
+            # so does an update of less substance than the reference (zeros earn none).
+            evidence = self.learner_floor.num_authors(author) / claim * substance(verdict)
             self.ledger.applied(author, learners, allowance, header.created_at, evidence)
             self.learner_floor.applied(author, learners_of(header))
             self.equivocation.first_seen(signed, weight, stepped)
@@ -355,9 +357,12 @@ class UpdatePipeline:
 
     def credited_learners(self, peers: set[str]) -> int:
         """How many learners live contributing `peers` count as (merge.learners): those
-        with a track record each (ContributionLedger.individually_counted), fresh keys as one."""
+        with a track record each (ContributionLedger.individually_counted); fresh keys as one
+        while no author is established, after only once one has a record of substance."""
         with self.replica.lock:
-            return credited_learners(peers, self.ledger.individually_counted())
+            ledger = self.ledger
+            cohort = ledger.has_substance if ledger.any_established() else None
+            return credited_learners(peers, ledger.individually_counted(), cohort)
 
     def _allowance(self, header: UpdateHeader, learners: int) -> float:
         """The share of the update its author's contribution budget lets through, counted."""

@@ -293,3 +293,23 @@ def _norm_of_sum(parts: list[torch.Tensor]) -> float:
         return math.sqrt(squared)
     # Squares that under- or overflow: the norm of the materialised sum, which torch scales.
     return float(torch.linalg.vector_norm(torch.stack(parts).sum(0)))
+
+
+SUBSTANTIAL = 0.5
+"""An update whose norm (as let through) is at least this share of the reference norm is a
+whole update's substance; honest norms stay within ~2x of the median."""
+
+
+def substance(verdict: Verdict) -> float:
+    """How much of an honest-sized update the applied one is, in [0, 1]: its norm as let
+    through (clipped) over SUBSTANTIAL x the reference norm; 0 when zeroed or all zero; 1
+    for any other without a reference (none yet, or 0).
+    A track record is earned in proportion (merge.contribution): publishing zeros, or specks,
+    as fast as the budget lets through earns none, so a flooder never becomes an established
+    learner that raises the divisor of honest updates or earns a larger budget."""
+    if verdict.reason == "against_momentum" or verdict.norm == 0:
+        return 0.0
+    if not verdict.median_norm:  # no reference yet, or one a flood of zeros set to 0
+        return 1.0
+    ratio = verdict.norm * verdict.scale / (SUBSTANTIAL * verdict.median_norm)
+    return min(1.0, max(0.0, ratio))

@@ -1,4 +1,5 @@
-"""The benches' background sampler: samples while inside `with`, none after; RSS of the gone."""
+"""The benches' background sampler: samples while inside `with`, none after; RSS and open
+files of the gone."""
 
 from __future__ import annotations
 
@@ -6,10 +7,11 @@ import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
-from bench.sampling import BackgroundSampler, rss_bytes
+from bench.sampling import BackgroundSampler, open_files, rss_bytes
 
 
 class Counter(BackgroundSampler):
@@ -43,6 +45,17 @@ def test_rss_of_a_live_process_and_of_one_that_is_gone() -> None:
 
     assert (rss_bytes(os.getpid()) or 0) > 1 << 20
     assert rss_bytes(child.pid) is None
+
+
+def test_open_files_of_a_live_process_and_of_one_that_is_gone(tmp_path: Path) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait(timeout=60)
+    before = open_files(os.getpid())
+    with (tmp_path / "held").open("w"):
+        held = open_files(os.getpid())
+
+    assert before is not None and held == before + 1
+    assert open_files(child.pid) is None
 
 
 def test_a_period_must_be_positive() -> None:

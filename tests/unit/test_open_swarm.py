@@ -291,11 +291,12 @@ def test_a_zero_flood_does_not_make_honest_updates_stale(floods: list[int]) -> N
     assert attacked.replica.num_applied - clean.replica.num_applied == sum(floods)
 
 
-def test_sybils_from_the_swarms_first_update_earn_no_record_and_count_as_one_learner() -> None:
+def test_sybils_from_the_swarms_first_update_earn_no_record_and_count_as_no_learner() -> None:
     """40 Sybil keys claiming 1,024 learners from the first round on (before anyone has a
     track record, when every claim still votes): a claim beyond what the replica sees earns
-    record only in proportion (floor / claim), so the honest authors establish and the
-    Sybils stay fresh; then the floor and the live learner count take them as one cohort."""
+    record only in proportion (authors seen / claim), so the honest authors establish and the
+    Sybils stay fresh, without a whole update's record: then the floor ignores them and the
+    live learner count counts them as no learner (no honest update shrinks for them)."""
     pipeline = make_pipeline()
     for seq in range(12):
         honest_round(pipeline, seq)
@@ -305,7 +306,7 @@ def test_sybils_from_the_swarms_first_update_earn_no_record_and_count_as_one_lea
     assert not any(pipeline.ledger.is_established(s.peer_id) for s in SYBILS)
     assert [r.learners for r in honest_round(pipeline, 12)] == [M, M, M]
     peers = {h.peer_id for h in HONEST[1:]} | {s.peer_id for s in SYBILS}
-    assert pipeline.credited_learners(peers) == (M - 1) + 1  # the Sybils: one learner
+    assert pipeline.credited_learners(peers) == M - 1  # the Sybils: no learner
 
 
 def test_a_stranger_flooding_before_the_founders_arrive_earns_no_record_from_it() -> None:
