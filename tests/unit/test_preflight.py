@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import node.config
+import node.settings
 from dht.preflight import PreflightError, check_bootstrap_reachable, check_port_free
 from node.config import JoinConfig
 from node.lifecycle import preflight
@@ -37,7 +37,7 @@ def test_the_default_port_taken_moves_to_a_free_one_but_an_explicit_port_is_an_e
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        monkeypatch.setattr(node.config, "DEFAULT_PORT", port)
+        monkeypatch.setattr(node.settings, "DEFAULT_PORT", port)  # where the listen port reads it
         assert preflight(JoinConfig(host="127.0.0.1")) == 0  # no --port: any free port
         with pytest.raises(PreflightError, match=f"port {port} on 127.0.0.1 is in use"):
             preflight(JoinConfig(host="127.0.0.1", port=port))  # --port P, even the default
