@@ -33,6 +33,7 @@ from merge.pipeline import UpdatePipeline
 from merge.replica import Replica
 from node.builders import (
     RunSpec,
+    build_evaluation,
     build_learner,
     build_replica,
     build_run_spec,
@@ -43,7 +44,8 @@ from node.builders import (
 )
 from node.config import JoinConfig
 from node.data import Corpus, load_corpus, split_corpus
-from node.events import EventLog
+from node.distributed import ShardedLearner
+from node.events import EventLog, make_event_log
 from node.fingerprint import fingerprint_settings
 from node.learner import Learner, resolve_device
 from node.lifecycle import adopt_legacy_checkpoint, has_checkpoint, preflight
@@ -58,11 +60,19 @@ from node.snapshot import NodeStatus
 from node.stats import NodeStats
 from node.swarm_link import NetworkSwarm, OfflineSwarm, SwarmLink
 from node.telemetry import Telemetry
+from node.tracking import tracked
 from node.trainer import Trainer
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["NodeParts", "StandaloneConfig", "compose", "serve_dashboard"]
+__all__ = [
+    "NodeParts",
+    "StandaloneConfig",
+    "build_events",
+    "compose",
+    "compose_follower",
+    "serve_dashboard",
+]
 
 
 @dataclass
@@ -245,11 +255,17 @@ def _compose(config: JoinConfig, events: EventLog, locks: list[ResourceLock]) ->
         replica_changed=telemetry.record_replica,
         saved=_peers_remembered(network, checkpoint_dir),
     )
+    val_batches = build_validation(config, spec, split)
+    # The evaluation thread reports to the Trainer, built next (called once training runs).
+    evaluation = build_evaluation(
+        learner, val_batches, lambda round_, loss: trainer.report_evaluation(round_, loss)
+    )
     trainer = Trainer(
         config=config,
         learner=learner,
         replica=replica,
-        val_batches=build_validation(config, spec, split),
+        val_batches=val_batches,
+        evaluation=evaluation,
         publishing=publishing,
         persistence=persistence,
         telemetry=telemetry,
@@ -283,6 +299,23 @@ def _compose(config: JoinConfig, events: EventLog, locks: list[ResourceLock]) ->
         persistence=persistence,
         trainer=trainer,
     )
+
+
+def build_events(config: JoinConfig) -> EventLog:
+    """A node process's event log (--log-format), tracked when --tensorboard or --wandb asks."""
+    return tracked(make_event_log(config.log_format), config)
+
+
+def compose_follower(config: JoinConfig, peer_id: str, device: torch.device) -> ShardedLearner:
+    """A multi-GPU node's rank other than 0 (node.multigpu): the same model, sampler and
+    optimizer that rank 0's `compose` builds, on this rank, and nothing else."""
+    configure_torch(config)
+    corpus = load_corpus(config.data)
+    spec = build_run_spec(config, corpus)
+    model = build_model(spec.model, config.seed)
+    learner = build_learner(config, spec, model, split_corpus(corpus), peer_id, device)
+    assert isinstance(learner, ShardedLearner)
+    return learner
 
 
 # ---- the dashboard seam ----------------------------------------------------------------------
@@ -325,10 +358,13 @@ def serve_dashboard(config: StandaloneConfig, events: EventLog, stop: threading.
 
 
 def _peers_remembered(network: Swarm | None, checkpoint_dir: Path) -> Callable[[], None]:
-    """After each checkpoint: the live peers, tried on restart if the bootstrap is gone."""
+    """After each checkpoint: the live peers, tried on restart if the bootstrap is gone
+    (offline, nothing: decided here, once, like every part that differs offline)."""
+    if network is None:
+        return lambda: None
+    swarm = network
 
     def remember() -> None:
-        if network is not None:
-            remember_peers(checkpoint_dir, network.alive_peers())
+        remember_peers(checkpoint_dir, swarm.alive_peers())
 
     return remember

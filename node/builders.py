@@ -8,6 +8,7 @@ one part is made (a distributed learner, another codec, a tracker) changes one b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -26,6 +27,7 @@ from merge.replica import Replica
 from node.config import run_fingerprint
 from node.data import Corpus, ShardSampler, Split, data_slice, validation_batches
 from node.distributed import ShardedLearner
+from node.evaluation import BackgroundEvaluation
 from node.learner import InnerConfig, Learner
 from node.model import DEFAULT_BATCH_SIZE, DEFAULT_INNER_LR, ModelConfig, model_config
 from node.settings import NetworkSettings, RunSettings, TrainSettings
@@ -150,6 +152,19 @@ def build_validation(
         block_size=spec.model.block_size,
         num_batches=train.eval_batches,
     )
+
+
+def build_evaluation(
+    learner: Learner,
+    val_batches: list[tuple[torch.Tensor, torch.Tensor]],
+    report: Callable[[int, float], None],
+) -> BackgroundEvaluation | None:
+    """Evaluation beside training, on snapshots. None without validation batches, or for a
+    sharded learner: its evaluation is a collective of all ranks, which must not interleave
+    with the training steps' (the Trainer evaluates inline then)."""
+    if not val_batches or getattr(learner, "sharded", False):
+        return None
+    return BackgroundEvaluation(learner.model, val_batches, learner.device, report)
 
 
 def build_swarm_config(

@@ -16,10 +16,10 @@ from dht.addresses import parse_peer_maddr
 from dht.network import SwarmError
 from dht.observer import SwarmObserver
 from merge.identity import Identity
-from node.app import StandaloneConfig, serve_dashboard
+from node.app import StandaloneConfig, build_events, serve_dashboard
 from node.config import DEFAULT_IDENTITY, JoinConfig, add_config_arguments, config_from_args
 from node.distributed import torchrun_rank
-from node.events import EventLog, JsonEventLog, configure_logging, make_event_log
+from node.events import EventLog, JsonEventLog, configure_logging
 from node.export import export_checkpoint
 from node.local_nodes import find_local_nodes, nodes_dir
 from node.multigpu import run_multiprocess_join
@@ -28,7 +28,6 @@ from node.runtime import Node
 from node.settings_cli import flag_value
 from node.signals import stop_on_signals
 from node.status import print_status
-from node.tracking import tracked
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +179,7 @@ def run_join(args: argparse.Namespace) -> int:
     if config.nproc_per_node > 1 or torchrun_rank() is not None:
         return run_multiprocess_join(config, args.argv)
     configure_logging(config.log_level, config.log_format)
-    events = tracked(make_event_log(config.log_format), config)
+    events = build_events(config)
     try:
         node = Node(config, events)
         with stop_on_signals(node.request_stop):

@@ -12,9 +12,8 @@ import torch
 import torch.distributed as dist
 
 from merge.identity import Identity
-from node.builders import build_learner, build_run_spec, configure_torch
+from node.app import build_events, compose_follower
 from node.config import JoinConfig
-from node.data import load_corpus, split_corpus
 from node.distributed import (
     RankInfo,
     ShardedLearner,
@@ -23,11 +22,10 @@ from node.distributed import (
     launch_local_ranks,
     torchrun_rank,
 )
-from node.events import configure_logging, make_event_log
-from node.model import DEFAULT_BATCH_SIZE, build_model
+from node.events import configure_logging
+from node.model import DEFAULT_BATCH_SIZE
 from node.runtime import Node
 from node.signals import stop_on_signals
-from node.tracking import tracked
 
 
 def run_multiprocess_join(config: JoinConfig, argv: Sequence[str]) -> int:
@@ -60,12 +58,11 @@ def run_ranked_join(config: JoinConfig, rank: RankInfo) -> int:
     device = init_ranks(rank, config.device)
     if not rank.is_leader:
         configure_logging("WARNING", "rich")
-        follow(_follower_learner(config, _shared_peer_id(config, rank), device))
+        follow(compose_follower(config, _shared_peer_id(config, rank), device))
         return 0
     configure_logging(config.log_level, config.log_format)
     _shared_peer_id(config, rank)
-    events = make_event_log(config.log_format)
-    events = tracked(events, config)
+    events = build_events(config)
     try:
         node = Node(config, events)
         assert isinstance(node.learner, ShardedLearner)
@@ -88,14 +85,3 @@ def _shared_peer_id(config: JoinConfig, rank: RankInfo) -> str:
     dist.broadcast_object_list(box, src=0)
     assert box[0] is not None
     return box[0]
-
-
-def _follower_learner(config: JoinConfig, peer_id: str, device: torch.device) -> ShardedLearner:
-    """The same model, sampler and optimizer that rank 0's Node builds, on this rank."""
-    configure_torch(config)
-    corpus = load_corpus(config.data)
-    spec = build_run_spec(config, corpus)
-    model = build_model(spec.model, config.seed)
-    learner = build_learner(config, spec, model, split_corpus(corpus), peer_id, device)
-    assert isinstance(learner, ShardedLearner)
-    return learner

@@ -78,6 +78,7 @@ class Trainer:
         learner: Learner,
         replica: Replica,
         val_batches: list[tuple[torch.Tensor, torch.Tensor]],
+        evaluation: BackgroundEvaluation | None,
         publishing: RoundPublishing,
         persistence: Persistence,
         telemetry: Telemetry,
@@ -100,7 +101,8 @@ class Trainer:
         self._saved_at = time.monotonic()
         self.schedule = EvaluationSchedule(config.eval_every)
         self.latest_loss = LatestLoss()
-        self._evaluation = self._background_evaluation()
+        self._evaluation = evaluation
+        """Evaluations beside training (None: inline, node.builders.build_evaluation)."""
         self._running = False
         """Inside `run`: evaluations go beside training."""
         self.beside_training: list[Callable[[], None]] = []
@@ -112,7 +114,7 @@ class Trainer:
         self.stats.set_state("training")
         self.telemetry.started(self.stats.round, val_loss=None)
         if self._evaluation is None:  # a sharded learner evaluates with its ranks, inline
-            self._report_evaluation(self.stats.round, self.evaluate())
+            self.report_evaluation(self.stats.round, self.evaluate())
         else:  # the replica as it is now, evaluated once the first step is in
             at_start = (self.stats.round, self.replica.snapshot()[0])
             self.beside_training.insert(0, lambda: self._submit_evaluation(*at_start))
@@ -127,16 +129,9 @@ class Trainer:
                 self._evaluation.wait(EVALUATION_WAIT_S)
         self.telemetry.stopped(reason)
 
-    def _background_evaluation(self) -> BackgroundEvaluation | None:
-        """None without validation batches, or for a sharded learner (its evaluation is a
-        collective of all ranks, which must not interleave with the training steps')."""
-        if not self.val_batches or getattr(self.learner, "sharded", False):
-            return None
-        return BackgroundEvaluation(
-            self.learner.model, self.val_batches, self.learner.device, self._report_evaluation
-        )
-
-    def _report_evaluation(self, round_: int, val_loss: float | None) -> None:
+    def report_evaluation(self, round_: int, val_loss: float | None) -> None:
+        """An evaluation of the replica after `round_` finished (the evaluation thread's
+        callback, node.app)."""
         if val_loss is not None:
             self.latest_loss.record(round_, val_loss)
         self.telemetry.evaluated(round_, val_loss)
@@ -264,7 +259,7 @@ class Trainer:
         if not self.val_batches or not self.schedule.due(round_):
             return
         if self._evaluation is None or not self._running:
-            self._report_evaluation(round_, self.evaluate())
+            self.report_evaluation(round_, self.evaluate())
         else:
             self._evaluation.submit(round_, self.replica.snapshot()[0])
 
