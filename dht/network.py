@@ -7,12 +7,14 @@ this class: DHT records with bounded waits, request/response streams, protocol n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, TypeVar
 
@@ -48,6 +50,8 @@ without a byte arriving (a stall)."""
 MIN_LINK_BYTES_PER_S = 125_000.0
 """The slowest link (1 Mbit/s) a whole transfer's deadline is sized for; a stall is caught
 sooner, by REQUEST_READ_TIMEOUT_S without a byte."""
+P2PD_STOP_S = 5.0
+"""How long p2pd may take to exit on SIGTERM before hivemind's shutdown signals it again."""
 T = TypeVar("T")
 Handler = Callable[[Any, Any, Any], Awaitable[None]]
 
@@ -141,13 +145,15 @@ class SwarmNetwork:
         self._reaper.start()
         self._thread.start()
         try:
-            self._p2p = self.call(self._create_p2p(), timeout_s)
-        except P2PDaemonError as exc:
-            reason = str(exc).splitlines()[-1] if str(exc) else type(exc).__name__
-            if "bootstrap peers" in reason and self.config.initial_peers:
-                raise SwarmError(self._why_no_bootstrap(timeout_s)) from None
-            peers = ", ".join(self.config.initial_peers) or "none"
-            raise SwarmError(f"could not start the p2p daemon (peers: {peers}): {reason}") from None
+            self._p2p = self._start_p2p(timeout_s)
+        except SwarmError as exc:
+            if not (self.config.rejoin_peers and self.config.initial_peers):
+                raise
+            # p2pd refuses to start when no bootstrap peer answers (one that went down after
+            # the preflight's probe): a known member starts alone and dials them later.
+            logger.info("%s; starting alone", exc)
+            self.config = replace(self.config, initial_peers=[])
+            self._p2p = self._start_p2p(timeout_s)
         for pid in self._p2pd_pids:
             self._reaper.watch(pid)
         # The daemon's control socket, as hivemind's own client reaches it (dht.p2pd).
@@ -156,6 +162,16 @@ class SwarmNetwork:
         assert self._dht.pid is not None
         self._reaper.watch(self._dht.pid)
         self.call(self._watch_paths(), timeout_s)
+
+    def _start_p2p(self, timeout_s: float) -> P2P:
+        try:
+            return self.call(self._create_p2p(), timeout_s)
+        except P2PDaemonError as exc:
+            reason = str(exc).splitlines()[-1] if str(exc) else type(exc).__name__
+            if "bootstrap peers" in reason and self.config.initial_peers:
+                raise SwarmError(self._why_no_bootstrap(timeout_s)) from None
+            peers = ", ".join(self.config.initial_peers) or "none"
+            raise SwarmError(f"could not start the p2p daemon (peers: {peers}): {reason}") from None
 
     def _why_no_bootstrap(self, timeout_s: float) -> str:
         """p2pd says only "failed to connect to bootstrap peers": probe each (TCP, then the
@@ -264,13 +280,33 @@ class SwarmNetwork:
             self._dht.shutdown()
         if self._p2p is not None and self._thread.is_alive():
             try:
-                self.call(self._p2p.shutdown(), 10.0)
+                self.call(self._stop_p2pd(), 10.0)
             except Exception as exc:
                 logger.warning("stopping p2pd failed: %s", exc)
         if self._thread.is_alive():
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout=5)
         self._reaper.close()
+
+    async def _stop_p2pd(self) -> None:
+        """SIGTERM p2pd, wait until asyncio's child watcher has reaped it, then let hivemind
+        close the rest.
+
+        Not hivemind's `P2P.shutdown` alone: it signals through `Popen.send_signal`, whose
+        `poll()` reaps a p2pd that has just exited before asyncio's watcher thread, blocked in
+        `waitpid`, does (CPython gh-87744, fixed in 3.13). The watcher then logs "Unknown child
+        process pid N, will report returncode 255": the warning a node printed once on Ctrl+C
+        (tests/node/test_stopping.py). `os.kill` reaps nothing, so the watcher always gets the
+        exit status, and `P2P.shutdown` finds the returncode set and signals nothing.
+        """
+        assert self._p2p is not None
+        child = getattr(self._p2p, "_child", None)  # hivemind keeps p2pd's Process private
+        if child is not None and child.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGTERM)
+            with contextlib.suppress(TimeoutError):  # then hivemind's terminate, as before
+                await asyncio.wait_for(child.wait(), P2PD_STOP_S)
+        await self._p2p.shutdown()
 
     async def _cancel_tasks(self) -> None:
         tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]

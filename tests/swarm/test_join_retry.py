@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -82,3 +84,37 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@pytest.mark.timeout(covering(3 * START_S, EXIT_S))
+def test_a_known_member_whose_bootstrap_accepts_tcp_but_speaks_no_libp2p_trains_alone(
+    launch: Launch,
+) -> None:
+    """The bootstrap's port answers the preflight's probe but p2pd's handshake fails there (a
+    peer killed between the probe and p2pd's start, in bench.chaos): p2pd refuses to start
+    with it, so the known member starts p2pd alone and trains instead of exiting."""
+    first = launch(*RUN, "--no-swarm", "--max-rounds", "1", name="member")
+    assert first.wait_exit(START_S) == 0  # its checkpoint: a known member now
+    with socket.socket() as impostor:
+        impostor.bind(("127.0.0.1", 0))
+        impostor.listen()
+        # Hangs up on every connection: p2pd's dial fails at once, not after its handshake
+        # timeout; the preflight's probe (a TCP connect) still succeeds.
+        threading.Thread(target=_hang_up_on_all, args=(impostor,), daemon=True).start()
+        port = impostor.getsockname()[1]
+        fake = f"/ip4/127.0.0.1/tcp/{port}/p2p/12D3KooWGgtHxHyqJ2bBHB6YPBFu2yC7n1AVXsbuXrBjVt3jxY3E"
+        again = launch(*RUN, "--peers", fake, name="member")
+        again.wait_event("alone", START_S)
+        again.wait_for(
+            lambda e: e.get("event") == "startup_phase" and e.get("name") == "first_batch",
+            START_S,
+            "training alone",
+        )
+        again.stop()
+
+
+def _hang_up_on_all(listener: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # the listener closed: the test is over
+        while True:
+            connection, _ = listener.accept()
+            connection.close()
