@@ -201,9 +201,9 @@ class SwarmNetwork:
             self._p2p.get_visible_maddrs(latest=True), REQUEST_READ_TIMEOUT_S
         )
         seen = [str(m) for m in own]
-        if seen != self.visible_maddrs and self.on_addresses is not None:
+        changed, self.visible_maddrs = seen != self.visible_maddrs, seen
+        if changed and self.on_addresses is not None:
             self.on_addresses(seen)
-        self.visible_maddrs = seen
 
     async def path_to(self, peer_id: str) -> str | None:
         """The path (direct, holepunched, relayed) of this node's connection to `peer_id` now,

@@ -111,6 +111,17 @@ def connections_by_peer(entries: Iterable[tuple[str, Iterable[str]]]) -> dict[st
     return found
 
 
+def shareable(maddrs: Iterable[str], limit: int) -> list[str]:
+    """At most `limit` of this node's addresses for its heartbeat, the ones a peer elsewhere can
+    use first: relayed and other addresses before loopback ones (a heartbeat holds 16; a relay
+    slot adds an address per relay, and a machine with many interfaces has many)."""
+    found = list(maddrs)
+    loopback = [m for m in found if m.startswith(("/ip4/127.", "/ip6/::1/"))]
+    relayed = [m for m in found if is_relayed(m)]
+    others = [m for m in found if m not in loopback and m not in relayed]
+    return (relayed + others + loopback)[:limit]
+
+
 def paths_label(counts: Mapping[str, int]) -> str:
     """`1 direct, 2 relayed` (kinds with no peer left out); `-` when nothing was measured."""
     found = [f"{counts[kind]} {kind}" for kind in PATH_KINDS if counts.get(kind)]

@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from dht.heartbeat import (
     MAX_AUTHORS,
     MAX_LOSS,
+    MAX_MADDRS,
     MAX_REJECTED_PEERS,
     MAX_REJECTED_REASONS,
     Heartbeat,
 )
+from dht.reachability import shareable
 from dht.transport import WIRE_BYTES
 from merge.pipeline import MergeResult, UpdatePipeline
 from merge.replica import Replica
@@ -265,7 +267,7 @@ class Telemetry:
             drift=self.drift(),
             sketch=list(s.replica.sketch),
             uptime_s=round(time.monotonic() - self.started_at, 1),
-            maddrs=self.swarm.visible_maddrs(),
+            maddrs=shareable(self.swarm.visible_maddrs(), MAX_MADDRS),
             serves_state=self.config.serve_state,
             rejections=rejections,
             sent_at=time.time(),

@@ -119,6 +119,10 @@ def test_two_nodes_behind_two_nats_train_as_one_through_a_bootstrap_that_relays(
     # cuts a relayed connection every 128 KiB: the fetch resumes, docs/nat.md).
     fetched = [e for e in cone.of("update_fetched") if e["peer_id"] == symmetric.peer_id]
     assert any(e["path"] == "relayed" for e in fetched), fetched
+    relay = maddr.rsplit("/p2p/", 1)[1]
+    for node in homes:  # join's first lines, then the relay slot (dht.join_report)
+        told = [e["line"] for e in node.of("reachability")]
+        assert told and told[-1] == f"behind a NAT, reachable through relay {relay}", told
 
     newcomer = in_namespace(
         lab.host(0), *RUN, "--port", "0", "--auto-relay", "--peers", maddr, name="newcomer"

@@ -15,6 +15,7 @@ from dht.reachability import (
     daemon_flags,
     paths_label,
     relay_of,
+    shareable,
 )
 
 RELAY = "12D3KooWNdCAR3NwA13FW74d2hURfeBQ4RaTmTorkqWxQcvHGnZw"
@@ -150,3 +151,15 @@ def test_paths_label_names_the_paths_in_use() -> None:
     assert paths_label({"direct": 1, "holepunched": 0, "relayed": 2}) == "1 direct, 2 relayed"
     assert paths_label({}) == "-"  # a peer of an earlier version reports none
     assert paths_label(dict.fromkeys(PATH_KINDS, 0)) == "-"
+
+
+LOOPBACK = "/ip4/127.0.0.1/tcp/4000"
+
+
+@given(st.lists(st.sampled_from([DIRECT, RELAYED, LOOPBACK]), max_size=40))
+def test_a_heartbeat_keeps_the_addresses_a_distant_peer_can_use_within_its_limit(
+    maddrs: list[str],
+) -> None:
+    kept = shareable(maddrs, 16)
+    # relayed first, then direct ones, loopback only where room is left
+    assert kept == sorted(maddrs, key=[RELAYED, DIRECT, LOOPBACK].index)[:16]
