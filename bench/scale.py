@@ -71,6 +71,9 @@ def main() -> None:
     parser.add_argument("--linger-s", type=float, default=40.0, help="bound on convergence")
     parser.add_argument("--inner-steps", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=300.0, help="bound on start-up waits")
+    parser.add_argument(
+        "--startup-s", type=float, help="time allowed for starting every node (default 10 s x N)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--events-dir", type=Path, help="keep every process's JSON events here (nN/, a file each)"
@@ -127,21 +130,36 @@ def _measure(slots: list[Slot], args: argparse.Namespace) -> dict[str, Any]:
     run = ["--model", "tiny", "--run-id", RUN_ID, "--threads", "1", "--inner-steps",
            str(args.inner_steps), "--eval-batches", "0", "--heartbeat-period", "1",
            "--gap-wait", "10", "--linger", str(args.linger_s + 30)]  # fmt: skip
-    train_until = 0.0
+    # One end of training for every process, fixed before the first starts: a node's
+    # --max-time counts from its own start, and 16 nodes starting on 2 cores take minutes,
+    # during which the first ones (the bootstrap among them) must not stop and exit.
+    startup_s = args.startup_s if args.startup_s is not None else 10.0 * len(slots)
+    train_until = time.time() + startup_s + args.train_s
 
     def start(slot: Slot, peers: list[str]) -> ChildProcess:
-        remaining = max(1.0, train_until - time.time()) if train_until else args.train_s
+        remaining = max(1.0, train_until - time.time())
         extra = ["--max-time", f"{remaining:.0f}", *(["--peers", *peers[:3]] if peers else [])]
         child = node_process(slot.name, *run, *extra, home=slot.home).start()
         slot.children.append(child)
         return child
 
+    def live_peers(slot: Slot) -> list[str]:
+        """Three shuffled live members other than `slot` (the bootstrap may be the busy one)."""
+        peers = [
+            s.current.maddrs[0]
+            for s in slots
+            if s is not slot and s.current.alive() and s.current.of("listening")
+        ]
+        random.Random(len(slot.children)).shuffle(peers)
+        return peers or bootstrap
+
     bootstrap = start(slots[0], []).wait_listening(args.timeout)
     for slot in slots[1:]:
         start(slot, bootstrap)
     for slot in slots:
-        _wait_started(slot, lambda s=slot: start(s, bootstrap), args.timeout)
-    train_until = time.time() + args.train_s
+        _wait_started(slot, lambda s=slot: start(s, live_peers(s)), args.timeout)
+    left_s = train_until - time.time()
+    print(f"N={len(slots)}: every node started; {left_s:.0f} s of training left", flush=True)
     sampler = Sampler(slots, bootstrap)
     with sampler:
         kills = _crash_loop(slots, args, train_until, start, sampler)

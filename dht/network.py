@@ -27,6 +27,7 @@ from dht.reachability import PathBook, RelayLimits, daemon_flags, tuned_p2p
 from dht.reaper import OrphanReaper
 from dht.records import OwnerValidator, RefusalCounts
 from dht.rejections import Rejections
+from dht.shards import ShardConfig
 from dht.transport import encode_request, receive_blob, send_blob
 from merge.identity import Identity
 
@@ -80,6 +81,8 @@ class SwarmConfig:
     max_state_bytes: int = 4 << 30
     relay_limits: RelayLimits = field(default_factory=RelayLimits)
     """What this node spends relaying for peers behind NAT."""
+    shards: ShardConfig = field(default_factory=ShardConfig)
+    """Sizes of the heartbeat shards (dht.shards, dht.heartbeat_shards)."""
 
     @property
     def prefix(self) -> str:
