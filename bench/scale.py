@@ -72,7 +72,7 @@ def main() -> None:
     parser.add_argument("--inner-steps", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=300.0, help="bound on start-up waits")
     parser.add_argument(
-        "--startup-s", type=float, help="time allowed for starting every node (default 10 s x N)"
+        "--startup-s", type=float, help="time allowed for starting every node (default 20 s x N)"
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -133,7 +133,7 @@ def _measure(slots: list[Slot], args: argparse.Namespace) -> dict[str, Any]:
     # One end of training for every process, fixed before the first starts: a node's
     # --max-time counts from its own start, and 16 nodes starting on 2 cores take minutes,
     # during which the first ones (the bootstrap among them) must not stop and exit.
-    startup_s = args.startup_s if args.startup_s is not None else 10.0 * len(slots)
+    startup_s = args.startup_s if args.startup_s is not None else 20.0 * len(slots)
     train_until = time.time() + startup_s + args.train_s
 
     def start(slot: Slot, peers: list[str]) -> ChildProcess:
