@@ -40,6 +40,9 @@ from dht.shards import shard_key
 
 SAMPLE_SHARDS = 2
 """Random shards read per heartbeat period beside this node's own."""
+SAMPLE_STEPS = 8
+"""Keys one sample reads at most: in an even tree the first is a leaf; in an uneven one
+(a small swarm) the walk goes up from empty keys to a populated one."""
 LEGACY_EVERY = 4
 """Heartbeat periods between reads of an empty legacy key."""
 
@@ -170,12 +173,13 @@ class HeartbeatShards:
     async def _read_sample(self, poll: ShardPoll) -> None:
         position = format(self._rng.getrandbits(64), "064b")
         prefix: str | None = position[: self.cursor.depth]
-        for _ in range(3):  # the sampled key, then at most two steps down or up
+        empty: set[str] = set()
+        for _ in range(SAMPLE_STEPS):  # the sampled key, then steps down or up to a leaf
             if prefix is None or prefix == self.cursor.prefix:
                 return
             read, records = await self._read_shard(prefix)
             self._take(poll, read, records)
-            prefix = adjust_sample(read, position, self.cursor.config.max_depth)
+            prefix = adjust_sample(read, position, self.cursor.config.max_depth, empty)
 
     def _take(
         self, poll: ShardPoll, read: ShardRead, records: Mapping[Any, Any], own: bool = False

@@ -175,13 +175,23 @@ class ShardCursor:
         return chosen
 
 
-def adjust_sample(read: ShardRead, position: str, max_depth: int) -> str | None:
+def adjust_sample(
+    read: ShardRead, position: str, max_depth: int, empty: set[str] | None = None
+) -> str | None:
     """The next key to read for a sampled position after reading `read`: one level down if
-    it has split, one level up if it is empty (merged away), None if it was a leaf."""
-    if read.marks and len(read.prefix) < max_depth:
-        return position[: len(read.prefix) + 1]
-    if not read.heartbeats and read.prefix:
-        return read.prefix[:-1]
+    it has split, one level up if it is empty (merged away, or a sparse corner of an uneven
+    tree), None if it was a leaf. `empty` (the walk's memory, updated here) keeps a walk that
+    went up from an empty key from going back down into it: it takes the sibling instead."""
+    empty = set() if empty is None else empty
+    prefix = read.prefix
+    if read.marks and len(prefix) < max_depth:
+        child = position[: len(prefix) + 1]
+        if child in empty:
+            child = prefix + ("1" if child[-1] == "0" else "0")
+        return None if child in empty else child
+    if not read.heartbeats and prefix:
+        empty.add(prefix)
+        return prefix[:-1]
     return None
 
 

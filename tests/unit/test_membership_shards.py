@@ -19,7 +19,7 @@ from dht.network import SwarmConfig
 from dht.records import owner_subkey
 from dht.rejections import Rejections
 from dht.shard_walk import SPLIT_VALUE, split_subkey
-from dht.shards import shard_key
+from dht.shards import ShardConfig, shard_key
 from merge.identity import Identity
 
 PERIOD = 0.05
@@ -145,3 +145,35 @@ def test_a_peer_in_another_shard_stays_alive_until_a_read_of_its_shard_misses_it
         asyncio.run(m.poll())
         time.sleep(PERIOD / 2)
     assert m.is_alive(third.peer_id) and not m.is_alive(other.peer_id)
+
+
+def test_in_tiny_shards_every_members_view_fills_in_through_samples() -> None:
+    config = SwarmConfig(
+        run_id=RUN, fingerprint="f" * 64, run_summary={}, identity_path="",
+        heartbeat_period_s=PERIOD, shards=ShardConfig(max_records=2),
+    )  # fmt: skip
+    keys = Keys(config)
+    members = []
+    for me in (Identity.generate() for _ in range(6)):
+        members.append(
+            Membership(
+                keys,  # type: ignore[arg-type]
+                me,
+                heartbeat_fn=lambda me=me: Heartbeat(peer_id=me.peer_id, sent_at=time.time()),
+                reject=Rejections(lambda result: None),
+                on_event=lambda *a, **k: None,
+            )
+        )
+
+    async def periods(bound: int) -> None:
+        for _ in range(bound):
+            for m in members:
+                await m.send_heartbeat()
+                await m.poll()
+            if all(len(m.alive_peers()) == 5 for m in members):
+                return
+            await asyncio.sleep(PERIOD / 2)
+
+    asyncio.run(periods(400))
+    assert max(m.shards.cursor.depth for m in members) >= 1  # the root split
+    assert [len(m.alive_peers()) for m in members] == [5] * 6

@@ -18,6 +18,7 @@ from dht.records import owner_subkey
 from dht.shard_walk import (
     SPLIT_VALUE,
     ShardCursor,
+    ShardRead,
     Step,
     adjust_sample,
     covered,
@@ -154,11 +155,23 @@ def test_marks_count_only_from_peers_under_the_key_and_junk_is_sorted_out() -> N
     assert parse_shard(RUN, "1", {split_subkey(inside): SPLIT_VALUE}).marks == 1
 
 
+def marked_at(prefix: str) -> ShardRead:
+    writer = next(
+        name("m", i) for i in range(99) if peer_bits(RUN, name("m", i)).startswith(prefix)
+    )
+    return parse_shard(RUN, prefix, {split_subkey(writer): SPLIT_VALUE})
+
+
 def test_a_sampled_position_steps_down_a_split_key_and_up_from_an_empty_one() -> None:
     marked = parse_shard(RUN, "", {split_subkey("a"): SPLIT_VALUE})
     assert adjust_sample(marked, "0110", 24) == "0"
     assert adjust_sample(parse_shard(RUN, "01", {}), "0110", 24) == "0"
     assert adjust_sample(parse_shard(RUN, "", {}), "0110", 24) is None
+    empty: set[str] = set()
+    assert adjust_sample(parse_shard(RUN, "01", {}), "0110", 24, empty) == "0"
+    assert adjust_sample(marked_at("0"), "0110", 24, empty) == "00"  # not back into "01"
+    empty.add("00")
+    assert adjust_sample(marked_at("0"), "0110", 24, empty) is None
     assert covered("0110", ["01"]) and not covered("0110", ["1", "00"])
 
 
