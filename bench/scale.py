@@ -172,7 +172,7 @@ def _measure(slots: list[Slot], args: argparse.Namespace) -> dict[str, Any]:
         _wait_started(slot, lambda s=slot: start(s, live_peers(s)), args.timeout)
     left_s = train_until - time.time()
     print(f"N={len(slots)}: every node started; {left_s:.0f} s of training left", flush=True)
-    sampler = Sampler(slots, bootstrap)
+    sampler = Sampler(slots, live_peers(slots[0]) + bootstrap)  # node0 may have stopped
     with sampler:
         kills = _crash_loop(slots, args, train_until, start, live_peers)
         converge_s = sampler.wait_converged(train_until, args.linger_s, last_stop, args.timeout)
