@@ -14,7 +14,8 @@ nodes' signed heartbeats (read through a DHT observer every second) and their JS
 
 - agree_share: share of samples in which every live node reported the same applied digest
   (while training, updates in flight count as disagreement);
-- converge_s: after the last publish, how long until all live replicas hold one applied set;
+- converge_s: after the last node stopped training, how long until all live replicas hold
+  one applied set;
 - max_drift: the largest relative distance between two replicas with equal applied sets
   (median_drift: its median over all rounds; final_drift: between the last heartbeats);
 - rss_mb: resident memory of each node's main process (mean of per-node peaks, and max);
@@ -71,6 +72,9 @@ def main() -> None:
     parser.add_argument("--linger-s", type=float, default=40.0, help="bound on convergence")
     parser.add_argument("--inner-steps", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=300.0, help="bound on start-up waits")
+    parser.add_argument(
+        "--startup-s", type=float, help="time allowed for starting every node (default 20 s x N)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--events-dir", type=Path, help="keep every process's JSON events here (nN/, a file each)"
@@ -127,29 +131,55 @@ def _measure(slots: list[Slot], args: argparse.Namespace) -> dict[str, Any]:
     run = ["--model", "tiny", "--run-id", RUN_ID, "--threads", "1", "--inner-steps",
            str(args.inner_steps), "--eval-batches", "0", "--heartbeat-period", "1",
            "--gap-wait", "10", "--linger", str(args.linger_s + 30)]  # fmt: skip
-    train_until = 0.0
+    # One end of training for every process, fixed before the first starts: a node's
+    # --max-time counts from its own start, and 16 nodes starting on 2 cores take minutes,
+    # during which the first ones (the bootstrap among them) must not stop and exit.
+    startup_s = args.startup_s if args.startup_s is not None else 20.0 * len(slots)
+    train_until = time.time() + startup_s + args.train_s
 
     def start(slot: Slot, peers: list[str]) -> ChildProcess:
-        remaining = max(1.0, train_until - time.time()) if train_until else args.train_s
+        remaining = max(1.0, train_until - time.time())
         extra = ["--max-time", f"{remaining:.0f}", *(["--peers", *peers[:3]] if peers else [])]
         child = node_process(slot.name, *run, *extra, home=slot.home).start()
         slot.children.append(child)
         return child
 
+    def live_peers(slot: Slot) -> list[str]:
+        """Three shuffled live members other than `slot` (the bootstrap may be the busy one)."""
+        peers = [
+            s.current.maddrs[0]
+            for s in slots
+            if s is not slot and s.current.alive() and s.current.of("listening")
+        ]
+        random.Random(len(slot.children)).shuffle(peers)
+        return peers or bootstrap
+
+    def last_stop() -> float | None:
+        """When the last live node stopped training; None while one still trains."""
+        stops = []
+        for slot in slots:
+            if slot.current.alive():
+                stopped = slot.current.of("stopped")
+                if not stopped:
+                    return None
+                stops.append(float(stopped[-1]["time"]))
+        return max(stops, default=None)
+
     bootstrap = start(slots[0], []).wait_listening(args.timeout)
     for slot in slots[1:]:
         start(slot, bootstrap)
     for slot in slots:
-        _wait_started(slot, lambda s=slot: start(s, bootstrap), args.timeout)
-    train_until = time.time() + args.train_s
-    sampler = Sampler(slots, bootstrap)
+        _wait_started(slot, lambda s=slot: start(s, live_peers(s)), args.timeout)
+    left_s = train_until - time.time()
+    print(f"N={len(slots)}: every node started; {left_s:.0f} s of training left", flush=True)
+    sampler = Sampler(slots, live_peers(slots[0]) + bootstrap)  # node0 may have stopped
     with sampler:
-        kills = _crash_loop(slots, args, train_until, start, sampler)
-        converge_s = sampler.wait_converged(train_until, args.linger_s)
+        kills = _crash_loop(slots, args, train_until, start, live_peers)
+        converge_s = sampler.wait_converged(train_until, args.linger_s, last_stop, args.timeout)
     return _figures(slots, sampler, kills, converge_s)
 
 
-def _crash_loop(slots, args, train_until, start, sampler) -> int:  # type: ignore[no-untyped-def]
+def _crash_loop(slots, args, train_until, start, live_peers) -> int:  # type: ignore[no-untyped-def]
     rng = random.Random(args.seed)
     kills = 0
     next_kill = time.time() + args.kill_every
@@ -160,8 +190,7 @@ def _crash_loop(slots, args, train_until, start, sampler) -> int:  # type: ignor
             victim.current.crash()
             kills += 1
             # Several live members, not one: the first may be busy or mid-restart itself.
-            peers = [s.current.maddrs[0] for s in slots if s is not victim and s.current.alive()]
-            rng.shuffle(peers)
+            peers = live_peers(victim)
             start(victim, peers)
             _wait_started(victim, lambda v=victim, p=peers: start(v, p), args.timeout)
             next_kill = time.time() + args.kill_every
@@ -207,17 +236,24 @@ class Sampler(BackgroundSampler):
             if rss is not None:
                 self.rss[slot.name] = max(self.rss.get(slot.name, 0), rss)
 
-    def wait_converged(self, train_until: float, bound_s: float) -> float | None:
-        """Seconds from the end of training until every live node reports one applied set."""
-        deadline = train_until + bound_s
-        while time.time() < deadline:
+    def wait_converged(
+        self, train_until: float, bound_s: float, last_stop: Any, cap_s: float
+    ) -> float | None:
+        """Seconds from the last live node's end of training (its `stopped`) until every live
+        node reports one applied set; None after `bound_s` more, or once `cap_s` past
+        `train_until` with a node still training. A node's --max-time counts from its own
+        start of training, which on a loaded machine comes minutes after its launch."""
+        while time.time() < train_until + cap_s + bound_s:
             time.sleep(0.5)
-            if not self.samples:
+            stopped = last_stop()
+            if stopped is None or not self.samples:
                 continue
+            if time.time() > stopped + bound_s:
+                return None
             at, beats = self.samples[-1]
-            settled = at > train_until + 2 and all(h.state == "idle" for h in beats)
+            settled = at > stopped + 2 and all(h.state == "idle" for h in beats)
             if settled and len(beats) == len(self._slots) and _agree(beats):
-                return round(at - train_until, 1)
+                return round(at - stopped, 1)
         return None
 
 

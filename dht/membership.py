@@ -11,10 +11,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from dht.heartbeat import Heartbeat, HeartbeatError
+from dht.heartbeat_shards import HeartbeatShards, ShardPoll
 from dht.messages import RUN_LISTING_KEY
 from dht.network import RunMismatchError, SwarmNetwork
-from dht.records import owner_subkey, subkey_owner
+from dht.records import subkey_owner
 from dht.rejections import Rejections
+from dht.shard_walk import covered
 from merge.identity import Identity
 
 logger = logging.getLogger(__name__)
@@ -53,6 +55,8 @@ class Membership:
         self._reject = reject
         self._on_event = on_event
         self._bad_heartbeats = SeenSet(4096)
+        self.shards = HeartbeatShards(network, self.peer_id)
+        """Where this node's heartbeat goes and which shards it reads (dht.heartbeat_shards)."""
         self.admit: Callable[[str], bool] | None = None
         """Permissioned runs: whether a peer may take part (None: anyone may)."""
         self.org_of: Callable[[str], str | None] | None = None
@@ -63,6 +67,8 @@ class Membership:
         """Polls that missed this node's own heartbeat, so told nothing about absences."""
         self.on_left: Callable[[str], None] | None = None
         """Called with a peer's id when it stops sending heartbeats (its state is released)."""
+        self._legacy_only: set[str] = set()
+        """Peers seen in the legacy key and in no shard: nodes of an earlier version."""
         self._reading_since: float | None = None
         """When the read in flight started (None: no read in flight)."""
         self.last_read_started: float | None = None
@@ -104,45 +110,67 @@ class Membership:
     async def send_heartbeat(self) -> None:
         heartbeat = self._heartbeat_fn()
         ttl = 3 * self.config.heartbeat_period_s
-        # An owner subkey: only this node's key can write it (dht.records.OwnerValidator).
-        await self.network.dht_store(
-            f"{self.config.prefix}/peers",
-            owner_subkey(self.peer_id),
-            heartbeat.sign(self.identity),
-            ttl,
+        # An owner subkey: only this node's key can write it (dht.records.OwnerValidator),
+        # under this node's heartbeat shard (dht.heartbeat_shards).
+        run_record_due = await self.shards.store(
+            heartbeat.sign(self.identity), ttl, run_record=not self.sent_heartbeats
         )
-        await self.network.dht_store(
-            f"diloco-run/{self.config.run_id}",
-            self.config.fingerprint,
-            json.dumps(self.config.run_summary, sort_keys=True),
-            ttl,
-        )
-        await self.network.dht_store(RUN_LISTING_KEY, self.config.run_id, True, ttl)
+        if run_record_due:  # one record for the whole swarm: a few peers refresh it
+            await self.network.dht_store(
+                f"diloco-run/{self.config.run_id}",
+                self.config.fingerprint,
+                json.dumps(self.config.run_summary, sort_keys=True),
+                ttl,
+            )
+            await self.network.dht_store(RUN_LISTING_KEY, self.config.run_id, True, ttl)
         self.sent_heartbeats += 1
 
     async def poll(self) -> list[Heartbeat]:
-        """Read every peer's heartbeat; the verified ones, newest view of each peer updated."""
+        """Read this node's heartbeat shard (and, when due, a sample of the others and the
+        legacy key); the verified heartbeats, newest view of each peer updated."""
         started = time.time()
         if self._reading_since is None:
             self._reading_since = started
         try:
-            records = await self.network.dht_get(f"{self.config.prefix}/peers")
+            read = await self.shards.read(
+                sent=self.sent_heartbeats > 0, ttl_s=3 * self.config.heartbeat_period_s
+            )
         finally:
             if self._reading_since == started:
                 self._reading_since = None
         self.last_read_started = max(started, self.last_read_started or started)
         now = time.time()
         seen: list[Heartbeat] = []
-        for subkey, blob in records.items():
+        for subkey, blob in read.records.items():
             heartbeat = self._parse(subkey, blob)
             if heartbeat is not None:
                 self._see_peer(heartbeat, now)
                 seen.append(heartbeat)
-        if self.sent_heartbeats and not any(subkey_owner(k) == self.peer_id for k in records):
+        if read.moved:
+            await self.send_heartbeat()  # into the leaf this node has just moved to
+        elif not read.own_found:
             self._hold_peers(now)
+        self._hold_unread(read, {h.peer_id for h in seen}, now)
         self._forget_dead_peers(now)
         self.network.sync_dht_refusals()  # records the DHT refused: forged, overwritten, junk
         return seen
+
+    def _hold_unread(self, read: ShardPoll, seen: set[str], now: float) -> None:
+        """A peer's absence is proven only by a read of the shard that holds it (or of the
+        legacy key, for a peer seen only there): peers elsewhere in a large swarm, seen in an
+        earlier sample, stay alive until a read of their shard misses them."""
+        period = self.config.heartbeat_period_s
+        for peer_id, view in self.peers.items():
+            if peer_id in seen or not view.alive(period, now):
+                continue
+            if peer_id in self._legacy_only:
+                proven = read.legacy_read
+            else:
+                proven = covered(self.shards.position(peer_id), read.leaves)
+            if not proven:
+                view.last_seen = max(view.last_seen, now - period)
+        legacy_only = (self._legacy_only | read.legacy_peers) - read.shard_peers
+        self._legacy_only = legacy_only & set(self.peers)
 
     def _hold_peers(self, now: float) -> None:
         """A read without this node's own live heartbeat was incomplete (timed out, or the

@@ -40,6 +40,7 @@ from dht.reachability import (
 from dht.reaper import OrphanReaper
 from dht.records import OwnerValidator, RefusalCounts
 from dht.rejections import Rejections
+from dht.shards import ShardConfig
 from dht.transport import encode_request, receive_blob, send_blob
 from merge.identity import Identity
 
@@ -98,6 +99,8 @@ class SwarmConfig:
     rejoin_peers: list[str] = field(default_factory=list)
     """A known member's peers: if none answers at start, the DHT starts alone and they are
     dialled in the background (dht.bootstrap_rejoin) instead of the node exiting."""
+    shards: ShardConfig = field(default_factory=ShardConfig)
+    """Sizes of the heartbeat shards (dht.shards, dht.heartbeat_shards)."""
 
     @property
     def prefix(self) -> str:

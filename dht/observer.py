@@ -21,11 +21,15 @@ from dht.messages import (
 )
 from dht.network import SwarmError
 from dht.reaper import OrphanReaper
-from dht.records import OwnerValidator, subkey_owner
+from dht.records import OwnerValidator, owner_subkey, subkey_owner
+from dht.shard_walk import parse_shard
+from dht.shards import ShardConfig, shard_key
 
 logger = logging.getLogger(__name__)
 MAX_LISTED_RUNS = 32
 """Runs `status` shows when no run id is given."""
+MAX_SHARD_KEYS = 4096
+"""Heartbeat shard keys one snapshot reads at most (a swarm of ~100,000 at 32 per shard)."""
 
 
 @dataclass(frozen=True)
@@ -85,9 +89,9 @@ class SwarmObserver:
 
     def _read_run(self, run_id: str, fingerprint: str, summary: str) -> SwarmSnapshot:
         now = time.time()
-        peers: list[PeerStatus] = []
+        newest: dict[str, Heartbeat] = {}
         rejected = 0
-        for subkey, blob in self._get(f"diloco/{fingerprint[:16]}/peers").items():
+        for subkey, blob in self._heartbeat_records(run_id, f"diloco/{fingerprint[:16]}"):
             peer_id = subkey_owner(subkey)
             try:
                 if peer_id is None:
@@ -97,9 +101,27 @@ class SwarmObserver:
                 logger.info("ignoring heartbeat from %s: %s", peer_id, exc)
                 rejected += 1
                 continue
-            peers.append(PeerStatus(heartbeat, max(0.0, now - heartbeat.sent_at)))
+            if peer_id not in newest or heartbeat.sent_at > newest[peer_id].sent_at:
+                newest[peer_id] = heartbeat  # a peer in two shards while it moves
+        peers = [PeerStatus(h, max(0.0, now - h.sent_at)) for h in newest.values()]
         peers.sort(key=lambda p: (p.heartbeat.org, p.heartbeat.peer_id))
         return SwarmSnapshot(run_id, fingerprint, summary, peers, rejected)
+
+    def _heartbeat_records(self, run_id: str, prefix: str) -> list[tuple[object, object]]:
+        """Every heartbeat record of the run: the shard tree walked from its root (each
+        split key's two children, at most MAX_SHARD_KEYS keys), then the legacy key."""
+        found: list[tuple[object, object]] = []
+        pending, visited = [""], 0
+        while pending and visited < MAX_SHARD_KEYS:
+            shard = pending.pop()
+            visited += 1
+            read = parse_shard(run_id, shard, self._get(f"{prefix}/{shard_key(shard)}"))
+            found.extend((owner_subkey(p), blob) for p, blob in read.heartbeats.items())
+            found.extend(read.junk.items())
+            if read.marks and len(shard) < ShardConfig().max_depth:
+                pending.extend((shard + "1", shard + "0"))
+        found.extend(self._get(f"{prefix}/peers").items())
+        return found
 
     def _get(self, key: str) -> dict[object, object]:
         found = self._dht.get(key, latest=True)

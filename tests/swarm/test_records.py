@@ -144,3 +144,49 @@ def test_status_and_dashboard_find_the_runs_a_swarm_trains(members: list[DHT]) -
 
     with SwarmObserver([str(m) for m in node.get_visible_maddrs()]) as observer:
         assert observer.run_ids() == ["alpha", "beta"]
+
+
+def test_status_reads_every_heartbeat_shard_and_the_single_key(members: list[DHT]) -> None:
+    """The observer walks the shard tree through split marks, and still reads the single key
+    of earlier versions: peers in two leaves and one old node are all shown."""
+    import json
+
+    from dht.grouping import peer_bits
+    from dht.heartbeat import Heartbeat
+    from dht.observer import SwarmObserver
+    from dht.shard_walk import SPLIT_VALUE, split_subkey
+    from dht.shards import shard_key
+
+    run_id, fingerprint = "sharded", "ab" * 32
+    prefix = f"diloco/{fingerprint[:16]}"
+    ids = [Identity.generate() for _ in range(12)]
+    left = next(i for i in ids if peer_bits(run_id, i.peer_id)[0] == "0")
+    right = next(i for i in ids if peer_bits(run_id, i.peer_id)[0] == "1")
+    old = Identity.generate()
+    expiry = get_dht_time() + 60
+    for identity, key in (
+        (left, shard_key("0")),
+        (right, shard_key("1")),
+        (old, "peers"),
+    ):  # each owner's record, signed by a member holding its key
+        writer = DHT(
+            initial_peers=[str(m) for m in members[0].get_visible_maddrs()] if members else [],
+            start=True,
+            record_validators=[OwnerValidator(identity)],
+        )
+        members.append(writer)
+        beat = Heartbeat(peer_id=identity.peer_id, sent_at=get_dht_time()).sign(identity)
+        assert writer.store(f"{prefix}/{key}", beat, expiry, subkey=owner_subkey(identity.peer_id))
+        if identity is left:  # the root has split: one mark sends readers down
+            assert writer.store(
+                f"{prefix}/{shard_key('')}", SPLIT_VALUE, expiry, subkey=split_subkey(left.peer_id)
+            )
+            assert writer.store(
+                f"diloco-run/{run_id}", json.dumps({"model": "tiny"}), expiry, subkey=fingerprint
+            )
+
+    with SwarmObserver([str(m) for m in members[0].get_visible_maddrs()]) as observer:
+        (snapshot,) = observer.snapshot(run_id)
+    shown = {p.heartbeat.peer_id for p in snapshot.peers}
+    assert shown == {left.peer_id, right.peer_id, old.peer_id}
+    assert snapshot.rejected_heartbeats == 0
