@@ -311,5 +311,5 @@ def substance(verdict: Verdict) -> float:
         return 0.0
     if not verdict.median_norm:  # no reference yet, or one a flood of zeros set to 0
         return 1.0
-    ratio = verdict.norm * verdict.scale / (SUBSTANTIAL * verdict.median_norm)
+    ratio = verdict.norm * verdict.scale / verdict.median_norm / SUBSTANTIAL  # no underflow to 0
     return min(1.0, max(0.0, ratio))

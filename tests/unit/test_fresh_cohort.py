@@ -142,7 +142,7 @@ def test_substance_is_a_share_zero_for_nothing_and_whole_for_honest_sizes(
     assert 0.0 <= value <= 1.0
     if norm == 0 or reason == "against_momentum":
         assert value == 0.0
-    elif not median or norm * scale >= median / 2:
+    elif not median or norm * scale / median >= 0.5:
         assert value == 1.0
 
 
