@@ -138,7 +138,7 @@ class _Account:
         self.load = self.load_at(total, tau) + (share * allowance if loaded else 0.0)
         self.clock = total - self.own
         self.own += share * allowance if clocked else 0.0
-        self.record += allowance * evidence  # share <= evidence: load and own stay <= record
+        self.record += allowance * evidence
 
 
 class ContributionLedger:
@@ -319,7 +319,9 @@ class ContributionLedger:
             if not all(_is_amount(x) for x in row[1:]) or row[0] in accounts:
                 raise ValueError("contribution ledger accounts must hold finite amounts >= 0.")
             load, clock, own, record, since, *seen_at = (float(x) for x in row[1:])
-            if max(load, own) > record + 1e-9 or max(clock, own, since) > total + 1e-9:
+            # load and own may exceed record: an update of little substance (zeros) loads
+            # its author's budget and earns no record (merge.robust.substance).
+            if max(clock, own, since) > total + 1e-9:
                 raise ValueError("contribution ledger account exceeds what it was credited.")
             accounts[row[0]] = _Account(load, clock, own, record, since, *seen_at)
         self._accounts, self._total = accounts, float(total)

@@ -150,11 +150,8 @@ def test_the_state_round_trips_through_json(events: list[tuple[str, int]]) -> No
         None,
         {"total": -1.0, "accounts": []},
         {"total": math.inf, "accounts": []},
-        {
-            "total": 1.0,
-            "accounts": [["a", 1.5, 0.0, 0.4, 1.0, 0.0]],
-        },  # load above what it was credited
-        {"total": 1.0, "accounts": [["a", 0.1, 0.0, 0.5, 0.2, 0.0]]},  # shares above its updates
+        {"total": 1.0, "accounts": [["a", 0.1, 0.0, 1.5, 2.0, 0.0]]},  # own above the clock
+        {"total": 1.0, "accounts": [["a", 0.1, 1.5, 0.2, 1.0, 0.0]]},  # its clock ahead of it
         {"total": 1.0, "accounts": [["a", 0.1, 0.0, 0.2, 1.0]]},
         {"total": 1.0, "accounts": [["a", 0.1, 0.0, 0.2, 1.0, 0.0]] * 2},
         {"total": 1.0, "accounts": [["a", 0.1, 0.0, 0.2, 1.0, 2.0]]},  # first seen in future
@@ -302,3 +299,17 @@ def test_a_flooder_dating_its_updates_ahead_stays_capped(
             credited_rounds += swarm.publish("mallory", M, dated) / M
     cap = swarm.ledger.cap("mallory", M)
     assert credited_rounds <= cap / (M - 1) * (config.budget_rounds + len(bursts)) + 1e-6
+
+
+def test_an_author_of_zeros_loads_its_budget_without_record_and_its_state_still_loads() -> None:
+    """Zero updates load their author's budget and earn no record (merge.robust.substance):
+    a donor's or a checkpoint's ledger holding such an author must load as it was saved."""
+    ledger = ContributionLedger()
+    round_robin(ledger, 2)
+    for _ in range(4):
+        ledger.applied("zeros", 3, 1.0, evidence=0.0)
+    saved = ledger.state_dict()
+    restored = ContributionLedger()
+    restored.load_state_dict(saved)
+    assert restored.state_dict() == saved
+    assert restored.record("zeros") == 0.0
