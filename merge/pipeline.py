@@ -333,7 +333,10 @@ class UpdatePipeline:
             stepped, weight = budgeted(learners, weight, allowance, self.config.max_learners)
             clipped = robust.clipped(corrected.pseudo_gradient, direction, verdict)
             norm = norm if clipped is corrected.pseudo_gradient else None
-            self.replica.apply(header, clipped, weight, norm, learners=stepped, credited=allowance)
+            # Progress (what staleness counts) by the share let through and its substance:
+            # a flood of zeros applied during an honest round does not make it stale.
+            progress = allowance * substance(verdict)
+            self.replica.apply(header, clipped, weight, norm, learners=stepped, credited=progress)
             robust.record(verdict, author)  # clamped into a band around the reference
             # A claim beyond the authors seen earns record in proportion (a low claim of
             # another author does not lower it, as a floor over everyone's claims would), and

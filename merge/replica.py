@@ -119,9 +119,9 @@ class Replica:
     @property
     def progress(self) -> int:
         """Applied updates counted by their credited shares (whole ones): what an author's
-        header counts as applied (base_applied, published_applied), so a budget-cut flood
-        applied during a round does not make an honest update stale. Equal to num_applied
-        while no update was cut."""
+        header counts as applied (base_applied, published_applied), so a budget-cut flood, or
+        a flood of zeros (no substance, merge.robust.substance), applied during a round does
+        not make an honest update stale. Equal to num_applied while no update was cut."""
         with self.lock:
             return self._progress()
 

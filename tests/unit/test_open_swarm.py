@@ -267,10 +267,10 @@ def test_the_merge_state_carries_the_ledger_and_old_states_load() -> None:
 @given(floods=st.lists(st.integers(0, 40), min_size=1, max_size=10))
 def test_a_zero_flood_does_not_make_honest_updates_stale(floods: list[int]) -> None:
     """An author's header counts what its replica applied during its round in credited
-    progress (Replica.progress): a budget-cut flood interleaved with the honest rounds adds to
-    an honest author's staleness at most the flooder's budget (cap / (M - 1) rounds of each
-    round, plus its initial room), not one per flood update (4-5.5 rounds stale in
-    bench.attack before, 1 clean)."""
+    progress (Replica.progress): a flood of zeros interleaved with the honest rounds adds
+    nothing to an honest author's staleness (zeros have no substance; 4-5.5 rounds stale in
+    bench.attack before, 1 clean), and never more than the flooder's budget (cap / (M - 1)
+    rounds of each round, plus its initial room)."""
     clean, attacked = established(), established()
     extra, mallory_seq = 0, 0
     for i, count in enumerate(floods):
@@ -288,6 +288,7 @@ def test_a_zero_flood_does_not_make_honest_updates_stale(floods: list[int]) -> N
     cap = attacked.ledger.cap(MALLORY.peer_id, M)
     credited = cap / (M - 1) * (len(floods) + budget.budget_rounds) * M  # in updates
     assert 0 <= extra <= credited + 1
+    assert extra == 0  # zeros are no progress at all
     assert attacked.replica.num_applied - clean.replica.num_applied == sum(floods)
 
 
