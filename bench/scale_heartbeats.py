@@ -24,8 +24,9 @@ from typing import Any
 
 from dht.heartbeat import Heartbeat
 from dht.membership import Membership
-from dht.network import SwarmConfig, SwarmNetwork
+from dht.network import SwarmNetwork
 from dht.rejections import Rejections
+from dht.swarm_config import SwarmConfig
 from merge.identity import Identity
 
 

@@ -29,10 +29,11 @@ from dht.gossip_serve import UpdateServer, update_limits
 from dht.heartbeat import Heartbeat
 from dht.membership import Membership
 from dht.merge_port import MergePort
-from dht.network import Handler, SwarmConfig, SwarmNetwork
+from dht.network import Handler, SwarmNetwork
 from dht.rejections import Rejections
 from dht.retention import RetainedUpdates
 from dht.state_transfer import TransferStats
+from dht.swarm_config import SwarmConfig
 from merge.envelope import SignedUpdate
 from merge.result import MergeResult
 

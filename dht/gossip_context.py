@@ -16,9 +16,10 @@ from typing import Any, TypeVar
 from dht.catchup import CatchUp
 from dht.membership import Membership
 from dht.merge_port import MergePort
-from dht.network import MIN_LINK_BYTES_PER_S, SwarmConfig, SwarmNetwork
+from dht.network import SwarmNetwork
 from dht.rejections import Rejections
 from dht.retention import RetainedUpdates
+from dht.swarm_config import MIN_LINK_BYTES_PER_S, SwarmConfig
 from merge.replica import Replica
 from merge.result import MergeResult
 

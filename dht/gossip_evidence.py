@@ -9,7 +9,7 @@ from typing import Any
 
 from dht.budget import StreamLimits
 from dht.gossip_context import GossipContext
-from dht.network import REQUEST_READ_TIMEOUT_S
+from dht.swarm_config import REQUEST_READ_TIMEOUT_S
 from dht.transport import TooLargeError, TransportError, receive_blob
 from merge.envelope import EnvelopeError, SignedUpdate, UpdateHeader
 from merge.equivocation import MAX_PROOF_BYTES, Proof, ProofError

@@ -11,9 +11,9 @@ from collections.abc import Awaitable, Callable
 
 from dht.catchup import Fetch
 from dht.gossip_context import GossipContext
-from dht.network import REQUEST_READ_TIMEOUT_S
 from dht.resumable import fetch_resumable
 from dht.state_transfer import TransferStats
+from dht.swarm_config import REQUEST_READ_TIMEOUT_S
 from dht.transport import TooLargeError, TransportError
 from merge.envelope import EnvelopeError, SignedUpdate
 from merge.equivocation import Proof

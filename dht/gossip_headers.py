@@ -13,7 +13,7 @@ from dht.budget import StreamLimits
 from dht.deferred import DeferredNotifies
 from dht.gossip_context import GossipContext
 from dht.messages import MAX_SIGNED_HEADER_BYTES, MessageError, parse_signed_header
-from dht.network import REQUEST_READ_TIMEOUT_S
+from dht.swarm_config import REQUEST_READ_TIMEOUT_S
 from dht.transport import TooLargeError, TransportError, receive_blob
 from merge.envelope import SignedHeader
 from merge.equivocation import Proof

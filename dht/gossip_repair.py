@@ -11,8 +11,8 @@ from typing import Any
 from dht.budget import PeerBudget, StreamLimits
 from dht.catchup import to_ranges
 from dht.gossip_context import GossipContext
-from dht.network import REQUEST_READ_TIMEOUT_S
 from dht.summary_bounds import ReducedSummary, SummaryLimits, reduce_summary, take_ids
+from dht.swarm_config import REQUEST_READ_TIMEOUT_S
 from dht.transport import TooLargeError, TransportError, encode_request, receive_blob, send_blob
 
 logger = logging.getLogger(__name__)

@@ -8,9 +8,9 @@ from typing import Any
 
 from dht.budget import StreamLimits
 from dht.messages import MAX_SEQ
-from dht.network import REQUEST_READ_TIMEOUT_S
 from dht.resumable import parse_part_request, part_answer
 from dht.retention import RetainedUpdates
+from dht.swarm_config import REQUEST_READ_TIMEOUT_S
 from dht.transport import TransportError, decode_request, receive_blob, send_blob, send_refusal
 
 logger = logging.getLogger(__name__)

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from dht.heartbeat import Heartbeat, HeartbeatError
 from dht.heartbeat_shards import HeartbeatShards, ShardPoll
 from dht.messages import RUN_LISTING_KEY
-from dht.network import RunMismatchError, SwarmNetwork
+from dht.network import SwarmNetwork
 from dht.records import subkey_owner
 from dht.rejections import Rejections
 from dht.shard_walk import covered
+from dht.swarm_config import RunMismatchError
 from merge.identity import Identity
 
 logger = logging.getLogger(__name__)

@@ -19,11 +19,11 @@ from dht.messages import (
     parse_run_listing,
     parse_run_record,
 )
-from dht.network import SwarmError
 from dht.reaper import OrphanReaper
 from dht.records import OwnerValidator, owner_subkey, subkey_owner
 from dht.shard_walk import parse_shard
 from dht.shards import ShardConfig, shard_key
+from dht.swarm_config import SwarmError
 
 logger = logging.getLogger(__name__)
 MAX_LISTED_RUNS = 32

@@ -26,7 +26,7 @@ from dht.messages import (
     parse_state_manifest,
     parse_state_seal,
 )
-from dht.network import MIN_LINK_BYTES_PER_S, REQUEST_READ_TIMEOUT_S, SwarmNetwork
+from dht.network import SwarmNetwork
 from dht.rejections import Rejections
 from dht.resumable import fetch_resumable, parse_offset, part_answer
 from dht.state_check import (
@@ -37,6 +37,7 @@ from dht.state_check import (
     rank_donors,
 )
 from dht.state_parts import SerializedStates, parse_transfer_id, serialized_state
+from dht.swarm_config import MIN_LINK_BYTES_PER_S, REQUEST_READ_TIMEOUT_S
 from dht.tensor_stream import (
     DTYPES,
     TensorSpec,

@@ -23,10 +23,11 @@ from dht.heartbeat import Heartbeat
 from dht.join_report import ReachabilityNotes
 from dht.membership import Membership, PeerView
 from dht.merge_port import MergePort
-from dht.network import RunMismatchError, SwarmConfig, SwarmError, SwarmNetwork
+from dht.network import SwarmNetwork
 from dht.reachability import PathKind
 from dht.rejections import Rejections
 from dht.state_transfer import StateTransfer, TransferStats
+from dht.swarm_config import RunMismatchError, SwarmConfig, SwarmError
 from dht.transfer_progress import ProgressReport
 from merge.envelope import SignedUpdate
 from merge.identity import Identity

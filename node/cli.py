@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from dht.addresses import parse_peer_maddr
-from dht.network import SwarmError
 from dht.observer import SwarmObserver
+from dht.swarm_config import SwarmError
 from merge.identity import Identity
 from node.app import StandaloneConfig, build_events, serve_dashboard
 from node.config import DEFAULT_IDENTITY, JoinConfig, add_config_arguments, config_from_args

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dht.network import SwarmConfig, SwarmError, SwarmNetwork
+from dht.network import SwarmNetwork
+from dht.swarm_config import SwarmConfig, SwarmError
 from merge.identity import Identity
 from tests.timeouts import covering
 

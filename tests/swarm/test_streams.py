@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 from dht.budget import StreamLimits
-from dht.network import SwarmConfig, SwarmNetwork
+from dht.network import SwarmNetwork
 from dht.rejections import Rejections
+from dht.swarm_config import SwarmConfig
 from dht.transport import TransportError, receive_blob, send_blob
 from merge.identity import Identity
 

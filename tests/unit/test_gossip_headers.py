@@ -14,9 +14,9 @@ import torch
 from dht.catchup import CatchUp, CatchUpConfig
 from dht.gossip_context import GossipContext
 from dht.gossip_headers import Headers
-from dht.network import SwarmConfig
 from dht.rejections import Rejections
 from dht.retention import RetainedUpdates
+from dht.swarm_config import SwarmConfig
 from merge.envelope import SignedHeader, SignedUpdate
 from merge.identity import Identity
 from merge.outer import make_outer_optimizer

@@ -14,9 +14,9 @@ from typing import Any
 
 from dht.heartbeat import Heartbeat
 from dht.membership import Membership
-from dht.network import SwarmConfig
 from dht.records import owner_subkey
 from dht.rejections import Rejections
+from dht.swarm_config import SwarmConfig
 from merge.identity import Identity
 
 PERIOD = 0.05

@@ -15,11 +15,11 @@ from typing import Any
 from dht.grouping import peer_bits
 from dht.heartbeat import Heartbeat
 from dht.membership import Membership
-from dht.network import SwarmConfig
 from dht.records import owner_subkey
 from dht.rejections import Rejections
 from dht.shard_walk import SPLIT_VALUE, split_subkey
 from dht.shards import ShardConfig, shard_key
+from dht.swarm_config import SwarmConfig
 from merge.identity import Identity
 
 PERIOD = 0.05
