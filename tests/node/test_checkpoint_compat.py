@@ -3,11 +3,18 @@
 The checkpoint is written at test time by the code of commit BEFORE, taken from git: a run
 stopped midway through round 2, so the replica, the learner, the error feedback and the partial
 round all come from the old code. The current code must resume it bit-identically.
+
+The merge rules are part of the run's fingerprint, and they changed since BEFORE (issue 20's
+fresh cohort: `cohort_share`, record and progress by substance), so today's node refuses the
+old checkpoint as another run's, in one line: a swarm never mixes replicas that decide updates
+differently. What this test pins is the format: relabelled with today's fingerprint (its
+manifest and its state file), the old checkpoint resumes bit-identically.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
 import tarfile
@@ -16,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from node.checkpoint import MANIFEST_FILE, CheckpointError
 from node.events import RecordingEventLog
 from node.runtime import Node
 from tests.conftest import REPO
@@ -48,6 +56,18 @@ assert (saved["round"], saved["step"]) == (1, 3), saved
 """
 
 
+def _relabel(directory: Path, fingerprint: str) -> None:
+    """The checkpoint in `directory` as if written under `fingerprint` (nothing else changed)."""
+    manifest_path = directory / MANIFEST_FILE
+    manifest = json.loads(manifest_path.read_text())
+    manifest["fingerprint"] = fingerprint
+    manifest_path.write_text(json.dumps(manifest))
+    state_path = directory / Path(manifest["state"]).name
+    state = torch.load(state_path, map_location="cpu", weights_only=True)
+    state["fingerprint"] = fingerprint
+    torch.save(state, state_path)
+
+
 def _old_code(dest: Path) -> Path:
     try:
         archive = subprocess.run(
@@ -77,6 +97,9 @@ def test_a_checkpoint_of_the_old_code_resumes_bit_identically(tmp_path: Path) ->
     straight = Node(_config(tmp_path, "straight"), RecordingEventLog())
     straight.run()
 
+    with pytest.raises(CheckpointError, match="belongs to a different run"):
+        Node(_config(tmp_path, "split"), RecordingEventLog()).run()
+    _relabel(tmp_path / "split", straight.fingerprint)
     events = RecordingEventLog()
     resumed = Node(_config(tmp_path, "split"), events)
     resumed.run()
