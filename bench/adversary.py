@@ -216,8 +216,14 @@ class Adversary(PatientAttacks):
 
     def bad_heartbeats(self) -> int:
         """Mistyped heartbeats, one claiming an honest peer's id, one under a subkey that names
-        no owner, and honest peers' records overwritten with a later expiration."""
-        key = f"{self.swarm.config.prefix}/peers"
+        no owner, and honest peers' records overwritten with a later expiration; written to
+        the heartbeat shard the honest nodes read (this node's own leaf: below 32 peers every
+        node's) and to the key of earlier versions, which they still read."""
+        shards = self.swarm.membership.shards
+        keys = (shards.key(shards.cursor.prefix), shards.legacy_key)
+        return sum(self._bad_heartbeats(key) for key in keys)
+
+    def _bad_heartbeats(self, key: str) -> int:
         honest = self.honest()
         victim = honest[0].peer_id
         mistyped: list[dict[str, object]] = [
