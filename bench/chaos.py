@@ -316,6 +316,21 @@ def run_phase(
 ) -> dict:
     """One method on the schedule; its accounted figures."""
     phase = Phase(config, method, home / method, lab)
+    figures, survivors = play(phase, schedule, RESULTS_DIR / "chaos" / method, method != "async")
+    return {
+        "method": method,
+        **figures,
+        "exits_restarted": phase.exits_restarted,
+        "orphans_killed": len(survivors),
+    }
+
+
+def play(
+    phase: Phase, schedule: list[Fault], logs_dir: Path, synchronous: bool
+) -> tuple[dict, list[str]]:
+    """Starts `phase`, plays `schedule`, drains and stops it (logs kept with --keep-logs);
+    its accounted figures and the processes that outlived the stop."""
+    config = phase.config
     try:
         t0 = phase.start_all()
         phase.run_schedule(schedule, t0)
@@ -324,14 +339,10 @@ def run_phase(
     finally:
         survivors = phase.stop_all()
     if config.keep_logs:
-        write_logs(phase, RESULTS_DIR / "chaos" / method)
-    figures = account(phase.slots, t0, t1, synchronous=method != "async", window_s=config.window_s)
-    return {
-        "method": method,
-        **figures,
-        "exits_restarted": phase.exits_restarted,
-        "orphans_killed": len(survivors),
-    }
+        write_logs(phase, logs_dir)
+    return account(
+        phase.slots, t0, t1, synchronous=synchronous, window_s=config.window_s
+    ), survivors
 
 
 def write_logs(phase: Phase, directory: Path) -> None:

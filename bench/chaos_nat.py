@@ -30,8 +30,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench.chaos import RESULTS_DIR, Fault, Phase, make_schedule, write_logs
-from bench.chaos_accounting import account
+from bench.chaos import RESULTS_DIR, Fault, Phase, make_schedule, play
 from bench.nat import Home, NatLab, missing
 from dht.reachability import PATH_KINDS
 
@@ -112,16 +111,7 @@ class NatPhase(Phase):
 
 def measure(config: ChaosConfig, schedule: list[Fault], phase: Phase, name: str) -> dict[str, Any]:
     """Run `phase` on `schedule`; its goodput figures, val loss and fetches by path."""
-    try:
-        t0 = phase.start_all()
-        phase.run_schedule(schedule, t0)
-        t1 = t0 + config.duration_s
-        time.sleep(config.drain_s)
-    finally:
-        survivors = phase.stop_all()
-    if config.keep_logs:
-        write_logs(phase, RESULTS_DIR / "chaos_nat" / name)
-    figures = account(phase.slots, t0, t1, synchronous=False, window_s=config.window_s)
+    figures, survivors = play(phase, schedule, RESULTS_DIR / "chaos_nat" / name, False)
     events = [e for children in phase.children for c in children for e in c.events]
     return figures | {
         "val_loss": final_val_loss(phase),
