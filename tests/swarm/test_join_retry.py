@@ -64,12 +64,7 @@ def test_a_known_member_whose_peers_are_all_down_trains_alone_and_rejoins_when_o
     peer.crash()
 
     again = launch(*RUN, "--peers", peer_maddr, name="member")
-    again.wait_event("alone", START_S)
-    again.wait_for(
-        lambda e: e.get("event") == "startup_phase" and e.get("name") == "first_batch",
-        START_S,
-        "training alone",
-    )
+    wait_training_alone(again)
     back = launch(*RUN, "--port", str(port), name="peer")  # same identity, same address
     assert back.wait_listening(START_S)[0] == peer_maddr
     again.wait_for(
@@ -104,12 +99,7 @@ def test_a_known_member_whose_bootstrap_accepts_tcp_but_speaks_no_libp2p_trains_
         port = impostor.getsockname()[1]
         fake = f"/ip4/127.0.0.1/tcp/{port}/p2p/12D3KooWGgtHxHyqJ2bBHB6YPBFu2yC7n1AVXsbuXrBjVt3jxY3E"
         again = launch(*RUN, "--peers", fake, name="member")
-        again.wait_event("alone", START_S)
-        again.wait_for(
-            lambda e: e.get("event") == "startup_phase" and e.get("name") == "first_batch",
-            START_S,
-            "training alone",
-        )
+        wait_training_alone(again)
         again.stop()
 
 
@@ -118,3 +108,13 @@ def _hang_up_on_all(listener: socket.socket) -> None:
         while True:
             connection, _ = listener.accept()
             connection.close()
+
+
+def wait_training_alone(node: NodeProcess) -> None:
+    """`node` said it found no peer, then took its first batch: it trains alone."""
+    node.wait_event("alone", START_S)
+    node.wait_for(
+        lambda e: e.get("event") == "startup_phase" and e.get("name") == "first_batch",
+        START_S,
+        "training alone",
+    )
