@@ -335,13 +335,15 @@ class UpdatePipeline:
             norm = norm if clipped is corrected.pseudo_gradient else None
             # Progress (what staleness counts) by the share let through and its substance:
             # a flood of zeros applied during an honest round does not make it stale.
-            progress = allowance * substance(verdict)
-            self.replica.apply(header, clipped, weight, norm, learners=stepped, credited=progress)
+            worth = substance(verdict)
+            self.replica.apply(
+                header, clipped, weight, norm, learners=stepped, credited=allowance * worth
+            )
             robust.record(verdict, author)  # clamped into a band around the reference
             # A claim beyond the authors seen earns record in proportion (a low claim of
             # another author does not lower it, as a floor over everyone's claims would), and
             # so does an update of less substance than the reference (zeros earn none).
-            evidence = self.learner_floor.num_authors(author) / claim * substance(verdict)
+            evidence = self.learner_floor.num_authors(author) / claim * worth
             self.ledger.applied(author, learners, allowance, header.created_at, evidence)
             self.learner_floor.applied(author, learners_of(header))
             self.equivocation.first_seen(signed, weight, stepped)
