@@ -21,6 +21,8 @@ import psutil
 import pytest
 
 from bench.procs import ChildProcess, node_process
+from dht.heartbeat import Heartbeat
+from dht.observer import SwarmObserver
 
 logger = logging.getLogger(__name__)
 
@@ -115,3 +117,9 @@ def _reap_all(nodes: list[NodeProcess]) -> None:
         described = _describe(survivors)
         _kill(survivors)
         raise AssertionError(f"processes outlived their node's teardown: {described}")
+
+
+def observed_heartbeats(observer: SwarmObserver, run_id: str = "diloco-default") -> list[Heartbeat]:
+    """The newest heartbeat of every peer the observer reads under `run_id`, or [] while the
+    run's record is not yet found (a DHT get just after joining can miss it: poll again)."""
+    return [p.heartbeat for snapshot in observer.snapshot(run_id)[:1] for p in snapshot.peers]

@@ -17,7 +17,7 @@ import pytest
 
 from bench.procs import ChildProcess, python_module
 from dht.observer import SwarmObserver
-from tests.swarm.conftest import NodeProcess
+from tests.swarm.conftest import NodeProcess, observed_heartbeats
 from tests.timeouts import covering
 
 pytestmark = pytest.mark.swarm
@@ -125,11 +125,7 @@ def test_honest_nodes_count_each_attack_keep_training_and_agree(
     with SwarmObserver([maddr]) as observer:
         deadline = time.monotonic() + 60
         while True:
-            peers = {
-                p.heartbeat.peer_id: p.heartbeat
-                for p in observer.snapshot("diloco-default")[0].peers
-                if p.heartbeat.peer_id in published
-            }
+            peers = {h.peer_id: h for h in observed_heartbeats(observer) if h.peer_id in published}
             merged = {
                 pid: {h.merged_by_author.get(author, 0) for author in published}
                 for pid, h in peers.items()

@@ -10,7 +10,7 @@ import pytest
 
 from dht.observer import SwarmObserver
 from dht.state_check import applied_digest
-from tests.swarm.conftest import NodeProcess
+from tests.swarm.conftest import NodeProcess, observed_heartbeats
 from tests.timeouts import MERGE_S, START_S, covering
 
 pytestmark = pytest.mark.swarm
@@ -61,7 +61,7 @@ def test_two_nodes_exchange_fragments_and_a_killed_one_loses_only_the_unpublishe
     with SwarmObserver([b.maddrs[0]]) as observer:
         deadline = time.monotonic() + MERGE_S
         while True:
-            views = [p.heartbeat for p in observer.snapshot("diloco-default")[0].peers]
+            views = observed_heartbeats(observer)
             own = [h for h in views if h.peer_id == b.peer_id]
             if own and own[0].applied_digest == applied_digest(expected):
                 break

@@ -15,7 +15,7 @@ import pytest
 
 from dht.observer import SwarmObserver
 from tests.conftest import REPO
-from tests.swarm.conftest import NodeProcess
+from tests.swarm.conftest import NodeProcess, observed_heartbeats
 from tests.timeouts import EXIT_S, MERGE_S, START_S, covering
 
 pytestmark = pytest.mark.swarm
@@ -137,7 +137,7 @@ def test_a_node_frozen_past_the_gap_wait_comes_back_to_the_same_applied_set(
     with SwarmObserver([a.maddrs[0]]) as observer:
         deadline = time.monotonic() + MERGE_S
         while True:
-            peers = [p.heartbeat for p in observer.snapshot("diloco-default")[0].peers]
+            peers = observed_heartbeats(observer)
             digests = {h.applied_digest for h in peers}
             counts = [h.num_applied for h in peers]
             if len(peers) == 3 and len(digests) == 1 and counts == [sum(published.values())] * 3:
