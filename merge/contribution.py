@@ -5,17 +5,20 @@ Every applied update is 1/M of a round (merge.outer, M its effective learner cou
 ledger credits each applied update with a share f/M, f in [0, 1] its *allowance*, and keeps
 per author:
 
-- ``load``: its credited shares, decayed exponentially (time constant `budget_rounds`) along
-  the author's own clock: the swarm's clock (the progress credited to *trusted* authors, in
-  rounds; everyone's while none is trusted) less its own part. Publishing faster does not
-  advance one's own clock, so it buys no budget, and keys not yet trusted advance no one's;
+- ``load``: its credited shares, each in fair loads (over budget_rounds / (M - 1), the steady
+  load of an author at 1/M of each round, M the update's learner count: so a founder's load
+  does not jump against its cap when the swarm grows), decayed exponentially (time constant
+  `budget_rounds`) along the author's own clock: the swarm's clock (the progress credited to
+  *trusted* authors, in rounds; everyone's while none is trusted) less its own part.
+  Publishing faster does not advance one's own clock, so it buys no budget, and keys not yet
+  trusted advance no one's;
 - ``record``: its credited updates (the sum of f, each times the share of its learner claim
   the replica's evidence bears out and its substance, merge.robust.substance: see `applied`),
   never decayed: its track record here. Zero updates earn none.
 
-An update is allowed what fits under the cap ``c * budget_rounds / (M - 1)``, which is ``c``
-times what an author publishing 1/M of every round accrues in steady state (1/(M - 1) of a
-round per round of the others' progress): f = (cap - load) / share, clamped to [0, 1]. The
+An update is allowed what fits under the cap ``c`` fair loads, ``c`` times what an author
+publishing 1/M of every round accrues in steady state (1/(M - 1) of a round per round of the
+others' progress): f = (cap - load) / (its share in fair loads), clamped to [0, 1]. The
 factor c is `fresh_share` for a new author and, once it is established, grows linearly with
 its tenure (the others' progress since its first credited update, in rounds of a swarm of
 M learners: times M / (M - 1)) to `max_share` over `trust_rounds`: honest learners differ in
@@ -23,12 +26,13 @@ speed, and trust is built from history.
 
 Authors credited fewer than `min_record` updates, or present for fewer than `min_tenure`
 rounds of the others' progress, are *fresh*: together they share one more budget of
-``cohort_share`` of one more learner (a cohort with its own clock, ~1/M of a round; fresh keys
-count as no learner, merge.learners), so minting keys buys no more than one author's worth;
-a key earns its own budget by being credited `min_record` updates, which at the cohort's rate
-costs Sybils time linear in their number. While no author
-is established (a swarm's first updates, or a replica restored from a checkpoint without
-this ledger) there is no cohort budget: the first authors make the swarm.
+``cohort_share`` fair shares (a cohort with its own clock, its load counted in shares; fresh
+keys count as no learner, merge.learners), so minting keys buys no more than one author's
+worth; a key earns its own budget by being credited `min_record` updates, which at the
+cohort's rate costs Sybils time linear in their number. While no author is established (a
+swarm's first updates, or a replica restored from a checkpoint without this ledger) there is
+no cohort budget: the first authors make the swarm, and they (founders, see `in_cohort`) keep
+their own budgets until they are established.
 
 An author alone is the swarm and has no one to take a share from: an update sized by one
 learner (the learner floor found no other author claiming more), or one signed
@@ -43,6 +47,9 @@ every `alone_after_s - max_clock_skew_s` seconds.
 Pure, deterministic and counted in credited shares of applied updates (no clocks): replicas
 that applied the same updates in the same order hold the same ledger; in another order they
 differ only for authors at their cap (a flood), whose allowances are what the order changed.
+Transitions (established, trusted, in the cohort) are set with margins so that an honest
+author is never at a cap while it crosses one: which update crosses it follows the order
+(tests/unit/test_arrival_order.py).
 Not thread-safe: the pipeline calls it under the replica lock.
 """
 
@@ -69,12 +76,12 @@ class BudgetConfig:
     budget_rounds: float = 4.0
     """Time constant, in rounds of the others' progress, over which contributions decay."""
     fresh_share: float = 1.5
-    """The cap of all fresh authors together, and of each author until it has a track
-    record, in fair shares of a round (above 1: one honest newcomer keeps its whole share)."""
-    cohort_share: float = 1.0
+    """The cap of each author until it has a track record, in fair shares of a round
+    (above 1: one honest newcomer keeps its whole share)."""
+    cohort_share: float = 1.5
     """The cap of all fresh authors together once any author is established, in fair shares
-    of one more learner (1/M of each round of M - 1 established ones): fresh keys do not count
-    as learners (merge.learners), so this bounds what they move to ~1/M of a round."""
+    (above 1: one honest newcomer keeps its whole share; one fair share of one more learner,
+    tried before, cut it to 0.89-0.93x, by amounts that depended on the arrival order)."""
     min_record: float = 8.0
     """Credited updates after which an author is established (its own budget, its learner
     count credited, its robust vote counted)."""
@@ -130,12 +137,14 @@ class _Account:
         clocked: bool,
         loaded: bool = True,
         evidence: float = 1.0,
+        fair: float = 1.0,
     ) -> None:
         """`total`: the swarm's clock before this update; `clocked`: whether it advances it;
-        `loaded`: whether it counts against the budget (not when its author is alone)."""
+        `loaded`: whether it counts against the budget (not when its author is alone); `fair`:
+        the steady load of one author at its share of each round, the unit of `load`."""
         if self.record == 0 and self.own == 0:
             self.since = total - self.own
-        self.load = self.load_at(total, tau) + (share * allowance if loaded else 0.0)
+        self.load = self.load_at(total, tau) + (share * allowance / fair if loaded else 0.0)
         self.clock = total - self.own
         self.own += share * allowance if clocked else 0.0
         self.record += allowance * evidence
@@ -190,6 +199,21 @@ class ContributionLedger:
     def any_established(self) -> bool:
         return any(self.is_established(a) for a in self._accounts)
 
+    def in_cohort(self, author: str) -> bool:
+        """Whether the author's updates count against the fresh cohort's budget: some author
+        is established and this one is not, and is no founder. A founder (its first update
+        credited within the swarm's first `min_tenure` rounds, before anyone could be
+        established, and a whole update's substance since) keeps its own `fresh_share` cap
+        until it is established: founders reach their record and tenure a few updates apart,
+        and which of them was established first (the others cut to shares of the cohort's
+        budget, beside any newcomer) followed the order their updates came in (bench.scale
+        drift). A key of zeros from the swarm's first update on has no substance: pooled."""
+        if not self.any_established() or self.is_established(author):
+            return False
+        account = self._accounts.get(author)
+        founder = account is not None and account.since < self.config.min_tenure
+        return not (founder and self.has_substance(author))
+
     def allowance(self, author: str, learners: int, created_at: float | None = None) -> float:
         """The share in [0, 1] of an update sized by `learners` and signed at `created_at`
         that `author` may still contribute; pure."""
@@ -198,13 +222,10 @@ class ContributionLedger:
         if self.is_alone(author, learners, created_at):
             return 1.0
         share, tau = 1.0 / learners, self.config.budget_rounds
-        fair = tau / max(1, learners - 1)  # steady load of one author at 1/M of each round
-        allowed = self._room(author, self.cap(author, learners) * fair) / share
-        if not self.is_established(author) and self.any_established():
-            # The cohort as one more learner: an update sized by M established learners'
-            # floor, at 1/(M + 1) of each round, accrues 1/M per round of the others.
-            cohort = self.config.cohort_share * tau / learners
-            allowed = min(allowed, self._room(FRESH, cohort) / share)
+        fair = _fair(learners, tau)
+        allowed = self._room(author, self.cap(author, learners)) / (share / fair)
+        if self.in_cohort(author):  # the cohort's load is in shares (see `applied`)
+            allowed = min(allowed, self._room(FRESH, self.config.cohort_share * fair) / share)
         return min(1.0, max(0.0, allowed))
 
     def is_alone(self, author: str, learners: int, created_at: float | None = None) -> bool:
@@ -233,14 +254,16 @@ class ContributionLedger:
         return base + (config.max_share - base) * trusted
 
     def is_trusted(self, author: str) -> bool:
-        """Established, and present for `trust_rounds` of the others' progress (or for half
-        the swarm's clock, for a swarm younger than that: its founders): its updates advance
-        the swarm's clock. Newer keys' do not, so colluding new keys cannot speed up each
-        other's budgets."""
+        """Established, and present for `trust_rounds` of the others' progress, or for as
+        long as the swarm had progressed when it came if that is less (its founders: at once):
+        its updates advance the swarm's clock. Newer keys' do not, so colluding new keys
+        cannot speed up each other's budgets. Half the swarm's clock was the bound before:
+        two founders each sit at about half of it, so which of them was trusted (and so how
+        fast the clock ran) flipped with the order of their updates (bench.scale drift)."""
         if not self.is_established(author):
             return False
-        tenure = self._accounts[author].tenure(self._total)
-        return tenure >= min(self.config.trust_rounds, self._total / 2)
+        account = self._accounts[author]
+        return account.tenure(self._total) >= min(self.config.trust_rounds, account.since)
 
     def _clocks(self, author: str) -> bool:
         """Whether the author's updates advance the swarm's clock: trusted authors' do, and
@@ -268,9 +291,10 @@ class ContributionLedger:
         if author == FRESH:
             return
         share, tau = 1.0 / learners, self.config.budget_rounds
+        fair = _fair(learners, tau)
         loaded = not self.is_alone(author, learners, created_at)
         clocked = loaded and self._clocks(author)  # alone, it is not the others' time either
-        if loaded and not self.is_established(author) and self.any_established():
+        if loaded and self.in_cohort(author):
             account = self._accounts.setdefault(FRESH, _Account())
             account.credit(share, allowance, self._total, tau, clocked=clocked)
         account = self._accounts.setdefault(author, _Account())
@@ -279,8 +303,9 @@ class ContributionLedger:
         # else (sized by one learner) must not be established when the founders arrive.
         evidence = evidence if loaded else 0.0
         account.credit(
-            share, allowance, self._total, tau, clocked=clocked, loaded=loaded, evidence=evidence
-        )
+            share, allowance, self._total, tau,
+            clocked=clocked, loaded=loaded, evidence=evidence, fair=fair,
+        )  # fmt: skip
         if created_at is not None and math.isfinite(created_at):
             account.seen_at = max(account.seen_at, created_at)
         self._total += share * allowance if clocked else 0.0
@@ -325,6 +350,14 @@ class ContributionLedger:
                 raise ValueError("contribution ledger account exceeds what it was credited.")
             accounts[row[0]] = _Account(load, clock, own, record, since, *seen_at)
         self._accounts, self._total = accounts, float(total)
+
+
+def _fair(learners: int, tau: float) -> float:
+    """The steady load, in shares, of one author publishing 1/M of each round of the others'
+    progress ((M - 1)/M of a round): loads are counted in this unit, so an author's load does
+    not jump against its cap when the swarm grows (at M = 2 a founder's steady load was 4/3 of
+    its fresh cap at M = 3, and its updates were cut until it decayed)."""
+    return tau / max(1, learners - 1)
 
 
 def _is_amount(value: object) -> bool:
