@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import enum
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from dht.grouping import peer_bits
@@ -198,3 +198,43 @@ def adjust_sample(
 def covered(peer_position: str, leaves: Iterable[str]) -> bool:
     """Whether one of the leaves read holds the peer's position (its absence there is proof)."""
     return any(peer_position.startswith(leaf) for leaf in leaves)
+
+
+@dataclass(frozen=True)
+class TreeWalk:
+    """Every shard key an observer read, walking from the root (`walk_tree`)."""
+
+    records: list[tuple[object, object]]
+    """(subkey, value) of each heartbeat and junk record found, in the order read."""
+    leaves: dict[str, int]
+    """Key prefix -> heartbeats of peers under it found there, for each key holding any: the
+    shard directory as read (a split key keeps some while its peers move down)."""
+    truncated: bool
+    """The walk stopped at `max_keys` with keys left unread."""
+
+
+def walk_tree(
+    run_id: str,
+    read_key: Callable[[str], Mapping[object, object]],
+    *,
+    max_keys: int,
+    max_depth: int,
+) -> TreeWalk:
+    """Reads the whole shard tree from its root: each key with a split mark sends the walk
+    to both children, at most `max_keys` keys (`read_key(prefix)` reads one shard key). For
+    `status` and the dashboard, which show the whole swarm: N / max_records keys, paid by the
+    observer, never by a training node."""
+    records: list[tuple[object, object]] = []
+    leaves: dict[str, int] = {}
+    pending, visited = [""], 0
+    while pending and visited < max_keys:
+        prefix = pending.pop()
+        visited += 1
+        read = parse_shard(run_id, prefix, read_key(prefix))
+        records.extend((owner_subkey(p), blob) for p, blob in read.heartbeats.items())
+        records.extend(read.junk.items())
+        if read.marks and len(prefix) < max_depth:
+            pending.extend((prefix + "1", prefix + "0"))
+        if read.heartbeats:
+            leaves[prefix] = len(read.heartbeats)
+    return TreeWalk(records, dict(sorted(leaves.items())), bool(pending))
