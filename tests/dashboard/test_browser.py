@@ -244,7 +244,8 @@ def test_page_pages_through_the_peers_with_the_swarm_summary_above(browser: Any)
                 .map(r => r.dataset.peerId),
               alive: document.getElementById('peers-alive').textContent,
               spread: document.getElementById('loss-spread-sub').textContent,
-              next: !document.getElementById('page-next').disabled};
+              next: !document.getElementById('page-next').disabled,
+              download: document.getElementById('download').getClientRects().length};
             """
         )
 
@@ -254,6 +255,7 @@ def test_page_pages_through_the_peers_with_the_swarm_summary_above(browser: Any)
         wait.until(lambda d: shown(d)["label"].startswith("peers 1–50 of 120"))
         first = shown(browser)
         assert first["alive"] == "120" and len(first["rows"]) == 50 and first["next"]
+        assert first["download"] == 0  # no state download: its bar takes no room
         assert "p10 1.200 · p90 10.700" in first["spread"]
         browser.find_element("id", "page-next").click()
         browser.find_element("id", "page-next").click()  # the last page: 20 rows
