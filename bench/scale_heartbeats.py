@@ -2,6 +2,7 @@
 
     python -m bench.scale_heartbeats --nodes 6 --seconds 40               # this tree
     python -m bench.scale_heartbeats --nodes 6 --seconds 40 --max-records 2   # forced shards
+    python -m bench.scale_heartbeats --nodes 6 --seconds 10 --max-records 2 --observe
 
 N members (each a real p2pd and hivemind DHT process, with this tree's dht.membership) send
 heartbeats every --period seconds and poll membership as a node's swarm does (every
@@ -9,7 +10,9 @@ min(1, period / 2) s). Every `dht_get` a member makes is counted: keys read and 
 (subkeys) they returned, per node per second. It runs whichever dht/ is first on the path:
 copied out of the tree (`cp bench/scale_heartbeats.py /tmp/`) and run with
 PYTHONPATH=<an older checkout> it measures the single-key membership before sharding.
-The final line is JSON.
+--observe: at the end, `status`'s observer (`dht.observer.SwarmObserver`, a client DHT
+joined through the first member) walks the shard tree from its root and reports how many of
+the N members it found and in which shards. The final line is JSON.
 """
 
 from __future__ import annotations
@@ -71,12 +74,24 @@ async def schedule(network: SwarmNetwork, membership: Membership, period_s: floa
     network.every(min(1.0, period_s / 2), poll)
 
 
+def observe(network: SwarmNetwork) -> dict[str, Any]:
+    """What `status` sees of the members: the peers its walk of the shard tree found."""
+    from dht.observer import SwarmObserver
+
+    with SwarmObserver(network.read_visible_maddrs()[:1]) as observer:
+        snapshots = observer.snapshot("bench-heartbeats")
+    peers = {p.heartbeat.peer_id for snap in snapshots for p in snap.peers}
+    shards = {k: v for snap in snapshots for k, v in snap.shards.items()}
+    return {"observer_peers": len(peers), "observer_shards": shards}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=6)
     parser.add_argument("--seconds", type=float, default=40.0, help="measured time")
     parser.add_argument("--period", type=float, default=1.0, help="heartbeat period (s)")
     parser.add_argument("--max-records", type=int, help="heartbeats per shard (default: 32)")
+    parser.add_argument("--observe", action="store_true", help="walk the tree as status does")
     args = parser.parse_args()
     extra: dict[str, Any] = {}
     if args.max_records is not None:
@@ -106,6 +121,7 @@ def main() -> None:
             after = [(n.keys_read, n.records_read) for n, _ in members]
             seen = [len(m.alive_peers()) for _, m in members]
             depths = [m.shards.cursor.depth for _, m in members if hasattr(m, "shards")]
+            observed = observe(members[0][0]) if args.observe else {}
         finally:
             for network, _ in members:
                 network.shutdown()
@@ -120,6 +136,7 @@ def main() -> None:
         "max_records_read_per_node_per_s": round(max(records), 2),
         "alive_peers_seen": seen,
         "shard_depths": depths,
+        **observed,
     }
     print(json.dumps(row))
 

@@ -17,7 +17,8 @@ from dashboard.auth import BearerTokenMiddleware
 from dashboard.models import Health, HistoryOut, NodeOut, SwarmOut
 from dashboard.settings import DashboardSettings
 from dashboard.sources import STALE_AFTER_POLLS, DataSource
-from dashboard.view import swarm_out
+from dashboard.view import DEFAULT_PAGE_SIZE, swarm_out
+from dht.swarm_pages import MAX_PAGE_SIZE
 
 STATIC_DIR = Path(__file__).parent / "static"
 DOCS_ASSETS = "/docs-assets"
@@ -55,9 +56,15 @@ router = APIRouter()
 
 
 @router.get("/api/swarm")
-def read_swarm(source: SourceDep) -> SwarmOut:
-    """Every peer seen (live and dead) and the swarm's totals."""
-    return swarm_out(source.state())
+def read_swarm(
+    source: SourceDep,
+    page: Annotated[int, Query(ge=1)] = 1,
+    page_size: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
+) -> SwarmOut:
+    """The swarm's totals, summary and rejections over every peer seen (live and dead), and
+    one page of those peers: live first, then by organization and peer id. A page past the
+    last gives the last."""
+    return swarm_out(source.state(), page, page_size)
 
 
 @router.get("/api/node", responses={404: {"description": "standalone: there is no local node"}})

@@ -95,6 +95,57 @@ class StalenessBucket(_Model):
     """Merges of updates this stale, summed over every peer seen."""
 
 
+class PageOut(_Model):
+    """Which peers `peers` holds: page `number` of `pages`, `size` each, `total` in all."""
+
+    number: int
+    size: int
+    pages: int
+    total: int
+    """Live and dead peers seen, in the order: live first, this node, org, peer id."""
+
+
+class QuantilesOut(_Model):
+    """Nearest-rank quantiles of one figure over the live peers that report it."""
+
+    count: int
+    min: float
+    p10: float
+    median: float
+    p90: float
+    max: float
+
+
+class SummaryOut(_Model):
+    """Swarm-wide aggregates over the live peers, the same size at any swarm size."""
+
+    peers: int
+    learners: int
+    """Live peers that count as learners when an update is sized: not idle, and some peer
+    seen merged one of their updates."""
+    groups: int
+    """Learner groups the live peers would form (docs/scale.md): the learner count once
+    groups are wired into training."""
+    group_bits: int
+    states: dict[str, int]
+    loss: QuantilesOut | None
+    val_loss: QuantilesOut | None
+    rounds: QuantilesOut | None
+    shards: dict[str, int]
+    """Heartbeat shard prefix -> heartbeats read there (standalone; empty embedded)."""
+
+
+class RejectionOut(_Model):
+    """What the peers seen refused from one offender, summed over the peers reporting it."""
+
+    offender: str
+    total: int
+    reasons: dict[str, int]
+    reporters: list[str]
+    """The reporting peers (the first MAX_REPORTERS of them, by peer id)."""
+    reporters_total: int
+
+
 class SwarmOut(_Model):
     run_id: str
     fingerprint: str
@@ -102,9 +153,14 @@ class SwarmOut(_Model):
     generated_at: float
     """Unix time of the swarm reading this answer describes."""
     peers: list[PeerOut]
+    """One page of the peers seen (`page`); the other fields cover every peer."""
     totals: Totals
     orgs: list[OrgOut]
     staleness_histogram: list[StalenessBucket]
+    page: PageOut
+    summary: SummaryOut
+    rejections: list[RejectionOut]
+    """The offenders refused most (at most MAX_REJECTION_ROWS), most refused first."""
 
 
 class StateDownloadOut(_Model):

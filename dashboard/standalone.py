@@ -82,7 +82,8 @@ class StandaloneSource(PolledSource):
             PeerRecord(t.heartbeat, t.alive, now - t.last_seen)
             for t in sorted(self._tracked.values(), key=_order)
         ]
-        return SwarmState(self.run_id, self._fingerprint, self.mode, peers, now)
+        shards = snapshot.shards if snapshot is not None else {}
+        return SwarmState(self.run_id, self._fingerprint, self.mode, peers, now, shards)
 
     def _admitted(self, heartbeat: Heartbeat) -> Heartbeat | None:
         """Permissioned: listed peers only, under the organization the allow list gives them."""

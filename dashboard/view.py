@@ -8,19 +8,28 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 from dashboard.models import (
     Mode,
     OrgOut,
+    PageOut,
     PeerOut,
     PeerState,
+    QuantilesOut,
+    RejectionOut,
     StalenessBucket,
+    SummaryOut,
     SwarmOut,
     Totals,
 )
 from dht.heartbeat import STALENESS_BUCKETS, Heartbeat
+from dht.swarm_pages import MAX_PAGE_SIZE, Quantiles, page_bounds, summarize
+
+DEFAULT_PAGE_SIZE = 50
+MAX_REJECTION_ROWS = 50
+MAX_REPORTERS = 16
 
 
 @dataclass(frozen=True)
@@ -39,23 +48,88 @@ class SwarmState:
     peers: list[PeerRecord]
     taken_at: float
     """Unix time of the reading."""
+    shards: dict[str, int] = field(default_factory=dict)
+    """Heartbeat shard prefix -> heartbeats read there (standalone only)."""
 
     @property
     def alive(self) -> list[Heartbeat]:
         return [p.heartbeat for p in self.peers if p.alive]
 
 
-def swarm_out(state: SwarmState) -> SwarmOut:
+def swarm_out(state: SwarmState, page: int = 1, page_size: int | None = None) -> SwarmOut:
+    """Every figure over every peer seen, and page `page` of `page_size` peers (all of them,
+    up to MAX_PAGE_SIZE, when `page_size` is None)."""
+    ordered = sorted(state.peers, key=peer_order)
+    size = page_size or max(1, min(len(ordered), MAX_PAGE_SIZE))
+    shown = page_bounds(len(ordered), page, size)
     return SwarmOut(
         run_id=state.run_id,
         fingerprint=state.fingerprint,
         mode=state.mode,
         generated_at=round(state.taken_at, 3),
-        peers=[peer_out(p) for p in state.peers],
+        peers=[peer_out(p) for p in ordered[shown.start : shown.stop]],
         totals=totals(state),
         orgs=orgs(state),
         staleness_histogram=staleness_histogram(state),
+        page=PageOut(number=shown.number, size=shown.size, pages=shown.pages, total=shown.total),
+        summary=summary_out(state),
+        rejections=rejections(state.peers),
     )
+
+
+def peer_order(record: PeerRecord) -> tuple[bool, bool, str, str]:
+    """Live first, then this node, then by organization and peer id (the page's order)."""
+    h = record.heartbeat
+    return (not record.alive, not record.local, h.org, h.peer_id)
+
+
+def summary_out(state: SwarmState) -> SummaryOut:
+    s = summarize(state.run_id, state.alive, state.shards)
+    return SummaryOut(
+        peers=s.peers,
+        learners=s.learners,
+        groups=s.groups,
+        group_bits=s.group_bits,
+        states=s.states,
+        loss=_quantiles_out(s.loss),
+        val_loss=_quantiles_out(s.val_loss),
+        rounds=_quantiles_out(s.rounds),
+        shards=s.shards,
+    )
+
+
+def _quantiles_out(q: Quantiles | None) -> QuantilesOut | None:
+    if q is None:
+        return None
+    v = q.values
+    return QuantilesOut(
+        count=q.count, min=v[0.0], p10=v[0.1], median=v[0.5], p90=v[0.9], max=v[1.0]
+    )
+
+
+def rejections(records: Iterable[PeerRecord]) -> list[RejectionOut]:
+    """What peers refused, summed per offender and reason over every peer seen; the
+    MAX_REJECTION_ROWS offenders refused most (each peer reports its few worst offenders)."""
+    reasons: dict[str, dict[str, int]] = {}
+    reporters: dict[str, list[str]] = {}
+    for record in records:
+        h = record.heartbeat
+        for offender, counts in h.rejected_peers.items():
+            row = reasons.setdefault(offender, {})
+            for reason, count in counts.items():
+                row[reason] = row.get(reason, 0) + count
+            reporters.setdefault(offender, []).append(h.peer_id)
+    ordered = sorted(reasons, key=lambda o: (-sum(reasons[o].values()), o))
+    return [
+        RejectionOut(
+            offender=offender,
+            total=sum(reasons[offender].values()),
+            reasons=dict(sorted(reasons[offender].items(), key=lambda kv: (-kv[1], kv[0]))),
+            reporters=sorted(reporters[offender])[:MAX_REPORTERS],
+            reporters_total=len(reporters[offender]),
+        )
+        for offender in ordered[:MAX_REJECTION_ROWS]
+    ]
 
 
 def peer_out(record: PeerRecord) -> PeerOut:
@@ -104,7 +178,11 @@ def totals(state: SwarmState) -> Totals:
     )
 
 
-def goodput_counts(authors: Iterable[Heartbeat], alive: list[Heartbeat]) -> tuple[int, int]:
+def goodput_counts(
+    authors: Iterable[Heartbeat],
+    alive: list[Heartbeat],
+    everywhere: dict[str, int] | None = None,
+) -> tuple[int, int]:
     """(updates every live replica holds, updates published), over the given authors.
 
     Goodput is the first divided by the second: the share of the published pseudo-gradients
@@ -115,23 +193,38 @@ def goodput_counts(authors: Iterable[Heartbeat], alive: list[Heartbeat]) -> tupl
     lower bound at any instant; updates rejected, lost with a dead author or skipped never
     count. A peer that is still syncing is left out: it has not downloaded the replica yet.
     """
-    replicas = [h for h in alive if h.state != "syncing"]
+    if everywhere is None:
+        everywhere = merged_everywhere([h for h in alive if h.state != "syncing"])
     merged = published = 0
     for author in authors:
         published += author.updates_published
-        if replicas:
-            everywhere = min(h.merged_by_author.get(author.peer_id, 0) for h in replicas)
-            merged += min(everywhere, author.updates_published)
+        merged += min(everywhere.get(author.peer_id, 0), author.updates_published)
     return merged, published
+
+
+def merged_everywhere(replicas: list[Heartbeat]) -> dict[str, int]:
+    """Author -> the fewest of its updates any of `replicas` merged, for authors every replica
+    merged from (absent: 0). One pass over the replicas' counts, not authors x replicas."""
+    fewest: dict[str, int] = {}
+    holders: dict[str, int] = {}
+    for h in replicas:
+        for author, count in h.merged_by_author.items():
+            fewest[author] = min(count, fewest.get(author, count))
+            holders[author] = holders.get(author, 0) + 1
+    return {a: n for a, n in fewest.items() if holders[a] == len(replicas)}
 
 
 def orgs(state: SwarmState) -> list[OrgOut]:
     """Per-organization breakdown: hardware, throughput and how much of its work is used."""
     alive = state.alive
+    everywhere = merged_everywhere([h for h in alive if h.state != "syncing"])
+    members_of: dict[str, list[PeerRecord]] = {}
+    for record in state.peers:
+        members_of.setdefault(record.heartbeat.org, []).append(record)
     out = []
-    for org in sorted({p.heartbeat.org for p in state.peers}):
-        members = [p for p in state.peers if p.heartbeat.org == org]
-        merged, published = goodput_counts([p.heartbeat for p in members], alive)
+    for org in sorted(members_of):
+        members = members_of[org]
+        merged, published = goodput_counts([p.heartbeat for p in members], alive, everywhere)
         out.append(
             OrgOut(
                 org=org,

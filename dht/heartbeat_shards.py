@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dht.grouping import peer_bits
+from dht.grouping_view import group_walker
 from dht.network import SwarmNetwork
 from dht.records import owner_subkey, subkey_owner
 from dht.shard_walk import (
@@ -84,6 +85,9 @@ class HeartbeatShards:
         """Peer -> when it was last found in a shard (bounded by the peers seen in 3 periods)."""
         self._old_seen_at = float("-inf")
         """When the legacy key last held a peer not found in any shard: an old node."""
+        self.group_prefix: str | None = None
+        """This node's learner group (docs/scale.md): when set, each poll also reads the
+        shard keys holding the group's heartbeats. None (today's nodes): it reads none."""
         self.keys_read = 0
         self.records_read = 0
         """DHT keys read and records (subkeys) they returned, since start: the figures
@@ -125,6 +129,8 @@ class HeartbeatShards:
         now, period = time.time(), self.config.heartbeat_period_s
         own = await self._walk(poll, ttl_s)
         poll.own_found = self.peer_id in own.heartbeats or not sent
+        if self.group_prefix is not None:
+            await self._read_group(poll, self.group_prefix)
         if now - self._last_sample >= period:
             self._last_sample = now
             for _ in range(SAMPLE_SHARDS):
@@ -169,6 +175,14 @@ class HeartbeatShards:
                 )
         self._take(poll, read, records, own=True)
         return read
+
+    async def _read_group(self, poll: ShardPoll, prefix: str) -> None:
+        """The keys under this node's group prefix, when its own leaf lies below the prefix
+        (else that leaf, read already, holds the whole group)."""
+        walker = group_walker(self.config.run_id, prefix, self.cursor.depth, self.cursor.config)
+        while walker is not None and (key := walker.next_key()) is not None:
+            records = await self._get(self.key(key))
+            self._take(poll, walker.take(key, records), records)
 
     async def _read_sample(self, poll: ShardPoll) -> None:
         position = format(self._rng.getrandbits(64), "064b")

@@ -10,6 +10,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from dht.grouping_view import group_members
 from dht.heartbeat import Heartbeat, HeartbeatError
 from dht.heartbeat_shards import HeartbeatShards, ShardPoll
 from dht.messages import RUN_LISTING_KEY
@@ -88,6 +89,13 @@ class Membership:
     def alive_peers(self) -> list[Heartbeat]:
         period, at = self.config.heartbeat_period_s, self.judged_at()
         return [v.heartbeat for v in list(self.peers.values()) if v.alive(period, at)]
+
+    def group_peers(self, prefix: str) -> list[str]:
+        """The live members of the learner group `prefix`, this node included when it is one
+        (sorted). Complete once `shards.group_prefix` is this node's group: each poll then
+        reads the group's shard keys (dht.grouping_view); not used by training yet."""
+        alive = [h.peer_id for h in self.alive_peers()] + [self.peer_id]
+        return group_members(self.config.run_id, prefix, alive)
 
     def is_alive(self, peer_id: str) -> bool:
         view = self.peers.get(peer_id)

@@ -20,10 +20,11 @@ from dht.messages import (
     parse_run_record,
 )
 from dht.reaper import OrphanReaper
-from dht.records import OwnerValidator, owner_subkey, subkey_owner
-from dht.shard_walk import parse_shard
+from dht.records import OwnerValidator, subkey_owner
+from dht.shard_walk import walk_tree
 from dht.shards import ShardConfig, shard_key
 from dht.swarm_config import SwarmError
+from dht.swarm_pages import Page, SwarmSummary, page_bounds, summarize
 
 logger = logging.getLogger(__name__)
 MAX_LISTED_RUNS = 32
@@ -45,6 +46,19 @@ class SwarmSnapshot:
     run_summary: str
     peers: list[PeerStatus] = field(default_factory=list)
     rejected_heartbeats: int = 0
+    shards: dict[str, int] = field(default_factory=dict)
+    """Shard prefix -> heartbeats read there (`dht.shard_walk.TreeWalk.leaves`); the legacy
+    single key, when it holds any, as "peers"."""
+
+    def summary(self) -> SwarmSummary:
+        """Swarm-wide aggregates over every peer read (what `status` and the dashboard show
+        above one page of peers)."""
+        return summarize(self.run_id, [p.heartbeat for p in self.peers], self.shards)
+
+    def page(self, number: int, size: int) -> tuple[Page, list[PeerStatus]]:
+        """Page `number` (from 1, clamped to the last) of `size` peers, in the order of `peers`."""
+        page = page_bounds(len(self.peers), number, size)
+        return page, self.peers[page.start : page.stop]
 
 
 class SwarmObserver:
@@ -91,7 +105,8 @@ class SwarmObserver:
         now = time.time()
         newest: dict[str, Heartbeat] = {}
         rejected = 0
-        for subkey, blob in self._heartbeat_records(run_id, f"diloco/{fingerprint[:16]}"):
+        records, shards = self._heartbeat_records(run_id, f"diloco/{fingerprint[:16]}")
+        for subkey, blob in records:
             peer_id = subkey_owner(subkey)
             try:
                 if peer_id is None:
@@ -105,23 +120,25 @@ class SwarmObserver:
                 newest[peer_id] = heartbeat  # a peer in two shards while it moves
         peers = [PeerStatus(h, max(0.0, now - h.sent_at)) for h in newest.values()]
         peers.sort(key=lambda p: (p.heartbeat.org, p.heartbeat.peer_id))
-        return SwarmSnapshot(run_id, fingerprint, summary, peers, rejected)
+        return SwarmSnapshot(run_id, fingerprint, summary, peers, rejected, shards)
 
-    def _heartbeat_records(self, run_id: str, prefix: str) -> list[tuple[object, object]]:
+    def _heartbeat_records(
+        self, run_id: str, prefix: str
+    ) -> tuple[list[tuple[object, object]], dict[str, int]]:
         """Every heartbeat record of the run: the shard tree walked from its root (each
-        split key's two children, at most MAX_SHARD_KEYS keys), then the legacy key."""
-        found: list[tuple[object, object]] = []
-        pending, visited = [""], 0
-        while pending and visited < MAX_SHARD_KEYS:
-            shard = pending.pop()
-            visited += 1
-            read = parse_shard(run_id, shard, self._get(f"{prefix}/{shard_key(shard)}"))
-            found.extend((owner_subkey(p), blob) for p, blob in read.heartbeats.items())
-            found.extend(read.junk.items())
-            if read.marks and len(shard) < ShardConfig().max_depth:
-                pending.extend((shard + "1", shard + "0"))
-        found.extend(self._get(f"{prefix}/peers").items())
-        return found
+        split key's two children, at most MAX_SHARD_KEYS keys), then the legacy key; and
+        the heartbeats found per shard."""
+        walk = walk_tree(
+            run_id,
+            lambda shard: self._get(f"{prefix}/{shard_key(shard)}"),
+            max_keys=MAX_SHARD_KEYS,
+            max_depth=ShardConfig().max_depth,
+        )
+        if walk.truncated:
+            logger.info("read the first %d heartbeat shards of %s only", MAX_SHARD_KEYS, run_id)
+        legacy = self._get(f"{prefix}/peers")
+        shards = {**walk.leaves, **({"peers": len(legacy)} if legacy else {})}
+        return [*walk.records, *legacy.items()], shards
 
     def _get(self, key: str) -> dict[object, object]:
         found = self._dht.get(key, latest=True)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import enum
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from dht.grouping import peer_bits
@@ -198,3 +198,84 @@ def adjust_sample(
 def covered(peer_position: str, leaves: Iterable[str]) -> bool:
     """Whether one of the leaves read holds the peer's position (its absence there is proof)."""
     return any(peer_position.startswith(leaf) for leaf in leaves)
+
+
+@dataclass(frozen=True)
+class TreeWalk:
+    """Every shard key a walk of (a subtree of) the tree read (`TreeWalker`)."""
+
+    records: list[tuple[object, object]]
+    """(subkey, value) of each heartbeat and junk record found, in the order read."""
+    leaves: dict[str, int]
+    """Key prefix -> heartbeats of peers under it found there, for each key holding any: the
+    shard directory as read (a split key keeps some while its peers move down)."""
+    complete: list[str]
+    """Prefixes of the leaves read (no mark): a peer under one of them that is not in
+    `records` is absent (as `ShardPoll.leaves`)."""
+    truncated: bool
+    """The walk stopped at `max_keys` with keys left unread."""
+
+
+class TreeWalker:
+    """Walks the shard tree below `root`: each key with a split mark sends the walk to both
+    children, at most `max_keys` keys. The caller reads the keys (`next_key`, then `take`),
+    so one walk serves a blocking reader (`walk_tree`) and an async one alike.
+
+    From the root it is the whole swarm (`status`, the dashboard: N / max_records keys, paid
+    by the observer, never by a training node); from a learner group's prefix it is that
+    group (about g / max_records keys, docs/scale.md)."""
+
+    def __init__(self, run_id: str, *, root: str = "", max_keys: int, max_depth: int) -> None:
+        self.run_id = run_id
+        self.max_keys = max_keys
+        self.max_depth = max_depth
+        self._pending = [root]
+        self._visited = 0
+        self._records: list[tuple[object, object]] = []
+        self._leaves: dict[str, int] = {}
+        self._complete: list[str] = []
+
+    def next_key(self) -> str | None:
+        """The prefix of the next key to read; None when the walk is done."""
+        if not self._pending or self._visited >= self.max_keys:
+            return None
+        return self._pending[-1]
+
+    def take(self, prefix: str, records: Mapping[object, object]) -> ShardRead:
+        """What the key `next_key()` named held (untrusted records)."""
+        assert self._pending and self._pending[-1] == prefix, (prefix, self._pending)
+        self._pending.pop()
+        self._visited += 1
+        read = parse_shard(self.run_id, prefix, records)
+        self._records.extend((owner_subkey(p), blob) for p, blob in read.heartbeats.items())
+        self._records.extend(read.junk.items())
+        if read.marks and len(prefix) < self.max_depth:
+            self._pending.extend((prefix + "1", prefix + "0"))
+        else:
+            self._complete.append(prefix)
+        if read.heartbeats:
+            self._leaves[prefix] = len(read.heartbeats)
+        return read
+
+    def result(self) -> TreeWalk:
+        return TreeWalk(
+            self._records,
+            dict(sorted(self._leaves.items())),
+            sorted(self._complete),
+            bool(self._pending),
+        )
+
+
+def walk_tree(
+    run_id: str,
+    read_key: Callable[[str], Mapping[object, object]],
+    *,
+    root: str = "",
+    max_keys: int,
+    max_depth: int,
+) -> TreeWalk:
+    """A `TreeWalker` walk with a blocking reader: `read_key(prefix)` reads one shard key."""
+    walker = TreeWalker(run_id, root=root, max_keys=max_keys, max_depth=max_depth)
+    while (prefix := walker.next_key()) is not None:
+        walker.take(prefix, read_key(prefix))
+    return walker.result()

@@ -27,7 +27,7 @@ from node.run_choice import SwarmRun, choose_run, run_id_given, swarm_run
 from node.runtime import Node
 from node.settings_cli import flag_value
 from node.signals import stop_on_signals
-from node.status import print_status
+from node.status import DEFAULT_PAGE_SIZE, page_size, print_status
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +71,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-id", default=None, help="run to show (default: every run found through the peers)"
     )
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    status.add_argument(
+        "--page", type=int, default=1, help="which page of peers to show (from 1; default 1)"
+    )
+    status.add_argument(
+        "--page-size",
+        type=page_size,
+        default=DEFAULT_PAGE_SIZE,
+        help=f"peers per page (default {DEFAULT_PAGE_SIZE}); the swarm's totals cover every peer",
+    )
     status.set_defaults(handler=run_status)
     dashboard = commands.add_parser(
         "dashboard", help="serve the swarm dashboard in a browser without training"
@@ -234,7 +243,7 @@ def run_status(args: argparse.Namespace) -> int:
     with SwarmObserver(peers) as observer:
         run_ids = [args.run_id] if args.run_id is not None else observer.run_ids()
         snapshots = [snap for run_id in run_ids for snap in observer.snapshot(run_id)]
-    print_status(args.run_id, snapshots, as_json=args.json)
+    print_status(args.run_id, snapshots, as_json=args.json, page=(args.page, args.page_size))
     return 0
 
 

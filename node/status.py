@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Any
 
@@ -10,6 +11,23 @@ from rich.table import Table
 
 from dht.observer import PeerStatus, SwarmSnapshot
 from dht.reachability import paths_label
+from dht.swarm_pages import MAX_PAGE_SIZE, Quantiles, SwarmSummary
+
+DEFAULT_PAGE_SIZE = 50
+"""Peers one `status` page shows; the totals above it cover the whole swarm."""
+PageRequest = tuple[int, int]
+"""(page number from 1, peers per page)."""
+
+
+def page_size(text: str) -> int:
+    """--page-size's type: 1 to MAX_PAGE_SIZE."""
+    try:
+        size = int(text)
+    except ValueError:
+        size = 0
+    if not 1 <= size <= MAX_PAGE_SIZE:
+        raise argparse.ArgumentTypeError(f"a page holds 1 to {MAX_PAGE_SIZE} peers, got {text!r}")
+    return size
 
 
 def peer_row(peer: PeerStatus) -> dict[str, Any]:
@@ -45,33 +63,95 @@ def run_config(summary: str) -> dict[str, Any]:
     return config if isinstance(config, dict) else {"unreadable": summary[:200]}
 
 
-def status_document(run_id: str | None, snapshots: list[SwarmSnapshot]) -> dict[str, Any]:
-    """`run_id` only when the user named one (else the runs were found through the DHT)."""
-    named = {} if run_id is None else {"run_id": run_id}
+def quantiles_out(q: Quantiles | None) -> dict[str, Any] | None:
+    if q is None:
+        return None
+    names = {0.0: "min", 0.5: "median", 1.0: "max"}
     return {
-        **named,
-        "runs": [
+        "count": q.count,
+        **{names.get(k, f"p{round(100 * k)}"): v for k, v in q.values.items()},
+    }
+
+
+def summary_document(summary: SwarmSummary) -> dict[str, Any]:
+    return {
+        "peers": summary.peers,
+        "learners": summary.learners,
+        "groups": summary.groups,
+        "group_bits": summary.group_bits,
+        "states": summary.states,
+        "loss": quantiles_out(summary.loss),
+        "val_loss": quantiles_out(summary.val_loss),
+        "rounds": quantiles_out(summary.rounds),
+        "shards": summary.shards,
+    }
+
+
+def status_document(
+    run_id: str | None,
+    snapshots: list[SwarmSnapshot],
+    page: PageRequest = (1, DEFAULT_PAGE_SIZE),
+) -> dict[str, Any]:
+    """`run_id` only when the user named one (else the runs were found through the DHT).
+    Each run: its swarm-wide `summary`, and one `page` of its `peers`."""
+    named = {} if run_id is None else {"run_id": run_id}
+    runs = []
+    for snap in snapshots:
+        shown, peers = snap.page(*page)
+        runs.append(
             {
                 "run_id": snap.run_id,
                 "fingerprint": snap.fingerprint,
                 "config": run_config(snap.run_summary),
-                "peers": [peer_row(p) for p in snap.peers],
+                "summary": summary_document(snap.summary()),
+                "page": {"number": shown.number, "size": shown.size, "pages": shown.pages},
+                "peers": [peer_row(p) for p in peers],
             }
-            for snap in snapshots
-        ],
-    }
+        )
+    return {**named, "runs": runs}
 
 
-def print_status(run_id: str | None, snapshots: list[SwarmSnapshot], *, as_json: bool) -> None:
+def summary_line(summary: SwarmSummary) -> str:
+    """The swarm in one line: peers, learners, groups, the loss spread, the shards read."""
+    parts = [
+        f"{summary.peers} peers",
+        ", ".join(f"{n} {state}" for state, n in summary.states.items() if n),
+        f"{summary.learners} learners",
+        f"{summary.groups} learner groups (of peers)",
+    ]
+    loss = summary.val_loss or summary.loss
+    if loss is not None:
+        which = "val loss" if summary.val_loss is not None else "loss"
+        v = loss.values
+        parts.append(f"{which} p10/median/p90 {v[0.1]:.4f}/{v[0.5]:.4f}/{v[0.9]:.4f}")
+    if summary.shards:
+        parts.append(f"heartbeats in {len(summary.shards)} shards")
+    return " · ".join(p for p in parts if p)
+
+
+def print_status(
+    run_id: str | None,
+    snapshots: list[SwarmSnapshot],
+    *,
+    as_json: bool,
+    page: PageRequest = (1, DEFAULT_PAGE_SIZE),
+) -> None:
     if as_json:
-        print(json.dumps(status_document(run_id, snapshots)))
+        print(json.dumps(status_document(run_id, snapshots, page)))
         return
     console = Console()
     if not snapshots:
         wanted = "any run" if run_id is None else f"run '{run_id}'"
         console.print(f"no live peers train {wanted} in this swarm")
     for snap in snapshots:
-        title = f"run '{snap.run_id}' ({snap.fingerprint[:12]}): {len(snap.peers)} peers"
+        shown, peers = snap.page(*page)
+        console.print(summary_line(snap.summary()), markup=False, highlight=False)
+        title = f"run '{snap.run_id}' ({snap.fingerprint[:12]}): " + (
+            f"peers {shown.start + 1}-{shown.stop} of {shown.total} "
+            f"(page {shown.number}/{shown.pages})"
+            if shown.total
+            else "no peers"
+        )
         table = Table(title=title)
         for column in (
             "peer",
@@ -85,7 +165,7 @@ def print_status(run_id: str | None, snapshots: list[SwarmSnapshot], *, as_json:
             "seen",
         ):
             table.add_column(column, justify="left" if column in ("peer", "org") else "right")
-        for peer in snap.peers:
+        for peer in peers:
             row = peer_row(peer)
             loss = row["val_loss"] if row["val_loss"] is not None else row["loss"]
             table.add_row(
@@ -100,15 +180,17 @@ def print_status(run_id: str | None, snapshots: list[SwarmSnapshot], *, as_json:
                 f"{row['last_seen_s']:.0f}s ago",
             )
         console.print(table)
-        _print_rejections(console, snap)
+        if shown.number < shown.pages:
+            console.print(f"next: --page {shown.number + 1} (--page-size {shown.size})")
+        _print_rejections(console, peers)
 
 
-def _print_rejections(console: Console, snap: SwarmSnapshot) -> None:
-    """Who rejected whom and why: each peer's most rejected peers, per reason."""
+def _print_rejections(console: Console, peers: list[PeerStatus]) -> None:
+    """Who rejected whom and why: each peer's (of this page) most rejected peers, per reason."""
     lines = [
         f"  {p.heartbeat.peer_id[-12:]} rejected {offender[-12:]}: "
         + ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items()))
-        for p in snap.peers
+        for p in peers
         for offender, reasons in p.heartbeat.rejected_peers.items()
     ]
     if lines:

@@ -3,6 +3,7 @@
 "use strict";
 
 const POLL_MS = 2000;
+const PAGE_SIZE = 50; // peers per page; every total and the summary cover the whole swarm
 const MAX_TIMELINE = 80;
 const PALETTE = [
   "#2563eb", "#16a34a", "#d97706", "#9333ea", "#0891b2",
@@ -13,6 +14,7 @@ const MIN_SPAN_S = 30;
 const TIME_STEPS_S = [5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400];
 const SVG_NS = "http://www.w3.org/2000/svg";
 const colors = new Map();
+let page = 1;
 
 // ---- small helpers -------------------------------------------------------------------------
 
@@ -249,6 +251,15 @@ function renderKpis(swarm, history) {
   $("wire-bytes-sub").textContent = `sent by live peers · ${fmtBytes(t.bytes_received)} received`;
   const rate = history.merges_per_minute.at(-1);
   $("merge-rate").textContent = rate ? rate.updates_per_min.toFixed(1) : "–";
+  const s = swarm.summary;
+  $("learners").textContent = String(s.learners);
+  $("learners-sub").textContent = `${s.groups} learner group${s.groups === 1 ? "" : "s"} of peers`
+    + (Object.keys(s.shards).length ? ` · ${Object.keys(s.shards).length} shards` : "");
+  const q = s.val_loss || s.loss;
+  $("loss-spread").textContent = q ? fmtNum(q.median, 4) : "–";
+  $("loss-spread-sub").textContent = q
+    ? `${s.val_loss ? "val loss" : "loss"} median · p10 ${fmtNum(q.p10, 3)} · p90 ${fmtNum(q.p90, 3)}`
+    : "no loss reported yet";
 }
 
 // One time axis for every chart: from the oldest sample kept to the latest reading.
@@ -261,10 +272,11 @@ function timeDomain(swarm, history) {
 
 function renderCharts(swarm, history) {
   const domain = timeDomain(swarm, history);
-  const alive = new Set(swarm.peers.filter((p) => p.alive).map((p) => p.peer_id));
+  // Only this page's peers are known here: a series fades when its peer is dead on this page.
+  const dead = new Set(swarm.peers.filter((p) => !p.alive).map((p) => p.peer_id));
   const peerSeries = history.peers.map((s) => ({
     color: colorOf(s.peer_id),
-    faded: !alive.has(s.peer_id),
+    faded: dead.has(s.peer_id),
     dots: true,
     points: s.points.map((p) => [p.t, isNum(p.val_loss) ? p.val_loss : null]),
   }));
@@ -275,7 +287,7 @@ function renderCharts(swarm, history) {
   lineChart($("loss-chart"), [...peerSeries, swarmLoss], {
     domain, empty: "waiting for a finished round…",
   });
-  renderLegend(history.peers, alive);
+  renderLegend(history.peers, dead);
 
   lineChart($("throughput-chart"), [{
     color: "#2563eb", width: 2, area: true,
@@ -292,14 +304,14 @@ function renderCharts(swarm, history) {
   barChart($("staleness-chart"), swarm.staleness_histogram);
 }
 
-function renderLegend(peers, alive) {
+function renderLegend(peers, dead) {
   const legend = $("loss-legend");
   legend.replaceChildren();
   const swarmItem = el("span");
   swarmItem.append(el("span", { class: "swatch", style: `background:${SWARM_COLOR}` }), "swarm mean");
   legend.append(swarmItem);
   for (const s of peers) {
-    const item = el("span", { title: s.peer_id, class: alive.has(s.peer_id) ? "" : "dead" });
+    const item = el("span", { title: s.peer_id, class: dead.has(s.peer_id) ? "dead" : "" });
     item.append(el("span", { class: "swatch", style: `background:${colorOf(s.peer_id)}` }));
     item.append((s.org ? s.org + " " : "") + shortId(s.peer_id));
     legend.append(item);
@@ -350,31 +362,21 @@ function renderPeers(swarm) {
       el("td", { class: "num seen" }, fmtAgo(p.last_seen_s)));
     body.append(row);
   }
-  const dead = peers.filter((p) => !p.alive).length;
-  $("peers-hint").textContent = `${peers.length - dead} alive` + (dead ? `, ${dead} dead` : "");
-}
-
-function rejectionRows(peers) {
-  // Each peer reports the peers it refused most; summed per offender and reason.
-  const rows = new Map();
-  for (const p of peers) {
-    for (const [offender, reasons] of Object.entries(p.rejected_peers || {})) {
-      const row = rows.get(offender) || { offender, total: 0, reasons: {}, reporters: [] };
-      for (const [reason, count] of Object.entries(reasons)) {
-        row.reasons[reason] = (row.reasons[reason] || 0) + count;
-        row.total += count;
-      }
-      row.reporters.push(p.peer_id);
-      rows.set(offender, row);
-    }
-  }
-  return [...rows.values()].sort((a, b) => (b.total - a.total) || a.offender.localeCompare(b.offender));
+  const t = swarm.totals;
+  const dead = t.peers_known - t.peers_alive;
+  $("peers-hint").textContent = `${t.peers_alive} alive` + (dead ? `, ${dead} dead` : "");
+  const pg = swarm.page;
+  const first = pg.total ? (pg.number - 1) * pg.size + 1 : 0;
+  $("page-label").textContent =
+    `peers ${first}–${first + peers.length - (pg.total ? 1 : 0)} of ${pg.total} · page ${pg.number} / ${pg.pages}`;
+  $("page-prev").disabled = pg.number <= 1;
+  $("page-next").disabled = pg.number >= pg.pages;
 }
 
 function renderRejections(swarm) {
   const body = $("rejections").tBodies[0];
   body.replaceChildren();
-  const rows = rejectionRows(swarm.peers);
+  const rows = swarm.rejections; // summed over every peer by the server, most refused first
   if (!rows.length) {
     const row = el("tr", { class: "empty-row" });
     row.append(el("td", { colspan: "4" }, "no peer has refused anything"));
@@ -393,6 +395,7 @@ function renderRejections(swarm) {
     for (const peerId of r.reporters) {
       by.append(el("code", { title: peerId, style: `color:${colorOf(peerId)}` }, shortId(peerId)), " ");
     }
+    if (r.reporters_total > r.reporters.length) by.append(`+${r.reporters_total - r.reporters.length} more`);
     row.append(who, el("td", { class: "num" }, fmtCount(r.total)), reasons, by);
     body.append(row);
   }
@@ -469,11 +472,15 @@ function setBanner(text) {
   banner.textContent = text || "";
 }
 
-async function tick() {
+async function refresh() {
+  const asked = page;
   try {
     const [swarm, history] = await Promise.all([
-      getJSON("/api/swarm"), getJSON("/api/history?max_points=400"),
+      getJSON(`/api/swarm?page=${asked}&page_size=${PAGE_SIZE}`),
+      getJSON("/api/history?max_points=400"),
     ]);
+    if (page !== asked) return; // the page was turned meanwhile: its own refresh draws it
+    page = swarm.page.number; // the last page, when the swarm shrank below the one asked for
     // Colors follow the order peers were first seen, so they stay put across refreshes.
     [...swarm.peers].sort(peerOrder).forEach((p) => colorOf(p.peer_id));
     renderHeader(swarm);
@@ -491,9 +498,19 @@ async function tick() {
       setBanner("This dashboard needs its token: open /?token=TOKEN once in this browser.");
     }
     setConnection("down", "disconnected · retrying");
-  } finally {
-    setTimeout(tick, POLL_MS);
   }
 }
 
+async function tick() {
+  await refresh();
+  setTimeout(tick, POLL_MS);
+}
+
+function turnPage(step) {
+  page = Math.max(1, page + step);
+  refresh();
+}
+
+$("page-prev").addEventListener("click", () => turnPage(-1));
+$("page-next").addEventListener("click", () => turnPage(1));
 tick();

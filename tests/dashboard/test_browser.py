@@ -206,3 +206,67 @@ def test_page_shows_who_refused_whom_and_why(browser: Any) -> None:
         save_screenshot(browser, "dashboard-rejections.png")
     finally:
         server.stop()
+
+
+def test_page_pages_through_the_peers_with_the_swarm_summary_above(browser: Any) -> None:
+    """120 signed peers behind the fake DHT: the page holds 50 rows at a time, its totals and
+    summary count all 120, and next / prev turn the page (issue 22, item 5)."""
+    import time
+
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from dashboard.app import create_app
+    from dashboard.history import History
+    from dashboard.server import DashboardServer
+    from dashboard.settings import DashboardSettings
+    from dashboard.standalone import StandaloneSource
+    from dht.heartbeat import Heartbeat
+    from merge.identity import Identity
+    from tests.dashboard.conftest import FakeObserver
+
+    observer = FakeObserver()
+    for i in range(120):
+        identity = Identity.generate()
+        beat = Heartbeat(
+            peer_id=identity.peer_id, sent_at=time.time(), heartbeat_period_s=60.0, loss=i / 10
+        )
+        observer.publish(beat, identity)
+    settings = DashboardSettings(port=0)
+    source = StandaloneSource(observer, "run", settings, History(settings))
+    server = DashboardServer(create_app(source, settings), "127.0.0.1", 0)
+    url = server.start()
+
+    def shown(driver: Any) -> Any:
+        return driver.execute_script(
+            """
+            return {label: document.getElementById('page-label').textContent,
+              rows: [...document.querySelectorAll('#peers tbody tr[data-peer-id]')]
+                .map(r => r.dataset.peerId),
+              alive: document.getElementById('peers-alive').textContent,
+              spread: document.getElementById('loss-spread-sub').textContent,
+              next: !document.getElementById('page-next').disabled,
+              download: document.getElementById('download').getClientRects().length};
+            """
+        )
+
+    try:
+        browser.get(url)
+        wait = WebDriverWait(browser, PAGE_S, poll_frequency=0.2)
+        wait.until(lambda d: shown(d)["label"].startswith("peers 1–50 of 120"))
+        first = shown(browser)
+        assert first["alive"] == "120" and len(first["rows"]) == 50 and first["next"]
+        assert first["download"] == 0  # no state download: its bar takes no room
+        assert "p10 1.200 · p90 10.700" in first["spread"]
+        browser.find_element("id", "page-next").click()
+        browser.find_element("id", "page-next").click()  # the last page: 20 rows
+        wait.until(lambda d: shown(d)["label"].endswith("page 3 / 3"))
+        last = shown(browser)
+        assert len(last["rows"]) == 20 and not last["next"]
+        browser.find_element("id", "page-prev").click()
+        wait.until(lambda d: shown(d)["label"].startswith("peers 51–100"))
+        middle = shown(browser)["rows"]
+        assert len({*first["rows"], *middle, *last["rows"]}) == 120
+        browser.execute_script("window.scrollTo(0, 0)")
+        save_screenshot(browser, "dashboard-pages.png")
+    finally:
+        server.stop()
