@@ -29,6 +29,8 @@ logger = logging.getLogger(__name__)
 REJOIN_TICK_S = 1.0
 """How often the routing table and connections are looked at (a pipe round trip to the DHT,
 one to p2pd)."""
+QUIET_ALONE_S = 10.0
+"""A routing table empty for less than this is refilled without a console line."""
 DIAL_TIMEOUT_S = 5.0
 """The longest one dial (connect and ping) may take."""
 
@@ -90,7 +92,9 @@ class Rejoiner:
         table_size = await self.network.dht_peer_count()
         if table_size > 0 and self.alone_since is not None:
             self.num_rejoined += 1
-            logger.info("back in the swarm after %.0f s alone", now - self.alone_since)
+            alone_s = now - self.alone_since  # hivemind empties a table for a moment at times
+            level = logging.INFO if alone_s >= QUIET_ALONE_S else logging.DEBUG
+            logger.log(level, "back in the swarm after %.0f s alone", alone_s)
             self.alone_since = None
         elif table_size == 0 and self.alone_since is None:
             self.alone_since = now

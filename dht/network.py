@@ -227,7 +227,7 @@ class SwarmNetwork:
         config = self.config
         flags = daemon_flags(
             use_auto_relay=config.use_auto_relay,
-            initial_peers=config.initial_peers,
+            initial_peers=config.bootstrap_peers,
             limits=config.relay_limits,
         )
         return await tuned_p2p(flags).create(
@@ -237,7 +237,7 @@ class SwarmNetwork:
             # a node told its public address serves as a relay before AutoNAT confirms it
             force_reachability="public" if config.announce_maddrs else None,
             # the bootstrap peers are the relays a node behind NAT reserves a slot with
-            trusted_relays=config.initial_peers if config.use_auto_relay else None,
+            trusted_relays=config.bootstrap_peers if config.use_auto_relay else None,
             identity_path=config.identity_path,
             use_relay=config.use_relay,
             use_auto_relay=config.use_auto_relay,

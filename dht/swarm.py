@@ -161,7 +161,7 @@ class Swarm:
         maddrs = self.network.read_visible_maddrs()
         self.network.call(self.membership.check_run(), timeout_s)
         self.network.call(self._start_heartbeats(), timeout_s)
-        if self.config.rejoin_peers or self.config.initial_peers:  # lost them? dial again
+        if self.config.rejoin_peers or self.config.bootstrap_peers:  # lost them? dial again
             self.network.call(self._start_rejoining(), timeout_s)
         self.on_event("startup_phase", name="dht_bootstrap")  # the run check, a heartbeat
         return maddrs
@@ -211,8 +211,8 @@ class Swarm:
         config = self.config
         rejoiner = Rejoiner(
             self.network,
-            config.rejoin_peers or config.initial_peers,
-            bootstraps=config.initial_peers or None,
+            config.rejoin_peers or config.bootstrap_peers,
+            bootstraps=config.bootstrap_peers or None,
             wants_relay=config.use_auto_relay and not config.announce_maddrs,
         )
         self.rejoiner = rejoiner
