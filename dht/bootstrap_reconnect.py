@@ -13,9 +13,11 @@ trained alone (bench.chaos --topology nat: 0.80x the loopback goodput). So, ever
 - a node connected to none of its bootstrap peers dials those (a restarted public node is
   found again, and learns this node into its own routing table);
 - both with capped backoff (RejoinBackoff: 1, 2, 4, 8, 15, 15 ... s) while nobody answers;
-- a node behind NAT (it held a relay slot once) that holds none now reserves one itself with
-  a connected bootstrap peer, again whenever that peer reconnects (a relay forgets a slot when
-  its connection closes) and every RESERVATION_REFRESH_S (a relay keeps one for an hour).
+- a node behind NAT that holds no relay slot reserves one itself with a connected bootstrap
+  peer, again whenever that peer reconnects (a relay forgets a slot when its connection
+  closes) and every RESERVATION_REFRESH_S (a relay keeps one for an hour). Behind NAT: it held
+  an autorelay slot once, or NAT_GRACE_S after start it has neither a slot nor a public address
+  (a home restarted while the relay was down: autorelay tried it then, and waits an hour).
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from dht.bootstrap_retry import RejoinBackoff, RejoinBounds
 
 RESERVATION_REFRESH_S = 600.0
 """A slot this node reserved itself is renewed this often (go-libp2p relays keep one 1 h)."""
+NAT_GRACE_S = 30.0
+"""Autorelay reserves a slot about 15 s after start when it can; a node with no public address
+and no slot this long after start reserves one itself."""
 RESERVATION_RETRY_S = 5.0
 """After a refused or failed reservation, the same relay is asked again no sooner than this."""
 
@@ -65,8 +70,9 @@ class ReconnectPolicy:
         self.known = _with_peer_ids(known) or self.bootstraps
         self.wants_relay = wants_relay
         self.backoff = RejoinBackoff(bounds or RejoinBounds(), now)
+        self.started_at = now
         self.behind_nat = False
-        """This node held a relay slot that p2pd's autorelay reserved: it is behind NAT."""
+        """This node held an autorelay slot, or had no public address NAT_GRACE_S after start."""
         self.reserved: dict[str, float] = {}
         """Relay peer id -> when this node reserved a slot with it itself (while connected)."""
         self._retry_at: dict[str, float] = {}
@@ -76,10 +82,17 @@ class ReconnectPolicy:
         return list(dict.fromkeys(peer for _, peer in self.bootstraps))
 
     def plan(
-        self, now: float, *, table_size: int, connected: Set[str], relays: Set[str]
+        self,
+        now: float,
+        *,
+        table_size: int,
+        connected: Set[str],
+        relays: Set[str],
+        public_address: bool = False,
     ) -> ReconnectPlan:
         """`table_size`: peers in the DHT routing table; `connected`: peer ids p2pd holds a
-        connection to; `relays`: relays in this node's own addresses (autorelay's slots)."""
+        connection to; `relays`: relays in this node's own addresses (autorelay's slots);
+        `public_address`: p2pd lists a public address of this node's own."""
         # a relay forgets a slot when the connection it was reserved on closes
         self.reserved = {r: t for r, t in self.reserved.items() if r in connected}
         ids = self.bootstrap_ids
@@ -91,14 +104,19 @@ class ReconnectPolicy:
             candidates = []
             self.backoff.connected(now)
         dial = tuple(m for m, _ in candidates) if candidates and self.backoff.alone(now) else ()
-        return ReconnectPlan(dial=dial, reserve_with=self._relay_to_ask(now, connected, relays))
+        relay = self._relay_to_ask(now, connected, relays, public_address)
+        return ReconnectPlan(dial=dial, reserve_with=relay)
 
-    def _relay_to_ask(self, now: float, connected: Set[str], relays: Set[str]) -> str | None:
+    def _relay_to_ask(
+        self, now: float, connected: Set[str], relays: Set[str], public_address: bool
+    ) -> str | None:
         if not self.wants_relay:
             return None
         if relays:  # autorelay holds a slot: the node is behind NAT, and reachable
             self.behind_nat = True
             return None
+        if not public_address and now - self.started_at >= NAT_GRACE_S:
+            self.behind_nat = True
         if not self.behind_nat:  # public, or AutoNAT has not said yet: autorelay decides
             return None
         if any(now - at < RESERVATION_REFRESH_S for at in self.reserved.values()):

@@ -22,6 +22,7 @@ from typing import Any
 
 from dht.bootstrap_reconnect import ReconnectPolicy
 from dht.bootstrap_retry import MAX_KNOWN_TRIED, RejoinBackoff, RejoinBounds
+from dht.doctor import is_public_maddr
 from dht.reachability import relay_of
 
 logger = logging.getLogger(__name__)
@@ -99,8 +100,14 @@ class Rejoiner:
         elif table_size == 0 and self.alone_since is None:
             self.alone_since = now
         connected = await self.network.connected_peers()
-        own_relays = {r for r in map(relay_of, self.network.p2pd_maddrs) if r}
-        plan = self.policy.plan(now, table_size=table_size, connected=connected, relays=own_relays)
+        own = self.network.p2pd_maddrs
+        plan = self.policy.plan(
+            now,
+            table_size=table_size,
+            connected=connected,
+            relays={r for r in map(relay_of, own) if r},
+            public_address=any(map(is_public_maddr, own)),
+        )
         if plan.dial:
             await self._dial(plan.dial, alone=table_size == 0)
         if plan.reserve_with is not None:
@@ -126,7 +133,7 @@ class Rejoiner:
         self.policy.reservation(relay, self._clock(), ok=ok)
         if ok:
             self.num_reserved += 1
-            logger.info("reserved a relay slot with %s (p2pd's autorelay held none)", relay)
+            logger.info("reserved a relay slot with %s (p2pd's autorelay holds none)", relay)
 
     def _reserved_maddrs(self) -> list[str]:
         return [m for m, peer in self.policy.bootstraps if peer in self.policy.reserved]

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dht.bootstrap_reconnect import (
+    NAT_GRACE_S,
     RESERVATION_REFRESH_S,
     RESERVATION_RETRY_S,
     ReconnectPolicy,
@@ -82,12 +83,21 @@ def test_a_restarted_relay_is_asked_for_a_slot_once_reconnected_and_again_after_
 
 
 def test_a_public_node_or_one_without_auto_relay_never_reserves() -> None:
-    for p, relays in ((policy(), set()), (policy(wants_relay=False), {IDS[0]})):
-        for t in range(5):
-            plan = p.plan(float(t), table_size=2, connected={IDS[0]}, relays=relays)
-            if t > 0:
-                relays = set()
+    for p, public in ((policy(), True), (policy(wants_relay=False), False)):
+        for t in range(120):
+            relays = {IDS[0]} if t == 0 and not public else set()
+            plan = p.plan(t, table_size=2, connected={IDS[0]}, relays=relays, public_address=public)
             assert plan.reserve_with is None
+
+
+def test_a_home_that_never_got_a_slot_reserves_one_itself_after_the_grace() -> None:
+    """Restarted while its relay was down, autorelay tried the relay then (and waits an hour)."""
+    p = policy()
+    for t in range(int(NAT_GRACE_S)):
+        assert p.plan(float(t), table_size=2, connected={IDS[0]}, relays=set()).reserve_with is None
+    assert (
+        p.plan(NAT_GRACE_S, table_size=2, connected={IDS[0]}, relays=set()).reserve_with == IDS[0]
+    )
 
 
 def test_a_refused_reservation_is_retried_after_a_pause() -> None:
@@ -112,16 +122,18 @@ observation_st = st.tuples(
     st.floats(0.05, 2.0),  # time to the next tick
     st.booleans(),  # a dial reaches a peer
     st.booleans(),  # a relay grants a slot
+    st.booleans(),  # p2pd lists a public address of this node
 )
 
 
 @given(st.lists(observation_st, min_size=1, max_size=120), st.booleans())
 def test_dials_and_reservations_happen_only_when_needed_and_within_bounds(
-    steps: list[tuple[int, set[str], set[str], float, bool, bool]], wants_relay: bool
+    steps: list[tuple[int, set[str], set[str], float, bool, bool, bool]], wants_relay: bool
 ) -> None:
     """Dials only when alone or cut from every bootstrap, never sooner than the first delay
     after a failed one, and a bootstrap lost for good is dialled at least every cap + a tick.
-    Reservations only behind NAT (autorelay held a slot once) while autorelay holds none, with a
+    Reservations only behind NAT (autorelay held a slot once, or no public address after the
+    grace) while autorelay holds none, with a
     connected bootstrap, never while a granted one is live, never twice in RESERVATION_RETRY_S."""
     bounds = RejoinBounds()
     p = ReconnectPolicy([BOOT, OTHER_BOOT], [KNOWN], wants_relay=wants_relay, now=0.0)
@@ -129,10 +141,12 @@ def test_dials_and_reservations_happen_only_when_needed_and_within_bounds(
     now, last_dial, behind_nat = 0.0, None, False
     held: dict[str, float] = {}  # relay -> when granted, while connected
     asked: dict[str, float] = {}
-    for table, connected, relays, advance, reached, granted in steps:
+    for table, connected, relays, advance, reached, granted, public in steps:
         held = {r: t for r, t in held.items() if r in connected}
         needed = table == 0 or not (connected & boots)
-        plan = p.plan(now, table_size=table, connected=connected, relays=relays)
+        plan = p.plan(
+            now, table_size=table, connected=connected, relays=relays, public_address=public
+        )
         if plan.dial:
             assert needed
             assert set(plan.dial) == ({KNOWN} if table == 0 else {BOOT, OTHER_BOOT})
@@ -144,7 +158,8 @@ def test_dials_and_reservations_happen_only_when_needed_and_within_bounds(
             assert now - last_dial < bounds.max_delay_s + 1e-9
         if not needed:
             last_dial = None  # connected: the next loss dials at once
-        behind_nat = behind_nat or (wants_relay and bool(relays))
+        nat_now = bool(relays) or (not public and now >= NAT_GRACE_S)
+        behind_nat = behind_nat or (wants_relay and nat_now)
         if plan.reserve_with is not None:
             relay = plan.reserve_with
             assert wants_relay and behind_nat and not relays
