@@ -114,6 +114,13 @@ class RejoinBackoff:
         self._due_at = now + wait_s
         return wait_s
 
+    def reached(self, now: float) -> float:
+        """A dial at `now` reached a peer: the count starts over, and the next dial (should that
+        connection close at once) waits the first delay; that delay."""
+        self.num_failed = 0
+        self._due_at = now + self.bounds.first_delay_s
+        return self.bounds.first_delay_s
+
     def connected(self, now: float) -> None:
         """Some peer is connected at `now`: a later loss dials at once, from the first delay."""
         self.num_failed = 0

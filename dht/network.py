@@ -29,7 +29,7 @@ from dht.addresses import peer_id_of, without_peer_id
 from dht.budget import StreamGuard, StreamLimits
 from dht.doctor import probe_bootstraps
 from dht.join_report import bootstrap_failure
-from dht.p2pd import children_in_own_session, open_stream
+from dht.p2pd import HOP_STATUS_OK, children_in_own_session, open_stream, reserve_slot
 from dht.reachability import (
     PathBook,
     connections_by_peer,
@@ -44,7 +44,7 @@ from dht.swarm_config import (
     SwarmConfig,
     SwarmError,
 )
-from dht.transport import encode_request, receive_blob, send_blob
+from dht.transport import TransportError, encode_request, receive_blob, send_blob
 from merge.identity import Identity
 
 logger = logging.getLogger(__name__)
@@ -69,6 +69,10 @@ class SwarmNetwork:
         self.identity = identity
         """This node's key: it signs heartbeats, records and the states it serves."""
         self.visible_maddrs: list[str] = []
+        """This node's addresses: p2pd's, then the relayed ones of slots it reserved itself."""
+        self.p2pd_maddrs: list[str] = []
+        """p2pd's own list (its autorelay's slots among them)."""
+        self._relayed: list[str] = []
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="swarm", daemon=True)
         self._reaper = OrphanReaper()
@@ -144,10 +148,37 @@ class SwarmNetwork:
         own = await asyncio.wait_for(
             self._p2p.get_visible_maddrs(latest=True), REQUEST_READ_TIMEOUT_S
         )
-        seen = [str(m) for m in own]
+        self.p2pd_maddrs = [str(m) for m in own]
+        self._update_visible()
+
+    def set_relayed(self, maddrs: list[str]) -> None:
+        """This node's relayed addresses through the slots it reserved itself (Rejoiner)."""
+        self._relayed = maddrs
+        self._update_visible()
+
+    def _update_visible(self) -> None:
+        seen = self.p2pd_maddrs + [m for m in self._relayed if m not in self.p2pd_maddrs]
         changed, self.visible_maddrs = seen != self.visible_maddrs, seen
         if changed and self.on_addresses is not None:
             self.on_addresses(seen)
+
+    async def connected_peers(self) -> set[str]:
+        """Peer ids p2pd holds a connection to now."""
+        assert self._p2p is not None
+        peers = await asyncio.wait_for(self._p2p.list_peers(), REQUEST_READ_TIMEOUT_S)
+        return {str(p.peer_id) for p in peers}
+
+    async def reserve_relay_slot(self, relay: str, timeout_s: float) -> bool:
+        """Ask connected peer `relay` for a relay slot (dht.p2pd.reserve_slot); granted?"""
+        assert self._control is not None
+        try:
+            status = await asyncio.wait_for(reserve_slot(self._control, relay), timeout_s)
+        except (TimeoutError, OSError, TransportError) as exc:
+            logger.debug("reserving a relay slot with %s failed: %s", relay, exc)
+            return False
+        if status != HOP_STATUS_OK:
+            logger.debug("relay %s refused a slot: status %d", relay, status)
+        return status == HOP_STATUS_OK
 
     async def path_to(self, peer_id: str) -> str | None:
         """The path (direct, holepunched, relayed) of this node's connection to `peer_id` now,
@@ -184,7 +215,8 @@ class SwarmNetwork:
 
     def read_visible_maddrs(self) -> list[str]:
         assert self._dht is not None
-        self.visible_maddrs = [str(m) for m in self._dht.get_visible_maddrs(latest=True)]
+        self.p2pd_maddrs = [str(m) for m in self._dht.get_visible_maddrs(latest=True)]
+        self.visible_maddrs = list(self.p2pd_maddrs)
         return self.visible_maddrs
 
     async def _create_p2p(self) -> P2P:
@@ -195,7 +227,7 @@ class SwarmNetwork:
         config = self.config
         flags = daemon_flags(
             use_auto_relay=config.use_auto_relay,
-            initial_peers=config.initial_peers,
+            initial_peers=config.bootstrap_peers,
             limits=config.relay_limits,
         )
         return await tuned_p2p(flags).create(
@@ -205,7 +237,7 @@ class SwarmNetwork:
             # a node told its public address serves as a relay before AutoNAT confirms it
             force_reachability="public" if config.announce_maddrs else None,
             # the bootstrap peers are the relays a node behind NAT reserves a slot with
-            trusted_relays=config.initial_peers if config.use_auto_relay else None,
+            trusted_relays=config.bootstrap_peers if config.use_auto_relay else None,
             identity_path=config.identity_path,
             use_relay=config.use_relay,
             use_auto_relay=config.use_auto_relay,

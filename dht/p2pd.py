@@ -1,6 +1,6 @@
 """Talking to this node's p2pd where hivemind's P2P has no call that serves: starting it in its
-own session (keeping its pid for the orphan reaper), and opening streams or connections on
-its control socket that are closed however the request ends.
+own session (keeping its pid for the orphan reaper), opening streams or connections on its
+control socket that are closed however the request ends, and reserving a relay slot.
 
 Everything here uses hivemind's public parts: `P2P.daemon_listen_maddr` and the daemon
 bindings (DaemonConnector, the protobuf framing); nothing reads P2P's private attributes.
@@ -59,6 +59,92 @@ async def connect(connector: DaemonConnector, peer_id: str, maddrs: list[Multiad
     )
     _, writer = await _ask(connector, request)
     writer.close()
+
+
+HOP_PROTOCOL = "/libp2p/circuit/relay/0.2.0/hop"
+"""Circuit relay v2's protocol for reserving a slot with a relay (libp2p specs: circuit-v2)."""
+RESERVE_REQUEST = b"\x02\x08\x00"
+"""HopMessage{type: RESERVE}, length-prefixed (a uvarint) as circuit relay v2 frames it."""
+HOP_STATUS_OK = 100
+MAX_HOP_MESSAGE = 4096
+"""go-libp2p's relay refuses longer messages; a longer answer is not a relay's."""
+
+
+async def reserve_slot(connector: DaemonConnector, relay: str) -> int:
+    """Ask `relay` for a slot (circuit relay v2 RESERVE) on this node's connection to it; the
+    status it answered (HOP_STATUS_OK: granted). Peers reach this node at
+    RELAY_ADDRESS/p2p-circuit/p2p/THIS_NODE while that connection lives.
+
+    p2pd's autorelay reserves slots by itself, but never again with a relay it reserved with in
+    the last hour (dht.bootstrap_reconnect): a relay that restarted is asked through here.
+    TransportError when the relay does not speak the protocol or answers nonsense."""
+    request = p2pd_pb2.Request(
+        type=p2pd_pb2.Request.STREAM_OPEN,
+        streamOpen=p2pd_pb2.StreamOpenRequest(
+            peer=PeerID.from_base58(relay).to_bytes(), proto=[HOP_PROTOCOL]
+        ),
+    )
+    try:
+        reader, writer = await _ask(connector, request)
+    except ControlFailure as exc:
+        raise TransportError(f"no relay stream to {relay}: {exc}") from None
+    try:
+        writer.write(RESERVE_REQUEST)
+        await writer.drain()
+        length = await _read_uvarint(reader)
+        if length > MAX_HOP_MESSAGE:
+            raise TransportError(f"relay {relay} answered {length} bytes")
+        return hop_status(await reader.readexactly(length))
+    except (asyncio.IncompleteReadError, ValueError) as exc:
+        raise TransportError(f"relay {relay} answered a malformed reservation: {exc}") from None
+    finally:
+        writer.close()
+
+
+async def _read_uvarint(reader: Any) -> int:
+    value = 0
+    for shift in range(0, 35, 7):
+        byte = (await reader.readexactly(1))[0]
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value
+    raise ValueError("length prefix over 5 bytes")
+
+
+def hop_status(message: bytes) -> int:
+    """The status field (5) of a circuit relay v2 HopMessage (0 when absent); ValueError when
+    `message` is not a protobuf message. Other fields are skipped unread."""
+    status, at = 0, 0
+    while at < len(message):
+        key, at = _varint(message, at)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            value, at = _varint(message, at)
+            if field == 5:
+                status = value
+        elif wire == 2:
+            size, at = _varint(message, at)
+            at += size
+        elif wire in (1, 5):
+            at += 8 if wire == 1 else 4
+        else:
+            raise ValueError(f"wire type {wire}")
+        if at > len(message):
+            raise ValueError("truncated")
+    return status
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = 0
+    for shift in range(0, 70, 7):
+        if at >= len(data):
+            raise ValueError("truncated varint")
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, at
+    raise ValueError("varint over 10 bytes")
 
 
 async def _ask(connector: DaemonConnector, request: Any) -> tuple[Any, Any]:

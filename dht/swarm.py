@@ -93,7 +93,7 @@ class Swarm:
         self.membership.on_left = self.gossip.forget_peer
         self._publishing: set[concurrent.futures.Future[None]] = set()
         self.rejoiner: Rejoiner | None = None
-        """A known member's background dialling of its peers (None: not a known member)."""
+        """The background dialling of the bootstrap and known peers (None: this node has none)."""
         self._reachability = ReachabilityNotes(
             announce_given=bool(config.announce_maddrs), use_auto_relay=config.use_auto_relay
         )
@@ -161,7 +161,7 @@ class Swarm:
         maddrs = self.network.read_visible_maddrs()
         self.network.call(self.membership.check_run(), timeout_s)
         self.network.call(self._start_heartbeats(), timeout_s)
-        if self.config.rejoin_peers:  # a known member: found nobody? train, dial them later
+        if self.config.rejoin_peers or self.config.bootstrap_peers:  # lost them? dial again
             self.network.call(self._start_rejoining(), timeout_s)
         self.on_event("startup_phase", name="dht_bootstrap")  # the run check, a heartbeat
         return maddrs
@@ -208,9 +208,16 @@ class Swarm:
         self.network.every(self.config.heartbeat_period_s, self.membership.send_heartbeat)
 
     async def _start_rejoining(self) -> None:
-        rejoiner = Rejoiner(self.network, self.config.rejoin_peers)
+        config = self.config
+        rejoiner = Rejoiner(
+            self.network,
+            config.rejoin_peers or config.bootstrap_peers,
+            bootstraps=config.bootstrap_peers or None,
+            wants_relay=config.use_auto_relay and not config.announce_maddrs,
+        )
         self.rejoiner = rejoiner
-        if await rejoiner.check_start():
+        # a known member (it has a checkpoint) found nobody: it trains, and dials them later
+        if config.rejoin_peers and await rejoiner.check_start():
             self.on_event("alone", known_peers=len(rejoiner.peers))
         self.network.every(REJOIN_TICK_S, rejoiner.tick)
 

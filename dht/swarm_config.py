@@ -56,11 +56,22 @@ class SwarmConfig:
     max_state_bytes: int = 4 << 30
     relay_limits: RelayLimits = field(default_factory=RelayLimits)
     """What this node spends relaying for peers behind NAT."""
+    bootstrap_peers: list[str] = field(default_factory=list)
+    """The bootstrap peers as the user gave them (--peers); set from `initial_peers` when the
+    config is built, and kept by `dataclasses.replace`, which the node uses to narrow
+    `initial_peers` to the peers that answered (known peers of last run among them). They alone
+    are the relays a node behind NAT reserves slots with: a known peer behind NAT among p2pd's
+    static relays made autorelay wait its 3-minute boot delay for a candidate that never came,
+    and a restarted home never got a relay slot (bench.chaos --topology nat)."""
     rejoin_peers: list[str] = field(default_factory=list)
     """A known member's peers: if none answers at start, the DHT starts alone and they are
     dialled in the background (dht.bootstrap_rejoin) instead of the node exiting."""
     shards: ShardConfig = field(default_factory=ShardConfig)
     """Sizes of the heartbeat shards (dht.shards, dht.heartbeat_shards)."""
+
+    def __post_init__(self) -> None:
+        if not self.bootstrap_peers:
+            object.__setattr__(self, "bootstrap_peers", list(self.initial_peers))
 
     @property
     def prefix(self) -> str:

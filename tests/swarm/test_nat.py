@@ -210,3 +210,47 @@ def last_seq(node: ChildProcess) -> int:
     """The seq of the latest update `node` has published so far (0: none yet)."""
     done = [e["seq"] for e in list(node.events) if e.get("event") == "round_done" and e["seq"]]
     return max(done, default=0)
+
+
+REFOUND_S = 90
+"""After the public node restarts on its address, each home has dialled it again (it merges
+theirs), reserved a slot with it again and merges the other home's updates within this bound
+(the homes dial at most 15 s apart; go-libp2p's autorelay would wait an hour)."""
+
+
+@pytest.mark.timeout(covering(4 * START_S, 2 * NAT_MERGE_S, 2 * SLOT_S, 5 * REFOUND_S))
+def test_homes_find_the_public_node_again_after_it_restarts_on_its_address(
+    lab: NatLab, in_namespace: Launch
+) -> None:
+    public, maddr = public_node(lab, in_namespace)
+    relay = maddr.rsplit("/p2p/", 1)[1]
+    homes = [
+        in_namespace(lab.host(r), *RUN, "--port", "0", "--auto-relay", "--peers", maddr,
+                     name=f"home{r}")
+        for r in (0, 1)
+    ]  # fmt: skip
+    cone, symmetric = homes
+    for node in homes:
+        node.wait_listening(START_S)
+    slot = f"behind a NAT, reachable through relay {relay}"
+    for node, other in ((cone, symmetric), (symmetric, cone)):
+        wait_merged(node, other.peer_id, timeout_s=NAT_MERGE_S)
+        node.wait_for(lambda e: e["event"] == "reachability" and e["line"] == slot, SLOT_S, "slot")
+
+    public.crash()  # kill -9 of the node, its DHT and its p2pd; same home, port and identity
+    killed_at = time.time()
+    published = {node.peer_id: last_seq(node) for node in homes}
+    again, _ = public_node(lab, in_namespace)
+    assert again.peer_id == relay
+    for home in homes:  # the homes dialled it: it hears of their updates again
+        wait_merged(again, home.peer_id, after_seq=published[home.peer_id], timeout_s=REFOUND_S)
+    for node, other in ((cone, symmetric), (symmetric, cone)):
+        wait_merged(node, other.peer_id, after_seq=published[other.peer_id], timeout_s=REFOUND_S)
+    # each reserved a slot with it again itself (its autorelay would not for an hour)
+    for node in homes:
+        node.wait_for(
+            lambda e: e["event"] == "reachability" and e["line"] == slot and e["time"] > killed_at,
+            REFOUND_S,
+            "a relay slot again",
+        )
+    print(f"merging through the restarted node {time.time() - killed_at:.0f} s after the kill")
