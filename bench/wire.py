@@ -17,8 +17,11 @@ few seconds whatever the codec) are left out of both.
 Quality: `--train-learners` learners train the `--train-model` in one process, each round
 from the replica, and publish through the real path (error feedback, encode, seal, the
 UpdatePipeline's verify, decode, weigh and apply), with the outer optimizer a node with that
-codec uses by default (sparse: outer momentum 0.5, merge.feedback). Every codec sees the same
-data in the same order for the same tokens; the final validation loss is compared with bf16's.
+codec uses by default (sparse: outer momentum 0.5, merge.feedback), each learner starting its
+round from the replica minus its own residual as a node does (Compressor.round_start). Every
+codec sees the same data in the same order for the same tokens; the final validation loss is
+compared with bf16's, and each row counts the robust verdicts (merge.robust) that clipped its
+updates: the merge path judges every codec's updates by the same norms and directions.
 
 Peak-to-mean, measured: a real node (node.runtime.Node, offline, `--schedule-model`) trains
 one round of H = `--inner-steps` steps with each codec, once whole (P = 1) and once with
@@ -96,10 +99,6 @@ class WireConfig:
     """P of the fragment rows (1: none)."""
     schedule_model: str = "tiny"
     """Model the node trains for one round to measure its publish schedule (peak-to-mean)."""
-    start_from_residual: bool = False
-    """Each learner starts its round from the replica minus its own error feedback residual
-    (what it trained but has not sent yet) instead of from the replica, so it does not
-    relearn what the residual already holds. A node does not do this yet (docs/codecs.md)."""
     grid: bool = False
     """Instead: each of `grid_codecs` against bf16 at every (M, H) of the grid (bench.wire_grid)."""
     grid_codecs: str = "bf16,topk"
@@ -193,9 +192,22 @@ def fragment_wire_bytes(
     return [wire_bytes(codec, sum(tensor_sizes[i] for i in part), h, learners) for part in parts]
 
 
-def train(codec: str, config: WireConfig, ev: Evaluator) -> tuple[dict[int, float], float]:
+@dataclass(frozen=True)
+class Trained:
+    """What one equal-tokens training run of bench.wire gives."""
+
+    curve: dict[int, float]
     """Validation loss after every `eval_every`-th round and the last one (the final loss
-    under the key `train_rounds`), and seconds of `train_rounds` rounds of M learners."""
+    under the key `train_rounds`)."""
+    seconds: float
+    """Seconds of `train_rounds` rounds of M learners."""
+    robust: dict[str, int]
+    """Updates whose contribution a robust verdict clipped or zeroed, by reason
+    (merge.robust.REASONS): the merge path judges every codec's updates alike."""
+
+
+def train(codec: str, config: WireConfig, ev: Evaluator) -> Trained:
+    """`train_rounds` rounds of M learners through the real publish and merge path."""
     started = time.perf_counter()
     h, m = config.train_inner_steps, config.train_learners
     genesis = torch.nn.utils.parameters_to_vector(
@@ -206,11 +218,12 @@ def train(codec: str, config: WireConfig, ev: Evaluator) -> tuple[dict[int, floa
     compressors = [Compressor(get_codec(codec), genesis.numel()) for _ in range(m)]
     authors = [Identity.from_private_bytes(bytes([rank + 1]) * 32) for rank in range(m)]
     curve: dict[int, float] = {}
+    robust: dict[str, int] = {}
     for round_index in range(config.train_rounds):
         base, applied = pipeline.replica.snapshot()
         updates = []
         for learner, compressor, author in zip(learners, compressors, authors, strict=True):
-            start = own_start(base, compressor, config.start_from_residual)
+            start = compressor.round_start(base)  # as a node does (node.publishing)
             learner.load_params(start)
             stats = learner.run_round(h, lambda: False, lambda _: None)
             payload = compressor.encode(start - learner.params_vector())
@@ -231,18 +244,12 @@ def train(codec: str, config: WireConfig, ev: Evaluator) -> tuple[dict[int, floa
             result = pipeline.submit(SignedUpdate.from_bytes(update.to_bytes()))
             if not result.accepted:
                 raise SystemExit(f"{codec}: an update was rejected ({result.reason})")
+            if result.robust is not None:
+                robust[result.robust] = robust.get(result.robust, 0) + 1
         done = round_index + 1
         if done == config.train_rounds or (config.eval_every and done % config.eval_every == 0):
             curve[done] = ev.val_loss(pipeline.replica.params)
-    return curve, time.perf_counter() - started
-
-
-def own_start(base: torch.Tensor, compressor: Compressor, from_residual: bool) -> torch.Tensor:
-    """Where a learner starts a round: the replica, or the replica minus what its residual
-    holds (then its payload's target, pseudo-gradient + residual, is base - local params)."""
-    if not from_residual or compressor.residual.numel() == 0:
-        return base
-    return base - compressor.residual
+    return Trained(curve, time.perf_counter() - started, robust)
 
 
 def make_pipeline(
@@ -316,7 +323,8 @@ def main() -> None:
     for codec in codecs:
         envelope, announcement = wire_bytes(codec, numel, config.inner_steps, config.learners)
         swarm = swarm_bytes_per_step(envelope, announcement, config.learners, config.inner_steps)
-        curve, seconds = train(codec, config, ev)
+        trained = train(codec, config, ev)
+        curve = trained.curve
         reference = reference or curve
         val_loss, reference_loss = curve[config.train_rounds], reference[config.train_rounds]
         per_step = published_per_step(codec, 1, config)
@@ -332,13 +340,15 @@ def main() -> None:
             "val_loss": val_loss,
             "val_loss_by_round": {str(r): loss for r, loss in curve.items()},
             "val_loss_ratio_by_round": ratios,
-            "train_seconds": round(seconds, 1),
+            "robust_clipped": trained.robust,
+            "train_seconds": round(trained.seconds, 1),
         }
         rows.append(row)
         print(
             f"{codec:>6}: envelope {envelope / 1e6:8.3f} MB, {swarm / 1e3:9.2f} KB/learner/step, "
             f"{row['bytes_ratio_vs_dp']:>9}x less than DP; val loss {val_loss:.4f} "
-            f"({row['val_loss_ratio_vs_bf16']:.4f} of bf16), peak/mean {row['peak_to_mean']}"
+            f"({row['val_loss_ratio_vs_bf16']:.4f} of bf16), peak/mean {row['peak_to_mean']}, "
+            f"robust verdicts {trained.robust}"
         )
         if len(curve) > 1:
             print("        of bf16 by round: " + ", ".join(f"{r}: {x}" for r, x in ratios.items()))

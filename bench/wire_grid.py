@@ -54,14 +54,15 @@ def train_cell(config: WireConfig, codec: str, learners: int, h: int) -> dict:
         config, train_learners=learners, train_inner_steps=h, train_rounds=cell_rounds(config, h)
     )
     ev = Evaluator(QualityConfig(model=cell.train_model, eval_batches=cell.eval_batches, seed=0))
-    curve, seconds = train(codec, replace(cell, eval_every=0), ev)
+    trained = train(codec, replace(cell, eval_every=0), ev)
     return {
         "codec": codec,
         "learners": learners,
         "inner_steps": h,
         "rounds": cell.train_rounds,
-        "val_loss": curve[cell.train_rounds],
-        "train_seconds": round(seconds, 1),
+        "val_loss": trained.curve[cell.train_rounds],
+        "robust_clipped": trained.robust,
+        "train_seconds": round(trained.seconds, 1),
     }
 
 

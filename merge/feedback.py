@@ -37,6 +37,18 @@ class Compressor:
         self.numel = numel
         self.residual = torch.zeros(numel if codec.error_feedback else 0, dtype=torch.float32)
 
+    def round_start(self, base: torch.Tensor) -> torch.Tensor:
+        """Where this learner's next round starts: ``base`` (the replica) minus the residual,
+        i.e. with the progress it trained but has not sent yet still applied. The round's
+        pseudo-gradient is then taken from this start, so pseudo-gradient + residual, what
+        the next payload encodes, is exactly ``base`` - the learner's params: its whole way
+        from the replica, sent once. Started from ``base`` itself, a learner relearns part of
+        its residual in the round's steps and sends it twice (bench.wire at M = 4, H = 25:
+        docs/codecs.md). ``base`` itself for a codec without error feedback."""
+        if self.residual.numel() == 0:
+            return base
+        return base - self.residual
+
     def encode(self, pseudo_gradient: torch.Tensor) -> bytes:
         """The payload for this round; updates the residual to what it leaves out."""
         if not self.codec.error_feedback:

@@ -157,8 +157,9 @@ class WholeUpdates:
             self.learner.load_params(partial.params)
             return partial
         base, base_applied = self.round_start()
-        self.learner.load_params(base)
-        return RoundProgress(base, base_applied)
+        start = self.compressor.round_start(base)  # minus what we trained but have not sent
+        self.learner.load_params(start)
+        return RoundProgress(start, base_applied)
 
     def round_start(self) -> tuple[torch.Tensor, int]:
         """The replica and its applied count; with --correction lookahead, moved on along the
@@ -229,8 +230,9 @@ class FragmentStreams:
         self.published = []
         if self.stream is None:
             base, base_applied = self.replica.snapshot()
-            self.learner.load_params(base)
-            self.stream = FragmentStream(self.layout, self.inner_steps, base, base_applied)
+            start = self.compressors.round_start(base)  # minus what was not sent yet
+            self.learner.load_params(start)
+            self.stream = FragmentStream(self.layout, self.inner_steps, start, base_applied)
         return RoundProgress(self.stream.base, self.stream.rounds[0].base_applied)
 
     def on_step(self, step: int, stats: StepStats) -> None:
@@ -275,9 +277,10 @@ class FragmentStreams:
         )
         self.published.append(published)
         merged, applied = self.replica.fragment_params(fragment)
-        self.layout.scatter(inner, fragment, merged)
+        start = self.compressors.fragment_start(fragment, merged)  # minus what was not sent
+        self.layout.scatter(inner, fragment, start)
         self.learner.load_params(inner)
-        stream.adopt(fragment, merged, applied)
+        stream.adopt(fragment, start, applied)
         self.events.emit(
             "fragment_published",
             round=self.stats.round + 1,

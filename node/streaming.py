@@ -87,6 +87,20 @@ class FragmentCompressors:
     def encode(self, fragment: int, pseudo_gradient: torch.Tensor) -> bytes:
         return self._parts[fragment].encode(pseudo_gradient)
 
+    def round_start(self, base: torch.Tensor) -> torch.Tensor:
+        """The whole model's start: ``base`` minus every fragment's residual (what was
+        trained but not sent yet; merge.feedback.Compressor.round_start)."""
+        if not self.codec.error_feedback:
+            return base
+        start = base.clone()
+        for p, part in enumerate(self._parts):
+            self.layout.scatter(start, p, part.round_start(self.layout.gather(base, p)))
+        return start
+
+    def fragment_start(self, fragment: int, merged: torch.Tensor) -> torch.Tensor:
+        """Fragment ``fragment``'s next start from its merged params ``merged``."""
+        return self._parts[fragment].round_start(merged)
+
     def state_dict(self) -> dict[str, object]:
         """The format of Compressor.state_dict for the whole model (loadable weights_only)."""
         residual = torch.zeros(self.layout.numel if self.codec.error_feedback else 0)

@@ -11,7 +11,9 @@ import torch
 from merge.codecs import get_codec
 from node.config import JoinConfig
 from node.events import RecordingEventLog
+from node.publishing import FragmentStreams
 from node.runtime import Node
+from tests.node.test_runtime import offline_node
 from tests.node.test_training import _config as offline_config
 
 
@@ -65,3 +67,47 @@ def test_the_robust_windows_and_learner_floor_resume_with_the_replica(tmp_path: 
     resumed.resume()
     assert resumed.pipeline.state_dict() == saved.pipeline.state_dict()
     assert resumed.pipeline.learner_floor.recent_authors(8) == {saved.peer_id}
+
+
+def _capture_loads(node: Node) -> list[torch.Tensor]:
+    loaded: list[torch.Tensor] = []
+    load = node.learner.load_params
+    node.learner.load_params = lambda flat: (loaded.append(flat.clone()), load(flat))[1]  # type: ignore[method-assign]
+    return loaded
+
+
+def test_a_lossy_codec_starts_its_round_from_the_replica_minus_its_residual(
+    tmp_path: Path,
+) -> None:
+    """What the node trained but has not sent (its residual) stays applied to its own start,
+    so it does not relearn it and send it twice; the payload still encodes base - params."""
+    node = offline_node(tmp_path, codec="topk")
+    node.run_round()
+    residual = node.parts.publishing.error_feedback().residual.clone()
+    assert bool(residual.any())
+    replica = node.replica.params.clone()
+
+    loaded = _capture_loads(node)
+    node.run_round()
+
+    torch.testing.assert_close(loaded[0], replica - residual)
+    assert node.replica.num_applied == 2
+
+
+def test_a_fragment_adopts_its_merged_params_minus_its_residual(tmp_path: Path) -> None:
+    node = offline_node(tmp_path, codec="topk", fragments=2, inner_steps=2)
+    node.run_round()  # fragment 0 published after step 1, fragment 1 after step 2
+    layout, publishing = node.replica.layout, node.parts.publishing
+    assert layout is not None and isinstance(publishing, FragmentStreams)
+    assert publishing.stream is not None
+    residual = publishing.error_feedback().state_dict()["residual"]
+    assert isinstance(residual, torch.Tensor) and bool(residual.any())
+
+    for p in range(2):  # each fragment's next pseudo-gradient is taken from there
+        merged, _ = node.replica.fragment_params(p)
+        start = merged - layout.gather(residual, p)
+        torch.testing.assert_close(layout.gather(publishing.stream.base, p), start)
+    # fragment 1 was published after the last step: the learner holds its start
+    torch.testing.assert_close(
+        layout.gather(node.learner.params_vector(), 1), layout.gather(publishing.stream.base, 1)
+    )

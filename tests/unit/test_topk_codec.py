@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.wire import dp_bytes_per_step, own_start, swarm_bytes_per_step, wire_bytes
+from bench.wire import dp_bytes_per_step, swarm_bytes_per_step, wire_bytes
 from merge.codec_base import CodecError
 from merge.codecs import get_codec
 from merge.feedback import Compressor
@@ -178,9 +178,9 @@ def test_a_learner_started_from_its_residual_sends_its_whole_way_from_the_replic
     compressor.encode(torch.randn(numel, generator=torch.Generator().manual_seed(1)))
     base = torch.randn(numel, generator=torch.Generator().manual_seed(2))
 
-    start = own_start(base, compressor, True)
+    start = compressor.round_start(base)
     local = start - 0.1 * torch.randn(numel, generator=torch.Generator().manual_seed(3))
     sent = get_codec("topk").decode(compressor.encode(start - local), numel)
 
     assert torch.allclose(sent + compressor.residual, base - local, atol=1e-6)
-    assert own_start(base, compressor, False) is base
+    assert Compressor(get_codec("bf16"), numel).round_start(base) is base  # no residual
