@@ -218,7 +218,7 @@ theirs), reserved a slot with it again and merges the other home's updates withi
 (the homes dial at most 15 s apart; go-libp2p's autorelay would wait an hour)."""
 
 
-@pytest.mark.timeout(covering(4 * START_S, 2 * NAT_MERGE_S, 2 * SLOT_S, 5 * REFOUND_S))
+@pytest.mark.timeout(covering(4 * START_S, 2 * NAT_MERGE_S, 2 * SLOT_S, 6 * REFOUND_S))
 def test_homes_find_the_public_node_again_after_it_restarts_on_its_address(
     lab: NatLab, in_namespace: Launch
 ) -> None:
