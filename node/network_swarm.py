@@ -131,6 +131,8 @@ class NetworkSwarm:
             seconds=round(stats.seconds, 3),
             mb_per_s=round(stats.mb_per_s, 2),
             unannounced=stats.unannounced,
+            # which updates came in with it (bench.chaos counts them merged by this node)
+            applied_runs={a: seq_runs(seqs) for a, seqs in self._replica.applied.items()},
             **self._pipeline.window_sizes(),  # what it took over to judge updates by
         )
 
@@ -216,3 +218,14 @@ class NetworkSwarm:
     def fetched(self) -> tuple[int, int]:
         fetches = list(self.swarm.fetches)
         return len(fetches), sum(f.num_bytes for f in fetches)
+
+
+def seq_runs(seqs: list[int]) -> list[list[int]]:
+    """Sorted seqs as inclusive runs [first, last]: [1, 2, 3, 7] -> [[1, 3], [7, 7]]."""
+    runs: list[list[int]] = []
+    for seq in seqs:
+        if runs and seq == runs[-1][1] + 1:
+            runs[-1][1] = seq
+        else:
+            runs.append([seq, seq])
+    return runs
