@@ -134,11 +134,13 @@ class StartingSwarm:
                 logger.info("leaving before the swarm was entered")
             self._network.leave()
 
-    # ---- what the loop, the telemetry and the dashboard read: a node alone until entered ---
+    # ---- what the loop, the telemetry and the dashboard read: a node alone until built ------
 
     @property
     def _now(self) -> NetworkSwarm | OfflineSwarm:
-        return self._entered or self._offline
+        """The network once built: the first heartbeat, sent while entering, carries its
+        addresses (nothing is published before the state check, `wait_caught_up`)."""
+        return self._network or self._offline
 
     def alive_peers(self) -> list[Heartbeat]:
         return self._now.alive_peers()
