@@ -56,7 +56,7 @@ def test_kill_9_mid_round_loses_at_most_a_few_seconds_of_steps(
     assert (first_step["round"], first_step["step"]) == (1, last["step"] + 1)
 
 
-@pytest.mark.timeout(covering(START_S, 4 * ROUND_S))
+@pytest.mark.timeout(covering(START_S, 5 * ROUND_S))
 def test_a_restarted_node_trains_first_catches_up_beside_and_ends_with_its_peers_replica(
     launch: Callable[..., NodeProcess], tmp_path: Path
 ) -> None:
