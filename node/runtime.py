@@ -16,6 +16,7 @@ from node.app import compose
 from node.config import JoinConfig
 from node.events import EventLog
 from node.snapshot import NodeStatus
+from node.swarm_start import StartingSwarm
 
 if TYPE_CHECKING:
     from dht.swarm import Swarm
@@ -103,6 +104,12 @@ class Node:
         """Enter the swarm and catch up, waiting for both (nothing offline): listen, download
         the state, start gossip. `run` does all of it beside training instead."""
         self.parts.swarm.join(self._joined)
+
+    def build_swarm(self) -> Swarm | None:
+        """The network's swarm built now, not started (None offline): for tools that hook its
+        parts before `join_swarm` (bench.adversary). `run` builds it beside training."""
+        swarm = self.parts.swarm
+        return swarm.build() if isinstance(swarm, StartingSwarm) else None
 
     def _joined(self, announced_seq: int) -> None:
         # A node that rejoins with the same identity continues its seq numbers.

@@ -66,8 +66,15 @@ class StartingSwarm:
 
     # ---- starting ------------------------------------------------------------------------
 
+    def build(self) -> Swarm:
+        """The network's swarm built (hivemind imported, the bootstrap dialled), not started:
+        for tools that hook its parts before `join` (bench.adversary)."""
+        if self._network is None:
+            self._network = self._build()
+        return self._network.swarm
+
     def join(self, joined: Callable[[int], None]) -> None:
-        network = self._build()
+        network = self._network or self._build()
         self._network = network
         network.join(joined)
         self._entered = network
@@ -79,7 +86,7 @@ class StartingSwarm:
 
     def _prepare(self) -> None:
         try:
-            network = self._build()
+            network = self._network or self._build()
             with self._lock:
                 if self._left:
                     return
