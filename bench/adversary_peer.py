@@ -310,4 +310,6 @@ def build_node(peers: str, home: Path, run_args: list[str], sybils: list[Identit
         ["join", *run_args, "--peers", peers, "--host", "127.0.0.1", "--port", "0",
          "--identity", str(home / "id.key"), "--checkpoint-dir", str(home / "ckpt")]
     )  # fmt: skip
-    return Node(config_from_args(JoinConfig, args), RecordingEventLog())
+    node = Node(config_from_args(JoinConfig, args), RecordingEventLog())
+    node.build_swarm()  # its parts are hooked (AdversaryPeer) before it joins
+    return node

@@ -4,8 +4,9 @@ Per node slot (one slot is one machine; a restart is a new incarnation in the sa
 - allocated seconds: the measured window, whether the node was up or not;
 - compute seconds: inner-step time of its rounds inside the window (a round straddling an edge
   counts for its part inside);
-- merged seconds: compute of rounds whose update was merged by at least one other node, and by
-  all live others (those up when it was published and still up, never killed, at the end);
+- merged seconds: compute of rounds whose update was merged by at least one other node (or came
+  to it inside a state it downloaded), and by all live others (those up when it was published
+  and still up, never killed, at the end);
 - restarts, updates published and updates lost (never merged by any other node).
 Asynchronous nodes (`diloco-node join`) and synchronous workers (`bench.sync_baseline`) are
 accounted alike; for a synchronous worker, "merged" means its round's all-reduce committed, with
@@ -103,14 +104,30 @@ def inner_in_window(r: Round, t0: float, t1: float) -> float:
 
 
 def merged_by(slots: list[Slot]) -> dict[tuple[str, int], set[int]]:
-    """(author, seq) -> slots that merged it as a peer's update."""
+    """(author, seq) -> slots that merged it as a peer's update, or took it in with a state
+    they downloaded (a restarted node downloads the replica that holds it)."""
     found: dict[tuple[str, int], set[int]] = defaultdict(set)
     for slot in slots:
         for inc in slot.incarnations:
             for e in inc.events:
                 if e.get("event") == "update_merged" and e["author"] != inc.peer_id:
                     found[(e["author"], int(e["seq"]))].add(slot.node)
+                elif e.get("event") == "state_downloaded":
+                    for author, seq in downloaded(e, inc.peer_id):
+                        found[(author, seq)].add(slot.node)
     return found
+
+
+def downloaded(event: Event, own: str | None) -> list[tuple[str, int]]:
+    """Peers' update ids a `state_downloaded` event's state held (its `applied_runs`)."""
+    runs: dict[str, list[list[int]]] = event.get("applied_runs") or {}
+    return [
+        (author, seq)
+        for author, author_runs in runs.items()
+        if author != own
+        for first, last in author_runs
+        for seq in range(int(first), int(last) + 1)
+    ]
 
 
 def account(slots: list[Slot], t0: float, t1: float, *, synchronous: bool, window_s: float) -> dict:

@@ -18,7 +18,7 @@ from dashboard.models import Health, HistoryOut, NodeOut, SwarmOut
 from dashboard.settings import DashboardSettings
 from dashboard.sources import STALE_AFTER_POLLS, DataSource
 from dashboard.view import DEFAULT_PAGE_SIZE, swarm_out
-from dht.swarm_pages import MAX_PAGE_SIZE
+from dht.pages import MAX_PAGE_SIZE
 
 STATIC_DIR = Path(__file__).parent / "static"
 DOCS_ASSETS = "/docs-assets"

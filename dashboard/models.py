@@ -14,7 +14,7 @@ TimelineKind = Literal["joined", "left", "rejected", "info"]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(use_attribute_docstrings=True, frozen=True)
+    model_config = ConfigDict(use_attribute_docstrings=True, frozen=True, defer_build=True)
 
 
 class PeerOut(_Model):

@@ -25,7 +25,8 @@ from dashboard.models import (
     Totals,
 )
 from dht.heartbeat import STALENESS_BUCKETS, Heartbeat
-from dht.swarm_pages import MAX_PAGE_SIZE, Quantiles, page_bounds, summarize
+from dht.pages import MAX_PAGE_SIZE, page_bounds
+from dht.swarm_pages import Quantiles, summarize
 
 DEFAULT_PAGE_SIZE = 50
 MAX_REJECTION_ROWS = 50

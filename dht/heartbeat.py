@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import struct
+from collections.abc import Callable, Iterable
 from typing import Annotated
 
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
@@ -173,3 +174,11 @@ def _signed_body(blob: object, expected_peer_id: str) -> bytes:
     if not verify_signature(expected_peer_id, raw, signature):
         raise HeartbeatError("bad_signature", "heartbeat signature does not match its peer id")
     return raw
+
+
+def count_learners(alive: Iterable[Heartbeat], has_contributed: Callable[[str], bool]) -> int:
+    """Live peers that count as learners when an update is sized (its `learners`): not idle,
+    and with at least one update in this replica. A fresh key's heartbeat alone costs nothing
+    to forge; counting a thousand of them would shrink every honest update's share of a round
+    (an outer-step dilution by Sybils). A newcomer counts from its first applied update on."""
+    return sum(h.state != "idle" and has_contributed(h.peer_id) for h in alive)

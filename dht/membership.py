@@ -7,7 +7,7 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from dht.grouping_view import group_members
@@ -242,14 +242,6 @@ class Membership:
     def forget_after_s(self) -> float:
         """Longer than a heartbeat record lives in the DHT (3 periods), with a margin."""
         return 20 * self.config.heartbeat_period_s
-
-
-def count_learners(alive: Iterable[Heartbeat], has_contributed: Callable[[str], bool]) -> int:
-    """Live peers that count as learners when an update is sized (its `learners`): not idle,
-    and with at least one update in this replica. A fresh key's heartbeat alone costs nothing
-    to forge; counting a thousand of them would shrink every honest update's share of a round
-    (an outer-step dilution by Sybils). A newcomer counts from its first applied update on."""
-    return sum(h.state != "idle" and has_contributed(h.peer_id) for h in alive)
 
 
 class SeenSet:

@@ -90,6 +90,12 @@ class SwarmNetwork:
     # ---- start and stop ---------------------------------------------------------------------
 
     def start(self, timeout_s: float) -> None:
+        self.start_p2p(timeout_s)
+        self.fork_dht()
+        self.finish_start(timeout_s)
+
+    def start_p2p(self, timeout_s: float) -> None:
+        """The loop's thread, the orphan reaper and p2pd (any thread): `start`'s first part."""
         self._reaper.start()
         self._thread.start()
         try:
@@ -106,7 +112,17 @@ class SwarmNetwork:
             self._reaper.watch(pid)
         # The daemon's control socket, as hivemind's own client reaches it (dht.p2pd).
         self._control = DaemonConnector(self._p2p.daemon_listen_maddr)
+
+    def fork_dht(self) -> None:
+        """Fork the DHT's process, without waiting for it: from the main thread, at a moment
+        it holds no lock (a node calls it between inner steps). `start`'s second part."""
         self._dht = self._start_dht()
+
+    def finish_start(self, timeout_s: float) -> None:
+        """Wait until the DHT member is up (bootstrapped), then watch it and the paths (any
+        thread). `start`'s last part."""
+        assert self._dht is not None
+        self._dht.wait_until_ready(timeout_s)
         assert self._dht.pid is not None
         self._reaper.watch(self._dht.pid)
         self.call(self._watch_paths(), timeout_s)
@@ -202,6 +218,7 @@ class SwarmNetwork:
                 initial_peers=self.config.initial_peers or None,
                 p2p=self._p2p,
                 start=True,
+                await_ready=False,  # finish_start waits, off the thread that forked
                 client_mode=self.config.client_mode,
                 shutdown_timeout=3,
                 # a known member starts alone and dials its peers later (dht.bootstrap_rejoin)

@@ -19,12 +19,13 @@ from dht.messages import (
     parse_run_listing,
     parse_run_record,
 )
+from dht.pages import Page, page_bounds
 from dht.reaper import OrphanReaper
 from dht.records import OwnerValidator, subkey_owner
 from dht.shard_walk import walk_tree
 from dht.shards import ShardConfig, shard_key
 from dht.swarm_config import SwarmError
-from dht.swarm_pages import Page, SwarmSummary, page_bounds, summarize
+from dht.swarm_pages import SwarmSummary, summarize
 
 logger = logging.getLogger(__name__)
 MAX_LISTED_RUNS = 32

@@ -155,7 +155,21 @@ class Swarm:
 
         Gossip starts with start_gossip(), after an optional download_state().
         """
-        self.network.start(timeout_s)
+        self.start_p2p(timeout_s)
+        self.fork_dht()
+        return self.finish_start(timeout_s)
+
+    def start_p2p(self, timeout_s: float = 60.0) -> None:
+        """`start`'s first part, from any thread: p2pd."""
+        self.network.start_p2p(timeout_s)
+
+    def fork_dht(self) -> None:
+        """`start`'s second part: fork the DHT's process (main thread, holding no lock)."""
+        self.network.fork_dht()
+
+    def finish_start(self, timeout_s: float = 60.0) -> list[str]:
+        """`start`'s last part, from any thread: the DHT up, the run check, heartbeats."""
+        self.network.finish_start(timeout_s)
         self.on_event("startup_phase", name="p2pd")  # p2pd and the DHT's process
         self.network.call(self._register_handlers(), timeout_s)
         maddrs = self.network.read_visible_maddrs()

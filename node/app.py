@@ -18,14 +18,13 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from dashboard.embedded import DEFAULT_DASHBOARD_PORT, EmbeddedDashboard
 from dashboard.settings import StandaloneConfig
 from dht.known_peers import join_peers, remember_peers
-from dht.swarm import Swarm
 from merge.allowlist import AllowList
 from merge.codecs import get_codec
 from merge.identity import Identity
@@ -58,10 +57,15 @@ from node.round_size import RoundSizeConfig, RoundSizer
 from node.seq_ledger import SeqLedger
 from node.snapshot import NodeStatus
 from node.stats import NodeStats
-from node.swarm_link import NetworkSwarm, OfflineSwarm, SwarmLink
+from node.swarm_link import OfflineSwarm, SwarmLink
+from node.swarm_start import StartingSwarm
 from node.telemetry import Telemetry
 from node.tracking import tracked
 from node.trainer import Trainer
+
+if TYPE_CHECKING:  # hivemind: imported beside training (node.swarm_start)
+    from dht.swarm import Swarm
+    from node.network_swarm import NetworkSwarm
 
 logger = logging.getLogger(__name__)
 
@@ -95,14 +99,18 @@ class NodeParts:
     stats: NodeStats
     events: EventLog
     dashboard: EmbeddedDashboard | None
-    network: Swarm | None
-    """The network's swarm (None with --no-swarm); the rest of the node sees `swarm`."""
     swarm: SwarmLink
+    """The network's (a StartingSwarm), or an OfflineSwarm with --no-swarm."""
     telemetry: Telemetry
     publisher: Publisher
     publishing: RoundPublishing
     persistence: Persistence
     trainer: Trainer
+
+    @property
+    def network(self) -> Swarm | None:
+        """The network's swarm once built (None with --no-swarm, or before it is built)."""
+        return self.swarm.network if isinstance(self.swarm, StartingSwarm) else None
 
     def release(self) -> None:
         """Release the identity and checkpoint dir for another node."""
@@ -165,40 +173,14 @@ def _compose(config: JoinConfig, events: EventLog, locks: list[ResourceLock]) ->
     allowlist = AllowList.load(config.allow_keys) if config.allow_keys else None
     if allowlist is not None:  # a permissioned run: only listed keys contribute
         pipeline.admit = allowlist.allows
-    network = None
     swarm: SwarmLink = OfflineSwarm()
     if config.swarm:
-        swarm_config = build_swarm_config(
-            config, config, spec, replica.numel, preflight(config), run_settings
-        )
-        # The bootstrap, retried with backoff, then the peers this node knew last time; a
-        # known member that reaches none trains and dials them in the background.
-        peers = join_peers(
-            swarm_config.initial_peers, checkpoint_dir, known_member=has_checkpoint(checkpoint_dir)
-        )
-        swarm_config = replace(swarm_config, initial_peers=peers.now, rejoin_peers=peers.rejoin)
-        network = Swarm(
-            swarm_config,
-            identity,
-            replica,
-            pipeline,
-            heartbeat_fn=lambda: telemetry.heartbeat(),
-            on_merge=lambda result: telemetry.report_merge(result),
-            on_event=events.emit,
-        )
-        if allowlist is not None:  # shown under the file's organization
-            network.membership.admit = allowlist.allows
-            network.membership.org_of = allowlist.org_of
-        swarm = NetworkSwarm(
-            network,
-            peer_id=peer_id,
-            run_id=config.run_id,
-            run_settings=run_settings,
-            replica=replica,
-            pipeline=pipeline,
-            stats=stats,
-            events=events,
-        )
+        swarm = StartingSwarm(
+            lambda: _build_network(
+                config, spec, identity, checkpoint_dir, replica, pipeline, stats, events,
+                run_settings, allowlist, telemetry,
+            )
+        )  # fmt: skip
     codec = get_codec(config.codec)
     telemetry = Telemetry(
         config=config,
@@ -253,7 +235,7 @@ def _compose(config: JoinConfig, events: EventLog, locks: list[ResourceLock]) ->
         seq_ledger=seq_ledger,
         events=events,
         replica_changed=telemetry.record_replica,
-        saved=_peers_remembered(network, checkpoint_dir),
+        saved=_peers_remembered(swarm, checkpoint_dir),
     )
     val_batches = build_validation(config, spec, split)
     # The evaluation thread reports to the Trainer, built next (called once training runs).
@@ -291,7 +273,6 @@ def _compose(config: JoinConfig, events: EventLog, locks: list[ResourceLock]) ->
         stats=stats,
         events=events,
         dashboard=dashboard,
-        network=network,
         swarm=swarm,
         telemetry=telemetry,
         publisher=publisher,
@@ -357,14 +338,64 @@ def serve_dashboard(config: StandaloneConfig, events: EventLog, stop: threading.
     serve(config, events, stop)
 
 
-def _peers_remembered(network: Swarm | None, checkpoint_dir: Path) -> Callable[[], None]:
+def _peers_remembered(swarm: SwarmLink, checkpoint_dir: Path) -> Callable[[], None]:
     """After each checkpoint: the live peers, tried on restart if the bootstrap is gone
     (offline, nothing: decided here, once, like every part that differs offline)."""
-    if network is None:
+    if isinstance(swarm, OfflineSwarm):
         return lambda: None
-    swarm = network
+    link = swarm
 
     def remember() -> None:
-        remember_peers(checkpoint_dir, swarm.alive_peers())
+        remember_peers(checkpoint_dir, link.alive_peers())
 
     return remember
+
+
+def _build_network(
+    config: JoinConfig,
+    spec: RunSpec,
+    identity: Identity,
+    checkpoint_dir: Path,
+    replica: Replica,
+    pipeline: UpdatePipeline,
+    stats: NodeStats,
+    events: EventLog,
+    run_settings: dict[str, Any],
+    allowlist: AllowList | None,
+    telemetry: Telemetry,
+) -> NetworkSwarm:
+    """The network's swarm, built beside training (node.swarm_start): hivemind's imports, the
+    port, the bootstrap peers (retried with backoff, then the peers this node knew last time;
+    a known member that reaches none trains and dials them in the background)."""
+    from dht.swarm import Swarm  # hivemind: seconds of imports, off the training path
+    from node.network_swarm import NetworkSwarm
+
+    swarm_config = build_swarm_config(
+        config, config, spec, replica.numel, preflight(config), run_settings
+    )
+    peers = join_peers(
+        swarm_config.initial_peers, checkpoint_dir, known_member=has_checkpoint(checkpoint_dir)
+    )
+    swarm_config = replace(swarm_config, initial_peers=peers.now, rejoin_peers=peers.rejoin)
+    network = Swarm(
+        swarm_config,
+        identity,
+        replica,
+        pipeline,
+        heartbeat_fn=telemetry.heartbeat,
+        on_merge=telemetry.report_merge,
+        on_event=events.emit,
+    )
+    if allowlist is not None:  # shown under the file's organization
+        network.membership.admit = allowlist.allows
+        network.membership.org_of = allowlist.org_of
+    return NetworkSwarm(
+        network,
+        peer_id=identity.peer_id,
+        run_id=config.run_id,
+        run_settings=run_settings,
+        replica=replica,
+        pipeline=pipeline,
+        stats=stats,
+        events=events,
+    )

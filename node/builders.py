@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector
 
 from dht.addresses import listen_maddrs
-from dht.swarm import SwarmConfig
+from dht.swarm_config import SwarmConfig
 from merge.fragments import FragmentLayout
 from merge.outer import make_outer_optimizer
 from merge.pipeline import MergeConfig

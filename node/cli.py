@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import NoReturn
 
 from dht.addresses import parse_peer_maddr
-from dht.observer import SwarmObserver
 from dht.swarm_config import SwarmError
 from merge.identity import Identity
 from node.app import StandaloneConfig, build_events, serve_dashboard
@@ -27,7 +26,7 @@ from node.run_choice import SwarmRun, choose_run, run_id_given, swarm_run
 from node.runtime import Node
 from node.settings_cli import flag_value
 from node.signals import stop_on_signals
-from node.status import DEFAULT_PAGE_SIZE, page_size, print_status
+from node.status_args import DEFAULT_PAGE_SIZE, page_size
 
 logger = logging.getLogger(__name__)
 
@@ -224,6 +223,8 @@ def with_swarm_run(args: argparse.Namespace) -> argparse.Namespace:
 def discover_runs(peers: list[str]) -> list[SwarmRun]:
     """The runs with live peers in the swarm reached through `peers` ([] if unreachable:
     the join then says so itself, after its retries)."""
+    from dht.observer import SwarmObserver  # hivemind: not imported by a join with --run-id
+
     maddrs = [str(parse_peer_maddr(p)) for p in peers]
     try:
         with SwarmObserver(maddrs) as observer:
@@ -239,6 +240,9 @@ def discover_runs(peers: list[str]) -> list[SwarmRun]:
 
 
 def run_status(args: argparse.Namespace) -> int:
+    from dht.observer import SwarmObserver
+    from node.status import print_status  # both import hivemind: not on a join's start-up
+
     peers = [str(parse_peer_maddr(p)) for p in args.peers or local_peers()]
     with SwarmObserver(peers) as observer:
         run_ids = [args.run_id] if args.run_id is not None else observer.run_ids()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dht.heartbeat import Heartbeat
 from merge.pipeline import MergeResult
@@ -16,6 +16,10 @@ from node.app import compose
 from node.config import JoinConfig
 from node.events import EventLog
 from node.snapshot import NodeStatus
+from node.swarm_start import StartingSwarm
+
+if TYPE_CHECKING:
+    from dht.swarm import Swarm
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +48,7 @@ class Node:
             parts.seq_ledger,
             parts.run_settings,
         )
-        self.dashboard, self.swarm = parts.dashboard, parts.network
+        self.dashboard = parts.dashboard
         self.telemetry, self.trainer, self.persistence = (
             parts.telemetry,
             parts.trainer,
@@ -61,19 +65,18 @@ class Node:
             self.events.emit("checkpoint_moved", src=moved, path=str(self.checkpoint_dir))
         self.resume()
         self.events.emit("startup_phase", name="checkpoint_load")
-        dashboard: threading.Thread | None = None
+        dashboard = threading.Thread(target=self._start_dashboard, name="dashboard-start")
         try:
-            parts.swarm.enter()  # p2pd, the DHT to the first reachable peer, the run check
-            # Beside training, once its first inner step is in: nothing here waits for them.
-            dashboard = threading.Thread(target=self._start_dashboard, name="dashboard-start")
-            self.trainer.beside_training += [
-                lambda: parts.swarm.catch_up(self._joined),  # state check, then gossip
-                dashboard.start,
-            ]
+            # Beside training, once its first inner step is in: hivemind's imports, p2pd, the
+            # DHT (forked between two steps, then the dashboard's threads), the run check, the
+            # state check, gossip. The node trains on its checkpoint meanwhile.
+            self.trainer.beside_training.append(
+                lambda: parts.swarm.begin(self._joined, forked=dashboard.start)
+            )
             self.trainer.run()
         finally:
             self.stats.set_state("idle")
-            if dashboard is not None and dashboard.ident is not None:
+            if dashboard.ident is not None:
                 dashboard.join()  # bounded by the server's own start timeout
             if self.dashboard is not None:
                 self.dashboard.stop()
@@ -88,14 +91,25 @@ class Node:
     def request_stop(self) -> None:
         self.trainer.stop.set()
 
+    @property
+    def swarm(self) -> Swarm | None:
+        """The network's swarm once built (None with --no-swarm)."""
+        return self.parts.network
+
     def close(self) -> None:
         """Release the identity and checkpoint dir for another node (run() does it at exit)."""
         self.parts.release()
 
     def join_swarm(self) -> None:
         """Enter the swarm and catch up, waiting for both (nothing offline): listen, download
-        the state, start gossip. `run` does the catching up beside training instead."""
+        the state, start gossip. `run` does all of it beside training instead."""
         self.parts.swarm.join(self._joined)
+
+    def build_swarm(self) -> Swarm | None:
+        """The network's swarm built now, not started (None offline): for tools that hook its
+        parts before `join_swarm` (bench.adversary). `run` builds it beside training."""
+        swarm = self.parts.swarm
+        return swarm.build() if isinstance(swarm, StartingSwarm) else None
 
     def _joined(self, announced_seq: int) -> None:
         # A node that rejoins with the same identity continues its seq numbers.

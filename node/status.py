@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from typing import Any
 
@@ -11,23 +10,8 @@ from rich.table import Table
 
 from dht.observer import PeerStatus, SwarmSnapshot
 from dht.reachability import paths_label
-from dht.swarm_pages import MAX_PAGE_SIZE, Quantiles, SwarmSummary
-
-DEFAULT_PAGE_SIZE = 50
-"""Peers one `status` page shows; the totals above it cover the whole swarm."""
-PageRequest = tuple[int, int]
-"""(page number from 1, peers per page)."""
-
-
-def page_size(text: str) -> int:
-    """--page-size's type: 1 to MAX_PAGE_SIZE."""
-    try:
-        size = int(text)
-    except ValueError:
-        size = 0
-    if not 1 <= size <= MAX_PAGE_SIZE:
-        raise argparse.ArgumentTypeError(f"a page holds 1 to {MAX_PAGE_SIZE} peers, got {text!r}")
-    return size
+from dht.swarm_pages import Quantiles, SwarmSummary
+from node.status_args import DEFAULT_PAGE_SIZE, PageRequest
 
 
 def peer_row(peer: PeerStatus) -> dict[str, Any]:

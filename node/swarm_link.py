@@ -1,33 +1,22 @@
 """What the training loop needs of the swarm, with two kinds: the network and none at all.
 
-`NetworkSwarm` wraps `dht.swarm.Swarm`; `OfflineSwarm` is a node that trains alone (`join
---no-swarm`, benchmarks): it publishes nowhere and sees no peers. The composition root picks
-one, so nothing else asks whether there is a swarm.
+`node.swarm_start.StartingSwarm` is the network's swarm, started beside training (it wraps
+`node.network_swarm.NetworkSwarm` once that is up); `OfflineSwarm` is a node that trains alone
+(`join --no-swarm`, benchmarks): it publishes nowhere and sees no peers. The composition root
+picks one, so nothing else asks whether there is a swarm. Nothing here imports hivemind.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
-import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
-from dht.addresses import join_hint
 from dht.heartbeat import Heartbeat
-from dht.membership import count_learners
 from dht.reachability import PathKind
-from dht.swarm import RunMismatchError, Swarm
 from dht.transfer_progress import ProgressReport
 from merge.envelope import SignedUpdate
-from merge.pipeline import UpdatePipeline
-from merge.replica import Replica
-from node.events import EventLog
-from node.fingerprint import describe_differences, join_arguments
 from node.snapshot import PeerSighting
-from node.stats import NodeStats
-
-logger = logging.getLogger(__name__)
 
 DRAIN_TIMEOUT_S = 15.0
 """How long a stopping node waits for its own update to be announced and pushed to peers."""
@@ -37,19 +26,21 @@ class SwarmLink(Protocol):
     """The swarm as the training loop, the telemetry and the node's lifecycle see it."""
 
     def join(self, joined: Callable[[int], None]) -> None:
-        """Enter the swarm and catch up, waiting for both (`enter`, `catch_up`)."""
+        """Enter the swarm and catch up, waiting for both, on the calling (main) thread."""
 
-    def enter(self) -> None:
-        """Listen and bootstrap: p2pd, the DHT (to the first reachable peer), the run check
-        and the first heartbeat. What must be done before the node trains."""
+    def begin(self, joined: Callable[[int], None], forked: Callable[[], None]) -> None:
+        """Start entering the swarm beside training; returns at once. p2pd and the DHT's
+        bootstrap run in the background, the DHT's process forks at the next `step_boundary`,
+        then `forked()` runs, then the state check (download if a peer is ahead) and gossip;
+        `joined(announced_seq)` runs once the state is in, before gossip."""
 
-    def catch_up(self, joined: Callable[[int], None]) -> None:
-        """In the background: the state check (download if a peer is ahead), then gossip;
-        `joined(announced_seq)` runs once the state is in, before gossip. Returns at once."""
+    def step_boundary(self) -> None:
+        """Called by the training thread between inner steps, where it holds no lock: the one
+        moment the DHT's process may fork. Raises what made the start fail."""
 
     def wait_caught_up(self, stop: threading.Event) -> bool:
-        """Until `catch_up` has ended (at once if it was never started); False if `stop` came
-        first. Raises what made it fail."""
+        """Until the state check has ended (at once if `begin` never ran); False if `stop`
+        came first. Raises what made it fail."""
 
     def alive_peers(self) -> list[Heartbeat]: ...
 
@@ -90,11 +81,12 @@ class OfflineSwarm:
     def join(self, joined: Callable[[int], None]) -> None:
         """Nothing to join."""
 
-    def enter(self) -> None:
-        """Nothing to enter."""
+    def begin(self, joined: Callable[[int], None], forked: Callable[[], None]) -> None:
+        """Nothing to enter: what waits for the fork starts now."""
+        forked()
 
-    def catch_up(self, joined: Callable[[int], None]) -> None:
-        """Nobody to catch up with."""
+    def step_boundary(self) -> None:
+        """Nothing forks."""
 
     def wait_caught_up(self, stop: threading.Event) -> bool:
         return True
@@ -134,180 +126,6 @@ class OfflineSwarm:
 
     def fetched(self) -> tuple[int, int]:
         return 0, 0
-
-
-class NetworkSwarm:
-    """The node's side of `dht.swarm.Swarm`: joining, counting learners, lingering, leaving."""
-
-    def __init__(
-        self,
-        swarm: Swarm,
-        *,
-        peer_id: str,
-        run_id: str,
-        run_settings: dict[str, Any],
-        replica: Replica,
-        pipeline: UpdatePipeline,
-        stats: NodeStats,
-        events: EventLog,
-    ) -> None:
-        self.swarm = swarm
-        self._peer_id, self._run_id, self._run_settings = peer_id, run_id, run_settings
-        self._replica, self._pipeline = replica, pipeline
-        self._stats, self._events = stats, events
-        self._catching_up: threading.Thread | None = None
-        self._caught_up = threading.Event()
-        self._catch_up_error: BaseException | None = None
-
-    def join(self, joined: Callable[[int], None]) -> None:
-        self.enter()
-        self.catch_up(joined)
-        self.wait_caught_up(threading.Event())
-
-    def enter(self) -> None:
-        try:
-            maddrs = self.swarm.start()
-        except RunMismatchError as exc:
-            differences = describe_differences(exc.theirs, self._run_settings)
-            raise RunMismatchError(
-                f"run '{self._run_id}' in this swarm uses a different model or run "
-                f"configuration ({differences}); join with the command its nodes print, "
-                "or pick another --run-id"
-            ) from None
-        extra = join_arguments(self._run_settings)
-        self._events.emit(
-            "listening",
-            peer_id=self._peer_id,
-            maddrs=maddrs,
-            join_command=join_hint(maddrs, extra),
-        )
-        self.swarm.tell_reachability()
-
-    def catch_up(self, joined: Callable[[int], None]) -> None:
-        # After enter(): the DHT's process has forked, a thread of ours is safe now.
-        self._catching_up = threading.Thread(
-            target=self._catch_up, args=(joined,), name="catch-up", daemon=True
-        )
-        self._catching_up.start()
-
-    def _catch_up(self, joined: Callable[[int], None]) -> None:
-        try:
-            self._download_state()
-            joined(self.swarm.announced_seq())
-            self._events.emit("startup_phase", name="state_check")  # download, if ahead
-            self.swarm.start_gossip()
-        except BaseException as exc:  # raised to the training loop by wait_caught_up
-            self._catch_up_error = exc
-        finally:
-            self._caught_up.set()
-
-    def wait_caught_up(self, stop: threading.Event) -> bool:
-        if self._catching_up is None:
-            return True
-        while not self._caught_up.wait(0.2):
-            if stop.is_set():
-                return False
-        if self._catch_up_error is not None:
-            raise self._catch_up_error
-        return True
-
-    def _download_state(self) -> None:
-        stats = self.swarm.download_state()
-        if stats is None:
-            return
-        self._events.emit(
-            "state_downloaded",
-            peer_id=stats.peer_id,
-            num_applied=self._replica.num_applied,
-            megabytes=round(stats.num_bytes / 1e6, 3),
-            seconds=round(stats.seconds, 3),
-            mb_per_s=round(stats.mb_per_s, 2),
-            unannounced=stats.unannounced,
-            **self._pipeline.window_sizes(),  # what it took over to judge updates by
-        )
-
-    def alive_peers(self) -> list[Heartbeat]:
-        return self.swarm.alive_peers()
-
-    def live_learners(self) -> int:
-        """This node and its alive peers that learn (dht.membership.count_learners)."""
-        alive = self.swarm.alive_peers()
-        replica = self._replica
-        live = 1 + count_learners(alive, lambda peer_id: replica.last_seq(peer_id) >= 1)
-        # Peers whose updates are among the last few applied here learn, whether or not the
-        # last membership read found them: ~1,000 Sybil heartbeats make reads miss live peers,
-        # and a node that sized its updates as a lone learner then took whole outer steps.
-        idle = {h.peer_id for h in alive if h.state == "idle"}
-        with replica.lock:
-            recent = self._pipeline.learner_floor.recent_authors(max(8, 2 * live))
-        learning = {h.peer_id for h in alive if replica.last_seq(h.peer_id) >= 1} | recent
-        # Fresh keys count as one learner together (merge.learners.credited_learners).
-        return 1 + self._pipeline.credited_learners(learning - idle - {self._peer_id})
-
-    def publish(self, update: SignedUpdate) -> bool:
-        self.swarm.publish(update)
-        return True
-
-    def linger(self, seconds: float, until_done: bool, stop: threading.Event) -> None:
-        """Keep serving and merging for `seconds`, so peers still get our last update and we
-        get theirs; with `until_done`, only until every live peer has finished, its last
-        update is merged here and ours there."""
-        if not seconds:
-            return
-        self._stats.set_state("idle")
-        self._events.emit("lingering", seconds=seconds)
-        started = time.monotonic()
-        deadline = started + seconds
-        # A peer's heartbeat says idle one period after it published its last update at most.
-        settle_s = 2 * self.swarm.config.heartbeat_period_s
-        while not stop.wait(min(settle_s, max(deadline - time.monotonic(), 0.0))):
-            own = len(self._replica.applied.get(self._peer_id, ()))
-            swarm_done = until_done and peers_finished(
-                self.swarm.alive_peers(), self._replica.last_seq, self._peer_id, own
-            )
-            if swarm_done or time.monotonic() >= deadline:
-                break
-        self._events.emit("lingered", seconds=round(time.monotonic() - started, 2))
-
-    def leave(self) -> None:
-        if self._catching_up is not None and not self._caught_up.is_set():
-            logger.info("leaving before the state check ended")
-        left = self.swarm.drain(DRAIN_TIMEOUT_S)
-        if left:
-            logger.warning(
-                "%d own update(s) still being published after %.0f s; leaving without them",
-                left,
-                DRAIN_TIMEOUT_S,
-            )
-        self.swarm.shutdown()
-        if self._catching_up is not None:  # ends with the network, if it had not yet
-            self._catching_up.join(timeout=DRAIN_TIMEOUT_S)
-
-    def num_lost(self) -> int:
-        return self.swarm.num_lost
-
-    def paths(self) -> dict[PathKind, int]:
-        return self.swarm.paths
-
-    def rejections(self) -> dict[str, int]:
-        return dict(self.swarm.rejections)
-
-    def visible_maddrs(self) -> list[str]:
-        return self.swarm.visible_maddrs
-
-    def state_download(self) -> ProgressReport | None:
-        return self.swarm.state_download
-
-    def sightings(self, now: float) -> tuple[PeerSighting, ...]:
-        period, at = self.swarm.config.heartbeat_period_s, self.swarm.membership.judged_at()
-        return tuple(
-            PeerSighting(view.heartbeat, view.alive(period, at), now - view.last_seen)
-            for view in list(self.swarm.peers.values())
-        )
-
-    def fetched(self) -> tuple[int, int]:
-        fetches = list(self.swarm.fetches)
-        return len(fetches), sum(f.num_bytes for f in fetches)
 
 
 def peers_finished(

@@ -223,6 +223,7 @@ class Trainer:
         self.telemetry.report_round(report)
 
     def _on_step(self, step: StepStats) -> None:
+        self.swarm.step_boundary()  # a swarm starting beside training forks its DHT here
         at = step.step + self._step_offset
         if not self._stepped:  # the end of start-up: the first inner step of this process
             self._stepped = True

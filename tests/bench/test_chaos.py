@@ -52,7 +52,7 @@ def test_a_killed_node_loses_no_merged_update_and_contributes_again(tmp_path: Pa
     try:
         t0 = phase.start_all()
         nodes = [phase.current(n) for n in range(3)]
-        ids = [n.of("listening")[0]["peer_id"] for n in nodes]
+        ids = [n.of("started")[0]["peer_id"] for n in nodes]  # they train, then listen
         for child in nodes:
             for other in ids:
                 wait_merged(child, other)

@@ -64,3 +64,23 @@ def test_a_synchronous_round_counts_when_its_all_reduce_committed() -> None:
     assert figures["per_node"][0]["merged_any_s"] == 4.0
     assert figures["per_node"][0]["merged_all_s"] == 4.0
     assert figures["updates_lost"] == 1
+
+
+def test_an_update_inside_a_downloaded_state_counts_as_merged_by_the_downloader() -> None:
+    # A merged seqs 1 and 2 while B was down; B restarted and downloaded A's replica.
+    a = Slot(
+        0,
+        [
+            Incarnation(
+                [started(0, "A"), merged(4, "A", 1), round_done(4), merged(8, "A", 2)]
+                + [round_done(8)],
+                0.0,
+            )
+        ],
+    )
+    download = {"event": "state_downloaded", "time": 9, "applied_runs": {"A": [[1, 2]]}}
+    b = Slot(1, [Incarnation([started(9, "B"), download], 0.0)])
+    figures = account([a, b], 0.0, 10.0, synchronous=False, window_s=5.0)
+    node_a = figures["per_node"][0]
+    assert node_a["merged_any_s"] == node_a["compute_s"] == 7.0  # 3 s of round 1 in the window
+    assert figures["updates_lost"] == 0

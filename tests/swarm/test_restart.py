@@ -1,6 +1,6 @@
 """Restarts (issue 23): a node killed with -9 mid-round loses at most a few seconds of inner
-steps, and a restarted node trains before it evaluates or checks the swarm's state, then
-ends with its peer's replica."""
+steps, and a restarted node trains before it enters the swarm (p2pd, the DHT), evaluates or
+checks the swarm's state, then ends with its peer's replica."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_kill_9_mid_round_loses_at_most_a_few_seconds_of_steps(
     assert (first_step["round"], first_step["step"]) == (1, last["step"] + 1)
 
 
-@pytest.mark.timeout(covering(START_S, 4 * ROUND_S))
+@pytest.mark.timeout(covering(START_S, 5 * ROUND_S))
 def test_a_restarted_node_trains_first_catches_up_beside_and_ends_with_its_peers_replica(
     launch: Callable[..., NodeProcess], tmp_path: Path
 ) -> None:
@@ -73,6 +73,10 @@ def test_a_restarted_node_trains_first_catches_up_beside_and_ends_with_its_peers
     events = [e["event"] if e["event"] != "startup_phase" else e["name"] for e in restarted.events]
     first_step = events.index("first_batch")
     assert events.index("resumed") < first_step < events.index("evaluated")
+    restarted.wait_event("listening", ROUND_S)
+    events = [e["event"] if e["event"] != "startup_phase" else e["name"] for e in restarted.events]
+    # It trained before it imported hivemind, started p2pd or bootstrapped its DHT member.
+    assert first_step < events.index("p2pd") < events.index("listening")
     restarted.wait_for(lambda e: e.get("name") == "state_check", ROUND_S, "the state check")
     events = [e["event"] if e["event"] != "startup_phase" else e["name"] for e in restarted.events]
     assert first_step < events.index("state_check")  # it trained while it caught up

@@ -5,8 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dht.heartbeat import STATES, Heartbeat
-from dht.membership import count_learners
+from dht.heartbeat import STATES, Heartbeat, count_learners
 from merge.identity import Identity
 
 IDS = [Identity.generate().peer_id for _ in range(6)]

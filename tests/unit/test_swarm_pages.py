@@ -13,10 +13,11 @@ from hypothesis import strategies as st
 from dashboard.view import merged_everywhere
 from dht.grouping import GroupingPolicy, MembershipView
 from dht.heartbeat import Heartbeat
+from dht.pages import MAX_PAGE_SIZE, page_bounds
 from dht.records import owner_subkey
 from dht.shard_walk import SPLIT_VALUE, split_subkey, walk_tree
 from dht.shards import ShardConfig, ShardTree
-from dht.swarm_pages import MAX_PAGE_SIZE, Quantiles, page_bounds, summarize
+from dht.swarm_pages import Quantiles, summarize
 
 RUN = "run"
 BASE58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
