@@ -20,6 +20,7 @@ from pathlib import Path
 from hivemind import DHT
 
 from dht.reachability import RelayLimits, daemon_flags, tuned_p2p
+from dht.reaper import OrphanReaper
 
 logger = logging.getLogger(__name__)
 STARTUP_TIMEOUT_S = 30.0
@@ -59,13 +60,38 @@ def run_bootstrap(
         raise ValueError("a bootstrap relays only at a public address: pass --announce")
     if not Path(identity_path).is_file():
         raise ValueError(f"identity file {identity_path} does not exist (diloco-node keygen)")
+    peers = initial_peers or []
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="bootstrap", daemon=True)
     thread.start()
+    reaper = OrphanReaper()  # a bootstrap killed with -9 leaves no p2pd and DHT holding its key
+    reaper.start()
+    try:
+        return _serve(loop, reaper, stop, host_maddrs, announce, limits, peers, identity_path)
+    finally:
+        reaper.close()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=5)
+
+
+def _serve(
+    loop: asyncio.AbstractEventLoop,
+    reaper: OrphanReaper,
+    stop: threading.Event,
+    host_maddrs: list[str],
+    announce: list[str],
+    limits: RelayLimits,
+    peers: list[str],
+    identity_path: str,
+) -> list[str]:
     p2p = asyncio.run_coroutine_threadsafe(
-        _start_p2p(host_maddrs, announce, limits, initial_peers or [], identity_path), loop
+        _start_p2p(host_maddrs, announce, limits, peers, identity_path), loop
     ).result(STARTUP_TIMEOUT_S + 5)
-    dht = _start_dht(p2p, initial_peers or [])
+    daemon = getattr(p2p, "_child", None)  # hivemind keeps p2pd's Process private
+    if daemon is not None:
+        reaper.watch(daemon.pid)
+    dht = _start_dht(p2p, peers)
+    reaper.watch(dht.pid)
     try:
         maddrs = [str(m) for m in dht.get_visible_maddrs()]
         print("bootstrap and relay at " + " ".join(maddrs), flush=True)
@@ -74,8 +100,6 @@ def run_bootstrap(
     finally:
         dht.shutdown()
         asyncio.run_coroutine_threadsafe(p2p.shutdown(), loop).result(10)  # type: ignore[attr-defined]
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=5)
 
 
 def _start_dht(p2p: object, peers: list[str]) -> DHT:

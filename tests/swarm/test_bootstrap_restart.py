@@ -1,4 +1,5 @@
-"""A restarted `diloco-node bootstrap` keeps its address: the same peer id at the same port.
+"""A restarted `diloco-node bootstrap` keeps its address: the same peer id at the same port,
+after a Ctrl+C and after a kill -9.
 
 Before, it ran p2pd without a key file: every restart had a new peer id, and every
 `--peers .../p2p/OLD_ID` that volunteers had configured failed with "wrong peer id".
@@ -20,6 +21,8 @@ from tests.timeouts import EXIT_S, START_S, covering
 
 pytestmark = pytest.mark.swarm
 SAID = "bootstrap and relay at "
+REAPED_S = 15.0
+"""dht.reaper's watchdog ends p2pd and the DHT process of a killed bootstrap (~2.5 s idle)."""
 SERVE_S = 3.0
 """How long the first bootstrap serves: one stopped at once let its DHT process go even when
 that process ignored SIGTERM (below); one that served 3 s did not."""
@@ -65,7 +68,7 @@ def wait_address(child: ChildProcess, timeout_s: float) -> str:
         time.sleep(0.2)
 
 
-@pytest.mark.timeout(covering(START_S, SERVE_S, EXIT_S, GONE_S, START_S))
+@pytest.mark.timeout(covering(START_S, SERVE_S, EXIT_S, GONE_S, START_S, EXIT_S, REAPED_S, START_S))
 def test_a_restarted_bootstrap_has_the_same_address(
     tmp_path: Path, children: list[ChildProcess]
 ) -> None:
@@ -88,3 +91,10 @@ def test_a_restarted_bootstrap_has_the_same_address(
     assert wait_address(again, START_S) == address, again.stderr_tail()
     key = tmp_path / ".diloco" / "bootstrap.key"
     assert any(f"identity {key} (kept across restarts)" in line for line in again.stderr)
+
+    again.kill()  # kill -9 of the bootstrap alone (the OOM killer): its watchdog reaps the rest
+    again.wait_exit(EXIT_S)
+    assert not again.leftover_processes(timeout_s=REAPED_S), again.stderr_tail()
+    third = start_bootstrap(tmp_path, port, "bootstrap-third")
+    children.append(third)
+    assert wait_address(third, START_S) == address, third.stderr_tail()
