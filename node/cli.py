@@ -21,6 +21,7 @@ from node.distributed import torchrun_rank
 from node.events import EventLog, JsonEventLog, configure_logging
 from node.export import export_checkpoint
 from node.local_nodes import find_local_nodes, nodes_dir
+from node.locks import ResourceLock, lock_identity
 from node.multigpu import run_multiprocess_join
 from node.run_choice import SwarmRun, choose_run, run_id_given, swarm_run
 from node.runtime import Node
@@ -141,6 +142,11 @@ def run_doctor(args: argparse.Namespace) -> int:
     return 0 if verdict.ok else 1
 
 
+DEFAULT_BOOTSTRAP_IDENTITY = str(Path(DEFAULT_IDENTITY).with_name("bootstrap.key"))
+"""`diloco-node bootstrap`'s key: not join's identity.key, so a bootstrap and a training node
+on one machine are two peers."""
+
+
 def add_bootstrap_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     boot = commands.add_parser(
         "bootstrap", help="serve the DHT and relay for peers behind NAT, without training"
@@ -155,6 +161,13 @@ def add_bootstrap_command(commands: argparse._SubParsersAction) -> None:  # type
         help="this machine's public address",
     )
     boot.add_argument("--peers", nargs="*", default=[], metavar="MADDR", help="other bootstraps")
+    boot.add_argument(
+        "--identity",
+        default=None,
+        metavar="PATH",
+        help="key file that keeps this bootstrap's peer id across restarts, created if missing "
+        f"(default: {DEFAULT_BOOTSTRAP_IDENTITY}, or the first free bootstrap-N.key beside it)",
+    )
     boot.add_argument("--relay-max-circuits", type=int, default=16, help="as join's")
     boot.add_argument("--relay-max-mb", type=float, default=1024.0, help="as join's")
     boot.add_argument("--relay-max-duration", type=float, default=1200.0, help="as join's")
@@ -173,12 +186,41 @@ def run_bootstrap_command(args: argparse.Namespace) -> int:
     )
     announce = [str(parse_announce_maddr(a)) for a in args.announce]
     peers = [str(parse_peer_maddr(p)) for p in args.peers]
-    stop = threading.Event()
-    with stop_on_signals(stop.set):
-        run_bootstrap(
-            listen_maddrs(args.host, args.port), announce, limits, stop, initial_peers=peers
-        )
+    path, lock = bootstrap_identity(args.identity)
+    try:
+        identity, created = Identity.load_or_create(path)
+        kept = "created" if created else "kept across restarts"
+        print(f"identity {path} ({kept}): peer id {identity.peer_id}", flush=True)
+        stop = threading.Event()
+        with stop_on_signals(stop.set):
+            run_bootstrap(
+                listen_maddrs(args.host, args.port),
+                announce,
+                limits,
+                stop,
+                identity_path=str(path),
+                initial_peers=peers,
+            )
+    finally:
+        lock.release()
     return 0
+
+
+def bootstrap_identity(flag: str | None) -> tuple[Path, ResourceLock]:
+    """The key file a bootstrap runs as, locked against another process on this machine.
+
+    --identity held by another process is an error naming the flag; the default held by
+    another bootstrap moves this one to the first free `bootstrap-N.key` beside it (join's
+    rule, node.locks.lock_identity), which it takes again whenever it is free."""
+    wanted = Path(flag or DEFAULT_BOOTSTRAP_IDENTITY).expanduser()
+    path, lock = lock_identity(wanted, is_default=flag is None)
+    if path != wanted:
+        print(
+            f"diloco-node: warning: identity {wanted} is in use by another bootstrap on this "
+            f"machine; this one runs as {path}",
+            file=sys.stderr,
+        )
+    return path, lock
 
 
 def run_join(args: argparse.Namespace) -> int:
