@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -103,13 +104,14 @@ def run_bed(megabytes: float, num_streams: int, log_dir: Path) -> dict[str, Any]
     with NatLab(down_mbit=None, up_mbit=None) as lab:
         address = f"/ip4/{lab.public_address(0)}/tcp/{PORT}"
         argv = python_module("node", "bootstrap", "--port", str(PORT), "--announce", address)
-        boot = ChildProcess("boot", argv, home=Path("/tmp"), prefix=lab.prefix(lab.public(0)))
+        homes = Path(tempfile.mkdtemp(prefix="relay-probe-"))  # one HOME each: reaped apart
+        boot = ChildProcess("boot", argv, home=homes / "boot", prefix=lab.prefix(lab.public(0)))
         children = [boot.start()]
         try:
             relay = _wait_line(boot, f"{address}/p2p/")
             me = python_module("bench.relay_probe")
             recv = ChildProcess(
-                "recv", [*me, "receive", relay], home=Path("/tmp"), prefix=lab.prefix(lab.host(1))
+                "recv", [*me, "receive", relay], home=homes / "recv", prefix=lab.prefix(lab.host(1))
             )
             children.append(recv.start())
             ready = recv.wait_for(lambda e: "circuits" in e, 90, "a relayed address")
@@ -117,7 +119,7 @@ def run_bed(megabytes: float, num_streams: int, log_dir: Path) -> dict[str, Any]
                 "send",
                 [*me, "send", relay, ready["peer_id"], f"{relay}/p2p-circuit",
                  str(int(megabytes * 1e6)), str(num_streams)],
-                home=Path("/tmp"), prefix=lab.prefix(lab.host(0)),
+                home=homes / "send", prefix=lab.prefix(lab.host(0)),
             )  # fmt: skip
             children.append(snd.start())
             snd.wait_exit(60 + 30 * num_streams)

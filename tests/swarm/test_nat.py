@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -91,7 +92,8 @@ def started_bootstrap(
     address = f"/ip4/{lab.public_address(i)}/tcp/{PUBLIC_PORT}"
     argv = python_module("node", "bootstrap", "--port", str(PUBLIC_PORT), "--announce", address)
     prefix = lab.prefix(lab.public(i))
-    child = ChildProcess(f"bootstrap{i}", [*argv, *args], home=Path("/tmp"), prefix=prefix)
+    home = Path(tempfile.mkdtemp(prefix=f"natboot{i}-"))  # its own key, and reaped alone
+    child = ChildProcess(f"bootstrap{i}", [*argv, *args], home=home, prefix=prefix)
     launch_child(child)
     deadline = time.monotonic() + START_S
     while True:  # it prints "bootstrap and relay at MADDR ..." on stdout
