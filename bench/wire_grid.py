@@ -62,6 +62,7 @@ def train_cell(config: WireConfig, codec: str, learners: int, h: int) -> dict:
         "rounds": cell.train_rounds,
         "val_loss": trained.curve[cell.train_rounds],
         "robust_clipped": trained.robust,
+        "val_loss_unlagged": trained.val_loss_unlagged,
         "train_seconds": round(trained.seconds, 1),
     }
 
@@ -80,6 +81,7 @@ def run_grid(config: WireConfig, codecs: list[str], numel: int) -> dict:
             row = {
                 **r,
                 "val_loss_ratio_vs_bf16": round(r["val_loss"] / bf16_loss[cell], 5),
+                "unlagged_ratio_vs_bf16": round(r["val_loss_unlagged"] / bf16_loss[cell], 5),
                 "bytes_ratio_vs_dp": bytes_ratio(r["codec"], numel, *cell),
                 "bytes_ratio_vs_dp_at_reference": reference[r["codec"]],
             }
@@ -100,9 +102,11 @@ def describe(row: dict, config: WireConfig) -> str:
     return (
         f"{row['codec']:>6} M={row['learners']} H={row['inner_steps']:>3} "
         f"rounds={row['rounds']:>2}: val loss {row['val_loss']:.4f} "
-        f"({row['val_loss_ratio_vs_bf16']:.4f} of bf16), {row['bytes_ratio_vs_dp']}x less "
+        f"({row['val_loss_ratio_vs_bf16']:.4f} of bf16; {row['unlagged_ratio_vs_bf16']:.4f} with "
+        f"the residuals in), {row['bytes_ratio_vs_dp']}x less "
         f"than DP here, {row['bytes_ratio_vs_dp_at_reference']}x at M={config.learners} "
-        f"H={config.inner_steps} ({row['train_seconds']} s)"
+        f"H={config.inner_steps}, robust verdicts {row['robust_clipped']} "
+        f"({row['train_seconds']} s)"
     )
 
 

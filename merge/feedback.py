@@ -24,6 +24,15 @@ ended 1.026x bf16's validation loss with 0.9, 0.994x with 0.5 (1.015x with 0, ou
 its residual's norm was 4-5x a round's pseudo-gradient, int8's and int4's a few percent."""
 
 
+RESTART_FROM_REPLICA = frozenset({"sparse"})
+"""Codecs whose learners start each round from the replica itself, not from the replica minus
+their residual (Compressor.round_start). bench.wire (tiny, M = 4, H = 25, 12 rounds, equal
+tokens): sparse (2.9 % density, outer momentum 0.5) ended 1.263x bf16's validation loss when
+started from replica - residual, 1.167x from the replica: so little is sent a round that the
+residual holds most of the progress, and relearning it is what moves the replica soon enough.
+topk (9.4 %) gains from the new start (docs/codecs.md)."""
+
+
 def default_outer_momentum(codec: str) -> float:
     """The outer momentum a run with ``codec`` uses unless --outer-momentum says otherwise."""
     return OUTER_MOMENTUM_BY_CODEC.get(codec, DEFAULT_OUTER_MOMENTUM)
@@ -44,8 +53,9 @@ class Compressor:
         the next payload encodes, is exactly ``base`` - the learner's params: its whole way
         from the replica, sent once. Started from ``base`` itself, a learner relearns part of
         its residual in the round's steps and sends it twice (bench.wire at M = 4, H = 25:
-        docs/codecs.md). ``base`` itself for a codec without error feedback."""
-        if self.residual.numel() == 0:
+        docs/codecs.md). ``base`` itself for a codec without error feedback and for those in
+        RESTART_FROM_REPLICA."""
+        if self.residual.numel() == 0 or self.codec.name in RESTART_FROM_REPLICA:
             return base
         return base - self.residual
 

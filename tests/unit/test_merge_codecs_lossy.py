@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from merge.codec_base import CodecError
 from merge.codecs import CODECS, get_codec
-from merge.feedback import Compressor
+from merge.feedback import RESTART_FROM_REPLICA, Compressor
 from merge.quantize import Int4Codec, Int8Codec
 from merge.sparse import SparseTopKCodec
 
@@ -104,6 +104,44 @@ def test_error_feedback_conserves_mass(
 
     tolerance = 1e-5 * scale * len(seeds)
     assert torch.allclose(sent + compressor.residual.double(), put_in, rtol=0, atol=tolerance)
+
+
+@pytest.mark.parametrize("name", [c for c in LOSSY if c not in RESTART_FROM_REPLICA])
+@FAST
+@given(
+    numel=st.integers(1, 9000),
+    seeds=st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=5),
+    scale=st.floats(1e-6, 1e3),
+)
+def test_a_learner_started_from_its_residual_sends_its_whole_way_from_the_replica(
+    name: str, numel: int, seeds: list[int], scale: float
+) -> None:
+    """Each round starts at replica - residual (Compressor.round_start): the round's payload
+    plus the residual it leaves is exactly its way from the replica, replica - params, so
+    nothing it trained is counted twice and nothing is dropped."""
+    codec = get_codec(name)
+    compressor = Compressor(codec, numel)
+
+    for seed in seeds:
+        noise = torch.randn(2, numel, generator=torch.Generator().manual_seed(seed)) * scale
+        replica = noise[0]
+        start = compressor.round_start(replica)
+        local = start - noise[1]  # where the round's inner steps took the learner
+        sent = codec.decode(compressor.encode(start - local), numel)
+
+        assert torch.allclose(
+            sent.double() + compressor.residual.double(),
+            (replica - local).double(),
+            rtol=0,
+            atol=1e-5 * scale * (1 + len(seeds)),
+        )
+
+
+def test_a_sparse_learner_restarts_from_the_replica() -> None:
+    compressor = Compressor(get_codec("sparse"), 5000)
+    compressor.encode(torch.randn(5000, generator=torch.Generator().manual_seed(0)))
+    replica = torch.randn(5000)
+    assert bool(compressor.residual.any()) and compressor.round_start(replica) is replica
 
 
 def test_error_feedback_sends_what_one_round_dropped_in_the_next() -> None:
