@@ -184,11 +184,12 @@ class ContributionLedger:
 
     def individually_counted(self) -> Callable[[str], bool]:
         """Whether an author's learner claim votes on its own (merge.learners) rather than in
-        the fresh cohort: established, or, while no author is, credited one whole update's
-        worth of record (a key claiming far more learners than are seen earns it slowly).
+        the fresh cohort: established or a founder, or, while no author is established,
+        credited one whole update's worth of record (a key claiming far more learners than
+        are seen earns it slowly).
         One predicate for one decision: whether anyone is established is looked up once."""
         if self.any_established():
-            return self.is_established
+            return lambda author: self.is_established(author) or self.is_founder(author)
         return self.has_substance
 
     def has_substance(self, author: str) -> bool:
@@ -201,18 +202,25 @@ class ContributionLedger:
 
     def in_cohort(self, author: str) -> bool:
         """Whether the author's updates count against the fresh cohort's budget: some author
-        is established and this one is not, and is no founder. A founder (its first update
-        credited within the swarm's first `min_tenure` rounds, before anyone could be
-        established, and a whole update's substance since) keeps its own `fresh_share` cap
-        until it is established: founders reach their record and tenure a few updates apart,
-        and which of them was established first (the others cut to shares of the cohort's
-        budget, beside any newcomer) followed the order their updates came in (bench.scale
-        drift). A key of zeros from the swarm's first update on has no substance: pooled."""
+        is established and this one is not, and is no founder (`is_founder`)."""
         if not self.any_established() or self.is_established(author):
             return False
-        account = self._accounts.get(author)
-        founder = account is not None and account.since < self.config.min_tenure
-        return not (founder and self.has_substance(author))
+        return not self.is_founder(author)
+
+    def is_founder(self, author: str) -> bool:
+        """Not established yet, its first update credited within the swarm's first
+        `min_tenure` rounds (before anyone could be established), a whole update's substance
+        since, and present for less than twice `min_tenure`: it keeps its own `fresh_share`
+        cap and its vote on the learner floor while its co-founders are established. Founders
+        reach their record and tenure a few updates apart, and which of them was established
+        first (the others then cut to shares of the cohort's budget, and their claims off the
+        floor) followed the order their updates came in (bench.scale drift). A key of zeros
+        from the swarm's first update on has no substance: it is pooled."""
+        account = self._accounts.get(author) if author != FRESH else None
+        if account is None or self.is_established(author):
+            return False
+        tenure, bound = account.tenure(self._total), self.config.min_tenure
+        return account.since < bound and tenure < 2 * bound and account.record >= 1.0
 
     def allowance(self, author: str, learners: int, created_at: float | None = None) -> float:
         """The share in [0, 1] of an update sized by `learners` and signed at `created_at`

@@ -50,14 +50,16 @@ def delta(author: int, seq: int) -> torch.Tensor:
 def swarm(rng: random.Random, joins_s: float, stranger_period_s: float) -> list[SignedUpdate]:
     """Every author's updates, in the order they were signed. Each publishes every ~10 s
     (its own pace within 20 %) and claims the learners it sees live: the founders, and the
-    newcomer from `joins_s`. The stranger's key claims as many, every `stranger_period_s`."""
+    newcomer from `joins_s` (each sees it up to 15 s later). The stranger's key claims as
+    many, every `stranger_period_s`."""
     signed: list[tuple[float, int, int, int]] = []
     for author in (*FOUNDERS, NEWCOMER, STRANGER):
         period = stranger_period_s if author == STRANGER else rng.uniform(9.0, 11.0)
         t = (joins_s if author == NEWCOMER else 0.0) + rng.uniform(0.5, 1.0) * period
+        sees_newcomer_s = joins_s + rng.uniform(0.0, 15.0)  # each in its own time
         seq = 0
         while t < END_S:
-            learners = len(FOUNDERS) + (t >= joins_s)
+            learners = len(FOUNDERS) + (t >= sees_newcomer_s)
             signed.append((t, author, seq, learners))
             t, seq = t + period * rng.uniform(0.9, 1.1), seq + 1
     signed.sort()

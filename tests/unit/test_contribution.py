@@ -313,3 +313,28 @@ def test_an_author_of_zeros_loads_its_budget_without_record_and_its_state_still_
     restored.load_state_dict(saved)
     assert restored.state_dict() == saved
     assert restored.record("zeros") == 0.0
+
+
+def test_founders_keep_their_own_budgets_and_a_key_of_zeros_from_the_start_is_pooled() -> None:
+    """Once the first author is established, the others are fresh, but a founder (credited
+    from the swarm's first rounds, with substance) is not pooled in the fresh cohort and keeps
+    its vote on the learner floor: which founder was established first follows the arrival
+    order (bench.scale: one update sized by 4 learners on two replicas, 3 on two others). A
+    key of zeros there from the first update on (no record: no substance) is pooled, and so
+    is a newcomer."""
+    ledger = ContributionLedger()
+    ledger.applied("carol", M, 1.0, evidence=0.0)  # carol's first update earned no record
+    ledger.applied("zeros", M, 1.0, evidence=0.0)
+    while not ledger.any_established():
+        for author in HONEST:
+            ledger.applied(author, M, ledger.allowance(author, M))
+            if ledger.any_established():
+                break
+        ledger.applied("zeros", M, ledger.allowance("zeros", M), evidence=0.0)
+    assert not ledger.is_established("carol")  # a record of one update fewer
+    assert not ledger.in_cohort("carol") and ledger.allowance("carol", M) == 1.0
+    counted = ledger.individually_counted()  # a vote of its own on the learner floor
+    assert counted("carol") and not counted("zeros")
+    assert ledger.in_cohort("zeros")
+    round_robin(ledger, 8)
+    assert flood(ledger, "newcomer", 1) == 1.0 and ledger.in_cohort("newcomer")
