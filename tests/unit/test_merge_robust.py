@@ -190,10 +190,14 @@ def test_bad_robust_settings_are_refused(bad: dict[str, object]) -> None:
         RobustConfig(**bad)  # type: ignore[arg-type]
 
 
+ENTRY = st.floats(-1e3, 1e3).filter(lambda x: x == 0 or abs(x) >= 1e-100)
+"""An update's or momentum's entry: products of two stay normal floats (a subnormal dot, of
+entries near 1e-309, keeps too few digits for two summation orders to agree to 1e-9)."""
+
+
 @settings(max_examples=60, deadline=None)
 @given(
-    st.lists(st.tuples(st.floats(-1e3, 1e3), st.floats(-1e3, 1e3), st.floats(-1e3, 1e3)),
-             min_size=1, max_size=16),
+    st.lists(st.tuples(ENTRY, ENTRY, ENTRY), min_size=1, max_size=16),
     st.floats(-1.0, 0.5),
 )  # fmt: skip
 def test_judging_against_the_momentum_parts_is_judging_against_their_sum(
