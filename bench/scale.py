@@ -155,11 +155,13 @@ def _measure(slots: list[Slot], args: argparse.Namespace) -> dict[str, Any]:
         return peers or bootstrap
 
     def last_stop() -> float | None:
-        """When the last live node stopped training; None while one still trains."""
+        """When the last live node stopped training (it lingers, or it stopped); None while
+        one still trains. A lingering node says `stopped` only when it exits, after its
+        linger: by then its heartbeats are gone."""
         stops = []
         for slot in slots:
             if slot.current.alive():
-                stopped = slot.current.of("stopped")
+                stopped = slot.current.of("lingering") or slot.current.of("stopped")
                 if not stopped:
                     return None
                 stops.append(float(stopped[-1]["time"]))
@@ -219,6 +221,8 @@ class Sampler(BackgroundSampler):
         self._slots = slots
         self._observer = SwarmObserver(peers)
         self.samples: list[tuple[float, list[Any]]] = []
+        self.converged_beats: list[Any] | None = None
+        """The heartbeats that showed every live replica with one applied set."""
         self.rss: dict[str, int] = {}
 
     def close(self) -> None:
@@ -253,6 +257,7 @@ class Sampler(BackgroundSampler):
             at, beats = self.samples[-1]
             settled = at > stopped + 2 and all(h.state == "idle" for h in beats)
             if settled and len(beats) == len(self._slots) and _agree(beats):
+                self.converged_beats = beats
                 return round(at - stopped, 1)
         return None
 
@@ -281,7 +286,9 @@ def _figures(
         if rounds:
             per_round.append(received / rounds)
     fetched = [e["megabytes"] for e in events if e.get("event") == "update_fetched"]
-    last_beats = sampler.samples[-1][1] if sampler.samples else []
+    last_beats = sampler.converged_beats or next(
+        (beats for _, beats in reversed(sampler.samples) if beats), []
+    )  # the nodes have exited by the end: their last heartbeats while they lingered
     rss = [v / 1e6 for v in sampler.rss.values()]
     mb_per_round = statistics.mean(per_round) if per_round else 0.0
     return {
