@@ -40,7 +40,7 @@ from merge.outer import OuterConfig
 from merge.rejections import RejectionLog
 from merge.replica import Replica, parse_applied
 from merge.result import MergeResult
-from merge.robust import RobustConfig, RobustFilter, Verdict, substance
+from merge.robust import RobustConfig, RobustFilter, Verdict, round_share, substance
 from merge.weighting import StalenessConfig, TokenWeightConfig, staleness_weight, token_weight
 
 logger = logging.getLogger(__name__)
@@ -330,13 +330,14 @@ class UpdatePipeline:
             # removes is the update's contribution (clipped, recentered or zeroed).
             weight *= self._robust_scale(header, verdict)
             allowance = self._allowance(header, learners)
-            # Stepped by the share let through and its substance: a zero update takes no share
-            # of the outer round (a flood of zeros let through at the budget's rate folded the
-            # momentum several times per honest update: bench.attack zero_flood 1.4-2.7x).
-            # Progress (what staleness counts) likewise: it does not make honest rounds stale.
+            # Stepped by the share let through, and none for zeros (robust.round_share: a flood
+            # of zeros let through at the budget's rate folded the momentum several times per
+            # honest update: bench.attack zero_flood 1.4-2.7x); a short honest round keeps its
+            # whole share. Progress (what staleness counts) by its substance: a flood of zeros
+            # does not make honest rounds stale.
             worth = substance(verdict)
-            limit = self.config.max_learners
-            stepped, weight = budgeted(learners, weight, allowance * worth, limit)
+            share = allowance * round_share(verdict)
+            stepped, weight = budgeted(learners, weight, share, self.config.max_learners)
             clipped = robust.clipped(corrected.pseudo_gradient, direction, verdict)
             norm = norm if clipped is corrected.pseudo_gradient else None
             self.replica.apply(

@@ -300,6 +300,26 @@ SUBSTANTIAL = 0.5
 whole update's substance; honest norms stay within ~2x of the median."""
 
 
+SPECK = 0.05
+"""An update let through at less than this share of the reference norm is a speck: it takes
+that little of the outer round (`round_share`). An honest round of few steps (a learner three
+times slower than the rest: ~1/3 of the median norm) is far above it and keeps its whole
+share, its weight already counting its tokens."""
+
+
+def round_share(verdict: Verdict) -> float:
+    """The share of its outer round an applied update may take, in [0, 1]: 0 for zeros (a
+    flood of valid zero updates let through at the budget's rate would otherwise fold the
+    momentum several times per honest update), in proportion below SPECK x the reference
+    norm, 1 above it and without a reference."""
+    if verdict.reason == "against_momentum" or verdict.norm == 0:
+        return 0.0
+    if not verdict.median_norm:
+        return 1.0
+    ratio = verdict.norm * verdict.scale / verdict.median_norm / SPECK
+    return min(1.0, max(0.0, ratio))
+
+
 def substance(verdict: Verdict) -> float:
     """How much of an honest-sized update the applied one is, in [0, 1]: its norm as let
     through (clipped) over SUBSTANTIAL x the reference norm; 0 when zeroed or all zero; 1

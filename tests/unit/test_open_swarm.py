@@ -345,3 +345,18 @@ def test_zero_updates_take_no_share_of_the_outer_round() -> None:
             result = attacked.submit(update(MALLORY, 40 * (seq - 12) + i, torch.zeros(NUMEL)))
             assert result.accepted and result.weight == 0.0
     assert torch.equal(clean.replica.params, attacked.replica.params)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.floats(0.2, 1.0))
+def test_a_short_honest_round_keeps_its_whole_share_of_the_outer_round(fraction: float) -> None:
+    """A learner three times slower sends a round of a third of the steps: a smaller norm, but
+    no speck. It is weighed by its header (tokens, staleness) exactly as a whole round is, and
+    steps as much of the outer round (zeros take none: the test above)."""
+    whole, short = established(), established()
+    delta = honest_delta(0, 12)
+    full = whole.submit(update(HONEST[0], 12, delta))
+    part = short.submit(update(HONEST[0], 12, fraction * delta))
+    assert full.accepted and part.accepted
+    assert part.weight == full.weight > 0
+    assert part.learners == full.learners
