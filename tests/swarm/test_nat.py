@@ -86,6 +86,19 @@ def bootstrap(
     return started_bootstrap(lab, launch_child, i, *args)[1]
 
 
+def start_homes(lab: NatLab, in_namespace: Launch, maddr: str) -> list[ChildProcess]:
+    """A node behind each NAT (cone, then symmetric), joined through `maddr` with
+    --auto-relay, each listening."""
+    homes = [
+        in_namespace(lab.host(r), *RUN, "--port", "0", "--auto-relay", "--peers", maddr,
+                     name=f"home{r}")
+        for r in (0, 1)
+    ]  # fmt: skip
+    for node in homes:
+        node.wait_listening(START_S)
+    return homes
+
+
 def started_bootstrap(
     lab: NatLab, launch_child: Callable[[ChildProcess], ChildProcess], i: int = 0, *args: str
 ) -> tuple[ChildProcess, str]:
@@ -109,14 +122,8 @@ def test_two_nodes_behind_two_nats_train_as_one_through_a_bootstrap_that_relays(
     lab: NatLab, in_namespace: Launch
 ) -> None:
     maddr = bootstrap(lab, in_namespace.child)  # type: ignore[attr-defined]
-    homes = [
-        in_namespace(lab.host(r), *RUN, "--port", "0", "--auto-relay", "--peers", maddr,
-                     name=f"home{r}")
-        for r in (0, 1)
-    ]  # fmt: skip
+    homes = start_homes(lab, in_namespace, maddr)
     cone, symmetric = homes
-    for node in homes:
-        node.wait_listening(START_S)
     wait_merged(cone, symmetric.peer_id, timeout_s=NAT_MERGE_S)
     wait_merged(symmetric, cone.peer_id, timeout_s=NAT_MERGE_S)
     # Neither NAT lets the other home in: the updates came through the relay (which mostly
@@ -226,14 +233,8 @@ def test_homes_find_the_public_node_again_after_it_restarts_on_its_address(
 ) -> None:
     public, maddr = public_node(lab, in_namespace)
     relay = maddr.rsplit("/p2p/", 1)[1]
-    homes = [
-        in_namespace(lab.host(r), *RUN, "--port", "0", "--auto-relay", "--peers", maddr,
-                     name=f"home{r}")
-        for r in (0, 1)
-    ]  # fmt: skip
+    homes = start_homes(lab, in_namespace, maddr)
     cone, symmetric = homes
-    for node in homes:
-        node.wait_listening(START_S)
     slot = f"behind a NAT, reachable through relay {relay}"
     for node, other in ((cone, symmetric), (symmetric, cone)):
         wait_merged(node, other.peer_id, timeout_s=NAT_MERGE_S)
