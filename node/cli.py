@@ -17,12 +17,12 @@ from dht.swarm_config import SwarmError
 from merge.identity import Identity
 from node.app import StandaloneConfig, build_events, serve_dashboard
 from node.config import DEFAULT_IDENTITY, JoinConfig, add_config_arguments, config_from_args
-from node.distributed import torchrun_rank
 from node.events import EventLog, JsonEventLog, configure_logging
 from node.export import export_checkpoint
 from node.local_nodes import find_local_nodes, nodes_dir
 from node.locks import ResourceLock, lock_identity
 from node.multigpu import run_multiprocess_join
+from node.ranks import torchrun_rank
 from node.run_choice import SwarmRun, choose_run, run_id_given, swarm_run
 from node.runtime import Node
 from node.settings_cli import flag_value

@@ -1,6 +1,7 @@
 """`join --nproc-per-node N` and torchrun launches: rank 0 runs the Node, the others follow.
 
-The ranks' inner loop lives in node.distributed; this module starts them and composes each.
+The ranks' inner loop lives in node.distributed, their launch in node.ranks; this module
+composes each.
 """
 
 from __future__ import annotations
@@ -14,16 +15,10 @@ import torch.distributed as dist
 from merge.identity import Identity
 from node.app import build_events, compose_follower
 from node.config import JoinConfig
-from node.distributed import (
-    RankInfo,
-    ShardedLearner,
-    follow,
-    init_ranks,
-    launch_local_ranks,
-    torchrun_rank,
-)
+from node.distributed import ShardedLearner, follow
 from node.events import configure_logging
 from node.model import DEFAULT_BATCH_SIZE
+from node.ranks import RankInfo, init_ranks, launch_local_ranks, torchrun_rank
 from node.runtime import Node
 from node.signals import stop_on_signals
 
