@@ -15,8 +15,9 @@ all-reduces an fp32 gradient every inner step; a ring all-reduce sends and recei
 few seconds whatever the codec) are left out of both.
 
 Quality: `--train-learners` learners train the `--train-model` in one process, each round
-from the replica, and publish through the real path (error feedback, encode, seal, the
-UpdatePipeline's verify, decode, weigh and apply), with the outer optimizer a node with that
+from the replica, and publish through the node's own path (node.publishing's WholeUpdates and
+Publisher: error feedback, encode, seal, then the UpdatePipeline's verify, decode, weigh and
+apply), with the outer optimizer a node with that
 codec uses by default (sparse: outer momentum 0.5, merge.feedback), each learner starting its
 round from the replica minus its own residual as a node does (Compressor.round_start). Every
 codec sees the same data in the same order for the same tokens; the final validation loss is
@@ -45,6 +46,7 @@ import json
 import tempfile
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
@@ -61,7 +63,11 @@ from merge.weighting import TokenWeightConfig
 from node.config import JoinConfig
 from node.events import RecordingEventLog
 from node.model import build_model, model_config
+from node.publishing import Publisher, WholeUpdates
 from node.runtime import Node
+from node.seq_ledger import SeqLedger
+from node.stats import NodeStats
+from node.swarm_link import OfflineSwarm
 
 FINGERPRINT = hashlib.sha256(b"bench.wire").hexdigest()
 DP_GRADIENT_BYTES = 4
@@ -214,54 +220,80 @@ class Trained:
     feedback sends it in later rounds."""
 
 
+class SharedSwarm(OfflineSwarm):
+    """The swarm of M learners in one process: they share one replica and its pipeline (what
+    reaches one reaches all), and each signs its updates for M learners, as a node of a swarm
+    of M does (`live_learners`). Nothing goes over a network."""
+
+    def __init__(self, learners: int) -> None:
+        self.learners = learners
+
+    def live_learners(self) -> int:
+        return self.learners
+
+
+def node_learners(
+    codec: str, config: WireConfig, ev: Evaluator, pipeline: UpdatePipeline, home: Path
+) -> list[WholeUpdates]:
+    """M learners, each the node's own round publishing (node.publishing: error feedback,
+    round start, encode, seal, merge) with its own key, seq ledger and counters."""
+    m, h = config.train_learners, config.train_inner_steps
+    swarm = SharedSwarm(m)
+    learners = []
+    for rank in range(m):
+        publisher = Publisher(
+            identity=Identity.from_private_bytes(bytes([rank + 1]) * 32),
+            fingerprint=FINGERPRINT,
+            codec=get_codec(codec),
+            replica=pipeline.replica,
+            pipeline=pipeline,
+            seq_ledger=SeqLedger(home / f"learner{rank}.seqs", FINGERPRINT),
+            stats=NodeStats(),
+            swarm=swarm,
+            report_merge=lambda _: None,
+        )
+        learner = ev.learner(config.train_rounds * h, f"wire/{rank}")
+        learners.append(WholeUpdates(publisher, learner, pipeline.config, get_codec(codec)))
+    return learners
+
+
 def train(codec: str, config: WireConfig, ev: Evaluator) -> Trained:
-    """`train_rounds` rounds of M learners through the real publish and merge path."""
+    """`train_rounds` rounds of M learners through the node's publish and merge path: every
+    learner begins its round from the same replica (the node's WholeUpdates.begin), runs H
+    inner steps, then each publishes (WholeUpdates.finish) into the pipeline they share.
+
+    Not M `node.trainer.Trainer`s: a Trainer publishes at the end of its own round, so M of
+    them on one replica would run one after another, each from the merge of the one before,
+    which is not the round of M learners this measures."""
     started = time.perf_counter()
-    h, m = config.train_inner_steps, config.train_learners
+    h = config.train_inner_steps
     genesis = torch.nn.utils.parameters_to_vector(
         build_model(ev.model_config, 0).parameters()
     ).detach()
     pipeline = make_pipeline(genesis, h, ev.tokens_per_step, codec)
-    learners = [ev.learner(config.train_rounds * h, f"wire/{rank}") for rank in range(m)]
-    compressors = [Compressor(get_codec(codec), genesis.numel()) for _ in range(m)]
-    authors = [Identity.from_private_bytes(bytes([rank + 1]) * 32) for rank in range(m)]
     curve: dict[int, float] = {}
     robust: dict[str, int] = {}
-    for round_index in range(config.train_rounds):
-        base, applied = pipeline.replica.snapshot()
-        updates = []
-        for learner, compressor, author in zip(learners, compressors, authors, strict=True):
-            start = compressor.round_start(base)  # as a node does (node.publishing)
-            learner.load_params(start)
-            stats = learner.run_round(h, lambda: False, lambda _: None)
-            payload = compressor.encode(start - learner.params_vector())
-            updates.append(
-                seal_payload(
-                    author,
-                    codec,
-                    payload,
-                    genesis.numel(),
-                    seq=round_index,
-                    applied=applied,
-                    tokens=stats.tokens,
-                    inner_steps=h,
-                    learners=m,
-                )  # fmt: skip
-            )
-        for update in updates:
-            result = pipeline.submit(SignedUpdate.from_bytes(update.to_bytes()))
-            if not result.accepted:
-                raise SystemExit(f"{codec}: an update was rejected ({result.reason})")
-            if result.robust is not None:
-                robust[result.robust] = robust.get(result.robust, 0) + 1
-        done = round_index + 1
-        if done == config.train_rounds or (config.eval_every and done % config.eval_every == 0):
-            curve[done] = ev.val_loss(pipeline.replica.params)
+    with tempfile.TemporaryDirectory(prefix="bench-wire-") as home:
+        learners = node_learners(codec, config, ev, pipeline, Path(home))
+        for round_index in range(config.train_rounds):
+            begun = [w.begin(None) for w in learners]
+            done = [w.learner.run_round(h, lambda: False, lambda _: None) for w in learners]
+            for w, base, stats in zip(learners, begun, done, strict=True):
+                w.finish(base, stats)
+                result = w.published[-1].result
+                if not result.accepted:
+                    raise SystemExit(f"{codec}: an update was rejected ({result.reason})")
+                if result.robust is not None:
+                    robust[result.robust] = robust.get(result.robust, 0) + 1
+            rounds = round_index + 1
+            due = config.eval_every and rounds % config.eval_every == 0
+            if rounds == config.train_rounds or due:
+                curve[rounds] = ev.val_loss(pipeline.replica.params)
     seconds = time.perf_counter() - started
     final = curve[config.train_rounds]
-    if compressors[0].residual.numel():
-        in_flight = torch.stack([c.residual for c in compressors]).mean(0)
-        final = ev.val_loss(pipeline.replica.params - in_flight)
+    residuals = [w.compressor.residual for w in learners]
+    if residuals[0].numel():
+        final = ev.val_loss(pipeline.replica.params - torch.stack(residuals).mean(0))
     return Trained(curve, seconds, robust, final)
 
 
