@@ -1,7 +1,10 @@
 """Replays an open swarm's merge with an adversary: honest learners train a small GPT on the
-embedded corpus, their pseudo-gradients go through the real UpdatePipeline with an attacker's
-valid, signed updates interleaved, and the replica's validation loss is compared with the
-clean replay's (issue 20).
+embedded corpus (each the node's own Learner: its inner AdamW, clip, schedule and sampler),
+their pseudo-gradients go through the real UpdatePipeline with an attacker's valid, signed
+updates interleaved, and the replica's validation loss is compared with the clean replay's
+(issue 20). The honest updates are sealed here, not by node.publishing: the replay sets the
+learner counts they claim (`--live-claims` or the fixed count) and signs against the shared
+replica's num_applied.
 
 Attacks (each against the same honest learners, seeds and data):
 - sideways: near-cap updates (just under the reference-norm bound) at cosine -0.45 to the
@@ -39,8 +42,11 @@ from merge.pipeline import MergeConfig, UpdatePipeline
 from merge.replica import Replica
 from merge.result import MergeResult
 from merge.weighting import TokenWeightConfig
-from node.data import load_corpus, split_corpus
+from node.builders import inner_config
+from node.data import ShardSampler, load_corpus, split_corpus
+from node.learner import Learner
 from node.model import ModelConfig, build_model
+from node.settings import TrainSettings
 
 FINGERPRINT = hashlib.sha256(b"robust-replay").hexdigest()
 MODEL = ModelConfig(n_layer=1, n_head=2, n_embd=48, block_size=32)
@@ -118,20 +124,30 @@ def batches(tokens: np.ndarray, seed: int) -> Iterator[tuple[torch.Tensor, torch
         yield torch.from_numpy(window[:, :-1]), torch.from_numpy(window[:, 1:])
 
 
-def inner_round(
-    swarm: Swarm, data: Iterator[tuple[torch.Tensor, torch.Tensor]], base: torch.Tensor
-) -> torch.Tensor:
-    """H AdamW steps from `base`; the pseudo-gradient base - local."""
-    nn.utils.vector_to_parameters(base.clone(), swarm.model.parameters())
-    optimizer = torch.optim.AdamW(swarm.model.parameters(), lr=INNER_LR, weight_decay=0.0)
-    for _ in range(INNER_STEPS):
-        x, y = next(data)
-        _, loss = swarm.model(x, y)
-        optimizer.zero_grad()
-        assert loss is not None
-        loss.backward()
-        optimizer.step()
-    return base - nn.utils.parameters_to_vector(swarm.model.parameters()).detach()
+def honest_learner(
+    split_train: np.ndarray, seed: int, rank: int, learners: int, rounds: int
+) -> Learner:
+    """One honest learner: the node's Learner (its AdamW, gradient clip, schedule and seeded
+    sampler, built by node.builders.inner_config from a train section) on its shard of the
+    corpus, with the replay's learning rate, no weight decay and one round of warmup."""
+    train = TrainSettings(
+        model="tiny", inner_steps=INNER_STEPS, max_rounds=rounds, inner_lr=INNER_LR,
+        weight_decay=0.0, warmup_steps=INNER_STEPS,
+    )  # fmt: skip
+    sampler = ShardSampler(
+        np.array_split(split_train, learners)[rank],
+        seed=f"robust-replay/{seed}/{rank}",
+        batch_size=BATCH,
+        block_size=MODEL.block_size,
+    )
+    return Learner(build_model(MODEL, seed), sampler, inner_config(train), torch.device("cpu"))
+
+
+def inner_round(learner: Learner, base: torch.Tensor) -> torch.Tensor:
+    """H inner steps from `base` (the node's inner loop); the pseudo-gradient base - local."""
+    learner.load_params(base)
+    learner.run_round(INNER_STEPS, lambda: False, lambda _: None)
+    return base - learner.params_vector()
 
 
 def val_loss(swarm: Swarm, val: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
@@ -214,14 +230,15 @@ def replay(
     swarm = make_swarm(seed)
     swarm.honest = learners
     honest = [Identity.from_private_bytes(bytes([65 + i]) * 32) for i in range(learners)]
-    shards = np.array_split(split.train, learners)
-    data = [batches(shard, seed + i) for i, shard in enumerate(shards)]
+    honest_learners = [
+        honest_learner(split.train, seed, i, learners, rounds) for i in range(learners)
+    ]
     for round_ in range(rounds):
         base, base_applied = (
             swarm.pipeline.replica.params.clone(),
             swarm.pipeline.replica.num_applied,
         )
-        deltas = [inner_round(swarm, data[i], base) for i in range(learners)]
+        deltas = [inner_round(learner, base) for learner in honest_learners]
         for identity, delta in zip(honest, deltas, strict=True):
             claim = swarm.claim(identity.peer_id) if live_claims else learners
             update = _seal(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from bench.quality import Evaluator, QualityConfig
 from bench.wire import WireConfig, train
 
 
+@pytest.mark.slow
 def test_the_learners_rounds_merge_and_repeat_bit_identically() -> None:
     torch.set_num_threads(1)
     config = WireConfig(train_learners=2, train_rounds=2, train_inner_steps=3, eval_every=1)
