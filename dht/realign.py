@@ -27,17 +27,26 @@ sampling noise is of that order); one step sized by the wrong learner count leav
 swarm test promise.
 
 Pure: no network, no clock (the caller passes `now`); dht.swarm drives it once a period.
+After a donor's state is adopted, `merge_retained` merges again what this node had applied
+and the donor had not (its own last updates among them: no peer may hold them yet).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from dht.catchup import AppliedSet
 from dht.heartbeat import Heartbeat
+from dht.merge_port import MergePort
+from dht.retention import RetainedUpdates
 from dht.vouchers import Reports
+from merge.envelope import EnvelopeError, SignedUpdate
+from merge.result import MergeResult
 from merge.sketch import relative_distance
 
+logger = logging.getLogger(__name__)
 THRESHOLD = 0.02
 """Relative distance between settled points at one applied digest above which a replica
 realigns (see the module's doc)."""
@@ -264,3 +273,28 @@ class RealignPolicy:
         if len(self._attempts) >= self.config.max_attempts:
             return False
         return not self._attempts or now - self._attempts[-1] >= self.config.cooldown_s
+
+
+def lacking_retained(retained: RetainedUpdates, applied: AppliedSet) -> list[tuple[str, int]]:
+    """The retained updates (each applied here once: dht.gossip retains what it merged and
+    what this node published) that the replica now lacks, lowest seq first."""
+    lacking = [uid for uid in retained.ids() if not applied.has_applied(*uid)]
+    return sorted(lacking, key=lambda uid: (uid[1], uid[0]))
+
+
+def merge_retained(retained: RetainedUpdates, merge: MergePort) -> list[MergeResult]:
+    """Merge each retained update the replica lacks through the one path every update takes
+    (verify, validate, weigh, apply), lowest seq first; what became of each. Call it on the
+    merge's thread, once a donor's state was adopted."""
+    results: list[MergeResult] = []
+    for uid in lacking_retained(retained, merge.replica):
+        data = retained.get(uid)
+        if data is None or merge.replica.has_applied(*uid):  # evicted, or merged meanwhile
+            continue
+        try:
+            update = SignedUpdate.from_bytes(data)
+        except EnvelopeError as exc:  # it was checked when it came: never expected
+            logger.warning("retained update %s#%d does not parse: %s", *uid, exc)
+            continue
+        results.append(merge.submit(update))
+    return results

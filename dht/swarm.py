@@ -27,12 +27,12 @@ from dht.membership import Membership, PeerView
 from dht.merge_port import MergePort
 from dht.network import SwarmNetwork
 from dht.reachability import PathKind
-from dht.realign import Realign, RealignConfig, RealignPolicy
+from dht.realign import Realign, RealignConfig, RealignPolicy, lacking_retained, merge_retained
 from dht.rejections import Rejections
 from dht.state_transfer import StateTransfer, TransferStats
 from dht.swarm_config import RunMismatchError, SwarmConfig, SwarmError
 from dht.transfer_progress import ProgressReport
-from merge.envelope import EnvelopeError, SignedUpdate
+from merge.envelope import SignedUpdate
 from merge.identity import Identity
 from merge.replica import Replica
 from merge.result import MergeResult
@@ -297,7 +297,7 @@ class Swarm:
             return
         await asyncio.to_thread(self.on_realigned)
         lacking = await asyncio.get_running_loop().run_in_executor(
-            self._merge_pool, self._lacking_retained
+            self._merge_pool, lacking_retained, self.gossip.retained, self.replica
         )
         self.on_event(
             "realigned",
@@ -318,34 +318,12 @@ class Swarm:
         """Merge the retained updates this replica lacks (after it adopted a donor's state),
         through the one path every update takes; how many were applied."""
         results = await asyncio.get_running_loop().run_in_executor(
-            self._merge_pool, self._merge_retained
+            self._merge_pool, merge_retained, self.gossip.retained, self._pipeline
         )
         for result in results:
             if result.reason != "duplicate":
                 self._on_merge(result)
         return sum(r.accepted for r in results)
-
-    def _lacking_retained(self) -> list[tuple[str, int]]:
-        """The retained updates (all applied here once) this replica lacks, oldest seq first."""
-        retained, replica = self.gossip.retained, self.replica
-        lacking = [uid for uid in retained.ids() if not replica.has_applied(*uid)]
-        return sorted(lacking, key=lambda uid: (uid[1], uid[0]))
-
-    def _merge_retained(self) -> list[MergeResult]:
-        """On the merge's thread: each retained update not applied here, oldest seq first."""
-        retained, replica = self.gossip.retained, self.replica
-        results: list[MergeResult] = []
-        for uid in self._lacking_retained():
-            data = None if replica.has_applied(*uid) else retained.get(uid)
-            if data is None:
-                continue
-            try:
-                update = SignedUpdate.from_bytes(data)
-            except EnvelopeError as exc:  # it was checked once: never expected
-                logger.warning("retained update %s#%d does not parse: %s", *uid, exc)
-                continue
-            results.append(self._pipeline.submit(update))
-        return results
 
     async def _poll(self) -> None:
         heartbeats = await self.membership.poll()

@@ -47,13 +47,16 @@ def wait_merged(node: NodeProcess, author: str, *, after_seq: int = 0, timeout_s
     )
 
 
-def wait_aligned(node: NodeProcess, rounds: int = 3, timeout_s: float = REALIGN_S) -> dict:
-    """`node`'s round_done that ends `rounds` rounds in a row whose drift was measured (a peer
-    held an applied set it held too) and within MAX_DRIFT."""
+def wait_aligned(
+    node: NodeProcess, since: float, rounds: int = 3, timeout_s: float = REALIGN_S
+) -> dict:
+    """`node`'s round_done that ends `rounds` rounds in a row, finished after `since` (a
+    time.time()), whose drift was measured (a peer held an applied set it held too) and
+    within MAX_DRIFT."""
     in_a_row = [0]
 
     def aligned(e: dict) -> bool:
-        if e.get("event") != "round_done" or e["drift"] is None:
+        if e.get("event") != "round_done" or e["drift"] is None or e["time"] <= since:
             return False
         in_a_row[0] = in_a_row[0] + 1 if e["drift"] < MAX_DRIFT else 0
         return in_a_row[0] >= rounds
@@ -104,8 +107,9 @@ def test_three_nodes_train_together_and_survive_the_bootstrap_dying(launch: Laun
     # and dht.realign then loads a donor's state into it. A replica that stays apart, or
     # whose applied set never again equals a peer's (its own updates lost in the swap: no
     # drift is measured then), fails here.
+    since = time.time()
     for node in (nodes[0], nodes[1], nodes[2]):
-        wait_aligned(node)
+        wait_aligned(node, since)
     realigned = [(n, e) for n in nodes for e in n.of("realigned")]
     assert len(realigned) <= 2, [e for _, e in realigned]
     for node, event in realigned:
