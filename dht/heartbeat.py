@@ -126,6 +126,9 @@ class Heartbeat:
     """The peers whose input this node rejected most: peer -> reason -> count."""
     num_lost: Count = 0
     """Updates this node knows were published but no live peer could give it."""
+    num_realigned: Count = 0
+    """Times this node replaced its parameters by a peer's because they had drifted apart at
+    one applied set (dht.realign): peers forget what they saw of its earlier parameters."""
     paths: Annotated[dict[PathKind, Count], Field(max_length=3)] = dataclasses.field(
         default_factory=dict
     )

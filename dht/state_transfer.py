@@ -205,6 +205,22 @@ class StateTransfer:
                 return None
             await asyncio.sleep(1.0)  # every donor is serving others: bounded by the caller
 
+    async def realign(self, peer_id: str) -> TransferStats | None:
+        """Replace the replica with `peer_id`'s (dht.realign chose it) through the newcomer's
+        path: sealed, checked against fresh heartbeats, adopted all or nothing. None when it
+        loaded nothing: a state to refuse is counted as `bad_state` against the donor, a busy
+        or broken stream is only logged; never raises for what the donor sent."""
+        try:
+            return await self._download_from(peer_id)
+        except TransportError as exc:
+            if BUSY not in str(exc):
+                self._reject("bad_state", peer_id, str(exc))
+            logger.info("realigning to %s loaded nothing: %s", peer_id, exc)
+        except Exception as exc:  # an untrusted donor: counted, never the node
+            self._reject("bad_state", peer_id, str(exc))
+            logger.info("realigning to %s: state refused: %s", peer_id, exc)
+        return None
+
     async def _download_from(self, peer_id: str) -> TransferStats:
         """Bounded: a donor that stalls is cut after REQUEST_READ_TIMEOUT_S without a byte,
         and the whole transfer after its deadline; the stream is closed however it ends."""

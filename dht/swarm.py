@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
+import time
 from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +27,7 @@ from dht.membership import Membership, PeerView
 from dht.merge_port import MergePort
 from dht.network import SwarmNetwork
 from dht.reachability import PathKind
+from dht.realign import Realign, RealignConfig, RealignPolicy, lacking_retained, merge_retained
 from dht.rejections import Rejections
 from dht.state_transfer import StateTransfer, TransferStats
 from dht.swarm_config import RunMismatchError, SwarmConfig, SwarmError
@@ -33,6 +36,13 @@ from merge.envelope import SignedUpdate
 from merge.identity import Identity
 from merge.replica import Replica
 from merge.result import MergeResult
+
+logger = logging.getLogger(__name__)
+RESUBMIT_AGAIN_PERIODS = 2
+"""Heartbeat periods after a realignment before the retained updates are offered again: an
+own update merged just before the adopt is retained a moment after it (dht.gossip_announce)."""
+MAX_LISTED = 64
+"""Update ids a `realigned` event lists (of those the donor's state lacked)."""
 
 __all__ = [
     "PeerView",
@@ -62,6 +72,9 @@ class Swarm:
         self.peer_id = identity.peer_id
         self.replica = replica
         self.on_event = on_event
+        self._heartbeat_fn = heartbeat_fn
+        self._on_merge = on_merge
+        self._pipeline = pipeline
         self._reject = Rejections(on_merge, pipeline.rejection_log)
         self.network = SwarmNetwork(config, identity, self._reject)
         self._merge_pool = ThreadPoolExecutor(1, thread_name_prefix="merge")
@@ -98,6 +111,14 @@ class Swarm:
             announce_given=bool(config.announce_maddrs), use_auto_relay=config.use_auto_relay
         )
         self.network.on_addresses = self._addresses_changed
+        self.realignment = RealignPolicy(
+            RealignConfig(period_s=config.heartbeat_period_s), identity.peer_id
+        )
+        """When to replace this replica's parameters by a peer's (dht.realign)."""
+        self.on_realigned: Callable[[], None] = lambda: None
+        """Called (off the loop) once a realignment loaded a donor's state: the node resketches
+        the replica and counts it."""
+        self._realigning: asyncio.Task[None] | None = None
 
     # ---- what the node and the dashboard read -----------------------------------------------
 
@@ -239,6 +260,70 @@ class Swarm:
         await self.gossip.start()
         await self._poll()
         self.network.every(self._poll_period_s, self._poll)
+        self.network.every(self.config.heartbeat_period_s, self._check_alignment)
+
+    # ---- parameter anti-entropy (dht.realign) ------------------------------------------------
+
+    async def _check_alignment(self) -> None:
+        """Once a period: what the live peers' heartbeats say of their settled points, and a
+        realignment in the background when the policy asks for one (one at a time)."""
+        now = time.monotonic()
+        self.realignment.observe(self._heartbeat_fn(), self.membership.alive_peers(), now)
+        if self._realigning is not None:
+            return
+        decision = self.realignment.decide(now)
+        if decision is not None:
+            self.realignment.started(now)
+            self._realigning = self.network.spawn(self._realign(decision))
+
+    async def _realign(self, decision: Realign) -> None:
+        """Load the donor's state beside training (dht.state_transfer: the newcomer's checks),
+        then offer the retained updates again: those the donor had not applied yet, this
+        node's own among them, end up applied here too."""
+        logger.info(
+            "settled point %.4f from %s's at one applied set: realigning", decision.distance,
+            decision.donor,
+        )  # fmt: skip
+        try:
+            stats = await self.transfer.realign(decision.donor)
+        finally:
+            self._realigning = None
+        self.realignment.finished(loaded=stats is not None)
+        if stats is None:
+            self.on_event(
+                "realign_refused", donor=decision.donor, distance=round(decision.distance, 6),
+                num_refused=self.realignment.num_refused,
+            )  # fmt: skip
+            return
+        await asyncio.to_thread(self.on_realigned)
+        lacking = await asyncio.get_running_loop().run_in_executor(
+            self._merge_pool, lacking_retained, self.gossip.retained, self.replica
+        )
+        self.on_event(
+            "realigned",
+            donor=decision.donor,
+            distance_before=round(decision.distance, 6),
+            seconds=round(stats.seconds, 3),
+            megabytes=round(stats.num_bytes / 1e6, 3),
+            lacking=[list(uid) for uid in lacking[:MAX_LISTED]],
+            num_lacking=len(lacking),
+            num_realigned=self.realignment.num_realigned,
+        )
+        await self.resubmit_retained()
+        await asyncio.sleep(RESUBMIT_AGAIN_PERIODS * self.config.heartbeat_period_s)
+        if again := await self.resubmit_retained():
+            self.on_event("realign_resubmitted", donor=decision.donor, resubmitted=again)
+
+    async def resubmit_retained(self) -> int:
+        """Merge the retained updates this replica lacks (after it adopted a donor's state),
+        through the one path every update takes; how many were applied."""
+        results = await asyncio.get_running_loop().run_in_executor(
+            self._merge_pool, merge_retained, self.gossip.retained, self._pipeline
+        )
+        for result in results:
+            if result.reason != "duplicate":
+                self._on_merge(result)
+        return sum(r.accepted for r in results)
 
     async def _poll(self) -> None:
         heartbeats = await self.membership.poll()

@@ -398,4 +398,5 @@ def _build_network(
         pipeline=pipeline,
         stats=stats,
         events=events,
+        replica_changed=telemetry.record_replica,
     )

@@ -45,7 +45,9 @@ class NetworkSwarm:
         pipeline: UpdatePipeline,
         stats: NodeStats,
         events: EventLog,
+        replica_changed: Callable[[], None] = lambda: None,
     ) -> None:
+        """`replica_changed`: sketch the replica anew (node.telemetry), after a realignment."""
         self.swarm = swarm
         self._peer_id, self._run_id, self._run_settings = peer_id, run_id, run_settings
         self._replica, self._pipeline = replica, pipeline
@@ -53,6 +55,14 @@ class NetworkSwarm:
         self._catching_up: threading.Thread | None = None
         self._caught_up = threading.Event()
         self._catch_up_error: BaseException | None = None
+        self._replica_changed = replica_changed
+        swarm.on_realigned = self._realigned
+
+    def _realigned(self) -> None:
+        """The replica took a donor's parameters (dht.realign): its new sketch, then the count,
+        which also drops the sketches of its earlier parameters (node.stats)."""
+        self._replica_changed()
+        self._stats.count_realigned()
 
     def join(self, joined: Callable[[int], None]) -> None:
         """Enter and catch up, waiting for both, on the calling (main) thread."""

@@ -48,6 +48,7 @@ class StatsSnapshot:
     staleness_sum: int
     staleness_counts: tuple[int, ...]
     replica: ReplicaView
+    num_realigned: int = 0
 
 
 class NodeStats:
@@ -64,6 +65,7 @@ class NodeStats:
         self._staleness_counts = [0] * len(STALENESS_BUCKETS)
         self._replica = ReplicaView()
         self._sketches: OrderedDict[str, list[float]] = OrderedDict()
+        self._num_realigned = 0
 
     # ---- written by the learner thread -----------------------------------------------------
 
@@ -103,6 +105,16 @@ class NodeStats:
             self._sketches.move_to_end(view.applied_digest)
             while len(self._sketches) > MAX_SKETCHES:
                 self._sketches.popitem(last=False)
+
+    def count_realigned(self) -> None:
+        """The replica took a peer's parameters (dht.realign): the sketches kept of its earlier
+        ones, but the current applied set's, describe a replica that is gone; drift is no
+        longer measured against them."""
+        with self._lock:
+            self._num_realigned += 1
+            current = self._replica.applied_digest
+            for digest in [d for d in self._sketches if d != current]:
+                del self._sketches[digest]
 
     # ---- read from any thread --------------------------------------------------------------
 
@@ -153,4 +165,5 @@ class NodeStats:
                 staleness_sum=self._staleness_sum,
                 staleness_counts=tuple(self._staleness_counts),
                 replica=self._replica,
+                num_realigned=self._num_realigned,
             )

@@ -30,6 +30,7 @@ def peer_row(peer: PeerStatus) -> dict[str, Any]:
         "updates_published": h.updates_published,
         "updates_merged": h.updates_merged,
         "drift": h.drift,
+        "realigned": h.num_realigned,
         "device": h.device,
         "version": h.version,
         "last_seen_s": round(peer.last_seen_s, 1),

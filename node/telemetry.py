@@ -275,6 +275,7 @@ class Telemetry:
             staleness_histogram=list(s.staleness_counts),
             heartbeat_period_s=self.config.heartbeat_period,
             num_lost=self.swarm.num_lost(),
+            num_realigned=s.num_realigned,
             paths=self.swarm.paths(),
             rejected_peers=self.pipeline.rejection_log.top(
                 MAX_REJECTED_PEERS, MAX_REJECTED_REASONS

@@ -27,6 +27,10 @@ EVAL_S = 60
 HIVEMIND_DHT_S = 60  # a plain hivemind-dht printing its address
 STATUS_S = 120
 FORGER_S = 180
+REALIGN_S = 180  # drift noticed (two heartbeats), a state downloaded, three rounds measured
+MAX_DRIFT = 0.05
+"""How far replicas that applied the same set may be once realignment had its chance
+(dht.realign realigns beyond 0.02)."""
 
 
 def merged_from(node: NodeProcess, author: str) -> list[dict]:
@@ -43,6 +47,36 @@ def wait_merged(node: NodeProcess, author: str, *, after_seq: int = 0, timeout_s
     )
 
 
+def wait_aligned(
+    node: NodeProcess, since: float, rounds: int = 3, timeout_s: float = REALIGN_S
+) -> dict:
+    """`node`'s round_done that ends `rounds` rounds in a row, finished after `since` (a
+    time.time()), whose drift was measured (a peer held an applied set it held too) and
+    within MAX_DRIFT."""
+    in_a_row = [0]
+
+    def aligned(e: dict) -> bool:
+        if e.get("event") != "round_done" or e["drift"] is None or e["time"] <= since:
+            return False
+        in_a_row[0] = in_a_row[0] + 1 if e["drift"] < MAX_DRIFT else 0
+        return in_a_row[0] >= rounds
+
+    return node.wait_for(aligned, timeout_s, f"{rounds} rounds in a row of drift < {MAX_DRIFT}")
+
+
+def wait_merged_again(node: NodeProcess, realigned: dict, timeout_s: float = MERGE_S) -> None:
+    """Every update a `realigned` event lists as lacking from the donor's state is merged by
+    `node` after it."""
+    missing = {tuple(uid) for uid in realigned["lacking"]}
+
+    def merged(e: dict) -> bool:
+        if e.get("event") == "update_merged" and e["time"] >= realigned["time"]:
+            missing.discard((e["author"], e["seq"]))
+        return not missing
+
+    node.wait_for(merged, timeout_s, f"merging again what the donor lacked: {sorted(missing)}")
+
+
 def start_swarm(launch: Launch, count: int, *extra: str) -> list[NodeProcess]:
     first = launch(*RUN, *extra, name="node0")
     maddr = first.wait_listening(START_S)[0]
@@ -52,7 +86,7 @@ def start_swarm(launch: Launch, count: int, *extra: str) -> list[NodeProcess]:
     return [first, *rest]
 
 
-@pytest.mark.timeout(covering(4 * START_S, 14 * MERGE_S, EVAL_S, STATUS_S))
+@pytest.mark.timeout(covering(4 * START_S, 16 * MERGE_S, EVAL_S, STATUS_S, 3 * REALIGN_S))
 def test_three_nodes_train_together_and_survive_the_bootstrap_dying(launch: Launch) -> None:
     nodes = start_swarm(launch, 3)
     for node in nodes:
@@ -80,9 +114,21 @@ def test_three_nodes_train_together_and_survive_the_bootstrap_dying(launch: Laun
             "the evaluation of that round",
         )
         assert evaluated["val_loss"] < 0.8 * untrained, (node.name, evaluated, untrained)
-    drifts = [e["drift"] for n in nodes for e in n.of("round_done") if e["drift"] is not None]
-    assert drifts, "replicas with equal applied sets should have been compared"
-    assert max(drifts) < 0.05, drifts
+    # Replicas that applied the same set settle within MAX_DRIFT of each other once
+    # realignment had its chance: merge decisions that depend on arrival order (the learner
+    # floor at start-up, robust verdicts near a threshold) can set one 0.13 apart for good,
+    # and dht.realign then loads a donor's state into it. A replica that stays apart, or
+    # whose applied set never again equals a peer's (its own updates lost in the swap: no
+    # drift is measured then), fails here.
+    since = time.time()
+    for node in (nodes[0], nodes[1], nodes[2]):
+        wait_aligned(node, since)
+    realigned = [(n, e) for n in nodes for e in n.of("realigned")]
+    assert len(realigned) <= 2, [e for _, e in realigned]
+    for node, event in realigned:
+        assert event["distance_before"] > 0.02 and event["donor"] != node.peer_id, event
+        # what the donor lacked and this node had applied (its own last updates among them)
+        wait_merged_again(node, event)
 
     # No --peers: status finds node1 through its control file in node1's HOME.
     status = subprocess.run(
