@@ -40,9 +40,13 @@ one live learner (`credited_learners`) only once one of them has a record of sub
 no author has a record (a swarm's first updates) the fresh keys together are one cohort: one
 vote (the median of their claims) and one author, however many keys there are.
 
-Replicas that applied the same recent updates compute the same floor; the window is counted
-in applied updates, not time, so it does not depend on clocks. Pure and not thread-safe: the
-pipeline calls it under the replica lock.
+Only updates that moved the replica (weight > 0, merge.pipeline) enter the window: zeros and
+what a budget cut to nothing take no share of it, so a flood of valid zero updates does not
+push the other authors' claims out (bench.attack zero_flood: 4 zeros a second filled it, the
+honest peer was no longer among the latest authors nor voting, and honest updates were sized
+as whole outer steps). Replicas that applied the same recent updates compute the same floor;
+the window is counted in applied updates, not time, so it does not depend on clocks. Pure and
+not thread-safe: the pipeline calls it under the replica lock.
 """
 
 from __future__ import annotations

@@ -343,13 +343,25 @@ class UpdatePipeline:
             self.replica.apply(
                 header, clipped, weight, norm, learners=stepped, credited=allowance * worth
             )
-            robust.record(verdict, author)  # clamped into a band around the reference
+            # Only an update that moved the replica enters the windows the reference norm and
+            # the learner floor are computed from: zeros, and what an author's budget or the
+            # robust checks cut to nothing, take no share of them, so a flood of valid zero
+            # updates neither drags the reference down (recorded at reference / k, an author
+            # of zeros beside one other settled it at a quarter of the honest norm) nor pushes
+            # the honest claims out of the floor's window (bench.attack zero_flood: 4 zeros a
+            # second filled it, the other honest author was no longer among the latest
+            # authors (node.network_swarm.live_learners) nor voting, so nodes claimed and
+            # were sized by 1 learner, whole outer steps: 1.42x the clean loss).
+            moved = weight > 0
+            if moved:
+                robust.record(verdict, author)  # clamped into a band around the reference
             # A claim beyond the authors seen earns record in proportion (a low claim of
             # another author does not lower it, as a floor over everyone's claims would), and
             # so does an update of less substance than the reference (zeros earn none).
             evidence = self.learner_floor.num_authors(author) / claim * worth
             self.ledger.applied(author, learners, allowance, header.created_at, evidence)
-            self.learner_floor.applied(author, learners_of(header))
+            if moved:
+                self.learner_floor.applied(author, learners_of(header))
             self.equivocation.first_seen(signed, weight, stepped)
         # Reported as sized by `learners`: weight / learners is the share of a round it moved.
         return weight * learners / stepped, corrected.blocks_corrected, verdict.reason, learners

@@ -193,7 +193,10 @@ class RobustFilter:
         it: bench.slowlink, sparse with 4 fragments). Clamped from below, a flood of zero
         updates records a fraction of the reference, never 0: before, one author's 32 zero
         updates made the median 0, every honest update was clipped to nothing and recorded as
-        0, and the swarm never recovered (issue 20).
+        0, and the swarm never recovered (issue 20). The pipeline now records only updates
+        that moved the replica (weight > 0): zeros and budget-cut updates take no share of
+        the window at all (one author of zeros beside one other still settled the reference
+        at a quarter of the other's norms through the clamp).
         """
         if verdict.reason == "against_momentum":
             return

@@ -10,6 +10,8 @@ author claims what a live node signs: itself plus its peers as the pipeline cred
 
 from __future__ import annotations
 
+import math
+
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -73,6 +75,37 @@ def test_a_zero_flooder_never_counts_as_a_learner_nor_earns_a_record(
     rounds = honest  # each honest round moves one round
     burst = budget.cohort_share * budget.budget_rounds / (m - 1)
     assert shares.get("mallory", 0.0) <= rounds * budget.cohort_share / (m - 1) + burst + 1e-9
+
+
+@settings(max_examples=5, deadline=None)
+@given(
+    rounds=st.lists(
+        st.tuples(st.integers(0, 300), st.sampled_from([None, 0, 1, 2])), min_size=2, max_size=4
+    ),
+    claim=st.integers(1, 1024),
+)
+def test_honest_updates_weigh_alike_with_and_without_a_flood_of_one_author(
+    rounds: list[tuple[int, int | None]], claim: int
+) -> None:
+    """For any sequence of one author's zero updates interleaved with honest rounds (each
+    now and then with an honest claim of 1: a node whose peer flapped as gone under the
+    flood), every honest update is sized, judged and weighed as in the same swarm without the
+    flooder: the honest contribution per round is what it is with no adversary. Before the
+    floor's window held at most 1/8 of it per author, 256 zeros pushed the honest claims out
+    and a claim of 1 was a whole outer step (bench.attack zero_flood)."""
+    flooded, alone = established(), established()
+    zeros = 0
+    for round_, (count, flapper) in enumerate(rounds, start=12):
+        for i, author in enumerate(HONEST):
+            sent = update(author, round_, honest_delta(i, round_), 1 if i == flapper else 3)
+            with_flood, without = flooded.submit(sent), alone.submit(sent)
+            assert with_flood.accepted and without.accepted
+            assert with_flood.learners == without.learners == 3
+            assert with_flood.robust == without.robust
+            assert math.isclose(with_flood.weight, without.weight, rel_tol=1e-9)
+        for _ in range(count):
+            assert flooded.submit(update(MALLORY, zeros, torch.zeros(NUMEL), claim)).accepted
+            zeros += 1
 
 
 def test_sybils_with_small_updates_claiming_huge_counts_leave_honest_sizes_alone() -> None:
