@@ -79,6 +79,8 @@ class Persistence:
             "replica": replica,
             "learner": self.learner.state_dict(),
             "partial_round": partial.state_dict() if partial is not None else None,
+            # The highest seq this identity had sealed when the partial round was saved.
+            "sealed_seq": self.seq_ledger.last(),
             "error_feedback": self.error_feedback.state_dict(),
             "equivocation": equivocation,
             "merge": merge,
@@ -123,7 +125,17 @@ class Persistence:
         )
 
     def resume(self) -> RoundProgress | None:
-        """Load the last checkpoint, if any; the round it stopped midway, if it did."""
+        """Load the last checkpoint, if any; the round it stopped midway, if it did.
+
+        A partial round is saved every few seconds in the background, and a round is
+        published without a save after it: a kill -9 in the next round finds the last round's
+        partial on disk. The seq ledger (written before every seal) tells: a seq sealed after
+        the one the checkpoint recorded (`sealed_seq`) means that round was finished and
+        published since, and resuming it would publish its steps twice (a duplicate
+        pseudo-gradient). It is dropped (`stale_partial_step` in the `resumed` event); the
+        learner's state (optimizer, step, data position) stays as saved. Not told apart: a
+        round sealed under the seq of an own update our pipeline rejected just before (the
+        ledger does not move)."""
         path = self.checkpoint_dir
         check_same_run(path, self.fingerprint, self.settings)
         state = load_checkpoint(path, self.fingerprint, self.param_layout())
@@ -133,8 +145,13 @@ class Persistence:
             partial, own_seq = self._load(state)
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             raise CheckpointError(f"checkpoint in {path} is damaged ({exc})") from None
+        sealed = self.seq_ledger.last()
+        sealed_then = state.get("sealed_seq")  # absent from checkpoints before it: kept
+        stale = partial if type(sealed_then) is int and sealed > sealed_then else None
+        if stale is not None:  # finished and sealed after it was saved: never twice
+            partial = None
         # A node that rejoins with the same identity continues its seq numbers.
-        last_seq = max(own_seq, self.replica.last_seq(self.peer_id), self.seq_ledger.last(), 0)
+        last_seq = max(own_seq, self.replica.last_seq(self.peer_id), sealed, 0)
         self.stats.set_seq(last_seq)
         self.replica_changed()
         self.events.emit(
@@ -143,6 +160,7 @@ class Persistence:
             round=self.stats.round,
             step=partial.steps_done if partial is not None else 0,
             num_applied=self.replica.num_applied,
+            stale_partial_step=stale.steps_done if stale is not None else None,
         )
         return partial
 

@@ -176,6 +176,8 @@ class Trainer:
             self.partial = self.publishing.interrupted(done)
             return None
         clock.inner = time.perf_counter()
+        if not self._stepped:  # a finished round resumed to be published: no step ran
+            self._start_beside_training()
         if not self.swarm.wait_caught_up(self.stop):  # stopped first: published next time
             self.partial = self.publishing.interrupted(done)
             return None
