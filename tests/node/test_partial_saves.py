@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from node import trainer
+from node import persistence
 from node.config import JoinConfig
 from node.events import RecordingEventLog
 from node.runtime import Node
@@ -55,10 +55,16 @@ class CopyAt(RecordingEventLog):
         shutil.copytree(self.home, self.copy, ignore=shutil.ignore_patterns(".lock"))
 
 
+def _save_at_every_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every step it can (one background write at a time)."""
+    monkeypatch.setattr(persistence, "PARTIAL_SAVE_MIN_S", 1e-9)
+    monkeypatch.setattr(persistence, "PARTIAL_SAVE_S", 1e-9)
+
+
 def test_a_partial_round_finished_since_it_was_saved_is_not_resumed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(trainer, "PARTIAL_SAVE_S", 0.0)  # a save at every step it can
+    _save_at_every_step(monkeypatch)
     home, killed = tmp_path / "home", tmp_path / "killed"
     home.mkdir()
     events = CopyAt(round_=2, step=1, home=home, copy=killed)
@@ -84,7 +90,7 @@ def test_a_partial_round_finished_since_it_was_saved_is_not_resumed(
 def test_a_partial_round_still_running_when_saved_is_resumed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(trainer, "PARTIAL_SAVE_S", 0.0)
+    _save_at_every_step(monkeypatch)
     home, killed = tmp_path / "home", tmp_path / "killed"
     home.mkdir()
     events = CopyAt(round_=1, step=4, home=home, copy=killed)
