@@ -173,7 +173,7 @@ def time_breakdown(slots: list[Slot], t0: float, t1: float, compute_s: float) ->
             if inc.killed and inc.ended is not None and t0 <= inc.ended < t1:
                 relaunch = nxt.launched if nxt is not None else t1
                 downtime += max(0.0, min(relaunch, t1) - inc.ended)
-                lost_s = lost_at_kill(inc, nxt)
+                lost_s = lost_at_kill(inc, incarnations[k + 1 :])
                 lost += lost_s
                 losses.append(round(lost_s, 2))
     allocated = len(slots) * (t1 - t0)
@@ -198,12 +198,14 @@ def first_step_at(inc: Incarnation) -> float | None:
     )
 
 
-def lost_at_kill(killed: Incarnation, nxt: Incarnation | None) -> float:
-    """Seconds of inner steps a kill lost: since the state the next incarnation resumed (its
-    partial round's copy) or, if it resumed none, since the killed one's last round ended
-    (0 if it never stepped)."""
+def lost_at_kill(killed: Incarnation, later: list[Incarnation]) -> float:
+    """Seconds of inner steps a kill lost: since the state the next incarnation to load one
+    resumed (its partial round's copy; one killed before it loaded its checkpoint does not
+    count) or, if it resumed none, since the killed one's last round ended (0 if it never
+    stepped)."""
     assert killed.ended is not None
-    resumed = next((e for e in (nxt.events if nxt else []) if e.get("event") == "resumed"), None)
+    events = (e for inc in later for e in inc.events)
+    resumed = next((e for e in events if e.get("event") == "resumed"), None)
     kept: float | None = None
     if resumed is not None and resumed.get("step"):
         saves = [

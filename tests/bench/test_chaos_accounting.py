@@ -118,3 +118,19 @@ def test_time_not_computing_is_downtime_start_up_lost_steps_and_the_rest() -> No
     assert breakdown["lost_each_s"] == [2.0, 4.0]  # since the copy at 18; since 46
     compute = 2 * 4.0  # the rounds that ended at 15 and 46
     assert breakdown["other_s"] == 100.0 - compute - 20.0 - 11.0 - 6.0
+
+
+def test_a_restart_killed_before_it_loaded_the_checkpoint_does_not_hide_what_was_kept() -> None:
+    first = Incarnation(
+        [started(0, "A"), _first_batch(1), round_done(15), _saved(18.5, 1, 3, 18.0)],
+        0.0,
+        ended=20.0,
+        killed=True,
+    )
+    silent = Incarnation([], 30.0, ended=35.0, killed=True)  # still importing
+    resumed = {"event": "resumed", "time": 48, "round": 1, "step": 3}
+    third = Incarnation([resumed, _first_batch(50), started(50, "A")], 45.0)
+    breakdown = account([Slot(0, [first, silent, third])], 0.0, 100.0, synchronous=False,
+                        window_s=5.0)["time_breakdown"]  # fmt: skip
+    assert breakdown["lost_each_s"] == [2.0, 0.0]
+    assert breakdown["startup_each_s"] == [5.0, 5.0]  # the silent one: launch to its kill
