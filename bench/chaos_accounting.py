@@ -7,7 +7,12 @@ Per node slot (one slot is one machine; a restart is a new incarnation in the sa
 - merged seconds: compute of rounds whose update was merged by at least one other node (or came
   to it inside a state it downloaded), and by all live others (those up when it was published
   and still up, never killed, at the end);
-- restarts, updates published and updates lost (never merged by any other node).
+- restarts, updates published and updates lost (never merged by any other node);
+- where the allocated time went that was not compute (`time_breakdown`): downtime (kill to
+  relaunch), start-up (launch to the first inner step, `startup_phase` `first_batch`), inner
+  steps lost at a kill (from the state it kept: the partial round the next incarnation
+  resumed, copied at `checkpoint_saved`'s `copied_at`, else the end of its last round), and
+  the rest (between rounds: publishing, merging, waiting for the swarm).
 Asynchronous nodes (`diloco-node join`) and synchronous workers (`bench.sync_baseline`) are
 accounted alike; for a synchronous worker, "merged" means its round's all-reduce committed, with
 at least one other worker, or with every live worker.
@@ -142,10 +147,78 @@ def account(slots: list[Slot], t0: float, t1: float, *, synchronous: bool, windo
         figures = {"node": slot.node, "allocated_s": t1 - t0, "restarts": slot.restarts}
         figures |= _round_figures(rounds, others, merged, authors, t0, t1, synchronous)
         per_node.append(figures)
-    return _totals(per_node) | {
+    totals = _totals(per_node)
+    return totals | {
         "uptime": uptime(slots, t0, t1, window_s, synchronous=synchronous),
+        "time_breakdown": time_breakdown(slots, t0, t1, totals["compute_s"]),
         "per_node": per_node,
     }
+
+
+def time_breakdown(slots: list[Slot], t0: float, t1: float, compute_s: float) -> dict:
+    """Allocated node-seconds that were not compute, by cause; each restart's start-up and
+    each kill's lost inner steps, in the window's order."""
+    downtime = startup = lost = 0.0
+    startups: list[float] = []
+    losses: list[float] = []
+    for slot in slots:
+        incarnations = slot.incarnations
+        for k, inc in enumerate(incarnations):
+            nxt = incarnations[k + 1] if k + 1 < len(incarnations) else None
+            if k > 0 and t0 <= inc.launched < t1:
+                first = first_step_at(inc)
+                end = min(t1, first if first is not None else (inc.ended or t1))
+                startup += max(0.0, end - inc.launched)
+                startups.append(round(end - inc.launched, 2))
+            if inc.killed and inc.ended is not None and t0 <= inc.ended < t1:
+                relaunch = nxt.launched if nxt is not None else t1
+                downtime += max(0.0, min(relaunch, t1) - inc.ended)
+                lost_s = lost_at_kill(inc, incarnations[k + 1 :])
+                lost += lost_s
+                losses.append(round(lost_s, 2))
+    allocated = len(slots) * (t1 - t0)
+    return {
+        "downtime_s": round(downtime, 2),
+        "startup_s": round(startup, 2),
+        "lost_at_kill_s": round(lost, 2),
+        "other_s": round(allocated - compute_s - downtime - startup - lost, 2),
+        "startup_each_s": startups,
+        "lost_each_s": losses,
+    }
+
+
+def first_step_at(inc: Incarnation) -> float | None:
+    return next(
+        (
+            e["time"]
+            for e in inc.events
+            if e.get("event") == "startup_phase" and e.get("name") == "first_batch"
+        ),
+        None,
+    )
+
+
+def lost_at_kill(killed: Incarnation, later: list[Incarnation]) -> float:
+    """Seconds of inner steps a kill lost: since the state the next incarnation to load one
+    resumed (its partial round's copy; one killed before it loaded its checkpoint does not
+    count) or, if it resumed none, since the killed one's last round ended (0 if it never
+    stepped)."""
+    assert killed.ended is not None
+    events = (e for inc in later for e in inc.events)
+    resumed = next((e for e in events if e.get("event") == "resumed"), None)
+    kept: float | None = None
+    if resumed is not None and resumed.get("step"):
+        saves = [
+            e
+            for e in killed.events
+            if e.get("event") == "checkpoint_saved"
+            and (e.get("round"), e.get("step")) == (resumed["round"], resumed["step"])
+        ]
+        kept = saves[-1].get("copied_at", saves[-1]["time"]) if saves else None
+    if kept is None:
+        ends = [e["time"] for e in killed.events if e.get("event") == "round_done"]
+        kept = ends[-1] if ends else first_step_at(killed)
+    return 0.0 if kept is None else max(0.0, killed.ended - kept)
 
 
 Merged = dict[tuple[str, int], set[int]]

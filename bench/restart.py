@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from bench.procs import ChildProcess, Event, cli_flags, node_process, reap_all
-from node.trainer import PARTIAL_SAVE_S
+from node.persistence import PARTIAL_SAVE_S
 
 RESULTS = Path(__file__).resolve().parent / "results" / "restart.json"
 

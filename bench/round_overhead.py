@@ -12,7 +12,9 @@ the measurement). It runs twice, side by side:
 with evaluation (--eval-batches, on a snapshot in a thread: issue 23) and without. eval_s of a
 round is now the snapshot handed to the thread (overhead_share_with_eval counts it beside the
 merge path); what the thread takes from training shows as longer rounds:
-eval_beside_share = 1 - round_s without / round_s with. The final line is JSON.
+eval_beside_share = 1 - round_s without / round_s with. Partial rounds are saved in the
+background as they go (node.save_cadence): partial_save_share is the copies' share of the
+training thread's time, partial_save_write_ms one write beside it. The final line is JSON.
 """
 
 from __future__ import annotations
@@ -29,9 +31,11 @@ from node.events import RecordingEventLog
 from node.runtime import Node
 
 
-def run_node(args: argparse.Namespace, eval_batches: int) -> tuple[list[dict[str, Any]], int]:
-    """The node's round_done events and its parameter count (a lone offline node, in this
-    process: the node's own Trainer, with no swarm)."""
+def run_node(
+    args: argparse.Namespace, eval_batches: int
+) -> tuple[list[dict[str, Any]], int, dict[str, float]]:
+    """The node's round_done events, its parameter count and what its partial-round saves
+    cost (a lone offline node, in this process: the node's own Trainer, with no swarm)."""
     with tempfile.TemporaryDirectory() as tmp:
         events = RecordingEventLog()
         config = JoinConfig(
@@ -51,7 +55,22 @@ def run_node(args: argparse.Namespace, eval_batches: int) -> tuple[list[dict[str
         )
         node = Node(config, events)
         node.run()
-    return events.of("round_done"), node.num_params
+    cadence = node.parts.persistence.cadence
+    saves = [e for e in events.of("checkpoint_saved") if e["background"]]
+    copy_s = cadence.copy_s or 0.0
+    rounds = events.of("round_done")
+    saving = {
+        "partial_saves": len(saves),
+        # Smoothed over the run (node.save_cadence): the copy on the training thread, the
+        # write beside it, and the period they allowed.
+        "partial_save_copy_ms": round(1e3 * copy_s, 2),
+        "partial_save_write_ms": round(1e3 * (cadence.write_s or 0.0), 1),
+        "partial_save_period_s": round(cadence.period_s, 2),
+        "partial_save_share": round(
+            len(saves) * copy_s / max(sum(r["round_s"] for r in rounds), 1e-9), 5
+        ),
+    }
+    return rounds, node.num_params, saving
 
 
 def main() -> None:
@@ -67,8 +86,8 @@ def main() -> None:
     if args.eval_batches < 1 or args.eval_every < 1:
         parser.error("--eval-batches and --eval-every must be at least 1")
 
-    rounds, num_params = run_node(args, args.eval_batches)
-    without, _ = run_node(args, 0)
+    rounds, num_params, saving = run_node(args, args.eval_batches)
+    without, _, _ = run_node(args, 0)
     for r in rounds:
         print(
             f"round {r['round']}: {r['round_s']:.2f} s, inner {r['inner_s']:.2f} s, "
@@ -102,6 +121,7 @@ def main() -> None:
         ),
         "eval_beside_share": round(1 - round_s_without / statistics.median(round_s), 5),
         "target_overhead_share": 0.05,
+        **saving,
     }
     print(json.dumps(figures))
 

@@ -61,7 +61,7 @@ class RoundProgress:
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any], numel: int, max_steps: int) -> RoundProgress:
-        """ValueError unless the saved round fits this model and is unfinished."""
+        """ValueError unless the saved round fits this model and has at most `max_steps`."""
         base, params = state["base"], state["params"]
         for name, tensor in (("base", base), ("params", params)):
             ok = isinstance(tensor, torch.Tensor) and tensor.dtype == torch.float32
@@ -70,7 +70,8 @@ class RoundProgress:
         steps, tokens, applied = state["steps_done"], state["tokens"], state["base_applied"]
         if not all(type(v) is int and v >= 0 for v in (steps, tokens, applied)):
             raise ValueError("partial round counters must be non-negative integers")
-        if not 0 < steps < max_steps:
+        # max_steps: a finished round stopped while it waited for the swarm, to be published.
+        if not 0 < steps <= max_steps:
             raise ValueError(f"partial round has {steps} steps; a round has {max_steps}")
         return cls(
             base=base,

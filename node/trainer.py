@@ -29,9 +29,6 @@ from node.stats import NodeStats
 from node.swarm_link import SwarmLink
 from node.telemetry import RoundReport, RoundTimings, Telemetry
 
-PARTIAL_SAVE_S = 5.0
-"""A round in progress is checkpointed (in the background) at most this often: what a
-kill -9 loses is the inner steps since."""
 EVALUATION_WAIT_S = 60.0
 """How long a stopping node waits for an evaluation still running beside training."""
 
@@ -176,6 +173,8 @@ class Trainer:
             self.partial = self.publishing.interrupted(done)
             return None
         clock.inner = time.perf_counter()
+        if not self._stepped:  # a finished round resumed to be published: no step ran
+            self._start_beside_training()
         if not self.swarm.wait_caught_up(self.stop):  # stopped first: published next time
             self.partial = self.publishing.interrupted(done)
             return None
@@ -237,13 +236,14 @@ class Trainer:
         self._save_partial(step)
 
     def _save_partial(self, step: StepStats) -> None:
-        """Every PARTIAL_SAVE_S, the round so far to the checkpoint, written in the background
-        (whole updates only: fragment streams publish their fragments during the round)."""
+        """The round so far to the checkpoint, written in the background, every 1 to
+        PARTIAL_SAVE_S seconds as its cost allows (Persistence.cadence), whole updates only:
+        fragment streams publish their fragments during the round."""
         segment = self._segment
         if segment is None:
             return
         segment.add(step)
-        due = time.monotonic() - self._saved_at >= PARTIAL_SAVE_S
+        due = self.persistence.cadence.due(time.monotonic() - self._saved_at)
         if not due or not self.publishing.keeps_partial_rounds():
             return
         done = segment.progress()

@@ -84,3 +84,53 @@ def test_an_update_inside_a_downloaded_state_counts_as_merged_by_the_downloader(
     node_a = figures["per_node"][0]
     assert node_a["merged_any_s"] == node_a["compute_s"] == 7.0  # 3 s of round 1 in the window
     assert figures["updates_lost"] == 0
+
+
+def _first_batch(t: float) -> dict:
+    return {"event": "startup_phase", "name": "first_batch", "time": t}
+
+
+def _saved(t: float, round_: int, step: int, copied_at: float) -> dict:
+    return {"event": "checkpoint_saved", "time": t, "round": round_, "step": step,
+            "background": True, "copied_at": copied_at}  # fmt: skip
+
+
+def test_time_not_computing_is_downtime_start_up_lost_steps_and_the_rest() -> None:
+    # Killed at 20: it had published a round at 15 and copied round 2 at step 3 at 18; the
+    # restart (launched at 30) resumes that copy and steps at 35. Killed again at 50 with no
+    # save since its round ended at 46: the next one resumes nothing.
+    first = Incarnation(
+        [started(0, "A"), _first_batch(1), round_done(15), _saved(18.5, 1, 3, 18.0)],
+        0.0,
+        ended=20.0,
+        killed=True,
+    )
+    resumed = {"event": "resumed", "time": 34, "round": 1, "step": 3}
+    second = Incarnation(
+        [resumed, _first_batch(35), started(35, "A"), round_done(46)], 30.0, ended=50.0, killed=True
+    )
+    stale = {"event": "resumed", "time": 64, "round": 2, "step": 0, "stale_partial_step": 4}
+    third = Incarnation([stale, _first_batch(66), started(66, "A")], 60.0)
+    a = Slot(0, [first, second, third])
+    breakdown = account([a], 0.0, 100.0, synchronous=False, window_s=5.0)["time_breakdown"]
+    assert breakdown["downtime_s"] == 20.0  # 20 to 30, 50 to 60
+    assert breakdown["startup_each_s"] == [5.0, 6.0] and breakdown["startup_s"] == 11.0
+    assert breakdown["lost_each_s"] == [2.0, 4.0]  # since the copy at 18; since 46
+    compute = 2 * 4.0  # the rounds that ended at 15 and 46
+    assert breakdown["other_s"] == 100.0 - compute - 20.0 - 11.0 - 6.0
+
+
+def test_a_restart_killed_before_it_loaded_the_checkpoint_does_not_hide_what_was_kept() -> None:
+    first = Incarnation(
+        [started(0, "A"), _first_batch(1), round_done(15), _saved(18.5, 1, 3, 18.0)],
+        0.0,
+        ended=20.0,
+        killed=True,
+    )
+    silent = Incarnation([], 30.0, ended=35.0, killed=True)  # still importing
+    resumed = {"event": "resumed", "time": 48, "round": 1, "step": 3}
+    third = Incarnation([resumed, _first_batch(50), started(50, "A")], 45.0)
+    breakdown = account([Slot(0, [first, silent, third])], 0.0, 100.0, synchronous=False,
+                        window_s=5.0)["time_breakdown"]  # fmt: skip
+    assert breakdown["lost_each_s"] == [2.0, 0.0]
+    assert breakdown["startup_each_s"] == [5.0, 5.0]  # the silent one: launch to its kill

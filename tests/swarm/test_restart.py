@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from node.checkpoint import read_checkpoint
-from node.trainer import PARTIAL_SAVE_S
+from node.persistence import PARTIAL_SAVE_S
 from tests.swarm.conftest import NodeProcess
 from tests.timeouts import covering
 
