@@ -62,14 +62,31 @@ def test_a_second_node_with_default_paths_runs_as_its_own_and_an_explicit_shared
         assert next(e for e in events if e["event"] == "started")["peer_id"] == second
 
         # An identity given explicitly is never swapped, even the default path spelled out:
-        # in use, it is a one-line error.
-        for shared in (str(node_home / ".diloco" / "identity.key"), "~/.diloco/identity.key"):
-            code, _, err = run_cli(
-                [*run, "--identity", shared], home=node_home, timeout_s=CLI_ERROR_S
+        # in use, it is a one-line error. (Both spellings at once: each is refused before it
+        # takes anything, so they share one start-up's wait.)
+        env = {**os.environ, "HOME": str(node_home)}
+        refused = [
+            subprocess.Popen(
+                [sys.executable, "-m", "node", *run, "--identity", shared],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
             )
-            lines = [line for line in err.splitlines() if "error:" in line]
-            assert code == 1 and len(lines) == 1, err[-2000:]
-            assert "identity" in lines[0] and "in use" in lines[0] and "--identity" in lines[0]
+            for shared in (str(node_home / ".diloco" / "identity.key"), "~/.diloco/identity.key")
+        ]
+        try:
+            for proc in refused:
+                _, err = proc.communicate(timeout=CLI_ERROR_S)
+                lines = [line for line in err.splitlines() if "error:" in line]
+                assert proc.returncode == 1 and len(lines) == 1, err[-2000:]
+                assert "identity" in lines[0] and "in use" in lines[0]
+                assert "--identity" in lines[0]
+        finally:
+            for proc in refused:
+                proc.kill()
+                proc.wait(timeout=EXIT_S)
     finally:
         os.killpg(first.pid, signal.SIGINT)
         _, err = first.communicate(timeout=EXIT_S)

@@ -45,7 +45,15 @@ def main() -> None:
         node.seq = node.published_seq = honest.header.seq
         node.swarm.publish(dataclasses.replace(honest, header=header))  # type: ignore[union-attr]
         print(node.peer_id, flush=True)
-        time.sleep(8 * node.config.heartbeat_period)  # stay up while the victim looks
+        # Stay up while the victim looks: until its signed heartbeat counts the update's
+        # rejection (bad_signature; a refused push alone, notify_bad_signature, is not the
+        # update_rejected event the test waits for), or 8 heartbeat periods.
+        deadline = time.monotonic() + 8 * node.config.heartbeat_period
+        while time.monotonic() < deadline and not any(
+            h.rejections.get("bad_signature", 0) > 0
+            for h in node.swarm.alive_peers()  # type: ignore[union-attr]
+        ):
+            time.sleep(0.2)
     finally:
         node.swarm.shutdown()  # type: ignore[union-attr]
 
