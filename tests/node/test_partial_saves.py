@@ -14,6 +14,7 @@ from node import persistence
 from node.config import JoinConfig
 from node.events import RecordingEventLog
 from node.runtime import Node
+from tests.node.test_stopping import StopAtStep
 
 SMALL_CORPUS = str(Path(torch.__file__).parent / "functional.py")
 
@@ -106,17 +107,6 @@ def test_a_partial_round_still_running_when_saved_is_resumed(
     assert (done["resumed_at_step"], done["learner_step"], done["seq"]) == (3, 5, 1)
 
 
-class StopAt(RecordingEventLog):
-    def __init__(self, round_: int, step: int) -> None:
-        super().__init__()
-        self.at = (round_, step)
-        self.node: Node | None = None
-
-    def progress(self, **fields: Any) -> None:
-        if (fields["round"], fields["step"]) == self.at and self.node is not None:
-            self.node.request_stop()
-
-
 @pytest.mark.swarm
 def test_a_finished_round_stopped_while_it_waits_for_the_swarm_is_published_after_a_restart(
     tmp_path: Path,
@@ -124,7 +114,7 @@ def test_a_finished_round_stopped_while_it_waits_for_the_swarm_is_published_afte
     # One step per round: the round ends while hivemind, p2pd and the DHT still start beside
     # it, so it waits for the swarm (its state check), and is stopped there.
     network = dict(swarm=True, host="127.0.0.1", port=0, inner_steps=1, max_rounds=1)
-    stopping = StopAt(round_=1, step=1)
+    stopping = StopAtStep(round_=1, step=1)
     first = Node(_config(tmp_path, **network), stopping)
     stopping.node = first
     first.run()
