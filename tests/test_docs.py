@@ -78,7 +78,8 @@ def _markdown_files() -> list[Path]:
 
 def _headings(path: Path) -> set[str]:
     text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
-    return {slugify(h, "-") for h in re.findall(r"^#{1,6} (.+?)\s*$", text, re.M)}
+    headings = {slugify(h, "-") for h in re.findall(r"^#{1,6} (.+?)\s*$", text, re.M)}
+    return headings | set(re.findall(r'<a id="([^"]+)"></a>', text))
 
 
 def _nav_pages(nav: list[object]) -> Iterator[str]:
