@@ -1,28 +1,26 @@
 """The dashboard inside a node (`join`, unless --no-dashboard): reads the node's status snapshot.
 
 It knows the node only as a callable returning a `node.snapshot.NodeStatus`, so it never
-imports `node.runtime` nor touches the node's attributes.
+imports `node.runtime` nor touches the node's attributes. A node builds it beside training
+(node.dashboard_seam), which hands it the events emitted until then.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import cast
+from typing import Any, cast
 
-from dashboard.history import History, HistoryTee
+from dashboard.history import EventRecorder, History
 from dashboard.models import Mode, NodeOut, PeerState, StateDownloadOut
-from dashboard.server import DashboardServer, check_free
+from dashboard.server import DashboardServer
 from dashboard.settings import DashboardSettings
 from dashboard.sources import PolledSource
 from dashboard.view import PeerRecord, SwarmState
 from dht.transfer_progress import ProgressReport
-from node.events import EventLog
 from node.snapshot import NodeStatus
 
 StatusFn = Callable[[], NodeStatus]
-DEFAULT_DASHBOARD_PORT = 8000
-"""`join` serves its dashboard here unless --dashboard-port says otherwise (or it is taken)."""
 
 
 class EmbeddedSource(PolledSource):
@@ -77,7 +75,9 @@ class EmbeddedSource(PolledSource):
 
 
 class EmbeddedDashboard:
-    """Created with the node (the port is checked then), served once the node has joined."""
+    """The page's data source and history; served by `start`. Its port was checked free when
+    the node was composed: one taken since fails `start` (or, with any_port_if_taken, another
+    port serves)."""
 
     def __init__(
         self,
@@ -89,23 +89,17 @@ class EmbeddedDashboard:
         peer_id: str,
         status: StatusFn,
         any_port_if_taken: bool = False,
-        access: str = "",
     ) -> None:
         self.settings = DashboardSettings(host=host, port=port, token=token)
-        self.any_port_if_taken, self.access = any_port_if_taken, access
-        try:
-            check_free(self.settings.host, self.settings.port)
-        except OSError as exc:
-            if not any_port_if_taken:
-                raise OSError(f"{exc}; pass another --dashboard-port (0: any free port)") from None
+        self.any_port_if_taken = any_port_if_taken
         self.history = History(self.settings)
         self.source = EmbeddedSource(run_id, status, self.settings, self.history)
-        self._local_peer_id = peer_id
+        self._recorder = EventRecorder(self.history, peer_id)
         self._server: DashboardServer | None = None
 
-    def tee(self, events: EventLog) -> EventLog:
-        """The node's event log, unchanged, with its notable events also kept for the page."""
-        return HistoryTee(events, self.history, self._local_peer_id)
+    def record(self, event: str, fields: dict[str, Any], *, t: float) -> None:
+        """One of the node's events, emitted at unix time t, kept if the page shows it."""
+        self._recorder.record(event, fields, t=t)
 
     def start(self) -> str:
         # Here, not at import: fastapi and uvicorn cost ~a third of `import torch`, and a node

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import OrderedDict, deque
 from typing import Any, TypeVar
 
@@ -19,7 +18,6 @@ from dashboard.models import (
 )
 from dashboard.settings import DashboardSettings
 from dashboard.view import SwarmState, totals
-from node.events import EventLog
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -144,29 +142,22 @@ def _thin(items: list[T], max_points: int | None) -> list[T]:
     return [*picked, items[-1]]
 
 
-class HistoryTee:
-    """An EventLog that passes every event on unchanged and records the notable ones."""
+class EventRecorder:
+    """Keeps a node's notable events for the page: joins, leaves, rejections, its own start and
+    stop, and a loss point per round. Each at the time it was emitted, which for an event the
+    node emitted before its dashboard was built (node.dashboard_seam) is earlier than now."""
 
-    def __init__(self, inner: EventLog, history: History, local_peer_id: str) -> None:
-        self._inner = inner
+    def __init__(self, history: History, local_peer_id: str) -> None:
         self._history = history
         self._local = local_peer_id
 
-    def emit(self, event: str, **fields: Any) -> None:
-        self._inner.emit(event, **fields)
+    def record(self, event: str, fields: dict[str, Any], *, t: float) -> None:
         try:
-            self._record(event, fields)
+            self._record(event, fields, t)
         except Exception as exc:  # the dashboard must never cost the node an event
             logger.warning("dashboard could not record %s: %s", event, exc)
 
-    def progress(self, **fields: Any) -> None:
-        self._inner.progress(**fields)
-
-    def close(self) -> None:
-        self._inner.close()
-
-    def _record(self, event: str, f: dict[str, Any]) -> None:
-        now = time.time()
+    def _record(self, event: str, f: dict[str, Any], now: float) -> None:
         add = self._history.add_event
         if event == "peer_joined":
             add("joined", str(f["peer_id"]), _org_detail(f.get("org")), t=now)

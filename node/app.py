@@ -3,18 +3,13 @@
 `compose` builds, in order: the identity and checkpoint locks, the identity, data, model,
 replica and pipeline, the learner, the dashboard, the swarm (the network's, or an
 `OfflineSwarm` with --no-swarm), telemetry, publishing, persistence and the Trainer. Nothing
-else in node/ constructs collaborators; `node.runtime.Node` runs what is built here.
-
-It is also the one seam between node/ and dashboard/ (which sits above node/ in the import
-layers, see pyproject's [tool.importlinter]): no other module of node/ imports dashboard/.
-The dashboard knows a node only as a callable returning its `node.snapshot.NodeStatus`.
+else in node/ constructs collaborators; `node.runtime.Node` runs what is built here. The
+dashboard is built through node.dashboard_seam, node/'s one module that imports dashboard/.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,8 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dashboard.embedded import DEFAULT_DASHBOARD_PORT, EmbeddedDashboard
-from dashboard.settings import StandaloneConfig
 from dht.known_peers import join_peers, remember_peers
 from merge.allowlist import AllowList
 from merge.codecs import get_codec
@@ -42,6 +35,7 @@ from node.builders import (
     host_facts,
 )
 from node.config import JoinConfig
+from node.dashboard_seam import NodeDashboard, build_dashboard
 from node.data import Corpus, load_corpus, split_corpus
 from node.distributed import ShardedLearner
 from node.events import EventLog, make_event_log
@@ -55,7 +49,6 @@ from node.persistence import Persistence
 from node.publishing import FragmentStreams, Publisher, RoundPublishing, WholeUpdates
 from node.round_size import RoundSizeConfig, RoundSizer
 from node.seq_ledger import SeqLedger
-from node.snapshot import NodeStatus
 from node.stats import NodeStats
 from node.swarm_link import OfflineSwarm, SwarmLink
 from node.swarm_start import StartingSwarm
@@ -69,14 +62,7 @@ if TYPE_CHECKING:  # hivemind: imported beside training (node.swarm_start)
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "NodeParts",
-    "StandaloneConfig",
-    "build_events",
-    "compose",
-    "compose_follower",
-    "serve_dashboard",
-]
+__all__ = ["NodeParts", "build_events", "compose", "compose_follower"]
 
 
 @dataclass
@@ -98,7 +84,8 @@ class NodeParts:
     learner: Learner
     stats: NodeStats
     events: EventLog
-    dashboard: EmbeddedDashboard | None
+    dashboard: NodeDashboard | None
+    """Built and served beside training; until then it keeps the events it will show."""
     swarm: SwarmLink
     """The network's (a StartingSwarm), or an OfflineSwarm with --no-swarm."""
     telemetry: Telemetry
@@ -297,45 +284,6 @@ def compose_follower(config: JoinConfig, peer_id: str, device: torch.device) -> 
     learner = build_learner(config, spec, model, split_corpus(corpus), peer_id, device)
     assert isinstance(learner, ShardedLearner)
     return learner
-
-
-# ---- the dashboard seam ----------------------------------------------------------------------
-
-
-def build_dashboard(
-    config: JoinConfig, peer_id: str, status: Callable[[], NodeStatus]
-) -> EmbeddedDashboard | None:
-    """The node's own dashboard: on --dashboard-port, else on 8000 or any free port."""
-    if not config.dashboard:
-        return None
-    return EmbeddedDashboard(
-        host=config.dashboard_host,
-        port=DEFAULT_DASHBOARD_PORT if config.dashboard_port is None else config.dashboard_port,
-        any_port_if_taken=config.dashboard_port is None,
-        access=dashboard_access(config),
-        token=config.dashboard_token,
-        run_id=config.run_id,
-        peer_id=peer_id,
-        status=status,
-    )
-
-
-def dashboard_access(config: JoinConfig) -> str:
-    """Who may open the dashboard, as the console line under its URL says it."""
-    if config.dashboard_token_file is not None:
-        return f"token in {config.dashboard_token_file}"
-    if config.dashboard_token is not None:
-        return "token given by --dashboard-token"
-    if ipaddress.ip_address(config.dashboard_host).is_loopback:
-        return "no token: open to this machine only"
-    return "no token: open to the network"
-
-
-def serve_dashboard(config: StandaloneConfig, events: EventLog, stop: threading.Event) -> None:
-    """`diloco-node dashboard`: the swarm's dashboard without training, until `stop`."""
-    from dashboard.standalone import serve  # fastapi: not on a training node's start-up
-
-    serve(config, events, stop)
 
 
 def _peers_remembered(swarm: SwarmLink, checkpoint_dir: Path) -> Callable[[], None]:

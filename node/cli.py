@@ -15,8 +15,9 @@ from typing import NoReturn
 from dht.addresses import parse_peer_maddr
 from dht.swarm_config import SwarmError
 from merge.identity import Identity
-from node.app import StandaloneConfig, build_events, serve_dashboard
+from node.app import build_events
 from node.config import DEFAULT_IDENTITY, JoinConfig, add_config_arguments, config_from_args
+from node.dashboard_seam import StandaloneConfig, serve_dashboard
 from node.events import EventLog, JsonEventLog, configure_logging
 from node.export import export_checkpoint
 from node.local_nodes import find_local_nodes, nodes_dir
