@@ -1,7 +1,7 @@
 """The import contracts of pyproject's [tool.importlinter] hold: layers dashboard > node > dht >
-merge (node reaches dashboard only through node.app), dht reaches the merge only through its
-port (dht.merge_port, never merge.pipeline), the settings import no model code, and no module
-imports itself in a cycle."""
+merge (node reaches dashboard only through node.dashboard_seam), dht reaches the merge only
+through its port (dht.merge_port, never merge.pipeline), the settings import no model code, and
+no module imports itself in a cycle."""
 
 from __future__ import annotations
 
