@@ -10,8 +10,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 REPO = Path(__file__).resolve().parents[1]
+
+# Property tests that name no example count of their own run 50 examples (hypothesis's default
+# is 100) and have no per-example deadline: the suite runs on a loaded 2-core CI machine, where a
+# slow example is load, not a bug. HYPOTHESIS_PROFILE=thorough restores hypothesis's defaults
+# (a local hunt for counterexamples); a test's own @settings(max_examples=...) wins in both.
+settings.register_profile("suite", max_examples=50, deadline=None)
+settings.register_profile("thorough", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
 
 
 @pytest.fixture

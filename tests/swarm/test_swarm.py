@@ -223,12 +223,15 @@ def test_a_straggler_delays_nobody_and_its_late_update_weighs_less(launch: Launc
 def test_a_forged_update_is_rejected_and_counted_and_another_config_is_refused_clearly(
     launch: Launch, tmp_path: Path
 ) -> None:
-    """One node, two intruders one after the other (sharing the victim's start-up): a peer
-    whose update was changed after signing, then a node whose model config differs."""
+    """One node, two intruders at once (sharing the victim's start-up): a peer whose update
+    was changed after signing, and a node whose model config differs."""
     run = [*RUN, "--run-id", "their-run"]
     victim = launch(*run, name="victim")
     maddr = victim.wait_listening(START_S)[0]
     victim.wait_for_event("round_done", START_S)
+    # The odd node starts now, beside the forger: its start-up and refusal overlap the forger's
+    # (it is refused at the run check, before it publishes or fetches anything).
+    other = launch(*RUN, "--seed", "7", "--peers", maddr, name="odd")  # no --run-id
     forger = subprocess.run(
         [sys.executable, "-m", "tests.swarm.forger", maddr, str(tmp_path / "forger"), *run],
         cwd=REPO, capture_output=True, text=True, timeout=FORGER_S,
@@ -249,7 +252,6 @@ def test_a_forged_update_is_rejected_and_counted_and_another_config_is_refused_c
     )
     assert not [e for e in victim.of("update_merged") if e["author"] == rejected["author"]]
 
-    other = launch(*RUN, "--seed", "7", "--peers", maddr, name="odd")  # no --run-id
     assert other.wait_exit(START_S) != 0
     error = other.stderr_tail()
     # The run its peer trains, with that run's settings (not diloco-default beside it) ...

@@ -573,9 +573,11 @@ def check_dockerfile(text: str) -> None:
 # --- tests of the real files -------------------------------------------------------------
 
 
-@pytest.fixture
-def swarm(tmp_path: Path) -> Swarm:
-    return start_swarm(load_compose(), tmp_path / "volumes", DOCKERFILE.read_text())
+@pytest.fixture(scope="module")
+def swarm(tmp_path_factory: pytest.TempPathFactory) -> Swarm:
+    """Started once for the module: the tests below only read it (and its key files)."""
+    volumes = tmp_path_factory.mktemp("volumes")
+    return start_swarm(load_compose(), volumes, DOCKERFILE.read_text())
 
 
 def test_each_node_command_is_accepted_by_the_cli(swarm: Swarm) -> None:
@@ -779,10 +781,17 @@ MUTATIONS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
 }
 
 
+@pytest.fixture(scope="module")
+def intact_passes(swarm: Swarm) -> None:
+    """Every check passes on the intact file (run once for the module, not once per mutation;
+    each mutation test errors if it fails): a check that fails below fails for the mutation."""
+    _all_checks(swarm)
+
+
+@pytest.mark.usefixtures("intact_passes")
 @pytest.mark.parametrize("mutation", list(MUTATIONS))
 def test_checks_fail_on_a_broken_compose_file(tmp_path: Path, mutation: str) -> None:
     edit, message = MUTATIONS[mutation]
-    _all_checks(start_swarm(load_compose(), tmp_path / "intact", DOCKERFILE.read_text()))
     broken = copy.deepcopy(load_compose())
     edit(broken)
     with pytest.raises(AssertionError, match=re.escape(message)):
