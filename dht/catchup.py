@@ -10,9 +10,11 @@ the caller); it is wanted again if a holder shows up later.
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from dht.fetch_order import FetchOrder
 
 UpdateId = tuple[str, int]
 Ranges = dict[str, list[tuple[int, int]]]
@@ -81,6 +83,8 @@ class _Want:
     in_flight: str | None = None
     named_by: str | None = None
     """The peer whose summary made this update wanted (its max_wants_per_peer share)."""
+    deferred: bool = False
+    """Passed over at least once by the fresh authors' fetch cap (dht.fetch_order)."""
 
 
 @dataclass(frozen=True)
@@ -96,10 +100,23 @@ class Learned:
 class CatchUp:
     """The wanted updates of one node and the decisions about them; not thread-safe."""
 
-    def __init__(self, config: CatchUpConfig, self_id: str, applied: AppliedSet) -> None:
+    def __init__(
+        self,
+        config: CatchUpConfig,
+        self_id: str,
+        applied: AppliedSet,
+        fetch_order: FetchOrder | None = None,
+    ) -> None:
         self.config = config
         self.self_id = self_id
         self._applied = applied
+        self.fetch_order = fetch_order or FetchOrder()
+        self.is_fresh: Callable[[str], bool] = lambda author: False
+        """Whether an author has no track record here (set by gossip from the merge's
+        verdicts): its wants come after established authors' and are rate-capped."""
+        self.newly_deferred: list[UpdateId] = []
+        """Updates the fresh authors' fetch cap passed over for the first time, for the
+        caller to count (and clear)."""
         self._wants: dict[UpdateId, _Want] = {}
         self._settled: dict[UpdateId, None] = {}
         """Updates fetched and refused for good, oldest first (bounded by max_wants)."""
@@ -202,6 +219,8 @@ class CatchUp:
             + len(self._last_summary)
             + len(self._holder_lookup_at)
             + len(self._named_by)
+            + len(self.newly_deferred)
+            + self.fetch_order.num_tracked()
         )
 
     def seen_seqs(self) -> dict[str, int]:
@@ -215,19 +234,32 @@ class CatchUp:
     # ---- what the node does next --------------------------------------------------------------
 
     def next_fetches(self, now: float, alive: set[str]) -> list[Fetch]:
-        """Fetches to start now, at most max_in_flight running; lowest seqs of each author first."""
-        budget = self.config.max_in_flight - sum(
-            w.in_flight is not None for w in self._wants.values()
-        )
+        """Fetches to start now, at most max_in_flight running: established authors' wants
+        first, fresh authors' within their caps (dht.fetch_order); each author's lowest seqs
+        first. A fresh want over its author's cap stays wanted (deferred, noted once)."""
+        running = [uid for uid, want in self._wants.items() if want.in_flight is not None]
+        budget = self.config.max_in_flight - len(running)
+        fresh_in_flight = sum(self.is_fresh(author) for author, _ in running)
         fetches: list[Fetch] = []
-        for uid in sorted(self._wants):
+        if budget <= 0:
+            return fetches
+        for uid in self.fetch_order.order(self._wants, self.is_fresh):
             if budget <= 0:
                 break
             peer_id = self._pick_source(uid, now, alive)
-            if peer_id is not None:
-                self._wants[uid].in_flight = peer_id
-                fetches.append(Fetch(uid[0], uid[1], peer_id))
-                budget -= 1
+            if peer_id is None:
+                continue
+            want = self._wants[uid]
+            fresh = self.is_fresh(uid[0])
+            if fresh and not self.fetch_order.admit(uid[0], now, fresh_in_flight):
+                if not want.deferred:
+                    want.deferred = True
+                    self.newly_deferred.append(uid)
+                continue
+            want.in_flight = peer_id
+            fetches.append(Fetch(uid[0], uid[1], peer_id))
+            fresh_in_flight += fresh
+            budget -= 1
         return fetches
 
     def declare_lost(self, now: float, alive: set[str]) -> list[UpdateId]:

@@ -73,6 +73,7 @@ class Gossip:
         self.fetcher = Fetcher(
             ctx, on_evidence=self.evidence.on_evidence, retain=self.announcements.retain
         )
+        ctx.catchup.is_fresh = self.fetcher.is_fresh  # fresh authors' fetches come last, capped
         self.repair = Repair(ctx)
         # The stream handlers register() serves (attributes: a bench adversary swaps one).
         self.rpc_update: Handler = UpdateServer(ctx.retained).rpc_update
@@ -166,6 +167,10 @@ class Gossip:
             self.announcements.look_up_holders(author)
         for fetch in ctx.catchup.next_fetches(now, alive):
             ctx.network.spawn(self.fetcher.fetch_and_merge(fetch))
+        for author, seq in ctx.catchup.newly_deferred:
+            reason = "fresh author over its fetch rate"
+            ctx.reject("fetch_deferred", author, reason, seq=seq, update=False)
+        ctx.catchup.newly_deferred.clear()
 
 
 def catchup_config(config: SwarmConfig) -> CatchUpConfig:
