@@ -48,6 +48,11 @@ class CatchUpConfig:
     max_wants_per_peer: int = 4096
     """Updates wanted at once because one peer's summaries named them: one peer cannot fill
     the table (max_wants) that every other peer's repairs need room in."""
+    max_fresh_wants: int = 4096
+    """Updates of fresh authors (no track record here) wanted at once: a fetch-capped flood
+    (dht.fetch_order) announced faster than it is fetched cannot fill the table that
+    established authors' updates need room in. One over it is passed over (noted in
+    `newly_deferred`) and learned again from a later announcement lookup or summary."""
 
     def __post_init__(self) -> None:
         for name in ("lost_after_s", "retry_s", "mismatch_grace_s", "summary_period_s"):
@@ -61,6 +66,8 @@ class CatchUpConfig:
             raise ValueError(f"max_wants must be >= 1, got {self.max_wants!r}.")
         if self.max_wants_per_peer < 1:
             raise ValueError(f"max_wants_per_peer must be >= 1, got {self.max_wants_per_peer!r}.")
+        if self.max_fresh_wants < 1:
+            raise ValueError(f"max_fresh_wants must be >= 1, got {self.max_fresh_wants!r}.")
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,8 @@ class _Want:
     """The peer whose summary made this update wanted (its max_wants_per_peer share)."""
     deferred: bool = False
     """Passed over at least once by the fresh authors' fetch cap (dht.fetch_order)."""
+    fresh: bool = False
+    """Its author was fresh when it became wanted (counted in max_fresh_wants)."""
 
 
 @dataclass(frozen=True)
@@ -115,8 +124,8 @@ class CatchUp:
         """Whether an author has no track record here (set by gossip from the merge's
         verdicts): its wants come after established authors' and are rate-capped."""
         self.newly_deferred: list[UpdateId] = []
-        """Updates the fresh authors' fetch cap passed over for the first time, for the
-        caller to count (and clear)."""
+        """Fresh authors' updates passed over (by their fetch cap, for the first time, or
+        because max_fresh_wants were wanted), for the caller to count and clear."""
         self._wants: dict[UpdateId, _Want] = {}
         self._settled: dict[UpdateId, None] = {}
         """Updates fetched and refused for good, oldest first (bounded by max_wants)."""
@@ -128,6 +137,7 @@ class CatchUp:
         self._holder_lookup_at: dict[str, float] = {}
         self._named_by: dict[str, int] = {}
         """Wanted updates per peer whose summary named them."""
+        self._num_fresh_wants = 0
 
     # ---- what the node hears ------------------------------------------------------------------
 
@@ -356,13 +366,20 @@ class CatchUp:
                 return False
             if len(self._wants) >= self.config.max_wants:
                 return False
+            fresh_author = self.is_fresh(uid[0])
+            if fresh_author and self._num_fresh_wants >= self.config.max_fresh_wants:
+                self.newly_deferred.append(uid)
+                return False
             if uid in self.lost:
                 self.lost.discard(uid)
                 self.num_recovered += 1
             author = uid[0]
             maybe = {author} if author != self.self_id else set()
             since = None if fresh | maybe else now
-            self._wants[uid] = _Want(header, fresh | maybe, since, named_by=named_by)
+            self._wants[uid] = _Want(
+                header, fresh | maybe, since, named_by=named_by, fresh=fresh_author
+            )
+            self._num_fresh_wants += fresh_author
             if named_by is not None:
                 self._named_by[named_by] = self._named_by.get(named_by, 0) + 1
             return True
@@ -374,6 +391,8 @@ class CatchUp:
     def _drop(self, uid: UpdateId) -> None:
         """No longer wanted: the share of the peer that named it is freed."""
         want = self._wants.pop(uid, None)
+        if want is not None:
+            self._num_fresh_wants -= want.fresh
         if want is not None and want.named_by is not None:
             left = self._named_by.get(want.named_by, 0) - 1
             if left > 0:

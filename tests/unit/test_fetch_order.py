@@ -137,6 +137,18 @@ def test_a_deferred_update_is_noted_once_and_stays_wanted() -> None:
     assert catchup.newly_deferred == [] and catchup.num_wanted == 8
 
 
+def test_a_flood_of_fresh_wants_leaves_room_for_established_authors() -> None:
+    """A flood announced faster than its cap lets it be fetched fills only its share of the
+    wanted table; an established author's update is still wanted, and fetched first."""
+    config = CatchUpConfig(max_in_flight=4, max_wants=64, max_fresh_wants=16)
+    catchup = CatchUp(config, "me", Applied())
+    catchup.is_fresh = lambda author: author == "flood"
+    new = [catchup.announced("flood", seq, None, 0.0) for seq in range(1, 101)]
+    assert sum(new) == 16 and len(catchup.newly_deferred) == 84
+    assert catchup.announced("honest", 1, None, 0.0)
+    assert catchup.next_fetches(0.0, {"flood", "honest"})[0].update_id == ("honest", 1)
+
+
 def test_no_fresh_author_means_the_old_order() -> None:
     catchup = CatchUp(CatchUpConfig(max_in_flight=4), "me", Applied())
     for author, seq in [("b", 2), ("a", 1), ("b", 1)]:
@@ -166,3 +178,5 @@ def test_a_token_bucket_refills_at_its_rate_up_to_its_burst() -> None:
 def test_a_bad_config_is_one_clear_error(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
         FetchOrderConfig(**{field: value})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_fresh_wants"):
+        CatchUpConfig(max_fresh_wants=0)
