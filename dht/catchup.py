@@ -48,11 +48,12 @@ class CatchUpConfig:
     max_wants_per_peer: int = 4096
     """Updates wanted at once because one peer's summaries named them: one peer cannot fill
     the table (max_wants) that every other peer's repairs need room in."""
-    max_fresh_wants: int = 4096
-    """Updates of fresh authors (no track record here) wanted at once: a fetch-capped flood
-    (dht.fetch_order) announced faster than it is fetched cannot fill the table that
-    established authors' updates need room in. One over it is passed over (noted in
-    `newly_deferred`) and learned again from a later announcement lookup or summary."""
+    max_fresh_wants: int = 512
+    """Updates of fresh authors (no track record here) wanted at once: minutes of their fetch
+    cap (dht.fetch_order). A flood announced faster than it is fetched cannot fill the table
+    that established authors' updates need room in, and the table the pump walks on every
+    announcement stays small. One over it is passed over (noted in `newly_deferred`) and
+    learned again from a later announcement lookup or summary."""
 
     def __post_init__(self) -> None:
         for name in ("lost_after_s", "retry_s", "mismatch_grace_s", "summary_period_s"):
@@ -253,7 +254,8 @@ class CatchUp:
         fetches: list[Fetch] = []
         if budget <= 0:
             return fetches
-        for uid in self.fetch_order.order(self._wants, self.is_fresh):
+        with_fresh = self.fetch_order.may_admit(now, fresh_in_flight)
+        for uid in self.fetch_order.order(self._wants, self.is_fresh, with_fresh=with_fresh):
             if budget <= 0:
                 break
             peer_id = self._pick_source(uid, now, alive)

@@ -82,15 +82,27 @@ class FetchOrder:
         self._authors: dict[str, TokenBucket] = {}
         """Fresh authors' buckets; a full one is forgotten (it holds nothing a new one lacks)."""
 
-    def order(self, wanted: Iterable[UpdateId], is_fresh: Callable[[str], bool]) -> list[UpdateId]:
-        """`wanted`, established authors' first, then fresh authors'; within each, authors
-        take turns (by name), each author's lowest seqs first."""
+    def order(
+        self,
+        wanted: Iterable[UpdateId],
+        is_fresh: Callable[[str], bool],
+        *,
+        with_fresh: bool = True,
+    ) -> list[UpdateId]:
+        """`wanted`, established authors' first, then (`with_fresh`) fresh authors'; within
+        each, authors take turns (by name), each author's lowest seqs first."""
         seqs: dict[str, list[int]] = {}
         for author, seq in wanted:
             seqs.setdefault(author, []).append(seq)
         established = sorted(a for a in seqs if not is_fresh(a))
-        fresh = sorted(a for a in seqs if is_fresh(a))
+        fresh = sorted(a for a in seqs if is_fresh(a)) if with_fresh else []
         return _take_turns(established, seqs) + _take_turns(fresh, seqs)
+
+    def may_admit(self, now: float, fresh_in_flight: int) -> bool:
+        """Whether any fresh author's fetch could start now: when not, fresh wants need not
+        even be ordered (the pump runs on every announcement: a backlog of thousands of a
+        flood's wants, sorted each time, held the loop; bench.attack sybil_learners)."""
+        return fresh_in_flight < self.config.max_fresh_in_flight and self._cohort.tokens(now) >= 1
 
     def admit(self, author: str, now: float, fresh_in_flight: int) -> bool:
         """Whether a fetch of fresh `author`'s update may start now, with `fresh_in_flight`

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 from pathlib import Path
@@ -167,10 +167,10 @@ class Gossip:
             self.announcements.look_up_holders(author)
         for fetch in ctx.catchup.next_fetches(now, alive):
             ctx.network.spawn(self.fetcher.fetch_and_merge(fetch))
-        for author, seq in ctx.catchup.newly_deferred:
-            reason = "fresh author over its fetch rate"
-            ctx.reject("fetch_deferred", author, reason, seq=seq, update=False)
+        deferred = Counter(author for author, _ in ctx.catchup.newly_deferred)
         ctx.catchup.newly_deferred.clear()
+        for author, n in deferred.items():
+            ctx.reject.count_many("fetch_deferred", author, n, "a fresh author over its fetch cap")
 
 
 def catchup_config(config: SwarmConfig) -> CatchUpConfig:
