@@ -10,9 +10,11 @@ the caller); it is wanted again if a holder shows up later.
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from dht.fetch_order import FetchOrder
 
 UpdateId = tuple[str, int]
 Ranges = dict[str, list[tuple[int, int]]]
@@ -46,6 +48,12 @@ class CatchUpConfig:
     max_wants_per_peer: int = 4096
     """Updates wanted at once because one peer's summaries named them: one peer cannot fill
     the table (max_wants) that every other peer's repairs need room in."""
+    max_fresh_wants: int = 512
+    """Updates of fresh authors (no track record here) wanted at once: minutes of their fetch
+    cap (dht.fetch_order). A flood announced faster than it is fetched cannot fill the table
+    that established authors' updates need room in, and the table the pump walks on every
+    announcement stays small. One over it is passed over (noted in `newly_deferred`) and
+    learned again from a later announcement lookup or summary."""
 
     def __post_init__(self) -> None:
         for name in ("lost_after_s", "retry_s", "mismatch_grace_s", "summary_period_s"):
@@ -59,6 +67,8 @@ class CatchUpConfig:
             raise ValueError(f"max_wants must be >= 1, got {self.max_wants!r}.")
         if self.max_wants_per_peer < 1:
             raise ValueError(f"max_wants_per_peer must be >= 1, got {self.max_wants_per_peer!r}.")
+        if self.max_fresh_wants < 1:
+            raise ValueError(f"max_fresh_wants must be >= 1, got {self.max_fresh_wants!r}.")
 
 
 @dataclass(frozen=True)
@@ -81,6 +91,10 @@ class _Want:
     in_flight: str | None = None
     named_by: str | None = None
     """The peer whose summary made this update wanted (its max_wants_per_peer share)."""
+    deferred: bool = False
+    """Passed over at least once by the fresh authors' fetch cap (dht.fetch_order)."""
+    fresh: bool = False
+    """Its author was fresh when it became wanted (counted in max_fresh_wants)."""
 
 
 @dataclass(frozen=True)
@@ -96,10 +110,23 @@ class Learned:
 class CatchUp:
     """The wanted updates of one node and the decisions about them; not thread-safe."""
 
-    def __init__(self, config: CatchUpConfig, self_id: str, applied: AppliedSet) -> None:
+    def __init__(
+        self,
+        config: CatchUpConfig,
+        self_id: str,
+        applied: AppliedSet,
+        fetch_order: FetchOrder | None = None,
+    ) -> None:
         self.config = config
         self.self_id = self_id
         self._applied = applied
+        self.fetch_order = fetch_order or FetchOrder()
+        self.is_fresh: Callable[[str], bool] = lambda author: False
+        """Whether an author has no track record here (set by gossip from the merge's
+        verdicts): its wants come after established authors' and are rate-capped."""
+        self.newly_deferred: list[UpdateId] = []
+        """Fresh authors' updates passed over (by their fetch cap, for the first time, or
+        because max_fresh_wants were wanted), for the caller to count and clear."""
         self._wants: dict[UpdateId, _Want] = {}
         self._settled: dict[UpdateId, None] = {}
         """Updates fetched and refused for good, oldest first (bounded by max_wants)."""
@@ -111,6 +138,7 @@ class CatchUp:
         self._holder_lookup_at: dict[str, float] = {}
         self._named_by: dict[str, int] = {}
         """Wanted updates per peer whose summary named them."""
+        self._num_fresh_wants = 0
 
     # ---- what the node hears ------------------------------------------------------------------
 
@@ -202,6 +230,8 @@ class CatchUp:
             + len(self._last_summary)
             + len(self._holder_lookup_at)
             + len(self._named_by)
+            + len(self.newly_deferred)
+            + self.fetch_order.num_tracked()
         )
 
     def seen_seqs(self) -> dict[str, int]:
@@ -215,19 +245,33 @@ class CatchUp:
     # ---- what the node does next --------------------------------------------------------------
 
     def next_fetches(self, now: float, alive: set[str]) -> list[Fetch]:
-        """Fetches to start now, at most max_in_flight running; lowest seqs of each author first."""
-        budget = self.config.max_in_flight - sum(
-            w.in_flight is not None for w in self._wants.values()
-        )
+        """Fetches to start now, at most max_in_flight running: established authors' wants
+        first, fresh authors' within their caps (dht.fetch_order); each author's lowest seqs
+        first. A fresh want over its author's cap stays wanted (deferred, noted once)."""
+        running = [uid for uid, want in self._wants.items() if want.in_flight is not None]
+        budget = self.config.max_in_flight - len(running)
+        fresh_in_flight = sum(self.is_fresh(author) for author, _ in running)
         fetches: list[Fetch] = []
-        for uid in sorted(self._wants):
+        if budget <= 0:
+            return fetches
+        with_fresh = self.fetch_order.may_admit(now, fresh_in_flight)
+        for uid in self.fetch_order.order(self._wants, self.is_fresh, with_fresh=with_fresh):
             if budget <= 0:
                 break
             peer_id = self._pick_source(uid, now, alive)
-            if peer_id is not None:
-                self._wants[uid].in_flight = peer_id
-                fetches.append(Fetch(uid[0], uid[1], peer_id))
-                budget -= 1
+            if peer_id is None:
+                continue
+            want = self._wants[uid]
+            fresh = self.is_fresh(uid[0])
+            if fresh and not self.fetch_order.admit(uid[0], now, fresh_in_flight):
+                if not want.deferred:
+                    want.deferred = True
+                    self.newly_deferred.append(uid)
+                continue
+            want.in_flight = peer_id
+            fetches.append(Fetch(uid[0], uid[1], peer_id))
+            fresh_in_flight += fresh
+            budget -= 1
         return fetches
 
     def declare_lost(self, now: float, alive: set[str]) -> list[UpdateId]:
@@ -324,13 +368,20 @@ class CatchUp:
                 return False
             if len(self._wants) >= self.config.max_wants:
                 return False
+            fresh_author = self.is_fresh(uid[0])
+            if fresh_author and self._num_fresh_wants >= self.config.max_fresh_wants:
+                self.newly_deferred.append(uid)
+                return False
             if uid in self.lost:
                 self.lost.discard(uid)
                 self.num_recovered += 1
             author = uid[0]
             maybe = {author} if author != self.self_id else set()
             since = None if fresh | maybe else now
-            self._wants[uid] = _Want(header, fresh | maybe, since, named_by=named_by)
+            self._wants[uid] = _Want(
+                header, fresh | maybe, since, named_by=named_by, fresh=fresh_author
+            )
+            self._num_fresh_wants += fresh_author
             if named_by is not None:
                 self._named_by[named_by] = self._named_by.get(named_by, 0) + 1
             return True
@@ -342,6 +393,8 @@ class CatchUp:
     def _drop(self, uid: UpdateId) -> None:
         """No longer wanted: the share of the peer that named it is freed."""
         want = self._wants.pop(uid, None)
+        if want is not None:
+            self._num_fresh_wants -= want.fresh
         if want is not None and want.named_by is not None:
             left = self._named_by.get(want.named_by, 0) - 1
             if left > 0:

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 from pathlib import Path
@@ -73,6 +73,7 @@ class Gossip:
         self.fetcher = Fetcher(
             ctx, on_evidence=self.evidence.on_evidence, retain=self.announcements.retain
         )
+        ctx.catchup.is_fresh = self.fetcher.is_fresh  # fresh authors' fetches come last, capped
         self.repair = Repair(ctx)
         # The stream handlers register() serves (attributes: a bench adversary swaps one).
         self.rpc_update: Handler = UpdateServer(ctx.retained).rpc_update
@@ -166,6 +167,10 @@ class Gossip:
             self.announcements.look_up_holders(author)
         for fetch in ctx.catchup.next_fetches(now, alive):
             ctx.network.spawn(self.fetcher.fetch_and_merge(fetch))
+        deferred = Counter(author for author, _ in ctx.catchup.newly_deferred)
+        ctx.catchup.newly_deferred.clear()
+        for author, n in deferred.items():
+            ctx.reject.count_many("fetch_deferred", author, n, "a fresh author over its fetch cap")
 
 
 def catchup_config(config: SwarmConfig) -> CatchUpConfig:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 
 from dht.catchup import Fetch
@@ -17,8 +17,11 @@ from dht.swarm_config import REQUEST_READ_TIMEOUT_S
 from dht.transport import TooLargeError, TransportError
 from merge.envelope import EnvelopeError, SignedUpdate
 from merge.equivocation import Proof
+from merge.result import MergeResult
 
 logger = logging.getLogger(__name__)
+MAX_AUTHORS_JUDGED = 4096
+"""Authors whose freshness the fetcher remembers (the most recently merged)."""
 
 
 class Fetcher:
@@ -37,6 +40,14 @@ class Fetcher:
         self._retain = retain
         self.fetches: deque[TransferStats] = deque(maxlen=1000)
         """The last fetches' sizes and speeds (the dashboard's transfer figures)."""
+        self._fresh: OrderedDict[str, bool] = OrderedDict()
+        """Per author, whether the merge found it fresh after its latest update merged here."""
+
+    def is_fresh(self, author: str) -> bool:
+        """Whether `author` had no track record here when its latest update was merged (an
+        author none of whose updates merged yet is fresh). Read on the loop: the merge's own
+        `is_fresh_author` takes the replica's lock, which a merge holds for its whole apply."""
+        return self._fresh.get(author, True)
 
     async def fetch_and_merge(self, fetch: Fetch) -> None:
         ctx, uid = self._ctx, fetch.update_id
@@ -45,7 +56,8 @@ class Fetcher:
             ctx.catchup.failed(uid, fetch.peer_id, time.monotonic())
             ctx.kick()
             return
-        result = await ctx.off_loop(ctx.merge.submit, update)
+        result, fresh = await ctx.off_loop(self._submit, update)
+        self._judged(update.header.author, fresh)
         ctx.catchup.fetched(uid)
         if result.reason == "equivocation":
             self._on_evidence(ctx.merge.evidence(update.signed_header))
@@ -54,6 +66,17 @@ class Fetcher:
         if result.accepted:
             await self._retain(update)
         ctx.kick()
+
+    def _submit(self, update: SignedUpdate) -> tuple[MergeResult, bool]:
+        """On the merge's thread: the update merged, and whether its author is fresh after."""
+        merge = self._ctx.merge
+        return merge.submit(update), merge.is_fresh_author(update.header.author)
+
+    def _judged(self, author: str, fresh: bool) -> None:
+        self._fresh[author] = fresh
+        self._fresh.move_to_end(author)
+        if len(self._fresh) > MAX_AUTHORS_JUDGED:
+            self._fresh.popitem(last=False)
 
     async def _fetch_update(self, fetch: Fetch) -> SignedUpdate | None:
         """The update from `fetch.peer_id`, or None when it could not or would not give it."""

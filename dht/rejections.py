@@ -36,6 +36,14 @@ class Rejections:
         if update and reason != "bad_heartbeat":
             self._on_merge(MergeResult(False, author, seq or -1, 0, 0.0, reason))
 
+    def count_many(self, reason: str, author: str, n: int, detail: str) -> None:
+        """`n` refusals of one reason from one peer at once, in one log line (not an update's
+        merge result): what a flood causes by the thousand is counted without a line each."""
+        if n > 0:
+            self.counts[reason] += n
+            self.log.count(author, reason, n)
+            logger.info("rejected %d x %s from %s: %s", n, reason, author, detail)
+
     def add_dht_refusals(self, counts: Mapping[str, int]) -> None:
         """Records the DHT process refused since the last call (dht.records.RefusalCounts),
         per reason. Who wrote a record is unknown to the DHT, so they are counted under the

@@ -13,9 +13,11 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 UpdateId = tuple[str, int]
-FRESH_MEMORY_SHARE = 1 / 8
+FRESH_MEMORY_SHARE = 1 / 32
 """The share of the memory budget that authors without a track record hold together: 40 Sybil
-keys' updates filled all 256 MB of it (bench.attack sybil_learners: +250 MB RSS)."""
+keys' updates filled all 256 MB of it (bench.attack sybil_learners: +250 MB RSS); an eighth
+(32 MB) still left the class +69 MB over the clean peak, against a 60 MB bound. A 32nd is 8 MB
+of the default budget: an honest newcomer's few updates a round fit, the rest spill to disk."""
 
 
 class RetainedUpdates:

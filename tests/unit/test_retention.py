@@ -35,11 +35,11 @@ def test_close_removes_the_spill_directory(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == [] and retained.ids() == []
 
 
-def test_fresh_authors_hold_an_eighth_of_the_memory_budget_together(tmp_path: Path) -> None:
+def test_fresh_authors_hold_a_32nd_of_the_memory_budget_together(tmp_path: Path) -> None:
     """40 Sybil keys' updates filled the whole memory budget (bench.attack sybil_learners:
-    +250 MB RSS); now fresh authors share an eighth of it and the rest spill to disk, served
+    +250 MB RSS); now fresh authors share a 32nd of it and the rest spill to disk, served
     all the same, and an established author's updates stay in memory."""
-    retained = RetainedUpdates(per_author=16, budget_bytes=8_000, spill_dir=tmp_path)
+    retained = RetainedUpdates(per_author=16, budget_bytes=32_000, spill_dir=tmp_path)
     retained.is_fresh = lambda author: author.startswith("sybil")
     for seq in range(4):
         retained.put(("alice", seq), b"a" * 500)
