@@ -22,7 +22,11 @@ codec uses by default (sparse: outer momentum 0.5, merge.feedback), each learner
 round from the replica minus its own residual as a node does (Compressor.round_start). Every
 codec sees the same data in the same order for the same tokens; the final validation loss is
 compared with bf16's, and each row counts the robust verdicts (merge.robust) that clipped its
-updates: the merge path judges every codec's updates by the same norms and directions.
+updates: the merge path judges every codec's updates by the same norms and directions. At the
+end the learners stop as nodes do: each sends what its error feedback still holds once, dense
+(WholeUpdates.flush, a bf16 update); the final loss is after it (`val_loss_before_flush`
+before), and `bytes_ratio_vs_dp_with_flush` counts the flush's bytes over a run of
+`--train-rounds` rounds at the bytes' M and H.
 
 Peak-to-mean, measured: a real node (node.runtime.Node, offline, `--schedule-model`) trains
 one round of H = `--inner-steps` steps with each codec, once whole (P = 1) and once with
@@ -63,7 +67,7 @@ from merge.weighting import TokenWeightConfig
 from node.config import JoinConfig
 from node.events import RecordingEventLog
 from node.model import build_model, model_config
-from node.publishing import Publisher, WholeUpdates
+from node.publishing import FLUSH_CODEC, Publisher, WholeUpdates
 from node.runtime import Node
 from node.seq_ledger import SeqLedger
 from node.stats import NodeStats
@@ -165,6 +169,14 @@ def swarm_bytes_per_step(envelope: int, announcement: int, learners: int, h: int
     return 2 * (learners - 1) * (envelope + announcement) / h
 
 
+def flush_bytes_per_step(numel: int, learners: int, h: int, rounds: int) -> float:
+    """Sent + received per learner per inner step, over a run of `rounds` rounds, by each
+    learner's one dense flush of its residual when it stops (a bf16 update served to the
+    M - 1 others): it weighs 1 / (rounds x H) of the run, so long runs amortize it away."""
+    envelope, announcement = wire_bytes(FLUSH_CODEC, numel, h, learners)
+    return 2 * (learners - 1) * (envelope + announcement) / (rounds * h)
+
+
 def peak_to_mean(per_step: list[int]) -> float:
     """Peak over mean of a learner's upload per inner step over a round."""
     return max(per_step) / (sum(per_step) / len(per_step))
@@ -188,7 +200,8 @@ def published_per_step(codec: str, fragments: int, config: WireConfig) -> list[i
     if fragments == 1:  # a whole update: sealed after the round's last step
         (done,) = events.of("round_done")
         per_step[done["steps"] - 1] += done["update_bytes"]
-    if sum(per_step) == 0 or len(events.of("update_merged")) != fragments:
+    merged = len(events.of("update_merged")) - len(events.of("residual_flushed"))  # at stop
+    if sum(per_step) == 0 or merged != fragments:
         raise SystemExit(f"{codec}, P = {fragments}: the node did not publish its updates")
     return per_step
 
@@ -214,10 +227,15 @@ class Trained:
     """Updates whose contribution a robust verdict clipped or zeroed, by reason
     (merge.robust.REASONS): the merge path judges every codec's updates alike."""
     val_loss_unlagged: float
-    """The final validation loss of the replica minus the learners' mean residual: as if
-    what they trained but have not sent yet had arrived (the final loss for a codec without
-    error feedback). Its gap to the final loss is the codec's lag, not a loss: error
-    feedback sends it in later rounds."""
+    """The validation loss of the replica minus the learners' mean residual before they
+    flushed it: as if what they trained but had not sent had arrived (the final loss for a
+    codec without error feedback). Its gap to `val_loss_before_flush` is the codec's lag."""
+    val_loss_before_flush: float
+    """The validation loss after the last round, before the learners stopped; the final
+    loss (in `curve`) is after each sent its residual once, dense, as a stopping node does
+    (node.publishing's WholeUpdates.flush)."""
+    flush_updates: int
+    """Learners that flushed a residual (0 for a codec without error feedback)."""
 
 
 class SharedSwarm(OfflineSwarm):
@@ -289,12 +307,21 @@ def train(codec: str, config: WireConfig, ev: Evaluator) -> Trained:
             due = config.eval_every and rounds % config.eval_every == 0
             if rounds == config.train_rounds or due:
                 curve[rounds] = ev.val_loss(pipeline.replica.params)
+        before_flush = unlagged = curve[config.train_rounds]
+        residuals = [w.compressor.residual for w in learners]
+        if residuals[0].numel():
+            unlagged = ev.val_loss(pipeline.replica.params - torch.stack(residuals).mean(0))
+        flushed = [f for f in (w.flush() for w in learners) if f is not None]
+        for f in flushed:
+            if not f.result.accepted:
+                raise SystemExit(f"{codec}: a flush was rejected ({f.result.reason})")
+            if f.result.robust is not None:  # counted apart from the rounds' updates
+                key = f"flush_{f.result.robust}"
+                robust[key] = robust.get(key, 0) + 1
+        if flushed:  # the learners stop: each sends its residual once, dense
+            curve[config.train_rounds] = ev.val_loss(pipeline.replica.params)
     seconds = time.perf_counter() - started
-    final = curve[config.train_rounds]
-    residuals = [w.compressor.residual for w in learners]
-    if residuals[0].numel():
-        final = ev.val_loss(pipeline.replica.params - torch.stack(residuals).mean(0))
-    return Trained(curve, seconds, robust, final)
+    return Trained(curve, seconds, robust, unlagged, before_flush, len(flushed))
 
 
 def make_pipeline(
@@ -369,6 +396,11 @@ def main() -> None:
         envelope, announcement = wire_bytes(codec, numel, config.inner_steps, config.learners)
         swarm = swarm_bytes_per_step(envelope, announcement, config.learners, config.inner_steps)
         trained = train(codec, config, ev)
+        flush = 0.0
+        if trained.flush_updates:  # at --model's size, over a run of this length
+            flush = flush_bytes_per_step(
+                numel, config.learners, config.inner_steps, config.train_rounds
+            )
         curve = trained.curve
         reference = reference or curve
         val_loss, reference_loss = curve[config.train_rounds], reference[config.train_rounds]
@@ -387,6 +419,9 @@ def main() -> None:
             "val_loss_ratio_by_round": ratios,
             "robust_clipped": trained.robust,
             "val_loss_unlagged": trained.val_loss_unlagged,
+            "val_loss_before_flush": trained.val_loss_before_flush,
+            "flush_updates": trained.flush_updates,
+            "bytes_ratio_vs_dp_with_flush": round(dp / (swarm + flush), 1),
             "train_seconds": round(trained.seconds, 1),
         }
         rows.append(row)
@@ -395,7 +430,9 @@ def main() -> None:
             f"{row['bytes_ratio_vs_dp']:>9}x less than DP; val loss {val_loss:.4f} "
             f"({row['val_loss_ratio_vs_bf16']:.4f} of bf16), peak/mean {row['peak_to_mean']}, "
             f"robust verdicts {trained.robust}, {trained.val_loss_unlagged:.4f} with the "
-            "residuals in"
+            f"residuals in, {trained.val_loss_before_flush:.4f} before the learners flushed "
+            f"them ({row['bytes_ratio_vs_dp_with_flush']}x less than DP with the flush, "
+            f"over {config.train_rounds} rounds)"
         )
         if len(curve) > 1:
             print("        of bf16 by round: " + ", ".join(f"{r}: {x}" for r, x in ratios.items()))

@@ -10,7 +10,9 @@ per codec, on the same data in the same order: equal tokens. A row per (codec, M
 the final validation loss, its ratio to bf16's in the same cell, and the codec's bytes
 against data-parallel training's at that M and H for the `--model` size (and at bench.wire's
 reference M = `--learners`, H = `--inner-steps`). Cells run in `--grid-jobs` processes of
-one torch thread each. The final line is JSON.
+one torch thread each. The learners stop as nodes do (each flushes its error feedback residual
+once, dense): val_loss is after that, before_flush_ratio_vs_bf16 before it, and
+bytes_ratio_vs_dp_with_flush counts the flush over the cell's rounds. The final line is JSON.
 """
 
 from __future__ import annotations
@@ -23,7 +25,14 @@ from itertools import product
 import torch
 
 from bench.quality import Evaluator, QualityConfig
-from bench.wire import WireConfig, dp_bytes_per_step, swarm_bytes_per_step, train, wire_bytes
+from bench.wire import (
+    WireConfig,
+    dp_bytes_per_step,
+    flush_bytes_per_step,
+    swarm_bytes_per_step,
+    train,
+    wire_bytes,
+)
 
 ONE_PERCENT = 1.01
 
@@ -40,10 +49,13 @@ def cell_rounds(config: WireConfig, h: int) -> int:
     return max(config.grid_min_rounds, config.grid_steps // h)
 
 
-def bytes_ratio(codec: str, numel: int, learners: int, h: int) -> float:
-    """DP's bytes over the swarm's per learner per inner step (bench.wire's model of both)."""
+def bytes_ratio(codec: str, numel: int, learners: int, h: int, flush_rounds: int = 0) -> float:
+    """DP's bytes over the swarm's per learner per inner step (bench.wire's model of both);
+    with `flush_rounds`, counting each learner's dense flush at the end of that many rounds."""
     envelope, announcement = wire_bytes(codec, numel, h, learners)
     swarm = swarm_bytes_per_step(envelope, announcement, learners, h)
+    if flush_rounds:
+        swarm += flush_bytes_per_step(numel, learners, h, flush_rounds)
     return round(dp_bytes_per_step(numel, learners) / swarm, 1)
 
 
@@ -63,6 +75,8 @@ def train_cell(config: WireConfig, codec: str, learners: int, h: int) -> dict:
         "val_loss": trained.curve[cell.train_rounds],
         "robust_clipped": trained.robust,
         "val_loss_unlagged": trained.val_loss_unlagged,
+        "val_loss_before_flush": trained.val_loss_before_flush,
+        "flush_updates": trained.flush_updates,
         "train_seconds": round(trained.seconds, 1),
     }
 
@@ -82,7 +96,13 @@ def run_grid(config: WireConfig, codecs: list[str], numel: int) -> dict:
                 **r,
                 "val_loss_ratio_vs_bf16": round(r["val_loss"] / bf16_loss[cell], 5),
                 "unlagged_ratio_vs_bf16": round(r["val_loss_unlagged"] / bf16_loss[cell], 5),
+                "before_flush_ratio_vs_bf16": round(
+                    r["val_loss_before_flush"] / bf16_loss[cell], 5
+                ),
                 "bytes_ratio_vs_dp": bytes_ratio(r["codec"], numel, *cell),
+                "bytes_ratio_vs_dp_with_flush": bytes_ratio(
+                    r["codec"], numel, *cell, r["rounds"] if r["flush_updates"] else 0
+                ),
                 "bytes_ratio_vs_dp_at_reference": reference[r["codec"]],
             }
             rows.append(row)
@@ -102,9 +122,11 @@ def describe(row: dict, config: WireConfig) -> str:
     return (
         f"{row['codec']:>6} M={row['learners']} H={row['inner_steps']:>3} "
         f"rounds={row['rounds']:>2}: val loss {row['val_loss']:.4f} "
-        f"({row['val_loss_ratio_vs_bf16']:.4f} of bf16; {row['unlagged_ratio_vs_bf16']:.4f} with "
-        f"the residuals in), {row['bytes_ratio_vs_dp']}x less "
-        f"than DP here, {row['bytes_ratio_vs_dp_at_reference']}x at M={config.learners} "
+        f"({row['val_loss_ratio_vs_bf16']:.4f} of bf16 after the flush, "
+        f"{row['before_flush_ratio_vs_bf16']:.4f} before it, {row['unlagged_ratio_vs_bf16']:.4f} "
+        f"with the residuals in), {row['bytes_ratio_vs_dp']}x less than DP here "
+        f"({row['bytes_ratio_vs_dp_with_flush']}x with the flush over {row['rounds']} rounds), "
+        f"{row['bytes_ratio_vs_dp_at_reference']}x at M={config.learners} "
         f"H={config.inner_steps}, robust verdicts {row['robust_clipped']} "
         f"({row['train_seconds']} s)"
     )

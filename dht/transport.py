@@ -6,7 +6,10 @@ import asyncio
 import json
 import struct
 import threading
+import time
 from typing import Any
+
+from merge.codec_uplink import UplinkMeter
 
 HEADER = struct.Struct(">BQ")  # status byte, payload length
 OK, REFUSED = 1, 0
@@ -50,20 +53,30 @@ class WireBytes:
 
 
 WIRE_BYTES = WireBytes()
+UPLINK = UplinkMeter()
+"""This process's uplink, measured from its sends (`--codec auto` picks its codec by it)."""
 
 
 async def send_blob(writer: asyncio.StreamWriter, data: bytes, *, status: int = OK) -> None:
     """Counted chunk by chunk as the socket takes it: a stream the peer aborts (a fetch that
-    timed out over a slow link) counts what left, not the whole blob."""
-    writer.write(HEADER.pack(status, len(data)))
-    await writer.drain()
-    WIRE_BYTES.add(sent=HEADER.size)
-    view = memoryview(data)
-    for offset in range(0, len(view), CHUNK_BYTES):
-        chunk = view[offset : offset + CHUNK_BYTES]
-        writer.write(chunk)
+    timed out over a slow link) counts what left, not the whole blob. The same bytes over the
+    time they took measure the uplink (UPLINK)."""
+    sent = 0
+    UPLINK.begin(time.monotonic())
+    try:
+        writer.write(HEADER.pack(status, len(data)))
         await writer.drain()
-        WIRE_BYTES.add(sent=len(chunk))
+        WIRE_BYTES.add(sent=HEADER.size)
+        sent += HEADER.size
+        view = memoryview(data)
+        for offset in range(0, len(view), CHUNK_BYTES):
+            chunk = view[offset : offset + CHUNK_BYTES]
+            writer.write(chunk)
+            await writer.drain()
+            WIRE_BYTES.add(sent=len(chunk))
+            sent += len(chunk)
+    finally:
+        UPLINK.end(time.monotonic(), sent)
 
 
 async def receive_blob(

@@ -85,3 +85,78 @@ def pick_codec(
     if not choices:
         raise ValueError("no codec to choose from.")
     return next((choice for choice in choices if choice.fits), choices[-1])
+
+
+AUTO = "auto"
+"""`--codec auto`: the node picks its codec with `CodecPicker`."""
+START_CODEC = "bf16"
+"""What `--codec auto` sends before its uplink and round time are measured: the least lossy
+candidate, whose large sends measure the link (a small payload would time local buffers)."""
+UPGRADE_SHARE = 0.5
+"""A less lossy codec is taken only when it fits this share of the budget (hysteresis: a
+measured uplink that wavers about a threshold does not switch the codec every round)."""
+
+
+def start_codec(codec: str) -> str:
+    """The codec a node starts sending with: `codec` itself, or START_CODEC for auto."""
+    return START_CODEC if codec == AUTO else codec
+
+
+class CodecPicker:
+    """`--codec auto`: at each round start, the codec for this round from the uplink measured
+    so far and the time since the last round start (pick_codec), moving to a less lossy codec
+    only when it fits UPGRADE_SHARE of the budget, so the choice does not flap; to a lossier
+    one as soon as the current one does not fit. Before both figures are in: START_CODEC."""
+
+    def __init__(
+        self,
+        numel: int,
+        *,
+        share: float = DEFAULT_UPLINK_SHARE,
+        candidates: Iterable[str] = AUTO_CODECS,
+    ) -> None:
+        self.numel, self.share, self.candidates = numel, share, tuple(candidates)
+        self.codec = START_CODEC if START_CODEC in self.candidates else self.candidates[0]
+        self._last_start: float | None = None
+
+    def round_start(
+        self, now: float, uplink_bytes_per_s: float | None, learners: int
+    ) -> CodecChoice | None:
+        """The codec for the round starting at `now` (None: not measured yet, keep `codec`)."""
+        last, self._last_start = self._last_start, now
+        if last is None or now <= last or uplink_bytes_per_s is None:
+            return None
+        if not (math.isfinite(uplink_bytes_per_s) and uplink_bytes_per_s > 0):
+            return None
+        round_s = now - last
+
+        def pick(share: float) -> CodecChoice:
+            return pick_codec(
+                numel=self.numel,
+                uplink_bytes_per_s=uplink_bytes_per_s,
+                round_s=round_s,
+                learners=learners,
+                share=share,
+                candidates=self.candidates,
+            )
+
+        current = _bytes(self.codec, self.numel)
+        choice = pick(self.share)
+        if current < _bytes(choice.codec, self.numel):  # less lossy: only with room to spare
+            strict = pick(self.share * UPGRADE_SHARE)
+            upgrade = strict.fits and current < _bytes(strict.codec, self.numel)
+            choice = (
+                CodecChoice(strict.codec, strict.upload_s, choice.budget_s)
+                if upgrade
+                else self._current(choice, learners, uplink_bytes_per_s)
+            )
+        self.codec = choice.codec
+        return choice
+
+    def _current(self, choice: CodecChoice, learners: int, uplink: float) -> CodecChoice:
+        upload_s = round_upload_bytes(self.codec, self.numel, learners) / uplink
+        return CodecChoice(self.codec, upload_s, choice.budget_s)
+
+
+def _bytes(codec: str, numel: int) -> int:
+    return get_codec(codec).payload_bytes(numel)

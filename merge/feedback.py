@@ -39,7 +39,11 @@ def default_outer_momentum(codec: str) -> float:
 
 
 class Compressor:
-    """Encodes a node's successive pseudo-gradients with ``codec``, carrying the residual."""
+    """Encodes a node's successive pseudo-gradients with ``codec``, carrying the residual.
+
+    The codec may change between payloads (`switch`, `--codec auto`): the residual is what
+    the earlier payloads left out whichever codec sent them, so the next payload carries it;
+    a codec without error feedback sends it whole and drops it. `flush` sends it alone."""
 
     def __init__(self, codec: Codec, numel: int) -> None:
         self.codec = codec
@@ -53,16 +57,26 @@ class Compressor:
         the next payload encodes, is exactly ``base`` - the learner's params: its whole way
         from the replica, sent once. Started from ``base`` itself, a learner relearns part of
         its residual in the round's steps and sends it twice (bench.wire at M = 4, H = 25:
-        docs/codecs.md). ``base`` itself for a codec without error feedback and for those in
+        docs/codecs.md). ``base`` itself without a residual and for the codecs in
         RESTART_FROM_REPLICA."""
         if self.residual.numel() == 0 or self.codec.name in RESTART_FROM_REPLICA:
             return base
         return base - self.residual
 
+    def switch(self, codec: Codec) -> None:
+        """Send the next payloads with ``codec``; the residual carries over into them."""
+        if codec.error_feedback and self.residual.numel() == 0:
+            self.residual = torch.zeros(self.numel, dtype=torch.float32)
+        self.codec = codec
+
     def encode(self, pseudo_gradient: torch.Tensor) -> bytes:
         """The payload for this round; updates the residual to what it leaves out."""
         if not self.codec.error_feedback:
-            return self.codec.encode(pseudo_gradient)
+            if self.residual.numel() == 0:
+                return self.codec.encode(pseudo_gradient)
+            payload = self.codec.encode(pseudo_gradient + self.residual)
+            self.residual = torch.zeros(0, dtype=torch.float32)  # sent whole: nothing carried
+            return payload
         target = pseudo_gradient + self.residual
         payload = self.codec.encode(target)
         try:
@@ -75,18 +89,36 @@ class Compressor:
             self.residual.zero_()
         return payload
 
+    def pending(self) -> bool:
+        """Whether the residual holds progress not sent yet."""
+        return bool(self.residual.numel()) and bool(self.residual.any())
+
+    def flush(self, codec: Codec) -> tuple[torch.Tensor, bytes]:
+        """The residual alone as a payload of ``codec`` (dense: a stopping node sends what it
+        trained but has not sent, instead of keeping it); the residual is then empty (what
+        ``codec`` itself rounds off is dropped, as with any payload of a codec without error
+        feedback). Returns (the residual sent, the payload)."""
+        residual = self.residual.clone() if self.residual.numel() else torch.zeros(self.numel)
+        payload = codec.encode(residual)
+        self.residual.zero_()
+        return residual, payload
+
     def state_dict(self) -> dict[str, object]:
         """Loadable with torch.load(weights_only=True)."""
         return {"codec": self.codec.name, "residual": self.residual.clone()}
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
-        """Restores the residual; one saved under another codec is dropped (it does not apply)."""
+        """Restores the residual, whichever codec left it (what was not sent is progress in
+        any codec: the next payload carries it); none saved (a codec without error feedback,
+        or an older checkpoint) restores none."""
         residual = state.get("residual")
-        if state.get("codec") != self.codec.name or not self.codec.error_feedback:
-            self.residual.zero_()
+        if residual is None or (isinstance(residual, torch.Tensor) and residual.numel() == 0):
+            self.residual = torch.zeros(
+                self.numel if self.codec.error_feedback else 0, dtype=torch.float32
+            )
             return
-        if not isinstance(residual, torch.Tensor) or residual.shape != self.residual.shape:
+        if not isinstance(residual, torch.Tensor) or residual.shape != (self.numel,):
             raise ValueError(f"error feedback residual must have {self.numel} elements.")
         if residual.dtype != torch.float32 or not bool(torch.isfinite(residual).all()):
             raise ValueError("error feedback residual must be finite fp32.")
-        self.residual.copy_(residual)
+        self.residual = residual.clone()

@@ -19,6 +19,7 @@ import torch
 
 from dht.known_peers import join_peers, remember_peers
 from merge.allowlist import AllowList
+from merge.codec_policy import start_codec
 from merge.codecs import get_codec
 from merge.identity import Identity
 from merge.pipeline import UpdatePipeline
@@ -46,7 +47,13 @@ from node.local_nodes import ControlFileEvents
 from node.locks import ResourceLock, checkpoint_lock, lock_identity
 from node.model import build_model
 from node.persistence import Persistence
-from node.publishing import FragmentStreams, Publisher, RoundPublishing, WholeUpdates
+from node.publishing import (
+    FragmentStreams,
+    Publisher,
+    RoundPublishing,
+    WholeUpdates,
+    auto_codec,
+)
 from node.round_size import RoundSizeConfig, RoundSizer
 from node.seq_ledger import SeqLedger
 from node.stats import NodeStats
@@ -168,7 +175,7 @@ def _compose(config: JoinConfig, events: EventLog, locks: list[ResourceLock]) ->
                 run_settings, allowlist, telemetry,
             )
         )  # fmt: skip
-    codec = get_codec(config.codec)
+    codec = get_codec(start_codec(config.codec))  # --codec auto: bf16 until measured
     telemetry = Telemetry(
         config=config,
         peer_id=peer_id,
@@ -203,7 +210,13 @@ def _compose(config: JoinConfig, events: EventLog, locks: list[ResourceLock]) ->
         report_merge=telemetry.report_merge,
     )
     publishing: RoundPublishing = (
-        WholeUpdates(publisher, learner, spec.merge, codec)
+        WholeUpdates(
+            publisher,
+            learner,
+            spec.merge,
+            codec,
+            auto_codec(config.codec, replica.numel, telemetry.codec_picked),
+        )
         if replica.layout is None
         else FragmentStreams(publisher, learner, codec, config.inner_steps, stats, events)
     )

@@ -75,6 +75,8 @@ class JoinConfig(
             raise ValueError("--fragments above 1 needs --nproc-per-node 1")
         if self.correction == "lookahead" and self.fragments > 1:
             raise ValueError("--correction lookahead is not available with --fragments > 1")
+        if self.codec == "auto" and self.fragments > 1:
+            raise ValueError("--codec auto is not available with --fragments > 1; name a codec")
 
     def _check_dashboard(self) -> None:
         try:

@@ -3,6 +3,9 @@ of fragments during it (Streaming DiLoCo, `--fragments P`).
 
 `Publisher` seals one update and hands it to the pipeline and the swarm. A `RoundPublishing`
 decides where a round starts and what it publishes: `WholeUpdates` or `FragmentStreams`.
+With `--codec auto` (`AutoCodec`) whole updates pick their codec at each round start from the
+uplink this process measured (dht.transport.UPLINK); a stopping node sends its error feedback
+residual once, dense (`RoundPublishing.flush`).
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ from typing import Protocol
 
 import torch
 
+from dht.transport import UPLINK
 from merge.codec_base import Codec
+from merge.codec_policy import AUTO, CodecChoice, CodecPicker
+from merge.codecs import get_codec
 from merge.correction import expected_delay, look_ahead
 from merge.envelope import seal
 from merge.feedback import Compressor
@@ -71,8 +77,10 @@ class Publisher:
         base_applied: int,
         work: tuple[int, int, float],
         fragment: int | None = None,
+        codec: Codec | None = None,
     ) -> Published:
-        """`work`: the inner steps, tokens and mean loss the pseudo-gradient comes from."""
+        """`work`: the inner steps, tokens and mean loss the pseudo-gradient comes from;
+        `codec`: what `encode` encodes with, when not this publisher's."""
         steps, tokens, loss = work
         t_start = time.perf_counter()
         payload = encode(pseudo_gradient)
@@ -89,7 +97,7 @@ class Publisher:
             inner_steps=steps,
             tokens=tokens,
             loss=loss,
-            codec=self.codec.name,
+            codec=(codec or self.codec).name,
             numel=pseudo_gradient.numel(),
             payload=payload,
             learners=self.swarm.live_learners(),
@@ -138,24 +146,64 @@ class RoundPublishing(Protocol):
     def error_feedback(self) -> Compressor | FragmentCompressors:
         """What the lossy codecs carry from one payload to the next (checkpointed)."""
 
+    def flush(self) -> Published | None:
+        """The node stops: publish what its error feedback still holds, once, dense (bf16),
+        so its trained progress reaches the swarm instead of stopping with it (None: nothing
+        held, or no round published by this process yet, so its seq is not known)."""
+
+
+FLUSH_CODEC = "bf16"
+"""What a stopping node sends its residual with: dense (the codec is per update)."""
+
+
+@dataclass
+class AutoCodec:
+    """`--codec auto` for whole updates: the picker, where the uplink figure comes from, and
+    who is told the choice (the event log, round_done's codec)."""
+
+    picker: CodecPicker
+    uplink: Callable[[], float | None]
+    """The uplink measured so far in bytes per second (dht.transport.UPLINK.bytes_per_s)."""
+    report: Callable[[CodecChoice, float], None]
+    """Told each choice and the uplink it was made at."""
+    clock: Callable[[], float] = time.monotonic
+
+
+def auto_codec(
+    codec: str, numel: int, report: Callable[[CodecChoice, float], None]
+) -> AutoCodec | None:
+    """--codec auto's picker, measured by this process's sends; None for a named codec."""
+    if codec != AUTO:
+        return None
+    return AutoCodec(CodecPicker(numel), UPLINK.bytes_per_s, report)
+
 
 class WholeUpdates:
     """One update per round: base minus the learner's params after its inner steps."""
 
     def __init__(
-        self, publisher: Publisher, learner: Learner, merge: MergeConfig, codec: Codec
+        self,
+        publisher: Publisher,
+        learner: Learner,
+        merge: MergeConfig,
+        codec: Codec,
+        auto: AutoCodec | None = None,
     ) -> None:
         self.publisher, self.learner, self.merge = publisher, learner, merge
         self.replica = publisher.replica
         # Error feedback for the lossy codecs: what a payload drops goes into the next round's.
         self.compressor = Compressor(codec, self.replica.numel)
+        self.auto = auto
         self.published: list[Published] = []
+        self._last_work: tuple[int, int, float] | None = None
+        """The last round this process published: its inner steps, tokens and loss."""
 
     def begin(self, partial: RoundProgress | None) -> RoundProgress:
         self.published = []
         if partial is not None and partial.params is not None:
             self.learner.load_params(partial.params)
             return partial
+        self._pick_codec()
         base, base_applied = self.round_start()
         start = self.compressor.round_start(base)  # minus what we trained but have not sent
         self.learner.load_params(start)
@@ -172,20 +220,46 @@ class WholeUpdates:
             start = look_ahead(self.merge.correction, params, momentum, delay, lr)
         return start, applied
 
+    def _pick_codec(self) -> None:
+        """--codec auto: this round's codec, from the uplink measured so far."""
+        if self.auto is None:
+            return
+        uplink = self.auto.uplink()
+        learners = self.publisher.swarm.live_learners()
+        choice = self.auto.picker.round_start(self.auto.clock(), uplink, learners)
+        if choice is None or uplink is None:
+            return
+        if choice.codec != self.compressor.codec.name:
+            self.compressor.switch(get_codec(choice.codec))
+        self.auto.report(choice, uplink)
+
     def on_step(self, step: int, stats: StepStats) -> None:
         """Nothing is published during a round."""
 
     def finish(self, base: RoundProgress, stats: RoundStats) -> None:
         pseudo_gradient = base.base - self.learner.params_vector()
-        encode = self.compressor.encode
+        work = (stats.num_steps, stats.tokens, stats.loss)
+        codec = self.compressor.codec
         self.published.append(
             self.publisher.publish(
-                pseudo_gradient,
-                encode,
-                base.base_applied,
-                (stats.num_steps, stats.tokens, stats.loss),
+                pseudo_gradient, self.compressor.encode, base.base_applied, work, codec=codec
             )
         )
+        self._last_work = work
+
+    def flush(self) -> Published | None:
+        """The residual as one bf16 update, weighed like the last round this process
+        published (its steps and tokens: the residual is mostly that round's unsent part),
+        based on the replica as it is now."""
+        if self._last_work is None or not self.compressor.pending():
+            return None
+        codec = get_codec(FLUSH_CODEC)
+        residual, payload = self.compressor.flush(codec)
+        published = self.publisher.publish(
+            residual, lambda _: payload, self.replica.progress, self._last_work, codec=codec
+        )
+        self.published.append(published)
+        return published
 
     def interrupted(self, done: RoundProgress) -> RoundProgress | None:
         """Not published; kept (and checkpointed) to be finished later."""
@@ -262,6 +336,10 @@ class FragmentStreams:
 
     def error_feedback(self) -> FragmentCompressors:
         return self.compressors
+
+    def flush(self) -> Published | None:
+        """Not done for fragments yet: their residuals stay in the checkpoint."""
+        return None
 
     def _publish(self, stream: FragmentStream, fragment: int, step: int) -> None:
         r = stream.rounds[fragment]

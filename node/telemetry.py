@@ -23,6 +23,7 @@ from dht.heartbeat import (
 )
 from dht.reachability import shareable
 from dht.transport import WIRE_BYTES
+from merge.codec_policy import CodecChoice
 from merge.pipeline import MergeResult, UpdatePipeline
 from merge.replica import Replica
 from merge.sketch import ReplicaSketch
@@ -132,6 +133,7 @@ class Telemetry:
         """`facts`: what the `started` event says about the run, the model and the device."""
         self.config, self.peer_id, self.fingerprint = config, peer_id, fingerprint
         self._host, self._codec = host, codec
+        self._picked = False
         self.replica, self.pipeline, self.swarm = replica, pipeline, swarm
         self.stats, self.round_sizer, self.events = stats, round_sizer, events
         self.sketcher = ReplicaSketch(replica.numel, fingerprint)
@@ -149,6 +151,21 @@ class Telemetry:
         at start), computed beside training (None: no validation)."""
         if val_loss is not None:
             self.events.emit("evaluated", round=round_, val_loss=val_loss)
+
+    def codec_picked(self, choice: CodecChoice, uplink_bytes_per_s: float) -> None:
+        """--codec auto chose `choice` at the measured uplink: round_done says the codec from
+        now on; the event comes when the codec changes (and at the first choice)."""
+        first, self._picked = not self._picked, True
+        if first or choice.codec != self._codec:
+            self.events.emit(
+                "codec_picked",
+                codec=choice.codec,
+                uplink_bytes_per_s=round(uplink_bytes_per_s, 1),
+                upload_s=round(choice.upload_s, 3),
+                budget_s=round(choice.budget_s, 3),
+                fits=choice.fits,
+            )
+        self._codec = choice.codec
 
     def stopped(self, reason: str) -> None:
         self.events.emit("stopped", round=self.stats.round, reason=reason, seq=self.stats.seq)

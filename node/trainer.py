@@ -117,6 +117,7 @@ class Trainer:
             self.beside_training.insert(0, lambda: self._submit_evaluation(*at_start))
         try:
             reason = self._run_rounds()
+            self._flush()
             if reason != "interrupted":  # (if no step ran) lingering merges: catch up first
                 self._start_beside_training()
                 self.swarm.linger(self.config.linger, self.config.linger_until_done, self.stop)
@@ -125,6 +126,20 @@ class Trainer:
             if self._evaluation is not None:
                 self._evaluation.wait(EVALUATION_WAIT_S)
         self.telemetry.stopped(reason)
+
+    def _flush(self) -> None:
+        """The node stops: what its error feedback still holds goes out once, dense
+        (RoundPublishing.flush), before it lingers and saves."""
+        flushed = self.publishing.flush()
+        if flushed is not None:
+            accepted = flushed.result.accepted
+            self.telemetry.events.emit(
+                "residual_flushed",
+                round=self.stats.round,
+                seq=self.stats.seq if accepted else None,
+                reason=None if accepted else flushed.result.reason,
+                update_bytes=flushed.update_bytes,
+            )
 
     def report_evaluation(self, round_: int, val_loss: float | None) -> None:
         """An evaluation of the replica after `round_` finished (the evaluation thread's

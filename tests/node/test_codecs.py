@@ -3,15 +3,19 @@ the merge state (robust windows, learner floor) survives a restart too."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
+from merge.codec_uplink import UplinkMeter
 from merge.codecs import get_codec
+from merge.outer import make_outer_optimizer
 from node.config import JoinConfig
 from node.events import RecordingEventLog
-from node.publishing import FragmentStreams
+from node.publishing import FragmentStreams, WholeUpdates
 from node.runtime import Node
 from tests.node.test_runtime import offline_node
 from tests.node.test_training import _config as offline_config
@@ -22,13 +26,23 @@ def _config(tmp_path: Path, checkpoint: str, **overrides: Any) -> JoinConfig:
     return offline_config(tmp_path, checkpoint, **{"codec": "sparse", **overrides})
 
 
+def _crash_after(node: Node, rounds: int) -> None:
+    """`rounds` rounds, a checkpoint as the periodic save writes it, then gone without
+    stopping (a stopping node flushes its residual: test_a_stopping_node_...)."""
+    node.resume()
+    for _ in range(rounds):
+        node.run_round()
+    node.save_checkpoint()
+    node.close()
+
+
 def test_sparse_codec_resumes_bit_identical_with_its_residual(tmp_path: Path) -> None:
     events = RecordingEventLog()
-    straight = Node(_config(tmp_path, "straight", max_rounds=3), events)
-    straight.run()
-    Node(_config(tmp_path, "split", max_rounds=2), RecordingEventLog()).run()
-    resumed = Node(_config(tmp_path, "split", max_rounds=3), RecordingEventLog())
-    resumed.run()
+    straight = Node(_config(tmp_path, "straight"), events)
+    _crash_after(straight, 3)
+    _crash_after(Node(_config(tmp_path, "split"), RecordingEventLog()), 2)
+    resumed = Node(_config(tmp_path, "split"), RecordingEventLog())
+    _crash_after(resumed, 1)
 
     assert (
         float(straight.parts.publishing.error_feedback().residual.abs().sum()) > 0
@@ -47,15 +61,65 @@ def test_sparse_codec_resumes_bit_identical_with_its_residual(tmp_path: Path) ->
     assert straight.heartbeat().bytes_sent == rounds[-1]["bytes_sent"]
 
 
-def test_a_residual_saved_under_another_codec_is_dropped_on_resume(tmp_path: Path) -> None:
-    Node(_config(tmp_path, "ckpt", max_rounds=1, codec="int4"), RecordingEventLog()).run()
+def test_a_residual_saved_under_another_codec_is_carried_on_resume(tmp_path: Path) -> None:
+    """What was not sent is progress in any codec (--codec auto may restart with another)."""
+    crashed = Node(_config(tmp_path, "ckpt", codec="int4"), RecordingEventLog())
+    _crash_after(crashed, 1)
+    saved = crashed.parts.publishing.error_feedback().residual
+    assert bool(saved.any())
 
     resumed = Node(_config(tmp_path, "ckpt", max_rounds=2, codec="int8"), RecordingEventLog())
     resumed.resume()
 
-    assert resumed.round == 1 and bool(
-        (resumed.parts.publishing.error_feedback().residual == 0).all()
-    )
+    assert resumed.round == 1
+    assert torch.equal(resumed.parts.publishing.error_feedback().residual, saved)
+
+
+def test_a_stopping_node_publishes_its_residual_once_dense(tmp_path: Path) -> None:
+    """--max-rounds (as --max-time, Ctrl+C): what the node trained but had not sent goes out
+    as one bf16 update before it saves, so it reaches the swarm instead of stopping here."""
+    events = RecordingEventLog()
+    node = Node(_config(tmp_path, "ckpt", codec="topk", max_rounds=2), events)
+    node.run()
+
+    (flushed,) = events.of("residual_flushed")
+    merged = events.of("update_merged")
+    assert [e["seq"] for e in merged] == [1, 2, 3] and flushed["seq"] == 3
+    dense = get_codec("bf16").payload_bytes(node.num_params)
+    assert dense < flushed["update_bytes"] < dense + 2048  # bf16, not topk
+    assert all(r["update_bytes"] < dense / 10 for r in events.of("round_done"))
+    assert not node.parts.publishing.error_feedback().pending()
+    names = [e["event"] for e in events.events]
+    last_save = len(names) - 1 - names[::-1].index("checkpoint_saved")
+    assert names.index("residual_flushed") < last_save  # the saved residual is empty
+    resumed = Node(_config(tmp_path, "ckpt", codec="topk", max_rounds=2), RecordingEventLog())
+    resumed.resume()
+    assert resumed.round == 2 and not resumed.parts.publishing.error_feedback().pending()
+
+
+def test_the_replica_after_a_flush_is_the_outer_step_on_the_residual(tmp_path: Path) -> None:
+    node = offline_node(tmp_path, codec="topk")
+    node.run_round()
+    node.run_round()
+    publishing = node.parts.publishing
+    residual = publishing.error_feedback().residual.clone()
+    assert bool(residual.any())
+    twin = make_outer_optimizer(node.parts.spec.merge.outer, node.num_params)
+    twin.load_state_dict(node.replica.outer.state_dict())
+    expected = node.replica.params.clone()
+
+    flushed = publishing.flush()
+
+    assert flushed is not None and flushed.result.accepted
+    assert flushed.result.robust is None  # nothing clipped it
+    twin.step(expected, residual, flushed.result.weight, 1)
+    torch.testing.assert_close(node.replica.params, expected, rtol=0, atol=1e-4)
+    assert publishing.flush() is None  # once: nothing is left
+
+
+def test_a_node_that_published_nothing_flushes_nothing(tmp_path: Path) -> None:
+    node = offline_node(tmp_path, codec="topk")
+    assert node.parts.publishing.flush() is None
 
 
 def test_the_robust_windows_and_learner_floor_resume_with_the_replica(tmp_path: Path) -> None:
@@ -111,3 +175,59 @@ def test_a_fragment_adopts_its_merged_params_minus_its_residual(tmp_path: Path) 
     torch.testing.assert_close(
         layout.gather(node.learner.params_vector(), 1), layout.gather(publishing.stream.base, 1)
     )
+
+
+def _auto_node(tmp_path: Path, uplink_bytes_per_s: float) -> tuple[Node, RecordingEventLog]:
+    """An offline node with --codec auto whose picker reads a real UplinkMeter fed one busy
+    period at `uplink_bytes_per_s` (a node reads the process's, fed by dht.transport)."""
+    events = RecordingEventLog()
+    node = Node(_config(tmp_path, "ckpt", codec="auto"), events)
+    publishing = node.parts.publishing
+    assert isinstance(publishing, WholeUpdates) and publishing.auto is not None
+    meter = UplinkMeter(min_bytes=1)
+    meter.begin(0.0)
+    meter.end(10.0, round(10 * uplink_bytes_per_s))
+    publishing.auto = replace(publishing.auto, uplink=meter.bytes_per_s)
+    node.resume()
+    return node, events
+
+
+def test_codec_auto_on_a_thin_link_moves_to_topk_and_says_so(tmp_path: Path) -> None:
+    node, events = _auto_node(tmp_path, uplink_bytes_per_s=1000.0)
+    for _ in range(3):
+        node.run_round()
+
+    rounds = events.of("round_done")
+    assert [r["codec"] for r in rounds] == ["bf16", "topk", "topk"]  # bf16 until measured
+    assert rounds[1]["update_bytes"] < rounds[0]["update_bytes"] / 10
+    (picked,) = events.of("codec_picked")
+    assert picked["codec"] == "topk" and picked["uplink_bytes_per_s"] == 1000.0
+    assert picked["fits"] is False  # 1 kB/s: nothing fits, the smallest is taken
+    assert node.replica.num_applied == 3  # one replica applies bf16 and topk alike
+
+
+def test_codec_auto_on_a_fat_link_keeps_bf16(tmp_path: Path) -> None:
+    node, events = _auto_node(tmp_path, uplink_bytes_per_s=1e12)
+    for _ in range(3):
+        node.run_round()
+
+    assert [r["codec"] for r in events.of("round_done")] == ["bf16"] * 3
+    (picked,) = events.of("codec_picked")
+    assert (picked["codec"], picked["fits"]) == ("bf16", True)
+
+
+def test_a_named_codec_is_never_picked_over_and_auto_with_fragments_is_refused(
+    tmp_path: Path,
+) -> None:
+    node = offline_node(tmp_path, codec="int8")
+    publishing = node.parts.publishing
+    assert isinstance(publishing, WholeUpdates) and publishing.auto is None
+    node.close()
+    # auto's outer momentum is every auto codec's: the fingerprint is bf16's
+    auto = Node(_config(tmp_path, "auto", codec="auto"), RecordingEventLog())
+    auto.close()
+    plain = Node(_config(tmp_path, "plain", codec="bf16"), RecordingEventLog())
+    plain.close()
+    assert auto.fingerprint == plain.fingerprint
+    with pytest.raises(ValueError, match="--codec auto is not available with --fragments"):
+        _config(tmp_path, "x", codec="auto", fragments=2, inner_steps=4)

@@ -170,19 +170,27 @@ def test_a_non_finite_round_resets_the_residual_and_is_not_decodable() -> None:
         codec.decode(payload, 300)
 
 
-def test_compressor_state_round_trips_and_ignores_another_codecs_residual() -> None:
+def test_compressor_state_round_trips_and_keeps_another_codecs_residual() -> None:
+    """What was not sent is progress whichever codec left it (--codec auto may restart
+    with another): the next payload carries it, a codec without error feedback whole."""
     compressor = Compressor(get_codec("int4"), 100)
     compressor.encode(torch.randn(100))
     restored = Compressor(get_codec("int4"), 100)
 
     restored.load_state_dict(compressor.state_dict())
-    other = Compressor(get_codec("int8"), 100)
+    other = Compressor(get_codec("bf16"), 100)
     other.load_state_dict(compressor.state_dict())
+    pseudo_gradient = torch.randn(100)
+    payload = other.encode(pseudo_gradient)
 
     assert torch.equal(restored.residual, compressor.residual)
-    assert bool((other.residual == 0).all())
+    expected = (pseudo_gradient + compressor.residual).bfloat16().float()
+    assert torch.equal(get_codec("bf16").decode(payload, 100), expected)
+    assert not other.pending()
     with pytest.raises(ValueError):
         restored.load_state_dict({"codec": "int4", "residual": torch.zeros(99)})
+    with pytest.raises(ValueError):
+        restored.load_state_dict({"codec": "int4", "residual": "not a tensor"})
 
 
 @pytest.mark.parametrize("name", sorted(CODECS))
