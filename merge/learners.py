@@ -31,6 +31,14 @@ new one (about window / 2N updates each; they are sized a little small meanwhile
 outer step, never a larger one); claims above the floor, as after a growth, are never
 changed.
 
+Only claims signed at or before the update being sized vote on it (merge.pipeline passes
+the header's signed time). A replica that gets an update late has meanwhile applied claims
+made after it; sized by those it differed from a replica that got it on time
+(tests/unit/test_arrival_order.py: a newcomer's first update 50 s late was sized by 4
+founders' later claims on one replica and by 3 on the other). Filtered by signed time, both
+size it by what its own swarm claimed when it was made. A liar signing a future time only
+withholds its own votes from earlier updates; one signing a past time votes as before.
+
 Only authors with a track record (merge.contribution) vote and count, once any author has
 one: a claim is credited only on evidence, applied updates over time. Fresh keys then do not
 vote on the floor: an author with no record must not raise the divisor of established
@@ -51,6 +59,7 @@ not thread-safe: the pipeline calls it under the replica lock.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Iterable
 
@@ -65,28 +74,41 @@ class LearnerFloor:
         if type(window) is not int or window < 1:
             raise ValueError(f"window must be an integer >= 1, got {window!r}.")
         self.window = window
-        self._recent: deque[tuple[str, int]] = deque()
-        self._claims: dict[str, deque[int]] = {}
-        """Each author's claims in the window, oldest first."""
+        self._recent: deque[tuple[str, int, float | None]] = deque()
+        self._claims: dict[str, deque[tuple[float | None, int]]] = {}
+        """Each author's (signed time, claim) in the window, in applied order."""
 
     def __len__(self) -> int:
         """Applied updates in the window."""
         return len(self._recent)
 
     def floor(
-        self, author: str, credited: Callable[[str], bool] | None = None, cohort: bool = True
+        self,
+        author: str,
+        credited: Callable[[str], bool] | None = None,
+        cohort: bool = True,
+        signed_at: float | None = None,
     ) -> int:
-        """The least learner count an update of `author` is sized by (1 with no history).
+        """The least learner count an update of `author` signed at `signed_at` is sized by
+        (1 with no history).
 
         ``credited``: whose claims count (the authors with a track record, merge.contribution;
         None: everyone's). Fresh keys do not count as authors seen, and vote together as one
         cohort only with ``cohort`` (while no author is established), so 40 Sybils claiming
-        1,024 learners raise no honest update's divisor.
+        1,024 learners raise no honest update's divisor. ``signed_at``: only claims signed at
+        or before it vote (None, or a claim without a time: every claim), so an update that
+        arrives late is sized by what was claimed when it was made, not by what its receiver
+        applied in the meantime: replicas that got it early and late size it alike.
         """
-        others = [a for a in self._claims if a != author]
+        claims = {
+            a: [c for t, c in timed if signed_at is None or t is None or t <= signed_at]
+            for a, timed in self._claims.items()
+            if a != author
+        }
+        others = [a for a, cs in claims.items() if cs]
         counted = [a for a in others if credited is None or credited(a)]
-        votes = sorted(_lower_median(self._claims[a]) for a in counted)
-        fresh = sorted(_lower_median(self._claims[a]) for a in others if a not in counted)
+        votes = sorted(_lower_median(claims[a]) for a in counted)
+        fresh = sorted(_lower_median(claims[a]) for a in others if a not in counted)
         if fresh and cohort:  # the fresh keys: one cohort, one vote
             votes = sorted([*votes, fresh[(len(fresh) - 1) // 2]])
         if not votes:
@@ -99,9 +121,10 @@ class LearnerFloor:
         claimed: int,
         credited: Callable[[str], bool] | None = None,
         cohort: bool = True,
+        signed_at: float | None = None,
     ) -> int:
-        """The learner count an update claiming `claimed` is sized by."""
-        return max(claimed, self.floor(author, credited, cohort))
+        """The learner count an update claiming `claimed`, signed at `signed_at`, is sized by."""
+        return max(claimed, self.floor(author, credited, cohort, signed_at))
 
     def num_authors(self, author: str) -> int:
         """Distinct authors in the window, with `author` (the most learners a claim of its
@@ -113,26 +136,27 @@ class LearnerFloor:
         n = len(self._recent)
         return {self._recent[i][0] for i in range(max(0, n - last), n)}
 
-    def applied(self, author: str, claimed: int) -> None:
-        """An update of `author` claiming `claimed` learners was applied."""
-        self._recent.append((author, claimed))
-        self._claims.setdefault(author, deque()).append(claimed)
+    def applied(self, author: str, claimed: int, signed_at: float | None = None) -> None:
+        """An update of `author` claiming `claimed` learners, signed at `signed_at`, was
+        applied."""
+        self._recent.append((author, claimed, signed_at))
+        self._claims.setdefault(author, deque()).append((signed_at, claimed))
         while len(self._recent) > self.window:
-            old, _ = self._recent.popleft()
+            old, _, _ = self._recent.popleft()
             claims = self._claims[old]
             claims.popleft()  # the author's oldest claim in the window is the one leaving
             if not claims:
                 del self._claims[old]
 
     def state_dict(self) -> dict[str, object]:
-        """The window's authors and claims in applied order (for checkpoints: a node that
-        restarted with an empty floor sized updates unlike its peers for good)."""
-        return {"recent": [[a, c] for a, c in self._recent]}
+        """The window's authors, claims and signed times in applied order (for checkpoints: a
+        node that restarted with an empty floor sized updates unlike its peers for good)."""
+        return {"recent": [[a, c] if t is None else [a, c, t] for a, c, t in self._recent]}
 
     def load_state_dict(self, state: object) -> None:
         """Restores what state_dict saved; ValueError (and nothing changed) if malformed.
-        A checkpoint of the earlier format (authors, and each one's latest claim) loads with
-        that claim for each of the author's entries."""
+        A checkpoint of the earlier formats loads: [author, claim] entries (no signed time:
+        the claim votes for every update), and authors with each one's latest claim."""
         recent = state.get("recent") if isinstance(state, dict) else None
         if not isinstance(recent, list):
             raise ValueError("learner floor state 'recent' must be a list.")
@@ -141,14 +165,20 @@ class LearnerFloor:
             if set(latest) != set(recent[-self.window :]):
                 raise ValueError("learner floor state claims other authors than its window's.")
             recent = [[a, latest[a]] for a in recent]
-        entries = [tuple(e) for e in recent if isinstance(e, list | tuple) and len(e) == 2]
+        entries = [
+            (e[0], e[1], e[2] if len(e) == 3 else None)
+            for e in recent
+            if isinstance(e, list | tuple) and len(e) in (2, 3)
+        ]
         if len(entries) != len(recent) or not all(
-            isinstance(a, str) and type(c) is int and c >= 1 for a, c in entries
+            isinstance(a, str) and type(c) is int and c >= 1 and _is_time(t) for a, c, t in entries
         ):
-            raise ValueError("learner floor state 'recent' must list [author, claim >= 1].")
+            raise ValueError(
+                "learner floor state 'recent' must list [author, claim >= 1, signed time]."
+            )
         fresh = LearnerFloor(self.window)
-        for author, claim in entries[-self.window :]:
-            fresh.applied(author, claim)
+        for author, claim, signed_at in entries[-self.window :]:
+            fresh.applied(author, claim, signed_at)
         self._recent, self._claims = fresh._recent, fresh._claims
 
 
@@ -173,5 +203,9 @@ def credited_learners(
     return len(peers) - len(fresh) + counts
 
 
-def _lower_median(claims: deque[int]) -> int:
+def _lower_median(claims: list[int]) -> int:
     return sorted(claims)[(len(claims) - 1) // 2]
+
+
+def _is_time(t: object) -> bool:
+    return t is None or (type(t) is float and math.isfinite(t))

@@ -306,7 +306,7 @@ class UpdatePipeline:
             claim = learners_of(header)
             cohort = not self.ledger.any_established()
             learners = self.learner_floor.effective(
-                author, claim, self.ledger.individually_counted(), cohort
+                author, claim, self.ledger.individually_counted(), cohort, header.created_at
             )
             weight = self.weight_of(header, learners)
             _raise_if(self._norm_reason(update_norm))
@@ -361,7 +361,7 @@ class UpdatePipeline:
             evidence = self.learner_floor.num_authors(author) / claim * worth
             self.ledger.applied(author, learners, allowance, header.created_at, evidence)
             if moved:
-                self.learner_floor.applied(author, learners_of(header))
+                self.learner_floor.applied(author, learners_of(header), header.created_at)
             self.equivocation.first_seen(signed, weight, stepped)
         # Reported as sized by `learners`: weight / learners is the share of a round it moved.
         return weight * learners / stepped, corrected.blocks_corrected, verdict.reason, learners

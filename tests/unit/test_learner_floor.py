@@ -103,13 +103,51 @@ def test_replicas_that_applied_the_last_claims_in_another_order_size_alike() -> 
     assert one.effective("d", 3) == other.effective("d", 3) == 4
 
 
+timed_history = st.lists(
+    st.tuples(st.sampled_from("abcdef"), st.integers(1, 16), st.floats(0.0, 100.0)), max_size=60
+)
+
+
+@given(timed_history, timed_history, st.floats(0.0, 100.0), st.sampled_from("abcdefg"))
+def test_a_late_update_is_sized_by_what_was_claimed_when_it_was_signed(
+    before: list[tuple[str, int, float]],
+    later: list[tuple[str, int, float]],
+    signed_at: float,
+    author: str,
+) -> None:
+    """One replica applied an update as soon as it was signed, another after claims signed
+    later had arrived: both size it alike (a replica that got the newcomer's first update
+    50 s late sized it by the founders' later claims of 4 learners, its peer by 3:
+    tests/unit/test_arrival_order.py). Claims signed after it are not votes on it."""
+    early = [e for e in before if e[2] <= signed_at]
+    late = [(a, c, max(t, signed_at) + 1.0) for a, c, t in later]
+    on_time, delayed = LearnerFloor(), LearnerFloor()
+    for a, c, t in early:
+        on_time.applied(a, c, t)
+    for a, c, t in [*early, *late]:
+        delayed.applied(a, c, t)
+    for credited in (None, lambda a: a in "abc"):
+        assert on_time.floor(author, credited, signed_at=signed_at) == delayed.floor(
+            author, credited, signed_at=signed_at
+        )
+    restored = LearnerFloor()
+    restored.load_state_dict(delayed.state_dict())
+    assert restored.state_dict() == delayed.state_dict()
+    assert restored.floor(author, signed_at=signed_at) == on_time.floor(author, signed_at=signed_at)
+
+
 def test_a_checkpoint_of_the_earlier_format_loads() -> None:
     floor = LearnerFloor()
     floor.load_state_dict({"recent": ["a", "b", "a"], "claims": {"a": 3, "b": 2}})
     assert floor.state_dict() == {"recent": [["a", 3], ["b", 2], ["a", 3]]}
     with pytest.raises(ValueError):
         floor.load_state_dict({"recent": [["a", 0]]})
+    with pytest.raises(ValueError):
+        floor.load_state_dict({"recent": [["a", 2, float("nan")]]})
     assert floor.state_dict() == {"recent": [["a", 3], ["b", 2], ["a", 3]]}  # unchanged
+    floor.load_state_dict({"recent": [["a", 3], ["b", 2, 10.0]]})  # untimed claims vote always
+    assert floor.floor("c", signed_at=5.0) == 2  # a's claim, 2 authors seen
+    assert floor.floor("c", signed_at=10.0) == 2
 
 
 def test_after_the_swarm_shrinks_for_good_the_floor_follows_once_half_the_claims_do() -> None:
