@@ -121,7 +121,9 @@ def test_replicas_fed_one_swarm_in_other_orders_decide_alike_and_settle_together
     assert one.replica.applied_digest() == other.replica.applied_digest()
     everything = torch.arange(NUMEL)
     settled = one.replica.settled_at(everything)
-    assert torch.allclose(settled, other.replica.settled_at(everything), rtol=0, atol=1e-5)
+    # Apart by float32 rounding only (sums in other orders: ~1e-5 at parameters of ~16 after
+    # ~150 updates); one update sized 1/3 instead of 1/4 of a round moves them ~1e-2.
+    assert torch.allclose(settled, other.replica.settled_at(everything), rtol=0, atol=1e-4)
 
 
 def test_an_honest_newcomer_keeps_its_whole_share_until_it_is_established() -> None:
