@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from node.save_cadence import SaveCadence
 
-costs = st.floats(min_value=0.0, max_value=100.0, allow_nan=False)
+costs = st.floats(min_value=0.0, max_value=100.0, allow_nan=False, allow_subnormal=False)
 
 
 def test_a_cheap_save_comes_every_min_s_and_a_costly_one_at_most_every_max_s() -> None:
