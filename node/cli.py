@@ -233,7 +233,7 @@ def run_join(args: argparse.Namespace) -> int:
     events = build_events(config)
     try:
         node = Node(config, events)
-        with stop_on_signals(node.request_stop):
+        with stop_on_signals(node.request_stop, node.request_finish):
             node.run()
     finally:
         events.close()

@@ -91,6 +91,10 @@ class Node:
     def request_stop(self) -> None:
         self.trainer.stop.set()
 
+    def request_finish(self) -> None:
+        """End training after the current round, then linger and leave (SIGUSR1)."""
+        self.trainer.finish.set()
+
     @property
     def swarm(self) -> Swarm | None:
         """The network's swarm once built (None with --no-swarm)."""

@@ -88,6 +88,8 @@ class Trainer:
         self.telemetry, self.swarm, self.round_sizer = telemetry, swarm, round_sizer
         self.stats = stats
         self.stop = threading.Event()
+        self.finish = threading.Event()
+        """Set: no round starts any more, as at --max-rounds (SIGUSR1, node.signals)."""
         self.started_at = time.monotonic()
         self.partial: RoundProgress | None = None
         """The round stopped midway, to be finished (and checkpointed meanwhile)."""
@@ -158,7 +160,8 @@ class Trainer:
             start()
 
     def _run_rounds(self) -> str:
-        """Rounds until a stop request ("interrupted") or a limit ("max_rounds", "max_time")."""
+        """Rounds until a stop request ("interrupted"), a limit ("max_rounds", "max_time") or a
+        finish request ("finished")."""
         while not self.stop.is_set():
             limit = self._limit_reached()
             if limit is not None:
@@ -306,7 +309,7 @@ class Trainer:
             return "max_rounds"
         if self._time_exhausted():
             return "max_time"
-        return None
+        return "finished" if self.finish.is_set() else None
 
     def _time_exhausted(self) -> bool:
         limit = self.config.max_time

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from hypothesis import settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,6 +22,14 @@ REPO = Path(__file__).resolve().parents[1]
 settings.register_profile("suite", max_examples=50, deadline=None)
 settings.register_profile("thorough", deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
+
+# One torch thread in the test process, whatever order the tests run in (tests/bench's
+# test_wire and test_robust_replay set it for themselves, so the suite's later tests used to
+# run with one thread or two depending on what ran first). On a loaded 2-core machine two
+# threads make the small tensor ops of the unit tests far slower: a 1000x32 sketch projection
+# took 20-26 ms with two against 0.2-0.3 ms with one (load 9-13). Node processes the tests
+# start set their own (--threads).
+torch.set_num_threads(1)
 
 
 @pytest.fixture
