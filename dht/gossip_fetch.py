@@ -33,7 +33,7 @@ class Fetcher:
         context: GossipContext,
         *,
         on_evidence: Callable[[Proof | None], None],
-        retain: Callable[..., Awaitable[None]],
+        retain: Callable[[SignedUpdate], Awaitable[None]],
     ) -> None:
         self._ctx = context
         self._on_evidence = on_evidence
@@ -64,13 +64,7 @@ class Fetcher:
         if result.reason != "duplicate":
             ctx.on_merge(result)
         if result.accepted:
-            # No holder record for a fresh author's update: that record is one DHT subkey per
-            # (holder, seq), and every DHT store and read under it checks each subkey's
-            # signature (2 ms each at load 17): a fresh key flooding valid updates grew it to
-            # ~120 subkeys, and each store took ~300 ms of the DHT process that heartbeat
-            # reads wait on (bench.attack zero_flood: honest peers seen leaving). Its updates
-            # still reach others from their author, pushes and repair summaries.
-            await self._retain(update, announce_holder=not fresh)
+            await self._retain(update)
         ctx.kick()
 
     def _submit(self, update: SignedUpdate) -> tuple[MergeResult, bool]:
