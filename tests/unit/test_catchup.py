@@ -125,6 +125,19 @@ def test_a_holder_showing_up_later_recovers_a_lost_update() -> None:
     assert catchup.lost == set() and catchup.num_recovered == 1
 
 
+def test_lost_updates_are_remembered_up_to_max_lost_the_oldest_forgotten_first() -> None:
+    """A flood of ids no live peer holds cannot grow the lost table without bound."""
+    config = CatchUpConfig(lost_after_s=1.0, max_lost=3)
+    catchup = CatchUp(config, "b", SimNode("b"))
+    for seq in range(1, 6):
+        catchup.announced("a", seq, None, 0.0)
+    catchup.declare_lost(0.0, set())
+    assert catchup.declare_lost(2.0, set()) == [("a", s) for s in range(1, 6)]
+    assert catchup.lost == {("a", 3), ("a", 4), ("a", 5)}
+    assert catchup.num_tracked() == 3 + 1  # lost + max_seen
+    assert not catchup.knows(("a", 1)) and catchup.knows(("a", 5))
+
+
 def test_fetches_are_bounded_and_lowest_seqs_go_first() -> None:
     catchup = CatchUp(CatchUpConfig(max_in_flight=2), "b", SimNode("b"))
     for seq in (5, 3, 4, 1):

@@ -149,6 +149,25 @@ def test_a_flood_of_fresh_wants_leaves_room_for_established_authors() -> None:
     assert catchup.next_fetches(0.0, {"flood", "honest"})[0].update_id == ("honest", 1)
 
 
+def test_a_fresh_update_heard_again_at_the_cap_is_not_counted_again() -> None:
+    """An update passed over at max_fresh_wants and heard again (a push, then an announcement
+    lookup, then a summary) is one deferral, not one per hearing; the ids remembered as
+    counted stay within max_deferred_remembered."""
+    config = CatchUpConfig(max_fresh_wants=4, max_deferred_remembered=16)
+    catchup = CatchUp(config, "me", Applied())
+    catchup.is_fresh = lambda author: author == "flood"
+    for _ in range(3):  # the same 20 ids heard three times
+        for seq in range(1, 21):
+            catchup.announced("flood", seq, None, 0.0)
+    assert catchup.newly_deferred == [("flood", seq) for seq in range(5, 21)]
+    catchup.newly_deferred.clear()  # the pump counts and clears them
+    before = catchup.num_tracked()
+    for seq in range(21, 1021):
+        catchup.announced("flood", seq, None, 0.0)
+    catchup.newly_deferred.clear()
+    assert catchup.num_tracked() == before  # the oldest counted ids are forgotten
+
+
 def test_no_fresh_author_means_the_old_order() -> None:
     catchup = CatchUp(CatchUpConfig(max_in_flight=4), "me", Applied())
     for author, seq in [("b", 2), ("a", 1), ("b", 1)]:
@@ -178,5 +197,6 @@ def test_a_token_bucket_refills_at_its_rate_up_to_its_burst() -> None:
 def test_a_bad_config_is_one_clear_error(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
         FetchOrderConfig(**{field: value})  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="max_fresh_wants"):
-        CatchUpConfig(max_fresh_wants=0)
+    for name in ("max_fresh_wants", "max_lost", "max_deferred_remembered"):
+        with pytest.raises(ValueError, match=name):
+            CatchUpConfig(**{name: 0})  # type: ignore[arg-type]
