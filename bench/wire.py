@@ -200,7 +200,8 @@ def published_per_step(codec: str, fragments: int, config: WireConfig) -> list[i
     if fragments == 1:  # a whole update: sealed after the round's last step
         (done,) = events.of("round_done")
         per_step[done["steps"] - 1] += done["update_bytes"]
-    merged = len(events.of("update_merged")) - len(events.of("residual_flushed"))  # at stop
+    seqs = {e["seq"] for e in events.of("fragment_published") + events.of("round_done")}
+    merged = len([e for e in events.of("update_merged") if e["seq"] in seqs])  # not flushes
     if sum(per_step) == 0 or merged != fragments:
         raise SystemExit(f"{codec}, P = {fragments}: the node did not publish its updates")
     return per_step
