@@ -24,7 +24,8 @@ codec sees the same data in the same order for the same tokens; the final valida
 compared with bf16's, and each row counts the robust verdicts (merge.robust) that clipped its
 updates: the merge path judges every codec's updates by the same norms and directions. At the
 end the learners stop as nodes do: each sends what its error feedback still holds once, dense
-(WholeUpdates.flush, a bf16 update); the final loss is after it (`val_loss_before_flush`
+(WholeUpdates.flush, a bf16 update marked as a flush: a plain outer step, no momentum); the
+final loss is after it (`val_loss_before_flush`
 before), and `bytes_ratio_vs_dp_with_flush` counts the flush's bytes over a run of
 `--train-rounds` rounds at the bytes' M and H.
 
