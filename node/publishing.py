@@ -152,8 +152,10 @@ class RoundPublishing(Protocol):
 
     def flush(self) -> Published | None:
         """The node stops: publish what its error feedback still holds, once, dense (bf16),
-        so its trained progress reaches the swarm instead of stopping with it (None: nothing
-        held, or no round published by this process yet, so its seq is not known)."""
+        marked as a flush (replicas apply it without outer momentum), so its trained progress
+        reaches the swarm instead of stopping with it; with fragments one update per fragment,
+        reported as one (None: nothing held, or no round published by this process yet, so
+        its seq is not known)."""
 
 
 FLUSH_CODEC = "bf16"
