@@ -192,16 +192,17 @@ def test_a_flush_is_weighed_like_the_same_update_without_the_marker() -> None:
         outer = make_outer_optimizer(config("delayed_nesterov").outer, NUMEL)
         replica = Replica(torch.full((NUMEL,), 10.0), outer)
         pipeline = UpdatePipeline(replica, config("delayed_nesterov"), FINGERPRINT)
-        for seq in range(4):
+        for seq in range(13):  # past the robust warm-up; the last one 6x the norm
             update = sealed_update(
-                AUTHORS[1], delta=delta(1, seq) * (5.0 if seq == 3 else 1.0),
+                AUTHORS[1], delta=delta(1, seq) * (6.0 if seq == 12 else 1.0),
                 fingerprint=FINGERPRINT, seq=seq, created_at=1000.0 + 10 * seq,
-                flush=flush and seq == 3,
+                flush=flush and seq == 12,
             )  # fmt: skip
             r = pipeline.submit(update)
             assert r.accepted
         results[flush] = (r.weight, r.learners, r.robust)
     assert results[True] == results[False]
+    assert results[True][2] == "norm_outlier"  # clipped alike, marker or not
 
 
 def test_withdrawing_a_flush_takes_back_exactly_its_step() -> None:
