@@ -24,7 +24,8 @@ codec sees the same data in the same order for the same tokens; the final valida
 compared with bf16's, and each row counts the robust verdicts (merge.robust) that clipped its
 updates: the merge path judges every codec's updates by the same norms and directions. At the
 end the learners stop as nodes do: each sends what its error feedback still holds once, dense
-(WholeUpdates.flush, a bf16 update); the final loss is after it (`val_loss_before_flush`
+(WholeUpdates.flush, a bf16 update marked as a flush: a plain outer step, no momentum); the
+final loss is after it (`val_loss_before_flush`
 before), and `bytes_ratio_vs_dp_with_flush` counts the flush's bytes over a run of
 `--train-rounds` rounds at the bytes' M and H.
 
@@ -200,7 +201,8 @@ def published_per_step(codec: str, fragments: int, config: WireConfig) -> list[i
     if fragments == 1:  # a whole update: sealed after the round's last step
         (done,) = events.of("round_done")
         per_step[done["steps"] - 1] += done["update_bytes"]
-    merged = len(events.of("update_merged")) - len(events.of("residual_flushed"))  # at stop
+    seqs = {e["seq"] for e in events.of("fragment_published") + events.of("round_done")}
+    merged = len([e for e in events.of("update_merged") if e["seq"] in seqs])  # not flushes
     if sum(per_step) == 0 or merged != fragments:
         raise SystemExit(f"{codec}, P = {fragments}: the node did not publish its updates")
     return per_step

@@ -11,8 +11,9 @@ the final validation loss, its ratio to bf16's in the same cell, and the codec's
 against data-parallel training's at that M and H for the `--model` size (and at bench.wire's
 reference M = `--learners`, H = `--inner-steps`). Cells run in `--grid-jobs` processes of
 one torch thread each. The learners stop as nodes do (each flushes its error feedback residual
-once, dense): val_loss is after that, before_flush_ratio_vs_bf16 before it, and
-bytes_ratio_vs_dp_with_flush counts the flush over the cell's rounds. The final line is JSON.
+once, dense, marked as a flush: a plain outer step, no momentum): val_loss is after that,
+before_flush_ratio_vs_bf16 before it, and bytes_ratio_vs_dp_with_flush counts the flush over
+the cell's rounds. The final line is JSON.
 """
 
 from __future__ import annotations

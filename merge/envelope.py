@@ -13,6 +13,13 @@ merge.fragments; a run with P = 1 keeps sealing v3). All parse;
 a header re-serialises to the version it was signed in, and its payload is checked with the
 hash that version names.
 
+The flush marker: a v3 or v4 header may carry ``"flush": true`` (never ``false``: absent is
+the one encoding of "not a flush", so a header without it, as every one sealed before, parses
+and re-serialises as before). It says the payload is its author's error feedback residual,
+sent once when it stops (node.publishing's flush): replicas apply it as a plain step, no
+outer momentum (merge.outer.OuterOptimizer.plain_step). It is signed, so every replica applies
+a flush alike.
+
 Wire formats (integers little-endian):
     SignedHeader: b"DLH1" | u32 header length | canonical header JSON | 64-byte signature
     SignedUpdate: b"DLU1" | u32 header length | canonical header JSON | 64-byte signature | payload
@@ -54,6 +61,8 @@ _V2_FIELDS = ("learners",)
 """Fields a version 2 header adds (None in a version 1 header)."""
 _V4_FIELDS = ("fragment", "fragments")
 """Fields a version 4 header adds (None in earlier versions)."""
+FLUSH_KEY = "flush"
+"""The optional key of a v3 or v4 header that marks a flush (only ever ``true``)."""
 _PAYLOAD_HASH_FIELDS = {
     1: "payload_sha256", 2: "payload_sha256", 3: "payload_blake3", 4: "payload_blake3",
 }  # fmt: skip
@@ -114,6 +123,9 @@ class UpdateHeader:
     headers, whose payload is the whole model."""
     fragments: int | None = None
     """v4: P, the number of fragments the run splits the model into (merge.fragments)."""
+    flush: bool = False
+    """v3 and v4: the payload is the author's error feedback residual, sent once as it stops;
+    applied with no outer momentum (merge.outer). On the wire only when true."""
 
     def __post_init__(self) -> None:
         _check_header_fields(self)
@@ -145,7 +157,8 @@ class UpdateHeader:
     def to_dict(self) -> dict[str, Any]:
         """The wire dict: the fields of its version plus the envelope version ``"v"``."""
         d = dataclasses.asdict(self)
-        return {k: v for k, v in d.items() if k in _WIRE_KEYS[self.version]} | {"v": self.version}
+        wire = {k: v for k, v in d.items() if k in _WIRE_KEYS[self.version]}
+        return wire | ({FLUSH_KEY: True} if self.flush else {}) | {"v": self.version}
 
     @classmethod
     def from_dict(cls, d: object) -> UpdateHeader:
@@ -155,8 +168,10 @@ class UpdateHeader:
         version = d.get("v")
         if type(version) is not int or version not in _WIRE_KEYS:
             raise EnvelopeError("malformed", f"unsupported envelope version {version!r}")
-        if set(d) != _WIRE_KEYS[version]:
+        if set(d) - {FLUSH_KEY} != _WIRE_KEYS[version]:
             raise EnvelopeError("malformed", "header keys differ from the expected set")
+        if FLUSH_KEY in d and (d[FLUSH_KEY] is not True or version < 3):
+            raise EnvelopeError("malformed", "flush is only ever true, in a v3 or v4 header")
         header = cls(**{k: v for k, v in d.items() if k != "v"})
         if header.version != version:
             raise EnvelopeError("malformed", f"a v{version} header needs its v{version} fields")
@@ -169,7 +184,7 @@ class UpdateHeader:
         ).encode("ascii")
 
 
-_ALL_KEYS = frozenset(f.name for f in dataclasses.fields(UpdateHeader)) | {"v"}
+_ALL_KEYS = (frozenset(f.name for f in dataclasses.fields(UpdateHeader)) - {FLUSH_KEY}) | {"v"}
 _V2_KEYS = _ALL_KEYS - {"payload_blake3", *_V4_FIELDS}
 _V4_KEYS = _ALL_KEYS - {"payload_sha256"}
 _WIRE_KEYS = {
@@ -237,8 +252,10 @@ def seal(
     learners: int = 1,
     fragment: int | None = None,
     fragments: int | None = None,
+    flush: bool = False,
 ) -> SignedUpdate:
-    """Signs a payload and its header with ``identity``: version 3, or 4 for a fragment."""
+    """Signs a payload and its header with ``identity``: version 3, or 4 for a fragment;
+    ``flush`` marks it as its author's residual, sent once as it stops (module docstring)."""
     header = UpdateHeader(
         fingerprint=fingerprint,
         author=identity.peer_id,
@@ -255,6 +272,7 @@ def seal(
         learners=learners,
         fragment=fragment,
         fragments=fragments,
+        flush=flush,
     )
     return SignedUpdate(header, identity.sign(header.canonical_bytes()), payload)
 
@@ -326,6 +344,8 @@ def _check_header_fields(h: UpdateHeader) -> None:
     _check_string(h.fingerprint, "fingerprint", 64, hex64=True)
     _check_fragment(h)
     _check_payload_hash(h)
+    if type(h.flush) is not bool or (h.flush and h.version < 3):
+        raise EnvelopeError("malformed", "flush must be a bool, true only in a v3 or v4 header")
     _check_string(h.author, "author", _MAX_AUTHOR_CHARS)
     _check_string(h.codec, "codec", _MAX_CODEC_CHARS)
 

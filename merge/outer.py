@@ -78,6 +78,29 @@ class OuterOptimizer(ABC):
         a pass over them), or None when it moved them otherwise too (a momentum term).
         """
 
+    def plain_step(
+        self, params: torch.Tensor, pseudo_gradient: torch.Tensor, weight: float, learners: int = 1
+    ) -> float:
+        """A flush (merge.envelope's flush marker): params -= lr * weight * g / learners and
+        nothing else: no momentum built, none applied, no share of a round. Returns |a|.
+
+        A translation that reads and writes no optimizer state, so it commutes with every
+        other step: replicas that applied one set of updates agree whatever the order. It moves
+        the params by the plain share any update moves them by at once, and never more than
+        a regular update's whole effect (that share plus what momentum builds on it), under
+        the same weight and learners, which the pipeline bounds for every update alike."""
+        self._check_step(params, pseudo_gradient, weight, learners)
+        moved = -self.lr * weight / learners
+        params.add_(pseudo_gradient, alpha=moved)
+        return abs(moved)
+
+    def withdraw_plain(
+        self, params: torch.Tensor, pseudo_gradient: torch.Tensor, weight: float, learners: int = 1
+    ) -> None:
+        """Takes back a :meth:`plain_step` exactly (merge.equivocation)."""
+        self._check_step(params, pseudo_gradient, weight, learners)
+        params.add_(pseudo_gradient, alpha=self.lr * weight / learners)
+
     @property
     def momentum_buffer(self) -> torch.Tensor:
         """The outer momentum (a view: read it under the replica's lock, never write it)."""

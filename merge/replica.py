@@ -194,7 +194,7 @@ class Replica:
                 if learners is None:
                     learners = 1 if header.learners is None else header.learners
                 bounds = self.params_norm_bounds()
-                moved = self._step(header.fragment, pseudo_gradient, weight, learners)
+                moved = self._step(header, pseudo_gradient, weight, learners)
                 self._carry_norm_bounds(bounds, moved, norm)
             self._record(header.author, header.seq)
             self._credited += min(1.0, max(0.0, credited))
@@ -210,22 +210,25 @@ class Replica:
             if weight == 0:
                 return
             outer = self.outer_for(header.fragment)
+            withdraw = outer.withdraw_plain if header.flush else outer.withdraw
             if header.fragment is None or self.layout is None:
-                outer.withdraw(self.params, pseudo_gradient, weight, learners)
+                withdraw(self.params, pseudo_gradient, weight, learners)
                 return
             params = self.layout.gather(self.params, header.fragment)
-            outer.withdraw(params, pseudo_gradient, weight, learners)
+            withdraw(params, pseudo_gradient, weight, learners)
             self.layout.scatter(self.params, header.fragment, params)
 
     def _step(
-        self, fragment: int | None, pseudo_gradient: torch.Tensor, weight: float, learners: int
+        self, header: UpdateHeader, pseudo_gradient: torch.Tensor, weight: float, learners: int
     ) -> float | None:
-        """The outer step; |a| when it moved the params by a * pseudo_gradient alone."""
-        outer = self.outer_for(fragment)
+        """The outer step (a plain one, no momentum, for a flush: merge.envelope); |a| when
+        it moved the params by a * pseudo_gradient alone."""
+        outer, fragment = self.outer_for(header.fragment), header.fragment
+        step = outer.plain_step if header.flush else outer.step
         if fragment is None or self.layout is None:
-            return outer.step(self.params, pseudo_gradient, weight, learners)
+            return step(self.params, pseudo_gradient, weight, learners)
         params = self.layout.gather(self.params, fragment)
-        outer.step(params, pseudo_gradient, weight, learners)
+        step(params, pseudo_gradient, weight, learners)
         self.layout.scatter(self.params, fragment, params)
         return None
 

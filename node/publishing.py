@@ -5,7 +5,8 @@ of fragments during it (Streaming DiLoCo, `--fragments P`).
 decides where a round starts and what it publishes: `WholeUpdates` or `FragmentStreams`.
 With `--codec auto` (`AutoCodec`) whole updates pick their codec at each round start from the
 uplink this process measured (dht.transport.UPLINK); a stopping node sends its error feedback
-residual once, dense (`RoundPublishing.flush`).
+residual once, dense (`RoundPublishing.flush`; per fragment with fragments), marked as a flush
+(merge.envelope): replicas apply it as a plain step, without outer momentum.
 """
 
 from __future__ import annotations
@@ -78,9 +79,11 @@ class Publisher:
         work: tuple[int, int, float],
         fragment: int | None = None,
         codec: Codec | None = None,
+        flush: bool = False,
     ) -> Published:
         """`work`: the inner steps, tokens and mean loss the pseudo-gradient comes from;
-        `codec`: what `encode` encodes with, when not this publisher's."""
+        `codec`: what `encode` encodes with, when not this publisher's; `flush`: the update is
+        our residual, sent once as we stop (signed: replicas apply it without momentum)."""
         steps, tokens, loss = work
         t_start = time.perf_counter()
         payload = encode(pseudo_gradient)
@@ -103,6 +106,7 @@ class Publisher:
             learners=self.swarm.live_learners(),
             fragment=fragment,
             fragments=None if fragment is None else self.replica.num_fragments,
+            flush=flush,
         )
         t_seal = time.perf_counter()
         result = self.pipeline.submit(update)
@@ -148,8 +152,10 @@ class RoundPublishing(Protocol):
 
     def flush(self) -> Published | None:
         """The node stops: publish what its error feedback still holds, once, dense (bf16),
-        so its trained progress reaches the swarm instead of stopping with it (None: nothing
-        held, or no round published by this process yet, so its seq is not known)."""
+        marked as a flush (replicas apply it without outer momentum), so its trained progress
+        reaches the swarm instead of stopping with it; with fragments one update per fragment,
+        reported as one (None: nothing held, or no round published by this process yet, so
+        its seq is not known)."""
 
 
 FLUSH_CODEC = "bf16"
@@ -256,7 +262,12 @@ class WholeUpdates:
         codec = get_codec(FLUSH_CODEC)
         residual, payload = self.compressor.flush(codec)
         published = self.publisher.publish(
-            residual, lambda _: payload, self.replica.progress, self._last_work, codec=codec
+            residual,
+            lambda _: payload,
+            self.replica.progress,
+            self._last_work,
+            codec=codec,
+            flush=True,
         )
         self.published.append(published)
         return published
@@ -297,6 +308,8 @@ class FragmentStreams:
         self.compressors = FragmentCompressors(codec, layout)
         self.stream: FragmentStream | None = None
         self.published: list[Published] = []
+        self._last_work: dict[int, tuple[int, int, float]] = {}
+        """Per fragment, the last round of it this process published: steps, tokens, loss."""
 
     def begin(self, partial: RoundProgress | None) -> RoundProgress:
         """The learner keeps its params from round to round (each fragment adopts the
@@ -338,21 +351,54 @@ class FragmentStreams:
         return self.compressors
 
     def flush(self) -> Published | None:
-        """Not done for fragments yet: their residuals stay in the checkpoint."""
-        return None
+        """Each fragment's residual as one bf16 flush fragment update, weighed like the last
+        round this process published of that fragment, based on the replica as it is now.
+        One Published for them all (RoundPublishing.flush's one): the bytes summed, the
+        result of the first one our pipeline refused, else of the last one."""
+        flushed = []
+        codec = get_codec(FLUSH_CODEC)
+        for fragment, work in sorted(self._last_work.items()):
+            compressor = self.compressors.part(fragment)
+            if not compressor.pending():
+                continue
+            residual, payload = compressor.flush(codec)
+            flushed.append(
+                self.publisher.publish(
+                    residual,
+                    _sent_as(payload),
+                    self.replica.progress,
+                    work,
+                    fragment,
+                    codec=codec,
+                    flush=True,
+                )  # fmt: skip
+            )
+        if not flushed:
+            return None
+        self.published.extend(flushed)
+        refused = [f for f in flushed if not f.result.accepted]
+        return Published(
+            (refused or flushed)[0 if refused else -1].result,
+            sum(f.update_bytes for f in flushed),
+            sum(f.encode_s for f in flushed),
+            sum(f.seal_s for f in flushed),
+            sum(f.merge_s for f in flushed),
+        )
 
     def _publish(self, stream: FragmentStream, fragment: int, step: int) -> None:
         r = stream.rounds[fragment]
         if r.steps == 0:
             return
         inner = self.learner.params_vector()
+        work = (r.steps, r.tokens, r.loss)
         published = self.publisher.publish(
             stream.pseudo_gradient(fragment, inner),
             lambda g: self.compressors.encode(fragment, g),
             r.base_applied,
-            (r.steps, r.tokens, r.loss),
+            work,
             fragment,
         )
+        self._last_work[fragment] = work
         self.published.append(published)
         merged, applied = self.replica.fragment_params(fragment)
         start = self.compressors.fragment_start(fragment, merged)  # minus what was not sent
@@ -367,3 +413,8 @@ class FragmentStreams:
             seq=self.stats.seq if published.result.accepted else None,
             update_bytes=published.update_bytes,
         )
+
+
+def _sent_as(payload: bytes) -> Callable[[torch.Tensor], bytes]:
+    """An `encode` for Publisher.publish that returns a payload encoded already."""
+    return lambda _: payload

@@ -87,6 +87,10 @@ class FragmentCompressors:
     def encode(self, fragment: int, pseudo_gradient: torch.Tensor) -> bytes:
         return self._parts[fragment].encode(pseudo_gradient)
 
+    def part(self, fragment: int) -> Compressor:
+        """Fragment ``fragment``'s compressor (its residual: node.publishing flushes it)."""
+        return self._parts[fragment]
+
     def round_start(self, base: torch.Tensor) -> torch.Tensor:
         """The whole model's start: ``base`` minus every fragment's residual (what was
         trained but not sent yet; merge.feedback.Compressor.round_start)."""

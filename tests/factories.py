@@ -55,6 +55,7 @@ def sealed_update(
     learners: int = 1,
     fragment: int | None = None,
     fragments: int | None = None,
+    flush: bool = False,
 ) -> SignedUpdate:
     """An update signed by ``author``: its payload given as bytes or encoded from ``delta``
     (zeros when neither is given); ``numel`` defaults to the delta's size or fp32's count of
@@ -67,5 +68,5 @@ def sealed_update(
         author, fingerprint=fingerprint, seq=seq, base_applied=base_applied,
         published_applied=published_applied, inner_steps=inner_steps, tokens=tokens, loss=loss,
         codec=codec, numel=numel, payload=payload, created_at=created_at, learners=learners,
-        fragment=fragment, fragments=fragments,
+        fragment=fragment, fragments=fragments, flush=flush,
     )  # fmt: skip

@@ -97,7 +97,7 @@ def test_a_stopping_node_publishes_its_residual_once_dense(tmp_path: Path) -> No
     assert resumed.round == 2 and not resumed.parts.publishing.error_feedback().pending()
 
 
-def test_the_replica_after_a_flush_is_the_outer_step_on_the_residual(tmp_path: Path) -> None:
+def test_the_replica_after_a_flush_is_a_plain_outer_step_on_the_residual(tmp_path: Path) -> None:
     node = offline_node(tmp_path, codec="topk")
     node.run_round()
     node.run_round()
@@ -112,8 +112,43 @@ def test_the_replica_after_a_flush_is_the_outer_step_on_the_residual(tmp_path: P
 
     assert flushed is not None and flushed.result.accepted
     assert flushed.result.robust is None  # nothing clipped it
-    twin.step(expected, residual, flushed.result.weight, 1)
+    twin.plain_step(expected, residual, flushed.result.weight, 1)  # no momentum: a flush
     torch.testing.assert_close(node.replica.params, expected, rtol=0, atol=1e-4)
+    assert torch.equal(node.replica.outer.momentum_buffer, twin.momentum_buffer)
+    assert publishing.flush() is None  # once: nothing is left
+
+
+def test_a_fragment_node_flushes_each_fragment_as_a_plain_step(tmp_path: Path) -> None:
+    """--fragments P: each fragment's residual goes out as one bf16 fragment flush, applied
+    to that fragment's params as a plain step (no momentum), and nothing is left after."""
+    node = offline_node(tmp_path, codec="topk", fragments=2, inner_steps=4)
+    node.run_round()
+    node.run_round()
+    publishing = node.parts.publishing
+    assert isinstance(publishing, FragmentStreams)
+    layout = node.replica.layout
+    assert layout is not None
+    residuals = [publishing.compressors.part(p).residual.clone() for p in range(2)]
+    assert all(bool(r.any()) for r in residuals)
+    momentum = [outer.state_dict() for outer in node.replica.outers]
+    before = node.replica.params.clone()
+    seq = node.stats.seq
+
+    flushed = publishing.flush()
+
+    assert flushed is not None and flushed.result.accepted and node.stats.seq == seq + 2
+    dense = sum(get_codec("bf16").payload_bytes(layout.fragment_numel(p)) for p in range(2))
+    assert dense < flushed.update_bytes < dense + 4096  # bf16 fragments, not topk
+    merged = [p.result for p in publishing.published[-2:]]
+    expected, lr = before.clone(), node.parts.spec.merge.outer.lr
+    for fragment, (residual, result) in enumerate(zip(residuals, merged, strict=True)):
+        share = layout.gather(expected, fragment)
+        share -= lr * result.weight / result.learners * residual
+        layout.scatter(expected, fragment, share)
+    torch.testing.assert_close(node.replica.params, expected, rtol=0, atol=1e-4)
+    for outer, state in zip(node.replica.outers, momentum, strict=True):
+        assert torch.equal(outer.momentum_buffer, state["buf"])  # type: ignore[arg-type]
+    assert not any(publishing.compressors.part(p).pending() for p in range(2))
     assert publishing.flush() is None  # once: nothing is left
 
 
