@@ -165,7 +165,7 @@ class Trainer:
                 return limit
             completed = self.run_round() is not None
             if completed and self.stats.round % self.config.checkpoint_every == 0:
-                self.persistence.save(self.partial)
+                self.persistence.save_beside(self.partial)  # written beside the next round
         return "interrupted"
 
     def run_round(self) -> MergeResult | None:
