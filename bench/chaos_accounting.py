@@ -240,7 +240,14 @@ def lost_at_kill(killed: Incarnation, later: list[Incarnation]) -> float:
     events = (e for inc in later for e in inc.events)
     resumed = next((e for e in events if e.get("event") == "resumed"), None)
     kept: float | None = None
-    if resumed is not None and resumed.get("step"):
+    copied_at = resumed.get("copied_at") if resumed is not None else None
+    if resumed is not None and resumed.get("step") and isinstance(copied_at, int | float):
+        # The checkpoint's own copy time: also when the killed one wrote it but died before
+        # its `checkpoint_saved` event was out. Copied by an earlier incarnation: nothing
+        # of the killed one's steps was kept.
+        if killed.launched <= copied_at <= killed.ended:
+            kept = copied_at
+    elif resumed is not None and resumed.get("step"):
         saves = [
             e
             for e in killed.events

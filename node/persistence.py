@@ -98,6 +98,8 @@ class Persistence:
             # The highest seq this identity had sealed when the partial round was saved.
             "sealed_seq": self.seq_ledger.last(),
             "error_feedback": self.error_feedback.state_dict(),  # a copy
+            # When this was copied: a restart's `resumed` says what it kept (bench.chaos).
+            "copied_at": time.time(),
         }
 
     def _shared_state(self) -> dict[str, Any]:
@@ -157,7 +159,7 @@ class Persistence:
     ) -> None:
         self._raise_failure()
         started, copied_at = time.perf_counter(), time.time()
-        own = self._own_state(partial)
+        own = {**self._own_state(partial), "copied_at": copied_at}
         self.cadence.observe_copy(time.perf_counter() - started)
         self._background = threading.Thread(
             target=self._write_in_background,
@@ -247,6 +249,7 @@ class Persistence:
             step=partial.steps_done if partial is not None else 0,
             num_applied=self.replica.num_applied,
             stale_partial_step=stale.steps_done if stale is not None else None,
+            copied_at=_float_or_none(state.get("copied_at")),  # absent before it
         )
         return partial
 
@@ -284,6 +287,10 @@ def check_same_run(directory: Path, fingerprint: str, settings: dict[str, Any]) 
         f"({describe_differences({'settings': theirs}, settings, label='checkpoint')}); "
         f"{resume}, or another --checkpoint-dir"
     )
+
+
+def _float_or_none(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
 
 
 def _copied(value: Any) -> Any:

@@ -151,3 +151,22 @@ def test_only_time_inside_the_steps_is_compute_and_the_first_step_is_not_start_u
     assert breakdown["startup_each_s"] == [2.0]  # to the first step's start, not its end
     assert breakdown["loop_s"] == 2.0
     assert breakdown["other_s"] == 2 * 20.0 - 6.0 - 2.0 - 2.0
+
+
+def test_a_save_on_disk_whose_event_never_came_out_counts_from_its_copy() -> None:
+    # Killed at 20 after its save of round 2 at step 3 (copied at 18) was renamed into place
+    # but before its event was printed: the restart's `resumed` carries the copy time.
+    first = Incarnation(
+        [started(0, "A"), _first_batch(1), round_done(15)], 0.0, ended=20.0, killed=True
+    )
+    resumed = {"event": "resumed", "time": 34, "round": 1, "step": 3, "copied_at": 18.0}
+    second = Incarnation([resumed, _first_batch(35), started(35, "A")], 30.0)
+    breakdown = account([Slot(0, [first, second])], 0.0, 100.0, synchronous=False,
+                        window_s=5.0)["time_breakdown"]  # fmt: skip
+    assert breakdown["lost_each_s"] == [2.0]  # not 5.0, since the round's end at 15
+    # A copy older than the killed incarnation: none of its steps was kept.
+    older = {**resumed, "copied_at": -3.0}
+    again = Incarnation([older, _first_batch(35), started(35, "A")], 30.0)
+    breakdown = account([Slot(0, [first, again])], 0.0, 100.0, synchronous=False,
+                        window_s=5.0)["time_breakdown"]  # fmt: skip
+    assert breakdown["lost_each_s"] == [5.0]
