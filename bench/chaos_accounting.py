@@ -2,17 +2,21 @@
 
 Per node slot (one slot is one machine; a restart is a new incarnation in the same slot):
 - allocated seconds: the measured window, whether the node was up or not;
-- compute seconds: inner-step time of its rounds inside the window (a round straddling an edge
-  counts for its part inside);
+- compute seconds: time inside the inner steps of its rounds in the window (`round_done`'s
+  `steps_s`; a round straddling an edge counts for its part inside). The loop's own work
+  between steps (partial saves' copies, the DHT's fork, starting what runs beside training:
+  `inner_s` - `steps_s`) is not compute: `time_breakdown`'s `loop_s`. Events without
+  `steps_s` (synchronous workers, nodes before it) count their `inner_s`;
 - merged seconds: compute of rounds whose update was merged by at least one other node (or came
   to it inside a state it downloaded), and by all live others (those up when it was published
   and still up, never killed, at the end);
 - restarts, updates published and updates lost (never merged by any other node);
 - where the allocated time went that was not compute (`time_breakdown`): downtime (kill to
-  relaunch), start-up (launch to the first inner step, `startup_phase` `first_batch`), inner
-  steps lost at a kill (from the state it kept: the partial round the next incarnation
-  resumed, copied at `checkpoint_saved`'s `copied_at`, else the end of its last round), and
-  the rest (between rounds: publishing, merging, waiting for the swarm).
+  relaunch), start-up (launch to the first inner step's start: `startup_phase` `first_batch`
+  less that step's own `step_s`, which is compute), inner steps lost at a kill (from the
+  state it kept: the partial round the next incarnation resumed, copied at
+  `checkpoint_saved`'s `copied_at`, else the end of its last round), the loop's work between
+  steps (`loop_s`) and the rest (between rounds: publishing, merging, waiting for the swarm).
 Asynchronous nodes (`diloco-node join`) and synchronous workers (`bench.sync_baseline`) are
 accounted alike; for a synchronous worker, "merged" means its round's all-reduce committed, with
 at least one other worker, or with every live worker.
@@ -75,6 +79,8 @@ class Round:
     group_size: int = 0
     """Sync: workers in the round's all-reduce (0: it failed)."""
     committed: bool = False
+    steps_s: float | None = None
+    """Of inner_s, the time inside the inner steps (None: not reported, all of inner_s)."""
 
 
 def async_rounds(slot: Slot) -> list[Round]:
@@ -86,7 +92,10 @@ def async_rounds(slot: Slot) -> list[Round]:
             if e.get("event") == "update_merged" and e["author"] == own:
                 seq = int(e["seq"])
             elif e.get("event") == "round_done":
-                rounds.append(Round(slot.node, e["time"], e["inner_s"], e["round_s"], seq))
+                steps_s = e.get("steps_s")
+                rounds.append(
+                    Round(slot.node, e["time"], e["inner_s"], e["round_s"], seq, steps_s=steps_s)
+                )
                 seq = None
     return rounds
 
@@ -106,6 +115,14 @@ def inner_in_window(r: Round, t0: float, t1: float) -> float:
     """The part of the round's inner steps (they open the round) inside [t0, t1]."""
     start = r.end - r.round_s
     return max(0.0, min(start + r.inner_s, t1) - max(start, t0))
+
+
+def steps_in_window(r: Round, t0: float, t1: float) -> float:
+    """Of `inner_in_window`, the time inside the steps themselves (in proportion)."""
+    inner = inner_in_window(r, t0, t1)
+    if r.steps_s is None or r.inner_s <= 0:
+        return inner
+    return inner * min(1.0, max(0.0, r.steps_s) / r.inner_s)
 
 
 def merged_by(slots: list[Slot]) -> dict[tuple[str, int], set[int]]:
@@ -150,14 +167,17 @@ def account(slots: list[Slot], t0: float, t1: float, *, synchronous: bool, windo
     totals = _totals(per_node)
     return totals | {
         "uptime": uptime(slots, t0, t1, window_s, synchronous=synchronous),
-        "time_breakdown": time_breakdown(slots, t0, t1, totals["compute_s"]),
+        "time_breakdown": time_breakdown(slots, t0, t1, totals["compute_s"], totals["loop_s"]),
         "per_node": per_node,
     }
 
 
-def time_breakdown(slots: list[Slot], t0: float, t1: float, compute_s: float) -> dict:
+def time_breakdown(
+    slots: list[Slot], t0: float, t1: float, compute_s: float, loop_s: float = 0.0
+) -> dict:
     """Allocated node-seconds that were not compute, by cause; each restart's start-up and
-    each kill's lost inner steps, in the window's order."""
+    each kill's lost inner steps, in the window's order. `loop_s`: the rounds' work between
+    their steps (inside inner_s, not compute)."""
     downtime = startup = lost = 0.0
     startups: list[float] = []
     losses: list[float] = []
@@ -166,7 +186,7 @@ def time_breakdown(slots: list[Slot], t0: float, t1: float, compute_s: float) ->
         for k, inc in enumerate(incarnations):
             nxt = incarnations[k + 1] if k + 1 < len(incarnations) else None
             if k > 0 and t0 <= inc.launched < t1:
-                first = first_step_at(inc)
+                first = first_step_started_at(inc)
                 end = min(t1, first if first is not None else (inc.ended or t1))
                 startup += max(0.0, end - inc.launched)
                 startups.append(round(end - inc.launched, 2))
@@ -181,16 +201,29 @@ def time_breakdown(slots: list[Slot], t0: float, t1: float, compute_s: float) ->
         "downtime_s": round(downtime, 2),
         "startup_s": round(startup, 2),
         "lost_at_kill_s": round(lost, 2),
-        "other_s": round(allocated - compute_s - downtime - startup - lost, 2),
+        "loop_s": round(loop_s, 2),
+        "other_s": round(allocated - compute_s - downtime - startup - lost - loop_s, 2),
         "startup_each_s": startups,
         "lost_each_s": losses,
     }
 
 
 def first_step_at(inc: Incarnation) -> float | None:
+    """When the incarnation's first inner step ended."""
+    event = _first_batch(inc)
+    return None if event is None else event["time"]
+
+
+def first_step_started_at(inc: Incarnation) -> float | None:
+    """When its first inner step began: the start-up ends there (the step is compute)."""
+    event = _first_batch(inc)
+    return None if event is None else event["time"] - float(event.get("step_s") or 0.0)
+
+
+def _first_batch(inc: Incarnation) -> Event | None:
     return next(
         (
-            e["time"]
+            e
             for e in inc.events
             if e.get("event") == "startup_phase" and e.get("name") == "first_batch"
         ),
@@ -207,7 +240,14 @@ def lost_at_kill(killed: Incarnation, later: list[Incarnation]) -> float:
     events = (e for inc in later for e in inc.events)
     resumed = next((e for e in events if e.get("event") == "resumed"), None)
     kept: float | None = None
-    if resumed is not None and resumed.get("step"):
+    copied_at = resumed.get("copied_at") if resumed is not None else None
+    if resumed is not None and resumed.get("step") and isinstance(copied_at, int | float):
+        # The checkpoint's own copy time: also when the killed one wrote it but died before
+        # its `checkpoint_saved` event was out. Copied by an earlier incarnation: nothing
+        # of the killed one's steps was kept.
+        if killed.launched <= copied_at <= killed.ended:
+            kept = copied_at
+    elif resumed is not None and resumed.get("step"):
         saves = [
             e
             for e in killed.events
@@ -233,10 +273,11 @@ def _round_figures(
     t1: float,
     synchronous: bool,
 ) -> dict[str, float]:
-    compute = any_s = all_s = 0.0
+    compute = any_s = all_s = loop = 0.0
     published = lost = 0
     for r in rounds:
-        inner = inner_in_window(r, t0, t1)
+        inner = steps_in_window(r, t0, t1)
+        loop += inner_in_window(r, t0, t1) - inner
         compute += inner
         status = (
             _sync_status(r, others) if synchronous else _async_status(r, others, merged, authors)
@@ -250,6 +291,7 @@ def _round_figures(
         all_s += inner if by_all else 0.0
     return {
         "compute_s": compute,
+        "loop_s": loop,
         "merged_any_s": any_s,
         "merged_all_s": all_s,
         "updates_published": published,
@@ -285,6 +327,7 @@ def _totals(per_node: list[dict]) -> dict:
     keys = (
         "allocated_s",
         "compute_s",
+        "loop_s",
         "merged_any_s",
         "merged_all_s",
         "restarts",

@@ -24,11 +24,12 @@ Interruptions strike running chips only (the clock of a learner stops while it r
 waits at a barrier), so the non-elastic and elastic data-parallel rows follow
 1 / (1 + rate * cost): the calibration targets below fix restart_s and reconfig_s. The
 asynchronous rows take their recovery per failure from this project's own measurement when
-there is one (issue 23): `--restart-figures FILE` (default bench/results/restart.json, which
-`python -m bench.restart` writes) gives bench.restart's start_to_first_step_s plus half its
-partial_save_s (the inner steps a kill -9 loses on average); `--async-recovery-s` sets it by
-hand; with neither they use reconfig_s, the paper's calibration. The output says which. The
-final line is JSON: {"rows": [{"method", "chips", "learners", "goodput", ...}, ...],
+there is one (issue 23): `--restart-figures FILE` (default bench/results/restart.json, the
+committed figures; `python -m bench.restart --out FILE` writes new ones) gives
+bench.restart's start_to_first_step_s plus half its partial_save_s (the inner steps a kill -9
+loses on average); `--async-recovery-s` sets it by hand; with neither they use reconfig_s,
+the paper's calibration. The output says which. The final line is JSON:
+{"rows": [{"method", "chips", "learners", "goodput", ...}, ...],
 "async_costs": {"recovery_s", "source"}}.
 """
 
@@ -69,7 +70,7 @@ PAPER = {
 """Decoupled DiLoCo's reported goodput at MTBI 1 year, by (method, chips, learners)."""
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 RESTART_FIGURES = RESULTS_DIR / "restart.json"
-"""Where `python -m bench.restart` writes its final line (the measured restart costs)."""
+"""The committed bench.restart line the docs cite (`python -m bench.restart --out` writes one)."""
 
 
 @pydantic.dataclasses.dataclass(kw_only=True, config=FLAGS)

@@ -11,8 +11,12 @@ entered the swarm and checked its state, which it does beside training. `import_
 JSON: start_to_first_step_s, import_torch_s, their ratio, each phase's median seconds (a
 phase is the time since the previous phase's event), the phases beside training after the
 first step (hivemind, p2pd, the DHT, the state check) and partial_save_s (how often a round
-in progress is saved: a kill -9 loses half of it on average). It is also written to
-bench/results/restart.json, where bench.goodput_sim takes its asynchronous rows' recovery from.
+in progress is saved: a kill -9 loses half of it on average). With `--out FILE` it is also
+written there; bench.goodput_sim takes its asynchronous rows' recovery from the committed
+bench/results/restart.json (`--out bench/results/restart.json` replaces it: do that only with
+figures worth citing) or from `--restart-figures FILE`.
+
+    python -m bench.restart --out /tmp/restart.json
 """
 
 from __future__ import annotations
@@ -28,8 +32,6 @@ from pathlib import Path
 
 from bench.procs import ChildProcess, Event, cli_flags, node_process, reap_all
 from node.persistence import PARTIAL_SAVE_S
-
-RESULTS = Path(__file__).resolve().parent / "results" / "restart.json"
 
 START_TIMEOUT_S = 180.0
 PHASES = ("imports", "identity_and_locks", "build", "checkpoint_load", "first_batch")
@@ -77,6 +79,13 @@ def main() -> None:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--inner-steps", type=int, default=20)
     parser.add_argument("--restarts", type=int, default=3)
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="also write the final JSON line to this file (bench.goodput_sim --restart-figures "
+        "reads it); without it nothing is written",
+    )
     args = parser.parse_args()
     common = cli_flags(
         run_id="bench-restart", model=args.model, inner_steps=args.inner_steps, threads=1
@@ -130,8 +139,9 @@ def main() -> None:
             "partial_save_s": PARTIAL_SAVE_S,
         }
     )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(line + "\n")
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(line + "\n")
     print(line)
 
 

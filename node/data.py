@@ -136,38 +136,44 @@ def _load_bin(path: Path) -> Corpus:
 
 def _list_files(
     root: Path, *, keep_dir: Callable[[str], bool], keep_file: Callable[[str], bool]
-) -> list[Path]:
-    """Regular files under root, sorted by relative path so every machine agrees on order."""
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root, onerror=_raise_unreadable):
+) -> list[str]:
+    """Regular files under root, sorted by relative path (with "/") so every machine agrees on
+    order. Paths as strings: a Path per file made the default corpus's ~1,800 files cost ~3x
+    the CPU, on every node's path to its first inner step."""
+    top = os.fspath(root)
+    found: list[tuple[str, str]] = []  # (relative posix path, path)
+    for dirpath, dirnames, filenames in os.walk(top, onerror=_raise_unreadable):
         dirnames[:] = [d for d in dirnames if keep_dir(d)]
-        found += [Path(dirpath, f) for f in filenames if keep_file(f)]
-    return sorted((f for f in found if f.is_file()), key=lambda f: f.relative_to(root).as_posix())
+        relative = dirpath[len(top) :].lstrip(os.sep).replace(os.sep, "/")
+        prefix = relative + "/" if relative else ""
+        found += [(prefix + f, os.path.join(dirpath, f)) for f in filenames if keep_file(f)]
+    found.sort()
+    return [path for _, path in found if os.path.isfile(path)]
 
 
 def _raise_unreadable(error: OSError) -> None:
     raise DataError(f"cannot read {error.filename}: {error.strerror}.") from error
 
 
-def _read(path: Path) -> bytes:
+def _read(path: str | Path) -> bytes:
     try:
-        with path.open("rb") as f:
-            return f.read()
+        with open(path, "rb", buffering=0) as f:  # one read of the whole file, no buffer
+            return f.readall()
     except PermissionError as e:
         raise DataError(f"cannot read {path}: permission denied.") from e
 
 
-def _read_if_text(path: Path) -> bytes | None:
+def _read_if_text(path: str | Path) -> bytes | None:
     """The file's bytes, or None if its first 8 KiB contain a NUL byte (a binary file)."""
     try:
-        with path.open("rb") as f:
+        with open(path, "rb") as f:
             head = f.read(_SNIFF_BYTES)
             return None if b"\0" in head else head + f.read()
     except PermissionError as e:
         raise DataError(f"cannot read {path}: permission denied.") from e
 
 
-def _count(files: list[Path] | list[bytes]) -> str:
+def _count(files: list[str] | list[bytes]) -> str:
     return f"{len(files):,} file" + ("" if len(files) == 1 else "s")
 
 

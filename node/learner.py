@@ -52,6 +52,8 @@ class StepStats:
     tokens_per_s: float
     tokens: int = 0
     """Tokens of the step's batch."""
+    seconds: float = 0.0
+    """The step's wall time (emulated slow-down included)."""
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,8 @@ class Learner:
             compute_s += elapsed
             tokens += batch_tokens
             losses.append(loss)
-            on_step(StepStats(len(losses), loss, batch_tokens / max(elapsed, 1e-9), batch_tokens))
+            rate = batch_tokens / max(elapsed, 1e-9)
+            on_step(StepStats(len(losses), loss, rate, batch_tokens, elapsed))
         mean_loss = sum(losses) / len(losses) if losses else float("nan")
         return RoundStats(
             num_steps=len(losses),

@@ -74,6 +74,8 @@ class Persistence:
         self._writing = threading.Lock()
         """One checkpoint write at a time: each removes the generations before its own."""
         self._background: threading.Thread | None = None
+        self._failed: BaseException | None = None
+        """What a background write raised: raised on the training thread at its next save."""
         self.cadence = SaveCadence(min_s=PARTIAL_SAVE_MIN_S, max_s=PARTIAL_SAVE_S)
         """How often a round in progress is saved (node.trainer asks)."""
 
@@ -96,6 +98,8 @@ class Persistence:
             # The highest seq this identity had sealed when the partial round was saved.
             "sealed_seq": self.seq_ledger.last(),
             "error_feedback": self.error_feedback.state_dict(),  # a copy
+            # When this was copied: a restart's `resumed` says what it kept (bench.chaos).
+            "copied_at": time.time(),
         }
 
     def _shared_state(self) -> dict[str, Any]:
@@ -113,43 +117,89 @@ class Persistence:
         return [(name, p.shape) for name, p in self.learner.model.named_parameters()]
 
     def save(self, partial: RoundProgress | None) -> None:
-        """Write the state now (after a background write still running, if any); then the
-        `saved` hook (not after background writes: those run every few seconds)."""
+        """Write the state now, after a background write still running, if any (so that an
+        older state never lands after this one); then the `saved` hook."""
+        self.wait_for_background()
         self._write(self.state_dict(partial), partial)
         self.saved()
 
+    def save_beside(self, partial: RoundProgress | None) -> None:
+        """The end of a round's save, off the training thread: the training thread's part of
+        the state copied now, the rest taken and written in a thread, after a background write
+        still running (never skipped, never out of order), then the `saved` hook. A kill -9
+        meanwhile leaves the previous generation (node.checkpoint writes atomically)."""
+        self._start_background(partial, after=self._background, periodic=False)
+
     def save_in_background(self, partial: RoundProgress) -> bool:
-        """Copy the training thread's part of the state now, take the replica's and write it
-        all in a thread; False (nothing done) while the previous background write still
-        runs. The copy is what the training thread pays (`cadence` measures it and the
-        write). A replica taken a moment after the round's copy is one that merged a little
-        more before the save: what a restart catches up from anyway."""
+        """A mid-round save: copy the training thread's part of the state now, take the
+        replica's and write it all in a thread; False (nothing done) while the previous
+        background write still runs. The copy is what the training thread pays (`cadence`
+        measures it and the write). A replica taken a moment after the round's copy is one
+        that merged a little more before the save: what a restart catches up from anyway."""
         if self._background is not None and self._background.is_alive():
             return False
+        self._start_background(partial, after=None, periodic=True)
+        return True
+
+    def wait_for_background(self, timeout_s: float | None = None) -> None:
+        """Until the background write in flight, if any, is on disk; raises what a background
+        write raised (a full disk stops the node as a save on the training thread did)."""
+        writing = self._background
+        if writing is not None:
+            writing.join(timeout_s)
+        self._raise_failure()
+
+    def _raise_failure(self) -> None:
+        failed, self._failed = self._failed, None
+        if failed is not None:
+            raise failed
+
+    def _start_background(
+        self, partial: RoundProgress | None, *, after: threading.Thread | None, periodic: bool
+    ) -> None:
+        self._raise_failure()
         started, copied_at = time.perf_counter(), time.time()
-        own = self._own_state(partial)
+        own = {**self._own_state(partial), "copied_at": copied_at}
         self.cadence.observe_copy(time.perf_counter() - started)
         self._background = threading.Thread(
             target=self._write_in_background,
-            args=(own, partial, copied_at),
+            args=(own, partial, copied_at, after, periodic),
             name="checkpoint",
             daemon=True,
         )
         self._background.start()
-        return True
 
     def _write_in_background(
-        self, own: dict[str, Any], partial: RoundProgress, copied_at: float
+        self,
+        own: dict[str, Any],
+        partial: RoundProgress | None,
+        copied_at: float,
+        after: threading.Thread | None,
+        periodic: bool,
     ) -> None:
+        if after is not None:
+            after.join()  # the one before first: generations land in the order copied
         started = time.perf_counter()
-        self._write({**own, **self._shared_state()}, partial, copied_at)
+        try:
+            self._write({**own, **self._shared_state()}, partial, copied_at, periodic=periodic)
+        except Exception as exc:  # noqa: BLE001 - raised on the training thread, next save
+            self._failed = exc
+            return
         self.cadence.observe_write(time.perf_counter() - started)
+        if not periodic:
+            self.saved()
 
     def _write(
-        self, state: dict[str, Any], partial: RoundProgress | None, copied_at: float | None = None
+        self,
+        state: dict[str, Any],
+        partial: RoundProgress | None,
+        copied_at: float | None = None,
+        *,
+        periodic: bool = False,
     ) -> None:
-        """`copied_at`: one of the periodic mid-round saves, its round copied then (the event
-        log keeps them; the console does not print them)."""
+        """`copied_at`: written in the background, its state copied then; `periodic`: one of
+        the mid-round saves every few seconds (`background` in the event: the event log keeps
+        them, the console does not print them)."""
         with self._writing:
             path = save_checkpoint(self.checkpoint_dir, state, self.param_layout())
         step = partial.steps_done if partial is not None else 0
@@ -158,7 +208,7 @@ class Persistence:
             path=str(path),
             round=state["round"],
             step=step,
-            background=copied_at is not None,
+            background=periodic,
             **({"copied_at": copied_at} if copied_at is not None else {}),
         )
 
@@ -199,6 +249,7 @@ class Persistence:
             step=partial.steps_done if partial is not None else 0,
             num_applied=self.replica.num_applied,
             stale_partial_step=stale.steps_done if stale is not None else None,
+            copied_at=_float_or_none(state.get("copied_at")),  # absent before it
         )
         return partial
 
@@ -236,6 +287,10 @@ def check_same_run(directory: Path, fingerprint: str, settings: dict[str, Any]) 
         f"({describe_differences({'settings': theirs}, settings, label='checkpoint')}); "
         f"{resume}, or another --checkpoint-dir"
     )
+
+
+def _float_or_none(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
 
 
 def _copied(value: Any) -> Any:

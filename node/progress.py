@@ -22,7 +22,10 @@ class RoundProgress:
     tokens: int = 0
     loss_sum: float = 0.0
     inner_s: float = 0.0
-    """Seconds of inner steps so far (across restarts)."""
+    """Seconds of inner steps so far (across restarts), with the loop's own work between
+    them (the partial saves' copies, the DHT's fork, starting what runs beside training)."""
+    steps_s: float = 0.0
+    """Of inner_s, the seconds inside the inner steps themselves: what the steps computed."""
     params: torch.Tensor | None = None
     """Inner parameters after `steps_done` steps; None for a round not begun."""
 
@@ -35,6 +38,7 @@ class RoundProgress:
             tokens=self.tokens + stats.tokens,
             loss_sum=self.loss_sum + loss_sum,
             inner_s=self.inner_s + seconds,
+            steps_s=self.steps_s + stats.compute_s,
         )
 
     def as_round_stats(self) -> RoundStats:
@@ -42,7 +46,7 @@ class RoundProgress:
             num_steps=self.steps_done,
             tokens=self.tokens,
             loss=self.loss_sum / max(self.steps_done, 1),
-            compute_s=self.inner_s,
+            compute_s=self.steps_s,
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -56,6 +60,7 @@ class RoundProgress:
             "tokens": self.tokens,
             "loss_sum": self.loss_sum,
             "inner_s": self.inner_s,
+            "steps_s": self.steps_s,
             "params": self.params,
         }
 
@@ -80,5 +85,7 @@ class RoundProgress:
             tokens=tokens,
             loss_sum=float(state["loss_sum"]),
             inner_s=float(state["inner_s"]),
+            # Saved before steps_s was: the steps' share of inner_s was not kept.
+            steps_s=float(state.get("steps_s", state["inner_s"])),
             params=params,
         )

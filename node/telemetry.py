@@ -42,10 +42,13 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class RoundTimings:
     inner_s: float
+    """From the round's start to its last inner step's end (across restarts)."""
     encode_s: float
     seal_s: float
     merge_s: float
     eval_s: float
+    steps_s: float = 0.0
+    """Of inner_s, the seconds inside the inner steps themselves (across restarts)."""
 
     @property
     def overhead_s(self) -> float:
@@ -224,6 +227,7 @@ class Telemetry:
             num_applied=self.replica.num_applied,
             round_s=round(r.round_s, 4),
             inner_s=round(t.inner_s, 4),
+            steps_s=round(t.steps_s, 4),
             encode_s=round(t.encode_s, 5),
             seal_s=round(t.seal_s, 5),
             merge_s=round(t.merge_s, 5),

@@ -54,7 +54,8 @@ class RoundMetrics:
         scalars: dict[str, float] = {
             "loss": float(f["loss"]),
             "tokens_per_s": float(f["tokens_per_s"]),
-            "goodput": float(f["inner_s"]) / max(float(f["round_s"]), 1e-9),
+            # The steps' own time (round_done before steps_s: the step loop's, inner_s).
+            "goodput": float(f.get("steps_s", f["inner_s"])) / max(float(f["round_s"]), 1e-9),
             "received_mb": round(self._received_mb, 6),
             "updates_merged": float(self._merged),
             "num_applied": float(f["num_applied"]),

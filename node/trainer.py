@@ -54,15 +54,19 @@ class Segment:
     steps: int = 0
     tokens: int = 0
     loss_sum: float = 0.0
+    steps_s: float = 0.0
 
     def add(self, step: StepStats) -> None:
         self.steps, self.tokens = self.steps + 1, self.tokens + step.tokens
         self.loss_sum += step.loss
+        self.steps_s += step.seconds
 
     def progress(self) -> RoundProgress:
         elapsed = time.perf_counter() - self.start
-        stats = RoundStats(self.steps, self.tokens, self.loss_sum / max(self.steps, 1), elapsed)
-        return self.begun.extended(stats, elapsed)
+        mean_loss = self.loss_sum / max(self.steps, 1)
+        return self.begun.extended(
+            RoundStats(self.steps, self.tokens, mean_loss, self.steps_s), elapsed
+        )
 
 
 class Trainer:
@@ -168,7 +172,7 @@ class Trainer:
                 return limit
             completed = self.run_round() is not None
             if completed and self.stats.round % self.config.checkpoint_every == 0:
-                self.persistence.save(self.partial)
+                self.persistence.save_beside(self.partial)  # written beside the next round
         return "interrupted"
 
     def run_round(self) -> MergeResult | None:
@@ -220,6 +224,7 @@ class Trainer:
         timings = RoundTimings(
             # Fragments published during the inner steps: their time is overhead, not steps.
             inner_s=clock.inner - clock.start + begun.inner_s - in_steps_s,
+            steps_s=stats.compute_s,
             encode_s=sum(p.encode_s for p in published),
             seal_s=sum(p.seal_s for p in published),
             merge_s=sum(p.merge_s for p in published),
@@ -244,7 +249,12 @@ class Trainer:
         at = step.step + self._step_offset
         if not self._stepped:  # the end of start-up: the first inner step of this process
             self._stepped = True
-            self.telemetry.events.emit("startup_phase", name="first_batch", round=self.stats.round)
+            self.telemetry.events.emit(
+                "startup_phase",
+                name="first_batch",
+                round=self.stats.round,
+                step_s=round(step.seconds, 4),  # the step's own time, in the phase
+            )
             if not self.stop.is_set():  # a node stopping already starts nothing more
                 self._start_beside_training()
         self.telemetry.report_step(self.stats.round + 1, at, self.planned_steps, step)

@@ -134,3 +134,39 @@ def test_a_restart_killed_before_it_loaded_the_checkpoint_does_not_hide_what_was
                         window_s=5.0)["time_breakdown"]  # fmt: skip
     assert breakdown["lost_each_s"] == [2.0, 0.0]
     assert breakdown["startup_each_s"] == [5.0, 5.0]  # the silent one: launch to its kill
+
+
+def test_only_time_inside_the_steps_is_compute_and_the_first_step_is_not_start_up() -> None:
+    # Launched at 0, its first step (1 s of compute) ended at 3; its round's inner_s of 8 s
+    # holds 6 s inside steps and 2 s of the loop's own work between them (the DHT's fork).
+    first_step = {"event": "startup_phase", "name": "first_batch", "time": 3.0, "step_s": 1.0}
+    done = round_done(11.0, inner_s=8.0) | {"steps_s": 6.0}
+    killed = Incarnation([started(0, "A")], -5.0, ended=-1.0, killed=True)
+    node = Incarnation([first_step, started(2, "A"), merged(11, "A", 1), done], 0.0)
+    peer = Slot(1, [Incarnation([started(0, "B"), merged(12, "A", 1)], 0.0)])
+    figures = account([Slot(0, [killed, node]), peer], 0.0, 20.0, synchronous=False, window_s=5)
+    (node_a, _) = figures["per_node"]
+    assert node_a["compute_s"] == node_a["merged_any_s"] == 6.0
+    breakdown = figures["time_breakdown"]
+    assert breakdown["startup_each_s"] == [2.0]  # to the first step's start, not its end
+    assert breakdown["loop_s"] == 2.0
+    assert breakdown["other_s"] == 2 * 20.0 - 6.0 - 2.0 - 2.0
+
+
+def test_a_save_on_disk_whose_event_never_came_out_counts_from_its_copy() -> None:
+    # Killed at 20 after its save of round 2 at step 3 (copied at 18) was renamed into place
+    # but before its event was printed: the restart's `resumed` carries the copy time.
+    first = Incarnation(
+        [started(0, "A"), _first_batch(1), round_done(15)], 0.0, ended=20.0, killed=True
+    )
+    resumed = {"event": "resumed", "time": 34, "round": 1, "step": 3, "copied_at": 18.0}
+    second = Incarnation([resumed, _first_batch(35), started(35, "A")], 30.0)
+    breakdown = account([Slot(0, [first, second])], 0.0, 100.0, synchronous=False,
+                        window_s=5.0)["time_breakdown"]  # fmt: skip
+    assert breakdown["lost_each_s"] == [2.0]  # not 5.0, since the round's end at 15
+    # A copy older than the killed incarnation: none of its steps was kept.
+    older = {**resumed, "copied_at": -3.0}
+    again = Incarnation([older, _first_batch(35), started(35, "A")], 30.0)
+    breakdown = account([Slot(0, [first, again])], 0.0, 100.0, synchronous=False,
+                        window_s=5.0)["time_breakdown"]  # fmt: skip
+    assert breakdown["lost_each_s"] == [5.0]

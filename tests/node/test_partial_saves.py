@@ -103,6 +103,9 @@ def test_a_partial_round_still_running_when_saved_is_resumed(
     Node(_config(killed, max_rounds=1), again).run()
     (resumed,) = again.of("resumed")
     assert resumed["step"] == 3 and resumed["stale_partial_step"] is None
+    # What it kept says when it was copied (bench.chaos counts the steps lost from there).
+    (kept,) = [e for e in events.of("checkpoint_saved") if e["background"] and e["step"] == 3]
+    assert resumed["copied_at"] == kept["copied_at"]
     (done,) = again.of("round_done")
     assert (done["resumed_at_step"], done["learner_step"], done["seq"]) == (3, 5, 1)
 

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from node import data as data_module
 from node.data import (
     MIN_TOKENS,
     Corpus,
@@ -88,10 +89,11 @@ def test_unreadable_file_is_rejected(tmp_path: Path, monkeypatch: pytest.MonkeyP
     path = tmp_path / "secret.txt"
     path.write_bytes(TEXT)
 
-    def deny(self: Path, *args: object, **kwargs: object) -> None:
-        raise PermissionError(13, "Permission denied", str(self))
+    def deny(file: object, *args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied", str(file))
 
-    monkeypatch.setattr(Path, "open", deny)  # chmod does not stop root, which CI may be
+    # chmod does not stop root, which CI may be; node.data opens files with the builtin open
+    monkeypatch.setattr(data_module, "open", deny, raising=False)
     with pytest.raises(DataError, match="permission denied"):
         load_corpus(path)
     with pytest.raises(DataError, match="permission denied"):

@@ -40,6 +40,9 @@ def test_a_round_folds_in_the_merges_and_bytes_since_the_last_one() -> None:
     assert "staleness_mean" not in second  # nothing merged in between
     assert "val_loss" not in second and "drift" not in second
     assert second["received_mb"] == 1.5 and second["updates_merged"] == 2  # cumulative
+    # The steps' own time, where round_done has it (the loop's work between steps is not).
+    third = metrics.observe("round_done", {**ROUND, "steps_s": 2.0})
+    assert third is not None and third["goodput"] == 0.5
 
 
 def test_tensorboard_holds_every_round_and_the_node_metadata(tmp_path: Path) -> None:
