@@ -41,19 +41,14 @@ from node.data import Corpus, load_corpus, split_corpus
 from node.distributed import ShardedLearner
 from node.events import EventLog, make_event_log
 from node.fingerprint import fingerprint_settings
+from node.fragment_publishing import FragmentStreams
 from node.learner import Learner, resolve_device
 from node.lifecycle import adopt_legacy_checkpoint, has_checkpoint, preflight
 from node.local_nodes import ControlFileEvents
 from node.locks import ResourceLock, checkpoint_lock, lock_identity
 from node.model import build_model
 from node.persistence import Persistence
-from node.publishing import (
-    FragmentStreams,
-    Publisher,
-    RoundPublishing,
-    WholeUpdates,
-    auto_codec,
-)
+from node.publishing import Publisher, RoundPublishing, WholeUpdates, auto_codec
 from node.round_size import RoundSizeConfig, RoundSizer
 from node.seq_ledger import SeqLedger
 from node.stats import NodeStats

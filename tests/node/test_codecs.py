@@ -15,7 +15,8 @@ from merge.codecs import get_codec
 from merge.outer import make_outer_optimizer
 from node.config import JoinConfig
 from node.events import RecordingEventLog
-from node.publishing import FragmentStreams, WholeUpdates
+from node.fragment_publishing import FragmentStreams
+from node.publishing import WholeUpdates
 from node.runtime import Node
 from tests.node.test_runtime import offline_node
 from tests.node.test_training import _config as offline_config
