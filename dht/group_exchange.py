@@ -107,6 +107,10 @@ class GroupExchange:
         self._held: OrderedDict[RoundId, dict[str, tuple[ContributionHeader, torch.Tensor]]] = (
             OrderedDict()
         )
+        self._held_since: dict[RoundId, float] = {}
+        """When the first part of each held round arrived (the round's deadline runs from
+        then: a member that finished training late does not wait a whole deadline of its own
+        for a round its group has closed)."""
         self._tasks: set[asyncio.Task[None]] = set()
         self.highest_round: dict[str, int] = {}
         """Group key -> the highest round a member's verified part was seen for: a member
@@ -156,8 +160,10 @@ class GroupExchange:
         held = self._held.get(rid)
         if held is None:
             if len(self._held) >= MAX_HELD_ROUNDS:
-                self._held.popitem(last=False)
+                oldest, _ = self._held.popitem(last=False)
+                self._held_since.pop(oldest, None)
             held = self._held[rid] = {}
+            self._held_since[rid] = time.monotonic()
         if header.author not in held:  # one per author and round: a resend changes nothing
             held[header.author] = (header, tensor)
             self._note_round(header)
@@ -230,18 +236,24 @@ class GroupExchange:
         config: ReductionConfig | None = None,
     ) -> GroupUpdate | Abandoned:
         """This member's round: its part to every other member, theirs in until the deadline
-        (`wait_s` from now), then co-signatures until `cosign_s` later; the outcome."""
+        (`wait_s` from when the round's first part, this member's or another's, was here),
+        then co-signatures until `cosign_s` later; the outcome."""
+        now = time.monotonic()
+        rid = (header.group_key, header.epoch, header.round)
+        if now - self._held_since.get(rid, now) >= wait_s:  # the group closed it without us
+            self._held.pop(rid, None)
+            self._held_since.pop(rid, None)
+            return Abandoned("late")
         member = GroupRound(
             self.identity,
             header,
             tensor,
             members,
-            opened_at=time.monotonic(),
+            opened_at=min(now, self._held_since.pop(rid, now)),
             wait_s=wait_s,
             cosign_s=cosign_s,
             config=config,
         )
-        rid = member.round_id
         if rid in self._rounds:
             raise ValueError(f"group round {rid} is already running")
         self._rounds[rid], wake = member, asyncio.Event()

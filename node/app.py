@@ -208,7 +208,15 @@ def _compose(config: JoinConfig, events: EventLog, locks: list[ResourceLock]) ->
         report_merge=telemetry.report_merge,
     )
     publishing: RoundPublishing = (
-        GroupPublishing(publisher, learner, spec.merge, config, config.run_id, events)
+        GroupPublishing(
+            publisher,
+            learner,
+            spec.merge,
+            config,
+            config.run_id,
+            events,
+            census_s=CENSUS_PERIODS * config.heartbeat_period,
+        )
         if config.groups_on
         else WholeUpdates(
             publisher,
@@ -282,6 +290,11 @@ def _compose(config: JoinConfig, events: EventLog, locks: list[ResourceLock]) ->
         persistence=persistence,
         trainer=trainer,
     )
+
+
+CENSUS_PERIODS = 10
+"""Learner groups: heartbeat periods a peer counts in the grouping's census after its last
+heartbeat (node.group_publishing), against the 3 of liveness."""
 
 
 def build_events(config: JoinConfig) -> EventLog:

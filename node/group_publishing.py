@@ -55,12 +55,16 @@ class GroupPublishing:
         groups: GroupSettings,
         run_id: str,
         events: EventLog | None = None,
+        census_s: float = 30.0,
     ) -> None:
+        """`census_s`: a peer whose heartbeat came within this many seconds counts in the
+        census the grouping is decided from (longer than liveness: a peer whose heartbeats
+        come late on a loaded machine does not move the groups)."""
         if publisher.replica.layout is not None:
             raise ValueError("--group-size needs whole updates (--fragments 1)")
         self.publisher, self.learner, self.merge = publisher, learner, merge
         self.replica, self.groups, self.run_id = publisher.replica, groups, run_id
-        self.events = events
+        self.events, self.census_s = events, census_s
         self.grouping = EpochGrouping(run_id, groups.group_epoch_rounds, groups.grouping_config())
         self.compressor = Compressor(get_codec(CARRY_CODEC), self.replica.numel)
         self.published: list[Published] = []
@@ -116,7 +120,13 @@ class GroupPublishing:
         alone (a founder, a node that has not read its peers' heartbeats yet) forms no group
         of its own whose update the peers joining next would never get."""
         swarm = self.publisher.swarm
-        alive = [h for h in swarm.alive_peers() if h.peer_id != self.me]
+        alive = [
+            s.heartbeat
+            for s in swarm.sightings(time.time())
+            if s.last_seen_s <= self.census_s
+            and s.heartbeat.peer_id != self.me
+            and s.heartbeat.state != "idle"  # done training: contributes no more
+        ]
         previous = self.grouping.current
         round_ = self.next_round
         if previous is not None:

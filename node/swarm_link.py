@@ -185,10 +185,12 @@ def peers_finished(
     peers: list[Heartbeat], last_seq: Callable[[str], int], own_id: str, own_updates: int
 ) -> bool:
     """Whether every peer has stopped training (idle), its last update is applied here and,
-    by its heartbeat, our ``own_updates`` updates are applied there."""
+    by its heartbeat, our ``own_updates`` updates are applied there. A peer that published
+    no update of its own (latest seq 0: a learner-group member, whose group's updates are
+    under the group key) has none to wait for."""
     return all(
         h.state == "idle"
-        and last_seq(h.peer_id) >= h.latest_seq
+        and (h.latest_seq == 0 or last_seq(h.peer_id) >= h.latest_seq)
         and h.merged_by_author.get(own_id, 0) >= own_updates
         for h in peers
     )

@@ -9,9 +9,10 @@ from pathlib import Path
 import torch
 
 from dht.grouping import group_key
+from dht.heartbeat import Heartbeat
 from merge.identity import Identity
 from node.group_publishing import GroupPublishing
-from node.swarm_link import OfflineSwarm
+from node.swarm_link import OfflineSwarm, peers_finished
 from tests.node.test_runtime import offline_node
 
 
@@ -35,3 +36,12 @@ def test_a_node_alone_is_a_group_of_one_that_moves_like_its_own_fp32_update(
     publishing = grouped.parts.publishing
     assert not publishing.error_feedback().pending()  # its own group applied everything
     assert publishing.announced() == (0, 0)
+
+
+def test_lingering_ends_for_group_members_who_publish_no_update_of_their_own() -> None:
+    """--linger-until-done: a learner-group member's updates are its group's (under the group
+    key), so its heartbeat's latest seq stays 0 and this replica holds none of its own."""
+    member = Heartbeat(peer_id="member", state="idle", latest_seq=0)
+    assert peers_finished([member], lambda peer: -1, "me", 0)
+    training = Heartbeat(peer_id="member", state="training", latest_seq=0)
+    assert not peers_finished([training], lambda peer: -1, "me", 0)
