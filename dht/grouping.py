@@ -13,7 +13,7 @@ network; docs/scale.md has the design.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 GROUP_KEY_PREFIX = "groups"
@@ -62,6 +62,22 @@ def peer_bits(run_id: str, peer_id: str) -> str:
 
 def group_key(prefix: str) -> str:
     return f"{GROUP_KEY_PREFIX}.0b{prefix}"
+
+
+def key_prefix(key: str) -> str | None:
+    """The bit prefix a group key names (`groups.0b0110` -> "0110"); None for anything else."""
+    head = f"{GROUP_KEY_PREFIX}.0b"
+    prefix = key[len(head) :] if isinstance(key, str) and key.startswith(head) else None
+    if prefix is None or len(prefix) > 64 or prefix.strip("01"):
+        return None
+    return prefix
+
+
+def member_check(run_id: str, key: str) -> Callable[[str], bool]:
+    """Whether a peer id belongs to the group `key`: checkable from the peer id alone (its
+    position starts with the key's prefix). Nobody belongs to a malformed key."""
+    prefix = key_prefix(key)
+    return lambda peer_id: prefix is not None and peer_bits(run_id, peer_id).startswith(prefix)
 
 
 @dataclass(frozen=True)

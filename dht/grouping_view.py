@@ -47,15 +47,31 @@ class EpochGrouping:
         decided yet (a replica that started mid-epoch decides at once)."""
         return self.current is None or self.current.epoch != self.epoch_of(round_)
 
-    def decide(self, round_: int, peers: Iterable[str]) -> Grouping:
+    def decide(self, round_: int, peers: Iterable[str], announced: Iterable[int] = ()) -> Grouping:
         """The grouping of `round_`'s epoch from the peers the epoch's census found (this
-        node included). Within an epoch the first decision stands: a later call returns it."""
+        node included), and the bits live peers announced in their heartbeats (settled_bits).
+        Within an epoch the first decision stands: a later call returns it."""
         epoch = self.epoch_of(round_)
         if self.current is not None and self.current.epoch == epoch:
             return self.current
-        previous = None if self.current is None else self.current.bits
-        self.current = self.policy.decide(MembershipView.of(epoch, peers), previous)
+        view = MembershipView.of(epoch, peers)
+        own = None if self.current is None else self.current.bits
+        previous = settled_bits(own, announced, self.policy.bits_for(len(view.peers)))
+        self.current = self.policy.decide(view, previous)
         return self.current
+
+
+def settled_bits(own: int | None, announced: Iterable[int], target: int) -> int:
+    """The bits carried into an epoch's decision (its hysteresis start): this node's previous
+    bits (its census's `target`, without hysteresis, at its first decision), raised to the
+    largest bits a live peer announced that this node's own census also bears (at most
+    `target`). A replica whose earlier census was partial (it decided before it had read
+    every heartbeat) so follows one that saw the swarm, instead of being held below the
+    split by hysteresis for good; a peer cannot announce more groups than the census holds,
+    and announcements never lower the bits (only this node's own hysteresis does)."""
+    start = target if own is None else own
+    best = max((b for b in announced if type(b) is int and 0 <= b <= target), default=start)
+    return max(start, best)
 
 
 def group_prefix(run_id: str, peer_id: str, bits: int) -> str:

@@ -39,6 +39,11 @@ MAX_MADDRS = 16
 MAX_REJECTION_REASONS = 64
 MAX_REJECTED_PEERS = 8
 MAX_REJECTED_REASONS = 8
+MAX_GROUP_BITS = 16
+OMITTED_WHEN_NONE = ("group_bits", "group_epoch")
+"""Fields added after strict parsing shipped (extra="forbid"): left out of the signed body
+while unset, so a node with groups off sends what older nodes accept, byte for byte. A run
+with groups on has its own fingerprint, which older nodes do not join."""
 REASONS = ("malformed", "bad_signature", "wrong_peer", "too_large", "not_allowed")
 
 PeerId = Annotated[str, Field(min_length=1, max_length=128)]
@@ -134,11 +139,20 @@ class Heartbeat:
     )
     """Connected peers per path (direct, holepunched, relayed); empty from a sender that does
     not measure them (a node of an earlier version, or one outside a swarm)."""
+    group_bits: Annotated[int, Field(ge=0, le=MAX_GROUP_BITS)] | None = None
+    """Learner groups (docs/scale.md): the bits of the grouping this node is in this epoch;
+    None (never sent) while groups are off."""
+    group_epoch: Count | None = None
+    """The epoch `group_bits` was decided for; None (never sent) while groups are off."""
 
     def sign(self, identity: Identity) -> bytes:
         if identity.peer_id != self.peer_id:
             raise ValueError("a heartbeat must be signed by the peer it describes")
-        return sign_fields(dataclasses.asdict(self), identity)
+        fields = dataclasses.asdict(self)
+        for name in OMITTED_WHEN_NONE:  # an older node's strict parser refuses them
+            if fields[name] is None:
+                del fields[name]
+        return sign_fields(fields, identity)
 
     @classmethod
     def verify(cls, blob: object, expected_peer_id: str) -> Heartbeat:

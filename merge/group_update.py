@@ -29,6 +29,7 @@ from enum import Enum
 
 import torch
 
+from merge.envelope import UpdateHeader
 from merge.identity import Identity, verify_signature
 
 _CONTRIBUTION_TAG = b"diloco-group-contribution-v1\x00"
@@ -184,6 +185,33 @@ class GroupUpdate:
         """The fields every contribution agrees on (group, round, learners, applied counts)."""
         return self.contributions[0]
 
+    @property
+    def seq(self) -> int:
+        """The update's seq under its group key as author: its round, counted from 1."""
+        return self.head.round + 1
+
+    def update_header(self, fingerprint: str, inner_steps: int) -> UpdateHeader:
+        """The header replicas weigh and record the group update by (merge.pipeline): author
+        the group key, seq its round + 1, the tokens of its mean member (the aggregate is a
+        mean), sized by the epoch's learner count (groups). ``inner_steps``: the run's H
+        (informational: members' steps are not signed)."""
+        head = self.head
+        return UpdateHeader(
+            fingerprint=fingerprint,
+            author=head.group_key,
+            seq=self.seq,
+            base_applied=head.base_applied,
+            published_applied=head.published_applied,
+            inner_steps=inner_steps,
+            tokens=max(1, round(self.tokens / len(self.contributions))),
+            loss=0.0,
+            payload_sha256=tensor_digest(self.aggregate),
+            codec="fp32",
+            numel=self.aggregate.numel(),
+            created_at=0.0,
+            learners=head.learners,
+        )
+
     def header_bytes(self) -> int:
         """Bytes of everything but the aggregate's payload: headers, digests, co-signatures."""
         digests = sum(len(d) for d in self.shard_digests)
@@ -279,6 +307,16 @@ class GroupReduction:
         return self._included
 
     @property
+    def contributors(self) -> frozenset[str]:
+        """Members whose contribution is in (so far, or by the deadline once closed)."""
+        return frozenset(self._contributions)
+
+    @property
+    def cosigned(self) -> frozenset[str]:
+        """Included members whose co-signature of the current attempt is in."""
+        return frozenset(self._cosignatures)
+
+    @property
     def quorum(self) -> int:
         return max(1, math.ceil(self.config.quorum_share * len(self.members)))
 
@@ -347,6 +385,31 @@ class GroupReduction:
         self._cosignatures[member] = signature
         if len(self._cosignatures) == len(self._included):
             self._complete()
+        return self.phase
+
+    def adopt(self, update: GroupUpdate) -> bool:
+        """Another member completed this round first, with an included set this member's
+        attempt no longer holds (it lost a member the other had the co-signature of): the
+        other's update, which every included member co-signed, is this round's outcome.
+        Only a complete, valid update of this round whose headers match the contributions
+        this member holds is taken, before the outcome is set, never after. It may leave this
+        member out (its part came late to the others): the caller checks `included`."""
+        this_round = f"{self.group_key}/{self.epoch}/{self.round}"
+        if self.outcome is not None or update.update_id != this_round:
+            return False
+        theirs = {h.author: h for h in update.contributions}
+        if any(theirs[a] != h for a, (h, _) in self._contributions.items() if a in theirs):
+            return False
+        if update.problem(self.members.__contains__) is not None:
+            return False
+        self.outcome, self.phase, self._aggregate = update, Phase.COMPLETED, None
+        return True
+
+    def expire(self) -> Phase:
+        """The co-signatures did not all come in time (a member froze, or the included sets
+        disagreed): abandon. Nothing half-done is left: the outcome is Abandoned."""
+        if self.phase is Phase.REDUCING:
+            self._abandon("cosign_timeout")
         return self.phase
 
     def _start_reducing(self, included: tuple[str, ...]) -> None:

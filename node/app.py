@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from dht.heartbeat import Heartbeat
 from dht.known_peers import join_peers, remember_peers
 from merge.allowlist import AllowList
 from merge.codec_policy import start_codec
@@ -42,6 +43,7 @@ from node.distributed import ShardedLearner
 from node.events import EventLog, make_event_log
 from node.fingerprint import fingerprint_settings
 from node.fragment_publishing import FragmentStreams
+from node.group_publishing import GroupPublishing
 from node.learner import Learner, resolve_device
 from node.lifecycle import adopt_legacy_checkpoint, has_checkpoint, preflight
 from node.local_nodes import ControlFileEvents
@@ -168,6 +170,7 @@ def _compose(config: JoinConfig, events: EventLog, locks: list[ResourceLock]) ->
             lambda: _build_network(
                 config, spec, identity, checkpoint_dir, replica, pipeline, stats, events,
                 run_settings, allowlist, telemetry,
+                publishing.announced if isinstance(publishing, GroupPublishing) else None,
             )
         )  # fmt: skip
     codec = get_codec(start_codec(config.codec))  # --codec auto: bf16 until measured
@@ -205,7 +208,17 @@ def _compose(config: JoinConfig, events: EventLog, locks: list[ResourceLock]) ->
         report_merge=telemetry.report_merge,
     )
     publishing: RoundPublishing = (
-        WholeUpdates(
+        GroupPublishing(
+            publisher,
+            learner,
+            spec.merge,
+            config,
+            config.run_id,
+            events,
+            census_s=CENSUS_PERIODS * config.heartbeat_period,
+        )
+        if config.groups_on
+        else WholeUpdates(
             publisher,
             learner,
             spec.merge,
@@ -215,6 +228,8 @@ def _compose(config: JoinConfig, events: EventLog, locks: list[ResourceLock]) ->
         if replica.layout is None
         else FragmentStreams(publisher, learner, codec, config.inner_steps, stats, events)
     )
+    if isinstance(publishing, GroupPublishing):  # group updates name the run they are of
+        pipeline.run_id = config.run_id
     persistence = Persistence(
         checkpoint_dir=checkpoint_dir,
         fingerprint=spec.fingerprint,
@@ -277,6 +292,11 @@ def _compose(config: JoinConfig, events: EventLog, locks: list[ResourceLock]) ->
     )
 
 
+CENSUS_PERIODS = 10
+"""Learner groups: heartbeat periods a peer counts in the grouping's census after its last
+heartbeat (node.group_publishing), against the 3 of liveness."""
+
+
 def build_events(config: JoinConfig) -> EventLog:
     """A node process's event log (--log-format), tracked when --tensorboard or --wandb asks."""
     return tracked(make_event_log(config.log_format), config)
@@ -319,6 +339,7 @@ def _build_network(
     run_settings: dict[str, Any],
     allowlist: AllowList | None,
     telemetry: Telemetry,
+    groups: Callable[[], tuple[int, int] | None] | None = None,
 ) -> NetworkSwarm:
     """The network's swarm, built beside training (node.swarm_start): hivemind's imports, the
     port, the bootstrap peers (retried with backoff, then the peers this node knew last time;
@@ -338,7 +359,7 @@ def _build_network(
         identity,
         replica,
         pipeline,
-        heartbeat_fn=telemetry.heartbeat,
+        heartbeat_fn=telemetry.heartbeat if groups is None else _grouped(telemetry, groups),
         on_merge=telemetry.report_merge,
         on_event=events.emit,
     )
@@ -355,4 +376,21 @@ def _build_network(
         stats=stats,
         events=events,
         replica_changed=telemetry.record_replica,
+        report_merge=telemetry.report_merge,
+        groups=groups is not None,
     )
+
+
+def _grouped(
+    telemetry: Telemetry, groups: Callable[[], tuple[int, int] | None]
+) -> Callable[[], Heartbeat]:
+    """Heartbeats that carry the grouping this node is in (learner groups on): peers whose
+    first census was partial follow it (dht.grouping_view.settled_bits)."""
+
+    def heartbeat() -> Heartbeat:
+        beat, grouping = telemetry.heartbeat(), groups()
+        if grouping is None:
+            return beat
+        return replace(beat, group_bits=grouping[0], group_epoch=grouping[1])
+
+    return heartbeat

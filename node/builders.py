@@ -79,6 +79,8 @@ def fingerprint_spec(run: RunSettings, model: ModelConfig, merge: MergeConfig) -
     }
     if run.fragments > 1:  # absent at P = 1: fingerprints from before fragments hold
         spec["fragments"] = run.fragments
+    if run.groups_on:  # absent while groups are off: fingerprints from before groups hold
+        spec["groups"] = run.groups_spec()
     return spec
 
 

@@ -15,20 +15,25 @@ from collections.abc import Callable
 from typing import Any
 
 from dht.addresses import join_hint
+from dht.group_exchange import GroupExchange
+from dht.grouping import member_check
 from dht.heartbeat import Heartbeat, count_learners
 from dht.reachability import PathKind
 from dht.swarm import RunMismatchError, Swarm
 from dht.transfer_progress import ProgressReport
 from merge.envelope import SignedUpdate
+from merge.group_update import Abandoned, GroupUpdate
 from merge.pipeline import UpdatePipeline
 from merge.replica import Replica
 from node.events import EventLog
 from node.fingerprint import describe_differences, join_arguments
 from node.snapshot import PeerSighting
 from node.stats import NodeStats
-from node.swarm_link import DRAIN_TIMEOUT_S, peers_finished
+from node.swarm_link import DRAIN_TIMEOUT_S, GroupContribution, peers_finished
 
 logger = logging.getLogger(__name__)
+GROUP_ROUND_SLACK_S = 30.0
+"""A group round's bound past its deadlines: its last co-signature sends (dht.group_exchange)."""
 
 
 class NetworkSwarm:
@@ -46,8 +51,12 @@ class NetworkSwarm:
         stats: NodeStats,
         events: EventLog,
         replica_changed: Callable[[], None] = lambda: None,
+        report_merge: Callable[[Any], None] = lambda _: None,
+        groups: bool = False,
     ) -> None:
-        """`replica_changed`: sketch the replica anew (node.telemetry), after a realignment."""
+        """`replica_changed`: sketch the replica anew (node.telemetry), after a realignment;
+        `groups`: learner groups are on (the group-part, group-cosign and group-update streams
+        are served); `report_merge`: told what became of other groups' updates."""
         self.swarm = swarm
         self._peer_id, self._run_id, self._run_settings = peer_id, run_id, run_settings
         self._replica, self._pipeline = replica, pipeline
@@ -57,6 +66,37 @@ class NetworkSwarm:
         self._catch_up_error: BaseException | None = None
         self._replica_changed = replica_changed
         swarm.on_realigned = self._realigned
+        self._report_merge = report_merge
+        self._groups: GroupExchange | None = None
+        if groups:
+            network, membership = swarm.network, swarm.membership
+            self._groups = GroupExchange(
+                network,
+                numel=replica.numel,
+                reject=lambda reason, peer, detail: network._count(reason, peer, detail),
+                is_alive=membership.is_alive,
+                live_peers=lambda: [h.peer_id for h in membership.alive_peers()],
+                on_update=self._group_update,
+            )
+
+    def _group_update(self, update: GroupUpdate) -> None:
+        """Another group's update (or one of this node's group it was left out of), pushed by
+        one of its members: merged as any replica does (merge.pipeline submit_group)."""
+        key = update.head.group_key
+        self._report_merge(self._pipeline.submit_group(update, member_check(self._run_id, key)))
+
+    def contribute(self, contribution: GroupContribution) -> GroupUpdate | Abandoned:
+        if self._groups is None:
+            raise RuntimeError("learner groups are off (--group-size 0)")
+        c = contribution
+        run = self._groups.run(
+            c.header, c.pseudo_gradient, c.members, wait_s=c.wait_s, cosign_s=c.cosign_s,
+            config=c.config,
+        )  # fmt: skip
+        return self.swarm.network.call(run, c.wait_s + c.cosign_s + GROUP_ROUND_SLACK_S)
+
+    def group_round(self, group_key: str) -> int:
+        return -1 if self._groups is None else self._groups.highest_round.get(group_key, -1)
 
     def _realigned(self) -> None:
         """The replica took a donor's parameters (dht.realign): its new sketch, then the count,
@@ -99,6 +139,8 @@ class NetworkSwarm:
             maddrs=maddrs,
             join_command=join_hint(maddrs, extra),
         )
+        if self._groups is not None:  # served once the network is up, before any round
+            self.swarm.network.call(self._groups.register(), 30.0)
         self.swarm.tell_reachability()
 
     def catch_up(self, joined: Callable[[int], None]) -> None:

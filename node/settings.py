@@ -1,7 +1,7 @@
-"""`diloco-node join`'s settings in typed sections: train, outer, merge, network, dashboard,
-checkpoint and logging. Each field's docstring is its flag's help; its type says what a value
-may be (node/settings_types.py), and pydantic checks it (node/settings_cli.py turns the
-sections into flags).
+"""`diloco-node join`'s settings in typed sections: train, outer, merge, groups, network,
+dashboard, checkpoint and logging. Each field's docstring is its flag's help; its type says
+what a value may be (node/settings_types.py), and pydantic checks it (node/settings_cli.py
+turns the sections into flags).
 
 A field's flag is its name in kebab case (inner_steps -> --inner-steps), whatever its section.
 Checks that span sections, and values resolved from the machine (--model auto), live in
@@ -19,11 +19,13 @@ from typing import Annotated
 
 from pydantic.dataclasses import dataclass
 
+from dht.grouping import GroupingConfig
 from dht.reachability import RelayLimits
 from merge.codec_policy import AUTO
 from merge.codecs import CODECS
 from merge.correction import CorrectionConfig
 from merge.feedback import default_outer_momentum
+from merge.group_update import ReductionConfig
 from merge.outer import OuterConfig
 from merge.weighting import StalenessConfig, TokenWeightConfig
 from node.presets import MODEL_NAMES
@@ -46,6 +48,7 @@ from node.settings_types import (
     PositiveInt,
     RunId,
     SpeedFactor,
+    check,
     flag,
 )
 
@@ -208,10 +211,62 @@ class MergeSettings:
         )
 
 
+GroupBits = Annotated[
+    int, check(lambda v: 0 <= v <= 16, "{flag} must be an integer in [0, 16], got {value}")
+]
+Share = Annotated[float, check(lambda v: 0 < v <= 1, "{flag} must be in (0, 1], got {value}")]
+
+
 @dataclass(kw_only=True, config=FLAGS)
-class RunSettings(MergeSettings, OuterSettings, TrainSettings):
+class GroupSettings:
+    """Learner groups (docs/scale.md): peers form groups by peer id, a group's members combine
+    their pseudo-gradients at a round's end, and the swarm sees one update per group. Off by
+    default (--group-size 0: every node is its own learner, updates go all-to-all)."""
+
+    group_size: NonNegativeInt = 0
+    """Learner groups: fewest peers a group holds on average (groups split in two as the swarm
+    grows, at most 2^--group-max-bits of them); 0: off, every node publishes its own update.
+    Experimental: a group's members exchange and co-sign their contributions, and push each
+    group update to the other peers; it is not gossiped yet, so a peer that misses a push
+    (joining at that moment) is not sent it again, and bytes per node still grow with the
+    number of groups (docs/scale.md)."""
+    group_max_bits: GroupBits = 5
+    """With --group-size: at most 2^N groups (learners), 32 by default."""
+    group_epoch_rounds: PositiveInt = 10
+    """With --group-size: rounds per epoch; who is in which group is re-decided once per epoch."""
+    group_quorum: Share = 0.5
+    """With --group-size: share of a group's members whose contribution must be in by the
+    deadline, else the group's round is abandoned (its members keep their pseudo-gradients)."""
+    group_max_norm_to_median: NonNegativeFloat = 4.0
+    """With --group-size: a member's contribution is clipped to this times the median of its
+    group's signed norms (with 3 or more included; 0: off)."""
+    group_wait: PositiveFloat = 30.0
+    """With --group-size: seconds a member waits for its group's contributions once its own is
+    ready (the deadline: who is not in by then is left out of the round, never waited for)."""
+
+    @property
+    def groups_on(self) -> bool:
+        return self.group_size > 0
+
+    def grouping_config(self) -> GroupingConfig:
+        return GroupingConfig(min_group_size=max(self.group_size, 1), max_bits=self.group_max_bits)
+
+    def reduction_config(self) -> ReductionConfig:
+        return ReductionConfig(
+            quorum_share=self.group_quorum, max_norm_to_median=self.group_max_norm_to_median
+        )
+
+    def groups_spec(self) -> dict[str, object]:
+        """What the run fingerprint holds of the groups (nothing while they are off)."""
+        names = [f"group_{n}" for n in ("size", "max_bits", "epoch_rounds", "quorum")]
+        names += ["group_max_norm_to_median", "group_wait"]
+        return {name: getattr(self, name) for name in names}
+
+
+@dataclass(kw_only=True, config=FLAGS)
+class RunSettings(GroupSettings, MergeSettings, OuterSettings, TrainSettings):
     """The sections every node of a run must agree on (the fingerprint is made of them, with
-    the model and data they resolve to): train, outer and merge. Not a section of its own:
+    the model and data they resolve to): train, outer, merge and groups. Not a section of its own:
     the parts that read them together (node/builders.py) take this type."""
 
 
@@ -335,6 +390,7 @@ SECTIONS: dict[str, tuple[type, str]] = {
     "train": (TrainSettings, "training"),
     "outer": (OuterSettings, "outer optimizer and merging"),
     "merge": (MergeSettings, "outer optimizer and merging"),
+    "groups": (GroupSettings, "learner groups"),
     "network": (NetworkSettings, "network"),
     "dashboard": (DashboardSettings, "dashboard"),
     "checkpoint": (CheckpointSettings, "checkpoints"),

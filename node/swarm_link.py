@@ -9,17 +9,55 @@ picks one, so nothing else asks whether there is a swarm. Nothing here imports h
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
+import torch
+
+from dht.grouping_round import GroupRound
 from dht.heartbeat import Heartbeat
 from dht.reachability import PathKind
 from dht.transfer_progress import ProgressReport
 from merge.envelope import SignedUpdate
+from merge.group_update import Abandoned, ContributionHeader, GroupUpdate, ReductionConfig
+from merge.identity import Identity
 from node.snapshot import PeerSighting
 
 DRAIN_TIMEOUT_S = 15.0
 """How long a stopping node waits for its own update to be announced and pushed to peers."""
+
+
+@dataclass(frozen=True)
+class GroupContribution:
+    """This node's signed contribution to one learner-group round (node.group_publishing)."""
+
+    identity: Identity
+    header: ContributionHeader
+    pseudo_gradient: torch.Tensor
+    members: tuple[str, ...]
+    """The group's members this epoch (this node among them)."""
+    wait_s: float
+    """The deadline, from now: who is not in by then is left out."""
+    cosign_s: float
+    """After the deadline, how long co-signatures may take before the round is abandoned."""
+    config: ReductionConfig
+
+
+def run_alone(contribution: GroupContribution) -> GroupUpdate | Abandoned:
+    """The round of a group with no reachable member but this node: a group of one
+    completes at once (more members, none reachable: below quorum, abandoned)."""
+    c = contribution
+    member = GroupRound(
+        c.identity, c.header, c.pseudo_gradient, c.members, opened_at=time.monotonic(),
+        wait_s=0.0, cosign_s=0.0, config=c.config,
+    )  # fmt: skip
+    member.tick(time.monotonic())
+    member.tick(time.monotonic())
+    outcome = member.outcome
+    assert outcome is not None
+    return outcome
 
 
 class SwarmLink(Protocol):
@@ -49,6 +87,15 @@ class SwarmLink(Protocol):
 
     def publish(self, update: SignedUpdate) -> bool:
         """Send one of our merged updates to peers; False when there is nobody to send to."""
+
+    def contribute(self, contribution: GroupContribution) -> GroupUpdate | Abandoned:
+        """Learner groups: this node's contribution to its group's round, exchanged with the
+        other members until the deadline, reduced and co-signed (dht.group_exchange); the
+        group's update, or Abandoned. Blocks until the round has an outcome (bounded)."""
+
+    def group_round(self, group_key: str) -> int:
+        """The highest round a member of `group_key` was seen contributing to (-1: none), so
+        a node behind its group (a newcomer, a restart) joins the group's current round."""
 
     def linger(self, seconds: float, until_done: bool, stop: threading.Event) -> None:
         """Keep serving and merging after the last round (--linger)."""
@@ -100,6 +147,12 @@ class OfflineSwarm:
     def publish(self, update: SignedUpdate) -> bool:
         return False
 
+    def contribute(self, contribution: GroupContribution) -> GroupUpdate | Abandoned:
+        return run_alone(contribution)
+
+    def group_round(self, group_key: str) -> int:
+        return -1
+
     def linger(self, seconds: float, until_done: bool, stop: threading.Event) -> None:
         """Nobody to wait for."""
 
@@ -132,10 +185,12 @@ def peers_finished(
     peers: list[Heartbeat], last_seq: Callable[[str], int], own_id: str, own_updates: int
 ) -> bool:
     """Whether every peer has stopped training (idle), its last update is applied here and,
-    by its heartbeat, our ``own_updates`` updates are applied there."""
+    by its heartbeat, our ``own_updates`` updates are applied there. A peer that published
+    no update of its own (latest seq 0: a learner-group member, whose group's updates are
+    under the group key) has none to wait for."""
     return all(
         h.state == "idle"
-        and last_seq(h.peer_id) >= h.latest_seq
+        and (h.latest_seq == 0 or last_seq(h.peer_id) >= h.latest_seq)
         and h.merged_by_author.get(own_id, 0) >= own_updates
         for h in peers
     )

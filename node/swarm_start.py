@@ -22,8 +22,9 @@ from dht.heartbeat import Heartbeat
 from dht.reachability import PathKind
 from dht.transfer_progress import ProgressReport
 from merge.envelope import SignedUpdate
+from merge.group_update import Abandoned, GroupUpdate
 from node.snapshot import PeerSighting
-from node.swarm_link import DRAIN_TIMEOUT_S, OfflineSwarm
+from node.swarm_link import DRAIN_TIMEOUT_S, GroupContribution, OfflineSwarm
 
 if TYPE_CHECKING:  # imports hivemind: built beside training, never imported before
     from dht.swarm import Swarm
@@ -157,6 +158,12 @@ class StartingSwarm:
 
     def publish(self, update: SignedUpdate) -> bool:
         return self._now.publish(update)
+
+    def contribute(self, contribution: GroupContribution) -> GroupUpdate | Abandoned:
+        return self._now.contribute(contribution)
+
+    def group_round(self, group_key: str) -> int:
+        return self._now.group_round(group_key)
 
     def linger(self, seconds: float, until_done: bool, stop: threading.Event) -> None:
         if seconds and self.wait_caught_up(stop):  # no round ran: serve once entered

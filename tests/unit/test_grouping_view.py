@@ -1,6 +1,7 @@
 """Learner groups from the heartbeat shards (dht.grouping_view; docs/scale.md wiring plan steps
-1-2, not used by training yet): the epoch's grouping agrees on every replica fed the same
-views and changes only between epochs; a member reading its group's shard keys finds exactly
+1-2): the epoch's grouping agrees on every replica fed the same views and changes only
+between epochs; a replica whose first census was partial follows the bits its peers announce
+(never more than its own census bears); a member reading its group's shard keys finds exactly
 its group, within bounded reads; in-memory members with their group set see their group."""
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dht.grouping import GroupingConfig, peer_bits
-from dht.grouping_view import EpochGrouping, group_members, group_prefix, group_walker
+from dht.grouping_view import (
+    EpochGrouping,
+    group_members,
+    group_prefix,
+    group_walker,
+    settled_bits,
+)
 from dht.heartbeat import Heartbeat
 from dht.membership import Membership
 from dht.records import owner_subkey, subkey_owner
@@ -160,3 +167,33 @@ def test_members_with_their_group_set_see_their_whole_group_without_samples() ->
 
     asyncio.run(periods(200, everyone_sees_the_group))
     assert everyone_sees_the_group()
+
+
+def test_a_replica_whose_first_census_was_partial_follows_the_announced_split() -> None:
+    """min group size 3, hysteresis 0.25: six peers are one split's threshold. A replica that
+    first saw four peers decided one group; held there by hysteresis (a split needs 7.5 peers)
+    it would stay apart from the replicas that saw all six. Their announced bits lift it."""
+    config = GroupingConfig(min_group_size=3)
+    peers = [f"peer{i}" for i in range(6)]
+    late, full = EpochGrouping(RUN, 1, config), EpochGrouping(RUN, 1, config)
+    assert late.decide(0, peers[:4]).bits == 0 and full.decide(0, peers).bits == 1
+    assert EpochGrouping(RUN, 1, config).decide(0, peers[:4]).bits == 0
+    held = EpochGrouping(RUN, 1, config)
+    held.decide(0, peers[:4])
+    assert held.decide(1, peers).bits == 0  # hysteresis alone holds it below the split
+    assert late.decide(1, peers, announced=[1, 0]).bits == full.decide(1, peers).bits == 1
+
+
+@given(
+    own=st.none() | st.integers(0, 5),
+    announced=st.lists(st.integers(-3, 20), max_size=8),
+    target=st.integers(0, 5),
+)
+def test_announced_bits_only_raise_and_never_past_the_own_census(
+    own: int | None, announced: list[int], target: int
+) -> None:
+    settled = settled_bits(own, announced, target)
+    start = target if own is None else own
+    assert settled >= start
+    assert settled == start or settled <= target
+    assert settled in {start, *announced}

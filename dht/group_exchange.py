@@ -1,0 +1,345 @@
+"""A learner group's round over the network: the `group-part`, `group-cosign` and
+`group-update` streams, and the coroutine that drives one member's `GroupRound`.
+
+Step 3 of docs/scale.md's wiring plan (the decisions are dht/grouping_round.py's, pure). On
+the node's existing stream handlers (dht/network.py's `add_handler`, each within its
+per-peer `StreamLimits`, as `notify` is): what a peer sends is untrusted and read within a
+bound (`part_max_bytes`: the replica's fp32 size and a 4 KiB header); every refusal is
+counted against the sender (`group_part_<reason>`, ...), never raised. Parts for a round this
+node has not opened yet are held, bounded (the newest `MAX_HELD_ROUNDS` rounds, one part per
+member each), and fed to the round when it opens: a member that finished training first
+does not lose the others' parts.
+
+`group-update`: a member that completed its round pushes the group update to the other
+members, so one that lost a member the completer had the co-signature of adopts the same
+outcome instead of abandoning (dht/grouping_round.py). Across groups nothing is gossiped yet
+(docs/scale.md, "What is not done").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from dht.budget import StreamLimits
+from dht.grouping import member_check
+from dht.grouping_round import (
+    Cosign,
+    GroupMessageError,
+    GroupRound,
+    RoundId,
+    cosign_max_bytes,
+    decode_cosign,
+    decode_part,
+    decode_update,
+    encode_part,
+    encode_update,
+    part_max_bytes,
+    update_max_bytes,
+)
+from dht.swarm_config import REQUEST_READ_TIMEOUT_S
+from dht.transport import TooLargeError, TransportError, receive_blob
+from merge.group_update import (
+    Abandoned,
+    ContributionHeader,
+    GroupUpdate,
+    Phase,
+    ReductionConfig,
+)
+
+if TYPE_CHECKING:
+    from dht.network import SwarmNetwork
+
+logger = logging.getLogger(__name__)
+
+PART_LIMITS = StreamLimits(rate_per_s=2.0, burst=8.0, max_in_flight=2, deadline_s=120.0)
+"""Contributions a peer may send: an honest member sends one per round (a few in a burst
+when rounds are short), each a whole pseudo-gradient."""
+COSIGN_LIMITS = StreamLimits(rate_per_s=10.0, burst=32.0, max_in_flight=4, deadline_s=10.0)
+"""Co-signatures a peer may send: one per round and retry from an honest member."""
+UPDATE_LIMITS = StreamLimits(rate_per_s=2.0, burst=8.0, max_in_flight=2, deadline_s=120.0)
+"""Complete group updates a peer may push: one per round from each member that completed."""
+MAX_HELD_ROUNDS = 4
+"""Rounds whose parts are held before this node opens them (the oldest dropped first)."""
+TICK_S = 0.25
+"""The longest a round waits between looks at its deadlines and its members' liveness."""
+SEND_TIMEOUT_S = 30.0
+COPIES = 2
+"""Members that push a complete group update to each live peer outside the group."""
+
+Reject = Callable[[str, str, str], None]
+"""(reason, peer id, detail): a counted rejection of a peer's input."""
+
+
+class GroupExchange:
+    """This node's group rounds over the network; one round per (group, epoch, round)."""
+
+    def __init__(
+        self,
+        network: SwarmNetwork,
+        *,
+        numel: int,
+        reject: Reject,
+        is_alive: Callable[[str], bool],
+        live_peers: Callable[[], list[str]] = list,
+        on_update: Callable[[GroupUpdate], None] | None = None,
+    ) -> None:
+        """`live_peers`: the live peers' ids (a completed update's pushes go to them);
+        `on_update`: takes a group update this node is not a member of the round of (run off
+        the loop: it merges)."""
+        self.network = network
+        self.identity = network.identity
+        self.run_id = network.config.run_id
+        self.numel = numel
+        self._reject = reject
+        self._is_alive = is_alive
+        self._live_peers = live_peers
+        self._on_update = on_update
+        self._rounds: dict[RoundId, GroupRound] = {}
+        self._wakes: dict[RoundId, asyncio.Event] = {}
+        self._held: OrderedDict[RoundId, dict[str, tuple[ContributionHeader, torch.Tensor]]] = (
+            OrderedDict()
+        )
+        self._held_since: dict[RoundId, float] = {}
+        """When the first part of each held round arrived (the round's deadline runs from
+        then: a member that finished training late does not wait a whole deadline of its own
+        for a round its group has closed)."""
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.highest_round: dict[str, int] = {}
+        """Group key -> the highest round a member's verified part was seen for: a member
+        that is behind (a newcomer, a restart) joins its group's round (node.group_publishing)."""
+
+    async def register(self) -> None:
+        await self.network.add_handler("group-part", self.rpc_part, PART_LIMITS)
+        await self.network.add_handler("group-cosign", self.rpc_cosign, COSIGN_LIMITS)
+        await self.network.add_handler("group-update", self.rpc_update, UPDATE_LIMITS)
+
+    # ---- serving ----------------------------------------------------------------------------
+
+    async def rpc_part(self, info: Any, reader: Any, writer: Any) -> None:
+        sender = str(info.peer_id)
+        blob = await self._receive("group_part", sender, reader, part_max_bytes(self.numel))
+        if blob is None:
+            return
+        try:
+            header, tensor = decode_part(blob, self.numel)
+            if header.author != sender:
+                raise GroupMessageError("wrong_sender", "a part relayed for another member")
+            if header.run_id != self.run_id:
+                raise GroupMessageError("wrong_run", f"a part of run {header.run_id!r}")
+        except GroupMessageError as exc:
+            self._reject(f"group_part_{exc.reason}", sender, str(exc))
+            return
+        self._take_part(header, tensor)
+
+    def _take_part(self, header: ContributionHeader, tensor: torch.Tensor) -> None:
+        rid = (header.group_key, header.epoch, header.round)
+        member = self._rounds.get(rid)
+        if member is not None:
+            before = dict(member.reduction.rejected)
+            if member.on_part(header, tensor):
+                self._note_round(header)
+            else:  # after_deadline (a late member), duplicate, wrong_round, headers_disagree...
+                after = member.reduction.rejected
+                reason = next((r for r in after if after[r] != before.get(r)), "refused")
+                self._reject(f"group_part_{reason}", header.author, "a part this round refused")
+            self._wakes[rid].set()
+            return
+        if not (member_check(self.run_id, header.group_key)(header.author)):
+            self._reject("group_part_not_a_member", header.author, "a part for another group")
+            return
+        if not self._is_alive(header.author):
+            return  # held only for live peers: a fresh key's parts take no memory here
+        held = self._held.get(rid)
+        if held is None:
+            if len(self._held) >= MAX_HELD_ROUNDS:
+                oldest, _ = self._held.popitem(last=False)
+                self._held_since.pop(oldest, None)
+            held = self._held[rid] = {}
+            self._held_since[rid] = time.monotonic()
+        if header.author not in held:  # one per author and round: a resend changes nothing
+            held[header.author] = (header, tensor)
+            self._note_round(header)
+
+    def _note_round(self, header: ContributionHeader) -> None:
+        key = header.group_key
+        self.highest_round[key] = max(self.highest_round.get(key, -1), header.round)
+
+    async def rpc_cosign(self, info: Any, reader: Any, writer: Any) -> None:
+        sender = str(info.peer_id)
+        blob = await self._receive("group_cosign", sender, reader, cosign_max_bytes())
+        if blob is None:
+            return
+        try:
+            cosign = decode_cosign(blob)
+        except GroupMessageError as exc:
+            self._reject(f"group_cosign_{exc.reason}", sender, str(exc))
+            return
+        member = self._rounds.get(cosign.round_id)
+        if member is None:
+            return  # a round this node is not in (it left it out, or closed it): not a fault
+        if not member.on_cosign(sender, cosign):
+            self._reject("group_cosign_refused", sender, "a co-signature not for this round")
+        self._wakes[cosign.round_id].set()
+
+    async def rpc_update(self, info: Any, reader: Any, writer: Any) -> None:
+        sender = str(info.peer_id)
+        blob = await self._receive("group_update", sender, reader, update_max_bytes(self.numel))
+        if blob is None:
+            return
+        try:
+            update = decode_update(blob, self.numel)
+        except GroupMessageError as exc:
+            self._reject(f"group_update_{exc.reason}", sender, str(exc))
+            return
+        rid = _round_id(update)
+        member = self._rounds.get(rid)
+        if member is not None and not member.done:
+            if member.adopt(update):
+                self._wakes[rid].set()
+            else:
+                self._reject("group_update_refused", sender, "an update this round cannot take")
+        elif self._on_update is not None:  # another group's, or one this node was left out of
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, self._on_update, update)
+
+    async def _receive(self, name: str, sender: str, reader: Any, max_bytes: int) -> bytes | None:
+        try:
+            return await receive_blob(
+                reader, max_bytes=max_bytes, stall_timeout_s=REQUEST_READ_TIMEOUT_S
+            )
+        except TooLargeError as exc:
+            self._reject(f"{name}_too_large", sender, str(exc))
+        except TimeoutError:
+            self._reject(f"{name}_timeout", sender, "stalled")
+        except (TransportError, OSError) as exc:
+            logger.debug("%s from %s dropped: %s", name, sender, exc)
+        return None
+
+    # ---- one round --------------------------------------------------------------------------
+
+    async def run(
+        self,
+        header: ContributionHeader,
+        tensor: torch.Tensor,
+        members: Iterable[str],
+        *,
+        wait_s: float,
+        cosign_s: float,
+        config: ReductionConfig | None = None,
+    ) -> GroupUpdate | Abandoned:
+        """This member's round: its part to every other member, theirs in until the deadline
+        (`wait_s` from when the round's first part, this member's or another's, was here),
+        then co-signatures until `cosign_s` later; the outcome."""
+        now = time.monotonic()
+        rid = (header.group_key, header.epoch, header.round)
+        if now - self._held_since.get(rid, now) >= wait_s:  # the group closed it without us
+            self._held.pop(rid, None)
+            self._held_since.pop(rid, None)
+            return Abandoned("late")
+        member = GroupRound(
+            self.identity,
+            header,
+            tensor,
+            members,
+            opened_at=min(now, self._held_since.pop(rid, now)),
+            wait_s=wait_s,
+            cosign_s=cosign_s,
+            config=config,
+        )
+        if rid in self._rounds:
+            raise ValueError(f"group round {rid} is already running")
+        self._rounds[rid], wake = member, asyncio.Event()
+        self._wakes[rid] = wake
+        self._note_round(header)
+        for held_header, held_tensor in self._held.pop(rid, {}).values():
+            if held_header.author != member.me:
+                member.on_part(held_header, held_tensor)
+        part = encode_part(header, tensor)
+        for peer in member.others():
+            self._spawn(self._send_part(peer, part, wait_s))
+        try:
+            while not member.done:
+                now = time.monotonic()
+                await self._send_cosigns(member, member.tick(now))
+                if member.phase is Phase.REDUCING:
+                    for peer in member.missing_cosigners():
+                        if peer != member.me and not self._is_alive(peer):
+                            await self._send_cosigns(member, member.on_lost(peer))
+                if not member.done:
+                    await _until(wake, member)
+            outcome = member.outcome
+            assert outcome is not None
+            if isinstance(outcome, GroupUpdate):
+                blob = encode_update(outcome)
+                for peer in push_targets(member, outcome, self._live_peers()):
+                    self._spawn(self._send(peer, "group-update", blob, SEND_TIMEOUT_S))
+            return outcome
+        finally:
+            self._rounds.pop(rid, None)
+            self._wakes.pop(rid, None)
+
+    async def _send_part(self, peer: str, part: bytes, wait_s: float) -> None:
+        await self._send(peer, "group-part", part, max(wait_s, 1.0))
+
+    async def _send_cosigns(self, member: GroupRound, cosigns: list[Cosign]) -> None:
+        """Each co-signature to the included members; one whose stream fails is lost (the
+        reduction retries without it), which may yield another co-signature to send."""
+        while cosigns:
+            blob = cosigns.pop(0).to_bytes()
+            peers = member.recipients()
+            results = await asyncio.gather(
+                *(self._send(p, "group-cosign", blob, SEND_TIMEOUT_S) for p in peers)
+            )
+            for peer, ok in zip(peers, results, strict=True):
+                if not ok and not member.done:
+                    cosigns += member.on_lost(peer)
+
+    async def _send(self, peer: str, name: str, blob: bytes, timeout_s: float) -> bool:
+        try:
+            await self.network.send(peer, name, blob, timeout_s=timeout_s)
+            return True
+        except Exception as exc:  # any failure of the stream: the peer is not reached
+            logger.info("%s to %s failed: %r", name, peer, exc)
+            return False
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def push_targets(member: GroupRound, update: GroupUpdate, live: Iterable[str]) -> list[str]:
+    """Where this member pushes its round's complete update: every other member (one that
+    lost a member the completer had the co-signature of adopts it) and its share of the live
+    peers outside the group: the k-th of them (sorted) by the ((k + c) mod n)-th of the n
+    included members for c < COPIES, so each outsider gets it from COPIES members (one dying
+    after the round loses it nobody). Until group updates are gossiped (docs/scale.md)."""
+    included = [h.author for h in update.contributions]
+    outside = sorted(set(live) - member.members)
+    mine = []
+    if member.me in included:
+        n, i = len(included), included.index(member.me)
+        mine = [p for k, p in enumerate(outside) if any((k + c) % n == i for c in range(COPIES))]
+    return member.others() + mine
+
+
+async def _until(wake: asyncio.Event, member: GroupRound) -> None:
+    """Until a message for the round came in, its next deadline, or TICK_S (liveness)."""
+    collecting = member.phase is Phase.COLLECTING
+    due = member.deadline if collecting else member.cosign_deadline
+    wake.clear()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(wake.wait(), min(TICK_S, max(due - time.monotonic(), 0.0)))
+
+
+def _round_id(update: GroupUpdate) -> RoundId:
+    head = update.head
+    return (head.group_key, head.epoch, head.round)

@@ -1,0 +1,386 @@
+"""One member's side of a learner group's round, and the messages members exchange for it.
+
+Step 3 of docs/scale.md's wiring plan, the pure part (dht/group_exchange.py does the network):
+
+- `group-part`: a member's signed `ContributionHeader` and its pseudo-gradient (fp32), sent to
+  every other member of its group. What arrives is untrusted: `decode_part` refuses anything
+  malformed, over the size the replica allows, or not signed by its author (a
+  `GroupMessageError` with the reason the caller counts), never raising anything else.
+- `group-cosign`: a member's co-signature over its shard of the aggregate, for one included
+  set (`merge.group_update.shard_statement`).
+- `GroupRound` drives `merge.group_update.GroupReduction` for this member from events with
+  their time: parts in until the deadline (a member not in by then is left out, never waited
+  for; the round closes early once every member is in), then this member's co-signature out,
+  the others' in; a member lost while co-signing (its stream failed, or it is no longer
+  alive) makes the reduction retry once without it; co-signatures not all in by the co-sign
+  deadline abandon it. The outcome is a complete `GroupUpdate` or `Abandoned`, never half.
+
+Every member reduces the whole aggregate from the whole contributions (all-to-all inside the
+group: (g - 1) x U received per member and round, bounded by the group, not the swarm) and
+co-signs the shard it is named for; the reduce-scatter that would cut that to ~U is not
+written (docs/scale.md).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from merge.group_update import (
+    SIGNATURE_BYTES,
+    Abandoned,
+    ContributionHeader,
+    GroupReduction,
+    GroupUpdate,
+    Phase,
+    ReductionConfig,
+    tensor_digest,
+)
+from merge.identity import Identity
+
+PART_MAGIC = b"DGP1"
+COSIGN_MAGIC = b"DGC1"
+UPDATE_MAGIC = b"DGU1"
+MAX_HEADER_BYTES = 4096
+"""A contribution header's JSON (~550 B honest) may take at most this."""
+MAX_MEMBERS = 1024
+"""Members one co-signature's included set may name (a group of 1000 swarms is ~32)."""
+MAX_COUNT = 2**53
+MAX_TEXT = 128
+_HEADER_FIELDS = {
+    "run_id": str,
+    "author": str,
+    "group_key": str,
+    "epoch": int,
+    "round": int,
+    "learners": int,
+    "base_applied": int,
+    "published_applied": int,
+    "tokens": int,
+    "norm": float,
+    "digest": str,
+    "signature": str,
+}
+RoundId = tuple[str, int, int]
+"""(group key, epoch, round): one group round, the id its group update is applied under."""
+
+
+class GroupMessageError(ValueError):
+    """A group message refused before anything of it is kept; `reason` is what is counted."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+def part_max_bytes(numel: int) -> int:
+    """The largest `group-part` blob a receiver reads for a replica of `numel` parameters."""
+    return len(PART_MAGIC) + 4 + MAX_HEADER_BYTES + 4 * numel
+
+
+def _header_fields(header: ContributionHeader) -> dict[str, object]:
+    fields = {name: getattr(header, name) for name in _HEADER_FIELDS if name != "signature"}
+    fields["signature"] = header.signature.hex()
+    return fields
+
+
+def encode_part(header: ContributionHeader, tensor: torch.Tensor) -> bytes:
+    raw = json.dumps(_header_fields(header), sort_keys=True, separators=(",", ":")).encode()
+    if len(raw) > MAX_HEADER_BYTES:
+        raise ValueError(f"a contribution header of {len(raw)} bytes is over {MAX_HEADER_BYTES}.")
+    payload = tensor.detach().to(torch.float32).contiguous().numpy().astype("<f4", copy=False)
+    return PART_MAGIC + struct.pack(">I", len(raw)) + raw + payload.tobytes()
+
+
+def decode_part(blob: object, numel: int) -> tuple[ContributionHeader, torch.Tensor]:
+    """The header and pseudo-gradient of an untrusted `group-part` blob, its author's
+    signature and the tensor's digest checked; GroupMessageError for anything else."""
+    if not isinstance(blob, bytes) or len(blob) < 8 or blob[:4] != PART_MAGIC:
+        raise GroupMessageError("malformed", "not a group part")
+    (length,) = struct.unpack(">I", blob[4:8])
+    if length > MAX_HEADER_BYTES or len(blob) < 8 + length:
+        raise GroupMessageError("malformed", f"a group part's header of {length} bytes")
+    try:
+        fields = json.loads(blob[8 : 8 + length])
+    except (ValueError, RecursionError):
+        raise GroupMessageError("malformed", "a group part's header is not JSON") from None
+    header = _parse_header(fields)
+    tensor = _fp32(blob[8 + length :], numel)
+    if tensor_digest(tensor) != header.digest or not header.verified():
+        raise GroupMessageError("bad_signature", "a group part its author did not sign")
+    return header, tensor
+
+
+def _fp32(body: bytes, numel: int) -> torch.Tensor:
+    if len(body) != 4 * numel:
+        raise GroupMessageError("wrong_size", f"{len(body)} tensor bytes, expected {4 * numel}")
+    tensor = torch.from_numpy(np.frombuffer(body, dtype="<f4").astype(np.float32))
+    if not bool(torch.isfinite(tensor).all()):
+        raise GroupMessageError("not_finite", "a group message holds NaN or infinity")
+    return tensor
+
+
+def _in_range(value: Any) -> bool:
+    if isinstance(value, str):
+        return 0 < len(value) <= MAX_TEXT
+    if isinstance(value, int):
+        return 0 <= value <= MAX_COUNT
+    return math.isfinite(value) and 0 <= value <= 1e30
+
+
+def _parse_header(fields: object) -> ContributionHeader:
+    if not isinstance(fields, dict) or set(fields) != set(_HEADER_FIELDS):
+        raise GroupMessageError("malformed", "a group part's header has the wrong fields")
+    for name, kind in _HEADER_FIELDS.items():
+        value: Any = fields[name]
+        if kind is float and type(value) is int:
+            value = fields[name] = float(value)
+        if type(value) is not kind:
+            raise GroupMessageError("malformed", f"{name} is not a {kind.__name__}")
+        if not _in_range(value):
+            raise GroupMessageError("malformed", f"{name} out of range")
+    try:
+        signature = bytes.fromhex(fields.pop("signature"))
+    except ValueError:
+        raise GroupMessageError("malformed", "signature is not hex") from None
+    if len(signature) != SIGNATURE_BYTES:
+        raise GroupMessageError("malformed", "signature of a wrong length")
+    return ContributionHeader(**fields, signature=signature)
+
+
+def encode_update(update: GroupUpdate) -> bytes:
+    """A complete group update on the wire: its included members' signed headers, shard
+    digests and co-signatures (JSON), then the aggregate (fp32)."""
+    meta = {
+        "headers": [_header_fields(h) for h in update.contributions],
+        "digests": list(update.shard_digests),
+        "cosignatures": [c.hex() for c in update.cosignatures],
+    }
+    raw = json.dumps(meta, separators=(",", ":")).encode()
+    payload = update.aggregate.detach().to(torch.float32).contiguous().numpy()
+    return UPDATE_MAGIC + struct.pack(">I", len(raw)) + raw + payload.astype("<f4").tobytes()
+
+
+def update_max_bytes(numel: int) -> int:
+    return len(UPDATE_MAGIC) + 4 + MAX_MEMBERS * (MAX_HEADER_BYTES + 400) + 4 * numel
+
+
+def decode_update(blob: object, numel: int) -> GroupUpdate:
+    """An untrusted group update's fields; its signatures, co-signatures and shards are
+    checked by whoever takes it (GroupUpdate.problem), as every replica does."""
+    if not isinstance(blob, bytes) or len(blob) < 8 or blob[:4] != UPDATE_MAGIC:
+        raise GroupMessageError("malformed", "not a group update")
+    (length,) = struct.unpack(">I", blob[4:8])
+    if len(blob) < 8 + length:
+        raise GroupMessageError("malformed", "a group update cut short")
+    try:
+        meta = json.loads(blob[8 : 8 + length])
+        heads, digests, cosigns = meta["headers"], meta["digests"], meta["cosignatures"]
+        if not all(isinstance(x, list) for x in (heads, digests, cosigns)):
+            raise TypeError("lists expected")
+        if not 0 < len(heads) <= MAX_MEMBERS:
+            raise ValueError("members out of range")
+        headers = tuple(_parse_header(h) for h in heads)
+        shard_digests = tuple(d if isinstance(d, str) else "" for d in digests)
+        cosignatures = tuple(bytes.fromhex(c) for c in cosigns)
+    except GroupMessageError:
+        raise
+    except (ValueError, RecursionError, KeyError, TypeError, AttributeError):
+        raise GroupMessageError("malformed", "a group update that does not parse") from None
+    return GroupUpdate(headers, shard_digests, cosignatures, _fp32(blob[8 + length :], numel))
+
+
+@dataclass(frozen=True)
+class Cosign:
+    """A member's co-signature over its shard, for one included set of one group round."""
+
+    group_key: str
+    epoch: int
+    round: int
+    included: tuple[str, ...]
+    signature: bytes
+
+    @property
+    def round_id(self) -> RoundId:
+        return (self.group_key, self.epoch, self.round)
+
+    def to_bytes(self) -> bytes:
+        fields = {
+            "group_key": self.group_key,
+            "epoch": self.epoch,
+            "round": self.round,
+            "included": list(self.included),
+            "signature": self.signature.hex(),
+        }
+        return COSIGN_MAGIC + json.dumps(fields, separators=(",", ":")).encode()
+
+
+def cosign_max_bytes() -> int:
+    return len(COSIGN_MAGIC) + 512 + MAX_MEMBERS * (MAX_TEXT + 4)
+
+
+def decode_cosign(blob: object) -> Cosign:
+    """An untrusted `group-cosign` blob's fields (its signature is checked by the round
+    it is for, against the statement of that round's included set)."""
+    if not isinstance(blob, bytes) or blob[:4] != COSIGN_MAGIC:
+        raise GroupMessageError("malformed", "not a co-signature")
+    try:
+        fields = json.loads(blob[4:])
+        included = fields["included"]
+        cosign = Cosign(
+            fields["group_key"],
+            fields["epoch"],
+            fields["round"],
+            tuple(included),
+            bytes.fromhex(fields["signature"]),
+        )
+    except (ValueError, RecursionError, KeyError, TypeError, AttributeError):
+        raise GroupMessageError("malformed", "a co-signature that does not parse") from None
+    ok = (
+        isinstance(cosign.group_key, str)
+        and 0 < len(cosign.group_key) <= MAX_TEXT
+        and all(type(v) is int and 0 <= v <= MAX_COUNT for v in (cosign.epoch, cosign.round))
+        and isinstance(included, list)
+        and 0 < len(included) <= MAX_MEMBERS
+        and all(isinstance(m, str) and 0 < len(m) <= MAX_TEXT for m in included)
+        and len(cosign.signature) == SIGNATURE_BYTES
+    )
+    if not ok:
+        raise GroupMessageError("malformed", "a co-signature with fields out of range")
+    return cosign
+
+
+class GroupRound:
+    """This member's side of one group round; pure: events in with their time, the
+    co-signatures to send out. `outcome` is set once: a GroupUpdate or Abandoned."""
+
+    def __init__(
+        self,
+        identity: Identity,
+        header: ContributionHeader,
+        tensor: torch.Tensor,
+        members: Iterable[str],
+        *,
+        opened_at: float,
+        wait_s: float,
+        cosign_s: float,
+        config: ReductionConfig | None = None,
+    ) -> None:
+        self.me = identity.peer_id
+        self._identity = identity
+        self.members = frozenset(members)
+        if self.me not in self.members or header.author != self.me:
+            raise ValueError("a group round is opened by a member with its own contribution.")
+        self.reduction = GroupReduction(
+            group_key=header.group_key,
+            epoch=header.epoch,
+            round=header.round,
+            members=self.members,
+            config=config,
+        )
+        self.deadline = opened_at + wait_s
+        self.cosign_deadline = self.deadline + cosign_s
+        self._held: dict[str, Cosign] = {}
+        """Signer -> its latest co-signature (one per member: bounded by the group)."""
+        if not self.reduction.contribute(header, tensor):
+            raise ValueError(f"own contribution refused: {self.reduction.rejected}")
+
+    @property
+    def round_id(self) -> RoundId:
+        r = self.reduction
+        return (r.group_key, r.epoch, r.round)
+
+    @property
+    def phase(self) -> Phase:
+        return self.reduction.phase
+
+    @property
+    def outcome(self) -> GroupUpdate | Abandoned | None:
+        return self.reduction.outcome
+
+    @property
+    def done(self) -> bool:
+        return self.reduction.outcome is not None
+
+    def others(self) -> list[str]:
+        """The members this member's part goes to."""
+        return sorted(self.members - {self.me})
+
+    def recipients(self) -> list[str]:
+        """The included members this member's co-signature goes to."""
+        return [m for m in self.reduction.included if m != self.me]
+
+    def missing_cosigners(self) -> list[str]:
+        held = self.reduction.cosigned
+        return [m for m in self.reduction.included if m not in held]
+
+    def on_part(self, header: ContributionHeader, tensor: torch.Tensor) -> bool:
+        """A member's contribution (refusals counted in `reduction.rejected`)."""
+        return self.reduction.contribute(header, tensor)
+
+    def on_cosign(self, signer: str, cosign: Cosign) -> bool:
+        """A member's co-signature; kept until this member reduces the same included set.
+        False (counted) for one not from a member or not for this round."""
+        if signer not in self.members or cosign.round_id != self.round_id:
+            self._count("cosign_not_for_this_round")
+            return False
+        self._held[signer] = cosign
+        self._apply_held()
+        return True
+
+    def tick(self, now: float) -> list[Cosign]:
+        """The deadline (or every member in): close and co-sign; past the co-sign deadline
+        with signatures missing: abandon. Returns this member's co-signature to send."""
+        out: list[Cosign] = []
+        r = self.reduction
+        if r.phase is Phase.COLLECTING and (now >= self.deadline or r.contributors == self.members):
+            r.close()
+            out = self._sign()
+        if r.phase is Phase.REDUCING and now >= self.cosign_deadline:
+            r.expire()
+        return out
+
+    def adopt(self, update: GroupUpdate) -> bool:
+        """Another member's complete update of this round (see GroupReduction.adopt)."""
+        return self.reduction.adopt(update)
+
+    def on_lost(self, member: str) -> list[Cosign]:
+        """`member` died while co-signing: the reduction retries without it (once), and this
+        member co-signs the new included set; or it abandons. A member whose co-signature of
+        the current attempt is in has done its part and is not lost: retrying without it
+        would let two included sets complete."""
+        if member not in self.missing_cosigners():
+            return []
+        before = self.reduction.included
+        self.reduction.lose(member)
+        if self.reduction.phase is Phase.REDUCING and self.reduction.included != before:
+            return self._sign()
+        return []
+
+    def _sign(self) -> list[Cosign]:
+        r = self.reduction
+        if r.phase is not Phase.REDUCING:
+            return []
+        signature = self._identity.sign(r.statement(self.me))
+        r.cosign(self.me, signature)
+        cosign = Cosign(r.group_key, r.epoch, r.round, r.included, signature)
+        self._apply_held()
+        return [cosign]
+
+    def _apply_held(self) -> None:
+        r = self.reduction
+        for signer, cosign in list(self._held.items()):
+            if r.phase is not Phase.REDUCING:
+                return
+            if signer != self.me and cosign.included == r.included:
+                r.cosign(signer, cosign.signature)
+
+    def _count(self, reason: str) -> None:
+        self.reduction.rejected[reason] = self.reduction.rejected.get(reason, 0) + 1

@@ -1,0 +1,222 @@
+"""Learner groups at a round's end (`--group-size`, docs/scale.md's wiring plan step 4): this
+node's pseudo-gradient becomes its signed contribution to its group's round instead of an
+update of its own.
+
+`GroupPublishing` is the `RoundPublishing` for groups (node.publishing holds the one for
+whole updates, node.fragment_publishing the one for fragments). At each round's end it
+decides the epoch's grouping (dht.grouping_view.EpochGrouping, from the live peers and the
+bits they announce), signs a `ContributionHeader` and hands it to `SwarmLink.contribute`,
+which runs the group's round (dht.group_exchange; `OfflineSwarm` completes a group of one).
+A complete group update that includes this node is applied here (merge.pipeline
+`submit_group`) and pushed by its members to the rest of the swarm; an abandoned round, or
+one that left this node out, keeps its pseudo-gradient in the error feedback buffer, so it
+joins the next round's contribution.
+
+What every member of a round signs alike (merge.group_update.RoundFields) is the group's
+round: the round number (a node behind its group's joins the group's round,
+`SwarmLink.group_round`), its epoch, and the learner count (non-empty groups). Staleness is
+not carried yet: base and published applied counts are both the round (staleness 0).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import torch
+
+from dht.grouping import member_check
+from dht.grouping_view import EpochGrouping
+from merge.codecs import get_codec
+from merge.feedback import Compressor
+from merge.group_update import Abandoned, ContributionHeader, GroupUpdate, RoundFields
+from merge.pipeline import MergeConfig
+from merge.result import MergeResult
+from node.events import EventLog
+from node.learner import Learner, RoundStats, StepStats
+from node.progress import RoundProgress
+from node.publishing import Published, Publisher
+from node.settings import GroupSettings
+from node.swarm_link import GroupContribution
+
+CARRY_CODEC = "int8"
+"""A codec with error feedback: its Compressor's residual carries what no group applied
+(contributions are exchanged in fp32; nothing is encoded with it)."""
+
+
+class GroupPublishing:
+    """One contribution per round to this node's learner group; the group's update applied."""
+
+    def __init__(
+        self,
+        publisher: Publisher,
+        learner: Learner,
+        merge: MergeConfig,
+        groups: GroupSettings,
+        run_id: str,
+        events: EventLog | None = None,
+        census_s: float = 30.0,
+    ) -> None:
+        """`census_s`: a peer whose heartbeat came within this many seconds counts in the
+        census the grouping is decided from (longer than liveness: a peer whose heartbeats
+        come late on a loaded machine does not move the groups)."""
+        if publisher.replica.layout is not None:
+            raise ValueError("--group-size needs whole updates (--fragments 1)")
+        self.publisher, self.learner, self.merge = publisher, learner, merge
+        self.replica, self.groups, self.run_id = publisher.replica, groups, run_id
+        self.events, self.census_s = events, census_s
+        self.grouping = EpochGrouping(run_id, groups.group_epoch_rounds, groups.grouping_config())
+        self.compressor = Compressor(get_codec(CARRY_CODEC), self.replica.numel)
+        self.published: list[Published] = []
+        self.next_round = 0
+        """The round this node contributes to next (unless its group is ahead)."""
+
+    @property
+    def me(self) -> str:
+        return self.publisher.identity.peer_id
+
+    def announced(self) -> tuple[int, int] | None:
+        """(bits, epoch) of the grouping this node is in, for its heartbeat (None: none yet)."""
+        current = self.grouping.current
+        return None if current is None else (current.bits, current.epoch)
+
+    def begin(self, partial: RoundProgress | None) -> RoundProgress:
+        self.published = []
+        if partial is not None and partial.params is not None:
+            self.learner.load_params(partial.params)
+            return partial
+        with self.replica.lock:
+            base, applied = self.replica.snapshot()
+        start = self.compressor.round_start(base)  # minus what no group has applied yet
+        self.learner.load_params(start)
+        return RoundProgress(start, applied)
+
+    def on_step(self, step: int, stats: StepStats) -> None:
+        """Nothing is exchanged during a round."""
+
+    def finish(self, base: RoundProgress, stats: RoundStats) -> None:
+        t_start = time.perf_counter()
+        # The round's pseudo-gradient plus what earlier rounds left unapplied (the residual).
+        total = base.base - self.learner.params_vector() + self.compressor.residual
+        contribution = self.contribution(total, stats.tokens)
+        t_sealed = time.perf_counter()
+        if contribution is None:  # no group formed yet: what it trained waits for one
+            self.compressor.residual = total.detach().clone()
+            reason = "group_swarm_below_group_size"
+            result = MergeResult(False, self.me, self.next_round + 1, 0, 0.0, reason)
+            self.published.append(Published(result, 0, 0.0, t_sealed - t_start, 0.0))
+            return
+        outcome = self.publisher.swarm.contribute(contribution)
+        self.next_round = contribution.header.round + 1
+        result = self._settle(outcome, contribution.header, total)
+        t_merged = time.perf_counter()
+        self._report(contribution, outcome, t_merged - t_sealed)
+        sent = 4 * total.numel() * (len(contribution.members) - 1)
+        self.published.append(Published(result, sent, 0.0, t_sealed - t_start, t_merged - t_sealed))
+
+    def contribution(self, total: torch.Tensor, tokens: int) -> GroupContribution | None:
+        """This node's signed contribution to its group's next round; None while the swarm
+        it sees, at a grouping's decision, is smaller than one group (--group-size): a node
+        alone (a founder, a node that has not read its peers' heartbeats yet) forms no group
+        of its own whose update the peers joining next would never get."""
+        swarm = self.publisher.swarm
+        alive = [
+            s.heartbeat
+            for s in swarm.sightings(time.time())
+            if s.last_seen_s <= self.census_s
+            and s.heartbeat.peer_id != self.me
+            and s.heartbeat.state != "idle"  # done training: contributes no more
+        ]
+        previous = self.grouping.current
+        round_ = self.next_round
+        if previous is not None:
+            round_ = max(round_, swarm.group_round(previous.group_of(self.me) or ""))
+        census = [self.me, *(h.peer_id for h in alive)]
+        if self.grouping.due(round_) and len(census) < self.groups.group_size:
+            return None
+        announced = [h.group_bits for h in alive if h.group_bits is not None]
+        grouping = self.grouping.decide(round_, census, announced)
+        key = grouping.group_of(self.me)
+        assert key is not None  # this node is in its own census
+        round_ = max(round_, swarm.group_round(key))
+        fields = RoundFields(
+            run_id=self.run_id,
+            group_key=key,
+            epoch=self.grouping.epoch_of(round_),
+            round=round_,
+            learners=grouping.num_learners,
+            base_applied=round_,
+            published_applied=round_,
+        )
+        header = ContributionHeader.of(total, self.publisher.identity, fields, max(tokens, 1))
+        wait = self.groups.group_wait
+        return GroupContribution(
+            identity=self.publisher.identity,
+            header=header,
+            pseudo_gradient=total,
+            members=grouping.members[key],
+            wait_s=wait,
+            cosign_s=wait,
+            config=self.groups.reduction_config(),
+        )
+
+    def _report(
+        self, contribution: GroupContribution, outcome: GroupUpdate | Abandoned, seconds: float
+    ) -> None:
+        """One `group_round` event: the round, its group, who was included, or why not."""
+        if self.events is None:
+            return
+        header = contribution.header
+        included = (
+            [h.author for h in outcome.contributions] if isinstance(outcome, GroupUpdate) else []
+        )
+        self.events.emit(
+            "group_round",
+            round=header.round,
+            epoch=header.epoch,
+            group_key=header.group_key,
+            members=len(contribution.members),
+            included=included,
+            outcome="completed" if isinstance(outcome, GroupUpdate) else outcome.reason,
+            seconds=round(seconds, 3),
+        )
+
+    def _settle(
+        self, outcome: GroupUpdate | Abandoned, header: ContributionHeader, total: torch.Tensor
+    ) -> MergeResult:
+        """Applies a complete update here; keeps `total` for next round unless it is in one."""
+        included = isinstance(outcome, GroupUpdate) and any(
+            h.author == self.me for h in outcome.contributions
+        )
+        if included:
+            self.compressor.residual.zero_()
+        else:
+            self.compressor.residual = total.detach().clone()
+        if isinstance(outcome, GroupUpdate):
+            pipeline = self.publisher.pipeline
+            result = pipeline.submit_group(outcome, member_check(self.run_id, header.group_key))
+            self.publisher.report_merge(result)
+            return result if included else MergeResult(
+                False, header.group_key, header.round + 1, 0, 0.0, "group_left_out"
+            )  # fmt: skip
+        return MergeResult(
+            False, header.group_key, header.round + 1, 0, 0.0, f"group_{outcome.reason}"
+        )
+
+    def flush(self) -> Published | None:
+        """Nothing: what no group applied stays with this node (no round to carry it)."""
+        return None
+
+    def interrupted(self, done: RoundProgress) -> RoundProgress | None:
+        """Not contributed; kept (and checkpointed) to be finished later."""
+        params = self.learner.params_vector()
+        return replace(done, params=params) if done.steps_done else None
+
+    def holds_learner_params(self) -> bool:
+        return False
+
+    def keeps_partial_rounds(self) -> bool:
+        return True
+
+    def error_feedback(self) -> Compressor:
+        return self.compressor

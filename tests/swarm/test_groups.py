@@ -1,0 +1,115 @@
+"""Learner groups in real processes (docs/scale.md, wiring plan step 7): six nodes with
+--group-size 3 form two groups of three (identities picked so each half of the id space
+holds three); once both groups have completed a round with all their members, one member of
+each is killed with -9. The others go on: each completes rounds without its dead member (left
+out at the deadline, or dropped while co-signing; once the census has dropped the dead, four
+peers are below the split and the survivors form one group), and the four live replicas end
+with one applied set and the same parameters."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from dht.grouping import peer_bits
+from merge.identity import Identity
+from node.checkpoint import read_checkpoint
+from tests.swarm.conftest import NodeProcess
+from tests.timeouts import EXIT_S, START_S, covering
+
+pytestmark = pytest.mark.swarm
+
+RUN = "groups-test"
+ROUNDS = 8
+LINGER_S = 90
+"""At most: each survivor lingers until every live peer is idle (--linger-until-done), so
+the group rounds of the ones still training reach those done already."""
+WAIT_S = 10
+GROUP_ROUND_S = 90
+"""Both groups' first complete round (every node started), or a round without the dead."""
+RUN_S = 150
+"""The survivors' remaining rounds and their linger, to their exit."""
+ARGS = (
+    "--run-id", RUN, "--model", "tiny", "--inner-steps", "10", "--threads", "1",
+    "--eval-batches", "0", "--heartbeat-period", "2", "--group-size", "3",
+    "--group-epoch-rounds", "1", "--group-wait", str(WAIT_S), "--max-rounds", str(ROUNDS),
+    "--linger", str(LINGER_S), "--linger-until-done", "--speed-factor", "2",
+    "--emulated-step-s", "0.2", "--no-dashboard",
+)  # fmt: skip
+
+
+def _keys(folder: Path) -> list[Path]:
+    """Six identity files, alternating between the two halves of the id space (groups 0b0 and
+    0b1 at one bit): nodes 0, 2, 4 form one group, 1, 3, 5 the other."""
+    halves: dict[str, list[Identity]] = {"0": [], "1": []}
+    while min(len(h) for h in halves.values()) < 3:
+        identity = Identity.generate()
+        half = halves[peer_bits(RUN, identity.peer_id)[0]]
+        if len(half) < 3:
+            half.append(identity)
+    folder.mkdir(parents=True)
+    paths = []
+    for i in range(6):
+        path = folder / f"node{i}.key"
+        halves[str(i % 2)][i // 2].save(path)
+        paths.append(path)
+    return paths
+
+
+def _completed(node: NodeProcess, after: float, without: str | None = None) -> dict:
+    def done(e: dict) -> bool:
+        if e.get("event") != "group_round" or e["outcome"] != "completed" or e["time"] < after:
+            return False
+        return len(e["included"]) == 3 if without is None else without not in e["included"]
+
+    what = "a round of its whole group" if without is None else f"a round without {without}"
+    return node.wait_for(done, GROUP_ROUND_S, what)
+
+
+@pytest.mark.timeout(covering(START_S, 4 * GROUP_ROUND_S, RUN_S, EXIT_S))
+def test_two_groups_lose_a_member_each_and_the_live_replicas_end_as_one(
+    launch: Callable[..., NodeProcess], tmp_path: Path
+) -> None:
+    keys = _keys(tmp_path / "keys")
+    ids = [Identity.load(k).peer_id for k in keys]
+    boot = launch(*ARGS, "--identity", str(keys[0]), name="node0")
+    join = ("--peers", boot.wait_listening(START_S)[0])
+    nodes = [boot] + [
+        launch(*ARGS, *join, "--identity", str(keys[i]), name=f"node{i}") for i in range(1, 6)
+    ]
+    # Nodes 2 and 3 (one of each group) join with the rest: the bootstrap may have spent
+    # some of its rounds alone before they came (a swarm smaller than a group forms none).
+    first = [_completed(nodes[2 + group], 0.0) for group in (0, 1)]
+    assert first[0]["group_key"] != first[1]["group_key"], "two groups"
+    assert set(first[0]["included"]) == set(ids[0::2])
+    assert set(first[1]["included"]) == set(ids[1::2])
+
+    killed_at = time.time()
+    for victim in (nodes[4], nodes[5]):  # one member of each group
+        victim.crash()
+    for survivor, victim in ((2, 4), (3, 5)):
+        # Its group without the dead, or, once the census has dropped them (4 peers: below
+        # the merge threshold), the survivors' one group.
+        round_ = _completed(nodes[survivor], killed_at, without=ids[victim])
+        assert ids[survivor] in round_["included"]
+        assert set(round_["included"]) <= set(ids[:4])
+
+    for node in nodes[:4]:
+        assert node.wait_exit(RUN_S) == 0, node.stderr_tail()
+    replicas = [_replica(tmp_path / "homes" / f"node{i}") for i in range(4)]
+    applied = replicas[0]["applied"]
+    assert {first[0]["group_key"], first[1]["group_key"]} <= set(applied)
+    for replica in replicas[1:]:
+        assert replica["applied"] == applied
+        assert torch.allclose(replica["params"], replicas[0]["params"], atol=1e-6)
+
+
+def _replica(home: Path) -> dict:
+    (directory,) = {p.parent for p in (home / ".diloco").rglob("checkpoint.json")}
+    state = read_checkpoint(directory)
+    assert state is not None
+    return state["replica"]

@@ -1,0 +1,122 @@
+"""Merging learner groups' updates (merge.pipeline submit_group, docs/scale.md wiring plan
+step 5): a group update is applied as one unit under its group key, by every replica alike
+and once; anything its members did not all sign, or of members outside its key, is refused
+and counted, and the replica is left as it was."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dht.grouping import group_key, member_check, peer_bits
+from merge.group_update import (
+    ContributionHeader,
+    GroupReduction,
+    GroupUpdate,
+    RoundFields,
+)
+from merge.identity import Identity
+from merge.outer import OuterConfig, make_outer_optimizer
+from merge.pipeline import MergeConfig, UpdatePipeline
+from merge.replica import Replica
+from merge.weighting import StalenessConfig, TokenWeightConfig
+from tests.factories import FINGERPRINT
+
+RUN = "run-groups"
+NUMEL = 6
+CONFIG = MergeConfig(
+    outer=OuterConfig(kind="nesterov", lr=0.5, momentum=0.5),
+    staleness=StalenessConfig(kind="polynomial", a=0.5),
+    token_weight=TokenWeightConfig(reference_tokens=1000),
+    max_inner_steps=100,
+    max_tokens_per_step=100,
+)
+IDS = [Identity.generate() for _ in range(4)]
+
+
+def _pipeline() -> UpdatePipeline:
+    start = torch.linspace(1.0, 2.0, NUMEL)
+    replica = Replica(start, make_outer_optimizer(CONFIG.outer, NUMEL))
+    pipeline = UpdatePipeline(replica, CONFIG, FINGERPRINT)
+    pipeline.run_id = RUN
+    return pipeline
+
+
+def _update(members: list[Identity], key: str = group_key(""), round_: int = 2) -> GroupUpdate:
+    fields = RoundFields(
+        run_id=RUN, group_key=key, epoch=0, round=round_, learners=2, base_applied=round_,
+        published_applied=round_,
+    )  # fmt: skip
+    reduction = GroupReduction(
+        group_key=key, epoch=0, round=round_, members=[m.peer_id for m in members]
+    )
+    for i, member in enumerate(members):
+        tensor = torch.full((NUMEL,), 0.01 * (i + 1))
+        reduction.contribute(ContributionHeader.of(tensor, member, fields, 500), tensor)
+    reduction.close()
+    for member in sorted(members, key=lambda m: m.peer_id):
+        reduction.cosign(member.peer_id, member.sign(reduction.statement(member.peer_id)))
+    assert isinstance(reduction.outcome, GroupUpdate)
+    return reduction.outcome
+
+
+def test_every_replica_applies_a_group_update_alike_and_once() -> None:
+    update = _update(IDS[:3])
+    replicas = [_pipeline(), _pipeline()]
+    in_group = member_check(RUN, update.head.group_key)
+    for pipeline in replicas:
+        result = pipeline.submit_group(update, in_group)
+        assert result.accepted and result.author == group_key("") and result.seq == 3
+        assert result.learners == 2
+        assert pipeline.replica.applied == {group_key(""): [3]}
+        again = pipeline.submit_group(update, in_group)
+        assert not again.accepted and again.reason == "duplicate"
+    assert torch.equal(replicas[0].replica.params, replicas[1].replica.params)
+    assert not torch.equal(replicas[0].replica.params, torch.linspace(1.0, 2.0, NUMEL))
+
+
+def _refusal(update: GroupUpdate, in_group: object = None) -> str | None:
+    pipeline = _pipeline()
+    check = member_check(RUN, update.head.group_key) if in_group is None else in_group
+    before = pipeline.replica.params.clone()
+    result = pipeline.submit_group(update, check)  # type: ignore[arg-type]
+    assert not result.accepted
+    assert torch.equal(pipeline.replica.params, before) and pipeline.replica.num_applied == 0
+    assert pipeline.rejections[result.reason or ""] == 1
+    return result.reason
+
+
+def test_a_group_update_its_members_did_not_all_sign_is_refused_and_counted() -> None:
+    update = _update(IDS[:3])
+    moved = GroupUpdate(
+        update.contributions, update.shard_digests, update.cosignatures, update.aggregate * 2
+    )
+    assert _refusal(moved) == "group_shard_mismatch"
+    one_less = GroupUpdate(
+        update.contributions, update.shard_digests, update.cosignatures[:-1], update.aggregate
+    )
+    assert _refusal(one_less) == "group_missing_cosignature"
+    assert _refusal(update, lambda peer: False) == "group_not_a_member"
+    short = GroupUpdate(
+        update.contributions, update.shard_digests, update.cosignatures, update.aggregate[:-1]
+    )
+    assert _refusal(short) in {"group_shard_mismatch", "group_wrong_size"}
+
+
+def test_a_group_update_of_members_outside_its_key_is_refused() -> None:
+    """Membership is a function of the peer id: a key whose prefix a member's position does
+    not start with does not hold that member."""
+    outsider = Identity.generate()
+    while peer_bits(RUN, outsider.peer_id)[0] != "0":
+        outsider = Identity.generate()
+    update = _update([outsider], key=group_key("1"))
+    assert _refusal(update) == "group_not_a_member"
+
+
+@pytest.mark.parametrize("round_", [0, 5])
+def test_group_updates_of_another_run_are_refused(round_: int) -> None:
+    update = _update(IDS[:2], round_=round_)
+    pipeline = _pipeline()
+    pipeline.run_id = "another-run"
+    result = pipeline.submit_group(update, member_check(RUN, update.head.group_key))
+    assert not result.accepted and result.reason == "group_wrong_run"
