@@ -15,8 +15,10 @@ Per node slot (one slot is one machine; a restart is a new incarnation in the sa
   relaunch), start-up (launch to the first inner step's start: `startup_phase` `first_batch`
   less that step's own `step_s`, which is compute), inner steps lost at a kill (from the
   state it kept: the partial round the next incarnation resumed, copied at
-  `checkpoint_saved`'s `copied_at`, else the end of its last round), the loop's work between
-  steps (`loop_s`) and the rest (between rounds: publishing, merging, waiting for the swarm).
+  `checkpoint_saved`'s `copied_at`, else the end of its last round's steps), the loop's work
+  between steps (`loop_s`) and the rest (between rounds: publishing, merging, waiting for the
+  swarm). A round set aside while the swarm was not entered (`round_done`'s `aside_s`: the
+  next round trained meanwhile) is placed where its steps ran, not where it was published.
 Asynchronous nodes (`diloco-node join`) and synchronous workers (`bench.sync_baseline`) are
 accounted alike; for a synchronous worker, "merged" means its round's all-reduce committed, with
 at least one other worker, or with every live worker.
@@ -81,6 +83,9 @@ class Round:
     committed: bool = False
     steps_s: float | None = None
     """Of inner_s, the time inside the inner steps (None: not reported, all of inner_s)."""
+    aside_s: float = 0.0
+    """Seconds the finished round waited, set aside, for the swarm while the next round
+    trained: between its steps' end and its publication, not in round_s."""
 
 
 def async_rounds(slot: Slot) -> list[Round]:
@@ -92,9 +97,17 @@ def async_rounds(slot: Slot) -> list[Round]:
             if e.get("event") == "update_merged" and e["author"] == own:
                 seq = int(e["seq"])
             elif e.get("event") == "round_done":
-                steps_s = e.get("steps_s")
+                steps_s, aside_s = e.get("steps_s"), float(e.get("aside_s") or 0.0)
                 rounds.append(
-                    Round(slot.node, e["time"], e["inner_s"], e["round_s"], seq, steps_s=steps_s)
+                    Round(
+                        slot.node,
+                        e["time"],
+                        e["inner_s"],
+                        e["round_s"],
+                        seq,
+                        steps_s=steps_s,
+                        aside_s=aside_s,
+                    )
                 )
                 seq = None
     return rounds
@@ -113,7 +126,7 @@ def sync_rounds(slot: Slot) -> list[Round]:
 
 def inner_in_window(r: Round, t0: float, t1: float) -> float:
     """The part of the round's inner steps (they open the round) inside [t0, t1]."""
-    start = r.end - r.round_s
+    start = r.end - r.round_s - r.aside_s
     return max(0.0, min(start + r.inner_s, t1) - max(start, t0))
 
 
@@ -256,9 +269,18 @@ def lost_at_kill(killed: Incarnation, later: list[Incarnation]) -> float:
         ]
         kept = saves[-1].get("copied_at", saves[-1]["time"]) if saves else None
     if kept is None:
-        ends = [e["time"] for e in killed.events if e.get("event") == "round_done"]
-        kept = ends[-1] if ends else first_step_at(killed)
+        ends = [_next_round_from(e) for e in killed.events if e.get("event") == "round_done"]
+        kept = max(ends) if ends else first_step_at(killed)
     return 0.0 if kept is None else max(0.0, killed.ended - kept)
+
+
+def _next_round_from(done: Event) -> float:
+    """When the round after a `round_done` began: at its publication, or for a round set
+    aside (`aside_s`), at the end of its steps (its wait and publication ran beside it)."""
+    aside = float(done.get("aside_s") or 0.0)
+    if not aside:
+        return float(done["time"])
+    return float(done["time"]) - done["round_s"] - aside + done["inner_s"]
 
 
 Merged = dict[tuple[str, int], set[int]]

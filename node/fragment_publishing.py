@@ -64,7 +64,11 @@ class FragmentStreams:
         for fragment in stream.due(step):
             self._publish(stream, fragment, step)
 
-    def finish(self, base: RoundProgress, stats: RoundStats) -> None:
+    def finish(
+        self, base: RoundProgress, stats: RoundStats, params: torch.Tensor | None = None
+    ) -> None:
+        if params is not None:  # published from the learner's params as each fragment is due
+            raise ValueError("a round of fragment streams is never set aside")
         stream = self.stream
         assert stream is not None
         for fragment in stream.unpublished(stats.num_steps):  # cut by --round-time

@@ -170,6 +170,15 @@ class NetworkSwarm:
             raise self._catch_up_error
         return True
 
+    def caught_up(self) -> bool:
+        if self._catching_up is None:
+            return True
+        if not self._caught_up.is_set():
+            return False
+        if self._catch_up_error is not None:
+            raise self._catch_up_error
+        return True
+
     def _download_state(self) -> None:
         stats = self.swarm.download_state()
         if stats is None:

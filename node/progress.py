@@ -1,13 +1,16 @@
-"""A round's inner steps so far: what a stopped node keeps so that resuming redoes none."""
+"""A round's inner steps so far: what a stopped node keeps so that resuming redoes none; a
+finished round, published at once or set aside while the swarm is not entered (`round_end`);
+the marks and the steps of the round running (`RoundClock`, `Segment`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 import torch
 
-from node.learner import RoundStats
+from node.learner import RoundStats, StepStats
 
 
 @dataclass(frozen=True)
@@ -88,4 +91,76 @@ class RoundProgress:
             # Saved before steps_s was: the steps' share of inner_s was not kept.
             steps_s=float(state.get("steps_s", state["inner_s"])),
             params=params,
+        )
+
+
+@dataclass(frozen=True)
+class FinishedRound:
+    """A round whose inner steps are done, as it ended: published at once, or set aside
+    while the swarm is not entered yet, the next round training meanwhile (node.trainer)."""
+
+    begun: RoundProgress
+    """Where the round started in this process (a resumed round: the progress it resumed)."""
+    done: RoundProgress
+    """The round as it ended; set aside, with its end parameters (what it publishes: base -
+    params), else `params` is what it resumed from, if anything."""
+    started: float
+    """perf_counter at the round's start in this process."""
+    ended: float
+    """perf_counter at its last inner step's end."""
+    planned_steps: int
+    learner_step: int
+    """The learner's step count at its end (the next round moves it on)."""
+
+
+RoundEnd = Literal["publish", "set_aside", "wait"]
+
+
+def round_end(*, caught_up: bool, aside_waiting: bool, may_set_aside: bool) -> RoundEnd:
+    """What a round whose steps are done does: published at once once the swarm is entered
+    and the state checked (after the round set aside before it, if any); else set aside so
+    that the next round starts without waiting, unless one already waits (one at most: each
+    round set aside is one more stale base, and a model-sized vector held) or no round comes
+    after this one (`may_set_aside` False: the last round, a stopping node, fragments, which
+    publish during the round, or a round run by hand); else it waits for the swarm."""
+    if caught_up:
+        return "publish"
+    if aside_waiting or not may_set_aside:
+        return "wait"
+    return "set_aside"
+
+
+@dataclass
+class RoundClock:
+    """perf_counter marks of one round: its start, end of inner steps, of merging, and of
+    handing its replica to evaluation (a snapshot; the evaluation runs beside training)."""
+
+    start: float
+    inner: float = 0.0
+    merged: float = 0.0
+    evaluated: float = 0.0
+
+
+@dataclass
+class Segment:
+    """The inner steps this process ran of the current round so far (a round resumed from a
+    checkpoint continues what `begun` holds)."""
+
+    begun: RoundProgress
+    start: float = field(default_factory=time.perf_counter)
+    steps: int = 0
+    tokens: int = 0
+    loss_sum: float = 0.0
+    steps_s: float = 0.0
+
+    def add(self, step: StepStats) -> None:
+        self.steps, self.tokens = self.steps + 1, self.tokens + step.tokens
+        self.loss_sum += step.loss
+        self.steps_s += step.seconds
+
+    def progress(self) -> RoundProgress:
+        elapsed = time.perf_counter() - self.start
+        mean_loss = self.loss_sum / max(self.steps, 1)
+        return self.begun.extended(
+            RoundStats(self.steps, self.tokens, mean_loss, self.steps_s), elapsed
         )

@@ -135,8 +135,12 @@ class RoundPublishing(Protocol):
     def on_step(self, step: int, stats: StepStats) -> None:
         """After inner step `step` of the round (counted from its start)."""
 
-    def finish(self, base: RoundProgress, stats: RoundStats) -> None:
-        """The round's inner steps are done: publish what is left of it."""
+    def finish(
+        self, base: RoundProgress, stats: RoundStats, params: torch.Tensor | None = None
+    ) -> None:
+        """The round's inner steps are done: publish what is left of it. `params`: the
+        learner's parameters as the round ended, for a round set aside while the next one
+        trains (node.trainer; whole updates only); None: the learner's own, now."""
 
     def interrupted(self, done: RoundProgress) -> RoundProgress | None:
         """The round stopped early: what to keep (and checkpoint) to finish it later."""
@@ -242,8 +246,11 @@ class WholeUpdates:
     def on_step(self, step: int, stats: StepStats) -> None:
         """Nothing is published during a round."""
 
-    def finish(self, base: RoundProgress, stats: RoundStats) -> None:
-        pseudo_gradient = base.base - self.learner.params_vector()
+    def finish(
+        self, base: RoundProgress, stats: RoundStats, params: torch.Tensor | None = None
+    ) -> None:
+        end = self.learner.params_vector() if params is None else params
+        pseudo_gradient = base.base - end
         work = (stats.num_steps, stats.tokens, stats.loss)
         codec = self.compressor.codec
         self.published.append(

@@ -114,8 +114,8 @@ class StartingSwarm:
     def _enter(self, network: NetworkSwarm) -> None:
         try:
             network.enter()
-            self._entered = network
             network.catch_up(self._joined)
+            self._entered = network  # after catch_up: its state check is known to run
         except BaseException as exc:  # raised to the training loop (step or round's end)
             self._error = exc
 
@@ -127,6 +127,13 @@ class StartingSwarm:
             if stop.wait(WAIT_PERIOD_S):
                 return False
         return self._entered.wait_caught_up(stop)
+
+    def caught_up(self) -> bool:
+        if self._error is not None:
+            raise self._error
+        if self._preparing is None and self._entered is None:
+            return True  # never begun, as wait_caught_up
+        return self._entered is not None and self._entered.caught_up()
 
     # ---- leaving -------------------------------------------------------------------------
 

@@ -70,6 +70,9 @@ class RoundReport:
     resumed_at_step: int
     learner_step: int
     update_bytes: int
+    aside_s: float = 0.0
+    """Seconds the finished round waited, set aside, for the swarm while the next round
+    trained (node.trainer); not in round_s."""
 
 
 class Resketcher:
@@ -226,6 +229,7 @@ class Telemetry:
             tokens_per_s=round(tokens / max(r.round_s, 1e-9), 1),
             num_applied=self.replica.num_applied,
             round_s=round(r.round_s, 4),
+            aside_s=round(r.aside_s, 4),
             inner_s=round(t.inner_s, 4),
             steps_s=round(t.steps_s, 4),
             encode_s=round(t.encode_s, 5),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 
@@ -22,7 +22,7 @@ from node.config import JoinConfig
 from node.evaluation import BackgroundEvaluation, EvaluationSchedule, LatestLoss
 from node.learner import Learner, RoundStats, StepStats
 from node.persistence import Persistence
-from node.progress import RoundProgress
+from node.progress import FinishedRound, RoundClock, RoundProgress, Segment, round_end
 from node.publishing import Published, RoundPublishing
 from node.round_size import PeerRate, RoundSizer
 from node.stats import NodeStats
@@ -31,42 +31,6 @@ from node.telemetry import RoundReport, RoundTimings, Telemetry
 
 EVALUATION_WAIT_S = 60.0
 """How long a stopping node waits for an evaluation still running beside training."""
-
-
-@dataclass
-class RoundClock:
-    """perf_counter marks of one round: its start, end of inner steps, of merging, and of
-    handing its replica to evaluation (a snapshot; the evaluation runs beside training)."""
-
-    start: float
-    inner: float = 0.0
-    merged: float = 0.0
-    evaluated: float = 0.0
-
-
-@dataclass
-class Segment:
-    """The inner steps this process ran of the current round so far (a round resumed from a
-    checkpoint continues what `begun` holds)."""
-
-    begun: RoundProgress
-    start: float = field(default_factory=time.perf_counter)
-    steps: int = 0
-    tokens: int = 0
-    loss_sum: float = 0.0
-    steps_s: float = 0.0
-
-    def add(self, step: StepStats) -> None:
-        self.steps, self.tokens = self.steps + 1, self.tokens + step.tokens
-        self.loss_sum += step.loss
-        self.steps_s += step.seconds
-
-    def progress(self) -> RoundProgress:
-        elapsed = time.perf_counter() - self.start
-        mean_loss = self.loss_sum / max(self.steps, 1)
-        return self.begun.extended(
-            RoundStats(self.steps, self.tokens, mean_loss, self.steps_s), elapsed
-        )
 
 
 class Trainer:
@@ -101,6 +65,10 @@ class Trainer:
         self._step_offset = 0
         self._stepped = False
         self._segment: Segment | None = None
+        self._aside: FinishedRound | None = None
+        """A finished round waiting for the swarm while the next one trains (`run_round`)."""
+        self._late_publish_s = 0.0
+        """Of this round's inner steps' wall time, what publishing the round set aside took."""
         self._saved_at = time.monotonic()
         self.schedule = EvaluationSchedule(config.eval_every)
         self.latest_loss = LatestLoss()
@@ -169,19 +137,29 @@ class Trainer:
         while not self.stop.is_set():
             limit = self._limit_reached()
             if limit is not None:
+                self._settle_aside()  # a round set aside goes out before the node stops
                 return limit
             completed = self.run_round() is not None
             if completed and self.stats.round % self.config.checkpoint_every == 0:
                 self.persistence.save_beside(self.partial)  # written beside the next round
+        self._settle_aside()
         return "interrupted"
 
     def run_round(self) -> MergeResult | None:
         """H inner steps from the newest replica, then publish the pseudo-gradient (with
-        fragments, fragment p is published during the round; the result is the last one's)."""
+        fragments, fragment p is published during the round; the result is the last one's).
+
+        A round that ends before the swarm is entered and the state checked (a restarted
+        node's first rounds) is set aside with its end parameters, and the next round starts
+        at once from the replica as it is (one more stale base: its update says so); the
+        round set aside is published at the first step boundary after the state check, or
+        before this node publishes anything else or stops (node.progress.round_end). None:
+        nothing was published by this round (stopped, or set aside)."""
         clock = RoundClock(time.perf_counter())
         begun = self.publishing.begin(self.partial)
         self._step_offset = begun.steps_done
         self._segment = Segment(begun, clock.start)
+        self._late_publish_s = 0.0
         self.planned_steps = self._planned_steps()
         stats = self.learner.run_round(
             self.planned_steps - begun.steps_done,
@@ -192,35 +170,115 @@ class Trainer:
         self.round_sizer.observe_round(stats.num_steps, stats.compute_s)
         done = begun.extended(stats, time.perf_counter() - clock.start)
         if stats.stopped_early or done.steps_done == 0:
-            self.partial = self.publishing.interrupted(done)
+            kept = self.publishing.interrupted(done)
+            if self._settle_aside():  # else the round set aside is what is kept
+                self.partial = kept
             return None
         clock.inner = time.perf_counter()
         if not self._stepped:  # a finished round resumed to be published: no step ran
             self._start_beside_training()
+        end = round_end(
+            caught_up=self.swarm.caught_up(),
+            aside_waiting=self._aside is not None,
+            may_set_aside=self._may_set_aside(),
+        )
+        if end == "set_aside":
+            self.partial = None  # kept aside: the next round starts afresh
+            self._set_aside(begun, done, clock)
+            return None
+        if not self._settle_aside():  # stopped while it waited: it is kept, this round not
+            return None
         if not self.swarm.wait_caught_up(self.stop):  # stopped first: published next time
             self.partial = self.publishing.interrupted(done)
             return None
         self.partial = None
-        in_steps_s = _publishing_s(self.publishing.published)  # fragments during the steps
-        self.publishing.finish(begun, done.as_round_stats())
+        # Fragments and a round set aside, published during the steps: not the steps' time.
+        in_steps_s = _publishing_s(self.publishing.published) + self._late_publish_s
+        ended = FinishedRound(
+            begun, done, clock.start, clock.inner, self.planned_steps, self.learner.step
+        )
+        published = self._publish(ended, in_steps_s)
+        return published[-1].result if published else None
+
+    def _may_set_aside(self) -> bool:
+        """Whether a round may wait for the swarm beside the next one: only when a next
+        round comes (not the last, nor a stopping node's), with whole updates (fragments are
+        published during the round), inside `run` (a round run by hand returns its result)."""
+        max_rounds = self.config.max_rounds
+        return (
+            self._running
+            and self.publishing.keeps_partial_rounds()
+            and (max_rounds is None or self.stats.round + 1 < max_rounds)
+            and not (self.stop.is_set() or self.finish.is_set() or self._time_exhausted())
+        )
+
+    def _set_aside(self, begun: RoundProgress, done: RoundProgress, clock: RoundClock) -> None:
+        """The finished round waits for the swarm with its end parameters while the next one
+        trains; saved now (beside training) as a finished round, which a restart publishes:
+        the next round is not saved while it waits (the checkpoint holds one round)."""
+        params = self.learner.params_vector()
+        ended = replace(done, params=params)
+        self._aside = FinishedRound(
+            begun, ended, clock.start, clock.inner, self.planned_steps, self.learner.step
+        )
+        self.telemetry.events.emit(
+            "round_set_aside", round=self.stats.round + 1, steps=done.steps_done
+        )
+        self.persistence.save_beside(ended)
+        self._saved_at = time.monotonic()
+
+    def _settle_aside(self) -> bool:
+        """Before the node publishes another round or stops: the round set aside is published,
+        once the swarm is entered (waited for unless the node stops); a node stopped first
+        keeps it as its partial round (a restart publishes it), and the running round's steps
+        are dropped. True: nothing waits any more."""
+        aside = self._aside
+        if aside is None:
+            return True
+        stopping = self.stop.is_set()
+        if self.swarm.caught_up() if stopping else self.swarm.wait_caught_up(self.stop):
+            self._publish_aside()
+            return True
+        self._aside, self.partial = None, aside.done
+        return False
+
+    def _publish_aside(self) -> None:
+        """Publish the round set aside, reported as it ended (`aside_s`: how long it waited)."""
+        aside, self._aside = self._aside, None
+        assert aside is not None
+        self._publish(aside, 0.0, aside_s=time.perf_counter() - aside.ended)
+
+    def _publish(
+        self, r: FinishedRound, in_steps_s: float, aside_s: float | None = None
+    ) -> list[Published]:
+        """Publish round `r`, count it, hand its replica to evaluation and report it; what
+        it published. `aside_s`: it was set aside that long, with its end params."""
+        late = aside_s is not None
+        before = len(self.publishing.published) if late else 0
+        stats = r.done.as_round_stats()
+        self.publishing.finish(r.begun, stats, r.done.params if late else None)
+        published = self.publishing.published[before:]
+        if late:  # the round set aside's publications, not the running round's
+            del self.publishing.published[before:]
         self.stats.set_round(self.stats.round + 1)
-        clock.merged = time.perf_counter()
+        clock = RoundClock(r.started, r.ended, merged=time.perf_counter())
         self._evaluate_round(self.stats.round)
         clock.evaluated = time.perf_counter()
         val_loss = self.latest_loss.val_loss
-        self._report(begun, done.as_round_stats(), val_loss, clock, in_steps_s)
-        published = self.publishing.published
-        return published[-1].result if published else None
+        self._report(r, stats, val_loss, clock, in_steps_s, published, aside_s or 0.0)
+        return published
 
     def _report(
         self,
-        begun: RoundProgress,
+        r: FinishedRound,
         stats: RoundStats,
         val_loss: float | None,
         clock: RoundClock,
         in_steps_s: float,
+        published: list[Published],
+        aside_s: float,
     ) -> None:
-        published = self.publishing.published
+        begun = r.begun
         timings = RoundTimings(
             # Fragments published during the inner steps: their time is overhead, not steps.
             inner_s=clock.inner - clock.start + begun.inner_s - in_steps_s,
@@ -235,12 +293,13 @@ class Trainer:
             stats=stats,
             val_loss=val_loss,
             timings=timings,
-            round_s=clock.evaluated - clock.start + begun.inner_s,
+            round_s=clock.evaluated - clock.start + begun.inner_s - aside_s,
             seq=self.stats.seq if accepted else None,
-            planned_steps=self.planned_steps,
+            planned_steps=r.planned_steps,
             resumed_at_step=begun.steps_done,
-            learner_step=self.learner.step,
+            learner_step=r.learner_step,
             update_bytes=sum(p.update_bytes for p in published),
+            aside_s=aside_s,
         )
         self.telemetry.report_round(report)
 
@@ -257,7 +316,14 @@ class Trainer:
             )
             if not self.stop.is_set():  # a node stopping already starts nothing more
                 self._start_beside_training()
-        self.telemetry.report_step(self.stats.round + 1, at, self.planned_steps, step)
+        # Once its seq and state are known; a sharded learner evaluates inline, with its
+        # ranks (collectives): between rounds only.
+        if self._aside is not None and self._evaluation is not None and self.swarm.caught_up():
+            started = time.perf_counter()
+            self._publish_aside()
+            self._late_publish_s += time.perf_counter() - started
+        round_ = self.stats.round + 1 + (self._aside is not None)  # the set-aside one's next
+        self.telemetry.report_step(round_, at, self.planned_steps, step)
         # Fragments are published mid-round: not before the node knows its seq and state.
         if self.publishing.keeps_partial_rounds() or self.swarm.wait_caught_up(self.stop):
             self.publishing.on_step(at, step)
@@ -271,6 +337,8 @@ class Trainer:
         if segment is None:
             return
         segment.add(step)
+        if self._aside is not None:  # the round set aside is what the checkpoint holds
+            return
         due = self.persistence.cadence.due(time.monotonic() - self._saved_at)
         if not due or not self.publishing.keeps_partial_rounds():
             return

@@ -170,3 +170,23 @@ def test_a_save_on_disk_whose_event_never_came_out_counts_from_its_copy() -> Non
     breakdown = account([Slot(0, [first, again])], 0.0, 100.0, synchronous=False,
                         window_s=5.0)["time_breakdown"]  # fmt: skip
     assert breakdown["lost_each_s"] == [5.0]
+
+
+def test_a_round_set_aside_counts_where_its_steps_ran_and_a_kill_after_it_from_its_end() -> None:
+    # Round 1's steps ran 2 to 6 (inner_s 4, steps_s 3); it waited aside 5 s while round 2
+    # trained and was published at 12 (round_s 5: its steps and publication, not the wait).
+    # Killed at 14 with round 2's steps since 6 not saved (the restart dropped the save
+    # aside as published since): lost from round 1's end at 6, not its publication at 12.
+    aside = round_done(12.0, inner_s=4.0) | {"steps_s": 3.0, "round_s": 5.0, "aside_s": 5.0}
+    first = Incarnation(
+        [started(0, "A"), _first_batch(2), merged(12, "A", 1), aside], 0.0, ended=14.0, killed=True
+    )
+    stale = {"event": "resumed", "time": 30, "round": 1, "step": 0, "stale_partial_step": 3}
+    second = Incarnation([stale, _first_batch(31), started(31, "A")], 24.0)
+    peer = Slot(1, [Incarnation([started(0, "B"), merged(12.5, "A", 1)], 0.0)])
+    # A window opening at 5 holds 1 s of round 1's inner steps (5 to 6), not 4 (8 to 12).
+    figures = account([Slot(0, [first, second]), peer], 5.0, 40.0, synchronous=False,
+                      window_s=5.0)  # fmt: skip
+    node_a = figures["per_node"][0]
+    assert node_a["compute_s"] == node_a["merged_any_s"] == 0.75
+    assert figures["time_breakdown"]["lost_each_s"] == [8.0]
