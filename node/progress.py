@@ -164,3 +164,8 @@ class Segment:
         return self.begun.extended(
             RoundStats(self.steps, self.tokens, mean_loss, self.steps_s), elapsed
         )
+
+
+def remaining_s(limit_s: float | None, spent_s: float) -> float | None:
+    """What is left of a round's time limit after `spent_s` (None: no limit)."""
+    return None if limit_s is None else max(limit_s - spent_s, 0.0)

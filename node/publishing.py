@@ -49,6 +49,11 @@ class Published:
     merge_s: float
 
 
+def publishing_s(published: list[Published]) -> float:
+    """The training thread's time in encoding, sealing and merging these publications."""
+    return sum(p.encode_s + p.seal_s + p.merge_s for p in published)
+
+
 class Publisher:
     """Encodes, seals and merges one of our updates, then gives it to the swarm."""
 

@@ -22,8 +22,15 @@ from node.config import JoinConfig
 from node.evaluation import BackgroundEvaluation, EvaluationSchedule, LatestLoss
 from node.learner import Learner, RoundStats, StepStats
 from node.persistence import Persistence
-from node.progress import FinishedRound, RoundClock, RoundProgress, Segment, round_end
-from node.publishing import Published, RoundPublishing
+from node.progress import (
+    FinishedRound,
+    RoundClock,
+    RoundProgress,
+    Segment,
+    remaining_s,
+    round_end,
+)
+from node.publishing import Published, RoundPublishing, publishing_s
 from node.round_size import PeerRate, RoundSizer
 from node.stats import NodeStats
 from node.swarm_link import SwarmLink
@@ -165,7 +172,7 @@ class Trainer:
             self.planned_steps - begun.steps_done,
             self._should_interrupt,
             self._on_step,
-            _remaining(self.config.round_time, begun.inner_s),
+            remaining_s(self.config.round_time, begun.inner_s),
         )
         self.round_sizer.observe_round(stats.num_steps, stats.compute_s)
         done = begun.extended(stats, time.perf_counter() - clock.start)
@@ -193,7 +200,7 @@ class Trainer:
             return None
         self.partial = None
         # Fragments and a round set aside, published during the steps: not the steps' time.
-        in_steps_s = _publishing_s(self.publishing.published) + self._late_publish_s
+        in_steps_s = publishing_s(self.publishing.published) + self._late_publish_s
         ended = FinishedRound(
             begun, done, clock.start, clock.inner, self.planned_steps, self.learner.step
         )
@@ -395,12 +402,3 @@ class Trainer:
 
     def _should_interrupt(self) -> bool:
         return self.stop.is_set() or self._time_exhausted()
-
-
-def _publishing_s(published: list[Published]) -> float:
-    return sum(p.encode_s + p.seal_s + p.merge_s for p in published)
-
-
-def _remaining(limit_s: float | None, spent_s: float) -> float | None:
-    """What is left of a round's time limit after `spent_s` (None: no limit)."""
-    return None if limit_s is None else max(limit_s - spent_s, 0.0)
