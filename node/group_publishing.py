@@ -94,10 +94,14 @@ class GroupPublishing:
     def on_step(self, step: int, stats: StepStats) -> None:
         """Nothing is exchanged during a round."""
 
-    def finish(self, base: RoundProgress, stats: RoundStats) -> None:
+    def finish(
+        self, base: RoundProgress, stats: RoundStats, params: torch.Tensor | None = None
+    ) -> None:
+        """`params`: the round's end parameters when it was set aside (node.trainer)."""
         t_start = time.perf_counter()
+        end = self.learner.params_vector() if params is None else params
         # The round's pseudo-gradient plus what earlier rounds left unapplied (the residual).
-        total = base.base - self.learner.params_vector() + self.compressor.residual
+        total = base.base - end + self.compressor.residual
         contribution = self.contribution(total, stats.tokens)
         t_sealed = time.perf_counter()
         if contribution is None:  # no group formed yet: what it trained waits for one
