@@ -17,10 +17,13 @@ Steps 1 and 2 of docs/scale.md's wiring plan, as pure code that training does no
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from dht.grouping import Grouping, GroupingConfig, GroupingPolicy, MembershipView, peer_bits
-from dht.shard_walk import TreeWalker
 from dht.shards import ShardConfig
+
+if TYPE_CHECKING:  # the walk reads DHT records (hivemind): not on a node's path to its first step
+    from dht.shard_walk import TreeWalker
 
 MAX_GROUP_KEYS = 1024
 """Keys one walk of a group's subtree reads at most (a group of ~30,000 at 32 per key)."""
@@ -87,6 +90,8 @@ def group_walker(
     config = config or ShardConfig()
     if leaf_depth <= len(prefix):
         return None
+    from dht.shard_walk import TreeWalker  # hivemind's records (tests/unit/test_start_imports)
+
     return TreeWalker(run_id, root=prefix, max_keys=MAX_GROUP_KEYS, max_depth=config.max_depth)
 
 
