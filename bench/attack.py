@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import tempfile
 import time
@@ -51,6 +52,7 @@ from bench.attack_rows import (
 from bench.procs import ChildProcess, WaitError, node_process, python_module, reap_all, save_events
 from bench.sampling import BackgroundSampler, open_files, rss_bytes
 from merge.identity import Identity
+from node.allocator import SPEC_ENV, parse_spec
 
 RUN = ["--model", "tiny", "--threads", "1", "--inner-steps", "5", "--eval-batches", "2",
        "--heartbeat-period", "1", "--gap-wait", "10", "--seed", "0"]  # fmt: skip
@@ -370,7 +372,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--events-dir", type=Path, help="keep every process's JSON events here, one file each"
     )
+    parser.add_argument(
+        "--malloc", type=malloc_spec,
+        help="the honest nodes' allocator (DILOCO_MALLOC, node/allocator.py): 'glibc' leaves "
+        "glibc's defaults, 'arena_max=2,trim_period_s=0' sets some; default: the node's own",
+    )  # fmt: skip
     return parser
+
+
+def malloc_spec(value: str) -> str:
+    try:
+        parse_spec(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -381,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
         rounds=args.rounds, pace_s=args.pace, sybils=args.sybils, settle_s=args.settle,
         allow_keys=args.allow_keys, events_dir=args.events_dir,
     )  # fmt: skip
+    if args.malloc is not None:  # every node the bench starts reads it (node.allocator)
+        os.environ[SPEC_ENV] = args.malloc
     with_newcomer = any(c in NEWCOMER_CLASSES for c in args.classes)
     with tempfile.TemporaryDirectory(prefix="diloco-attack-") as tmp:
         work = Path(tmp)
@@ -423,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": args.repeats,
         "pace_s": args.pace,
         "allow_keys": args.allow_keys,
+        "malloc": args.malloc,
     }
     print(f"clean runs' spread (noise floor): {summary['clean_spread']}", flush=True)
     print(f"classes failing a target: {failed or 'none'}", flush=True)

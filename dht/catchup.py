@@ -10,6 +10,7 @@ the caller); it is wanted again if a holder shows up later.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Container, Iterable, KeysView, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -21,6 +22,9 @@ Ranges = dict[str, list[tuple[int, int]]]
 """Per author, sorted disjoint inclusive seq ranges: {"alice": [(1, 4), (7, 7)]}."""
 MAX_SUMMARY_AUTHORS = 1024
 MAX_RANGES_PER_AUTHOR = 4096
+SMALL_RANGE = 64
+"""A holder record's range shorter than this is walked seq by seq; a longer one through the
+author's wanted seqs."""
 
 
 class AppliedSet(Protocol):
@@ -173,6 +177,21 @@ class CatchUp:
     def holders(self, author: str, seq: int, peer_ids: Iterable[str], now: float) -> None:
         """Peers that hold (author, seq), from a holder record."""
         self._want((author, seq), peer_ids, now, None, create=False)
+
+    def held(self, author: str, holder: str, ranges: Iterable[tuple[int, int]], now: float) -> None:
+        """`holder` retains `author`'s updates in `ranges` (its holder record): a source of
+        those this node wants. Walks the ranges' wanted seqs, never the ranges' seqs: a record
+        may name [1, 2^53] (at most dht.messages.MAX_HOLDER_RANGES ranges)."""
+        wanted: list[int] | None = None
+        for lo, hi in ranges:
+            if hi - lo < SMALL_RANGE:
+                seqs: Iterable[int] = range(lo, hi + 1)
+            else:
+                if wanted is None:
+                    wanted = sorted(seq for a, seq in self._wants if a == author)
+                seqs = wanted[bisect_left(wanted, lo) : bisect_right(wanted, hi)]
+            for seq in seqs:
+                self._want((author, seq), [holder], now, None, create=False)
 
     def summary(self, peer_id: str, applied: Ranges, retained: Ranges, now: float) -> Learned:
         """A peer's applied and retained ranges (walked id by id: dht.summary_bounds bounds

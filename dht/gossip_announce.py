@@ -16,6 +16,7 @@ from dht.membership import SeenSet
 from dht.messages import (
     MessageError,
     announcement_subkey,
+    holder_ranges,
     holder_subkey,
     parse_announced_seq,
     parse_holder,
@@ -31,6 +32,9 @@ MAX_LOOKUPS_PER_POLL = 8
 """Announcement lookups started per membership poll."""
 MAX_ANNOUNCEMENTS_PER_LOOKUP = 64
 """Announced headers of one author whose signatures one lookup checks (lowest unknown seqs)."""
+HOLDER_WRITE_PERIOD_S = 1.0
+"""Least time between two writes of this node's holder record of one author: an author
+publishing fast (a flood) costs one DHT store a second, not one per update."""
 
 
 class Announcements:
@@ -45,6 +49,8 @@ class Announcements:
         self._looked_up: dict[str, int] = {}
         """Per author, the highest announced seq a lookup was started for."""
         self._bad_records = SeenSet(4096)
+        self._holder_writes: dict[str, bool] = {}
+        """Authors whose holder record is being written: True when it must be written again."""
 
     # ---- this node's updates ----------------------------------------------------------------
 
@@ -72,12 +78,39 @@ class Announcements:
         # Off the loop: beyond the memory budget this writes to disk.
         await asyncio.to_thread(ctx.retained.put, (author, seq), update.to_bytes())
         if announce_holder and not ctx.config.client_mode:
-            # In the background: a DHT store can wait seconds on an unresponsive member,
-            # and the next update must not wait for it.
-            key = f"{ctx.config.prefix}/holders/{author}"
-            ttl = ctx.config.retention_ttl_s
-            subkey = holder_subkey(ctx.peer_id, seq)
-            ctx.network.spawn(ctx.network.dht_store(key, subkey, True, ttl))
+            self._announce_holder(author)
+
+    def _announce_holder(self, author: str) -> None:
+        """Rewrite this node's one subkey of `author`'s holder record (dht.messages.HolderRecord)
+        in the background: a DHT store can wait seconds on an unresponsive member, and the next
+        update must not wait for it. One write per author at a time, at most one every
+        HOLDER_WRITE_PERIOD_S; what was retained meanwhile goes into the next one."""
+        if author in self._holder_writes:
+            self._holder_writes[author] = True
+            return
+        self._holder_writes[author] = False
+        self._ctx.network.spawn(self._write_holder(author))
+
+    async def _write_holder(self, author: str) -> None:
+        ctx = self._ctx
+        key = f"{ctx.config.prefix}/holders/{author}"
+        try:
+            while True:
+                self._holder_writes[author] = False
+                started = time.monotonic()
+                seqs = ctx.retained.seqs(author)
+                if seqs:
+                    value = holder_ranges(seqs)
+                    await ctx.network.dht_store(
+                        key, holder_subkey(ctx.peer_id), value, ctx.config.retention_ttl_s
+                    )
+                if not self._holder_writes.get(author):
+                    return
+                await asyncio.sleep(HOLDER_WRITE_PERIOD_S - (time.monotonic() - started))
+        except Exception as exc:  # a failed store costs this record, never the node
+            logger.info("storing the holder record of %s failed: %s", author, exc)
+        finally:
+            self._holder_writes.pop(author, None)
 
     async def announced_seq(self, author: str) -> int:
         """The highest seq `author` announced that the DHT still holds (0 if none)."""
@@ -159,7 +192,7 @@ class Announcements:
             except MessageError as exc:
                 self._reject_record(f"holder_{exc.reason}", subkey, value, str(exc))
                 continue
-            ctx.catchup.holders(author, record.seq, [record.holder], now)
+            ctx.catchup.held(author, record.holder, record.ranges, now)
         ctx.kick()
 
     def _announced_seq(self, author: str, subkey: object, blob: object) -> int | None:

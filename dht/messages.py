@@ -12,6 +12,7 @@ tests/unit/test_messages.py).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -37,6 +38,7 @@ REASONS = ("malformed", "bad_signature", "too_large", "wrong_author")
 
 PeerId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[1-9A-HJ-NP-Za-km-z]+$")]
 Seq = Annotated[int, Field(ge=0, le=MAX_SEQ)]
+HeldSeq = Annotated[int, Field(ge=1, le=MAX_SEQ)]
 Hex64 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 
@@ -87,25 +89,68 @@ def parse_signed_header(
 # ---- DHT records --------------------------------------------------------------------------------
 
 
+MAX_HOLDER_RANGES = 16
+"""Seq ranges one holder record names (its newest): a node retains 16 updates per author by
+default (dht.swarm_config.retain_updates), so an honest record never needs more."""
+
+
 class HolderRecord(_Strict):
-    """`holders/AUTHOR` subkey "[owner:HOLDER]SEQ" -> true: HOLDER retains AUTHOR's update SEQ.
+    """`holders/AUTHOR` subkey "[owner:HOLDER]" -> [[lo, hi], ...]: HOLDER retains AUTHOR's
+    updates in those inclusive seq ranges (sorted, disjoint, at most MAX_HOLDER_RANGES).
 
-    Only HOLDER can write that subkey (dht.records.OwnerValidator): nobody can list another
-    peer as a holder, or erase its entry."""
+    One subkey per holder, rewritten as what it retains changes: the record holds one entry
+    per holder however many updates the author publishes. (One subkey per (holder, seq), as
+    before, grew to ~120 signed subkeys under a flood within the 60 s TTL, and hivemind checks
+    every subkey's signature on each store and get: 435 ms a store at 220 subkeys, in the DHT
+    process that heartbeat reads wait on.) The older form "[owner:HOLDER]SEQ" -> true is still
+    read, as the range (SEQ, SEQ). Only HOLDER can write its subkey
+    (dht.records.OwnerValidator): nobody can list another peer as a holder, or erase its entry.
+    """
 
-    seq: Annotated[int, Field(ge=1, le=MAX_SEQ)]
     holder: PeerId
+    ranges: Annotated[tuple[tuple[HeldSeq, HeldSeq], ...], Field(max_length=MAX_HOLDER_RANGES)]
 
 
-def holder_subkey(holder: str, seq: int) -> str:
-    return owner_subkey(holder, str(seq))
+def holder_subkey(holder: str) -> str:
+    return owner_subkey(holder)
+
+
+def holder_ranges(seqs: Iterable[int]) -> list[list[int]]:
+    """The holder record's value naming `seqs`: their newest MAX_HOLDER_RANGES ranges."""
+    ranges: list[list[int]] = []
+    for seq in sorted(set(seqs)):
+        if ranges and seq == ranges[-1][1] + 1:
+            ranges[-1][1] = seq
+        else:
+            ranges.append([seq, seq])
+    return ranges[-MAX_HOLDER_RANGES:]
 
 
 def parse_holder(subkey: object, value: object) -> HolderRecord:
+    holder = subkey_owner(subkey)
+    if holder is not None and subkey == holder_subkey(holder):
+        return _validated(HolderRecord, {"holder": holder, "ranges": _holder_ranges(value)})
     if value is not True:
-        raise MessageError("malformed", "holder records are '[owner:PEER_ID]SEQ' -> true")
-    holder, seq = _owned_seq(subkey)
-    return _validated(HolderRecord, {"seq": seq, "holder": holder})
+        raise MessageError("malformed", "holder records are '[owner:PEER_ID]' -> seq ranges")
+    holder, seq = _owned_seq(subkey)  # the older form, one seq a subkey
+    return _validated(HolderRecord, {"holder": holder, "ranges": ((seq, seq),)})
+
+
+def _holder_ranges(value: object) -> tuple[tuple[int, int], ...]:
+    """Sorted, disjoint [lo, hi] pairs of ints (not bools), sized before they are walked."""
+    if not isinstance(value, list | tuple) or not 0 < len(value) <= MAX_HOLDER_RANGES:
+        raise MessageError("malformed", f"a holder record names 1 to {MAX_HOLDER_RANGES} ranges")
+    ranges: list[tuple[int, int]] = []
+    for pair in value:
+        if not isinstance(pair, list | tuple) or len(pair) != 2:
+            raise MessageError("malformed", "a holder record's range is [lo, hi]")
+        lo, hi = pair
+        if not all(type(end) is int for end in (lo, hi)) or not 1 <= lo <= hi <= MAX_SEQ:
+            raise MessageError("malformed", "a holder record's range is out of bounds")
+        if ranges and lo <= ranges[-1][1]:
+            raise MessageError("malformed", "a holder record's ranges are not sorted and disjoint")
+        ranges.append((lo, hi))
+    return tuple(ranges)
 
 
 def announcement_subkey(author: str, seq: int) -> str:

@@ -80,6 +80,11 @@ class RetainedUpdates:
         with self._lock:
             return [*self._memory, *self._on_disk]
 
+    def seqs(self, author: str) -> list[int]:
+        """The seqs of `author` retained, ascending (what this node's holder record names)."""
+        with self._lock:
+            return list(self._by_author.get(author, ()))
+
     def __contains__(self, uid: object) -> bool:
         with self._lock:
             return uid in self._memory or uid in self._on_disk

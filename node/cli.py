@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shlex
 import sys
 import threading
@@ -15,6 +16,7 @@ from typing import NoReturn
 from dht.addresses import parse_peer_maddr
 from dht.swarm_config import SwarmError
 from merge.identity import Identity
+from node.allocator import Allocator, bounded_allocator
 from node.app import build_events
 from node.config import DEFAULT_IDENTITY, JoinConfig, add_config_arguments, config_from_args
 from node.dashboard_seam import StandaloneConfig, serve_dashboard
@@ -225,17 +227,24 @@ def bootstrap_identity(flag: str | None) -> tuple[Path, ResourceLock]:
 
 
 def run_join(args: argparse.Namespace) -> int:
+    with bounded_allocator(os.environ) as allocator:  # before the node's threads exist
+        return join(args, allocator)
+
+
+def join(args: argparse.Namespace, allocator: Allocator) -> int:
     args = with_swarm_run(args)
     config = config_from_args(JoinConfig, args)
     if config.nproc_per_node > 1 or torchrun_rank() is not None:
         return run_multiprocess_join(config, args.argv)
     configure_logging(config.log_level, config.log_format)
     events = build_events(config)
+    events.emit("allocator", **allocator.fields())
     try:
         node = Node(config, events)
         with stop_on_signals(node.request_stop, node.request_finish):
             node.run()
     finally:
+        events.emit("allocator_trims", **allocator.trims.fields())
         events.close()
     return 0
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -123,6 +125,30 @@ def test_a_holder_showing_up_later_recovers_a_lost_update() -> None:
     catchup.summary("c", {}, {"a": [(1, 1)]}, 20.0)  # a live peer says it holds it now
     assert [f.peer_id for f in catchup.next_fetches(20.0, {"c"})] == ["c"]
     assert catchup.lost == set() and catchup.num_recovered == 1
+
+
+def test_a_holder_record_names_a_source_of_the_wanted_updates_in_its_ranges() -> None:
+    """The author (its only source) is gone: the holder's record makes its wanted updates in
+    the ranges fetchable from the holder; none outside them, none not wanted, none lost."""
+    catchup = CatchUp(CONFIG, "b", SimNode("b"))
+    for seq in (2, 3, 5, 9):
+        catchup.announced("a", seq, None, 0.0)
+    catchup.announced("x", 3, None, 0.0)
+    catchup.held("a", "c", [(1, 3), (9, 2**53)], 1.0)
+    fetches = catchup.next_fetches(1.0, {"c"})
+    assert [(f.update_id, f.peer_id) for f in fetches] == [
+        (("a", 2), "c"), (("a", 3), "c"), (("a", 9), "c"),
+    ]  # fmt: skip
+    assert catchup.num_wanted == 5, "a holder record wants nothing by itself"
+
+
+def test_a_holder_record_naming_2_to_the_53_seqs_costs_the_wants_not_the_range() -> None:
+    catchup = CatchUp(CONFIG, "b", SimNode("b"))
+    catchup.announced("a", 10**12, None, 0.0)
+    started = time.perf_counter()
+    catchup.held("a", "c", [(s, s + 2**40) for s in range(1, 16 * 2**41, 2**41)], 1.0)
+    assert time.perf_counter() - started < 0.05
+    assert [f.peer_id for f in catchup.next_fetches(1.0, {"c"})] == ["c"]
 
 
 def test_lost_updates_are_remembered_up_to_max_lost_the_oldest_forgotten_first() -> None:

@@ -11,12 +11,16 @@ import json
 
 import pytest
 import torch
+from hivemind.utils import MSGPackSerializer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dht.messages import (
+    MAX_HOLDER_RANGES,
+    MAX_SEQ,
     MessageError,
     announcement_subkey,
+    holder_ranges,
     holder_subkey,
     parse_announced_seq,
     parse_holder,
@@ -24,6 +28,7 @@ from dht.messages import (
     parse_signed_header,
     parse_state_manifest,
 )
+from dht.records import MAX_VALUE_BYTES
 from merge.codecs import CODECS, CodecError, get_codec
 from merge.envelope import EnvelopeError, SignedUpdate
 from merge.identity import Identity
@@ -109,28 +114,65 @@ def test_an_unknown_codec_is_a_codec_error() -> None:
         get_codec("int3")
 
 
+_RANGE_ENDS = st.integers(min_value=-2, max_value=2**54) | st.booleans() | st.text(max_size=3)
+
+
 @FAST
 @given(
     st.text(max_size=200)
     | st.integers()
     | st.none()
-    | st.builds(lambda s: f"[owner:{ALICE.peer_id}]{s}", st.text(max_size=30)),
-    st.booleans() | st.text(max_size=5),
+    | st.builds(lambda s: f"[owner:{ALICE.peer_id}]{s}", st.text(max_size=30))
+    | st.just(holder_subkey(ALICE.peer_id)),
+    st.booleans()
+    | st.text(max_size=5)
+    | st.lists(
+        st.lists(_RANGE_ENDS, max_size=3) | st.tuples(_RANGE_ENDS, _RANGE_ENDS), max_size=20
+    ),
 )
 def test_holder_records_raise_only_message_errors(subkey: object, value: object) -> None:
     try:
         record = parse_holder(subkey, value)
     except MessageError:
         return
-    assert record.seq >= 1 and record.holder == ALICE.peer_id
+    assert record.holder == ALICE.peer_id and 1 <= len(record.ranges) <= MAX_HOLDER_RANGES
+    ends = [end for pair in record.ranges for end in pair]
+    assert ends == sorted(ends) and ends[0] >= 1 and ends[-1] <= MAX_SEQ
+    assert all(lo <= hi for lo, hi in record.ranges)
 
 
 def test_a_holder_record_names_its_owner_as_the_holder() -> None:
-    record = parse_holder(holder_subkey(ALICE.peer_id, 7), True)
-    assert (record.seq, record.holder) == (7, ALICE.peer_id)
+    record = parse_holder(holder_subkey(ALICE.peer_id), [[3, 5], [7, 7]])
+    assert (record.holder, record.ranges) == (ALICE.peer_id, ((3, 5), (7, 7)))
+    older = parse_holder(f"[owner:{ALICE.peer_id}]7", True)  # one seq a subkey, still read
+    assert (older.holder, older.ranges) == (ALICE.peer_id, ((7, 7),))
+    subkey = holder_subkey(ALICE.peer_id)
     for junk in (f"7:{ALICE.peer_id}", 7, f"[owner:{ALICE.peer_id}]x", f"[owner:{ALICE.peer_id}]0"):
         with pytest.raises(MessageError, match="malformed"):
             parse_holder(junk, True)
+    for value in (True, [], [[5, 3]], [[1, 4], [4, 6]], [[2, 2], [1, 1]], [[True, 2]], [[0, 1]]):
+        with pytest.raises(MessageError, match="malformed"):
+            parse_holder(subkey, value)
+    with pytest.raises(MessageError, match="malformed"):
+        parse_holder(subkey, [[2 * s, 2 * s] for s in range(1, MAX_HOLDER_RANGES + 2)])
+
+
+@FAST
+@given(st.sets(st.integers(min_value=1, max_value=10_000), max_size=500))
+def test_a_holder_names_its_newest_retained_seqs_in_one_bounded_value(seqs: set[int]) -> None:
+    """However many updates of one author a node retains (a flood), its holder record is one
+    subkey whose value names their newest ranges, reads back as it was written, and fits a
+    DHT value: the record grows with holders, never with updates."""
+    value = holder_ranges(seqs)
+    assert len(value) <= MAX_HOLDER_RANGES
+    assert len(MSGPackSerializer.dumps(value)) <= MAX_VALUE_BYTES // 32
+    if not seqs:
+        assert value == []
+        return
+    record = parse_holder(holder_subkey(ALICE.peer_id), value)
+    named = {seq for lo, hi in record.ranges for seq in range(lo, hi + 1)}
+    assert named <= seqs and max(seqs) in named
+    assert all(seq in named for seq in seqs if seq >= record.ranges[0][0]), "newest, no gaps"
 
 
 def test_an_announcement_subkey_must_belong_to_its_author() -> None:
