@@ -10,8 +10,9 @@ before the node's threads exist, this sets (AllocatorConfig; what a run measured
 docs/bench-attack.md):
 
 - M_ARENA_MAX: a few arenas, shared by every thread;
-- M_MMAP_THRESHOLD: buffers this large and above are mmapped and unmapped on free (a fixed
-  value also turns the dynamic threshold off);
+- M_MMAP_THRESHOLD (off by default: it slows CPU training, see AllocatorConfig): buffers this
+  large and above are mmapped and unmapped on free (a fixed value also turns the dynamic
+  threshold off);
 - malloc_trim(0) on a daemon thread every `trim_period_s`: free pages inside the arenas go
   back to the system.
 
@@ -49,9 +50,11 @@ GLIBC_ENV = {
 class AllocatorConfig:
     arena_max: int | None = 2
     """Arenas every thread shares (glibc's default: 8 per core); None leaves glibc's."""
-    mmap_threshold_bytes: int | None = 512 << 10
-    """Allocations this large and above are mmapped, and unmapped when freed; None leaves
-    glibc's dynamic threshold."""
+    mmap_threshold_bytes: int | None = None
+    """Allocations this large and above are mmapped, and unmapped when freed; None (the
+    default) leaves glibc's dynamic threshold: a fixed 512 KiB one cost 14-26 % of `small`'s
+    CPU training throughput (activations mmapped and faulted in at every step; lead, session
+    9, 4 pairs side by side), so it is for a comparison (DILOCO_MALLOC) only."""
     trim_period_s: float | None = 10.0
     """Seconds between two malloc_trim(0) calls; None: never."""
 

@@ -50,8 +50,11 @@ def child(spec: str) -> dict[str, object]:
 
 @ON_GLIBC
 def test_it_applies_on_this_machine_and_megabyte_buffers_are_mmapped() -> None:
-    bounded = child("trim_period_s=0.05")
-    assert bounded["libc"], "glibc is reported"
+    default = child("trim_period_s=0.05")
+    assert default["libc"], "glibc is reported"
+    assert default["applied"] == {"arena_max": 2, "trim_period_s": 0.05}
+    assert default["num_trims"] >= 1 and default["skipped"] is None
+    bounded = child(f"trim_period_s=0.05,mmap_threshold_bytes={512 << 10}")
     assert bounded["applied"] == {
         "arena_max": 2, "mmap_threshold_bytes": 512 << 10, "trim_period_s": 0.05,
     }  # fmt: skip
