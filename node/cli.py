@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import shlex
 import sys
 import threading
 from collections.abc import Sequence
@@ -28,7 +27,7 @@ from node.multigpu import run_multiprocess_join
 from node.ranks import torchrun_rank
 from node.run_choice import SwarmRun, choose_run, run_id_given, swarm_run
 from node.runtime import Node
-from node.settings_cli import flag_value
+from node.settings_cli import check_command_given, flag_value
 from node.signals import stop_on_signals
 from node.status_args import DEFAULT_PAGE_SIZE, page_size
 
@@ -374,15 +373,6 @@ def run_keygen(args: argparse.Namespace) -> int:
     identity.save(path)
     print(f"wrote {path}\npeer id: {identity.peer_id}")
     return 0
-
-
-def check_command_given(parser: argparse.ArgumentParser, argv: list[str]) -> None:
-    """A flag before any subcommand (`diloco-node --model tiny`): suggest `join` with it."""
-    if not argv:
-        parser.error("say what to do, e.g. 'diloco-node join' to train (see --help)")
-    if argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
-        suggestion = shlex.join(["diloco-node", "join", *argv])
-        parser.error(f"options such as {argv[0]} follow a subcommand: did you mean '{suggestion}'?")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

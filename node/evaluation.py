@@ -16,6 +16,9 @@ from torch.nn.utils import vector_to_parameters
 
 from node.learner import validation_loss
 
+EVALUATION_WAIT_S = 60.0
+"""How long a stopping node waits for an evaluation still running beside training."""
+
 logger = logging.getLogger(__name__)
 
 Batches = list[tuple[torch.Tensor, torch.Tensor]]

@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import functools
 import math
+import shlex
 from collections.abc import Mapping
 from typing import Annotated, Any, TypeVar, cast, get_args, get_origin
 
@@ -215,3 +216,12 @@ def flag_value(args: argparse.Namespace, name: str) -> Any:
         if key.rsplit(".", 1)[-1] == name:
             return value
     return None
+
+
+def check_command_given(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """A flag before any subcommand (`diloco-node --model tiny`): suggest `join` with it."""
+    if not argv:
+        parser.error("say what to do, e.g. 'diloco-node join' to train (see --help)")
+    if argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
+        suggestion = shlex.join(["diloco-node", "join", *argv])
+        parser.error(f"options such as {argv[0]} follow a subcommand: did you mean '{suggestion}'?")

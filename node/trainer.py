@@ -19,7 +19,7 @@ import torch
 from merge.pipeline import MergeResult
 from merge.replica import Replica
 from node.config import JoinConfig
-from node.evaluation import BackgroundEvaluation, EvaluationSchedule, LatestLoss
+from node.evaluation import EVALUATION_WAIT_S, BackgroundEvaluation, EvaluationSchedule, LatestLoss
 from node.learner import Learner, RoundStats, StepStats
 from node.persistence import Persistence
 from node.progress import (
@@ -35,9 +35,6 @@ from node.round_size import PeerRate, RoundSizer
 from node.stats import NodeStats
 from node.swarm_link import SwarmLink
 from node.telemetry import RoundReport, RoundTimings, Telemetry
-
-EVALUATION_WAIT_S = 60.0
-"""How long a stopping node waits for an evaluation still running beside training."""
 
 
 class Trainer:
@@ -58,10 +55,9 @@ class Trainer:
         round_sizer: RoundSizer,
         stats: NodeStats,
     ) -> None:
-        self.config, self.learner, self.replica = config, learner, replica
+        self.config, self.learner, self.replica, self.stats = config, learner, replica, stats
         self.val_batches, self.publishing, self.persistence = val_batches, publishing, persistence
         self.telemetry, self.swarm, self.round_sizer = telemetry, swarm, round_sizer
-        self.stats = stats
         self.stop = threading.Event()
         self.finish = threading.Event()
         """Set: no round starts any more, as at --max-rounds (SIGUSR1, node.signals)."""
