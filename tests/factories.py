@@ -15,6 +15,7 @@ import torch
 from merge.codecs import get_codec
 from merge.envelope import SignedUpdate, seal
 from merge.identity import Identity
+from merge.pipeline import UpdatePipeline
 
 FINGERPRINT = hashlib.sha256(b"run").hexdigest()
 """The model fingerprint of the tests' run (any 64 hex digits would do)."""
@@ -70,3 +71,20 @@ def sealed_update(
         codec=codec, numel=numel, payload=payload, created_at=created_at, learners=learners,
         fragment=fragment, fragments=fragments, flush=flush,
     )  # fmt: skip
+
+
+Decisions = dict[tuple[str, int], tuple[float, int, str | None]]
+"""What a replica decided about each update it applied: (author, seq) -> weight, learners,
+robust verdict."""
+
+
+def submit_in_order(
+    pipeline: UpdatePipeline, updates: Sequence[SignedUpdate], order: Sequence[int]
+) -> Decisions:
+    """Feed `updates` to `pipeline` in `order`, each one applied, and what it decided."""
+    decided: Decisions = {}
+    for i in order:
+        r = pipeline.submit(updates[i])
+        assert r.accepted, r.reason
+        decided[(r.author, r.seq)] = (r.weight, r.learners, r.robust)
+    return decided

@@ -25,7 +25,7 @@ from merge.outer import OuterConfig, make_outer_optimizer
 from merge.pipeline import MergeConfig, UpdatePipeline
 from merge.replica import Replica
 from merge.weighting import TokenWeightConfig
-from tests.factories import sealed_update
+from tests.factories import Decisions, sealed_update, submit_in_order
 
 FINGERPRINT = hashlib.sha256(b"arrival-order").hexdigest()
 AUTHORS = [Identity.from_private_bytes(hashlib.sha256(b"author %d" % i).digest()) for i in range(5)]
@@ -83,20 +83,12 @@ def arrival(rng: random.Random, updates: list[SignedUpdate], mean_delay_s: float
     return sorted(range(len(updates)), key=lambda i: arrives[i])
 
 
-Decisions = dict[tuple[str, int], tuple[float, int, str | None]]
-
-
 def replay(updates: list[SignedUpdate], order: list[int]) -> tuple[UpdatePipeline, Decisions]:
     """A replica fed `updates` in `order`, and what it decided about each (all are applied)."""
     replica = Replica(torch.full((NUMEL,), 10.0), make_outer_optimizer(CONFIG.outer, NUMEL))
     pipeline = UpdatePipeline(replica, CONFIG, FINGERPRINT)
     pipeline.clock = lambda: T0 + 10 * END_S
-    decided: Decisions = {}
-    for i in order:
-        r = pipeline.submit(updates[i])
-        assert r.accepted, r.reason
-        decided[(r.author, r.seq)] = (r.weight, r.learners, r.robust)
-    return pipeline, decided
+    return pipeline, submit_in_order(pipeline, updates, order)
 
 
 @settings(max_examples=25, deadline=None)

@@ -31,7 +31,7 @@ from merge.outer import OuterConfig, make_outer_optimizer
 from merge.pipeline import MergeConfig, UpdatePipeline
 from merge.replica import Replica
 from merge.weighting import TokenWeightConfig
-from tests.factories import ALICE, sealed_update
+from tests.factories import ALICE, Decisions, sealed_update, submit_in_order
 
 FINGERPRINT = hashlib.sha256(b"flush").hexdigest()
 AUTHORS = [
@@ -259,21 +259,13 @@ def swarm(rng: random.Random, rounds: int, flushers: list[int]) -> list[SignedUp
     return updates
 
 
-Decisions = dict[tuple[str, int], tuple[float, int, str | None]]
-
-
 def replay(
     kind: str, updates: list[SignedUpdate], order: list[int]
 ) -> tuple[UpdatePipeline, Decisions]:
     replica = Replica(torch.full((NUMEL,), 10.0), make_outer_optimizer(config(kind).outer, NUMEL))
     pipeline = UpdatePipeline(replica, config(kind), FINGERPRINT)
     pipeline.clock = lambda: 5000.0
-    decided: Decisions = {}
-    for i in order:
-        r = pipeline.submit(updates[i])
-        assert r.accepted, r.reason
-        decided[(r.author, r.seq)] = (r.weight, r.learners, r.robust)
-    return pipeline, decided
+    return pipeline, submit_in_order(pipeline, updates, order)
 
 
 @settings(max_examples=25, deadline=None)
