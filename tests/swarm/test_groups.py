@@ -17,8 +17,8 @@ import torch
 
 from dht.grouping import peer_bits
 from merge.identity import Identity
-from node.checkpoint import read_checkpoint
 from tests.swarm.conftest import NodeProcess
+from tests.swarm.replicas import saved_replica, settled_params
 from tests.timeouts import EXIT_S, START_S, covering
 
 pytestmark = pytest.mark.swarm
@@ -100,16 +100,10 @@ def test_two_groups_lose_a_member_each_and_the_live_replicas_end_as_one(
 
     for node in nodes[:4]:
         assert node.wait_exit(RUN_S) == 0, node.stderr_tail()
-    replicas = [_replica(tmp_path / "homes" / f"node{i}") for i in range(4)]
-    applied = replicas[0]["applied"]
+    replicas = [saved_replica(tmp_path / "homes" / f"node{i}") for i in range(4)]
+    applied, settled = replicas[0]["applied"], settled_params(replicas[0])
     assert {first[0]["group_key"], first[1]["group_key"]} <= set(applied)
     for replica in replicas[1:]:
         assert replica["applied"] == applied
-        assert torch.allclose(replica["params"], replicas[0]["params"], atol=1e-6)
-
-
-def _replica(home: Path) -> dict:
-    (directory,) = {p.parent for p in (home / ".diloco").rglob("checkpoint.json")}
-    state = read_checkpoint(directory)
-    assert state is not None
-    return state["replica"]
+        # One settled point (the raw params differ by the momentum tail of other orders).
+        assert torch.allclose(settled_params(replica), settled, atol=1e-5)

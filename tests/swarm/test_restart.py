@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from node.checkpoint import read_checkpoint
 from node.persistence import PARTIAL_SAVE_S
 from tests.swarm.conftest import NodeProcess
+from tests.swarm.replicas import saved_replica, settled_params
 from tests.timeouts import covering
 
 pytestmark = pytest.mark.swarm
@@ -84,13 +84,8 @@ def test_a_restarted_node_trains_first_catches_up_beside_and_ends_with_its_peers
     assert restarted.wait_exit(ROUND_S) == 0
     peer.stop()
 
-    mine, theirs = (_replica(tmp_path / "homes" / name) for name in ("node", "peer"))
+    mine, theirs = (saved_replica(tmp_path / "homes" / name) for name in ("node", "peer"))
     assert mine["applied"] == theirs["applied"]
-    assert torch.allclose(mine["params"], theirs["params"], atol=1e-5)
-
-
-def _replica(home: Path) -> dict:
-    (directory,) = {p.parent for p in (home / ".diloco").rglob("checkpoint.json")}
-    state = read_checkpoint(directory)
-    assert state is not None
-    return state["replica"]
+    # Same applied set, so the same settled point (the raw params differ by the momentum
+    # tail whenever the two applied updates in other orders).
+    assert torch.allclose(settled_params(mine), settled_params(theirs), atol=1e-5)
