@@ -1,22 +1,27 @@
 """Hostile peers against honest nodes: what each attack class costs the swarm.
 
 `python -m bench.attack` runs two honest nodes (tiny model, fixed seed, --rounds rounds, inner
-steps paced by --pace, at most 1024 open files each) several times: --repeats clean runs,
-then --repeats runs per attack class, each beside bench.adversary (a participant that speaks
-the real protocol) running that one class while the honest nodes train. The patient classes
-of issue 20 (zero_flood, summary_flood, sideways, sybil_learners) keep on until the honest
-nodes reach their last round. Classes that need a newcomer (poisoned_state, sybil_vouchers)
-get one at round --rounds/2 (or when the poisoner is ready, if later); so do --repeats clean
-runs they are compared with.
+steps paced by --pace, at most 1024 open files each) several times: --repeats clean runs and
+--repeats runs per attack class, each beside bench.adversary (a participant that speaks the
+real protocol) running that one class while the honest nodes train. Runs are interleaved
+(repeat i: the clean run, then each class once), so a change of load on the machine falls on
+clean and attacked runs alike, and every run gives each honest node the same key, made once
+per invocation: a node's data order is seeded by its peer id, so clean and attacked runs
+train on the same batches. The patient classes of issue 20 (zero_flood, summary_flood,
+sideways, sybil_learners) keep on until the honest nodes reach their last round. Classes that
+need a newcomer (poisoned_state, sybil_vouchers) get one at round --rounds/2 (or when the
+poisoner is ready, if later); so do --repeats clean runs they are compared with (and only
+those when every class has a newcomer).
 
 Per class, one block of lines, then a final JSON line:
-{"rows": [{class, loss_ratio_mean, loss_ratios, rss_growth_mb, max_open_files, tracebacks,
-counted, crashed, errors, ...}], "passed": bool, "failed": [classes], ...}.
+{"rows": [{class, loss_ratio_mean, loss_ratios, paired_ratios, rss_growth_mb, max_open_files,
+tracebacks, counted, crashed, errors, ...}], "passed": bool, "failed": [classes], ...}.
 A run's loss ratio is its worse honest node's final val loss over that node's mean over the
-clean runs (and the newcomer's worst round over the clean newcomers', where one joined); a
-class passes (bench.attack_rows) when the mean over its runs is within 5 %, no honest node
-crashed or logged a traceback, its peak RSS stayed within 60 MB of its mean peak in the clean
-runs and open files under 512. With --allow-keys the honest nodes run a permissioned swarm
+clean runs (and the newcomer's worst round over the clean newcomers', where one joined;
+paired_ratios, shown only: against the clean run of the same repeat alone); a class passes
+(bench.attack_rows) when the mean over its runs is within 5 %, no honest node crashed or
+logged a traceback, its peak RSS stayed within 60 MB of its mean peak in the clean runs and
+open files under 512. With --allow-keys the honest nodes run a permissioned swarm
 (the adversary's keys are not listed) and each class must also be refused at the first
 message: nothing of a stranger fetched, merged or loaded.
 
@@ -48,6 +53,7 @@ from bench.attack_rows import (
     clean_peaks,
     format_row,
     newcomer_mean,
+    paired_ratios,
 )
 from bench.procs import ChildProcess, WaitError, node_process, python_module, reap_all, save_events
 from bench.sampling import BackgroundSampler, open_files, rss_bytes
@@ -122,6 +128,7 @@ class Swarm:
 
     workdir: Path
     honest_args: list[str]
+    keys: dict[str, Path]
     allow_file: Path | None
     honest: list[ChildProcess] = field(default_factory=list)
     children: list[ChildProcess] = field(default_factory=list)
@@ -130,9 +137,9 @@ class Swarm:
 
     def launch(self, name: str, *extra: str) -> ChildProcess:
         home = self.workdir / name
-        identity = []
+        identity = ["--identity", str(self.keys[name])]
         if self.allow_file is not None:
-            identity = ["--identity", str(home / "id.key"), "--allow-keys", str(self.allow_file)]
+            identity += ["--allow-keys", str(self.allow_file)]
         node = node_process(
             name, *self.honest_args, *identity, *extra, home=home, max_open_files=MAX_OPEN_FILES
         )
@@ -150,14 +157,24 @@ class Swarm:
         return next((n for n in self.honest if n.name == "newcomer"), None)
 
 
-def permissioned(workdir: Path) -> Path:
-    """Keys for honest0, honest1 and the newcomer, and an allow list naming them only."""
-    ids = []
-    for name in ("honest0", "honest1", "newcomer"):
-        identity = Identity.generate()
-        (workdir / name).mkdir(parents=True, exist_ok=True)
-        identity.save(workdir / name / "id.key")
-        ids.append(identity.peer_id)
+HONEST_NAMES = ("honest0", "honest1", "newcomer")
+
+
+def honest_keys(folder: Path) -> dict[str, Path]:
+    """One key file per honest node name, made once per bench invocation and given to that
+    node in every run (--identity): a node's data order is seeded by its peer id
+    (node.builders: RUN_ID/PEER_ID), so clean and attacked runs see the same batches and their
+    ratio measures the adversary, not two different samples of the data."""
+    keys = {}
+    for name in HONEST_NAMES:
+        keys[name] = folder / f"{name}.key"
+        Identity.generate().save(keys[name])
+    return keys
+
+
+def permissioned(workdir: Path, keys: dict[str, Path]) -> Path:
+    """An allow list naming the honest nodes' keys only."""
+    ids = [Identity.load(keys[name]).peer_id for name in HONEST_NAMES]
     allow = workdir / "allow.toml"
     allow.write_text('"honest" = [' + ", ".join(f'"{p}"' for p in ids) + "]\n")
     return allow
@@ -171,6 +188,7 @@ class Settings:
     settle_s: float
     allow_keys: bool
     events_dir: Path | None
+    keys: dict[str, Path]
 
     @property
     def training_s(self) -> float:
@@ -188,8 +206,9 @@ def run_swarm(workdir: Path, settings: Settings, attack: str | None, newcomer: b
     honest_args = [*RUN, "--max-rounds", str(settings.rounds), "--linger", "900"]
     if settings.pace_s > 0:  # the same pace in every run: equal rounds, equal tokens
         honest_args += ["--emulated-step-s", str(settings.pace_s)]
-    allow = permissioned(workdir) if settings.allow_keys else None
-    swarm = Swarm(workdir, honest_args, allow)
+    workdir.mkdir(parents=True, exist_ok=True)
+    allow = permissioned(workdir, settings.keys) if settings.allow_keys else None
+    swarm = Swarm(workdir, honest_args, settings.keys, allow)
     sampler = Sampler(swarm.honest)
     try:
         with sampler:
@@ -392,38 +411,50 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.rounds < 4 or args.repeats < 1:
         build_parser().error("--rounds must be at least 4 and --repeats at least 1")
-    settings = Settings(
-        rounds=args.rounds, pace_s=args.pace, sybils=args.sybils, settle_s=args.settle,
-        allow_keys=args.allow_keys, events_dir=args.events_dir,
-    )  # fmt: skip
     if args.malloc is not None:  # every node the bench starts reads it (node.allocator)
         os.environ[SPEC_ENV] = args.malloc
     with_newcomer = any(c in NEWCOMER_CLASSES for c in args.classes)
     with tempfile.TemporaryDirectory(prefix="diloco-attack-") as tmp:
         work = Path(tmp)
+        (work / "keys").mkdir()
+        settings = Settings(
+            rounds=args.rounds, pace_s=args.pace, sybils=args.sybils, settle_s=args.settle,
+            allow_keys=args.allow_keys, events_dir=args.events_dir,
+            keys=honest_keys(work / "keys"),
+        )  # fmt: skip
 
         def run(name: str, attack: str | None, newcomer: bool) -> RunFigures:
             figures = run_swarm(work / name, settings, attack, newcomer)
+            load = os.getloadavg()[0]
             print(f"{name}: final val loss {figures.final_val}"
                   + (f", newcomer by round {figures.newcomer_curve}" if newcomer else "")
-                  + f" ({figures.seconds:.0f} s)", flush=True)  # fmt: skip
+                  + f" ({figures.seconds:.0f} s, load {load:.1f})", flush=True)  # fmt: skip
             return figures
 
-        cleans = [run(f"clean{i}", None, False) for i in range(args.repeats)]
-        cleans_newcomer = (
-            [run(f"clean-newcomer{i}", None, True) for i in range(args.repeats)]
-            if with_newcomer
-            else []
-        )
+        # Interleaved: repeat i runs the clean pair, then every class once, so a change of
+        # load on the machine falls on clean and attacked runs alike.
+        cleans: list[RunFigures] = []
+        cleans_newcomer: list[RunFigures] = []
+        attacked: dict[str, list[RunFigures]] = {c: [] for c in args.classes}
+        for i in range(args.repeats):
+            if any(c not in NEWCOMER_CLASSES for c in args.classes):
+                cleans.append(run(f"clean{i}", None, False))
+            if with_newcomer:
+                cleans_newcomer.append(run(f"clean-newcomer{i}", None, True))
+            for attack in args.classes:
+                newcomer = attack in NEWCOMER_CLASSES
+                attacked[attack].append(run(f"{attack}{i}", attack, newcomer))
         clean, clean_new = clean_means(cleans), clean_means(cleans_newcomer)
         rows = []
         for attack in args.classes:
             newcomer = attack in NEWCOMER_CLASSES
-            runs = [run(f"{attack}{i}", attack, newcomer) for i in range(args.repeats)]
+            runs = attacked[attack]
             base = clean_new if newcomer else clean
             base_newcomer = newcomer_mean(cleans_newcomer) if newcomer else None
-            peak = clean_peaks(cleans_newcomer if newcomer else cleans)
+            paired = cleans_newcomer if newcomer else cleans
+            peak = clean_peaks(paired)
             row = class_row(runs, base, base_newcomer, allow_keys=args.allow_keys, clean_peak=peak)
+            row["paired_ratios"] = paired_ratios(runs, paired)
             rows.append(row)
             print(format_row(rows[-1]), flush=True)
     failed = [r["class"] for r in rows if not r["passed"]]

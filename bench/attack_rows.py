@@ -120,6 +120,21 @@ def loss_ratio(
     return max(ratios) if ratios else None
 
 
+def paired_ratios(runs: list[RunFigures], cleans: list[RunFigures]) -> list[float | None]:
+    """Each attacked run's loss ratio against the clean run of the same repeat alone (run i
+    beside clean run i: same keys, same data order, neighbours in time, so under one load):
+    shown beside the ratios against the clean mean, which decide."""
+    ratios: list[float | None] = []
+    for run, base in zip(runs, cleans, strict=False):
+        clean = {n: v for n, v in base.final_val.items() if v is not None}
+        if len(clean) != len(base.final_val):
+            ratios.append(None)
+            continue
+        ratio = loss_ratio(run, clean, base.newcomer_curve or None)
+        ratios.append(None if ratio is None else round(ratio, 4))
+    return ratios
+
+
 def class_row(
     runs: list[RunFigures],
     clean: dict[str, float],

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
-from bench.attack import parse_classes
+from bench.attack import honest_keys, parse_classes
 from bench.attack_rows import (
     RunFigures,
     class_row,
@@ -14,7 +15,9 @@ from bench.attack_rows import (
     clean_peaks,
     loss_ratio,
     newcomer_mean,
+    paired_ratios,
 )
+from merge.identity import Identity
 
 
 def run(attack: str | None, a: float | None, b: float | None, **figures: object) -> RunFigures:
@@ -96,3 +99,17 @@ def test_rss_growth_is_over_the_same_node_s_clean_peak() -> None:
     flooded = run("summary_flood", 3.2, 3.1, peak_rss_mb={"honest0": 530.0, "honest1": 600.0})
     row = class_row([flooded], CLEAN, None, allow_keys=False, clean_peak=clean_peaks(cleans))
     assert row["rss_growth_mb"] == 80.0 and row["failed"] == ["RSS +80 MB"]
+
+
+def test_paired_ratios_read_each_run_against_the_clean_run_of_its_repeat() -> None:
+    cleans = [run(None, 3.0, 3.2), run(None, 3.4, 3.0)]
+    attacked = [run("x", 3.3, 3.2), run("x", 3.4, 3.3)]
+    assert paired_ratios(attacked, cleans) == [1.1, 1.1]
+    assert paired_ratios([run("x", 3.3, 3.2)], [run(None, 3.0, None)]) == [None]
+
+
+def test_every_run_gives_a_node_the_same_key_so_the_same_data_order(tmp_path: Path) -> None:
+    keys = honest_keys(tmp_path)
+    ids = {name: Identity.load(path).peer_id for name, path in keys.items()}
+    assert sorted(ids) == ["honest0", "honest1", "newcomer"]
+    assert len(set(ids.values())) == 3
