@@ -338,3 +338,35 @@ def test_founders_keep_their_own_budgets_and_a_key_of_zeros_from_the_start_is_po
     assert ledger.in_cohort("zeros")
     round_robin(ledger, 8)
     assert flood(ledger, "newcomer", 1) == 1.0 and ledger.in_cohort("newcomer")
+
+
+@settings(max_examples=60, deadline=None)
+@given(before=st.integers(1, 120), cut_off=st.integers(1, 60))
+def test_a_home_cut_off_from_its_only_peer_keeps_a_burst_and_its_peer_s_late_updates_restore_both(
+    before: int, cut_off: int
+) -> None:
+    """Two learners (M = 2); bob is cut off (a relay failover) for `cut_off` of alice's
+    updates, then his `cut_off` updates of that time arrive late. alice's clock is the others'
+    progress, which stops while only she is applied: her first 7 updates of the cut keep their
+    whole share (7 in the swarm's first rounds, up to 24 once she is trusted: the burst room
+    below her cap), later ones are cut to nothing in every replica that applies them before
+    bob's (CI's "over its budget; 0 of it counts" at a home whose peer was unreachable for
+    more updates than that; alone_after_s, 3x the clock skew, is far longer than a failover).
+    A limit of the budget, not a lasting penalty: once bob's updates are applied, both keep
+    whole shares again."""
+    swarm = Clocked()
+    for _ in range(before):
+        swarm.now += 30.0
+        assert [swarm.publish("alice", 2), swarm.publish("bob", 2)] == [1.0, 1.0]
+    cut_at = swarm.now
+    during = []
+    for _ in range(cut_off):
+        swarm.now += 30.0
+        during.append(swarm.publish("alice", 2))
+    assert during[:7] == [1.0] * min(7, cut_off)
+    for i in range(cut_off):  # bob's, signed during the cut, applied after it
+        allowance = swarm.ledger.allowance("bob", 2, cut_at + 30.0 * i)
+        swarm.ledger.applied("bob", 2, allowance, cut_at + 30.0 * i)
+    for _ in range(3):
+        swarm.now += 30.0
+        assert [swarm.publish("alice", 2), swarm.publish("bob", 2)] == [1.0, 1.0]
