@@ -37,6 +37,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -137,7 +138,11 @@ class Swarm:
 
     def launch(self, name: str, *extra: str) -> ChildProcess:
         home = self.workdir / name
-        identity = ["--identity", str(self.keys[name])]
+        home.mkdir(parents=True, exist_ok=True)
+        # A copy per run: the node keeps its seq ledger beside its key, so each run's seqs
+        # start at 1 as with a fresh key.
+        key = Path(shutil.copy(self.keys[name], home / "id.key"))
+        identity = ["--identity", str(key)]
         if self.allow_file is not None:
             identity += ["--allow-keys", str(self.allow_file)]
         node = node_process(
@@ -162,9 +167,9 @@ HONEST_NAMES = ("honest0", "honest1", "newcomer")
 
 def honest_keys(folder: Path) -> dict[str, Path]:
     """One key file per honest node name, made once per bench invocation and given to that
-    node in every run (--identity): a node's data order is seeded by its peer id
-    (node.builders: RUN_ID/PEER_ID), so clean and attacked runs see the same batches and their
-    ratio measures the adversary, not two different samples of the data."""
+    node in every run (--identity, a copy in the run's home): a node's data order is seeded
+    by its peer id (node.builders: RUN_ID/PEER_ID), so clean and attacked runs see the same
+    batches and their ratio measures the adversary, not two different samples of the data."""
     keys = {}
     for name in HONEST_NAMES:
         keys[name] = folder / f"{name}.key"
