@@ -30,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.bytecode import compile_packages
 from bench.procs import ChildProcess, Event, cli_flags, node_process, reap_all
 from node.persistence import PARTIAL_SAVE_S
 
@@ -90,6 +91,7 @@ def main() -> None:
     common = cli_flags(
         run_id="bench-restart", model=args.model, inner_steps=args.inner_steps, threads=1
     )
+    compile_packages()  # as installed: no node compiles its modules at each start
     children: list[ChildProcess] = []
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
