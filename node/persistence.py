@@ -37,8 +37,7 @@ PARTIAL_SAVE_S = 5.0
 loses at most the inner steps since, plus the write."""
 PARTIAL_SAVE_MIN_S = 1.0
 """...and as often as this when the save is cheap (node.save_cadence: the copy under 1 % of
-the training thread's time, the write's CPU under 5 % of the wall time and its wall time
-under half)."""
+the training thread's time, the write under 5 % of the wall time)."""
 
 
 class Persistence:
@@ -180,14 +179,13 @@ class Persistence:
     ) -> None:
         if after is not None:
             after.join()  # the one before first: generations land in the order copied
-        started, cpu = time.perf_counter(), time.thread_time()
+        started = time.perf_counter()
         try:
             self._write({**own, **self._shared_state()}, partial, copied_at, periodic=periodic)
         except Exception as exc:  # noqa: BLE001 - raised on the training thread, next save
             self._failed = exc
             return
-        # Its CPU competes with the steps; its fsyncs wait for the disk only.
-        self.cadence.observe_write(time.thread_time() - cpu, time.perf_counter() - started)
+        self.cadence.observe_write(time.perf_counter() - started)
         if not periodic:
             self.saved()
 

@@ -24,31 +24,21 @@ class SaveCadence:
     copy_share: float = 0.01
     """At most this share of the training thread's time goes to copying the state."""
     write_share: float = 0.05
-    """The background write's CPU (which the training thread's steps compete with) takes at
-    most this share of the wall time."""
-    disk_share: float = 0.5
-    """The background write's wall time (mostly waiting for fsync) at most this share."""
+    """The background write runs at most this share of the wall time (its CPU and disk)."""
     copy_s: float | None = None
     write_s: float | None = None
-    """The write's CPU seconds (its thread's), smoothed."""
-    disk_s: float | None = None
-    """The write's wall seconds, smoothed."""
 
     def __post_init__(self) -> None:
         if not 0 < self.min_s <= self.max_s or not math.isfinite(self.max_s):
             raise ValueError(f"save periods must be 0 < min <= max, got {self.min_s}, {self.max_s}")
-        shares = (self.copy_share, self.write_share, self.disk_share)
-        if not all(0 < share <= 1 for share in shares):
+        if not (0 < self.copy_share <= 1 and 0 < self.write_share <= 1):
             raise ValueError("save cost shares must be in (0, 1]")
 
     def observe_copy(self, seconds: float) -> None:
         self.copy_s = _smoothed(self.copy_s, seconds)
 
-    def observe_write(self, seconds: float, wall_s: float | None = None) -> None:
-        """The write's CPU seconds and, if measured, its wall seconds."""
+    def observe_write(self, seconds: float) -> None:
         self.write_s = _smoothed(self.write_s, seconds)
-        if wall_s is not None:
-            self.disk_s = _smoothed(self.disk_s, wall_s)
 
     @property
     def period_s(self) -> float:
@@ -56,7 +46,6 @@ class SaveCadence:
             self.min_s,
             (self.copy_s or 0.0) / self.copy_share,
             (self.write_s or 0.0) / self.write_share,
-            (self.disk_s or 0.0) / self.disk_share,
         )
         return min(self.max_s, needed)
 
