@@ -36,6 +36,7 @@ from pathlib import Path
 import pydantic.dataclasses
 
 from bench import netns
+from bench.bytecode import compile_packages
 from bench.chaos_accounting import Incarnation, Slot, account
 from bench.procs import ChildProcess, cli_flags, python_module, reap_all
 from node.config import add_config_arguments, config_from_args
@@ -366,6 +367,7 @@ def run_chaos(config: ChaosConfig) -> dict:
             Fault(f.at_s, f.node, "pause" if f.kind == "cut" else f.kind, f.duration_s)
             for f in schedule
         ]
+    compile_packages()  # as installed: no node compiles its modules at each start
     results = []
     with ExitStack() as stack:
         lab = stack.enter_context(netns.NetnsLab(config.nodes)) if use_netns else None

@@ -11,7 +11,8 @@ entered the swarm and checked its state, which it does beside training. `import_
 JSON: start_to_first_step_s, import_torch_s, their ratio, each phase's median seconds (a
 phase is the time since the previous phase's event), the phases beside training after the
 first step (hivemind, p2pd, the DHT, the state check) and partial_save_s (how often a round
-in progress is saved: a kill -9 loses half of it on average). With `--out FILE` it is also
+in progress is saved, the median gap between the live peer's background saves in this run,
+at most `PARTIAL_SAVE_S`: a kill -9 loses half of it on average). With `--out FILE` it is also
 written there; bench.goodput_sim takes its asynchronous rows' recovery from the committed
 bench/results/restart.json (`--out bench/results/restart.json` replaces it: do that only with
 figures worth citing) or from `--restart-figures FILE`.
@@ -30,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.bytecode import compile_packages
 from bench.procs import ChildProcess, Event, cli_flags, node_process, reap_all
 from node.persistence import PARTIAL_SAVE_S
 
@@ -90,6 +92,7 @@ def main() -> None:
     common = cli_flags(
         run_id="bench-restart", model=args.model, inner_steps=args.inner_steps, threads=1
     )
+    compile_packages()  # as installed: no node compiles its modules at each start
     children: list[ChildProcess] = []
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
@@ -118,6 +121,7 @@ def main() -> None:
                 child.stop()
         finally:
             reap_all(children)
+        save_s = partial_save_s(peer.events)
     totals = [sum(path.values()) for path, _ in runs]
     floor = statistics.median(floors)
     total = statistics.median(totals)
@@ -136,13 +140,26 @@ def main() -> None:
             "swarm_entered_after_first_step_s": round(
                 statistics.median(sum(beside.values()) for _, beside in runs), 3
             ),
-            "partial_save_s": PARTIAL_SAVE_S,
+            "partial_save_s": save_s,
+            "partial_save_max_s": PARTIAL_SAVE_S,
         }
     )
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(line + "\n")
     print(line)
+
+
+def partial_save_s(events: list[Event]) -> float:
+    """The median seconds between a node's background saves of its round in progress (their
+    copies, which a restart resumes); `PARTIAL_SAVE_S`, the bound, if fewer than two."""
+    copied = [
+        float(e["copied_at"])
+        for e in events
+        if e["event"] == "checkpoint_saved" and e.get("background") and "copied_at" in e
+    ]
+    gaps = [b - a for a, b in zip(copied, copied[1:], strict=False)]
+    return round(statistics.median(gaps), 3) if gaps else PARTIAL_SAVE_S
 
 
 def _medians(runs: list[dict[str, float]], names: tuple[str, ...]) -> dict[str, float]:
