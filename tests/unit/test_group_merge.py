@@ -42,15 +42,22 @@ def _pipeline() -> UpdatePipeline:
     return pipeline
 
 
-def _update(members: list[Identity], key: str = group_key(""), round_: int = 2) -> GroupUpdate:
-    fields = RoundFields(
-        run_id=RUN, group_key=key, epoch=0, round=round_, learners=2, base_applied=round_,
-        published_applied=round_,
-    )  # fmt: skip
+def _update(
+    members: list[Identity],
+    key: str = group_key(""),
+    round_: int = 2,
+    stale: list[tuple[int, int]] | None = None,
+) -> GroupUpdate:
+    """`stale`: each member's signed (base_applied, published_applied); the round's by default."""
     reduction = GroupReduction(
         group_key=key, epoch=0, round=round_, members=[m.peer_id for m in members]
     )
     for i, member in enumerate(members):
+        base, published = (round_, round_) if stale is None else stale[i]
+        fields = RoundFields(
+            run_id=RUN, group_key=key, epoch=0, round=round_, learners=2, base_applied=base,
+            published_applied=published,
+        )  # fmt: skip
         tensor = torch.full((NUMEL,), 0.01 * (i + 1))
         reduction.contribute(ContributionHeader.of(tensor, member, fields, 500), tensor)
     reduction.close()
@@ -120,3 +127,37 @@ def test_group_updates_of_another_run_are_refused(round_: int) -> None:
     pipeline.run_id = "another-run"
     result = pipeline.submit_group(update, member_check(RUN, update.head.group_key))
     assert not result.accepted and result.reason == "group_wrong_run"
+
+
+def test_a_group_update_is_as_stale_as_the_median_of_its_members_signed_rounds() -> None:
+    """Each member signs its own replica's applied counts; the group's staleness is their
+    (lower) median, the same on every replica: one member claiming a very stale (or fresh)
+    round does not set it, and a staler group update weighs less."""
+    fresh = _update(IDS[:3], stale=[(10, 10), (9, 10), (10, 10)])
+    stale = _update(IDS[:3], stale=[(4, 10), (0, 12), (7, 9)])  # stalenesses 6, 12, 2
+    one_liar = _update(IDS[:3], stale=[(10, 10), (0, 5000), (10, 11)])
+    assert (fresh.staleness, stale.staleness, one_liar.staleness) == (0, 6, 1)
+    header = stale.update_header(FINGERPRINT, 10)
+    assert header.staleness == 6 and header.published_applied == 12
+    results = []
+    for update in (fresh, stale):
+        pipeline = _pipeline()
+        results.append(pipeline.submit_group(update, member_check(RUN, update.head.group_key)))
+    assert all(r.accepted for r in results)
+    assert (results[0].staleness, results[1].staleness) == (0, 6)
+    assert results[1].weight < results[0].weight
+
+
+def test_a_member_signing_counters_no_honest_replica_has_is_refused() -> None:
+    assert _refusal(_update(IDS[:2], stale=[(5, 4), (5, 5)])) == "group_bad_counters"
+
+
+def test_listeners_hear_of_each_group_update_applied_once() -> None:
+    pipeline, heard = _pipeline(), []
+    pipeline.groups.on_applied.append(heard.append)
+    update = _update(IDS[:2])
+    in_group = member_check(RUN, update.head.group_key)
+    assert pipeline.submit_group(update, in_group).accepted
+    assert not pipeline.submit_group(update, in_group).accepted  # a duplicate: not heard again
+    assert not pipeline.submit_group(_update(IDS[:2]), lambda peer: False).accepted
+    assert heard == [update]
