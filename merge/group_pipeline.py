@@ -17,6 +17,7 @@ completed at the others (merge.group_carry).
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -24,10 +25,13 @@ from typing import Any, Protocol
 import torch
 
 from merge.envelope import UpdateHeader
+from merge.equivocation import GroupVariants
 from merge.group_update import GroupUpdate
 from merge.replica import Replica
 from merge.result import MergeResult
 from merge.robust import RobustFilter, Verdict
+
+logger = logging.getLogger(__name__)
 
 
 class Pipeline(Protocol):
@@ -55,6 +59,8 @@ class GroupMerge:
         self.pipeline = pipeline
         self.on_applied: list[Callable[[GroupUpdate], object]] = []
         """Told of each group update applied here (after it is, outside the replica's lock)."""
+        self.variants = GroupVariants()
+        """The variant applied under each recent group id (a second one is equivocation)."""
 
     def submit(self, update: GroupUpdate, in_group: Callable[[str], bool]) -> MergeResult:
         """Verifies and applies `update` as one unit; never raises for bad input.
@@ -71,8 +77,15 @@ class GroupMerge:
             return p._reject(header, problem)
         norm = float(torch.linalg.vector_norm(update.aggregate))
         with p.replica.lock:
-            if p.replica.has_applied(header.author, header.seq):
-                return p._reject(header, "duplicate")
+            uid, variant = (header.author, header.seq), variant_of(update)
+            if p.replica.has_applied(*uid):
+                culprits = self.variants.equivocators(uid, *variant)
+                if culprits is None:
+                    return p._reject(header, "duplicate")
+                logger.warning(
+                    "group update %s#%d: a second variant, co-signed by %s", *uid, culprits
+                )
+                return p._reject(header, "group_equivocation")
             if (reason := p._norm_reason(norm)) is not None:
                 return p._reject(header, reason)
             weight = p.weight_of(header, learners)
@@ -81,6 +94,7 @@ class GroupMerge:
             weight *= p._robust_scale(header, verdict)
             clipped = p.robust.clipped(update.aggregate, direction, verdict)
             p.replica.apply(header, clipped, weight, None, learners=learners)
+            self.variants.applied(uid, *variant)
             if weight > 0:
                 p.robust.record(verdict, header.author)
         with p._stats_lock:
@@ -103,3 +117,8 @@ class GroupMerge:
         if problem is None and p.run_id not in (None, update.head.run_id):
             problem = "wrong_run"
         return None if problem is None else f"group_{problem}"
+
+
+def variant_of(update: GroupUpdate) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What tells two variants of one group id apart: shard digests and included members."""
+    return update.shard_digests, tuple(h.author for h in update.contributions)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from dht.grouping import group_key, member_check, peer_bits
+from merge.group_pipeline import variant_of
 from merge.group_update import (
     ContributionHeader,
     GroupReduction,
@@ -161,3 +162,20 @@ def test_listeners_hear_of_each_group_update_applied_once() -> None:
     assert not pipeline.submit_group(update, in_group).accepted  # a duplicate: not heard again
     assert not pipeline.submit_group(_update(IDS[:2]), lambda peer: False).accepted
     assert heard == [update]
+
+
+def test_a_second_variant_of_a_group_id_is_counted_as_equivocation_of_who_cosigned_both() -> None:
+    """Two complete updates of one round with other included sets (members co-signing two
+    sets): the replica keeps the first, counts the second as equivocation, not a duplicate."""
+    pipeline = _pipeline()
+    first, second = _update(IDS[:3]), _update(IDS[:2])
+    in_group = member_check(RUN, first.head.group_key)
+    assert pipeline.submit_group(first, in_group).accepted
+    before = pipeline.replica.params.clone()
+    assert pipeline.submit_group(first, in_group).reason == "duplicate"
+    assert pipeline.submit_group(second, in_group).reason == "group_equivocation"
+    assert torch.equal(pipeline.replica.params, before)
+    both = tuple(sorted(m.peer_id for m in IDS[:2]))
+    variants = pipeline.groups.variants
+    assert variants.equivocators(("groups.0b", 3), *variant_of(second)) == both
+    assert pipeline.rejections["group_equivocation"] == 1
