@@ -93,11 +93,13 @@ class GroupExchange:
         live_peers: Callable[[], list[str]] = list,
         on_update: Callable[[GroupUpdate], bool] | None = None,
         retain: Callable[[GroupUpdate], Awaitable[None]] | None = None,
+        on_received: Callable[[str, str, int], None] | None = None,
     ) -> None:
         """`live_peers`: the live peers' ids (a completed update's pushes go to them);
         `on_update`: takes a group update this node is not a member of the round of (run off
         the loop: it merges), True when it applied it; `retain`: keeps a group update this
-        node holds to serve (the gossip's retained updates and holder record)."""
+        node holds to serve (the gossip's retained updates and holder record); `on_received`:
+        (kind, sender, bytes) of each part and update that parsed (what bench.scale counts)."""
         self.network = network
         self.identity = network.identity
         self.run_id = network.config.run_id
@@ -107,6 +109,7 @@ class GroupExchange:
         self._live_peers = live_peers
         self._on_update = on_update
         self._retain = retain
+        self._on_received = on_received
         self._rounds: dict[RoundId, GroupRound] = {}
         self._wakes: dict[RoundId, asyncio.Event] = {}
         self._held: OrderedDict[RoundId, dict[str, tuple[ContributionHeader, torch.Tensor]]] = (
@@ -142,6 +145,7 @@ class GroupExchange:
         except GroupMessageError as exc:
             self._reject(f"group_part_{exc.reason}", sender, str(exc))
             return
+        self._received("part", sender, len(blob))
         self._take_part(header, tensor)
 
     def _take_part(self, header: ContributionHeader, tensor: torch.Tensor) -> None:
@@ -204,6 +208,7 @@ class GroupExchange:
         except GroupMessageError as exc:
             self._reject(f"group_update_{exc.reason}", sender, str(exc))
             return
+        self._received("update", sender, len(blob))
         rid = _round_id(update)
         member = self._rounds.get(rid)
         if member is not None and not member.done:
@@ -215,6 +220,10 @@ class GroupExchange:
             loop = asyncio.get_running_loop()
             if await loop.run_in_executor(None, self._on_update, update):
                 await self._hold(update)
+
+    def _received(self, kind: str, sender: str, num_bytes: int) -> None:
+        if self._on_received is not None:
+            self._on_received(kind, sender, num_bytes)
 
     async def _receive(self, name: str, sender: str, reader: Any, max_bytes: int) -> bytes | None:
         try:

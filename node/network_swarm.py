@@ -78,6 +78,9 @@ class NetworkSwarm:
                 live_peers=lambda: [h.peer_id for h in membership.alive_peers()],
                 on_update=self._group_update,
                 retain=swarm.gossip.retain_group,
+                on_received=lambda kind, peer, n: events.emit(
+                    "group_received", kind=kind, peer_id=peer, megabytes=round(n / 1e6, 4)
+                ),
             )
 
     def _group_update(self, update: GroupUpdate) -> bool:
