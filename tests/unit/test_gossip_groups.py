@@ -6,6 +6,8 @@ and declares it lost when none is alive."""
 from __future__ import annotations
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dht.catchup import CatchUp, CatchUpConfig, Fetch
 from dht.gossip_groups import group_ceilings, group_update_id, is_group_key, parse_fetched
@@ -95,3 +97,25 @@ def test_a_group_update_is_fetched_from_its_holders_and_lost_when_none_is_alive(
     assert catchup.declare_lost(6.0, alive=set()) == []
     assert catchup.declare_lost(16.0, alive=set()) == [(key, 8)]
     assert (key, 8) in catchup.lost
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(
+        st.one_of(
+            st.text("01", max_size=5).map(group_key),
+            st.sampled_from(["peer-a", "peer-b", "groups.0b2", "groups"]),
+        ),
+        st.integers(0, 10_000),
+        max_size=8,
+    ),
+    st.lists(st.text("01", max_size=5).map(group_key) | st.just("peer-a"), max_size=6),
+)
+def test_group_ceilings_bound_group_keys_only_by_the_highest_group_seq_known(
+    known: dict[str, int], authors: list[str]
+) -> None:
+    ceilings = group_ceilings(known, authors)
+    top = max((seq for a, seq in known.items() if is_group_key(a)), default=0)
+    assert set(ceilings) == {a for a in authors if is_group_key(a)}
+    for author, ceiling in ceilings.items():
+        assert ceiling == max(top, known.get(author, 0)) == top

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dht.grouping import group_key, member_check, peer_bits
 from merge.group_pipeline import variant_of
@@ -179,3 +181,18 @@ def test_a_second_variant_of_a_group_id_is_counted_as_equivocation_of_who_cosign
     variants = pipeline.groups.variants
     assert variants.equivocators(("groups.0b", 3), *variant_of(second)) == both
     assert pipeline.rejections["group_equivocation"] == 1
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 50)), min_size=3, max_size=3))
+def test_one_member_moves_the_groups_staleness_no_further_than_the_others_claims(
+    claims: list[tuple[int, int]],
+) -> None:
+    """Whatever one member signs (here the last), the group's staleness stays within what the
+    others signed: between the lowest and the highest of their stalenesses."""
+    stale = [(base, base + extra) for base, extra in claims]
+    others = sorted(published - base for base, published in stale[:2])
+    for lie in ((0, 0), (0, 10_000), stale[2]):
+        update = _update(IDS[:3], stale=[*stale[:2], lie])
+        assert others[0] <= update.staleness <= others[1]
+        assert update.update_header(FINGERPRINT, 10).staleness == update.staleness
