@@ -361,8 +361,8 @@ def extrapolate(results: list[dict[str, Any]]) -> dict[str, Any]:
     base's parameter count over tiny's, times N - 1.
     """
     per_peer = [r["mb_received_per_round_per_peer"] for r in results if r["n"] > 1]
-    if not per_peer:
-        return {}
+    if not per_peer or not any(r["update_mb"] for r in results):
+        return {}  # nothing gossiped whole (learner groups): no all-to-all to extrapolate
     ratio = _num_params("base") / _num_params("tiny")
     measured = statistics.mean(per_peer)
     tiny_update_mb = statistics.median(r["update_mb"] for r in results if r["update_mb"])
