@@ -79,6 +79,9 @@ def main() -> None:
     parser.add_argument(
         "--events-dir", type=Path, help="keep every process's JSON events here (nN/, a file each)"
     )
+    parser.add_argument(
+        "--group-size", type=int, default=0, help="learner groups (join --group-size; 0: off)"
+    )
     parser.add_argument("--sim", action="store_true", help="simulate learner groups instead")
     parser.add_argument("--nodes", default="8,64,1000", help="--sim: comma-separated swarm sizes")
     args = parser.parse_args()
@@ -90,6 +93,7 @@ def main() -> None:
         "benchmark": "scale",
         "model": "tiny",
         "inner_steps": args.inner_steps,
+        "group_size": args.group_size,
         "sizes": results,
         "extrapolated_base": extrapolate(results),
     }
@@ -131,6 +135,8 @@ def _measure(slots: list[Slot], args: argparse.Namespace) -> dict[str, Any]:
     run = ["--model", "tiny", "--run-id", RUN_ID, "--threads", "1", "--inner-steps",
            str(args.inner_steps), "--eval-batches", "0", "--heartbeat-period", "1",
            "--gap-wait", "10", "--linger", str(args.linger_s + 30)]  # fmt: skip
+    if args.group_size:  # the group's parts and other groups' updates count as received
+        run += ["--group-size", str(args.group_size), "--group-wait", "10"]
     # One end of training for every process, fixed before the first starts: a node's
     # --max-time counts from its own start, and 16 nodes starting on 2 cores take minutes,
     # during which the first ones (the bootstrap among them) must not stop and exit.
@@ -281,7 +287,7 @@ def _figures(
         received = sum(
             e["megabytes"]
             for e in slot_events
-            if e.get("event") in ("update_fetched", "state_downloaded")
+            if e.get("event") in ("update_fetched", "state_downloaded", "group_received")
         )
         if rounds:
             per_round.append(received / rounds)
@@ -355,8 +361,8 @@ def extrapolate(results: list[dict[str, Any]]) -> dict[str, Any]:
     base's parameter count over tiny's, times N - 1.
     """
     per_peer = [r["mb_received_per_round_per_peer"] for r in results if r["n"] > 1]
-    if not per_peer:
-        return {}
+    if not per_peer or not any(r["update_mb"] for r in results):
+        return {}  # nothing gossiped whole (learner groups): no all-to-all to extrapolate
     ratio = _num_params("base") / _num_params("tiny")
     measured = statistics.mean(per_peer)
     tiny_update_mb = statistics.median(r["update_mb"] for r in results if r["update_mb"])

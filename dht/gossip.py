@@ -23,9 +23,11 @@ from dht.gossip_announce import Announcements
 from dht.gossip_context import GossipContext
 from dht.gossip_evidence import EVIDENCE_LIMITS, Evidence
 from dht.gossip_fetch import Fetcher
+from dht.gossip_groups import group_update_id
 from dht.gossip_headers import NOTIFY_LIMITS, Headers
 from dht.gossip_repair import SUMMARY_LIMITS, Repair
 from dht.gossip_serve import UpdateServer, update_limits
+from dht.grouping_round import encode_update
 from dht.heartbeat import Heartbeat
 from dht.membership import Membership
 from dht.merge_port import MergePort
@@ -35,6 +37,7 @@ from dht.retention import RetainedUpdates
 from dht.state_transfer import TransferStats
 from dht.swarm_config import SwarmConfig
 from merge.envelope import SignedUpdate
+from merge.group_update import GroupUpdate
 from merge.result import MergeResult
 
 logger = logging.getLogger(__name__)
@@ -71,7 +74,10 @@ class Gossip:
         self.headers = Headers(ctx, self.evidence.on_evidence)
         self.announcements = Announcements(ctx, self.headers.on_header)
         self.fetcher = Fetcher(
-            ctx, on_evidence=self.evidence.on_evidence, retain=self.announcements.retain
+            ctx,
+            on_evidence=self.evidence.on_evidence,
+            retain=self.announcements.retain,
+            retain_group=self.retain_group,
         )
         ctx.catchup.is_fresh = self.fetcher.is_fresh  # fresh authors' fetches come last, capped
         self.repair = Repair(ctx)
@@ -137,6 +143,14 @@ class Gossip:
 
     async def publish(self, update: SignedUpdate) -> None:
         await self.announcements.publish(update)
+
+    async def retain_group(self, update: GroupUpdate, blob: bytes | None = None) -> None:
+        """A learner group's update this node holds (merged, or completed as a member):
+        retained to serve under its id and announced in this node's holder record of its
+        group key, so a peer that missed its push fetches it here (dht.gossip_groups).
+        `blob`: its wire bytes when at hand."""
+        blob = encode_update(update) if blob is None else blob
+        await self.announcements.retain_blob(group_update_id(update), blob)
 
     async def announced_seq(self, author: str) -> int:
         """The highest seq `author` announced that the DHT still holds (0 if none)."""

@@ -73,12 +73,18 @@ class Announcements:
             logger.info("announcing %s/%d failed: %s", header.author, header.seq, results[0])
 
     async def retain(self, update: SignedUpdate, *, announce_holder: bool = True) -> None:
+        await self.retain_blob(update.header.update_id, update.to_bytes(), announce_holder)
+
+    async def retain_blob(
+        self, uid: tuple[str, int], blob: bytes, announce_holder: bool = True
+    ) -> None:
+        """Keep `blob` (an update's wire bytes: a peer's signed update or a learner group's,
+        dht.gossip_groups) to serve under `uid`, and say so in this node's holder record."""
         ctx = self._ctx
-        author, seq = update.header.update_id
         # Off the loop: beyond the memory budget this writes to disk.
-        await asyncio.to_thread(ctx.retained.put, (author, seq), update.to_bytes())
+        await asyncio.to_thread(ctx.retained.put, uid, blob)
         if announce_holder and not ctx.config.client_mode:
-            self._announce_holder(author)
+            self._announce_holder(uid[0])
 
     def _announce_holder(self, author: str) -> None:
         """Rewrite this node's one subkey of `author`'s holder record (dht.messages.HolderRecord)

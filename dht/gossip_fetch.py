@@ -1,5 +1,6 @@
 """Fetching: an update CatchUp chose, asked of the peer it chose, checked, then merged (off the
-loop) and retained for others."""
+loop) and retained for others. A learner group's update (its author a group key) is fetched
+the same way and merged as one (dht.gossip_groups)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,15 @@ from collections.abc import Awaitable, Callable
 
 from dht.catchup import Fetch
 from dht.gossip_context import GossipContext
+from dht.gossip_groups import is_group_key, parse_fetched
+from dht.grouping import member_check
 from dht.resumable import fetch_resumable
 from dht.state_transfer import TransferStats
 from dht.swarm_config import REQUEST_READ_TIMEOUT_S
 from dht.transport import TooLargeError, TransportError
 from merge.envelope import EnvelopeError, SignedUpdate
 from merge.equivocation import Proof
+from merge.group_update import GroupUpdate
 from merge.result import MergeResult
 
 logger = logging.getLogger(__name__)
@@ -34,10 +38,12 @@ class Fetcher:
         *,
         on_evidence: Callable[[Proof | None], None],
         retain: Callable[[SignedUpdate], Awaitable[None]],
+        retain_group: Callable[[GroupUpdate, bytes], Awaitable[None]],
     ) -> None:
         self._ctx = context
         self._on_evidence = on_evidence
         self._retain = retain
+        self._retain_group = retain_group
         self.fetches: deque[TransferStats] = deque(maxlen=1000)
         """The last fetches' sizes and speeds (the dashboard's transfer figures)."""
         self._fresh: OrderedDict[str, bool] = OrderedDict()
@@ -46,11 +52,17 @@ class Fetcher:
     def is_fresh(self, author: str) -> bool:
         """Whether `author` had no track record here when its latest update was merged (an
         author none of whose updates merged yet is fresh). Read on the loop: the merge's own
-        `is_fresh_author` takes the replica's lock, which a merge holds for its whole apply."""
+        `is_fresh_author` takes the replica's lock, which a merge holds for its whole apply.
+        A learner group's key is fresh until one of its updates was applied here."""
+        if is_group_key(author):
+            return self._ctx.replica.last_seq(author) < 1
         return self._fresh.get(author, True)
 
     async def fetch_and_merge(self, fetch: Fetch) -> None:
         ctx, uid = self._ctx, fetch.update_id
+        if is_group_key(fetch.author):
+            await self._fetch_group(fetch)
+            return
         update = await self._fetch_update(fetch)
         if update is None:
             ctx.catchup.failed(uid, fetch.peer_id, time.monotonic())
@@ -65,6 +77,35 @@ class Fetcher:
             ctx.on_merge(result)
         if result.accepted:
             await self._retain(update)
+        ctx.kick()
+
+    async def _fetch_group(self, fetch: Fetch) -> None:
+        """A learner group's update: parsed and matched to the id asked (a bad one counted
+        against the peer that served it), merged as one unit (every member's signature and
+        co-signature checked), retained and announced by this node's holder record."""
+        ctx, uid = self._ctx, fetch.update_id
+        data = await self._fetch_from(fetch.peer_id, fetch.author, fetch.seq)
+        parsed = None if data is None else parse_fetched(data, uid, ctx.replica.numel)
+        if isinstance(parsed, str):
+            ctx.reject(parsed, fetch.peer_id, "served a bad group update", update=False)
+        if data is None or parsed is None or isinstance(parsed, str):
+            ctx.catchup.failed(uid, fetch.peer_id, time.monotonic())
+            ctx.kick()
+            return
+        in_group = member_check(ctx.config.run_id, fetch.author)
+        result = await ctx.off_loop(ctx.merge.submit_group, parsed, in_group)
+        if not result.accepted and (result.reason or "").startswith("group_"):
+            # Its signatures do not hold: the bytes this peer served, not the id, are bad
+            # (no one signs a group update's id alone), so another holder is asked.
+            ctx.reject("served_bad_group_update", fetch.peer_id, result.reason or "", update=False)
+            ctx.catchup.failed(uid, fetch.peer_id, time.monotonic())
+            ctx.kick()
+            return
+        ctx.catchup.fetched(uid)
+        if result.reason != "duplicate":
+            ctx.on_merge(result)
+        if result.accepted:
+            await self._retain_group(parsed, data)
         ctx.kick()
 
     def _submit(self, update: SignedUpdate) -> tuple[MergeResult, bool]:

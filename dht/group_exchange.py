@@ -12,8 +12,10 @@ does not lose the others' parts.
 
 `group-update`: a member that completed its round pushes the group update to the other
 members, so one that lost a member the completer had the co-signature of adopts the same
-outcome instead of abandoning (dht/grouping_round.py). Across groups nothing is gossiped yet
-(docs/scale.md, "What is not done").
+outcome instead of abandoning (dht/grouping_round.py), and to its share of the peers outside
+the group. Every node that completes, adopts or merges one hands it to `retain` (the
+gossip's: retained, announced in its holder record), so a peer that missed the push gets it
+by repair from any holder (dht/gossip_groups.py).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -89,11 +91,15 @@ class GroupExchange:
         reject: Reject,
         is_alive: Callable[[str], bool],
         live_peers: Callable[[], list[str]] = list,
-        on_update: Callable[[GroupUpdate], None] | None = None,
+        on_update: Callable[[GroupUpdate], bool] | None = None,
+        retain: Callable[[GroupUpdate], Awaitable[None]] | None = None,
+        on_received: Callable[[str, str, int], None] | None = None,
     ) -> None:
         """`live_peers`: the live peers' ids (a completed update's pushes go to them);
         `on_update`: takes a group update this node is not a member of the round of (run off
-        the loop: it merges)."""
+        the loop: it merges), True when it applied it; `retain`: keeps a group update this
+        node holds to serve (the gossip's retained updates and holder record); `on_received`:
+        (kind, sender, bytes) of each part and update that parsed (what bench.scale counts)."""
         self.network = network
         self.identity = network.identity
         self.run_id = network.config.run_id
@@ -102,6 +108,8 @@ class GroupExchange:
         self._is_alive = is_alive
         self._live_peers = live_peers
         self._on_update = on_update
+        self._retain = retain
+        self._on_received = on_received
         self._rounds: dict[RoundId, GroupRound] = {}
         self._wakes: dict[RoundId, asyncio.Event] = {}
         self._held: OrderedDict[RoundId, dict[str, tuple[ContributionHeader, torch.Tensor]]] = (
@@ -137,6 +145,7 @@ class GroupExchange:
         except GroupMessageError as exc:
             self._reject(f"group_part_{exc.reason}", sender, str(exc))
             return
+        self._received("part", sender, len(blob))
         self._take_part(header, tensor)
 
     def _take_part(self, header: ContributionHeader, tensor: torch.Tensor) -> None:
@@ -199,6 +208,7 @@ class GroupExchange:
         except GroupMessageError as exc:
             self._reject(f"group_update_{exc.reason}", sender, str(exc))
             return
+        self._received("update", sender, len(blob))
         rid = _round_id(update)
         member = self._rounds.get(rid)
         if member is not None and not member.done:
@@ -208,7 +218,12 @@ class GroupExchange:
                 self._reject("group_update_refused", sender, "an update this round cannot take")
         elif self._on_update is not None:  # another group's, or one this node was left out of
             loop = asyncio.get_running_loop()
-            await loop.run_in_executor(None, self._on_update, update)
+            if await loop.run_in_executor(None, self._on_update, update):
+                await self._hold(update)
+
+    def _received(self, kind: str, sender: str, num_bytes: int) -> None:
+        if self._on_received is not None:
+            self._on_received(kind, sender, num_bytes)
 
     async def _receive(self, name: str, sender: str, reader: Any, max_bytes: int) -> bytes | None:
         try:
@@ -278,6 +293,7 @@ class GroupExchange:
             outcome = member.outcome
             assert outcome is not None
             if isinstance(outcome, GroupUpdate):
+                await self._hold(outcome)
                 blob = encode_update(outcome)
                 for peer in push_targets(member, outcome, self._live_peers()):
                     self._spawn(self._send(peer, "group-update", blob, SEND_TIMEOUT_S))
@@ -285,6 +301,15 @@ class GroupExchange:
         finally:
             self._rounds.pop(rid, None)
             self._wakes.pop(rid, None)
+
+    async def _hold(self, update: GroupUpdate) -> None:
+        """Retained to serve (a failure costs this copy, never the round)."""
+        if self._retain is None:
+            return
+        try:
+            await self._retain(update)
+        except Exception as exc:
+            logger.info("retaining group update %s failed: %r", update.update_id, exc)
 
     async def _send_part(self, peer: str, part: bytes, wait_s: float) -> None:
         await self._send(peer, "group-part", part, max(wait_s, 1.0))

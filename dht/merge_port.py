@@ -13,6 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from merge.envelope import SignedHeader, SignedUpdate, UpdateHeader
 from merge.equivocation import Action, Proof
+from merge.group_update import GroupUpdate
 from merge.rejections import RejectionLog
 from merge.replica import Replica
 from merge.result import MergeResult
@@ -45,6 +46,11 @@ class MergePort(Protocol):
 
     def submit(self, update: SignedUpdate) -> MergeResult:
         """Verify, validate, weigh and apply one update; what became of it."""
+        ...
+
+    def submit_group(self, update: GroupUpdate, in_group: Callable[[str], bool]) -> MergeResult:
+        """Verify and apply a learner group's update as one unit (`in_group`: whether a peer id
+        belongs to its group); what became of it."""
         ...
 
     def learn_proof(self, proof: Proof, applied_update: AppliedUpdate) -> Action:

@@ -212,3 +212,40 @@ class EquivocationBook:
                 uid = (str(entry[0]), entry[1])
                 if uid in self._proofs:
                     self._settled.add(uid)
+
+
+class GroupVariants:
+    """Learner groups' updates applied here, by id (group key, round + 1): a second variant of
+    one id, whose every signature holds too, is equivocation by the members that co-signed
+    both (an honest member co-signs one included set per round: dht.grouping_round). Their
+    two co-signatures over different shard statements for one round are the evidence, which
+    every replica holding both variants finds alike. Only detected and counted here: the
+    replicas that applied different variants keep them (no proof is exchanged yet;
+    docs/scale.md, wiring plan step 5). Pure; the newest MAX_FIRST_SEEN ids are remembered."""
+
+    def __init__(self, size: int = MAX_FIRST_SEEN) -> None:
+        self._size = size
+        self._applied: OrderedDict[UpdateId, tuple[tuple[str, ...], tuple[str, ...]]] = (
+            OrderedDict()
+        )
+        """Per id: the applied variant's shard digests and its included members."""
+
+    def applied(
+        self, uid: UpdateId, shard_digests: tuple[str, ...], included: tuple[str, ...]
+    ) -> None:
+        self._applied[uid] = (shard_digests, included)
+        self._applied.move_to_end(uid)
+        while len(self._applied) > self._size:
+            self._applied.popitem(last=False)
+
+    def equivocators(
+        self, uid: UpdateId, shard_digests: tuple[str, ...], included: tuple[str, ...]
+    ) -> tuple[str, ...] | None:
+        """For a verified variant of an id applied here: None when it is the same variant (or
+        the id is not remembered), else the members that co-signed both (sorted; empty when
+        the two included sets share no member: two disjoint quorums, each signed honestly
+        by its own members, which only a group larger than two quorums can produce)."""
+        known = self._applied.get(uid)
+        if known is None or (known[0], known[1]) == (shard_digests, included):
+            return None
+        return tuple(sorted(set(known[1]) & set(included)))

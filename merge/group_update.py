@@ -128,7 +128,8 @@ class ContributionHeader:
 
 @dataclass(frozen=True, kw_only=True)
 class RoundFields:
-    """What every member of a group round signs alike."""
+    """What a member of a group round signs: alike for every member but the applied counts
+    (its own replica's, at its round's start and at its contribution)."""
 
     run_id: str
     group_key: str
@@ -182,7 +183,7 @@ class GroupUpdate:
 
     @property
     def head(self) -> ContributionHeader:
-        """The fields every contribution agrees on (group, round, learners, applied counts)."""
+        """The fields every contribution agrees on (group, round, learners)."""
         return self.contributions[0]
 
     @property
@@ -190,18 +191,30 @@ class GroupUpdate:
         """The update's seq under its group key as author: its round, counted from 1."""
         return self.head.round + 1
 
+    @property
+    def staleness(self) -> int:
+        """The median of the included members' signed staleness (updates their replica
+        applied between their round's start and their contribution; the lower median):
+        one member claiming a stale or fresh round moves it no more than one of g."""
+        stalenesses = sorted(
+            max(0, h.published_applied - h.base_applied) for h in self.contributions
+        )
+        return stalenesses[(len(stalenesses) - 1) // 2]
+
     def update_header(self, fingerprint: str, inner_steps: int) -> UpdateHeader:
-        """The header replicas weigh and record the group update by (merge.pipeline): author
-        the group key, seq its round + 1, the tokens of its mean member (the aggregate is a
-        mean), sized by the epoch's learner count (groups). ``inner_steps``: the run's H
-        (informational: members' steps are not signed)."""
+        """The header replicas weigh and record the group update by (merge.group_pipeline):
+        author the group key, seq its round + 1, the tokens of its mean member (the aggregate
+        is a mean), sized by the epoch's learner count (groups), its staleness the members'
+        median (applied counts: the highest a member signed, and that minus the staleness).
+        ``inner_steps``: the run's H (informational: members' steps are not signed)."""
         head = self.head
+        published = max(h.published_applied for h in self.contributions)
         return UpdateHeader(
             fingerprint=fingerprint,
             author=head.group_key,
             seq=self.seq,
-            base_applied=head.base_applied,
-            published_applied=head.published_applied,
+            base_applied=max(0, published - self.staleness),
+            published_applied=published,
             inner_steps=inner_steps,
             tokens=max(1, round(self.tokens / len(self.contributions))),
             loss=0.0,
@@ -241,6 +254,8 @@ class GroupUpdate:
             return "headers_disagree"
         if not all(in_group(h.author) for h in headers):
             return "not_a_member"
+        if any(not 0 <= h.base_applied <= h.published_applied for h in headers):
+            return "bad_counters"
         if not all(h.verified() for h in headers):
             return "bad_signature"
         shards = torch.tensor_split(self.aggregate, len(headers))
@@ -256,15 +271,9 @@ class GroupUpdate:
 
 
 def _shared(h: ContributionHeader) -> tuple[object, ...]:
-    return (
-        h.run_id,
-        h.group_key,
-        h.epoch,
-        h.round,
-        h.learners,
-        h.base_applied,
-        h.published_applied,
-    )
+    """What every contribution of one round signs alike (each member signs its own replica's
+    applied counts: the group's staleness is their median)."""
+    return (h.run_id, h.group_key, h.epoch, h.round, h.learners)
 
 
 @dataclass(frozen=True)

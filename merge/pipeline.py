@@ -34,6 +34,7 @@ from merge.envelope import (
     verify_header,
 )
 from merge.equivocation import Action, EquivocationBook, Proof
+from merge.group_pipeline import GroupMerge
 from merge.group_update import GroupUpdate
 from merge.handover import check_handover, settled_in
 from merge.learners import LearnerFloor, credited_learners
@@ -150,6 +151,8 @@ class UpdatePipeline:
         self.run_id: str | None = None
         """The run id learner groups' updates must name (their members sign it; None: not
         checked). Set by the node when groups are on."""
+        self.groups = GroupMerge(self)
+        """Learner groups' updates (merge.group_pipeline)."""
 
     def state_dict(self) -> dict[str, object]:
         """What the pipeline decides by besides the replica: the robust filters' windows and
@@ -275,46 +278,10 @@ class UpdatePipeline:
         )  # fmt: skip
 
     def submit_group(self, update: GroupUpdate, in_group: Callable[[str], bool]) -> MergeResult:
-        """A learner group's update (docs/scale.md, wiring plan step 5), applied as one unit
-        under its group key as author: every member's signature and co-signature checked
-        (GroupUpdate.problem), sized by the epoch's learner count (groups) it carries, weighed
-        by staleness and its mean member's tokens, judged by the robust checks as any update.
-        ``in_group``: whether a peer id is a member of the update's group (dht.grouping).
-        Never raises for bad input."""
-        header = update.update_header(self.fingerprint, self.config.max_inner_steps)
-        problem = update.problem(in_group)
-        if problem is None and (
-            update.aggregate.numel() != self.replica.numel or self.replica.layout is not None
-        ):
-            problem = "wrong_size"  # a whole-model aggregate; runs with fragments have none
-        if problem is None and self.run_id not in (None, update.head.run_id):
-            problem = "wrong_run"
-        if problem is None and not 1 <= learners_of(header) <= self.config.max_learners:
-            problem = "bad_learners"
-        if problem is not None:
-            return self._reject(header, f"group_{problem}")
-        norm = float(torch.linalg.vector_norm(update.aggregate))
-        with self.replica.lock:
-            if self.replica.has_applied(header.author, header.seq):
-                return self._reject(header, "duplicate")
-            if (reason := self._norm_reason(norm)) is not None:
-                return self._reject(header, reason)
-            learners = learners_of(header)
-            weight = self.weight_of(header, learners)
-            outer = self.replica.outer
-            direction = outer.momentum_parts()
-            verdict = self.robust.judge(update.aggregate, direction, norm, voters=None)
-            weight *= self._robust_scale(header, verdict)
-            clipped = self.robust.clipped(update.aggregate, direction, verdict)
-            self.replica.apply(header, clipped, weight, None, learners=learners)
-            if weight > 0:
-                self.robust.record(verdict, header.author)
-        with self._stats_lock:
-            self.num_merged += 1
-        return MergeResult(
-            True, header.author, header.seq, staleness_of(header), weight, None, learners,
-            0, verdict.reason, header.inner_steps,
-        )  # fmt: skip
+        """A learner group's update, applied as one unit under its group key as author
+        (merge.group_pipeline). ``in_group``: whether a peer id is a member of the update's
+        group (dht.grouping). Never raises for bad input."""
+        return self.groups.submit(update, in_group)
 
     def _merge(self, update: SignedUpdate) -> tuple[float, int, str | None, int]:
         header = update.header

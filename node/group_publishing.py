@@ -14,8 +14,13 @@ joins the next round's contribution.
 
 What every member of a round signs alike (merge.group_update.RoundFields) is the group's
 round: the round number (a node behind its group's joins the group's round,
-`SwarmLink.group_round`), its epoch, and the learner count (non-empty groups). Staleness is
-not carried yet: base and published applied counts are both the round (staleness 0).
+`SwarmLink.group_round`), its epoch, and the learner count (non-empty groups). Each member
+also signs its own replica's applied counts at its round's start and now: the group update's
+staleness is their median (merge.group_pipeline).
+
+A round this node gave up on (abandoned at its co-signature deadline, its contribution kept)
+may have completed at the others with it included; when that update is applied here, the
+contribution it carried is taken back out (merge.group_carry), so it is never counted twice.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from dht.grouping import member_check
 from dht.grouping_view import EpochGrouping
 from merge.codecs import get_codec
 from merge.feedback import Compressor
+from merge.group_carry import CarriedContributions
 from merge.group_update import Abandoned, ContributionHeader, GroupUpdate, RoundFields
 from merge.pipeline import MergeConfig
 from merge.result import MergeResult
@@ -68,6 +74,9 @@ class GroupPublishing:
         self.grouping = EpochGrouping(run_id, groups.group_epoch_rounds, groups.grouping_config())
         self.compressor = Compressor(get_codec(CARRY_CODEC), self.replica.numel)
         self.published: list[Published] = []
+        self.carried = CarriedContributions(publisher.identity.peer_id)
+        """Contributions carried from rounds settled without this node (merge.group_carry)."""
+        publisher.pipeline.groups.on_applied.append(self.carried.applied)
         self.next_round = 0
         """The round this node contributes to next (unless its group is ahead)."""
 
@@ -87,6 +96,7 @@ class GroupPublishing:
             return partial
         with self.replica.lock:
             base, applied = self.replica.snapshot()
+        self._take_back_owed()
         start = self.compressor.round_start(base)  # minus what no group has applied yet
         self.learner.load_params(start)
         return RoundProgress(start, applied)
@@ -102,7 +112,10 @@ class GroupPublishing:
         end = self.learner.params_vector() if params is None else params
         # The round's pseudo-gradient plus what earlier rounds left unapplied (the residual).
         total = base.base - end + self.compressor.residual
-        contribution = self.contribution(total, stats.tokens)
+        owed = self.carried.take_owed()  # carried, then found in an update applied since
+        if owed is not None:
+            total -= owed
+        contribution = self.contribution(total, stats.tokens, base.base_applied)
         t_sealed = time.perf_counter()
         if contribution is None:  # no group formed yet: what it trained waits for one
             self.compressor.residual = total.detach().clone()
@@ -118,7 +131,15 @@ class GroupPublishing:
         sent = 4 * total.numel() * (len(contribution.members) - 1)
         self.published.append(Published(result, sent, 0.0, t_sealed - t_start, t_merged - t_sealed))
 
-    def contribution(self, total: torch.Tensor, tokens: int) -> GroupContribution | None:
+    def _take_back_owed(self) -> None:
+        """Out of the residual: what it carried that an update applied since included."""
+        owed = self.carried.take_owed()
+        if owed is not None:
+            self.compressor.residual = self.compressor.residual - owed
+
+    def contribution(
+        self, total: torch.Tensor, tokens: int, base_applied: int = 0
+    ) -> GroupContribution | None:
         """This node's signed contribution to its group's next round; None while the swarm
         it sees, at a grouping's decision, is smaller than one group (--group-size): a node
         alone (a founder, a node that has not read its peers' heartbeats yet) forms no group
@@ -149,8 +170,8 @@ class GroupPublishing:
             epoch=self.grouping.epoch_of(round_),
             round=round_,
             learners=grouping.num_learners,
-            base_applied=round_,
-            published_applied=round_,
+            base_applied=base_applied,
+            published_applied=max(base_applied, self.replica.progress),
         )
         header = ContributionHeader.of(total, self.publisher.identity, fields, max(tokens, 1))
         wait = self.groups.group_wait
@@ -196,6 +217,7 @@ class GroupPublishing:
             self.compressor.residual.zero_()
         else:
             self.compressor.residual = total.detach().clone()
+            self.carried.carry(header, total)
         if isinstance(outcome, GroupUpdate):
             pipeline = self.publisher.pipeline
             result = pipeline.submit_group(outcome, member_check(self.run_id, header.group_key))

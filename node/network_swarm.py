@@ -77,13 +77,20 @@ class NetworkSwarm:
                 is_alive=membership.is_alive,
                 live_peers=lambda: [h.peer_id for h in membership.alive_peers()],
                 on_update=self._group_update,
+                retain=swarm.gossip.retain_group,
+                on_received=lambda kind, peer, n: events.emit(
+                    "group_received", kind=kind, peer_id=peer, megabytes=round(n / 1e6, 4)
+                ),
             )
 
-    def _group_update(self, update: GroupUpdate) -> None:
+    def _group_update(self, update: GroupUpdate) -> bool:
         """Another group's update (or one of this node's group it was left out of), pushed by
-        one of its members: merged as any replica does (merge.pipeline submit_group)."""
+        one of its members: merged as any replica does (merge.pipeline submit_group); True
+        when applied (it is then retained and served: dht.gossip_groups)."""
         key = update.head.group_key
-        self._report_merge(self._pipeline.submit_group(update, member_check(self._run_id, key)))
+        result = self._pipeline.submit_group(update, member_check(self._run_id, key))
+        self._report_merge(result)
+        return result.accepted
 
     def contribute(self, contribution: GroupContribution) -> GroupUpdate | Abandoned:
         if self._groups is None:

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dht.grouping import group_key, member_check, peer_bits
+from merge.group_pipeline import variant_of
 from merge.group_update import (
     ContributionHeader,
     GroupReduction,
@@ -42,15 +45,22 @@ def _pipeline() -> UpdatePipeline:
     return pipeline
 
 
-def _update(members: list[Identity], key: str = group_key(""), round_: int = 2) -> GroupUpdate:
-    fields = RoundFields(
-        run_id=RUN, group_key=key, epoch=0, round=round_, learners=2, base_applied=round_,
-        published_applied=round_,
-    )  # fmt: skip
+def _update(
+    members: list[Identity],
+    key: str = group_key(""),
+    round_: int = 2,
+    stale: list[tuple[int, int]] | None = None,
+) -> GroupUpdate:
+    """`stale`: each member's signed (base_applied, published_applied); the round's by default."""
     reduction = GroupReduction(
         group_key=key, epoch=0, round=round_, members=[m.peer_id for m in members]
     )
     for i, member in enumerate(members):
+        base, published = (round_, round_) if stale is None else stale[i]
+        fields = RoundFields(
+            run_id=RUN, group_key=key, epoch=0, round=round_, learners=2, base_applied=base,
+            published_applied=published,
+        )  # fmt: skip
         tensor = torch.full((NUMEL,), 0.01 * (i + 1))
         reduction.contribute(ContributionHeader.of(tensor, member, fields, 500), tensor)
     reduction.close()
@@ -120,3 +130,69 @@ def test_group_updates_of_another_run_are_refused(round_: int) -> None:
     pipeline.run_id = "another-run"
     result = pipeline.submit_group(update, member_check(RUN, update.head.group_key))
     assert not result.accepted and result.reason == "group_wrong_run"
+
+
+def test_a_group_update_is_as_stale_as_the_median_of_its_members_signed_rounds() -> None:
+    """Each member signs its own replica's applied counts; the group's staleness is their
+    (lower) median, the same on every replica: one member claiming a very stale (or fresh)
+    round does not set it, and a staler group update weighs less."""
+    fresh = _update(IDS[:3], stale=[(10, 10), (9, 10), (10, 10)])
+    stale = _update(IDS[:3], stale=[(4, 10), (0, 12), (7, 9)])  # stalenesses 6, 12, 2
+    one_liar = _update(IDS[:3], stale=[(10, 10), (0, 5000), (10, 11)])
+    assert (fresh.staleness, stale.staleness, one_liar.staleness) == (0, 6, 1)
+    header = stale.update_header(FINGERPRINT, 10)
+    assert header.staleness == 6 and header.published_applied == 12
+    results = []
+    for update in (fresh, stale):
+        pipeline = _pipeline()
+        results.append(pipeline.submit_group(update, member_check(RUN, update.head.group_key)))
+    assert all(r.accepted for r in results)
+    assert (results[0].staleness, results[1].staleness) == (0, 6)
+    assert results[1].weight < results[0].weight
+
+
+def test_a_member_signing_counters_no_honest_replica_has_is_refused() -> None:
+    assert _refusal(_update(IDS[:2], stale=[(5, 4), (5, 5)])) == "group_bad_counters"
+
+
+def test_listeners_hear_of_each_group_update_applied_once() -> None:
+    pipeline, heard = _pipeline(), []
+    pipeline.groups.on_applied.append(heard.append)
+    update = _update(IDS[:2])
+    in_group = member_check(RUN, update.head.group_key)
+    assert pipeline.submit_group(update, in_group).accepted
+    assert not pipeline.submit_group(update, in_group).accepted  # a duplicate: not heard again
+    assert not pipeline.submit_group(_update(IDS[:2]), lambda peer: False).accepted
+    assert heard == [update]
+
+
+def test_a_second_variant_of_a_group_id_is_counted_as_equivocation_of_who_cosigned_both() -> None:
+    """Two complete updates of one round with other included sets (members co-signing two
+    sets): the replica keeps the first, counts the second as equivocation, not a duplicate."""
+    pipeline = _pipeline()
+    first, second = _update(IDS[:3]), _update(IDS[:2])
+    in_group = member_check(RUN, first.head.group_key)
+    assert pipeline.submit_group(first, in_group).accepted
+    before = pipeline.replica.params.clone()
+    assert pipeline.submit_group(first, in_group).reason == "duplicate"
+    assert pipeline.submit_group(second, in_group).reason == "group_equivocation"
+    assert torch.equal(pipeline.replica.params, before)
+    both = tuple(sorted(m.peer_id for m in IDS[:2]))
+    variants = pipeline.groups.variants
+    assert variants.equivocators(("groups.0b", 3), *variant_of(second)) == both
+    assert pipeline.rejections["group_equivocation"] == 1
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 50)), min_size=3, max_size=3))
+def test_one_member_moves_the_groups_staleness_no_further_than_the_others_claims(
+    claims: list[tuple[int, int]],
+) -> None:
+    """Whatever one member signs (here the last), the group's staleness stays within what the
+    others signed: between the lowest and the highest of their stalenesses."""
+    stale = [(base, base + extra) for base, extra in claims]
+    others = sorted(published - base for base, published in stale[:2])
+    for lie in ((0, 0), (0, 10_000), stale[2]):
+        update = _update(IDS[:3], stale=[*stale[:2], lie])
+        assert others[0] <= update.staleness <= others[1]
+        assert update.update_header(FINGERPRINT, 10).staleness == update.staleness

@@ -38,6 +38,7 @@ def test_the_port_names_the_pipeline_methods_dht_calls() -> None:
         "check_header",
         "evidence",
         "submit",
+        "submit_group",
         "learn_proof",
         "transfer_state",
         "adopt",

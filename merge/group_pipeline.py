@@ -1,0 +1,124 @@
+"""Merging a learner group's update (docs/scale.md, wiring plan step 5): the replica's side of
+`UpdatePipeline.submit_group`, kept beside the pipeline rather than in it.
+
+A group update is applied as one unit under its group key as author (seq: its round + 1; a
+duplicate id is refused): every member's signature and co-signature checked
+(`GroupUpdate.problem`), sized by the epoch's learner count (groups) its members signed,
+weighed by its staleness and its mean member's tokens, judged by the robust checks (norm
+against the replica, clip and momentum checks) like any update. Its staleness comes from
+signed facts: each member signs the applied counts of its own replica at its round's start
+and at its contribution; the group's is the median of its included members' (one member
+claiming a stale or fresh round moves it no more than one of g), the same on every replica.
+
+Listeners (`GroupMerge.on_applied`) hear of each group update applied here, on the merge's
+thread: a member takes back a contribution it carried for a round it gave up on that
+completed at the others (merge.group_carry).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+from merge.envelope import UpdateHeader
+from merge.equivocation import GroupVariants
+from merge.group_update import GroupUpdate
+from merge.replica import Replica
+from merge.result import MergeResult
+from merge.robust import RobustFilter, Verdict
+
+logger = logging.getLogger(__name__)
+
+
+class Pipeline(Protocol):
+    """What of merge.pipeline.UpdatePipeline a group update is merged with (it imports this
+    module, so this one names it by what it uses)."""
+
+    replica: Replica
+    config: Any
+    fingerprint: str
+    run_id: str | None
+    robust: RobustFilter
+    num_merged: int
+    _stats_lock: threading.Lock
+
+    def weight_of(self, header: UpdateHeader, learners: int | None = None) -> float: ...
+    def _reject(self, header: UpdateHeader, reason: str) -> MergeResult: ...
+    def _norm_reason(self, update_norm: float) -> str | None: ...
+    def _robust_scale(self, header: UpdateHeader, verdict: Verdict) -> float: ...
+
+
+class GroupMerge:
+    """Applies learner groups' updates to one pipeline's replica (thread-safe through it)."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+        self.on_applied: list[Callable[[GroupUpdate], object]] = []
+        """Told of each group update applied here (after it is, outside the replica's lock)."""
+        self.variants = GroupVariants()
+        """The variant applied under each recent group id (a second one is equivocation)."""
+
+    def submit(self, update: GroupUpdate, in_group: Callable[[str], bool]) -> MergeResult:
+        """Verifies and applies `update` as one unit; never raises for bad input.
+        ``in_group``: whether a peer id is a member of the update's group (dht.grouping)."""
+        p = self.pipeline
+        header = update.update_header(p.fingerprint, p.config.max_inner_steps)
+        learners = update.head.learners  # whole updates: no fragments, a count always signed
+        problem = self._problem(update, in_group)
+        if problem is None and not 1 <= learners <= p.config.max_learners:
+            problem = "group_bad_learners"
+        if problem is None and header.staleness > p.config.max_staleness:
+            problem = "too_stale"
+        if problem is not None:
+            return p._reject(header, problem)
+        norm = float(torch.linalg.vector_norm(update.aggregate))
+        with p.replica.lock:
+            uid, variant = (header.author, header.seq), variant_of(update)
+            if p.replica.has_applied(*uid):
+                culprits = self.variants.equivocators(uid, *variant)
+                if culprits is None:
+                    return p._reject(header, "duplicate")
+                logger.warning(
+                    "group update %s#%d: a second variant, co-signed by %s", *uid, culprits
+                )
+                return p._reject(header, "group_equivocation")
+            if (reason := p._norm_reason(norm)) is not None:
+                return p._reject(header, reason)
+            weight = p.weight_of(header, learners)
+            direction = p.replica.outer.momentum_parts()
+            verdict = p.robust.judge(update.aggregate, direction, norm, voters=None)
+            weight *= p._robust_scale(header, verdict)
+            clipped = p.robust.clipped(update.aggregate, direction, verdict)
+            p.replica.apply(header, clipped, weight, None, learners=learners)
+            self.variants.applied(uid, *variant)
+            if weight > 0:
+                p.robust.record(verdict, header.author)
+        with p._stats_lock:
+            p.num_merged += 1
+        for listener in self.on_applied:
+            listener(update)
+        return MergeResult(
+            True, header.author, header.seq, header.staleness, weight, None, learners,
+            0, verdict.reason, header.inner_steps,
+        )  # fmt: skip
+
+    def _problem(self, update: GroupUpdate, in_group: Callable[[str], bool]) -> str | None:
+        """Why every replica refuses `update` (counted as `group_<reason>`), or None."""
+        p = self.pipeline
+        problem = update.problem(in_group)
+        if problem is None and (
+            update.aggregate.numel() != p.replica.numel or p.replica.layout is not None
+        ):
+            problem = "wrong_size"  # a whole-model aggregate; runs with fragments have none
+        if problem is None and p.run_id not in (None, update.head.run_id):
+            problem = "wrong_run"
+        return None if problem is None else f"group_{problem}"
+
+
+def variant_of(update: GroupUpdate) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What tells two variants of one group id apart: shard digests and included members."""
+    return update.shard_digests, tuple(h.author for h in update.contributions)

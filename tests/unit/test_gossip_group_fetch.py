@@ -1,0 +1,157 @@
+"""A learner group's update fetched by catch-up from a holder (dht/gossip_fetch.py's group path):
+over real loopback TCP streams served by the real UpdateServer from a holder's retained copy,
+merged by a real pipeline, then retained and announced in the fetcher's holder record. A
+holder serving a tampered copy under the id is counted and another holder is asked. The DHT
+is a recorder of stores (reading them back through hivemind is tests/swarm's)."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from dht.catchup import CatchUp, CatchUpConfig
+from dht.gossip_announce import Announcements
+from dht.gossip_context import GossipContext
+from dht.gossip_fetch import Fetcher
+from dht.gossip_groups import group_update_id
+from dht.gossip_serve import UpdateServer
+from dht.grouping_round import encode_update
+from dht.messages import holder_subkey
+from dht.rejections import Rejections
+from dht.retention import RetainedUpdates
+from dht.swarm_config import SwarmConfig
+from merge.group_update import GroupUpdate
+from tests.factories import FINGERPRINT
+from tests.unit.test_group_merge import IDS, RUN, _pipeline, _update
+
+
+class LoopbackNetwork:
+    """Peers' `update` handlers on 127.0.0.1 TCP servers (the real UpdateServer each); DHT
+    stores recorded."""
+
+    def __init__(self) -> None:
+        self.config = SwarmConfig(
+            run_id=RUN, fingerprint=FINGERPRINT, run_summary={}, identity_path=""
+        )
+        self.peer_id = "fetcher"
+        self.ports: dict[str, int] = {}
+        self.servers: list[asyncio.Server] = []
+        self.stores: list[tuple[str, str, Any]] = []
+
+    async def serve(self, peer_id: str, retained: RetainedUpdates) -> None:
+        server = UpdateServer(retained)
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                await server.rpc_update(None, reader, writer)
+            finally:
+                writer.close()
+
+        tcp = await asyncio.start_server(handle, "127.0.0.1", 0)
+        self.servers.append(tcp)
+        self.ports[peer_id] = tcp.sockets[0].getsockname()[1]
+
+    async def open_stream(self, peer_id: str, name: str) -> tuple[Any, Any]:
+        assert name == "update"
+        return await asyncio.open_connection("127.0.0.1", self.ports[peer_id])
+
+    async def path_to(self, peer_id: str) -> str | None:
+        return None
+
+    def spawn(self, coro: Any) -> asyncio.Task[None]:
+        return asyncio.get_running_loop().create_task(coro)
+
+    async def dht_store(self, key: str, subkey: str, value: Any, ttl_s: float) -> None:
+        self.stores.append((key, subkey, value))
+
+
+def _holding(update: GroupUpdate, blob: bytes | None = None) -> RetainedUpdates:
+    retained = RetainedUpdates(per_author=16, budget_bytes=1 << 24)
+    retained.put(group_update_id(update), encode_update(update) if blob is None else blob)
+    return retained
+
+
+async def _catch_up(update: GroupUpdate, holders: dict[str, RetainedUpdates]) -> dict[str, Any]:
+    network = LoopbackNetwork()
+    for peer_id, retained in holders.items():
+        await network.serve(peer_id, retained)
+    pipeline, merged = _pipeline(), []
+    catchup = CatchUp(CatchUpConfig(retry_s=0.0), network.peer_id, pipeline.replica)
+    ctx = GossipContext(
+        network=network,  # type: ignore[arg-type]
+        membership=None,  # type: ignore[arg-type]  # a fetch reads no heartbeats
+        merge=pipeline,
+        catchup=catchup,
+        retained=RetainedUpdates(per_author=16, budget_bytes=1 << 24),
+        merge_pool=ThreadPoolExecutor(1),
+        reject=Rejections(merged.append),
+        on_merge=merged.append,
+        on_event=lambda *a, **k: None,
+        active=True,
+    )
+    announcements = Announcements(ctx, lambda header: None)
+
+    async def retain_group(group: GroupUpdate, blob: bytes) -> None:
+        await announcements.retain_blob(group_update_id(group), blob)
+
+    fetcher = Fetcher(
+        ctx,
+        on_evidence=lambda proof: None,
+        retain=announcements.retain,
+        retain_group=retain_group,
+    )
+    key, seq = group_update_id(update)
+    ranges = {key: [(seq, seq)]}
+    for peer_id in holders:  # each holder's summary names it (applied and retained)
+        catchup.summary(peer_id, ranges, ranges, now=0.0)
+    alive, fetched_from = set(holders), []
+    for _ in range(len(holders)):
+        for fetch in catchup.next_fetches(1.0, alive):
+            fetched_from.append(fetch.peer_id)
+            await fetcher.fetch_and_merge(fetch)
+    await asyncio.sleep(0.05)  # the holder record's write (in the background)
+    for server in network.servers:
+        server.close()
+    ctx.merge_pool.shutdown()  # type: ignore[attr-defined]
+    return {
+        "pipeline": pipeline,
+        "merged": merged,
+        "rejections": ctx.reject.counts,
+        "retained": ctx.retained,
+        "stores": network.stores,
+        "fetched_from": fetched_from,
+        "wanted": catchup.num_wanted,
+    }
+
+
+def test_a_missed_group_update_is_fetched_from_a_holder_merged_and_held_in_turn() -> None:
+    update = _update(IDS[:3])
+    end = asyncio.run(_catch_up(update, {"holder": _holding(update)}))
+    uid = group_update_id(update)
+    assert end["fetched_from"] == ["holder"] and end["wanted"] == 0
+    assert end["pipeline"].replica.applied == {uid[0]: [uid[1]]}
+    assert [r.accepted for r in end["merged"]] == [True]
+    assert end["retained"].get(uid) == encode_update(update)  # served here from now on
+    prefix = LoopbackNetwork().config.prefix
+    assert (f"{prefix}/holders/{uid[0]}", holder_subkey("fetcher")) in [
+        store[:2] for store in end["stores"]
+    ]
+    direct = _pipeline()  # the same as a replica that merged it from the push
+    assert direct.submit_group(update, lambda peer: True).accepted
+    assert torch.equal(end["pipeline"].replica.params, direct.replica.params)
+
+
+def test_a_tampered_copy_is_counted_against_its_holder_and_another_holder_asked() -> None:
+    update = _update(IDS[:3])
+    tampered = GroupUpdate(
+        update.contributions, update.shard_digests, update.cosignatures, update.aggregate * 5
+    )
+    holders = {"a-liar": _holding(update, encode_update(tampered)), "b-honest": _holding(update)}
+    end = asyncio.run(_catch_up(update, holders))
+    assert end["fetched_from"] == ["a-liar", "b-honest"]
+    assert end["rejections"]["served_bad_group_update"] == 1
+    assert end["pipeline"].replica.applied == {update.head.group_key: [update.seq]}
+    assert end["retained"].get(group_update_id(update)) == encode_update(update)
