@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 from dht.catchup import Fetch
 from dht.gossip_context import GossipContext
-from dht.resumable import fetch_resumable
+from dht.resumable import fetch_resumable, is_refusal
 from dht.state_transfer import TransferStats
 from dht.swarm_config import REQUEST_READ_TIMEOUT_S
 from dht.transport import TooLargeError, TransportError
@@ -41,6 +41,8 @@ class Fetcher:
         self.fetches: deque[TransferStats] = deque(maxlen=1000)
         """The last fetches' sizes and speeds (the dashboard's transfer figures)."""
         self._fresh: OrderedDict[str, bool] = OrderedDict()
+        self._refused: set[tuple[str, int]] = set()
+        """Fetches in progress whose peer refused (not held): CatchUp asks it no more."""
         """Per author, whether the merge found it fresh after its latest update merged here."""
 
     def is_fresh(self, author: str) -> bool:
@@ -53,7 +55,9 @@ class Fetcher:
         ctx, uid = self._ctx, fetch.update_id
         update = await self._fetch_update(fetch)
         if update is None:
-            ctx.catchup.failed(uid, fetch.peer_id, time.monotonic())
+            refused = fetch.update_id in self._refused
+            self._refused.discard(fetch.update_id)
+            ctx.catchup.failed(uid, fetch.peer_id, time.monotonic(), refused=refused)
             ctx.kick()
             return
         result, fresh = await ctx.off_loop(self._submit, update)
@@ -114,6 +118,8 @@ class Fetcher:
             return None
         except (TimeoutError, TransportError, OSError, ValueError) as exc:
             logger.debug("fetching %s/%d from %s failed: %s", author, seq, peer_id, exc)
+            if is_refusal(exc):
+                self._refused.add((author, seq))
             return None
         stats = TransferStats(len(data), time.perf_counter() - started, peer_id)
         path = await ctx.network.path_to(peer_id)  # the connection the fetch just used
