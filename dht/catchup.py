@@ -37,6 +37,14 @@ class CatchUpConfig:
     """How long an update no live peer offers is waited for before it is counted lost."""
     retry_s: float = 2.0
     """How long after a failed fetch the same source may be asked again (if it claims it)."""
+    author_retries: int = 6
+    """Failed fetches in a row (not refusals) after which an update's author is no longer
+    asked for it. Until then the author stays a source, asked again after retry_s, doubled
+    after each failure up to max_retry_s: it holds its recent updates, and a fetch over a
+    relayed connection that flaps fails now and then (tests/swarm/test_nat.py lost every update
+    of a live home whose one failed fetch had dropped it as their only source)."""
+    max_retry_s: float = 16.0
+    """The longest wait before an author is asked again for an update after failures."""
     mismatch_grace_s: float = 2.0
     """How long applied digests must differ before summaries are exchanged with that peer."""
     summary_period_s: float = 5.0
@@ -67,9 +75,17 @@ class CatchUpConfig:
     again (by push, by an announcement lookup, in a summary) is not counted again."""
 
     def __post_init__(self) -> None:
-        for name in ("lost_after_s", "retry_s", "mismatch_grace_s", "summary_period_s"):
+        for name in (
+            "lost_after_s",
+            "retry_s",
+            "max_retry_s",
+            "mismatch_grace_s",
+            "summary_period_s",
+        ):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}.")
+        if self.author_retries < 1:
+            raise ValueError(f"author_retries must be >= 1, got {self.author_retries!r}.")
         if self.max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {self.max_in_flight!r}.")
         if self.max_summaries < 1:
@@ -105,6 +121,8 @@ class _Want:
     sources: set[str]
     sourceless_since: float | None
     failed_at: dict[str, float] = field(default_factory=dict)
+    author_failures: int = 0
+    """Fetches from the author that failed in a row (its retry waits double with each)."""
     in_flight: str | None = None
     named_by: str | None = None
     """The peer whose summary made this update wanted (its max_wants_per_peer share)."""
@@ -221,13 +239,19 @@ class CatchUp:
                 if len(self._settled) > self.config.max_wants:  # forget the oldest
                     del self._settled[next(iter(self._settled))]
 
-    def failed(self, uid: UpdateId, peer_id: str, now: float) -> None:
-        """`peer_id` could not deliver `uid`: ask someone else, or it again after retry_s."""
+    def failed(self, uid: UpdateId, peer_id: str, now: float, *, refused: bool = False) -> None:
+        """`peer_id` could not deliver `uid`: ask someone else, or it again after retry_s (if
+        it claims it again). The author stays a source after a failure that was not a refusal
+        ("not held"), asked again with backoff, up to author_retries failures in a row."""
         want = self._wants.get(uid)
         if want is None:
             return
         want.in_flight = None
         want.failed_at[peer_id] = now
+        if peer_id == uid[0] and not refused:
+            want.author_failures += 1
+            if want.author_failures < self.config.author_retries:
+                return
         want.sources.discard(peer_id)
         if not want.sources and want.sourceless_since is None:
             want.sourceless_since = now
@@ -459,6 +483,13 @@ class CatchUp:
     def _live_sources(self, want: _Want, alive: set[str]) -> list[str]:
         return sorted(s for s in want.sources if s in alive)
 
+    def _retry_wait_s(self, uid: UpdateId, source: str, want: _Want) -> float:
+        """How long after its last failure `source` may be asked for `uid` again."""
+        if source != uid[0] or want.author_failures <= 1:
+            return self.config.retry_s
+        doubled = self.config.retry_s * 2.0 ** min(want.author_failures - 1, 30)
+        return max(self.config.retry_s, min(self.config.max_retry_s, doubled))
+
     def _pick_source(self, uid: UpdateId, now: float, alive: set[str]) -> str | None:
         want = self._wants[uid]
         if want.in_flight is not None or self._applied.has_applied(*uid):
@@ -466,7 +497,7 @@ class CatchUp:
         ready = [
             s
             for s in self._live_sources(want, alive)
-            if now - want.failed_at.get(s, -1e18) >= self.config.retry_s
+            if now - want.failed_at.get(s, -1e18) >= self._retry_wait_s(uid, s, want)
         ]
         if not ready:
             return None

@@ -14,7 +14,7 @@ from dht.catchup import Fetch
 from dht.gossip_context import GossipContext
 from dht.gossip_groups import is_group_key, parse_fetched
 from dht.grouping import member_check
-from dht.resumable import fetch_resumable
+from dht.resumable import fetch_resumable, is_refusal
 from dht.state_transfer import TransferStats
 from dht.swarm_config import REQUEST_READ_TIMEOUT_S
 from dht.transport import TooLargeError, TransportError
@@ -48,6 +48,8 @@ class Fetcher:
         """The last fetches' sizes and speeds (the dashboard's transfer figures)."""
         self._fresh: OrderedDict[str, bool] = OrderedDict()
         """Per author, whether the merge found it fresh after its latest update merged here."""
+        self._refused: set[tuple[str, int]] = set()
+        """Fetches in progress whose peer refused (not held): CatchUp asks it no more."""
 
     def is_fresh(self, author: str) -> bool:
         """Whether `author` had no track record here when its latest update was merged (an
@@ -65,8 +67,7 @@ class Fetcher:
             return
         update = await self._fetch_update(fetch)
         if update is None:
-            ctx.catchup.failed(uid, fetch.peer_id, time.monotonic())
-            ctx.kick()
+            self._failed(fetch)
             return
         result, fresh = await ctx.off_loop(self._submit, update)
         self._judged(update.header.author, fresh)
@@ -89,8 +90,7 @@ class Fetcher:
         if isinstance(parsed, str):
             ctx.reject(parsed, fetch.peer_id, "served a bad group update", update=False)
         if data is None or parsed is None or isinstance(parsed, str):
-            ctx.catchup.failed(uid, fetch.peer_id, time.monotonic())
-            ctx.kick()
+            self._failed(fetch)
             return
         in_group = member_check(ctx.config.run_id, fetch.author)
         result = await ctx.off_loop(ctx.merge.submit_group, parsed, in_group)
@@ -107,6 +107,13 @@ class Fetcher:
         if result.accepted:
             await self._retain_group(parsed, data)
         ctx.kick()
+
+    def _failed(self, fetch: Fetch) -> None:
+        """Tells catch-up the fetch failed, and whether the peer refused (does not hold it)."""
+        refused = fetch.update_id in self._refused
+        self._refused.discard(fetch.update_id)
+        self._ctx.catchup.failed(fetch.update_id, fetch.peer_id, time.monotonic(), refused=refused)
+        self._ctx.kick()
 
     def _submit(self, update: SignedUpdate) -> tuple[MergeResult, bool]:
         """On the merge's thread: the update merged, and whether its author is fresh after."""
@@ -155,6 +162,8 @@ class Fetcher:
             return None
         except (TimeoutError, TransportError, OSError, ValueError) as exc:
             logger.debug("fetching %s/%d from %s failed: %s", author, seq, peer_id, exc)
+            if is_refusal(exc):
+                self._refused.add((author, seq))
             return None
         stats = TransferStats(len(data), time.perf_counter() - started, peer_id)
         path = await ctx.network.path_to(peer_id)  # the connection the fetch just used

@@ -117,7 +117,7 @@ async def fetch_resumable(
         try:
             received = await _attempt(open_stream, args, resume, stall_timeout_s)
         except (TransportError, OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
-            if isinstance(exc, TooLargeError) or _refused(exc):
+            if isinstance(exc, TooLargeError) or is_refusal(exc):
                 raise
             error: BaseException = exc
         else:
@@ -128,7 +128,8 @@ async def fetch_resumable(
     return bytes(resume.data), resume.num_attempts
 
 
-def _refused(exc: BaseException) -> bool:
+def is_refusal(exc: BaseException) -> bool:
+    """Whether `exc` is the peer's refusal ("not held"): asking it again brings nothing."""
     return isinstance(exc, TransportError) and str(exc).startswith("peer refused")
 
 

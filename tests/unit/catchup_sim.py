@@ -135,8 +135,11 @@ class SimSwarm:
     def _fetch(self, node: SimNode, uid: UpdateId, source: str) -> None:
         self.num_fetches += 1
         holder = self.nodes[source]
-        if not self.reachable(node.peer_id, source) or uid not in holder.retained:
+        if not self.reachable(node.peer_id, source):
             node.catchup.failed(uid, source, self.now)
+            return
+        if uid not in holder.retained:  # the real server's answer: "not held"
+            node.catchup.failed(uid, source, self.now, refused=True)
             return
         node.applied.add(uid)  # applied at most once: a set
         self._retain(node, uid)

@@ -118,7 +118,7 @@ def test_a_holder_showing_up_later_recovers_a_lost_update() -> None:
     node = SimNode("b")
     catchup = node.catchup
     catchup.announced("a", 1, None, 0.0)
-    catchup.failed(("a", 1), "a", 0.0)
+    catchup.failed(("a", 1), "a", 0.0, refused=True)  # "not held": evicted
     assert catchup.declare_lost(CONFIG.lost_after_s + 1, {"a"}) == [("a", 1)]
     catchup.holders("a", 1, ["c"], 15.0)  # a holder record may be stale: not trusted for it
     assert catchup.next_fetches(15.0, {"c"}) == []
@@ -244,3 +244,80 @@ def test_a_crowd_of_mismatched_peers_costs_few_summaries_and_starves_no_contribu
     second = catchup.summary_peers(1.0, "mine", digests, preferred={"zz-honest"})
     assert len(second) == len(first) and not set(first) & set(second)  # least recently asked
     assert catchup.summary_peers(5.0, "mine", digests, preferred={"zz-honest"})[0] == "zz-honest"
+
+
+def test_an_author_whose_fetches_fail_stays_a_source_asked_again_with_backoff() -> None:
+    """A live author is its update's only holder (tests/swarm/test_nat.py: two homes, a relay
+    that flaps): failed fetches from it are retried 1, 2, 4, 8 s later (retry_s doubled, up to
+    max_retry_s), never declared lost meanwhile; after author_retries failures in a row it is
+    asked no more and the update is lost lost_after_s later."""
+    config = CatchUpConfig(lost_after_s=10.0, retry_s=1.0, author_retries=5, max_retry_s=8.0)
+    catchup = CatchUp(config, "b", SimNode("b"))
+    catchup.announced("a", 1, None, 0.0)
+    now, asked_at = 0.0, []
+    while now < 100.0:
+        assert not catchup.declare_lost(now, {"a"}) or len(asked_at) == 5, now
+        for fetch in catchup.next_fetches(now, {"a"}):
+            asked_at.append(now)
+            catchup.failed(fetch.update_id, fetch.peer_id, now)
+        now += 0.25
+    assert asked_at == [0.0, 1.0, 3.0, 7.0, 15.0]
+    assert catchup.lost == {("a", 1)}
+
+
+def test_a_refusal_drops_the_author_at_once_and_a_success_needs_no_retry() -> None:
+    catchup = CatchUp(CONFIG, "b", SimNode("b"))
+    catchup.announced("a", 1, None, 0.0)
+    catchup.announced("a", 2, None, 0.0)
+    assert len(catchup.next_fetches(0.0, {"a"})) == 2
+    catchup.failed(("a", 1), "a", 0.0, refused=True)  # "not held"
+    catchup.failed(("a", 2), "a", 0.0)  # a cut stream
+    assert [f.update_id for f in catchup.next_fetches(CONFIG.retry_s, {"a"})] == [("a", 2)]
+    catchup.fetched(("a", 2))
+    assert catchup.declare_lost(0.5, {"a"}) == []
+    assert catchup.declare_lost(0.5 + CONFIG.lost_after_s, {"a"}) == [("a", 1)]
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    outcomes=st.lists(st.sampled_from(["cut", "cut", "refused", "ok"]), min_size=1, max_size=12),
+    retries=st.integers(1, 6),
+    tick=st.sampled_from([0.1, 0.5, 1.5]),
+)
+def test_an_author_is_asked_again_only_after_its_backoff_and_at_most_retries_times(
+    outcomes: list[str], retries: int, tick: float
+) -> None:
+    """Whatever its fetches bring: the author is never asked again sooner than retry_s after a
+    failure, nor after `retries` failures in a row or a refusal; a live author's update is
+    never lost while it may still be asked."""
+    config = CatchUpConfig(lost_after_s=5.0, retry_s=1.0, author_retries=retries, max_retry_s=4.0)
+    catchup = CatchUp(config, "b", SimNode("b"))
+    catchup.announced("a", 1, None, 0.0)
+    now, failures, last_failed, given_up = 0.0, 0, None, False
+    for outcome in outcomes:
+        fetches: list[object] = []
+        while not fetches and now < 200.0:
+            lost = catchup.declare_lost(now, {"a"})
+            assert not lost or given_up, (now, failures)
+            if lost:
+                return
+            fetches = list(catchup.next_fetches(now, {"a"}))
+            if not fetches:
+                now += tick
+        assert fetches, "an author that may still be asked is asked again"
+        assert not given_up
+        if last_failed is not None:
+            assert now - last_failed >= config.retry_s
+        if outcome == "ok":
+            catchup.fetched(("a", 1))
+            assert catchup.next_fetches(now + 100.0, {"a"}) == []
+            return
+        catchup.failed(("a", 1), "a", now, refused=outcome == "refused")
+        failures, last_failed = failures + 1, now
+        given_up = outcome == "refused" or failures >= retries
+
+
+@pytest.mark.parametrize(("field", "value"), [("author_retries", 0), ("max_retry_s", -1.0)])
+def test_a_bad_retry_config_is_one_clear_error(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        CatchUpConfig(**{field: value})  # type: ignore[arg-type]
