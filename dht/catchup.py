@@ -511,15 +511,21 @@ def to_ranges(seqs_by_author: Mapping[str, Iterable[int]]) -> Ranges:
     """{author: seqs} as sorted disjoint inclusive ranges."""
     ranges: Ranges = {}
     for author, seqs in seqs_by_author.items():
-        runs: list[tuple[int, int]] = []
-        for seq in sorted(set(seqs)):
-            if runs and seq == runs[-1][1] + 1:
-                runs[-1] = (runs[-1][0], seq)
-            else:
-                runs.append((seq, seq))
+        runs = to_runs(seqs)
         if runs:
             ranges[author] = runs
     return ranges
+
+
+def to_runs(seqs: Iterable[int]) -> list[tuple[int, int]]:
+    """`seqs` as sorted disjoint inclusive ranges."""
+    runs: list[tuple[int, int]] = []
+    for seq in sorted(set(seqs)):
+        if runs and seq == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], seq)
+        else:
+            runs.append((seq, seq))
+    return runs
 
 
 def iter_ids(ranges: Ranges) -> Iterable[UpdateId]:

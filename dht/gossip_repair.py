@@ -14,14 +14,7 @@ from dht.gossip_context import GossipContext
 from dht.gossip_groups import group_ceilings
 from dht.summary_bounds import ReducedSummary, SummaryLimits, reduce_summary, take_ids
 from dht.swarm_config import REQUEST_READ_TIMEOUT_S
-from dht.transport import (
-    TooLargeError,
-    TransportError,
-    decode_request,
-    encode_request,
-    receive_blob,
-    send_blob,
-)
+from dht.transport import TooLargeError, TransportError, encode_request, receive_blob, send_blob
 
 logger = logging.getLogger(__name__)
 MAX_SUMMARY_BYTES = 1 << 20
@@ -81,11 +74,7 @@ class Repair:
         (dht.gossip_groups.group_ceilings): a group key new after a regrouping has no
         evidence of its own."""
         own = to_ranges(self._ctx.replica.applied)
-        known = dict(ceilings)
-        for author, runs in own.items():
-            known[author] = max(known.get(author, 0), runs[-1][1])
-        ceilings = {**ceilings, **group_ceilings(known, _named_authors(blob))}
-        return reduce_summary(blob, own, ceilings, SUMMARY_BOUNDS)
+        return reduce_summary(blob, own, ceilings, SUMMARY_BOUNDS, derive=group_ceilings)
 
     async def _learn_summary(self, peer_id: str, blob: bytes) -> int:
         """Wants what a peer's summary names and this node lacks, within SUMMARY_BOUNDS and
@@ -145,17 +134,3 @@ class Repair:
             logger.debug("summary request from %s failed: %s", peer_id, exc)
         except ValueError as exc:
             ctx.reject("bad_summary", peer_id, str(exc))
-
-
-def _named_authors(blob: bytes) -> set[str]:
-    """The authors a summary names (a malformed one names none: reduce_summary refuses it)."""
-    try:
-        fields = decode_request(blob)
-    except TransportError:
-        return set()
-    authors: set[str] = set()
-    for part in ("applied", "retained"):
-        ranges = fields.get(part)
-        if isinstance(ranges, dict):
-            authors.update(a for a in ranges if isinstance(a, str))
-    return authors

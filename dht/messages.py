@@ -17,6 +17,7 @@ from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from dht.catchup import to_runs
 from dht.records import owner_subkey, subkey_owner
 from merge.envelope import (
     MAX_HEADER_JSON_BYTES,
@@ -117,13 +118,7 @@ def holder_subkey(holder: str) -> str:
 
 def holder_ranges(seqs: Iterable[int]) -> list[list[int]]:
     """The holder record's value naming `seqs`: their newest MAX_HOLDER_RANGES ranges."""
-    ranges: list[list[int]] = []
-    for seq in sorted(set(seqs)):
-        if ranges and seq == ranges[-1][1] + 1:
-            ranges[-1][1] = seq
-        else:
-            ranges.append([seq, seq])
-    return ranges[-MAX_HOLDER_RANGES:]
+    return [[lo, hi] for lo, hi in to_runs(seqs)[-MAX_HOLDER_RANGES:]]
 
 
 def parse_holder(subkey: object, value: object) -> HolderRecord:

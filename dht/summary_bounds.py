@@ -18,7 +18,7 @@ Pure: no network, no clock; dht.gossip_repair runs it off the loop and counts wh
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from dht.catchup import Ranges, parse_ranges
@@ -26,6 +26,8 @@ from dht.transport import TransportError, decode_request
 
 MAX_NAMED_IDS = 1 << 20
 """Ids a summary may name at all (its ranges' widths, summed, before anything is walked)."""
+CeilingRule = Callable[[Mapping[str, int], Iterable[str]], Mapping[str, int]]
+"""(every author's ceiling so far, the authors a summary names) -> raised ceilings."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,11 +75,17 @@ class ReducedSummary:
 
 
 def reduce_summary(
-    blob: bytes, own: Ranges, ceilings: Mapping[str, int], limits: SummaryLimits
+    blob: bytes,
+    own: Ranges,
+    ceilings: Mapping[str, int],
+    limits: SummaryLimits,
+    derive: CeilingRule | None = None,
 ) -> ReducedSummary:
     """A peer's summary (JSON: applied and retained ranges) reduced to what this node may lack;
     ValueError when it is malformed. `own` is this node's applied set as ranges; an author's
-    ceiling is the highest of `ceilings` and of `own`."""
+    ceiling is the highest of `ceilings` and of `own`, then, when `derive` is given, what it
+    answers for the authors the summary names given those ceilings (authors with no evidence
+    of their own: dht.gossip_groups.group_ceilings)."""
     try:
         fields = decode_request(blob)
     except TransportError as exc:
@@ -87,6 +95,8 @@ def reduce_summary(
     tops = dict(ceilings)
     for author, runs in own.items():
         tops[author] = max(tops.get(author, 0), runs[-1][1])
+    if derive is not None:
+        tops.update(derive(tops, applied.keys() | retained.keys()))
     kept = plausible_missing(applied, own, tops, limits)
     held = plausible_missing(retained, own, tops, limits)
     return ReducedSummary(

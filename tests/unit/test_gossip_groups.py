@@ -71,6 +71,9 @@ def test_a_summary_may_name_a_new_group_keys_seqs_up_to_the_groups_known_round()
     bounded = reduce_summary(blob, own, ceilings, limits)
     assert bounded.applied == {"groups.0b1": [(201, 203)]} and bounded.num_beyond == 1
     assert group_ceilings(known, ["peer"]) == {}
+    # As the repair reduces it: the rule given the ceilings and the applied set it raises.
+    derived = reduce_summary(blob, own, {"peer": 9_999}, limits, derive=group_ceilings)
+    assert derived == bounded
 
 
 def test_a_group_update_is_fetched_from_its_holders_and_lost_when_none_is_alive() -> None:
