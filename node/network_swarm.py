@@ -168,14 +168,10 @@ class NetworkSwarm:
             self._caught_up.set()
 
     def wait_caught_up(self, stop: threading.Event) -> bool:
-        if self._catching_up is None:
-            return True
-        while not self._caught_up.wait(0.2):
+        while self._catching_up is not None and not self._caught_up.wait(0.2):
             if stop.is_set():
                 return False
-        if self._catch_up_error is not None:
-            raise self._catch_up_error
-        return True
+        return self.caught_up()
 
     def caught_up(self) -> bool:
         if self._catching_up is None:
