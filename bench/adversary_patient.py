@@ -12,8 +12,8 @@ from collections.abc import Callable
 import torch
 
 from bench.adversary_peer import AdversaryPeer
-from dht.catchup import to_ranges
 from dht.heartbeat import Heartbeat
+from dht.ranges import to_ranges
 from dht.records import owner_subkey
 from dht.transport import encode_request
 from merge.identity import Identity

@@ -28,8 +28,8 @@ from typing import Any
 import torch
 
 from bench.scale_sim_state import Published, SimConfig, SimNode, SimReplica, catch_up_id
-from dht.catchup import UpdateId
 from dht.grouping import Grouping, GroupingPolicy, MembershipView
+from dht.ranges import UpdateId
 from dht.shards import ShardConfig, ShardTree
 from merge.codecs import get_codec
 from merge.group_update import (

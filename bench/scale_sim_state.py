@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dht.catchup import CatchUp, CatchUpConfig, UpdateId
+from dht.catchup import CatchUp, CatchUpConfig
+from dht.ranges import UpdateId
 from merge.group_update import GroupUpdate, ReductionConfig
 from merge.identity import Identity
 from merge.outer import OuterConfig, OuterOptimizer, make_outer_optimizer

@@ -9,9 +9,9 @@ import time
 from typing import Any
 
 from dht.budget import PeerBudget, StreamLimits
-from dht.catchup import to_ranges
 from dht.gossip_context import GossipContext
 from dht.gossip_groups import group_ceilings
+from dht.ranges import to_ranges
 from dht.summary_bounds import ReducedSummary, SummaryLimits, reduce_summary, take_ids
 from dht.swarm_config import REQUEST_READ_TIMEOUT_S
 from dht.transport import TooLargeError, TransportError, encode_request, receive_blob, send_blob

@@ -17,7 +17,7 @@ from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dht.catchup import to_runs
+from dht.ranges import to_runs
 from dht.records import owner_subkey, subkey_owner
 from merge.envelope import (
     MAX_HEADER_JSON_BYTES,

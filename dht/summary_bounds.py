@@ -21,7 +21,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from dht.catchup import Ranges, parse_ranges
+from dht.ranges import Ranges, parse_ranges
 from dht.transport import TransportError, decode_request
 
 MAX_NAMED_IDS = 1 << 20

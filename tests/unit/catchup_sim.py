@@ -10,7 +10,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from dht.catchup import CatchUp, CatchUpConfig, UpdateId, to_ranges
+from dht.catchup import CatchUp, CatchUpConfig
+from dht.ranges import UpdateId, to_ranges
 
 CONFIG = CatchUpConfig(lost_after_s=10.0, retry_s=1.0, mismatch_grace_s=1.0, summary_period_s=2.0)
 STEP_S = 0.5

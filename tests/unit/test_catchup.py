@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dht.catchup import CatchUp, CatchUpConfig, iter_ids, parse_ranges, to_ranges
+from dht.catchup import CatchUp, CatchUpConfig
+from dht.ranges import iter_ids, parse_ranges, to_ranges
 from tests.unit.catchup_sim import CONFIG, Schedule, SimNode, SimSwarm
 
 PEERS = ["a", "b", "c", "d"]

@@ -25,9 +25,9 @@ from hivemind.utils import MSGPackSerializer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dht.catchup import parse_ranges
 from dht.gossip_serve import parse_update_request
 from dht.messages import MessageError, parse_announced_seq, parse_run_listing
+from dht.ranges import parse_ranges
 from dht.records import _OWNER_RE, OwnerValidator, owner_subkey
 from dht.tensor_stream import join_tensors, parse_spec
 from dht.transport import TransportError, decode_request

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dht.budget import PeerBudget
-from dht.catchup import CatchUp, CatchUpConfig, iter_ids, to_ranges
+from dht.catchup import CatchUp, CatchUpConfig
+from dht.ranges import iter_ids, to_ranges
 from dht.summary_bounds import (
     SummaryLimits,
     plausible_missing,
