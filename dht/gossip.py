@@ -23,7 +23,7 @@ from dht.gossip_announce import Announcements
 from dht.gossip_context import GossipContext
 from dht.gossip_evidence import EVIDENCE_LIMITS, Evidence
 from dht.gossip_fetch import Fetcher
-from dht.gossip_groups import group_update_id
+from dht.gossip_groups import group_update_id, offer_in_bounds
 from dht.gossip_headers import NOTIFY_LIMITS, Headers
 from dht.gossip_repair import SUMMARY_LIMITS, Repair
 from dht.gossip_serve import UpdateServer, update_limits
@@ -151,6 +151,25 @@ class Gossip:
         `blob`: its wire bytes when at hand."""
         blob = encode_update(update) if blob is None else blob
         await self.announcements.retain_blob(group_update_id(update), blob)
+
+    def offer_group(self, author: str, seq: int, holder: str) -> bool:
+        """A learner group's update `holder` completed (its group-done notice): wanted from it,
+        fetched once by catch-up and merged as one unit (dht.gossip_fetch), unless applied or
+        wanted already; False (counted) for a seq past what this node knows + slack."""
+        ctx = self._ctx
+        known = ctx.catchup.seen_seqs()
+        known[author] = max(known.get(author, 0), ctx.replica.last_seq(author))
+        if not offer_in_bounds(known, author, seq):
+            ctx.reject("group_done_too_far", holder, f"{author}/{seq}", update=False)
+            return False
+        if ctx.catchup.announced(author, seq, None, time.monotonic(), holder=holder):
+            ctx.kick()
+        return True
+
+    async def fetch_group(self, peer_id: str, author: str, seq: int) -> bytes | None:
+        """A learner group's update's wire bytes from `peer_id` (its member that completed it),
+        or None (counted in update_fetched as any fetch)."""
+        return await self.fetcher.fetch_bytes(peer_id, author, seq)
 
     async def announced_seq(self, author: str) -> int:
         """The highest seq `author` announced that the DHT still holds (0 if none)."""

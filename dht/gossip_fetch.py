@@ -141,6 +141,10 @@ class Fetcher:
             return None
         return update
 
+    async def fetch_bytes(self, peer_id: str, author: str, seq: int) -> bytes | None:
+        """The wire bytes of (author, seq) from `peer_id`, unchecked, or None."""
+        return await self._fetch_from(peer_id, author, seq)
+
     async def _fetch_from(self, peer_id: str, author: str, seq: int) -> bytes | None:
         ctx = self._ctx
         if peer_id == ctx.peer_id:

@@ -62,3 +62,17 @@ def group_ceilings(known: Mapping[str, int], authors: Iterable[str]) -> dict[str
     node has evidence of; `authors`: the group keys to bound (those in a summary)."""
     top = max((seq for author, seq in known.items() if is_group_key(author)), default=0)
     return {author: max(known.get(author, 0), top) for author in authors if is_group_key(author)}
+
+
+OFFER_SLACK = 64
+"""How far past the highest group seq known here a group-done notice may name a round."""
+
+
+def offer_in_bounds(known: Mapping[str, int], author: str, seq: int) -> bool:
+    """Whether a group-done notice's id may become a want here: a group key, and a seq no
+    further than the highest group seq known (`group_ceilings`) plus OFFER_SLACK. A member
+    naming rounds far ahead (that no one will ever serve) would otherwise fill catch-up with
+    wants that end counted lost."""
+    if not is_group_key(author) or seq < 1:
+        return False
+    return seq <= group_ceilings(known, [author])[author] + OFFER_SLACK

@@ -10,12 +10,15 @@ node has not opened yet are held, bounded (the newest `MAX_HELD_ROUNDS` rounds, 
 member each), and fed to the round when it opens: a member that finished training first
 does not lose the others' parts.
 
-`group-update`: a member that completed its round pushes the group update to the other
-members, so one that lost a member the completer had the co-signature of adopts the same
-outcome instead of abandoning (dht/grouping_round.py), and to its share of the peers outside
-the group. Every node that completes, adopts or merges one hands it to `retain` (the
-gossip's: retained, announced in its holder record), so a peer that missed the push gets it
-by repair from any holder (dht/gossip_groups.py).
+`group-done`: a member that completed its round retains the update (`retain`: the gossip's,
+announced in its holder record) and sends a small notice (round id and included set) to the
+other members and its share of the peers outside the group, instead of the update itself
+(session 10 pushed the whole update to every member: 350 of 459 pushes were duplicates). A
+member still waiting on the round fetches it from the notifier only when it cannot complete
+by itself (`done_action`: another included set, or co-signatures late) and adopts it; a
+peer outside the group hands the id to the gossip (`offer`), whose catch-up fetches it once
+from one holder and merges it. `group-update` (a pushed whole update) is still served, for
+nodes of session 10.
 """
 
 from __future__ import annotations
@@ -34,15 +37,18 @@ from dht.budget import StreamLimits
 from dht.grouping import member_check
 from dht.grouping_round import (
     Cosign,
+    Done,
     GroupMessageError,
     GroupRound,
     RoundId,
     cosign_max_bytes,
     decode_cosign,
+    decode_done,
     decode_part,
     decode_update,
+    done_action,
+    done_max_bytes,
     encode_part,
-    encode_update,
     part_max_bytes,
     update_max_bytes,
 )
@@ -68,6 +74,11 @@ COSIGN_LIMITS = StreamLimits(rate_per_s=10.0, burst=32.0, max_in_flight=4, deadl
 """Co-signatures a peer may send: one per round and retry from an honest member."""
 UPDATE_LIMITS = StreamLimits(rate_per_s=2.0, burst=8.0, max_in_flight=2, deadline_s=120.0)
 """Complete group updates a peer may push: one per round from each member that completed."""
+DONE_LIMITS = StreamLimits(rate_per_s=4.0, burst=16.0, max_in_flight=4, deadline_s=10.0)
+"""Group-done notices a peer may send: one per round it completed (to members and its share
+of the peers outside the group)."""
+MAX_SETTLED_ROUNDS = 64
+"""Rounds this node ran whose ending (with the update or without) it remembers."""
 MAX_HELD_ROUNDS = 4
 """Rounds whose parts are held before this node opens them (the oldest dropped first)."""
 TICK_S = 0.25
@@ -94,12 +105,17 @@ class GroupExchange:
         on_update: Callable[[GroupUpdate], bool] | None = None,
         retain: Callable[[GroupUpdate], Awaitable[None]] | None = None,
         on_received: Callable[[str, str, int], None] | None = None,
+        offer: Callable[[str, int, str], object] | None = None,
+        fetch: Callable[[str, str, int], Awaitable[bytes | None]] | None = None,
     ) -> None:
         """`live_peers`: the live peers' ids (a completed update's pushes go to them);
         `on_update`: takes a group update this node is not a member of the round of (run off
         the loop: it merges), True when it applied it; `retain`: keeps a group update this
         node holds to serve (the gossip's retained updates and holder record); `on_received`:
-        (kind, sender, bytes) of each part and update that parsed (what bench.scale counts)."""
+        (kind, sender, bytes) of each part and update that parsed (what bench.scale counts);
+        `offer`: (group key, seq, holder) of a completed round's update this node should fetch
+        as any replica (the gossip's catch-up); `fetch`: (peer, group key, seq) -> the update's
+        wire bytes from that peer, or None (the gossip's `update` stream)."""
         self.network = network
         self.identity = network.identity
         self.run_id = network.config.run_id
@@ -110,6 +126,10 @@ class GroupExchange:
         self._on_update = on_update
         self._retain = retain
         self._on_received = on_received
+        self._offer = offer
+        self._fetch = fetch
+        self._settled: OrderedDict[RoundId, bool] = OrderedDict()
+        """Rounds this node ran and ended: whether it ended holding the complete update."""
         self._rounds: dict[RoundId, GroupRound] = {}
         self._wakes: dict[RoundId, asyncio.Event] = {}
         self._held: OrderedDict[RoundId, dict[str, tuple[ContributionHeader, torch.Tensor]]] = (
@@ -128,6 +148,7 @@ class GroupExchange:
         await self.network.add_handler("group-part", self.rpc_part, PART_LIMITS)
         await self.network.add_handler("group-cosign", self.rpc_cosign, COSIGN_LIMITS)
         await self.network.add_handler("group-update", self.rpc_update, UPDATE_LIMITS)
+        await self.network.add_handler("group-done", self.rpc_done, DONE_LIMITS)
 
     # ---- serving ----------------------------------------------------------------------------
 
@@ -221,6 +242,53 @@ class GroupExchange:
             if await loop.run_in_executor(None, self._on_update, update):
                 await self._hold(update)
 
+    async def rpc_done(self, info: Any, reader: Any, writer: Any) -> None:
+        """A member's notice that it completed a round: fetched from it if this node's own
+        round needs the update, offered to the gossip if this node merges it as any replica,
+        ignored if this node holds it (dht.grouping_round.done_action)."""
+        sender = str(info.peer_id)
+        blob = await self._receive("group_done", sender, reader, done_max_bytes())
+        if blob is None:
+            return
+        try:
+            done = decode_done(blob)
+        except GroupMessageError as exc:
+            self._reject(f"group_done_{exc.reason}", sender, str(exc))
+            return
+        if not member_check(self.run_id, done.group_key)(sender) or sender not in done.included:
+            self._reject("group_done_not_a_member", sender, "a notice for a round it is not in")
+            return
+        await self._on_done(sender, done)
+
+    async def _on_done(self, sender: str, done: Done) -> None:
+        rid = done.round_id
+        waited = False
+        while True:
+            member = self._rounds.get(rid)
+            action = done_action(
+                member, done, self._settled.get(rid), time.monotonic(), waited=waited
+            )
+            if not isinstance(action, float):
+                break
+            await asyncio.sleep(max(action - time.monotonic(), 0.0))
+            waited = True
+        if action == "offer" and self._offer is not None:
+            self._offer(done.group_key, done.seq, sender)
+        elif action == "adopt" and member is not None and self._fetch is not None:
+            data = await self._fetch(sender, done.group_key, done.seq)
+            if data is None or member.done:
+                return
+            try:
+                update = decode_update(data, self.numel)
+            except GroupMessageError as exc:
+                self._reject(f"group_update_{exc.reason}", sender, str(exc))
+                return
+            self._received("update", sender, len(data))
+            if _round_id(update) == rid and member.adopt(update):
+                self._wakes[rid].set()
+            else:
+                self._reject("group_update_refused", sender, "an update this round cannot take")
+
     def _received(self, kind: str, sender: str, num_bytes: int) -> None:
         if self._on_received is not None:
             self._on_received(kind, sender, num_bytes)
@@ -249,15 +317,19 @@ class GroupExchange:
         wait_s: float,
         cosign_s: float,
         config: ReductionConfig | None = None,
+        codec: str = "fp32",
+        payload: bytes | None = None,
     ) -> GroupUpdate | Abandoned:
-        """This member's round: its part to every other member, theirs in until the deadline
-        (`wait_s` from when the round's first part, this member's or another's, was here),
-        then co-signatures until `cosign_s` later; the outcome."""
+        """This member's round: its part to every other member (`tensor` in `codec`, its
+        encoding `payload` when at hand: the header signs `tensor` as decoded), theirs in until
+        the deadline (`wait_s` from when the round's first part, this member's or another's,
+        was here), then co-signatures until `cosign_s` later; the outcome."""
         now = time.monotonic()
         rid = (header.group_key, header.epoch, header.round)
         if now - self._held_since.get(rid, now) >= wait_s:  # the group closed it without us
             self._held.pop(rid, None)
             self._held_since.pop(rid, None)
+            self._settle(rid, False)
             return Abandoned("late")
         member = GroupRound(
             self.identity,
@@ -277,7 +349,7 @@ class GroupExchange:
         for held_header, held_tensor in self._held.pop(rid, {}).values():
             if held_header.author != member.me:
                 member.on_part(held_header, held_tensor)
-        part = encode_part(header, tensor)
+        part = encode_part(header, tensor, codec, payload)
         for peer in member.others():
             self._spawn(self._send_part(peer, part, wait_s))
         try:
@@ -292,15 +364,22 @@ class GroupExchange:
                     await _until(wake, member)
             outcome = member.outcome
             assert outcome is not None
+            self._settle(rid, isinstance(outcome, GroupUpdate))  # applied here either way
             if isinstance(outcome, GroupUpdate):
                 await self._hold(outcome)
-                blob = encode_update(outcome)
+                notice = Done.of(outcome).to_bytes()
                 for peer in push_targets(member, outcome, self._live_peers()):
-                    self._spawn(self._send(peer, "group-update", blob, SEND_TIMEOUT_S))
+                    self._spawn(self._send(peer, "group-done", notice, SEND_TIMEOUT_S))
             return outcome
         finally:
             self._rounds.pop(rid, None)
             self._wakes.pop(rid, None)
+
+    def _settle(self, rid: RoundId, holds: bool) -> None:
+        self._settled[rid] = holds
+        self._settled.move_to_end(rid)
+        if len(self._settled) > MAX_SETTLED_ROUNDS:
+            self._settled.popitem(last=False)
 
     async def _hold(self, update: GroupUpdate) -> None:
         """Retained to serve (a failure costs this copy, never the round)."""
@@ -342,11 +421,11 @@ class GroupExchange:
 
 
 def push_targets(member: GroupRound, update: GroupUpdate, live: Iterable[str]) -> list[str]:
-    """Where this member pushes its round's complete update: every other member (one that
-    lost a member the completer had the co-signature of adopts it) and its share of the live
-    peers outside the group: the k-th of them (sorted) by the ((k + c) mod n)-th of the n
-    included members for c < COPIES, so each outsider gets it from COPIES members (one dying
-    after the round loses it nobody). Until group updates are gossiped (docs/scale.md)."""
+    """Where this member sends its round's group-done notice: every other member (one that
+    lost a member the completer had the co-signature of fetches and adopts it) and its share
+    of the live peers outside the group: the k-th of them (sorted) by the ((k + c) mod n)-th
+    of the n included members for c < COPIES, so each outsider hears of it from COPIES
+    members (one dying after the round loses it nobody) and fetches it once."""
     included = [h.author for h in update.contributions]
     outside = sorted(set(live) - member.members)
     mine = []

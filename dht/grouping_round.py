@@ -2,12 +2,18 @@
 
 Step 3 of docs/scale.md's wiring plan, the pure part (dht/group_exchange.py does the network):
 
-- `group-part`: a member's signed `ContributionHeader` and its pseudo-gradient (fp32), sent to
-  every other member of its group. What arrives is untrusted: `decode_part` refuses anything
+- `group-part`: a member's signed `ContributionHeader` and its pseudo-gradient in the swarm's
+  codec (`DGP2`: what the member signed is the decoded tensor, the codec's rounding kept in
+  its error feedback, node.group_publishing; `DGP1`, fp32, is still read), sent to every
+  other member of its group. What arrives is untrusted: `decode_part` refuses anything
   malformed, over the size the replica allows, or not signed by its author (a
   `GroupMessageError` with the reason the caller counts), never raising anything else.
 - `group-cosign`: a member's co-signature over its shard of the aggregate, for one included
   set (`merge.group_update.shard_statement`).
+- `group-done`: a small notice that a member completed a round (its id and included set),
+  sent instead of the whole update: a member still waiting fetches the update from the
+  notifier only when it needs it (`done_action`), a peer outside the group fetches it once
+  from one holder (the gossip's catch-up), not once per pushing member.
 - `GroupRound` drives `merge.group_update.GroupReduction` for this member from events with
   their time: parts in until the deadline (a member not in by then is left out, never waited
   for; the round closes early once every member is in), then this member's co-signature out,
@@ -33,6 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from merge.codec_base import CodecError
+from merge.codecs import get_codec
 from merge.group_update import (
     SIGNATURE_BYTES,
     Abandoned,
@@ -46,6 +54,8 @@ from merge.group_update import (
 from merge.identity import Identity
 
 PART_MAGIC = b"DGP1"
+CODED_PART_MAGIC = b"DGP2"
+DONE_MAGIC = b"DGD1"
 COSIGN_MAGIC = b"DGC1"
 UPDATE_MAGIC = b"DGU1"
 MAX_HEADER_BYTES = 4096
@@ -82,7 +92,10 @@ class GroupMessageError(ValueError):
 
 def part_max_bytes(numel: int) -> int:
     """The largest `group-part` blob a receiver reads for a replica of `numel` parameters."""
-    return len(PART_MAGIC) + 4 + MAX_HEADER_BYTES + 4 * numel
+    return len(PART_MAGIC) + 4 + MAX_HEADER_BYTES + 1 + MAX_CODEC_NAME + 4 * numel
+
+
+MAX_CODEC_NAME = 16
 
 
 def _header_fields(header: ContributionHeader) -> dict[str, object]:
@@ -91,18 +104,47 @@ def _header_fields(header: ContributionHeader) -> dict[str, object]:
     return fields
 
 
-def encode_part(header: ContributionHeader, tensor: torch.Tensor) -> bytes:
+def encode_part(
+    header: ContributionHeader,
+    tensor: torch.Tensor,
+    codec: str = "fp32",
+    payload: bytes | None = None,
+) -> bytes:
+    """A member's part: its signed header, then `tensor` in `codec` (`payload`: its encoding,
+    when at hand, `coded`'s). The header must sign the tensor the receivers decode: a lossy
+    codec's rounding is the sender's to keep (`coded`)."""
     raw = json.dumps(_header_fields(header), sort_keys=True, separators=(",", ":")).encode()
     if len(raw) > MAX_HEADER_BYTES:
         raise ValueError(f"a contribution header of {len(raw)} bytes is over {MAX_HEADER_BYTES}.")
-    payload = tensor.detach().to(torch.float32).contiguous().numpy().astype("<f4", copy=False)
-    return PART_MAGIC + struct.pack(">I", len(raw)) + raw + payload.tobytes()
+    head = struct.pack(">I", len(raw)) + raw
+    if codec == "fp32":
+        flat = tensor.detach().to(torch.float32).contiguous().numpy().astype("<f4", copy=False)
+        return PART_MAGIC + head + flat.tobytes()
+    name = codec.encode()
+    if not 0 < len(name) <= MAX_CODEC_NAME:
+        raise ValueError(f"codec name {codec!r} is too long.")
+    if payload is None:
+        payload = get_codec(codec).encode(tensor.detach().to(torch.float32).contiguous())
+    return CODED_PART_MAGIC + head + bytes([len(name)]) + name + payload
+
+
+def coded(tensor: torch.Tensor, codec: str) -> tuple[torch.Tensor, bytes]:
+    """What receivers will decode of `tensor` sent in `codec`, and the payload: the member
+    signs the former and keeps `tensor` minus it in its error feedback. CodecError for a
+    tensor the codec cannot encode (not finite)."""
+    c = get_codec(codec)
+    payload = c.encode(tensor.detach().to(torch.float32).contiguous())
+    return c.decode(payload, tensor.numel()), payload
 
 
 def decode_part(blob: object, numel: int) -> tuple[ContributionHeader, torch.Tensor]:
-    """The header and pseudo-gradient of an untrusted `group-part` blob, its author's
-    signature and the tensor's digest checked; GroupMessageError for anything else."""
-    if not isinstance(blob, bytes) or len(blob) < 8 or blob[:4] != PART_MAGIC:
+    """The header and pseudo-gradient of an untrusted `group-part` blob (fp32 or coded), its
+    author's signature and the decoded tensor's digest checked; GroupMessageError otherwise."""
+    if (
+        not isinstance(blob, bytes)
+        or len(blob) < 8
+        or blob[:4] not in (PART_MAGIC, CODED_PART_MAGIC)
+    ):
         raise GroupMessageError("malformed", "not a group part")
     (length,) = struct.unpack(">I", blob[4:8])
     if length > MAX_HEADER_BYTES or len(blob) < 8 + length:
@@ -112,10 +154,27 @@ def decode_part(blob: object, numel: int) -> tuple[ContributionHeader, torch.Ten
     except (ValueError, RecursionError):
         raise GroupMessageError("malformed", "a group part's header is not JSON") from None
     header = _parse_header(fields)
-    tensor = _fp32(blob[8 + length :], numel)
+    body = blob[8 + length :]
+    tensor = _fp32(body, numel) if blob[:4] == PART_MAGIC else _coded(body, numel)
     if tensor_digest(tensor) != header.digest or not header.verified():
         raise GroupMessageError("bad_signature", "a group part its author did not sign")
     return header, tensor
+
+
+def _coded(body: bytes, numel: int) -> torch.Tensor:
+    """A coded part's tensor: a codec name the swarm knows, its payload of the exact size."""
+    if not body or not 0 < body[0] <= MAX_CODEC_NAME or len(body) < 1 + body[0]:
+        raise GroupMessageError("malformed", "a coded part without a codec name")
+    try:
+        codec = get_codec(body[1 : 1 + body[0]].decode("ascii"))
+        tensor = codec.decode(body[1 + body[0] :], numel)
+    except UnicodeDecodeError:
+        raise GroupMessageError("malformed", "a codec name that is not ASCII") from None
+    except CodecError as exc:
+        raise GroupMessageError("wrong_size", f"a coded part that does not decode: {exc}") from None
+    if tensor.shape != (numel,) or not bool(torch.isfinite(tensor).all()):
+        raise GroupMessageError("not_finite", "a group message holds NaN or infinity")
+    return tensor
 
 
 def _fp32(body: bytes, numel: int) -> torch.Tensor:
@@ -255,6 +314,105 @@ def decode_cosign(blob: object) -> Cosign:
     if not ok:
         raise GroupMessageError("malformed", "a co-signature with fields out of range")
     return cosign
+
+
+@dataclass(frozen=True)
+class Done:
+    """A member's notice that it completed a group round: the round and its included set.
+    Not signed: it is a hint to fetch, and what is fetched is checked as every update is."""
+
+    group_key: str
+    epoch: int
+    round: int
+    included: tuple[str, ...]
+
+    @property
+    def round_id(self) -> RoundId:
+        return (self.group_key, self.epoch, self.round)
+
+    @property
+    def seq(self) -> int:
+        """The seq replicas apply the round's update under (its group key as author)."""
+        return self.round + 1
+
+    def to_bytes(self) -> bytes:
+        fields = {
+            "group_key": self.group_key,
+            "epoch": self.epoch,
+            "round": self.round,
+            "included": list(self.included),
+        }
+        return DONE_MAGIC + json.dumps(fields, separators=(",", ":")).encode()
+
+    @classmethod
+    def of(cls, update: GroupUpdate) -> Done:
+        head = update.head
+        return cls(
+            head.group_key, head.epoch, head.round, tuple(h.author for h in update.contributions)
+        )
+
+
+def done_max_bytes() -> int:
+    return len(DONE_MAGIC) + 256 + MAX_MEMBERS * (MAX_TEXT + 4)
+
+
+def decode_done(blob: object) -> Done:
+    """An untrusted `group-done` blob's fields; GroupMessageError for anything else."""
+    if not isinstance(blob, bytes) or blob[:4] != DONE_MAGIC:
+        raise GroupMessageError("malformed", "not a group-done notice")
+    try:
+        fields = json.loads(blob[4:])
+        included = fields["included"]
+        done = Done(fields["group_key"], fields["epoch"], fields["round"], tuple(included))
+    except (ValueError, RecursionError, KeyError, TypeError, AttributeError):
+        raise GroupMessageError("malformed", "a group-done notice that does not parse") from None
+    ok = (
+        isinstance(done.group_key, str)
+        and 0 < len(done.group_key) <= MAX_TEXT
+        and all(type(v) is int and 0 <= v < MAX_COUNT for v in (done.epoch, done.round))
+        and isinstance(included, list)
+        and 0 < len(included) <= MAX_MEMBERS
+        and all(isinstance(m, str) and 0 < len(m) <= MAX_TEXT for m in included)
+    )
+    if not ok:
+        raise GroupMessageError("malformed", "a group-done notice with fields out of range")
+    return done
+
+
+DONE_GRACE_S = 2.0
+"""How long a member still reducing the included set a notice names waits for its own
+completion (its co-signatures in flight) before it fetches the update instead."""
+
+
+def done_action(
+    member: GroupRound | None,
+    done: Done,
+    settled: bool | None,
+    now: float,
+    *,
+    waited: bool = False,
+) -> float | str:
+    """What this node does with a `group-done` notice for a round.
+
+    `member`: this node's round of that id if it is running; `settled`: if it ran and ended
+    here, whether it ended with the complete update (True) or without it (False), else None.
+    Returns "ignore" (this node holds the update), "adopt" (fetch it from the notifier and
+    adopt it: the round is running and cannot complete by itself, its included set differs
+    or its co-signatures are late), "offer" (the gossip fetches it once from a holder, as any
+    replica missing it: this node is outside the round, left out, gave up, or has not opened
+    it), or a time (monotonic) to look again: the round reduces the same included set, and the
+    co-signatures the notifier completed with were sent here too (`waited`: that time has
+    passed, and the round is still running: "adopt")."""
+    if member is not None:
+        if member.done:
+            return "ignore" if isinstance(member.outcome, GroupUpdate) else "offer"
+        same = member.phase is Phase.REDUCING and member.reduction.included == done.included
+        if same and not waited:
+            return now + min(DONE_GRACE_S, max(member.cosign_deadline - now, 0.0))
+        return "adopt"
+    if settled:
+        return "ignore"
+    return "offer"
 
 
 class GroupRound:

@@ -31,7 +31,9 @@ from dataclasses import replace
 import torch
 
 from dht.grouping import member_check
+from dht.grouping_round import coded
 from dht.grouping_view import EpochGrouping
+from merge.codec_base import CodecError
 from merge.codecs import get_codec
 from merge.feedback import Compressor
 from merge.group_carry import CarriedContributions
@@ -46,8 +48,9 @@ from node.settings import GroupSettings
 from node.swarm_link import GroupContribution
 
 CARRY_CODEC = "int8"
-"""A codec with error feedback: its Compressor's residual carries what no group applied
-(contributions are exchanged in fp32; nothing is encoded with it)."""
+"""A codec with error feedback: its Compressor's residual carries what no group applied and
+what the part's codec rounded off (nothing is encoded with it: parts travel in the
+publisher's codec, `part_codec`)."""
 
 
 class GroupPublishing:
@@ -73,6 +76,9 @@ class GroupPublishing:
         self.events, self.census_s = events, census_s
         self.grouping = EpochGrouping(run_id, groups.group_epoch_rounds, groups.grouping_config())
         self.compressor = Compressor(get_codec(CARRY_CODEC), self.replica.numel)
+        self.part_codec = publisher.codec.name
+        """What this node's parts travel in: the swarm's codec for its own updates (bf16 by
+        default; session 10 sent fp32, 2x the bytes). What it rounds off stays here."""
         self.published: list[Published] = []
         self.carried = CarriedContributions(publisher.identity.peer_id)
         """Contributions carried from rounds settled without this node (merge.group_carry)."""
@@ -115,7 +121,8 @@ class GroupPublishing:
         owed = self.carried.take_owed()  # carried, then found in an update applied since
         if owed is not None:
             total -= owed
-        contribution = self.contribution(total, stats.tokens, base.base_applied)
+        sent, payload = self.coded(total)
+        contribution = self.contribution(sent, stats.tokens, base.base_applied, payload)
         t_sealed = time.perf_counter()
         if contribution is None:  # no group formed yet: what it trained waits for one
             self.compressor.residual = total.detach().clone()
@@ -125,11 +132,26 @@ class GroupPublishing:
             return
         outcome = self.publisher.swarm.contribute(contribution)
         self.next_round = contribution.header.round + 1
-        result = self._settle(outcome, contribution.header, total)
+        result = self._settle(outcome, contribution.header, total, sent)
         t_merged = time.perf_counter()
         self._report(contribution, outcome, t_merged - t_sealed)
-        sent = 4 * total.numel() * (len(contribution.members) - 1)
-        self.published.append(Published(result, sent, 0.0, t_sealed - t_start, t_merged - t_sealed))
+        num_bytes = (4 * total.numel() if payload is None else len(payload)) * (
+            len(contribution.members) - 1
+        )
+        self.published.append(
+            Published(result, num_bytes, 0.0, t_sealed - t_start, t_merged - t_sealed)
+        )
+
+    def coded(self, total: torch.Tensor) -> tuple[torch.Tensor, bytes | None]:
+        """What this node's part carries of `total` (what the others decode: what it signs)
+        and its payload in `part_codec`; `total` itself with no payload (fp32) when the
+        codec is fp32 or cannot encode it (not finite: the round refuses it anyway)."""
+        if self.part_codec == "fp32":
+            return total, None
+        try:
+            return coded(total, self.part_codec)
+        except CodecError:
+            return total, None
 
     def _take_back_owed(self) -> None:
         """Out of the residual: what it carried that an update applied since included."""
@@ -138,7 +160,11 @@ class GroupPublishing:
             self.compressor.residual = self.compressor.residual - owed
 
     def contribution(
-        self, total: torch.Tensor, tokens: int, base_applied: int = 0
+        self,
+        total: torch.Tensor,
+        tokens: int,
+        base_applied: int = 0,
+        payload: bytes | None = None,
     ) -> GroupContribution | None:
         """This node's signed contribution to its group's next round; None while the swarm
         it sees, at a grouping's decision, is smaller than one group (--group-size): a node
@@ -183,6 +209,8 @@ class GroupPublishing:
             wait_s=wait,
             cosign_s=wait,
             config=self.groups.reduction_config(),
+            codec="fp32" if payload is None else self.part_codec,
+            payload=payload,
         )
 
     def _report(
@@ -207,17 +235,22 @@ class GroupPublishing:
         )
 
     def _settle(
-        self, outcome: GroupUpdate | Abandoned, header: ContributionHeader, total: torch.Tensor
+        self,
+        outcome: GroupUpdate | Abandoned,
+        header: ContributionHeader,
+        total: torch.Tensor,
+        sent: torch.Tensor,
     ) -> MergeResult:
-        """Applies a complete update here; keeps `total` for next round unless it is in one."""
+        """Applies a complete update here; keeps `total` for next round unless `sent` (what
+        the part carried of it) is in one, and then what the codec rounded off."""
         included = isinstance(outcome, GroupUpdate) and any(
             h.author == self.me for h in outcome.contributions
         )
         if included:
-            self.compressor.residual.zero_()
+            self.compressor.residual = (total - sent).detach()
         else:
             self.compressor.residual = total.detach().clone()
-            self.carried.carry(header, total)
+            self.carried.carry(header, sent)
         if isinstance(outcome, GroupUpdate):
             pipeline = self.publisher.pipeline
             result = pipeline.submit_group(outcome, member_check(self.run_id, header.group_key))

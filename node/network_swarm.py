@@ -81,6 +81,8 @@ class NetworkSwarm:
                 on_received=lambda kind, peer, n: events.emit(
                     "group_received", kind=kind, peer_id=peer, megabytes=round(n / 1e6, 4)
                 ),
+                offer=swarm.gossip.offer_group,
+                fetch=swarm.gossip.fetch_group,
             )
 
     def _group_update(self, update: GroupUpdate) -> bool:
@@ -98,7 +100,7 @@ class NetworkSwarm:
         c = contribution
         run = self._groups.run(
             c.header, c.pseudo_gradient, c.members, wait_s=c.wait_s, cosign_s=c.cosign_s,
-            config=c.config,
+            config=c.config, codec=c.codec, payload=c.payload,
         )  # fmt: skip
         return self.swarm.network.call(run, c.wait_s + c.cosign_s + GROUP_ROUND_SLACK_S)
 

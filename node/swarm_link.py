@@ -43,6 +43,10 @@ class GroupContribution:
     cosign_s: float
     """After the deadline, how long co-signatures may take before the round is abandoned."""
     config: ReductionConfig
+    codec: str = "fp32"
+    """What the part travels in: `pseudo_gradient` is already what that codec decodes to."""
+    payload: bytes | None = None
+    """`pseudo_gradient` encoded in `codec`, when at hand (sent as is)."""
 
 
 def run_alone(contribution: GroupContribution) -> GroupUpdate | Abandoned:
