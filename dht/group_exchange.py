@@ -283,8 +283,7 @@ class GroupExchange:
             except GroupMessageError as exc:
                 self._reject(f"group_update_{exc.reason}", sender, str(exc))
                 return
-            self._received("update", sender, len(data))
-            if _round_id(update) == rid and member.adopt(update):
+            if _round_id(update) == rid and member.adopt(update):  # counted as update_fetched
                 self._wakes[rid].set()
             else:
                 self._reject("group_update_refused", sender, "an update this round cannot take")

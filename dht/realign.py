@@ -38,6 +38,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from dht.catchup import AppliedSet
+from dht.gossip_groups import is_group_key, parse_fetched
+from dht.grouping import member_check
 from dht.heartbeat import Heartbeat
 from dht.merge_port import MergePort
 from dht.retention import RetainedUpdates
@@ -284,12 +286,21 @@ def lacking_retained(retained: RetainedUpdates, applied: AppliedSet) -> list[tup
 
 def merge_retained(retained: RetainedUpdates, merge: MergePort) -> list[MergeResult]:
     """Merge each retained update the replica lacks through the one path every update takes
-    (verify, validate, weigh, apply), lowest seq first; what became of each. Call it on the
-    merge's thread, once a donor's state was adopted."""
+    (verify, validate, weigh, apply; a learner group's update through `submit_group`, every
+    member's signature and co-signature checked), lowest seq first; what became of each.
+    Call it on the merge's thread, once a donor's state was adopted."""
     results: list[MergeResult] = []
     for uid in lacking_retained(retained, merge.replica):
         data = retained.get(uid)
         if data is None or merge.replica.has_applied(*uid):  # evicted, or merged meanwhile
+            continue
+        if is_group_key(uid[0]):  # a learner group's update: merged as one unit, as fetched
+            group = parse_fetched(data, uid, merge.replica.numel)
+            if isinstance(group, str):  # it was checked when it came: never expected
+                logger.warning("retained group update %s#%d does not parse: %s", *uid, group)
+                continue
+            in_group = member_check(group.head.run_id, uid[0])  # the merge checks the run id
+            results.append(merge.submit_group(group, in_group))
             continue
         try:
             update = SignedUpdate.from_bytes(data)

@@ -196,3 +196,29 @@ def test_one_member_moves_the_groups_staleness_no_further_than_the_others_claims
         update = _update(IDS[:3], stale=[*stale[:2], lie])
         assert others[0] <= update.staleness <= others[1]
         assert update.update_header(FINGERPRINT, 10).staleness == update.staleness
+
+
+def test_a_realignment_merges_a_retained_group_update_the_donor_lacked_again() -> None:
+    """dht.realign.merge_retained: a group update this node applied and retained, which the
+    donor it realigns to had not, is merged again from its wire bytes after the adopt, as
+    one unit; once the donor applies it too, both hold one applied set and one point."""
+    from dht.gossip_groups import group_update_id
+    from dht.grouping_round import encode_update
+    from dht.realign import lacking_retained, merge_retained
+    from dht.retention import RetainedUpdates
+
+    update = _update(IDS[:3])
+    node, donor = _pipeline(), _pipeline()
+    in_group = member_check(RUN, update.head.group_key)
+    assert node.submit_group(update, in_group).accepted
+    retained = RetainedUpdates(per_author=8, budget_bytes=1 << 20)
+    retained.put(group_update_id(update), encode_update(update))
+    retained.put((update.head.group_key, 9), b"DGU1 junk")  # never expected: skipped, logged
+    node.adopt(donor.transfer_state())
+    assert lacking_retained(retained, node.replica)[0] == group_update_id(update)
+    results = merge_retained(retained, node)
+    assert [(r.author, r.seq, r.accepted) for r in results] == [(group_key(""), 3, True)]
+    assert merge_retained(retained, node) == []
+    assert donor.submit_group(update, in_group).accepted
+    assert node.replica.applied_digest() == donor.replica.applied_digest()
+    assert torch.equal(node.replica.params, donor.replica.params)

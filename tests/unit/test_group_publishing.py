@@ -45,3 +45,23 @@ def test_lingering_ends_for_group_members_who_publish_no_update_of_their_own() -
     assert peers_finished([member], lambda peer: -1, "me", 0)
     training = Heartbeat(peer_id="member", state="training", latest_seq=0)
     assert not peers_finished([training], lambda peer: -1, "me", 0)
+
+
+def test_a_part_in_bf16_keeps_what_the_codec_rounded_off_in_its_error_feedback(
+    tmp_path: Path,
+) -> None:
+    """Parts travel in the swarm's codec (bf16): the group applies what the part carried and
+    the member keeps the rest (total - sent), never both, never neither."""
+    node = offline_node(tmp_path, group_size=1, codec="bf16")
+    publishing = node.parts.publishing
+    assert isinstance(publishing, GroupPublishing) and publishing.part_codec == "bf16"
+    before = node.replica.params.clone()
+    assert node.run_round() is not None
+    residual = publishing.error_feedback().residual
+    assert publishing.error_feedback().pending()  # bf16's rounding, kept for the next round
+    moved = float((node.replica.params - before).norm())
+    assert 0 < float(residual.norm()) <= moved * 2.0**-6
+    total = torch.randn(node.replica.numel, generator=torch.Generator().manual_seed(0))
+    sent, payload = publishing.coded(total)
+    assert payload is not None and len(payload) == 2 * total.numel()
+    assert torch.equal(sent, total.to(torch.bfloat16).to(torch.float32))
