@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import TypeVar
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 import torch
 
+from merge.codec_base import Codec
+from merge.feedback import Compressor
 from merge.group_update import ContributionHeader, GroupUpdate
 
 V = TypeVar("V")
@@ -95,6 +98,37 @@ class CarriedContributions:
             owed, self._owed = self._owed, None
             return owed
 
+    def state_dict(self) -> dict[str, object]:
+        """What a restart must not forget (loadable with torch.load(weights_only=True)): the
+        carried rounds (id, digest, tensor), the included ones (id, digest), what is owed."""
+        with self._lock:
+            return {
+                "carried": [[*rid, d, t.clone()] for rid, (d, t) in self._carried.items()],
+                "included": [[*rid, d] for rid, d in self._included.items()],
+                "owed": None if self._owed is None else self._owed.clone(),
+                "num_owed": self.num_owed,
+            }
+
+    def load_state_dict(self, state: Mapping[str, object], numel: int) -> None:
+        """Restores a `state_dict` of a replica of `numel` parameters; ValueError (nothing
+        changed) for one that is not (a checkpoint of another model, or damaged)."""
+        carried: OrderedDict[RoundId, tuple[str, torch.Tensor]] = OrderedDict()
+        included: OrderedDict[RoundId, str] = OrderedDict()
+        for row in _rows(state.get("carried"), 5):
+            carried[_rid(row)] = (_text(row[3]), _vector(row[4], numel))
+        for row in _rows(state.get("included"), 4):
+            included[_rid(row)] = _text(row[3])
+        owed = state.get("owed")
+        owed = None if owed is None else _vector(owed, numel)
+        num_owed = state.get("num_owed", 0)
+        if type(num_owed) is not int or num_owed < 0:
+            raise ValueError("carried contributions: num_owed is not a count")
+        _bound(carried, self.max_rounds)
+        _bound(included, self.max_rounds)
+        with self._lock:
+            self._carried, self._included, self._owed = carried, included, owed
+            self.num_owed = num_owed
+
     def _owe(self, total: torch.Tensor) -> None:
         self.num_owed += 1
         self._owed = total.detach().clone() if self._owed is None else self._owed.add_(total)
@@ -103,3 +137,61 @@ class CarriedContributions:
 def _bound(table: OrderedDict[RoundId, V], size: int) -> None:
     while len(table) > size:
         table.popitem(last=False)
+
+
+def _rows(value: object, width: int) -> list[list[Any]]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(
+        isinstance(r, list) and len(r) == width for r in value
+    ):
+        raise ValueError(f"carried contributions: rows of {width} fields expected")
+    return value
+
+
+def _rid(row: list[Any]) -> RoundId:
+    key, epoch, round_ = row[:3]
+    if not isinstance(key, str) or type(epoch) is not int or type(round_) is not int:
+        raise ValueError("carried contributions: a round id that is not (key, epoch, round)")
+    return (key, epoch, round_)
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise ValueError("carried contributions: a digest that is not text")
+    return value
+
+
+def _vector(value: object, numel: int) -> torch.Tensor:
+    if (
+        not isinstance(value, torch.Tensor)
+        or value.shape != (numel,)
+        or value.dtype != torch.float32
+        or not bool(torch.isfinite(value).all())
+    ):
+        raise ValueError(f"carried contributions: a tensor that is not {numel} finite fp32")
+    return value.clone()
+
+
+class GroupFeedback(Compressor):
+    """A group member's error feedback: the residual (what no group applied yet and what its
+    parts' codec rounded off) and its carried contributions, checkpointed together, so a
+    restart remembers which carried rounds an update may still include (session 10 forgot
+    them: such an update arriving after a restart was counted twice)."""
+
+    def __init__(self, codec: Codec, numel: int, carried: CarriedContributions) -> None:
+        super().__init__(codec, numel)
+        self.carried = carried
+
+    def state_dict(self) -> dict[str, object]:
+        return {**super().state_dict(), "group_carried": self.carried.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
+        """Restores both; a checkpoint without carries (groups off, or session 10's) has
+        none to restore."""
+        carried = state.get("group_carried")
+        if carried is not None:
+            if not isinstance(carried, Mapping):
+                raise ValueError("carried contributions: not a mapping")
+            self.carried.load_state_dict(carried, self.numel)
+        super().load_state_dict(state)

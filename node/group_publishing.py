@@ -36,7 +36,7 @@ from dht.grouping_view import EpochGrouping
 from merge.codec_base import CodecError
 from merge.codecs import get_codec
 from merge.feedback import Compressor
-from merge.group_carry import CarriedContributions
+from merge.group_carry import CarriedContributions, GroupFeedback
 from merge.group_update import Abandoned, ContributionHeader, GroupUpdate, RoundFields
 from merge.pipeline import MergeConfig
 from merge.result import MergeResult
@@ -75,13 +75,15 @@ class GroupPublishing:
         self.replica, self.groups, self.run_id = publisher.replica, groups, run_id
         self.events, self.census_s = events, census_s
         self.grouping = EpochGrouping(run_id, groups.group_epoch_rounds, groups.grouping_config())
-        self.compressor = Compressor(get_codec(CARRY_CODEC), self.replica.numel)
+
         self.part_codec = publisher.codec.name
         """What this node's parts travel in: the swarm's codec for its own updates (bf16 by
         default; session 10 sent fp32, 2x the bytes). What it rounds off stays here."""
         self.published: list[Published] = []
         self.carried = CarriedContributions(publisher.identity.peer_id)
         """Contributions carried from rounds settled without this node (merge.group_carry)."""
+        self.compressor = GroupFeedback(get_codec(CARRY_CODEC), self.replica.numel, self.carried)
+        """The residual and the carried contributions (checkpointed together)."""
         publisher.pipeline.groups.on_applied.append(self.carried.applied)
         self.next_round = 0
         """The round this node contributes to next (unless its group is ahead)."""

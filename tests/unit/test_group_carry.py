@@ -4,6 +4,7 @@ its included contributions hold is the sum of what it trained."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -128,3 +129,87 @@ def test_what_included_contributions_hold_plus_the_residual_is_what_was_trained(
     owed = carried.take_owed()
     residual = residual - (0 if owed is None else owed)
     assert torch.equal(in_applied + residual, trained)
+
+
+def _saved(state: dict[str, object]) -> dict[str, object]:
+    """Through a checkpoint file's format (torch.save, torch.load(weights_only=True))."""
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    events=st.lists(
+        st.tuples(st.sampled_from(["carry", "applied", "take"]), st.integers(0, 3)), max_size=10
+    ),
+    restart_at=st.integers(0, 10),
+)
+def test_a_restart_remembers_carried_contributions(
+    events: list[tuple[str, int]], restart_at: int
+) -> None:
+    """Carry, apply and take in any order, with a checkpoint and restart anywhere: each step
+    decides as for a member that never restarted, and the same is owed (session 10 forgot
+    the carries: an update arriving after a restart was counted twice)."""
+    steady = CarriedContributions(ME.peer_id)
+    restarted = CarriedContributions(ME.peer_id)
+    for i, (what, round_) in enumerate(events + [("take", 0)]):
+        if i == restart_at:
+            fresh = CarriedContributions(ME.peer_id)
+            fresh.load_state_dict(_saved(restarted.state_dict()), DIM)
+            restarted = fresh
+        total = torch.full((DIM,), float(round_ + 1))
+        if what == "carry":
+            steady.carry(_header(total, round_), total)
+            restarted.carry(_header(total, round_), total)
+        elif what == "applied":
+            update = _update(round_, total)
+            assert steady.applied(update) == restarted.applied(update)
+        else:
+            a, b = steady.take_owed(), restarted.take_owed()
+            assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
+    assert steady.num_owed == restarted.num_owed
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        {"carried": [["k", 0, 1, "d"]]},
+        {"carried": [["k", 0, 1, "d", torch.zeros(DIM + 1)]]},
+        {"carried": [["k", 0, 1, "d", torch.full((DIM,), float("nan"))]]},
+        {"included": [[1, 0, 1, "d"]]},
+        {"included": "x"},
+        {"owed": torch.zeros(DIM, dtype=torch.float64)},
+        {"num_owed": -1},
+    ],
+)
+def test_a_damaged_or_foreign_carry_checkpoint_is_refused_and_changes_nothing(
+    state: dict[str, object],
+) -> None:
+    carried = CarriedContributions(ME.peer_id)
+    total = torch.arange(DIM, dtype=torch.float32)
+    carried.carry(_header(total, 3), total)
+    with pytest.raises(ValueError, match="carried contributions"):
+        carried.load_state_dict(state, DIM)
+    assert carried.applied(_update(3, total))  # still carried
+
+
+def test_a_group_members_error_feedback_checkpoints_its_carries_with_its_residual() -> None:
+    from merge.codecs import get_codec
+    from merge.group_carry import GroupFeedback
+
+    carried = CarriedContributions(ME.peer_id)
+    feedback = GroupFeedback(get_codec("int8"), DIM, carried)
+    total = torch.arange(DIM, dtype=torch.float32)
+    feedback.residual = total.clone()
+    carried.carry(_header(total, 3), total)
+    again = GroupFeedback(get_codec("int8"), DIM, CarriedContributions(ME.peer_id))
+    again.load_state_dict(_saved(feedback.state_dict()))
+    assert torch.equal(again.residual, total)
+    assert again.carried.applied(_update(3, total))
+    plain = GroupFeedback(get_codec("int8"), DIM, CarriedContributions(ME.peer_id))
+    plain.load_state_dict({"codec": "int8", "residual": total.clone()})  # session 10's
+    assert torch.equal(plain.residual, total) and not plain.carried.applied(_update(3, total))
