@@ -58,6 +58,8 @@ CODED_PART_MAGIC = b"DGP2"
 DONE_MAGIC = b"DGD1"
 COSIGN_MAGIC = b"DGC1"
 UPDATE_MAGIC = b"DGU1"
+BF16_UPDATE_MAGIC = b"DGU2"
+"""A group update whose aggregate holds bf16 values (parts in bf16), sent in bf16."""
 MAX_HEADER_BYTES = 4096
 """A contribution header's JSON (~550 B honest) may take at most this."""
 MAX_MEMBERS = 1024
@@ -223,8 +225,12 @@ def encode_update(update: GroupUpdate) -> bytes:
         "cosignatures": [c.hex() for c in update.cosignatures],
     }
     raw = json.dumps(meta, separators=(",", ":")).encode()
-    payload = update.aggregate.detach().to(torch.float32).contiguous().numpy()
-    return UPDATE_MAGIC + struct.pack(">I", len(raw)) + raw + payload.astype("<f4").tobytes()
+    head = struct.pack(">I", len(raw)) + raw
+    aggregate = update.aggregate.detach().to(torch.float32).contiguous()
+    narrow = aggregate.to(torch.bfloat16)
+    if torch.equal(narrow.to(torch.float32), aggregate):  # bf16 values: half the bytes, exact
+        return BF16_UPDATE_MAGIC + head + get_codec("bf16").encode(aggregate)
+    return UPDATE_MAGIC + head + aggregate.numpy().astype("<f4").tobytes()
 
 
 def update_max_bytes(numel: int) -> int:
@@ -234,7 +240,15 @@ def update_max_bytes(numel: int) -> int:
 def decode_update(blob: object, numel: int) -> GroupUpdate:
     """An untrusted group update's fields; its signatures, co-signatures and shards are
     checked by whoever takes it (GroupUpdate.problem), as every replica does."""
-    if not isinstance(blob, bytes) or len(blob) < 8 or blob[:4] != UPDATE_MAGIC:
+    if (
+        not isinstance(blob, bytes)
+        or len(blob) < 8
+        or blob[:4]
+        not in (
+            UPDATE_MAGIC,
+            BF16_UPDATE_MAGIC,
+        )
+    ):
         raise GroupMessageError("malformed", "not a group update")
     (length,) = struct.unpack(">I", blob[4:8])
     if len(blob) < 8 + length:
@@ -253,7 +267,19 @@ def decode_update(blob: object, numel: int) -> GroupUpdate:
         raise
     except (ValueError, RecursionError, KeyError, TypeError, AttributeError):
         raise GroupMessageError("malformed", "a group update that does not parse") from None
-    return GroupUpdate(headers, shard_digests, cosignatures, _fp32(blob[8 + length :], numel))
+    body = blob[8 + length :]
+    aggregate = _fp32(body, numel) if blob[:4] == UPDATE_MAGIC else _bf16(body, numel)
+    return GroupUpdate(headers, shard_digests, cosignatures, aggregate)
+
+
+def _bf16(body: bytes, numel: int) -> torch.Tensor:
+    try:
+        tensor = get_codec("bf16").decode(body, numel)
+    except CodecError:
+        raise GroupMessageError("wrong_size", f"{len(body)} bytes, expected {2 * numel}") from None
+    if not bool(torch.isfinite(tensor).all()):
+        raise GroupMessageError("not_finite", "a group message holds NaN or infinity")
+    return tensor
 
 
 @dataclass(frozen=True)
@@ -430,7 +456,10 @@ class GroupRound:
         wait_s: float,
         cosign_s: float,
         config: ReductionConfig | None = None,
+        codec: str = "fp32",
     ) -> None:
+        """`codec`: what the members' parts travel in; with bf16 the aggregate is rounded to
+        bf16 too (GroupReduction), and travels in it."""
         self.me = identity.peer_id
         self._identity = identity
         self.members = frozenset(members)
@@ -442,6 +471,7 @@ class GroupRound:
             round=header.round,
             members=self.members,
             config=config,
+            bf16=codec == "bf16",
         )
         self.deadline = opened_at + wait_s
         self.cosign_deadline = self.deadline + cosign_s

@@ -198,3 +198,57 @@ def test_a_done_notice_becomes_a_want_only_within_the_group_ceilings(
     ceiling = max(known.get(author, 0), top) + OFFER_SLACK
     expected = author.startswith("groups.") and 1 <= seq <= ceiling
     assert offer_in_bounds(known, author, seq) == expected
+
+
+def _bf16_update(bf16: bool) -> GroupUpdate:
+    """A complete round of three members whose parts travel in bf16; the aggregate rounded
+    to bf16 when `bf16`."""
+    from merge.group_update import GroupReduction
+
+    reduction = GroupReduction(
+        group_key=KEY, epoch=0, round=4, members=[i.peer_id for i in POOL[:3]], bf16=bf16
+    )
+    for seed, identity in enumerate(POOL[:3]):
+        sent, _ = coded(_tensor(seed), "bf16")
+        reduction.contribute(ContributionHeader.of(sent, identity, FIELDS, tokens=10), sent)
+    reduction.close()
+    for identity in POOL[:3]:
+        reduction.cosign(identity.peer_id, identity.sign(reduction.statement(identity.peer_id)))
+    assert isinstance(reduction.outcome, GroupUpdate)
+    return reduction.outcome
+
+
+def test_a_bf16_groups_update_travels_in_bf16_exactly_and_an_fp32_one_in_fp32() -> None:
+    from dht.grouping_round import decode_update, encode_update
+
+    rounded, exact = _bf16_update(True), _bf16_update(False)
+    small, large = encode_update(rounded), encode_update(exact)
+    assert small[:4] == b"DGU2" and large[:4] == b"DGU1"  # a mean of 3 is not bf16 in general
+    assert len(small) - len(large) == -2 * NUMEL
+    for update, blob in ((rounded, small), (exact, large)):
+        back = decode_update(blob, NUMEL)
+        assert torch.equal(back.aggregate, update.aggregate)
+        assert back.problem(lambda _: True) is None
+    # rounding is the members' agreed step: within bf16's bound of the exact mean
+    assert torch.allclose(rounded.aggregate, exact.aggregate, rtol=2.0**-8, atol=0.0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(position=st.integers(0, 100_000), value=st.integers(0, 255))
+def test_a_tampered_bf16_group_update_is_refused_or_fails_its_checks(
+    position: int, value: int
+) -> None:
+    from dht.grouping_round import decode_update, encode_update
+
+    update = _bf16_update(True)
+    blob = bytearray(encode_update(update))
+    position %= len(blob)
+    if blob[position] == value:
+        return
+    blob[position] = value
+    try:
+        back = decode_update(bytes(blob), NUMEL)
+    except GroupMessageError:
+        return
+    problem = back.problem(lambda _: True)
+    assert problem is not None or torch.equal(back.aggregate, update.aggregate)
