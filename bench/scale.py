@@ -84,6 +84,11 @@ def main() -> None:
     )
     parser.add_argument("--sim", action="store_true", help="simulate learner groups instead")
     parser.add_argument("--nodes", default="8,64,1000", help="--sim: comma-separated swarm sizes")
+    parser.add_argument(
+        "--wired",
+        action="store_true",
+        help="--sim: count bytes as real nodes move them now (whole parts, whole fetches)",
+    )
     args = parser.parse_args()
     if args.sim:
         _simulate(parser, args)
@@ -107,7 +112,7 @@ def _simulate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
         sizes = parse_sizes(args.nodes)
     except ValueError as e:
         parser.error(str(e))
-    result = run(sizes, SimConfig(seed=args.seed))
+    result = run(sizes, SimConfig(seed=args.seed, wired=args.wired))
     for row in result["rows"]:
         all_to_all = row["all_to_all_mb_per_node_per_round"]
         print(

@@ -335,8 +335,9 @@ class Simulation:
         own = published.update.head.group_key == key
         g = len(members)
         if not own:
+            share = self.update_bytes if self.config.wired else self.update_bytes / g
             for node in members:
-                node.received += self.update_bytes / g + published.header_bytes
+                node.received += share + published.header_bytes
         slowest = min(n.down_bps for n in members)
         delay = (
             0.0 if own else self.config.latency_s + (2 * g - 1) / g * self.update_bytes / slowest
@@ -419,17 +420,17 @@ class Simulation:
                     periods * (group_records + sum(leaves[s] for s in sample)) + directory
                 )
                 node.live_s += c.round_s
-                node.received += (len(members) - 1) / len(members) * self.update_bytes
+                if not c.wired:  # the all-gather of the reduced shards
+                    node.received += (len(members) - 1) / len(members) * self.update_bytes
             self.node_rounds += len(members)
 
     def _account_reduction(self, contributors: list[SimNode], included: int, attempts: int) -> None:
         k = len(contributors)
         if k == 0:
             return
+        parts = (k - 1) if self.config.wired else attempts * (k - 1) / k  # whole or a shard
         for node in contributors:
-            node.received += (
-                attempts * (k - 1) / k * self.update_bytes + (k - 1) * self._header_bytes
-            )
+            node.received += parts * self.update_bytes + (k - 1) * self._header_bytes
 
     def _row(self) -> dict[str, Any]:
         assert self.grouping is not None

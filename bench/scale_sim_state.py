@@ -45,6 +45,11 @@ class SimConfig:
     """Share of peers that contribute -20x their honest pseudo-gradient (well signed)."""
     reduction: ReductionConfig = field(default_factory=ReductionConfig)
     seed: int = 0
+    wired: bool = False
+    """Count bytes as real nodes move them as of session 11 (docs/scale.md): each member sends
+    its whole part (bf16) to every other member, and every node fetches each other group's
+    whole update once (bf16), with no all-gather. False: the design's reduce-scatter, shard
+    fetches and all-gather. Only the bytes differ; timings are the design's either way."""
 
 
 @dataclass(eq=False)

@@ -86,3 +86,22 @@ def test_the_command_ends_with_one_json_line_of_rows(
 def test_bad_node_lists_are_refused_with_one_sentence(text: str) -> None:
     with pytest.raises(ValueError, match="--nodes takes"):
         parse_sizes(text)
+
+
+def test_the_wired_byte_count_is_all_to_all_inside_one_group_and_above_the_design() -> None:
+    """`SimConfig.wired` counts what real nodes move as of session 11 (whole bf16 parts to
+    every member, each other group's whole update fetched once): with one group of 8 that is
+    all-to-all's bytes; with groups it lies between the design's and all-to-all's."""
+    from dataclasses import replace
+
+    design = run([8, 48], CALM)["rows"]
+    wired = run([8, 48], replace(CALM, wired=True))["rows"]
+    small, large = wired
+    assert small["mb_per_node_per_round"] == pytest.approx(
+        small["all_to_all_mb_per_node_per_round"], rel=0.02
+    )
+    assert all(
+        d["mb_per_node_per_round"] < w["mb_per_node_per_round"]
+        for d, w in zip(design, wired, strict=True)
+    )
+    assert large["mb_per_node_per_round"] < large["all_to_all_mb_per_node_per_round"] / 2
