@@ -128,6 +128,8 @@ class GroupExchange:
         self._on_received = on_received
         self._offer = offer
         self._fetch = fetch
+        self._on_notice: set[RoundId] = set()
+        """Rounds a group-done notice is being acted on for (one at a time per round)."""
         self._settled: OrderedDict[RoundId, bool] = OrderedDict()
         """Rounds this node ran and ended: whether it ended holding the complete update."""
         self._rounds: dict[RoundId, GroupRound] = {}
@@ -258,9 +260,18 @@ class GroupExchange:
         if not member_check(self.run_id, done.group_key)(sender) or sender not in done.included:
             self._reject("group_done_not_a_member", sender, "a notice for a round it is not in")
             return
-        await self._on_done(sender, done)
+        if done.round_id in self._on_notice:
+            return  # another member's notice of the round is being acted on
+        self._on_notice.add(done.round_id)  # at most one per round this node runs or ran
+        self._spawn(self._on_done(sender, done))  # a wait and a fetch outlast the stream
 
     async def _on_done(self, sender: str, done: Done) -> None:
+        try:
+            await self._act_on_done(sender, done)
+        finally:
+            self._on_notice.discard(done.round_id)
+
+    async def _act_on_done(self, sender: str, done: Done) -> None:
         rid = done.round_id
         waited = False
         while True:
