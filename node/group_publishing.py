@@ -8,9 +8,11 @@ decides the epoch's grouping (dht.grouping_view.EpochGrouping, from the live pee
 bits they announce), signs a `ContributionHeader` and hands it to `SwarmLink.contribute`,
 which runs the group's round (dht.group_exchange; `OfflineSwarm` completes a group of one).
 A complete group update that includes this node is applied here (merge.pipeline
-`submit_group`) and pushed by its members to the rest of the swarm; an abandoned round, or
-one that left this node out, keeps its pseudo-gradient in the error feedback buffer, so it
-joins the next round's contribution.
+`submit_group`) and announced by its members to the rest of the swarm, which fetch it once
+(dht.group_exchange `group-done`); an abandoned round, or one that left this node out, keeps
+its pseudo-gradient in the error feedback buffer, so it joins the next round's contribution.
+The part travels in this node's codec (`part_codec`) and signs what the others decode; what
+the codec rounded off stays in the error feedback too.
 
 What every member of a round signs alike (merge.group_update.RoundFields) is the group's
 round: the round number (a node behind its group's joins the group's round,
