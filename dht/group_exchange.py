@@ -350,7 +350,6 @@ class GroupExchange:
             wait_s=wait_s,
             cosign_s=cosign_s,
             config=config,
-            codec=codec,
         )
         if rid in self._rounds:
             raise ValueError(f"group round {rid} is already running")

@@ -456,10 +456,7 @@ class GroupRound:
         wait_s: float,
         cosign_s: float,
         config: ReductionConfig | None = None,
-        codec: str = "fp32",
     ) -> None:
-        """`codec`: what the members' parts travel in; with bf16 the aggregate is rounded to
-        bf16 too (GroupReduction), and travels in it."""
         self.me = identity.peer_id
         self._identity = identity
         self.members = frozenset(members)
@@ -471,7 +468,6 @@ class GroupRound:
             round=header.round,
             members=self.members,
             config=config,
-            bf16=codec == "bf16",
         )
         self.deadline = opened_at + wait_s
         self.cosign_deadline = self.deadline + cosign_s

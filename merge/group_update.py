@@ -5,9 +5,11 @@ signed contribution arrived by then (a straggler is left out, never waited for).
 a quorum abandons the round. Each included member then reduces one shard of the aggregate
 and co-signs it; a member lost while reducing makes the reduction retry once without it, or
 abandon. So the outcome is either a complete :class:`GroupUpdate`, whose aggregate is the
-mean of exactly its included contributions (each clipped to the in-group robust bound) and
-which every included member co-signed, or nothing: never half-applied. Replicas apply a group
-update as one unit, id (group key, epoch, round).
+mean of exactly its included contributions (each clipped to the in-group robust bound;
+rounded to bf16 when every included part holds bf16 values, parts sent in bf16: a pure
+function of the signed parts, so members whose codecs differ still agree) and which every
+included member co-signed, or nothing: never half-applied. Replicas apply a group update as
+one unit, id (group key, epoch, round).
 
 Trust: the update carries each member's signed :class:`ContributionHeader` (author, tokens,
 norm, digest of its pseudo-gradient, the group and round it is for, the learner count and
@@ -270,6 +272,11 @@ class GroupUpdate:
         return None
 
 
+def _holds_bf16(tensor: torch.Tensor) -> bool:
+    """Whether every value of `tensor` is a bfloat16 value (a part sent in bf16)."""
+    return torch.equal(tensor.to(torch.bfloat16).to(torch.float32), tensor)
+
+
 def _shared(h: ContributionHeader) -> tuple[object, ...]:
     """What every contribution of one round signs alike (each member signs its own replica's
     applied counts: the group's staleness is their median)."""
@@ -297,12 +304,7 @@ class GroupReduction:
         round: int,
         members: Iterable[str],
         config: ReductionConfig | None = None,
-        bf16: bool = False,
     ) -> None:
-        """`bf16`: the aggregate is rounded to bfloat16 values (the members' parts travel in
-        bf16), so it travels in half the bytes of fp32, losslessly; every member rounds alike
-        (the shard digests they co-sign say so), as every all-to-all update is rounded."""
-        self.bf16 = bf16
         self.group_key, self.epoch, self.round = group_key, epoch, round
         self.members = frozenset(members)
         self.config = config or ReductionConfig()
@@ -445,7 +447,9 @@ class GroupReduction:
             scale = bound / norm if clip and norm > bound else 1.0
             total.add_(self._contributions[member][1], alpha=scale)
         mean = total.div_(len(included))
-        return mean.to(torch.bfloat16).to(torch.float32) if self.bf16 else mean
+        if all(_holds_bf16(self._contributions[m][1]) for m in included):
+            return mean.to(torch.bfloat16).to(torch.float32)
+        return mean
 
     def _headers(self) -> tuple[ContributionHeader, ...]:
         return tuple(self._contributions[m][0] for m in self._included)

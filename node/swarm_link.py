@@ -55,7 +55,7 @@ def run_alone(contribution: GroupContribution) -> GroupUpdate | Abandoned:
     c = contribution
     member = GroupRound(
         c.identity, c.header, c.pseudo_gradient, c.members, opened_at=time.monotonic(),
-        wait_s=0.0, cosign_s=0.0, config=c.config, codec=c.codec,
+        wait_s=0.0, cosign_s=0.0, config=c.config,
     )  # fmt: skip
     member.tick(time.monotonic())
     member.tick(time.monotonic())

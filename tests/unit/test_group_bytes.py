@@ -201,15 +201,16 @@ def test_a_done_notice_becomes_a_want_only_within_the_group_ceilings(
 
 
 def _bf16_update(bf16: bool) -> GroupUpdate:
-    """A complete round of three members whose parts travel in bf16; the aggregate rounded
-    to bf16 when `bf16`."""
+    """A complete round of three members; their parts sent in bf16 (all three, so the
+    aggregate is rounded to bf16), or one of them in fp32 (not rounded)."""
     from merge.group_update import GroupReduction
 
     reduction = GroupReduction(
-        group_key=KEY, epoch=0, round=4, members=[i.peer_id for i in POOL[:3]], bf16=bf16
+        group_key=KEY, epoch=0, round=4, members=[i.peer_id for i in POOL[:3]]
     )
     for seed, identity in enumerate(POOL[:3]):
         sent, _ = coded(_tensor(seed), "bf16")
+        sent = sent if bf16 or seed else _tensor(seed)  # one member's codec is fp32
         reduction.contribute(ContributionHeader.of(sent, identity, FIELDS, tokens=10), sent)
     reduction.close()
     for identity in POOL[:3]:
@@ -229,8 +230,11 @@ def test_a_bf16_groups_update_travels_in_bf16_exactly_and_an_fp32_one_in_fp32() 
         back = decode_update(blob, NUMEL)
         assert torch.equal(back.aggregate, update.aggregate)
         assert back.problem(lambda _: True) is None
-    # rounding is the members' agreed step: within bf16's bound of the exact mean
-    assert torch.allclose(rounded.aggregate, exact.aggregate, rtol=2.0**-8, atol=0.0)
+    # rounded to nearest: within bf16's bound of the unrounded mean of the same parts
+    parts = [coded(_tensor(seed), "bf16")[0] for seed in range(3)]
+    mean = torch.stack(parts).sum(0) / 3
+    assert torch.allclose(rounded.aggregate, mean, rtol=2.0**-8, atol=0.0)
+    assert not torch.equal(rounded.aggregate, mean)
 
 
 @settings(max_examples=150, deadline=None)
