@@ -57,6 +57,9 @@ class Membership:
         self._reject = reject
         self._on_event = on_event
         self._bad_heartbeats = SeenSet(4096)
+        self._dropped = DroppedPeers(4096)
+        """The newest heartbeat of each peer whose view was dropped (a record it left behind
+        revives nobody)."""
         self.shards = HeartbeatShards(network, self.peer_id)
         """Where this node's heartbeat goes and which shards it reads (dht.heartbeat_shards)."""
         self.admit: Callable[[str], bool] | None = None
@@ -220,6 +223,8 @@ class Membership:
         if view is None or not view.alive(self.config.heartbeat_period_s, now):
             if view is not None and heartbeat.sent_at <= view.heartbeat.sent_at:
                 return  # the record a dead peer left behind
+            if view is None and self._dropped.left_behind(heartbeat.peer_id, heartbeat.sent_at):
+                return  # the same, once the dead peer's view was dropped
             self._on_event("peer_joined", peer_id=heartbeat.peer_id, org=heartbeat.org)
             self.peers[heartbeat.peer_id] = PeerView(heartbeat, now, now)
         elif heartbeat.sent_at > view.heartbeat.sent_at:
@@ -236,12 +241,50 @@ class Membership:
                 if self.on_left is not None:
                     self.on_left(peer_id)
             if view.gone and now - view.last_seen > self.forget_after_s:
+                self._dropped.drop(peer_id, view.heartbeat.sent_at)
                 del self.peers[peer_id]
 
     @property
     def forget_after_s(self) -> float:
         """Longer than a heartbeat record lives in the DHT (3 periods), with a margin."""
         return 20 * self.config.heartbeat_period_s
+
+
+class DroppedPeers:
+    """Per peer whose view membership dropped, the `sent_at` of its newest heartbeat seen.
+
+    A view is dropped 20 periods after the peer fell silent, but its last heartbeat record
+    lives in the DHT as long as its writer asked: three periods for a node, 60 s for the
+    Sybil vouchers of bench.attack, which then "joined" for three periods and "left" every
+    ~20 s until the record expired (33-37 joins per honest node and run against 2 clean, each
+    one a live peer again to push to and compare notes with). A record no newer than the one
+    seen before the drop is that record again: it revives nobody. A later heartbeat is the
+    peer back. Bounded (the oldest peers go first): a flood of keys costs memory once."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity!r}.")
+        self._sent_at: OrderedDict[str, float] = OrderedDict()
+        self._capacity = capacity
+
+    def drop(self, peer_id: str, sent_at: float) -> None:
+        self._sent_at[peer_id] = max(sent_at, self._sent_at.pop(peer_id, sent_at))
+        if len(self._sent_at) > self._capacity:
+            self._sent_at.popitem(last=False)
+
+    def left_behind(self, peer_id: str, sent_at: float) -> bool:
+        """Whether a heartbeat sent at `sent_at` is no newer than the dropped view's (a peer
+        seen again with a newer one is forgotten here: it is back)."""
+        last = self._sent_at.get(peer_id)
+        if last is None:
+            return False
+        if sent_at <= last:
+            return True
+        del self._sent_at[peer_id]
+        return False
+
+    def __len__(self) -> int:
+        return len(self._sent_at)
 
 
 class SeenSet:
