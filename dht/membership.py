@@ -23,8 +23,9 @@ from merge.identity import Identity
 
 logger = logging.getLogger(__name__)
 MAX_FRESH_PEERS = 2
-"""Live peers without an applied record here that an established node acts on (see
-`established_view`); the others are counted apart (`Membership.num_fresh_set_aside`)."""
+"""Live peers without an applied record here that an established node acts on at least (as
+many as it has established peers if more: `established_view`); the others are counted apart
+(`Membership.num_fresh_set_aside`)."""
 
 
 @dataclass
@@ -269,7 +270,8 @@ class Membership:
 def established_view(
     alive: list[PeerView], has_record: Callable[[str], bool], max_fresh: int
 ) -> list[PeerView]:
-    """`alive` (in its order) less the fresh peers after the `max_fresh` seen first.
+    """`alive` (in its order) less the fresh peers after the first seen `max_fresh` (or as
+    many as there are established peers, if more).
 
     A fresh peer has no applied update here and is in no learner group (a group member
     publishes under its group's key). Keys cost nothing: in bench.attack's sybil_vouchers, 8
@@ -287,7 +289,9 @@ def established_view(
         (v for v in alive if v.heartbeat.peer_id not in established),
         key=lambda v: (v.first_seen, v.heartbeat.peer_id),
     )
-    kept = established | {v.heartbeat.peer_id for v in fresh[:max_fresh]}
+    # As many fresh keys as established peers, at least `max_fresh`: a swarm whose nodes all
+    # start at once (every peer fresh to every other) still pushes to most of them.
+    kept = established | {v.heartbeat.peer_id for v in fresh[: max(max_fresh, len(established))]}
     return [v for v in alive if v.heartbeat.peer_id in kept]
 
 

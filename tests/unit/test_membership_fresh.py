@@ -31,15 +31,22 @@ def test_sybils_beyond_the_bound_are_set_aside_and_a_record_keeps_a_peer() -> No
     assert [v.heartbeat.peer_id for v in kept] == ["honest", "sybil0", "sybil1", "newcomer"]
 
 
+def test_a_swarm_that_starts_at_once_admits_as_many_fresh_keys_as_established_peers() -> None:
+    alive = [view(f"p{i}", float(i)) for i in range(10)]
+    kept = established_view(alive, lambda p: p in ("p0", "p1", "p2", "p3"), MAX_FRESH_PEERS)
+    assert [v.heartbeat.peer_id for v in kept] == [f"p{i}" for i in range(8)]
+
+
 def test_a_node_without_any_record_acts_on_every_live_peer() -> None:
     alive = [view(f"p{i}", float(i)) for i in range(6)]
     assert established_view(alive, lambda p: False, MAX_FRESH_PEERS) == alive
 
 
 def test_a_learner_group_member_is_established_without_an_update_of_its_own() -> None:
-    alive = [view("a", 0.0), view("b", 1.0), view("c", 2.0), view("member", 3.0, group_bits=2)]
+    fresh = [view("b", 1.0), view("c", 2.0), view("d", 3.0)]
+    alive = [view("a", 0.0), *fresh, view("member", 4.0, group_bits=2)]
     kept = established_view(alive, lambda p: p == "a", 1)
-    assert [v.heartbeat.peer_id for v in kept] == ["a", "b", "member"]
+    assert [v.heartbeat.peer_id for v in kept] == ["a", "b", "c", "member"]
 
 
 @settings(max_examples=300, deadline=None)
@@ -64,7 +71,8 @@ def test_every_established_peer_kept_fresh_ones_bounded_whatever_the_order(
         return
     assert established <= set(ids)
     fresh = set(ids) - established
-    assert len(fresh) == min(max_fresh, len(peers) - len(established))
+    allowed = max(max_fresh, len(established))
+    assert len(fresh) == min(allowed, len(peers) - len(established))
     # the fresh peers kept are those seen first, whatever order the views come in
     shuffled = list(alive)
     order.shuffle(shuffled)  # type: ignore[attr-defined]
