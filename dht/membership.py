@@ -104,7 +104,8 @@ class Membership:
         (`established_view`); `is_alive` still answers for every live peer."""
         period, at = self.config.heartbeat_period_s, self.judged_at()
         alive = [v for v in list(self.peers.values()) if v.alive(period, at)]
-        if self.has_record is None:
+        if self.has_record is None or len(alive) <= MAX_FRESH_PEERS:  # none to set aside
+            self.num_fresh_set_aside = 0
             return [v.heartbeat for v in alive]
         kept = established_view(alive, self.has_record, MAX_FRESH_PEERS)
         self.num_fresh_set_aside = len(alive) - len(kept)

@@ -8,11 +8,15 @@ the MAX_FRESH_PEERS fresh ones seen first; a node with no record of any live pee
 
 from __future__ import annotations
 
+import asyncio
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dht.heartbeat import Heartbeat
 from dht.membership import MAX_FRESH_PEERS, PeerView, established_view
+from merge.identity import Identity
+from tests.unit.test_membership_hold import Reads, membership, record, use
 
 
 def view(peer_id: str, first_seen: float, group_bits: int | None = None) -> PeerView:
@@ -80,3 +84,24 @@ def test_every_established_peer_kept_fresh_ones_bounded_whatever_the_order(
     assert {v.heartbeat.peer_id for v in again} == set(ids)
     seen_first = max((t for p, t, *_ in peers if p in fresh), default=-1.0)
     assert all(t >= seen_first for p, t, *_ in peers if p not in established and p not in fresh)
+
+
+def test_membership_sets_fresh_keys_aside_but_still_hears_them() -> None:
+    """Wiring: alive_peers is bounded by the replica's records, is_alive is not (a newcomer
+    set aside still has its pushes and summary requests taken)."""
+    me, honest = Identity.generate(), Identity.generate()
+    sybils = [Identity.generate() for _ in range(5)]
+    m = membership(me, [record(me) | record(honest)])
+    asyncio.run(m.send_heartbeat())
+    asyncio.run(m.poll())  # the honest peer is seen first
+    use(m, Reads(m.config, [record(me) | record(honest) | {
+        k: v for s in sybils for k, v in record(s).items()
+    }]))  # fmt: skip
+    asyncio.run(m.poll())
+    m.has_record = lambda peer_id: peer_id == honest.peer_id
+    acted_on = {h.peer_id for h in m.alive_peers()}
+    assert honest.peer_id in acted_on and len(acted_on) == 1 + MAX_FRESH_PEERS
+    assert m.num_fresh_set_aside == len(sybils) - MAX_FRESH_PEERS
+    assert all(m.is_alive(s.peer_id) for s in sybils)
+    m.has_record = None
+    assert len(m.alive_peers()) == 1 + len(sybils)
