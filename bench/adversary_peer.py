@@ -113,6 +113,8 @@ class AdversaryPeer:
         self.swarm.gossip.rpc_update = self.rpc_update  # type: ignore[method-assign,assignment]
         self.swarm.transfer._stream_state = self.stream_state  # type: ignore[method-assign]
         self.swarm.membership._heartbeat_fn = self.heartbeat
+        # The adversary watches every live peer (a newcomer among its own Sybils included).
+        self.swarm.membership.has_record = None
 
     # ---- what the honest nodes say -------------------------------------------------------------
 

@@ -38,6 +38,7 @@ import contextlib
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -46,13 +47,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from bench.adversary import ATTACKS, NEWCOMER_CLASSES, PATIENT
 from bench.attack_rows import (
     RunFigures,
     class_row,
     clean_means,
     clean_peaks,
+    clean_tails,
     format_row,
+    mean_cpu_s,
     newcomer_mean,
     paired_ratios,
 )
@@ -68,6 +73,7 @@ MAX_OPEN_FILES = 1024
 START_S = 180.0
 NEWCOMER_ROUNDS = 3
 CLEAN_SINCE_ROUND = 4
+TAIL_ROUNDS = 8
 TRACEBACK = "Traceback (most recent call last)"
 CLASS_GROUPS = {"all": ATTACKS, "new": PATIENT}
 
@@ -84,14 +90,36 @@ class TracebackCounter(deque[str]):
         super().append(line)
 
 
+def tree_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) a process and its descendants have used so far (its p2pd
+    and DHT processes among them; children it has reaped counted too), or None when it is
+    gone."""
+    try:
+        root = psutil.Process(pid)
+        times = root.cpu_times()
+        total = times.user + times.system + times.children_user + times.children_system
+        for child in root.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                child_times = child.cpu_times()
+                total += child_times.user + child_times.system
+        return total
+    except psutil.Error:
+        return None
+
+
 class Sampler(BackgroundSampler):
     """RSS and open files of each honest node's main process, once a second, with the time
-    (a node that has exited, or whose figures cannot be read, is left out of that sample)."""
+    (a node that has exited, or whose figures cannot be read, is left out of that sample);
+    and the CPU seconds of every child's process tree (`cpu`: the adversary's too), so that
+    what an adversary costs the machine's cores can be told from what it does to the
+    protocol."""
 
-    def __init__(self, nodes: list[ChildProcess]) -> None:
+    def __init__(self, nodes: list[ChildProcess], children: list[ChildProcess]) -> None:
         super().__init__(period_s=1.0)
         self.nodes = nodes
+        self.children = children
         self.samples: list[tuple[float, dict[str, tuple[float, int]]]] = []
+        self.cpu: dict[str, list[tuple[float, float]]] = {}
 
     def sample(self) -> None:
         figures: dict[str, tuple[float, int]] = {}
@@ -99,7 +127,21 @@ class Sampler(BackgroundSampler):
             rss, files = rss_bytes(node.pid), open_files(node.pid)
             if rss is not None and files is not None:
                 figures[node.name] = (rss / 2**20, files)
-        self.samples.append((time.time(), figures))
+        now = time.time()
+        self.samples.append((now, figures))
+        for child in [c for c in list(self.children) if c.alive()]:
+            cpu = tree_cpu_s(child.pid)
+            if cpu is not None:
+                self.cpu.setdefault(child.name, []).append((now, cpu))
+
+    def cpu_s(self, since: float, until: float) -> dict[str, float]:
+        """Each child's CPU seconds between `since` and `until` (its samples within them)."""
+        used = {}
+        for name, samples in self.cpu.items():
+            within = [cpu for t, cpu in samples if since <= t <= until]
+            if within:
+                used[name] = round(max(within) - min(within), 1)
+        return used
 
     def rss_growth_mb(self, since: float, names: list[str]) -> float:
         """The most any of `names` rose above its last RSS sample before `since` (a node that
@@ -214,7 +256,7 @@ def run_swarm(workdir: Path, settings: Settings, attack: str | None, newcomer: b
     workdir.mkdir(parents=True, exist_ok=True)
     allow = permissioned(workdir, settings.keys) if settings.allow_keys else None
     swarm = Swarm(workdir, honest_args, settings.keys, allow)
-    sampler = Sampler(swarm.honest)
+    sampler = Sampler(swarm.honest, swarm.children)
     try:
         with sampler:
             first = swarm.launch("honest0")
@@ -299,6 +341,8 @@ def measure(swarm: Swarm, sampler: Sampler, attack: str | None, started: float) 
             default=0,
         ),
         strangers_served=sum(stranger_updates(n, honest_ids) for n in swarm.honest),
+        cpu_s=sampler.cpu_s(since, ended),
+        tail_val={n.name: tail_val(n) for n in swarm.pair},
         learners=sorted(
             {
                 e["learners"]
@@ -318,6 +362,13 @@ def val_curve(node: ChildProcess) -> dict[int, float]:
     """Each evaluated round's loss (evaluations run beside training: round_done's val_loss is
     the newest finished by then, often an earlier round's)."""
     return {e["round"]: float(e["val_loss"]) for e in node.of("evaluated") if e.get("val_loss")}
+
+
+def tail_val(node: ChildProcess, num_rounds: int = TAIL_ROUNDS) -> float | None:
+    """The mean val loss of a node's last `num_rounds` evaluated rounds: a run's level read
+    over more than its final round's draw (the plateau spikes +-0.3 round to round)."""
+    curve = sorted(val_curve(node).items())[-num_rounds:]
+    return statistics.fmean(v for _, v in curve) if curve else None
 
 
 def last_val(node: ChildProcess) -> float | None:
@@ -458,7 +509,10 @@ def main(argv: list[str] | None = None) -> int:
             base_newcomer = newcomer_mean(cleans_newcomer) if newcomer else None
             paired = cleans_newcomer if newcomer else cleans
             peak = clean_peaks(paired)
-            row = class_row(runs, base, base_newcomer, allow_keys=args.allow_keys, clean_peak=peak)
+            row = class_row(
+                runs, base, base_newcomer, allow_keys=args.allow_keys, clean_peak=peak,
+                clean_tail=clean_tails(paired),
+            )  # fmt: skip
             row["paired_ratios"] = paired_ratios(runs, paired)
             rows.append(row)
             print(format_row(rows[-1]), flush=True)
@@ -471,6 +525,7 @@ def main(argv: list[str] | None = None) -> int:
         "clean_spread": clean_spread(cleans + cleans_newcomer),
         "clean_peak_rss_mb": [c.peak_rss_mb for c in cleans],
         "clean_rss_growth_in_run_mb": [round(c.rss_growth_mb, 1) for c in cleans],
+        "clean_cpu_s": mean_cpu_s(cleans + cleans_newcomer),
         "clean_newcomer_val_loss": [[c.final_val, c.newcomer_curve] for c in cleans_newcomer],
         "rounds": args.rounds,
         "repeats": args.repeats,

@@ -57,6 +57,11 @@ class RunFigures:
     learners: list[int] = field(default_factory=list)
     """The learner counts M honest updates were sized by, from the class's start on."""
     seconds: float = 0.0
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    """CPU seconds of each process tree (node or adversary, with its p2pd and DHT processes)
+    from the class's start to its end (a clean run: from honest0's round 4 to the end)."""
+    tail_val: dict[str, float | None] = field(default_factory=dict)
+    """Each honest node's mean val loss over its last few evaluated rounds (shown)."""
 
 
 def clean_means(cleans: list[RunFigures]) -> dict[str, float]:
@@ -67,6 +72,34 @@ def clean_means(cleans: list[RunFigures]) -> dict[str, float]:
             if val is not None:
                 by_node.setdefault(name, []).append(val)
     return {name: statistics.fmean(vals) for name, vals in by_node.items()}
+
+
+def clean_tails(cleans: list[RunFigures]) -> dict[str, float]:
+    """Each node's mean over the clean runs of its mean val loss over its last rounds."""
+    by_node: dict[str, list[float]] = {}
+    for run in cleans:
+        for name, val in run.tail_val.items():
+            if val is not None:
+                by_node.setdefault(name, []).append(val)
+    return {name: statistics.fmean(vals) for name, vals in by_node.items()}
+
+
+def tail_ratio(run: RunFigures, clean_tail: dict[str, float]) -> float | None:
+    """The worse honest node's mean loss over its last rounds over the clean runs' same
+    mean (shown, not deciding: a level read over more rounds than the final one)."""
+    ratios = [
+        v / clean_tail[n] for n, v in run.tail_val.items() if v is not None and n in clean_tail
+    ]
+    return round(max(ratios), 4) if ratios else None
+
+
+def mean_cpu_s(runs: list[RunFigures]) -> dict[str, float]:
+    """Each process tree's mean CPU seconds over `runs` (those that measured it)."""
+    by_name: dict[str, list[float]] = {}
+    for run in runs:
+        for name, cpu in run.cpu_s.items():
+            by_name.setdefault(name, []).append(cpu)
+    return {name: round(statistics.fmean(v), 1) for name, v in sorted(by_name.items())}
 
 
 def clean_peaks(cleans: list[RunFigures]) -> dict[str, float]:
@@ -142,6 +175,7 @@ def class_row(
     *,
     allow_keys: bool,
     clean_peak: dict[str, float] | None = None,
+    clean_tail: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """One class's row: its runs' figures and whether it meets every target (RSS growth over
     `clean_peak`, or within the runs without one)."""
@@ -167,6 +201,8 @@ def class_row(
         "errors": [r.error for r in runs if r.error],
         "rounds_advanced": min(r.rounds_advanced for r in runs),
         "seconds": [round(r.seconds) for r in runs],
+        "tail_ratios": [tail_ratio(r, clean_tail or {}) for r in runs],
+        "cpu_s": mean_cpu_s(runs),
     }
     learners = [m for r in runs for m in r.learners]
     row["learners"] = [min(learners), max(learners)] if learners else None
@@ -223,6 +259,8 @@ def format_row(row: dict[str, Any]) -> str:
     )
     if row["learners"]:
         text += f"; honest updates sized by M {row['learners'][0]}-{row['learners'][1]}"
+    tails = ", ".join("-" if r is None else f"{r:.3f}" for r in row.get("tail_ratios", []))
+    text += f"\n{'':<18} last rounds' loss x({tails}); CPU s during the class {row.get('cpu_s')}"
     if "newcomer" in row:
         text += f"\n{'':<18} newcomer: {row['newcomer']}"
     if "refused_at_first_message" in row:

@@ -104,6 +104,7 @@ class Swarm:
         )
         self.gossip.retained.is_fresh = pipeline.is_fresh_author  # they share a budget
         self.membership.on_left = self.gossip.forget_peer
+        self.membership.has_record = lambda peer_id: replica.last_seq(peer_id) >= 1
         self._publishing: set[concurrent.futures.Future[None]] = set()
         self.rejoiner: Rejoiner | None = None
         """The background dialling of the bootstrap and known peers (None: this node has none)."""
