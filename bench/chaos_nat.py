@@ -113,11 +113,29 @@ def measure(config: ChaosConfig, schedule: list[Fault], phase: Phase, name: str)
     """Run `phase` on `schedule`; its goodput figures, val loss and fetches by path."""
     figures, survivors = play(phase, schedule, RESULTS_DIR / "chaos_nat" / name, False)
     events = [e for children in phase.children for c in children for e in c.events]
+    restarts = [c.events for children in phase.children for c in children[1:]]
     return figures | {
         "val_loss": final_val_loss(phase),
         "paths": fetch_paths(events),
+        "state_check_s": state_check_seconds(restarts),
         "orphans_killed": len(survivors),
     }
+
+
+def state_check_seconds(incarnations: list[list[dict[str, Any]]]) -> list[float]:
+    """Per incarnation that got there, seconds from `listening` to the end of its state check
+    (`startup_phase` state_check: the download, if any peer was ahead), ascending."""
+    found = []
+    for events in incarnations:
+        listening = [e["time"] for e in events if e.get("event") == "listening"]
+        checked = [
+            e["time"]
+            for e in events
+            if e.get("event") == "startup_phase" and e.get("name") == "state_check"
+        ]
+        if listening and checked:
+            found.append(round(checked[0] - listening[0], 1))
+    return sorted(found)
 
 
 def final_val_loss(phase: Phase) -> float | None:
@@ -174,7 +192,8 @@ def main_nat(config: ChaosConfig) -> None:
         figures = report[name]
         print(
             f"{name:<9} goodput {figures['goodput']:.3f}  val loss {figures['val_loss']}  "
-            f"restarts {figures['restarts']}  lost {figures['updates_lost']}"
+            f"restarts {figures['restarts']}  lost {figures['updates_lost']}  "
+            f"state check after restart {figures['state_check_s']} s"
         )
     print(f"paths (update fetches, NAT run): {report['paths']}")
     print(json.dumps(report))

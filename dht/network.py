@@ -200,14 +200,19 @@ class SwarmNetwork:
         """The path (direct, holepunched, relayed) of this node's connection to `peer_id` now,
         read from p2pd (None: not connected, or p2pd did not answer); the path book learns it
         too."""
+        return self.paths.path(peer_id) if await self.read_paths() else None
+
+    async def read_paths(self) -> bool:
+        """Read the path of every connection from p2pd into `paths` now; False (the book left
+        as it was) when p2pd did not answer."""
         assert self._p2p is not None
         try:
             peers = await asyncio.wait_for(self._p2p.list_peers(), REQUEST_READ_TIMEOUT_S)
         except (TimeoutError, OSError, P2PDaemonError, ControlFailure) as exc:
             logger.debug("listing connections failed: %s", exc)
-            return None
+            return False
         self.paths.observe(connections_by_peer((str(p.peer_id), map(str, p.addrs)) for p in peers))
-        return self.paths.path(peer_id)
+        return True
 
     def _start_dht(self) -> DHT:
         # The DHT forks; do it from this (main) thread rather than the loop's, and without

@@ -27,13 +27,19 @@ from multiaddr import Multiaddr
 from dht.transport import TransportError
 
 
+class DialError(TransportError):
+    """The daemon opened no stream at all (the peer unreachable: no route, a relayed address
+    whose relay holds no slot for it, `NO_RESERVATION`; or no such handler): nothing was
+    exchanged, so asking the same peer again at once rarely helps (dht.resumable)."""
+
+
 async def open_stream(connector: DaemonConnector, peer_id: str, protocol: str) -> tuple[Any, Any]:
     """(reader, writer) of a new stream to `peer_id` speaking `protocol`.
 
     hivemind's P2P.call_binary_stream_handler leaves its daemon connection open when the
     daemon refuses the stream (unreachable peer, unknown protocol) or the call is cancelled:
     one socket leaked per failed fetch until a garbage collection. This speaks the same
-    STREAM_OPEN request, and closes the connection on every failure (TransportError when the
+    STREAM_OPEN request, and closes the connection on every failure (DialError when the
     daemon refuses).
     """
     request = p2pd_pb2.Request(
@@ -45,7 +51,7 @@ async def open_stream(connector: DaemonConnector, peer_id: str, protocol: str) -
     try:
         return await _ask(connector, request)
     except ControlFailure as exc:  # unreachable, or no such handler: a transport failure
-        raise TransportError(f"no stream to {peer_id}: {exc}") from None
+        raise DialError(f"no stream to {peer_id}: {exc}") from None
 
 
 async def connect(connector: DaemonConnector, peer_id: str, maddrs: list[Multiaddr]) -> None:

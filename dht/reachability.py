@@ -122,6 +122,14 @@ def shareable(maddrs: Iterable[str], limit: int) -> list[str]:
     return (relayed + others + loopback)[:limit]
 
 
+def path_rank(kind: PathKind | None) -> int:
+    """How promising a peer is to open a stream to, by this node's connection to it now (lower
+    first): a direct or hole-punched connection carries a stream at once; a relayed one proves
+    the relay still holds the peer's slot; with no connection, the dial may find no route, or a
+    relay without a slot for it (`NO_RESERVATION`)."""
+    return {"direct": 0, "holepunched": 0, "relayed": 1}.get(kind or "", 2)
+
+
 def paths_label(counts: Mapping[str, int]) -> str:
     """`1 direct, 2 relayed` (kinds with no peer left out); `-` when nothing was measured."""
     found = [f"{counts[kind]} {kind}" for kind in PATH_KINDS if counts.get(kind)]

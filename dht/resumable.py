@@ -11,6 +11,14 @@ same peer dials a fresh circuit: each circuit carries the next ~100 KiB.
 The protocol: a request names (author, seq, offset); the answer is the update's total size
 and its bytes from `offset`, up to PART_BYTES. `Resume` (pure) decides what to ask next and
 when to give up; `fetch_resumable` runs it over streams.
+
+A peer the daemon cannot open a single stream to (dht.p2pd.DialError: no route, or a relayed
+address whose relay holds no slot for it, `NO_RESERVATION`) is not a stalled transfer: in
+the NAT chaos run a restart's state download spent all MAX_IDLE_ATTEMPTS (~10 s) on such a
+donor before trying the next. A caller with other peers to ask passes `max_dial_failures`:
+the fetch gives up after that many failed dials in a row while no stream to the peer has
+opened. Once one has, a dial that fails is a circuit to redial (the relay cut the last one),
+and counts as an attempt without progress, as before.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dht.messages import MAX_SEQ
+from dht.p2pd import DialError
 from dht.transport import (
     HEADER,
     OK,
@@ -53,6 +62,13 @@ class Resume:
     total: int | None = None
     idle_attempts: int = 0
     num_attempts: int = 0
+    max_dial_failures: int | None = None
+    """Failed dials in a row that end the fetch while no stream has opened (None: only
+    MAX_IDLE_ATTEMPTS ends it)."""
+    dial_failures: int = 0
+    """Failed dials in a row (no stream opened)."""
+    opened: bool = False
+    """Whether any stream to the peer opened."""
     on_progress: Callable[[int, int], None] | None = None
     """Told (bytes so far, total) as bytes arrive (dht.transfer_progress)."""
 
@@ -66,7 +82,10 @@ class Resume:
 
     @property
     def exhausted(self) -> bool:
-        return self.idle_attempts >= MAX_IDLE_ATTEMPTS
+        if self.idle_attempts >= MAX_IDLE_ATTEMPTS:
+            return True
+        limit = self.max_dial_failures
+        return limit is not None and not self.opened and self.dial_failures >= limit
 
     def backoff_s(self) -> float:
         """How long to wait before the next attempt (0 after one that made progress)."""
@@ -91,9 +110,13 @@ class Resume:
         if self.on_progress is not None:
             self.on_progress(self.offset, self.total)
 
-    def attempt_ended(self, received: int) -> None:
+    def attempt_ended(self, received: int, *, dialled: bool = True) -> None:
+        """An attempt brought `received` bytes; `dialled`: a stream opened (False: the dial
+        itself failed)."""
         self.num_attempts += 1
         self.idle_attempts = 0 if received > 0 else self.idle_attempts + 1
+        self.opened |= dialled
+        self.dial_failures = 0 if dialled else self.dial_failures + 1
 
 
 Opener = Callable[[], Awaitable[tuple[Any, Any]]]
@@ -106,24 +129,32 @@ async def fetch_resumable(
     max_bytes: int,
     stall_timeout_s: float,
     on_progress: Callable[[int, int], None] | None = None,
+    max_dial_failures: int | None = None,
 ) -> tuple[bytes, int]:
     """The whole blob that `args` names and the number of attempts it took, however many
-    streams it took; TransportError (or TooLargeError, TimeoutError) when the peer refused it
-    or made no progress MAX_IDLE_ATTEMPTS times in a row. The caller bounds the total time."""
-    resume = Resume(max_bytes=max_bytes, on_progress=on_progress)
+    streams it took; TransportError (or TooLargeError, TimeoutError) when the peer refused it,
+    made no progress MAX_IDLE_ATTEMPTS times in a row, or (`max_dial_failures`) could not be
+    dialled that many times in a row before any stream opened (DialError). The caller bounds
+    the total time."""
+    resume = Resume(
+        max_bytes=max_bytes, on_progress=on_progress, max_dial_failures=max_dial_failures
+    )
     while not resume.done:
         await asyncio.sleep(resume.backoff_s())
-        received = 0
+        received, dialled = 0, True
         try:
             received = await _attempt(open_stream, args, resume, stall_timeout_s)
         except (TransportError, OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
             if isinstance(exc, TooLargeError) or is_refusal(exc):
                 raise
             error: BaseException = exc
+            dialled = not isinstance(exc, DialError)
         else:
             error = TransportError("peer closed the stream early")
-        resume.attempt_ended(received)
+        resume.attempt_ended(received, dialled=dialled)
         if not resume.done and resume.exhausted:
+            if not resume.opened and not dialled:
+                raise DialError(f"could not dial in {resume.dial_failures} attempts: {error}")
             raise TransportError(f"no progress in {resume.idle_attempts} attempts: {error}")
     return bytes(resume.data), resume.num_attempts
 

@@ -147,25 +147,33 @@ def check_donor_state(
     return StateVerdict(unannounced)
 
 
-def rank_donors(alive: list[Heartbeat], num_applied: int) -> list[Heartbeat]:
+def rank_donors(
+    alive: list[Heartbeat], num_applied: int, path_rank: Callable[[str], int] | None = None
+) -> list[Heartbeat]:
     """Live peers to download a state from, best first: those that serve state and applied
     more than this replica's `num_applied`. A donor whose (num_applied, applied_digest) another
     live peer also reports is corroborated and comes first; corroboration by peers with an
     applied track record (dht.vouchers) before corroboration by keys without one; within each
     group, the most advanced first. A donor's progress is its own claim: a liar claiming a
     thousand more updates than anyone is tried after every corroborated donor, not before,
-    and fresh keys echoing its claim place it after donors that established authors echo."""
+    and fresh keys echoing its claim place it after donors that established authors echo.
+    With `path_rank` (peer id -> lower is reachable sooner, dht.reachability.path_rank), each
+    of those three groups tries its best-connected donors first: behind NAT a donor with no
+    live connection may not be dialable at all."""
     ahead = [h for h in alive if h.serves_state and h.num_applied > num_applied]
     echoes: dict[tuple[int, str], list[str]] = {}
     for h in alive:
         echoes.setdefault((h.num_applied, h.applied_digest), []).append(h.peer_id)
     reports = Reports(alive)
 
-    def corroboration(donor: Heartbeat) -> tuple[int, bool, int]:
+    def corroboration(donor: Heartbeat) -> tuple[int, ...]:
         claim = echoes[(donor.num_applied, donor.applied_digest)]
         others = [p for p in claim if p != donor.peer_id]
         weight = sum(reports.record(p) for p in others)
-        return (weight, len(claim) > 1, donor.num_applied)
+        if path_rank is None:
+            return (weight, len(claim) > 1, donor.num_applied)
+        group = 2 if weight > 0 else int(len(claim) > 1)
+        return (group, -path_rank(donor.peer_id), weight, donor.num_applied)
 
     return sorted(ahead, key=corroboration, reverse=True)
 

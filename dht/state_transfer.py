@@ -27,6 +27,8 @@ from dht.messages import (
     parse_state_seal,
 )
 from dht.network import SwarmNetwork
+from dht.p2pd import DialError
+from dht.reachability import path_rank
 from dht.rejections import Rejections
 from dht.resumable import fetch_resumable, parse_offset, part_answer
 from dht.state_check import (
@@ -67,6 +69,9 @@ STATE_RATE_PER_S = 0.1
 STATE_BURST = 3.0
 STATE_PART_LIMITS = StreamLimits(rate_per_s=20.0, burst=256.0, max_in_flight=2, deadline_s=60.0)
 """Part requests a newcomer may send (a relayed download takes one per ~100 KiB)."""
+DONOR_DIALS = 2
+"""Failed dials in a row before a donor no stream has reached is left for the next one
+(dht.resumable: behind NAT, a relayed address whose slot is gone never dials)."""
 STATE_RECHECKS = 2
 """Fresh heartbeat reads before a state the live peers contradict is refused: a heartbeat
 announces its author's updates up to a period late, and a donor's state is newer than it."""
@@ -188,9 +193,12 @@ class StateTransfer:
         broken_passes = 0
         while True:
             busy = broken = False
-            for donor in self._donors():
+            for donor in await self._donors():
                 try:
                     return await self._download_from(donor.peer_id)
+                except DialError as exc:  # unreachable now, not a bad state: the next donor
+                    broken = True
+                    logger.info("no stream to donor %s: %s", donor.peer_id, exc)
                 except TransportError as exc:
                     busy |= BUSY in str(exc)
                     broken |= BUSY not in str(exc)
@@ -271,6 +279,7 @@ class StateTransfer:
                 max_bytes=self.config.max_state_bytes + MAX_STATE_META_BYTES + MAX_SEAL_BYTES + 64,
                 stall_timeout_s=REQUEST_READ_TIMEOUT_S,
                 on_progress=arrived,
+                max_dial_failures=DONOR_DIALS,
             )
         finally:
             self.progress = None
@@ -285,9 +294,15 @@ class StateTransfer:
             max_state_bytes=self.config.max_state_bytes,
         )
 
-    def _donors(self) -> list[Heartbeat]:
-        """Peers ahead of us that serve state, corroborated first (dht.state_check.rank_donors)."""
-        return rank_donors(self.membership.alive_peers(), self.replica.num_applied)
+    async def _donors(self) -> list[Heartbeat]:
+        """Peers ahead of us that serve state, corroborated first, and within that those this
+        node holds a direct connection to, then a relayed one (dht.state_check.rank_donors)."""
+        await self.network.read_paths()  # p2pd's connections now, not a heartbeat period ago
+        return rank_donors(
+            self.membership.alive_peers(),
+            self.replica.num_applied,
+            path_rank=lambda peer: path_rank(self.network.paths.path(peer)),
+        )
 
 
 async def send_state(

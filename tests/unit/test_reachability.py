@@ -13,6 +13,7 @@ from dht.reachability import (
     RelayLimits,
     connections_by_peer,
     daemon_flags,
+    path_rank,
     paths_label,
     relay_of,
     shareable,
@@ -163,3 +164,8 @@ def test_a_heartbeat_keeps_the_addresses_a_distant_peer_can_use_within_its_limit
     kept = shareable(maddrs, 16)
     # relayed first, then direct ones, loopback only where room is left
     assert kept == sorted(maddrs, key=[RELAYED, DIRECT, LOOPBACK].index)[:16]
+
+
+def test_a_live_connection_ranks_a_peer_before_one_this_node_must_dial() -> None:
+    ranks = [path_rank(k) for k in ("direct", "holepunched", "relayed", None)]
+    assert ranks == [0, 0, 1, 2]

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dht import resumable
+from dht.p2pd import DialError
 from dht.resumable import (
     MAX_IDLE_ATTEMPTS,
     Resume,
@@ -261,3 +262,92 @@ def test_a_newcomer_holds_one_state_and_starts_few_downloads() -> None:
 def test_malformed_transfer_ids_are_transport_errors(args: object) -> None:
     with pytest.raises(TransportError):
         parse_transfer_id(args)
+
+
+def dialling(blob: bytes, plan: list[str]) -> tuple[Callable[[], object], list[str]]:
+    """An opener whose i-th dial follows plan[i]: "fail" (no stream: DialError), "cut" (a
+    stream cut after 1,000 bytes of its answer), "idle" (a stream that brings nothing);
+    past the plan, whole streams."""
+    tried: list[str] = []
+    open_whole, _ = serving(blob, [])
+    open_cut, _ = serving(blob, [HEADER.size + 8 + 1000] * len(plan))
+    open_idle, _ = serving(blob, [0] * len(plan))
+
+    async def open_stream() -> object:
+        step = plan[len(tried)] if len(tried) < len(plan) else "whole"
+        tried.append(step)
+        if step == "fail":
+            raise DialError("no stream to peer: error opening relay circuit: NO_RESERVATION")
+        opener = {"cut": open_cut, "idle": open_idle}.get(step, open_whole)
+        return await opener()  # type: ignore[misc]
+
+    return open_stream, tried
+
+
+def fetch_dialling(open_stream: Callable[[], object], max_dial_failures: int | None) -> bytes:
+    data, _ = asyncio.run(
+        fetch_resumable(open_stream, ARGS, max_bytes=1 << 30, stall_timeout_s=1.0,  # type: ignore[arg-type]
+                        max_dial_failures=max_dial_failures)
+    )  # fmt: skip
+    return data
+
+
+def test_a_peer_that_cannot_be_dialled_is_left_after_max_dial_failures() -> None:
+    """The chaos run's restart: a donor whose relay slot was gone got 6 attempts (~10 s)."""
+    open_stream, tried = dialling(b"x" * 5000, ["fail"] * 10)
+    with pytest.raises(DialError, match="could not dial in 2 attempts"):
+        fetch_dialling(open_stream, max_dial_failures=2)
+    assert tried == ["fail", "fail"]
+    open_stream, tried = dialling(b"x" * 5000, ["fail"] * 10)  # without the limit: as before
+    with pytest.raises(TransportError, match="attempts"):
+        fetch_dialling(open_stream, max_dial_failures=None)
+    assert len(tried) == MAX_IDLE_ATTEMPTS
+
+
+def test_failed_dials_after_a_stream_opened_are_redials_of_a_cut_circuit() -> None:
+    """Once the peer answered, a dial that fails is the relay's cut: resume from the bytes."""
+    blob = bytes(range(256)) * 20
+    plan = ["cut", "fail", "fail", "fail", "cut", "fail", "fail"]
+    open_stream, tried = dialling(blob, plan)
+    assert fetch_dialling(open_stream, max_dial_failures=2) == blob
+    assert tried == [*plan, "whole"]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    plan=st.lists(st.sampled_from(["fail", "cut", "idle"]), max_size=16),
+    max_dial_failures=st.one_of(st.none(), st.integers(1, 3)),
+)
+def test_dial_failures_end_a_fetch_only_before_any_stream_opened(
+    plan: list[str], max_dial_failures: int | None
+) -> None:
+    blob = bytes(i % 251 for i in range(30_000))
+    open_stream, tried = dialling(blob, plan)
+    try:
+        assert fetch_dialling(open_stream, max_dial_failures) == blob
+    except TransportError as exc:
+        opened = any(step != "fail" for step in tried)
+        if isinstance(exc, DialError) and max_dial_failures is not None and not opened:
+            assert tried == ["fail"] * max_dial_failures  # left at once, never later
+            return
+        # otherwise only the idle rule: MAX_IDLE_ATTEMPTS in a row that brought no byte
+        assert len(tried) >= MAX_IDLE_ATTEMPTS
+        assert all(step in ("fail", "idle") for step in tried[-MAX_IDLE_ATTEMPTS:])
+        return
+    # a fetch that arrived whole never gave up on the dial rule while it could still have
+    if max_dial_failures is not None:
+        assert tried[:max_dial_failures] != ["fail"] * max_dial_failures
+
+
+def test_resume_counts_dial_failures_in_a_row_and_forgets_them_once_a_stream_opens() -> None:
+    resume = Resume(max_bytes=10, max_dial_failures=2)
+    resume.attempt_ended(0, dialled=False)
+    assert not resume.exhausted
+    resume.attempt_ended(0, dialled=True)
+    resume.attempt_ended(0, dialled=False)
+    resume.attempt_ended(0, dialled=False)
+    assert resume.opened and resume.dial_failures == 2 and not resume.exhausted
+    fresh = Resume(max_bytes=10, max_dial_failures=2)
+    fresh.attempt_ended(0, dialled=False)
+    fresh.attempt_ended(0, dialled=False)
+    assert fresh.exhausted

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dht.heartbeat import Heartbeat
+from dht.reachability import path_rank
 from dht.state_check import (
     MAX_DRIFT,
     StateCheckError,
@@ -290,6 +291,54 @@ def test_donors_are_ahead_serve_state_and_corroborated_ones_lead(
         for h in ranked
     ]
     assert shared == sorted(shared, reverse=True)
+
+
+def test_behind_nat_a_donor_on_a_live_connection_is_tried_before_an_unconnected_one() -> None:
+    """The chaos run's restart tried first a home it had no connection to (its relay slot
+    gone: NO_RESERVATION); a donor on a direct connection, then a relayed one, comes first
+    now, within its corroboration group: a connected liar still waits behind them."""
+    homes = [donor("home1", 40, "aa"), donor("home2", 40, "aa"), donor("public", 40, "aa")]
+    liar = donor("mallory", 5000, "ee")
+    paths = {"public": "direct", "home2": "relayed", "mallory": "direct"}
+    ranked = rank_donors([*homes, liar], 10, path_rank=lambda p: path_rank(paths.get(p)))  # type: ignore[arg-type]
+    assert [h.peer_id for h in ranked] == ["public", "home2", "home1", "mallory"]
+    assert [h.peer_id for h in rank_donors([*homes, liar], 10)][-1] == "mallory"
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 50),
+            st.sampled_from(["aa", "bb", "cc"]),
+            st.sampled_from([None, "direct", "holepunched", "relayed"]),
+        ),
+        max_size=12,
+    ),
+    st.integers(0, 50),
+)
+def test_paths_reorder_donors_only_within_their_corroboration_group(
+    claims: list[tuple[int, str, str | None]], num_applied: int
+) -> None:
+    alive = [donor(f"p{i}", n, d) for i, (n, d, _) in enumerate(claims)]
+    paths = {f"p{i}": kind for i, (_, _, kind) in enumerate(claims)}
+    plain = rank_donors(alive, num_applied)
+    ranked = rank_donors(alive, num_applied, path_rank=lambda p: path_rank(paths[p]))  # type: ignore[arg-type]
+    assert sorted(h.peer_id for h in ranked) == sorted(h.peer_id for h in plain)
+
+    def shared(h: Heartbeat) -> bool:
+        return (
+            sum(
+                (g.num_applied, g.applied_digest) == (h.num_applied, h.applied_digest)
+                for g in alive
+            )
+            > 1
+        )
+
+    groups = [shared(h) for h in ranked]
+    assert groups == sorted(groups, reverse=True)  # corroborated first, whatever the paths
+    for corroborated in (True, False):
+        ranks = [path_rank(paths[h.peer_id]) for h in ranked if shared(h) == corroborated]  # type: ignore[arg-type]
+        assert ranks == sorted(ranks)  # within a group: direct, then relayed, then none
 
 
 def test_one_accomplice_heartbeat_does_not_vouch_against_two_honest_peers() -> None:
