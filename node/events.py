@@ -7,14 +7,13 @@ import logging
 import sys
 import threading
 import time
-from typing import Any, Protocol, TextIO
-
-from rich.console import Console
-from rich.live import Live
-from rich.logging import RichHandler
-from rich.text import Text
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from node.round_eta import RoundEta, format_duration
+
+if TYPE_CHECKING:  # rich is imported by the console's log only: not on a JSON node's start
+    from rich.console import Console
+    from rich.live import Live
 
 
 class EventLog(Protocol):
@@ -85,6 +84,10 @@ class ConsoleEventLog:
     PROGRESS_PERIOD_S = 5.0
 
     def __init__(self, console: Console | None = None) -> None:
+        from rich.console import Console
+        from rich.live import Live
+        from rich.text import Text
+
         self._console = console or Console(stderr=True)
         self._live: Live | None = None
         if self._console.is_terminal:
@@ -105,6 +108,8 @@ class ConsoleEventLog:
             self._eta.estimate(fields["round"], fields["step"], fields["inner_steps"], now_s),
         )
         if self._live is not None:
+            from rich.text import Text
+
             self._live.update(Text(line, style="cyan"))
         elif now_s - self._last_printed_s >= self.PROGRESS_PERIOD_S:
             self._last_printed_s = now_s
@@ -189,6 +194,9 @@ def configure_logging(level: str, log_format: str) -> None:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     else:
+        from rich.console import Console
+        from rich.logging import RichHandler
+
         handler = RichHandler(console=Console(stderr=True), show_path=False)
     root = logging.getLogger()
     root.handlers[:] = [handler]

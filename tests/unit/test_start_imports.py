@@ -27,3 +27,22 @@ print(sorted(m for m in {BESIDE_TRAINING!r} if m in sys.modules))
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_rich_is_imported_by_the_console_log_only() -> None:
+    """A node logging JSON (bench.chaos, services) never imports rich (~40 ms a start); the
+    console's log does, when it is made."""
+    script = """
+import sys
+import node.cli, node.runtime, node.trainer
+from node.events import make_event_log
+make_event_log("json")
+before = "rich" in sys.modules
+make_event_log("console").close()
+print(before, "rich.console" in sys.modules)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True"]
