@@ -307,6 +307,18 @@ class Cosign:
         return COSIGN_MAGIC + json.dumps(fields, separators=(",", ":")).encode()
 
 
+def names_a_round(group_key: object, included: object) -> bool:
+    """Whether an untrusted message's group key and included member list are in range (a
+    co-signature and a group-done notice name their round alike)."""
+    return (
+        isinstance(group_key, str)
+        and 0 < len(group_key) <= MAX_TEXT
+        and isinstance(included, list)
+        and 0 < len(included) <= MAX_MEMBERS
+        and all(isinstance(m, str) and 0 < len(m) <= MAX_TEXT for m in included)
+    )
+
+
 def cosign_max_bytes() -> int:
     return len(COSIGN_MAGIC) + 512 + MAX_MEMBERS * (MAX_TEXT + 4)
 
@@ -329,12 +341,8 @@ def decode_cosign(blob: object) -> Cosign:
     except (ValueError, RecursionError, KeyError, TypeError, AttributeError):
         raise GroupMessageError("malformed", "a co-signature that does not parse") from None
     ok = (
-        isinstance(cosign.group_key, str)
-        and 0 < len(cosign.group_key) <= MAX_TEXT
+        names_a_round(cosign.group_key, included)
         and all(type(v) is int and 0 <= v <= MAX_COUNT for v in (cosign.epoch, cosign.round))
-        and isinstance(included, list)
-        and 0 < len(included) <= MAX_MEMBERS
-        and all(isinstance(m, str) and 0 < len(m) <= MAX_TEXT for m in included)
         and len(cosign.signature) == SIGNATURE_BYTES
     )
     if not ok:
@@ -392,13 +400,8 @@ def decode_done(blob: object) -> Done:
         done = Done(fields["group_key"], fields["epoch"], fields["round"], tuple(included))
     except (ValueError, RecursionError, KeyError, TypeError, AttributeError):
         raise GroupMessageError("malformed", "a group-done notice that does not parse") from None
-    ok = (
-        isinstance(done.group_key, str)
-        and 0 < len(done.group_key) <= MAX_TEXT
-        and all(type(v) is int and 0 <= v < MAX_COUNT for v in (done.epoch, done.round))
-        and isinstance(included, list)
-        and 0 < len(included) <= MAX_MEMBERS
-        and all(isinstance(m, str) and 0 < len(m) <= MAX_TEXT for m in included)
+    ok = names_a_round(done.group_key, included) and all(
+        type(v) is int and 0 <= v < MAX_COUNT for v in (done.epoch, done.round)
     )
     if not ok:
         raise GroupMessageError("malformed", "a group-done notice with fields out of range")
