@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,19 +67,18 @@ class RunFigures:
 
 def clean_means(cleans: list[RunFigures]) -> dict[str, float]:
     """Each node's mean final validation loss over the clean runs that have one."""
-    by_node: dict[str, list[float]] = {}
-    for run in cleans:
-        for name, val in run.final_val.items():
-            if val is not None:
-                by_node.setdefault(name, []).append(val)
-    return {name: statistics.fmean(vals) for name, vals in by_node.items()}
+    return _means_by_node(run.final_val for run in cleans)
 
 
 def clean_tails(cleans: list[RunFigures]) -> dict[str, float]:
     """Each node's mean over the clean runs of its mean val loss over its last rounds."""
+    return _means_by_node(run.tail_val for run in cleans)
+
+
+def _means_by_node(runs: Iterable[dict[str, float | None]]) -> dict[str, float]:
     by_node: dict[str, list[float]] = {}
-    for run in cleans:
-        for name, val in run.tail_val.items():
+    for values in runs:
+        for name, val in values.items():
             if val is not None:
                 by_node.setdefault(name, []).append(val)
     return {name: statistics.fmean(vals) for name, vals in by_node.items()}
