@@ -16,9 +16,10 @@ those when every class has a newcomer).
 Per class, one block of lines, then a final JSON line:
 {"rows": [{class, loss_ratio_mean, loss_ratios, paired_ratios, rss_growth_mb, max_open_files,
 tracebacks, counted, crashed, errors, ...}], "passed": bool, "failed": [classes], ...}.
-A run's loss ratio is its worse honest node's final val loss over that node's mean over the
-clean runs (and the newcomer's worst round over the clean newcomers', where one joined;
-paired_ratios, shown only: against the clean run of the same repeat alone); a class passes
+A run's loss ratio is its worse honest node's final val loss (its last round's evaluation)
+over that node's mean over the clean runs (and the newcomer's worst round from its first
+over the clean newcomers', where one joined; paired_ratios, shown only: against the clean
+run of the same repeat alone); a class passes
 (bench.attack_rows) when the mean over its runs is within 5 %, no honest node crashed or
 logged a traceback, its peak RSS stayed within 60 MB of its mean peak in the clean runs and
 open files under 512. With --allow-keys the honest nodes run a permissioned swarm
@@ -74,6 +75,8 @@ START_S = 180.0
 NEWCOMER_ROUNDS = 3
 CLEAN_SINCE_ROUND = 4
 TAIL_ROUNDS = 8
+LAST_EVALUATION_S = 60.0
+"""How long a lingering node may take to evaluate its last round before it is read as is."""
 TRACEBACK = "Traceback (most recent call last)"
 CLASS_GROUPS = {"all": ATTACKS, "new": PATIENT}
 
@@ -272,6 +275,8 @@ def run_swarm(workdir: Path, settings: Settings, attack: str | None, newcomer: b
             for node in swarm.honest:
                 with contextlib.suppress(WaitError):  # a crashed node is reported, not raised
                     node.wait_event("lingering", START_S + 10 * settings.rounds)
+            for node in swarm.pair:
+                wait_last_evaluation(node, settings.rounds, LAST_EVALUATION_S)
             figures = measure(swarm, sampler, attack, started)
             for node in swarm.honest:
                 node.stop(30)
@@ -369,6 +374,19 @@ def tail_val(node: ChildProcess, num_rounds: int = TAIL_ROUNDS) -> float | None:
     over more than its final round's draw (the plateau spikes +-0.3 round to round)."""
     curve = sorted(val_curve(node).items())[-num_rounds:]
     return statistics.fmean(v for _, v in curve) if curve else None
+
+
+def wait_last_evaluation(node: ChildProcess, rounds: int, timeout_s: float) -> None:
+    """Until `node` has evaluated its round `rounds` (at most `timeout_s`; a node that has
+    not by then is read as it is). Evaluations run beside training, so a node lingers before
+    its last one ends: read at "lingering", honest1's final loss was its round 39's in every
+    clean run of flood12 and its round 40's in half the attacked ones."""
+    with contextlib.suppress(WaitError):
+        node.wait_for(
+            lambda e: e.get("event") == "evaluated" and e.get("round", -1) >= rounds,
+            timeout_s,
+            f"{node.name}'s evaluation of round {rounds}",
+        )
 
 
 def last_val(node: ChildProcess) -> float | None:

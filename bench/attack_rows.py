@@ -40,7 +40,8 @@ class RunFigures:
     newcomer_curve: dict[int, float] = field(default_factory=dict)
     """The newcomer's validation loss after each of its rounds (runs with a newcomer): a
     poisoned state costs most right after it is loaded, and the newcomer mends within its
-    few rounds (sybil_vouchers: 1.17x after round 1, 0.96x after round 3)."""
+    few rounds (sybil_vouchers: 1.17x after round 1, 0.96x after round 3). Its round 0 is its
+    start, evaluated before it loads any state: not compared (NEWCOMER_FIRST_ROUND)."""
     newcomer_round: int | None = None
     peak_rss_mb: dict[str, float] = field(default_factory=dict)
     """Each honest node's (of those training the whole run) highest RSS sample, by name."""
@@ -124,6 +125,13 @@ def rss_growth(runs: list[RunFigures], clean_peak: dict[str, float]) -> float:
     )
 
 
+NEWCOMER_FIRST_ROUND = 1
+"""The first newcomer round compared with the clean newcomers': its round 0 is the model it
+starts from, evaluated before any state is loaded, the same in every run, so it read 1.000x
+in every run and floored each newcomer class's ratio at 1.0 (flood12: sybil_vouchers 1.000x,
+1.000x with its honest pair at 0.951x and 0.984x)."""
+
+
 def newcomer_mean(cleans: list[RunFigures]) -> dict[int, float]:
     """The clean newcomers' mean validation loss after each of their rounds."""
     by_round: dict[int, list[float]] = {}
@@ -137,8 +145,9 @@ def loss_ratio(
     run: RunFigures, clean: dict[str, float], clean_newcomer: dict[int, float] | None
 ) -> float | None:
     """The worse honest node's final loss over its clean mean, and where a newcomer joined,
-    its worst loss after any of its rounds over the clean newcomers' after the same round;
-    None when a node has no final loss (it crashed or stalled)."""
+    its worst loss after any of its rounds (from NEWCOMER_FIRST_ROUND) over the clean
+    newcomers' after the same round; None when a node has no final loss (it crashed or
+    stalled) or the newcomer finished no round."""
     ratios = []
     for name, base in clean.items():
         val = run.final_val.get(name)
@@ -146,10 +155,11 @@ def loss_ratio(
             return None
         ratios.append(val / base)
     if clean_newcomer and run.newcomer is not None:
-        common = [r for r in run.newcomer_curve if r in clean_newcomer]
+        curve = run.newcomer_curve
+        common = [r for r in curve if r >= NEWCOMER_FIRST_ROUND and r in clean_newcomer]
         if not common:
             return None
-        ratios += [run.newcomer_curve[r] / clean_newcomer[r] for r in common]
+        ratios += [curve[r] / clean_newcomer[r] for r in common]
     return max(ratios) if ratios else None
 
 

@@ -38,7 +38,10 @@ class EmbeddedSource(PolledSource):
         status = self._status()
         peers = [PeerRecord(status.own, alive=True, last_seen_s=0.0, local=True)]
         peers += [PeerRecord(p.heartbeat, p.alive, p.last_seen_s) for p in status.peers]
-        return SwarmState(status.run_id, status.fingerprint, self.mode, peers, status.taken_at)
+        return SwarmState(
+            status.run_id, status.fingerprint, self.mode, peers, status.taken_at,
+            fresh_set_aside=status.fresh_peers_set_aside,
+        )  # fmt: skip
 
     def node(self) -> NodeOut:
         """Read now, not at the last poll: the local node is cheap to ask."""
@@ -65,6 +68,7 @@ class EmbeddedSource(PolledSource):
             version=own.version,
             maddrs=own.maddrs,
             peers_alive=sum(p.alive and not p.local for p in state.peers),
+            fresh_peers_set_aside=status.fresh_peers_set_aside,
             rejections=dict(sorted(own.rejections.items())),
             rejected_total=sum(own.rejections.values()),
             rejected_peers=own.rejected_peers,

@@ -52,6 +52,7 @@ class History:
             goodput=t.goodput,
             drift=t.drift,
             val_loss=t.val_loss,
+            fresh_peers_set_aside=t.fresh_peers_set_aside,
         )
         with self._lock:
             self._swarm.append(point)

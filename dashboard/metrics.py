@@ -47,6 +47,12 @@ class SwarmCollector(Collector):
             yield _gauge("diloco_goodput_ratio", "Merged everywhere / published", t.goodput)
         if t.drift is not None:
             yield _gauge("diloco_drift", "Largest replica drift reported", t.drift)
+        if t.fresh_peers_set_aside is not None:  # embedded: the serving node's own count
+            yield _gauge(
+                "diloco_fresh_peers_set_aside",
+                "Live fresh keys (no applied record) this node does not act on",
+                t.fresh_peers_set_aside,
+            )
         yield from _peer_gauges(swarm.peers)
         staleness = GaugeMetricFamily(
             "diloco_merges_by_staleness", "Merges per staleness bucket", labels=["staleness"]

@@ -75,6 +75,10 @@ class Totals(_Model):
     """Updates published by every peer seen, live or dead."""
     val_loss: float | None
     """Mean validation loss of the live replicas."""
+    fresh_peers_set_aside: int | None = None
+    """Live peers without an applied record at the node serving this dashboard that it does not
+    act on (fresh keys beyond its bound: it pushes nothing to them and does not count them);
+    counted in `peers_alive` all the same. Null standalone (no node of its own)."""
 
 
 class OrgOut(_Model):
@@ -199,6 +203,9 @@ class NodeOut(_Model):
     maddrs: list[str]
     peers_alive: int
     """Peers other than this node whose heartbeats are current."""
+    fresh_peers_set_aside: int = 0
+    """Of those, live peers without an applied record here that this node does not act on
+    (fresh keys beyond its bound: it pushes nothing to them and does not count them)."""
     rejections: dict[str, int]
     """Rejected updates and heartbeats by reason (bad signature, replay, stale, ...)."""
     rejected_total: int
@@ -223,6 +230,8 @@ class SwarmPoint(_Model):
     goodput: float | None
     drift: float | None
     val_loss: float | None
+    fresh_peers_set_aside: int | None = None
+    """As in Totals (null standalone)."""
 
 
 class PeerPoint(_Model):

@@ -51,6 +51,8 @@ class SwarmState:
     """Unix time of the reading."""
     shards: dict[str, int] = field(default_factory=dict)
     """Heartbeat shard prefix -> heartbeats read there (standalone only)."""
+    fresh_set_aside: int | None = None
+    """Live peers the serving node sets aside (embedded only: node.snapshot.NodeStatus)."""
 
     @property
     def alive(self) -> list[Heartbeat]:
@@ -176,6 +178,7 @@ def totals(state: SwarmState) -> Totals:
         bytes_received=sum(h.bytes_received for h in alive),
         updates_published=published,
         val_loss=round(statistics.fmean(val_losses), 6) if val_losses else None,
+        fresh_peers_set_aside=state.fresh_set_aside,
     )
 
 

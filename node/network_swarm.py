@@ -261,6 +261,9 @@ class NetworkSwarm:
     def num_lost(self) -> int:
         return self.swarm.num_lost
 
+    def fresh_peers_set_aside(self) -> int:
+        return self.swarm.membership.num_fresh_set_aside
+
     def paths(self) -> dict[PathKind, int]:
         return self.swarm.paths
 

@@ -36,3 +36,6 @@ class NodeStatus:
     """Unix time of the snapshot."""
     state_download: ProgressReport | None = None
     """The running state download: bytes, rate, ETA (None: none running)."""
+    fresh_peers_set_aside: int = 0
+    """Live peers without an applied record here that the node does not act on (fresh keys
+    beyond dht.membership's bound); counted among `peers` as alive all the same."""

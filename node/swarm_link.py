@@ -114,6 +114,10 @@ class SwarmLink(Protocol):
 
     def num_lost(self) -> int: ...
 
+    def fresh_peers_set_aside(self) -> int:
+        """Live peers without an applied record here that `alive_peers` left out at its
+        last call (dht.membership.established_view): fresh keys beyond the bound."""
+
     def paths(self) -> dict[PathKind, int]:
         """Open connections to peers by path: direct, holepunched, relayed."""
 
@@ -172,6 +176,9 @@ class OfflineSwarm:
         """Nothing to leave."""
 
     def num_lost(self) -> int:
+        return 0
+
+    def fresh_peers_set_aside(self) -> int:
         return 0
 
     def paths(self) -> dict[PathKind, int]:

@@ -179,6 +179,9 @@ class StartingSwarm:
     def num_lost(self) -> int:
         return self._now.num_lost()
 
+    def fresh_peers_set_aside(self) -> int:
+        return self._now.fresh_peers_set_aside()
+
     def paths(self) -> dict[PathKind, int]:
         return self._now.paths()
 

@@ -238,6 +238,7 @@ class Telemetry:
             eval_s=round(t.eval_s, 4),
             drift=self.drift(),
             peers_alive=len(self.swarm.alive_peers()),
+            fresh_peers_set_aside=self.swarm.fresh_peers_set_aside(),  # at that same call
             lost=self.swarm.num_lost(),
             codec=self._codec,
             update_bytes=r.update_bytes,
@@ -311,7 +312,7 @@ class Telemetry:
 
     def status(self) -> NodeStatus:
         """One read-only picture of the node and the peers it sees (for the dashboard)."""
-        own = self.heartbeat()
+        own = self.heartbeat()  # its drift calls alive_peers: the count below is of now
         now = time.time()
         fetches, fetched_bytes = self.swarm.fetched()
         return NodeStatus(
@@ -323,6 +324,7 @@ class Telemetry:
             fetched_bytes=fetched_bytes,
             taken_at=now,
             state_download=self.swarm.state_download(),
+            fresh_peers_set_aside=self.swarm.fresh_peers_set_aside(),
         )
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from bench.attack import honest_keys, parse_classes
+from bench.attack import honest_keys, last_val, parse_classes, wait_last_evaluation
 from bench.attack_rows import (
     RunFigures,
     class_row,
@@ -17,6 +19,7 @@ from bench.attack_rows import (
     newcomer_mean,
     paired_ratios,
 )
+from bench.procs import ChildProcess
 from merge.identity import Identity
 
 
@@ -73,6 +76,38 @@ def test_a_newcomer_that_loaded_a_poisoned_state_counts_at_its_worst_round() -> 
     assert row["loss_ratio_mean"] == pytest.approx(1.18)
     gone = run("sybil_vouchers", 3.2, 3.1, newcomer={"donor": None})
     assert loss_ratio(gone, clean_means(cleans), newcomer_mean(cleans)) is None
+
+
+def test_a_newcomer_s_start_is_not_compared() -> None:
+    """Its round 0 is the model it starts from (the same in every run): 1.0x, always."""
+    cleans = [run(None, 3.2, 3.1, newcomer_curve={0: 5.3, 1: 3.0, 2: 3.0})] * 2
+    fine = run("sybil_vouchers", 3.04, 2.9, newcomer_curve={0: 5.3, 1: 2.85, 2: 2.7},
+               newcomer={"donor": "honest"})  # fmt: skip
+    assert loss_ratio(fine, clean_means(cleans), newcomer_mean(cleans)) == pytest.approx(0.95)
+    unfinished = run("sybil_vouchers", 3.2, 3.1, newcomer_curve={0: 5.3}, newcomer={})
+    assert loss_ratio(unfinished, clean_means(cleans), newcomer_mean(cleans)) is None
+
+
+def test_a_run_is_read_once_each_node_evaluated_its_last_round(tmp_path: Path) -> None:
+    """Evaluations run beside training: a node lingers before its last one is done."""
+    script = (
+        "import json, time\n"
+        "for e in ({'event': 'evaluated', 'round': 39, 'val_loss': 3.5}, {'event': 'lingering'}):\n"
+        "    print(json.dumps(e), flush=True)\n"
+        "time.sleep(0.5)\n"
+        "print(json.dumps({'event': 'evaluated', 'round': 40, 'val_loss': 3.0}), flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    node = ChildProcess("honest1", [sys.executable, "-c", script], home=tmp_path).start()
+    try:
+        node.wait_event("lingering", 30)
+        wait_last_evaluation(node, 40, 30)
+        assert last_val(node) == 3.0
+        started = time.monotonic()
+        wait_last_evaluation(node, 41, 0.2)  # never comes: read as it is, after the bound
+        assert last_val(node) == 3.0 and time.monotonic() - started < 5
+    finally:
+        node.reap()
 
 
 def test_permissioned_classes_must_serve_strangers_nothing() -> None:

@@ -93,6 +93,50 @@ def test_node_route_shows_a_state_download_while_it_runs(trained_node: Node) -> 
     assert embedded_client(trained_node).get("/api/node").json()["state_download"] is None
 
 
+def test_the_fresh_keys_the_node_sets_aside_are_shown_beside_peers_alive(
+    trained_node: Node,
+) -> None:
+    """dht.membership sets fresh keys beyond its bound aside (no pushes, not counted): the
+    node's count reaches /api/node, the totals, the history and /metrics."""
+    settings = DashboardSettings(host="127.0.0.1", port=0)
+    history = History(settings)
+
+    def flooded() -> NodeStatus:
+        return dataclasses.replace(trained_node.status(), fresh_peers_set_aside=7)
+
+    source = EmbeddedSource(trained_node.config.run_id, flooded, settings, history)
+    source.refresh()  # one poll: one history point
+    client = TestClient(create_app(source, settings))
+
+    assert client.get("/api/node").json()["fresh_peers_set_aside"] == 7
+    assert client.get("/api/swarm").json()["totals"]["fresh_peers_set_aside"] == 7
+    assert client.get("/api/history").json()["swarm"][-1]["fresh_peers_set_aside"] == 7
+    families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+    assert families["diloco_fresh_peers_set_aside"].samples[0].value == 7
+    # a node without a swarm sets none aside; each round_done says so beside peers_alive
+    assert trained_node.status().fresh_peers_set_aside == 0
+    rounds = trained_node.events._inner.of("round_done")  # type: ignore[attr-defined]
+    assert [(e["peers_alive"], e["fresh_peers_set_aside"]) for e in rounds] == [(0, 0)] * 2
+    assert embedded_client(trained_node).get("/api/node").json()["fresh_peers_set_aside"] == 0
+
+
+def test_a_standalone_dashboard_has_no_count_of_fresh_keys_set_aside() -> None:
+    """It serves no node: nothing is set aside by it, and it says so (null, no gauge)."""
+    import time
+
+    from dht.heartbeat import Heartbeat
+    from merge.identity import Identity
+
+    alice = Identity.generate()
+    observer = FakeObserver()
+    observer.publish(Heartbeat(peer_id=alice.peer_id, sent_at=time.time()), alice)
+    client = standalone_client(observer)
+
+    assert client.get("/api/swarm").json()["totals"]["fresh_peers_set_aside"] is None
+    families = {f.name for f in text_string_to_metric_families(client.get("/metrics").text)}
+    assert "diloco_peers_alive" in families and "diloco_fresh_peers_set_aside" not in families
+
+
 def test_history_has_a_loss_point_per_round_and_the_events_pass_through(
     trained_node: Node,
 ) -> None:
