@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dht.catchup import AppliedSet
 from dht.gossip_groups import is_group_key, parse_fetched
@@ -95,6 +95,12 @@ class Sighting:
     sketch: tuple[float, ...]
     at: float
     """When this node first saw that participant at that digest."""
+    last: float | None = None
+    """When this node last saw it there (None: only at `at`)."""
+
+    @property
+    def until(self) -> float:
+        return self.at if self.last is None else self.last
 
 
 @dataclass(frozen=True)
@@ -164,6 +170,24 @@ def shared_distances(mine: list[Sighting], theirs: list[Sighting]) -> list[tuple
     return sorted(found, key=lambda pair: pair[1])
 
 
+def held_distance(mine: list[Sighting], theirs: list[Sighting]) -> tuple[float, float] | None:
+    """(distance, seconds both were seen there together) at the digest both were seen at
+    last, while both still were: once updates stop (the swarm lingers, or publishes slowly)
+    the applied set stays at one digest, and two digests a period apart never come, so a
+    drift that holds there is judged by how long it held (before, such a replica never
+    realigned: bench.scale ended at N = 8 with one applied set and drift 0.22). None: no
+    such digest, or sketches that cannot be compared."""
+    if not mine or not theirs:
+        return None
+    own, other = mine[-1], theirs[-1]
+    if own.digest != other.digest:
+        return None
+    distance = relative_distance(list(own.sketch), list(other.sketch))
+    if distance is None:
+        return None
+    return distance, min(own.until, other.until) - max(own.at, other.at)
+
+
 def latest_distances(
     sightings: Mapping[str, list[Sighting]],
 ) -> dict[tuple[str, str], tuple[float, float]]:
@@ -222,8 +246,15 @@ class RealignPolicy:
         participant.serves_state = h.serves_state
         horizon = now - self.config.horizon_s
         sightings = [s for s in participant.sightings if s.at >= horizon]
-        if h.applied_digest and h.sketch and all(s.digest != h.applied_digest for s in sightings):
-            sightings.append(Sighting(h.applied_digest, tuple(h.sketch), now))
+        if h.applied_digest and h.sketch:
+            seen = Sighting(h.applied_digest, tuple(h.sketch), now)
+            same = [s for s in sightings if s.digest == seen.digest]
+            if not same:
+                sightings.append(seen)
+            elif same[0].sketch == seen.sketch:  # still there: how long it held counts
+                sightings = [replace(s, last=now) if s is same[0] else s for s in sightings]
+            else:  # another sketch at one digest (a resketch): it holds from now
+                sightings = [seen if s is same[0] else s for s in sightings]
         participant.sightings = sightings[-self.config.max_digests_per_peer :]
 
     # ---- what the node does ----------------------------------------------------------------
@@ -245,14 +276,18 @@ class RealignPolicy:
         mine = self._participants.get(self.self_id)
         if donor is None or donor == self.self_id or mine is None:
             return None
-        shared = shared_distances(mine.sightings, self._participants[donor].sightings)
+        theirs = self._participants[donor].sightings
+        threshold, period = self.config.threshold, self.config.period_s
+        held = held_distance(mine.sightings, theirs)
+        if held is not None and held[0] > threshold and held[1] >= period:
+            return Realign(donor, held[0])  # one applied set, apart for a period or more
+        shared = shared_distances(mine.sightings, theirs)
         if len(shared) < 2:
             return None
         (earlier, seen_first), (latest, seen_last) = shared[-2], shared[-1]
-        threshold = self.config.threshold
         if earlier <= threshold or latest <= threshold:
             return None
-        if seen_last - seen_first < self.config.period_s:
+        if seen_last - seen_first < period:
             return None
         return Realign(donor, latest)
 

@@ -318,3 +318,30 @@ def test_own_updates_the_donor_had_not_applied_are_applied_again_after_the_adopt
     for update in [signed(ME, 1), signed(ME, 2), signed(PEER, 4)]:
         assert donor.submit(update).accepted
     assert node.replica.applied_digest() == donor.replica.applied_digest()
+
+
+def test_a_drift_that_holds_at_one_applied_set_for_a_period_realigns() -> None:
+    """Once updates stop (a swarm lingering, or publishing slowly) the applied set stays at
+    one digest: two digests a period apart never come. The drift held there for a period
+    is enough (bench.scale at N = 8 ended with one applied set and drift 0.22)."""
+    p = policy("node2")
+    feed(p, swarm(THREE, 0), 0.0)
+    feed(p, swarm(THREE, 0), 0.5)
+    assert p.decide(0.5) is None  # held for less than a period
+    feed(p, swarm(THREE, 0), 1.0)
+    realign = p.decide(1.0)
+    assert isinstance(realign, Realign) and realign.donor == "node0"
+    quiet = policy("node1")  # honest noise held as long: nothing
+    for t in (0.0, 1.0, 2.0):
+        feed(quiet, swarm(THREE, 0), t)
+    assert quiet.decide(2.0) is None
+
+
+def test_a_resketch_at_one_digest_restarts_how_long_the_drift_held() -> None:
+    p = policy("node2")
+    feed(p, swarm(THREE, 0), 0.0)
+    feed(p, swarm({**THREE, "node2": 0.12}, 0), 0.9)  # another sketch at the same digest
+    feed(p, swarm({**THREE, "node2": 0.12}, 0), 1.5)
+    assert p.decide(1.5) is None  # held 0.6 s since the resketch
+    feed(p, swarm({**THREE, "node2": 0.12}, 0), 2.0)
+    assert isinstance(p.decide(2.0), Realign)
