@@ -89,6 +89,12 @@ def main() -> None:
         action="store_true",
         help="--sim: count bytes as real nodes move them now (whole parts, whole fetches)",
     )
+    parser.add_argument(
+        "--scatter",
+        action="store_true",
+        help="--sim: count merge.group_shards' reduce-scatter message by message (with "
+        "--wired: other groups' updates fetched whole; without: by shards)",
+    )
     args = parser.parse_args()
     if args.sim:
         _simulate(parser, args)
@@ -112,7 +118,7 @@ def _simulate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
         sizes = parse_sizes(args.nodes)
     except ValueError as e:
         parser.error(str(e))
-    result = run(sizes, SimConfig(seed=args.seed, wired=args.wired))
+    result = run(sizes, SimConfig(seed=args.seed, wired=args.wired, scatter=args.scatter))
     for row in result["rows"]:
         all_to_all = row["all_to_all_mb_per_node_per_round"]
         print(
