@@ -92,8 +92,9 @@ def main() -> None:
     parser.add_argument(
         "--scatter",
         action="store_true",
-        help="--sim: count merge.group_shards' reduce-scatter message by message (with "
-        "--wired: other groups' updates fetched whole; without: by shards)",
+        help="with --group-size: join --group-scatter (reduce-scatter inside a group); "
+        "--sim: count merge.group_shards' reduce-scatter message by message (with --wired: "
+        "other groups' updates fetched whole, as real nodes do; without: by shards)",
     )
     args = parser.parse_args()
     if args.sim:
@@ -105,6 +106,7 @@ def main() -> None:
         "model": "tiny",
         "inner_steps": args.inner_steps,
         "group_size": args.group_size,
+        "group_scatter": bool(args.group_size and args.scatter),
         "sizes": results,
         "extrapolated_base": extrapolate(results),
     }
@@ -148,6 +150,7 @@ def _measure(slots: list[Slot], args: argparse.Namespace) -> dict[str, Any]:
            "--gap-wait", "10", "--linger", str(args.linger_s + 30)]  # fmt: skip
     if args.group_size:  # the group's parts and other groups' updates count as received
         run += ["--group-size", str(args.group_size), "--group-wait", "10"]
+        run += ["--group-scatter"] if args.scatter else []
     # One end of training for every process, fixed before the first starts: a node's
     # --max-time counts from its own start, and 16 nodes starting on 2 cores take minutes,
     # during which the first ones (the bootstrap among them) must not stop and exit.

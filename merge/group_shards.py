@@ -135,6 +135,13 @@ class ShardedReduction:
         held = self._pieces.get(shard, {})
         return self.phase is Phase.REDUCING and all(m in held for m in self._included)
 
+    def header_of(self, author: str) -> ContributionHeader | None:
+        return self._headers.get(author)
+
+    def count(self, reason: str) -> bool:
+        """Counts a refusal of the caller's (always False)."""
+        return self._count(reason)
+
     def piece_of(self, author: str, shard: int) -> torch.Tensor | None:
         return self._pieces.get(shard, {}).get(author)
 
