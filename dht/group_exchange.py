@@ -277,8 +277,8 @@ class GroupExchange:
         if member is not None or not member_check(self.run_id, header.group_key)(sender):
             self._reject("group_piece_not_a_member", sender, "a piece for another round")
             return
-        if not self._is_alive(sender):
-            return
+        if rid in self._settled or not self._is_alive(sender):
+            return  # a round ended here (a late re-send), or a fresh key: nothing held
         held = self._held_pieces.get(rid)
         if held is None:
             if len(self._held_pieces) >= MAX_HELD_ROUNDS:
