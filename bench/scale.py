@@ -89,6 +89,13 @@ def main() -> None:
         action="store_true",
         help="--sim: count bytes as real nodes move them now (whole parts, whole fetches)",
     )
+    parser.add_argument(
+        "--scatter",
+        action="store_true",
+        help="with --group-size: join --group-scatter (reduce-scatter inside a group); "
+        "--sim: count merge.group_shards' reduce-scatter message by message (with --wired: "
+        "other groups' updates fetched whole, as real nodes do; without: by shards)",
+    )
     args = parser.parse_args()
     if args.sim:
         _simulate(parser, args)
@@ -99,6 +106,7 @@ def main() -> None:
         "model": "tiny",
         "inner_steps": args.inner_steps,
         "group_size": args.group_size,
+        "group_scatter": bool(args.group_size and args.scatter),
         "sizes": results,
         "extrapolated_base": extrapolate(results),
     }
@@ -112,7 +120,7 @@ def _simulate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
         sizes = parse_sizes(args.nodes)
     except ValueError as e:
         parser.error(str(e))
-    result = run(sizes, SimConfig(seed=args.seed, wired=args.wired))
+    result = run(sizes, SimConfig(seed=args.seed, wired=args.wired, scatter=args.scatter))
     for row in result["rows"]:
         all_to_all = row["all_to_all_mb_per_node_per_round"]
         print(
@@ -142,6 +150,7 @@ def _measure(slots: list[Slot], args: argparse.Namespace) -> dict[str, Any]:
            "--gap-wait", "10", "--linger", str(args.linger_s + 30)]  # fmt: skip
     if args.group_size:  # the group's parts and other groups' updates count as received
         run += ["--group-size", str(args.group_size), "--group-wait", "10"]
+        run += ["--group-scatter"] if args.scatter else []
     # One end of training for every process, fixed before the first starts: a node's
     # --max-time counts from its own start, and 16 nodes starting on 2 cores take minutes,
     # during which the first ones (the bootstrap among them) must not stop and exit.

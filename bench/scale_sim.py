@@ -32,7 +32,10 @@ from dht.grouping import Grouping, GroupingPolicy, MembershipView
 from dht.ranges import UpdateId
 from dht.shards import ShardConfig, ShardTree
 from merge.codecs import get_codec
+from merge.group_plan import shard_bounds, spread
+from merge.group_shards import ShardedReduction, sharded_contribution
 from merge.group_update import (
+    SIGNATURE_BYTES,
     ContributionHeader,
     GroupReduction,
     GroupUpdate,
@@ -54,6 +57,9 @@ class Simulation:
 
     def __init__(self, nodes: int, config: SimConfig, update_bytes: int) -> None:
         self.config, self.update_bytes = config, update_bytes
+        self.codec = get_codec(CODEC)
+        self.numel = update_bytes // self.codec.payload_bytes(1)
+        """Parameters of the model whose bytes are counted (tiny's)."""
         self.rng = random.Random(config.seed * 1_000_003 + nodes)
         self.hostile_rng = random.Random(config.seed * 1_000_003 + nodes + 1)
         self.policy = GroupingPolicy(RUN_ID)
@@ -245,6 +251,8 @@ class Simulation:
         fates: dict[str, str],
         replica: SimReplica,
     ) -> GroupUpdate | None:
+        if self.config.scatter:
+            return self._reduce_sharded(key, peers, fields, contributors, fates, replica)
         reduction = GroupReduction(
             group_key=key,
             epoch=fields.epoch,
@@ -279,6 +287,94 @@ class Simulation:
             contributors, len(reduction.included) or len(contributors), attempts
         )
         outcome = reduction.outcome
+        if not isinstance(outcome, GroupUpdate):
+            self.counters["abandoned"] += 1
+            return None
+        prefix = key.split("0b", 1)[1]
+        problem = outcome.problem(lambda p: self.policy.prefix_of(p, len(prefix)) == prefix)
+        if problem is not None:
+            self.counters[f"rejected_{problem}"] += 1
+            return None
+        return outcome
+
+    def _reduce_sharded(
+        self,
+        key: str,
+        peers: tuple[str, ...],
+        fields: RoundFields,
+        contributors: list[SimNode],
+        fates: dict[str, str],
+        replica: SimReplica,
+    ) -> GroupUpdate | None:
+        """The round by reduce-scatter (merge.group_shards), every message's bytes counted at
+        its receiver: pieces to their shards' members, re-sends to the reducers of shards
+        whose member is not included, reduced shards with co-signatures to every included
+        member (once per attempt: an attempt lost to a dying reducer costs its all-gather)."""
+        view = ShardedReduction(
+            group_key=key,
+            epoch=fields.epoch,
+            round=fields.round,
+            members=peers,
+            numel=self.config.dim,
+            config=self.config.reduction,
+        )
+        plan, by_id = view.plan, {n.peer_id: n for n in self.nodes}
+        piece_bytes = [
+            self.codec.payload_bytes(e - s) for s, e in shard_bounds(self.numel, len(peers))
+        ]
+        meta, header_bytes = 16 + 65 * plan.num_shards, []
+        delivered: set[tuple[str, int, str]] = set()
+
+        def receive(peer: str, num_bytes: float) -> None:
+            if by_id[peer].alive:
+                by_id[peer].received += num_bytes
+
+        def send_pieces(author: str, included: tuple[str, ...] | None) -> None:
+            for shard, reducer in plan.sends(author, included):
+                if (author, shard, reducer) not in delivered:
+                    delivered.add((author, shard, reducer))
+                    receive(reducer, piece_bytes[shard] + meta + header_bytes[-1])
+
+        def all_gather() -> None:
+            included = view.included
+            cosign = SIGNATURE_BYTES + 64 + sum(len(m) + 3 for m in included)
+            for j, reducer in enumerate(view.reducers):
+                for member in included:
+                    if member != reducer:
+                        receive(member, piece_bytes[j] + cosign)
+
+        for node in contributors:
+            pseudo_gradient = self._pseudo_gradient(replica)
+            if node.dishonest:
+                pseudo_gradient = -20 * pseudo_gradient
+            header, digests = sharded_contribution(
+                pseudo_gradient, node.identity, fields, self.config.tokens_per_round, len(peers)
+            )
+            view.contribute(header, digests)
+            for j, piece in enumerate(torch.tensor_split(pseudo_gradient, len(peers))):
+                view.take_piece(node.peer_id, j, piece)
+            header_bytes.append(header.wire_bytes())
+            send_pieces(node.peer_id, None)
+        self._header_bytes = statistics.mean(header_bytes) if header_bytes else self._header_bytes
+        view.close()
+        for author in view.included:
+            send_pieces(author, view.included)
+        for node in contributors:
+            fate = fates.get(node.peer_id, "")
+            if fate.endswith("_while_reducing") and view.phase is Phase.REDUCING:
+                all_gather()  # the attempt's shards went out (an upper bound), then it died
+                view.lose(node.peer_id)
+                self._strike(node, fate, fields.round * self.config.round_s)
+                for author in view.included if view.phase is Phase.REDUCING else ():
+                    send_pieces(author, view.included)
+            elif fate.endswith("_while_reducing"):
+                self._strike(node, fate, fields.round * self.config.round_s)
+        if view.phase is Phase.REDUCING:
+            all_gather()
+            for j, reducer in enumerate(view.reducers):
+                shard = view.reduce(j)
+                view.take_reduced(j, shard, by_id[reducer].identity.sign(view.statement(j, shard)))
+        outcome = view.outcome
         if not isinstance(outcome, GroupUpdate):
             self.counters["abandoned"] += 1
             return None
@@ -334,7 +430,9 @@ class Simulation:
         published = self.published[update_id]
         own = published.update.head.group_key == key
         g = len(members)
-        if not own:
+        if not own and self.config.scatter and not self.config.wired:
+            self._fetch_shards(published.update, members, published.header_bytes)
+        elif not own:
             share = self.update_bytes if self.config.wired else self.update_bytes / g
             for node in members:
                 node.received += share + published.header_bytes
@@ -345,6 +443,17 @@ class Simulation:
         replica.inflight.add(update_id)
         self._ids[id(replica)] = replica
         heapq.heappush(self.arrivals, (now + delay, len(self.arrivals), update_id, id(replica)))
+
+    def _fetch_shards(self, update: GroupUpdate, members: list[SimNode], header_bytes: int) -> None:
+        """Each live member fetches its shards of another group's update (its signed headers
+        with them, to check the shards' co-signatures), split as its members split it."""
+        shards = len(update.members) or len(update.contributions)
+        sizes = [self.codec.payload_bytes(e - s) for s, e in shard_bounds(self.numel, shards)]
+        by_id = {n.peer_id: n for n in members}
+        for node in members:
+            node.received += header_bytes
+        for k, fetcher in enumerate(spread(shards, by_id)):
+            by_id[fetcher].received += sizes[k]
 
     def _deliver(self, until: float) -> None:
         while self.arrivals and self.arrivals[0][0] <= until:
@@ -420,7 +529,9 @@ class Simulation:
                     periods * (group_records + sum(leaves[s] for s in sample)) + directory
                 )
                 node.live_s += c.round_s
-                if not c.wired:  # the all-gather of the reduced shards
+                # the all-gather of the reduced shards (design) or, with scatter, of the
+                # weighted incoming shards (the own group's are counted as they are sent)
+                if not c.wired and not (c.scatter and self.grouping.num_learners == 1):
                     node.received += (len(members) - 1) / len(members) * self.update_bytes
             self.node_rounds += len(members)
 
@@ -428,6 +539,8 @@ class Simulation:
         k = len(contributors)
         if k == 0:
             return
+        if self.config.scatter:
+            return  # counted message by message (_reduce_sharded)
         parts = (k - 1) if self.config.wired else attempts * (k - 1) / k  # whole or a shard
         for node in contributors:
             node.received += parts * self.update_bytes + (k - 1) * self._header_bytes

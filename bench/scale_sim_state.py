@@ -45,6 +45,12 @@ class SimConfig:
     """Share of peers that contribute -20x their honest pseudo-gradient (well signed)."""
     reduction: ReductionConfig = field(default_factory=ReductionConfig)
     seed: int = 0
+    scatter: bool = False
+    """Count in-group bytes message by message from merge.group_shards' reduce-scatter (the
+    pieces each member sends its shards' reducers, re-sends after a loss, the reduced shards
+    all-gathered with their co-signatures); without `wired`, each other group's update is
+    fetched by shards (merge.group_plan.spread: each live member its shards, with the
+    update's signed headers) and the weighted incoming shards all-gathered once a round."""
     wired: bool = False
     """Count bytes as real nodes move them as of session 11 (docs/scale.md): each member sends
     its whole part (bf16) to every other member, and every node fetches each other group's

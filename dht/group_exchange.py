@@ -52,6 +52,16 @@ from dht.grouping_round import (
     part_max_bytes,
     update_max_bytes,
 )
+from dht.grouping_shards import (
+    Piece,
+    ShardedRound,
+    decode_piece,
+    decode_shard,
+    encode_piece,
+    piece_max_bytes,
+    shard_codec,
+    shard_max_bytes,
+)
 from dht.swarm_config import REQUEST_READ_TIMEOUT_S
 from dht.transport import TooLargeError, TransportError, receive_blob
 from merge.group_update import (
@@ -77,6 +87,13 @@ UPDATE_LIMITS = StreamLimits(rate_per_s=2.0, burst=8.0, max_in_flight=2, deadlin
 DONE_LIMITS = StreamLimits(rate_per_s=4.0, burst=16.0, max_in_flight=4, deadline_s=10.0)
 """Group-done notices a peer may send: one per round it completed (to members and its share
 of the peers outside the group)."""
+PIECE_LIMITS = StreamLimits(rate_per_s=8.0, burst=32.0, max_in_flight=4, deadline_s=120.0)
+"""Pieces a peer may send (--group-scatter): one per round before the deadline, a few more
+re-sent after it (shards of members left out or lost), each a shard of a part."""
+SHARD_LIMITS = StreamLimits(rate_per_s=8.0, burst=32.0, max_in_flight=4, deadline_s=120.0)
+"""Reduced shards a peer may send: its shards of each round, once per attempt."""
+MAX_HELD_PIECES = 64
+"""Pieces held per round before this node opens it (one per member, and a few re-sent)."""
 MAX_SETTLED_ROUNDS = 64
 """Rounds this node ran whose ending (with the update or without) it remembers."""
 MAX_HELD_ROUNDS = 4
@@ -132,7 +149,8 @@ class GroupExchange:
         """Rounds a group-done notice is being acted on for (one at a time per round)."""
         self._settled: OrderedDict[RoundId, bool] = OrderedDict()
         """Rounds this node ran and ended: whether it ended holding the complete update."""
-        self._rounds: dict[RoundId, GroupRound] = {}
+        self._rounds: dict[RoundId, GroupRound | ShardedRound] = {}
+        self._held_pieces: OrderedDict[RoundId, dict[tuple[str, int], Piece]] = OrderedDict()
         self._wakes: dict[RoundId, asyncio.Event] = {}
         self._held: OrderedDict[RoundId, dict[str, tuple[ContributionHeader, torch.Tensor]]] = (
             OrderedDict()
@@ -151,6 +169,8 @@ class GroupExchange:
         await self.network.add_handler("group-cosign", self.rpc_cosign, COSIGN_LIMITS)
         await self.network.add_handler("group-update", self.rpc_update, UPDATE_LIMITS)
         await self.network.add_handler("group-done", self.rpc_done, DONE_LIMITS)
+        await self.network.add_handler("group-piece", self.rpc_piece, PIECE_LIMITS)
+        await self.network.add_handler("group-shard", self.rpc_shard, SHARD_LIMITS)
 
     # ---- serving ----------------------------------------------------------------------------
 
@@ -174,6 +194,9 @@ class GroupExchange:
     def _take_part(self, header: ContributionHeader, tensor: torch.Tensor) -> None:
         rid = (header.group_key, header.epoch, header.round)
         member = self._rounds.get(rid)
+        if isinstance(member, ShardedRound):
+            self._reject("group_part_not_sharded", header.author, "a whole part, pieces expected")
+            return
         if member is not None:
             before = dict(member.reduction.rejected)
             if member.on_part(header, tensor):
@@ -215,11 +238,76 @@ class GroupExchange:
             self._reject(f"group_cosign_{exc.reason}", sender, str(exc))
             return
         member = self._rounds.get(cosign.round_id)
-        if member is None:
+        if not isinstance(member, GroupRound):
             return  # a round this node is not in (it left it out, or closed it): not a fault
         if not member.on_cosign(sender, cosign):
             self._reject("group_cosign_refused", sender, "a co-signature not for this round")
         self._wakes[cosign.round_id].set()
+
+    async def rpc_piece(self, info: Any, reader: Any, writer: Any) -> None:
+        """A shard of a member's part (--group-scatter): checked against its author's
+        signature, taken by the round if it runs, else held (bounded) until it opens."""
+        sender = str(info.peer_id)
+        blob = await self._receive("group_piece", sender, reader, piece_max_bytes(self.numel))
+        if blob is None:
+            return
+        try:
+            piece = decode_piece(blob, self.numel)
+            if piece.header.author != sender:
+                raise GroupMessageError("wrong_sender", "a piece relayed for another member")
+            if piece.header.run_id != self.run_id:
+                raise GroupMessageError("wrong_run", f"a piece of run {piece.header.run_id!r}")
+        except GroupMessageError as exc:
+            self._reject(f"group_piece_{exc.reason}", sender, str(exc))
+            return
+        self._received("piece", sender, len(blob))
+        header = piece.header
+        rid = (header.group_key, header.epoch, header.round)
+        member = self._rounds.get(rid)
+        if isinstance(member, ShardedRound):
+            before = dict(member.reduction.rejected)
+            if member.on_piece(piece):
+                self._note_round(header)
+            else:
+                after = member.reduction.rejected
+                reason = next((r for r in after if after[r] != before.get(r)), "refused")
+                self._reject(f"group_piece_{reason}", sender, "a piece this round refused")
+            self._wakes[rid].set()
+            return
+        if member is not None or not member_check(self.run_id, header.group_key)(sender):
+            self._reject("group_piece_not_a_member", sender, "a piece for another round")
+            return
+        if rid in self._settled or not self._is_alive(sender):
+            return  # a round ended here (a late re-send), or a fresh key: nothing held
+        held = self._held_pieces.get(rid)
+        if held is None:
+            if len(self._held_pieces) >= MAX_HELD_ROUNDS:
+                oldest, _ = self._held_pieces.popitem(last=False)
+                self._held_since.pop(oldest, None)
+            held = self._held_pieces[rid] = {}
+            self._held_since.setdefault(rid, time.monotonic())
+        if len(held) < MAX_HELD_PIECES:
+            held.setdefault((sender, piece.shard), piece)
+            self._note_round(header)
+
+    async def rpc_shard(self, info: Any, reader: Any, writer: Any) -> None:
+        """A reduced shard and its reducer's co-signature, for a round this node runs."""
+        sender = str(info.peer_id)
+        blob = await self._receive("group_shard", sender, reader, shard_max_bytes(self.numel))
+        if blob is None:
+            return
+        try:
+            shard = decode_shard(blob, self.numel)
+        except GroupMessageError as exc:
+            self._reject(f"group_shard_{exc.reason}", sender, str(exc))
+            return
+        self._received("shard", sender, len(blob))
+        member = self._rounds.get(shard.round_id)
+        if not isinstance(member, ShardedRound):
+            return  # a round this node is not in (left out, or closed): not a fault
+        if not member.on_shard(sender, shard):
+            self._reject("group_shard_refused", sender, "a reduced shard this round refused")
+        self._wakes[shard.round_id].set()
 
     async def rpc_update(self, info: Any, reader: Any, writer: Any) -> None:
         sender = str(info.peer_id)
@@ -372,18 +460,95 @@ class GroupExchange:
                             await self._send_cosigns(member, member.on_lost(peer))
                 if not member.done:
                     await _until(wake, member)
-            outcome = member.outcome
-            assert outcome is not None
-            self._settle(rid, isinstance(outcome, GroupUpdate))  # applied here either way
-            if isinstance(outcome, GroupUpdate):
-                await self._hold(outcome)
-                notice = Done.of(outcome).to_bytes()
-                for peer in push_targets(member, outcome, self._live_peers()):
-                    self._spawn(self._send(peer, "group-done", notice, SEND_TIMEOUT_S))
-            return outcome
+            return await self._finish(rid, member)
         finally:
             self._rounds.pop(rid, None)
             self._wakes.pop(rid, None)
+
+    async def run_sharded(
+        self,
+        header: ContributionHeader,
+        digests: tuple[str, ...],
+        tensor: torch.Tensor,
+        members: Iterable[str],
+        *,
+        wait_s: float,
+        cosign_s: float,
+        config: ReductionConfig | None = None,
+        codec: str = "fp32",
+    ) -> GroupUpdate | Abandoned:
+        """This member's round by reduce-scatter (--group-scatter): shard j of its part to
+        member j, the pieces of its own shards in until the deadline (from when the round's
+        first piece was here), its shards reduced and sent to the included members, theirs
+        in until `cosign_s` later; a reducer lost with a shard missing: retry once without
+        it (pieces re-sent to the shards' new reducers) or abandon. `tensor` is what `codec`
+        decodes (bf16 and fp32 slices re-encode exactly; any other codec's pieces go fp32)."""
+        now = time.monotonic()
+        rid = (header.group_key, header.epoch, header.round)
+        if now - self._held_since.get(rid, now) >= wait_s:  # the group closed it without us
+            self._held_pieces.pop(rid, None)
+            self._held_since.pop(rid, None)
+            self._settle(rid, False)
+            return Abandoned("late")
+        member = ShardedRound(
+            self.identity,
+            header,
+            digests,
+            tensor,
+            members,
+            opened_at=min(now, self._held_since.pop(rid, now)),
+            wait_s=wait_s,
+            cosign_s=cosign_s,
+            config=config,
+        )
+        if rid in self._rounds:
+            raise ValueError(f"group round {rid} is already running")
+        self._rounds[rid], wake = member, asyncio.Event()
+        self._wakes[rid] = wake
+        self._note_round(header)
+        for piece in self._held_pieces.pop(rid, {}).values():
+            member.on_piece(piece)
+        piece_codec = codec if codec in ("bf16", "fp32") else "fp32"
+        try:
+            while not member.done:
+                for shard, peer in member.piece_sends():
+                    blob = encode_piece(header, digests, shard, member.pieces[shard], piece_codec)
+                    self._spawn(self._send(peer, "group-piece", blob, max(wait_s, 1.0)))
+                for out in member.tick(time.monotonic()):
+                    blob = out.to_bytes(shard_codec(out.tensor))
+                    for peer in member.recipients():
+                        self._spawn(self._send_shard(member, rid, peer, blob))
+                if member.phase is Phase.REDUCING:
+                    for peer in member.missing_reducers():
+                        if peer != member.me and not self._is_alive(peer):
+                            member.on_lost(peer)
+                if not member.done:
+                    await _until(wake, member)
+            return await self._finish(rid, member)
+        finally:
+            self._rounds.pop(rid, None)
+            self._wakes.pop(rid, None)
+
+    async def _send_shard(self, member: ShardedRound, rid: RoundId, peer: str, blob: bytes) -> None:
+        """A reduced shard to an included member; one whose stream fails, with a shard of
+        its own missing, is lost (the round retries without it)."""
+        sent = await self._send(peer, "group-shard", blob, SEND_TIMEOUT_S)
+        if not sent and not member.done and member.on_lost(peer) and rid in self._wakes:
+            self._wakes[rid].set()
+
+    async def _finish(
+        self, rid: RoundId, member: GroupRound | ShardedRound
+    ) -> GroupUpdate | Abandoned:
+        """The round's outcome: settled, and a complete update held and announced."""
+        outcome = member.outcome
+        assert outcome is not None
+        self._settle(rid, isinstance(outcome, GroupUpdate))  # applied here either way
+        if isinstance(outcome, GroupUpdate):
+            await self._hold(outcome)
+            notice = Done.of(outcome).to_bytes()
+            for peer in push_targets(member, outcome, self._live_peers()):
+                self._spawn(self._send(peer, "group-done", notice, SEND_TIMEOUT_S))
+        return outcome
 
     def _settle(self, rid: RoundId, holds: bool) -> None:
         self._settled[rid] = holds
@@ -430,7 +595,9 @@ class GroupExchange:
         task.add_done_callback(self._tasks.discard)
 
 
-def push_targets(member: GroupRound, update: GroupUpdate, live: Iterable[str]) -> list[str]:
+def push_targets(
+    member: GroupRound | ShardedRound, update: GroupUpdate, live: Iterable[str]
+) -> list[str]:
     """Where this member sends its round's group-done notice: every other member (one that
     lost a member the completer had the co-signature of fetches and adopts it) and its share
     of the live peers outside the group: the k-th of them (sorted) by the ((k + c) mod n)-th
@@ -445,7 +612,7 @@ def push_targets(member: GroupRound, update: GroupUpdate, live: Iterable[str]) -
     return member.others() + mine
 
 
-async def _until(wake: asyncio.Event, member: GroupRound) -> None:
+async def _until(wake: asyncio.Event, member: GroupRound | ShardedRound) -> None:
     """Until a message for the round came in, its next deadline, or TICK_S (liveness)."""
     collecting = member.phase is Phase.COLLECTING
     due = member.deadline if collecting else member.cosign_deadline

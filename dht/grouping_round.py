@@ -34,7 +34,7 @@ import math
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -224,6 +224,8 @@ def encode_update(update: GroupUpdate) -> bytes:
         "digests": list(update.shard_digests),
         "cosignatures": [c.hex() for c in update.cosignatures],
     }
+    if update.members:  # reduce-scatter: the member list its split is fixed by
+        meta["members"] = list(update.members)
     raw = json.dumps(meta, separators=(",", ":")).encode()
     head = struct.pack(">I", len(raw)) + raw
     aggregate = update.aggregate.detach().to(torch.float32).contiguous()
@@ -263,13 +265,16 @@ def decode_update(blob: object, numel: int) -> GroupUpdate:
         headers = tuple(_parse_header(h) for h in heads)
         shard_digests = tuple(d if isinstance(d, str) else "" for d in digests)
         cosignatures = tuple(bytes.fromhex(c) for c in cosigns)
+        members = meta.get("members", [])
+        if not isinstance(members, list) or not names_a_round("x", members or ["x"]):
+            raise ValueError("members out of range")
     except GroupMessageError:
         raise
     except (ValueError, RecursionError, KeyError, TypeError, AttributeError):
         raise GroupMessageError("malformed", "a group update that does not parse") from None
     body = blob[8 + length :]
     aggregate = _fp32(body, numel) if blob[:4] == UPDATE_MAGIC else _bf16(body, numel)
-    return GroupUpdate(headers, shard_digests, cosignatures, aggregate)
+    return GroupUpdate(headers, shard_digests, cosignatures, aggregate, tuple(members))
 
 
 def _bf16(body: bytes, numel: int) -> torch.Tensor:
@@ -413,8 +418,29 @@ DONE_GRACE_S = 2.0
 completion (its co-signatures in flight) before it fetches the update instead."""
 
 
+class _Included(Protocol):
+    @property
+    def included(self) -> tuple[str, ...]: ...
+
+
+class RoundView(Protocol):
+    """What `done_action` reads of a running round (GroupRound, or dht.grouping_shards'
+    ShardedRound)."""
+
+    @property
+    def done(self) -> bool: ...
+    @property
+    def outcome(self) -> GroupUpdate | Abandoned | None: ...
+    @property
+    def phase(self) -> Phase: ...
+    @property
+    def cosign_deadline(self) -> float: ...
+    @property
+    def reduction(self) -> _Included: ...
+
+
 def done_action(
-    member: GroupRound | None,
+    member: RoundView | None,
     done: Done,
     settled: bool | None,
     now: float,

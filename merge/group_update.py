@@ -32,6 +32,7 @@ from enum import Enum
 import torch
 
 from merge.envelope import UpdateHeader
+from merge.group_plan import ShardPlan, sharded_statement
 from merge.identity import Identity, verify_signature
 
 _CONTRIBUTION_TAG = b"diloco-group-contribution-v1\x00"
@@ -173,6 +174,10 @@ class GroupUpdate:
     shard_digests: tuple[str, ...]
     cosignatures: tuple[bytes, ...]
     aggregate: torch.Tensor = field(compare=False)
+    members: tuple[str, ...] = ()
+    """Reduce-scatter (merge.group_shards): the epoch's member list the split is fixed by,
+    one shard per member; shard k co-signed by its reducer (`ShardPlan.reducers`). Empty:
+    one shard per included member, member i co-signing shard i (session 10)."""
 
     @property
     def update_id(self) -> str:
@@ -234,7 +239,14 @@ class GroupUpdate:
             sum(h.wire_bytes() for h in self.contributions)
             + digests
             + SIGNATURE_BYTES * len(self.cosignatures)
+            + sum(len(m) + 3 for m in self.members)
         )
+
+    def reducers(self) -> tuple[str, ...]:
+        """Who reduced (and co-signed) each shard."""
+        if not self.members:
+            return tuple(h.author for h in self.contributions)
+        return ShardPlan(self.members).reducers(h.author for h in self.contributions)
 
     def problem(self, in_group: Callable[[str], bool]) -> str | None:
         """Why a replica must refuse this update (a counted rejection), or None.
@@ -244,11 +256,14 @@ class GroupUpdate:
         what the whole update is sized and weighed with, and that each shard is the one its
         reducer co-signed."""
         headers = self.contributions
-        if not headers or len(self.shard_digests) != len(headers) or self.aggregate.dim() != 1:
+        shards = len(self.members) if self.members else len(headers)
+        if not headers or len(self.shard_digests) != shards or self.aggregate.dim() != 1:
+            return "malformed"
+        if self.members and list(self.members) != sorted(set(self.members)):
             return "malformed"
         if not bool(torch.isfinite(self.aggregate).all()):
             return "not_finite"
-        if len(self.cosignatures) != len(headers):
+        if len(self.cosignatures) != shards:
             return "missing_cosignature"
         if [h.author for h in headers] != sorted({h.author for h in headers}):
             return "duplicate_or_unsorted_authors"
@@ -256,20 +271,56 @@ class GroupUpdate:
             return "headers_disagree"
         if not all(in_group(h.author) for h in headers):
             return "not_a_member"
+        if self.members and not (
+            {h.author for h in headers} <= set(self.members) and all(map(in_group, self.members))
+        ):
+            return "not_a_member"
         if any(not 0 <= h.base_applied <= h.published_applied for h in headers):
             return "bad_counters"
         if not all(h.verified() for h in headers):
             return "bad_signature"
-        shards = torch.tensor_split(self.aggregate, len(headers))
-        for i, (h, shard, digest) in enumerate(
-            zip(headers, shards, self.shard_digests, strict=True)
+        pieces = torch.tensor_split(self.aggregate, shards)
+        for i, (reducer, piece, digest) in enumerate(
+            zip(self.reducers(), pieces, self.shard_digests, strict=True)
         ):
-            if tensor_digest(shard) != digest:
+            if tensor_digest(piece) != digest:
                 return "shard_mismatch"
-            statement = shard_statement(headers, i, digest)
-            if not verify_signature(h.author, statement, self.cosignatures[i]):
+            statement = self.statement(i, digest)
+            if not verify_signature(reducer, statement, self.cosignatures[i]):
                 return "bad_cosignature"
         return None
+
+    def statement(self, shard: int, digest: str) -> bytes:
+        """What the reducer of `shard` co-signed."""
+        headers = self.contributions
+        if not self.members:
+            return shard_statement(headers, shard, digest)
+        h = headers[0]
+        fields = (h.run_id, h.group_key, h.epoch, h.round)
+        return sharded_statement(fields, [x.author for x in headers], self.members, shard, digest)
+
+
+def clip_scales(norms: list[float], config: ReductionConfig) -> list[float]:
+    """Each included contribution's scale: its signed norm clipped to `max_norm_to_median` x
+    the median signed norm (with 3 or more included): from signed headers alone, so every
+    reducer of any shard scales a member's part alike."""
+    bound = config.max_norm_to_median * statistics.median(norms)
+    clip = len(norms) >= 3 and bound > 0
+    return [bound / norm if clip and norm > bound else 1.0 for norm in norms]
+
+
+def clipped_mean(
+    tensors: list[torch.Tensor], norms: list[float], config: ReductionConfig
+) -> torch.Tensor:
+    """The mean of `tensors` (whole parts, or one shard of each) scaled by `clip_scales`;
+    rounded to bf16 when every one of them holds bf16 values (parts sent in bf16)."""
+    total = torch.zeros_like(tensors[0])
+    for tensor, scale in zip(tensors, clip_scales(norms, config), strict=True):
+        total.add_(tensor, alpha=scale)
+    mean = total.div_(len(tensors))
+    if all(_holds_bf16(t) for t in tensors):
+        return mean.to(torch.bfloat16).to(torch.float32)
+    return mean
 
 
 def _holds_bf16(tensor: torch.Tensor) -> bool:
@@ -440,16 +491,7 @@ class GroupReduction:
 
     def _mean_of_clipped(self, included: tuple[str, ...]) -> torch.Tensor:
         norms = [self._contributions[m][0].norm for m in included]
-        bound = self.config.max_norm_to_median * statistics.median(norms)
-        clip = len(included) >= 3 and bound > 0
-        total = torch.zeros_like(self._contributions[included[0]][1])
-        for member, norm in zip(included, norms, strict=True):
-            scale = bound / norm if clip and norm > bound else 1.0
-            total.add_(self._contributions[member][1], alpha=scale)
-        mean = total.div_(len(included))
-        if all(_holds_bf16(self._contributions[m][1]) for m in included):
-            return mean.to(torch.bfloat16).to(torch.float32)
-        return mean
+        return clipped_mean([self._contributions[m][1] for m in included], norms, self.config)
 
     def _headers(self) -> tuple[ContributionHeader, ...]:
         return tuple(self._contributions[m][0] for m in self._included)

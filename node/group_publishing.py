@@ -39,6 +39,7 @@ from merge.codec_base import CodecError
 from merge.codecs import get_codec
 from merge.feedback import Compressor
 from merge.group_carry import CarriedContributions, GroupFeedback
+from merge.group_shards import sharded_contribution
 from merge.group_update import Abandoned, ContributionHeader, GroupUpdate, RoundFields
 from merge.pipeline import MergeConfig
 from merge.result import MergeResult
@@ -203,7 +204,14 @@ class GroupPublishing:
             base_applied=base_applied,
             published_applied=max(base_applied, self.replica.progress),
         )
-        header = ContributionHeader.of(total, self.publisher.identity, fields, max(tokens, 1))
+        digests: tuple[str, ...] = ()
+        if self.groups.group_scatter:  # signs its shards' digests (merge.group_shards)
+            members = grouping.members[key]
+            header, digests = sharded_contribution(
+                total, self.publisher.identity, fields, max(tokens, 1), len(members)
+            )
+        else:
+            header = ContributionHeader.of(total, self.publisher.identity, fields, max(tokens, 1))
         wait = self.groups.group_wait
         return GroupContribution(
             identity=self.publisher.identity,
@@ -215,6 +223,7 @@ class GroupPublishing:
             config=self.groups.reduction_config(),
             codec="fp32" if payload is None else self.part_codec,
             payload=payload,
+            digests=digests,
         )
 
     def _report(

@@ -101,6 +101,9 @@ class NetworkSwarm:
         run = self._groups.run(
             c.header, c.pseudo_gradient, c.members, wait_s=c.wait_s, cosign_s=c.cosign_s,
             config=c.config, codec=c.codec, payload=c.payload,
+        ) if not c.digests else self._groups.run_sharded(
+            c.header, c.digests, c.pseudo_gradient, c.members, wait_s=c.wait_s,
+            cosign_s=c.cosign_s, config=c.config, codec=c.codec,
         )  # fmt: skip
         return self.swarm.network.call(run, c.wait_s + c.cosign_s + GROUP_ROUND_SLACK_S)
 

@@ -243,6 +243,11 @@ class GroupSettings:
     group_wait: PositiveFloat = 30.0
     """With --group-size: seconds a member waits for its group's contributions once its own is
     ready (the deadline: who is not in by then is left out of the round, never waited for)."""
+    group_scatter: bool = False
+    """With --group-size: reduce-scatter inside a group (each member sends shard j of its part
+    to member j only, reduces its shards, and the group shares the reduced shards: about one
+    part out and one update in per member, not one part per member). Every node of the run
+    must agree (it is in the fingerprint when on)."""
 
     @property
     def groups_on(self) -> bool:
@@ -260,7 +265,10 @@ class GroupSettings:
         """What the run fingerprint holds of the groups (nothing while they are off)."""
         names = [f"group_{n}" for n in ("size", "max_bits", "epoch_rounds", "quorum")]
         names += ["group_max_norm_to_median", "group_wait"]
-        return {name: getattr(self, name) for name in names}
+        spec = {name: getattr(self, name) for name in names}
+        if self.group_scatter:  # off: the fingerprint of session 11's groups, unchanged
+            spec["group_scatter"] = True
+        return spec
 
 
 @dataclass(kw_only=True, config=FLAGS)

@@ -17,6 +17,7 @@ from typing import Protocol
 import torch
 
 from dht.grouping_round import GroupRound
+from dht.grouping_shards import ShardedRound
 from dht.heartbeat import Heartbeat
 from dht.reachability import PathKind
 from dht.transfer_progress import ProgressReport
@@ -47,12 +48,24 @@ class GroupContribution:
     """What the part travels in: `pseudo_gradient` is already what that codec decodes to."""
     payload: bytes | None = None
     """`pseudo_gradient` encoded in `codec`, when at hand (sent as is)."""
+    digests: tuple[str, ...] = ()
+    """--group-scatter: the part's shard digests (the header signs their root); the round
+    runs by reduce-scatter (dht.grouping_shards). Empty: whole parts."""
 
 
 def run_alone(contribution: GroupContribution) -> GroupUpdate | Abandoned:
     """The round of a group with no reachable member but this node: a group of one
     completes at once (more members, none reachable: below quorum, abandoned)."""
     c = contribution
+    if c.digests:
+        sharded = ShardedRound(
+            c.identity, c.header, c.digests, c.pseudo_gradient, c.members,
+            opened_at=time.monotonic(), wait_s=0.0, cosign_s=0.0, config=c.config,
+        )  # fmt: skip
+        sharded.tick(time.monotonic())
+        sharded.tick(time.monotonic())
+        assert sharded.outcome is not None
+        return sharded.outcome
     member = GroupRound(
         c.identity, c.header, c.pseudo_gradient, c.members, opened_at=time.monotonic(),
         wait_s=0.0, cosign_s=0.0, config=c.config,

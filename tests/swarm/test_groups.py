@@ -71,15 +71,18 @@ def _completed(node: NodeProcess, after: float, without: str | None = None) -> d
 
 
 @pytest.mark.timeout(covering(START_S, 4 * GROUP_ROUND_S, RUN_S, EXIT_S))
+@pytest.mark.parametrize("scatter", [False, True], ids=["whole_parts", "reduce_scatter"])
 def test_two_groups_lose_a_member_each_and_the_live_replicas_end_as_one(
-    launch: Callable[..., NodeProcess], tmp_path: Path
+    launch: Callable[..., NodeProcess], tmp_path: Path, scatter: bool
 ) -> None:
+    """With --group-scatter the same rounds run by reduce-scatter (dht.grouping_shards)."""
     keys = _keys(tmp_path / "keys")
     ids = [Identity.load(k).peer_id for k in keys]
-    boot = launch(*ARGS, "--identity", str(keys[0]), name="node0")
+    args = (*ARGS, "--group-scatter") if scatter else ARGS
+    boot = launch(*args, "--identity", str(keys[0]), name="node0")
     join = ("--peers", boot.wait_listening(START_S)[0])
     nodes = [boot] + [
-        launch(*ARGS, *join, "--identity", str(keys[i]), name=f"node{i}") for i in range(1, 6)
+        launch(*args, *join, "--identity", str(keys[i]), name=f"node{i}") for i in range(1, 6)
     ]
     # Nodes 2 and 3 (one of each group) join with the rest: the bootstrap may have spent
     # some of its rounds alone before they came (a swarm smaller than a group forms none).

@@ -65,3 +65,20 @@ def test_a_part_in_bf16_keeps_what_the_codec_rounded_off_in_its_error_feedback(
     sent, payload = publishing.coded(total)
     assert payload is not None and len(payload) == 2 * total.numel()
     assert torch.equal(sent, total.to(torch.bfloat16).to(torch.float32))
+
+
+def test_a_group_of_one_by_reduce_scatter_moves_like_one_of_whole_parts(tmp_path: Path) -> None:
+    """--group-scatter signs the part's shard digests and completes a group of one through
+    merge.group_shards: the replica moves exactly as with whole parts."""
+    key = Identity.generate()
+    for name in ("s", "w"):
+        (tmp_path / name).mkdir()
+        key.save(tmp_path / name / "id.key")
+    sharded = offline_node(tmp_path / "s", group_size=1, codec="bf16", group_scatter=True)
+    whole = offline_node(tmp_path / "w", group_size=1, codec="bf16")
+    for _ in (1, 2):
+        result = sharded.run_round()
+        assert result is not None and result.accepted
+        assert whole.run_round() is not None
+        assert torch.equal(sharded.replica.params, whole.replica.params)
+    assert sharded.replica.applied == whole.replica.applied

@@ -105,3 +105,18 @@ def test_the_wired_byte_count_is_all_to_all_inside_one_group_and_above_the_desig
         for d, w in zip(design, wired, strict=True)
     )
     assert large["mb_per_node_per_round"] < large["all_to_all_mb_per_node_per_round"] / 2
+
+
+def test_the_scatter_count_is_below_the_wired_one_and_agrees() -> None:
+    """`SimConfig.scatter` counts merge.group_shards' messages: inside one group of 8 about
+    two updates a round (pieces out, reduced shards back), not seven; with groups, shard
+    fetches keep it below the wired (whole) count; every replica still applies one set."""
+    from dataclasses import replace
+
+    wired = run([8, 48], replace(CALM, wired=True))["rows"]
+    scatter = run([8, 48], replace(CALM, scatter=True))["rows"]
+    update_mb = run([8], CALM)["update_mb"]
+    assert scatter[0]["mb_per_node_per_round"] < 2.2 * update_mb
+    for s, w in zip(scatter, wired, strict=True):
+        assert s["mb_per_node_per_round"] < w["mb_per_node_per_round"] / 2
+        assert s["agreement"] == 1.0 and s["lost"] == 0
