@@ -244,10 +244,7 @@ class GroupSettings:
     """With --group-size: seconds a member waits for its group's contributions once its own is
     ready (the deadline: who is not in by then is left out of the round, never waited for)."""
     group_scatter: bool = False
-    """With --group-size: reduce-scatter inside a group (each member sends shard j of its part
-    to member j only, reduces its shards, and the group shares the reduced shards: about one
-    part out and one update in per member, not one part per member). Every node of the run
-    must agree (it is in the fingerprint when on)."""
+    """With --group-size: reduce-scatter (member j reduces shard j of all parts, then shares it)."""
 
     @property
     def groups_on(self) -> bool:
@@ -257,18 +254,14 @@ class GroupSettings:
         return GroupingConfig(min_group_size=max(self.group_size, 1), max_bits=self.group_max_bits)
 
     def reduction_config(self) -> ReductionConfig:
-        return ReductionConfig(
-            quorum_share=self.group_quorum, max_norm_to_median=self.group_max_norm_to_median
-        )
+        share, k = self.group_quorum, self.group_max_norm_to_median
+        return ReductionConfig(quorum_share=share, max_norm_to_median=k)
 
     def groups_spec(self) -> dict[str, object]:
         """What the run fingerprint holds of the groups (nothing while they are off)."""
-        names = [f"group_{n}" for n in ("size", "max_bits", "epoch_rounds", "quorum")]
-        names += ["group_max_norm_to_median", "group_wait"]
-        spec = {name: getattr(self, name) for name in names}
-        if self.group_scatter:  # off: the fingerprint of session 11's groups, unchanged
-            spec["group_scatter"] = True
-        return spec
+        names = ["size", "max_bits", "epoch_rounds", "quorum", "max_norm_to_median", "wait"]
+        names += ["scatter"] if self.group_scatter else []  # off: session 11's, unchanged
+        return {f"group_{n}": getattr(self, f"group_{n}") for n in names}
 
 
 @dataclass(kw_only=True, config=FLAGS)
