@@ -42,6 +42,7 @@ from dht.reachability import (
     PathBook,
     connections_by_peer,
     daemon_flags,
+    is_public,
     is_relayed,
     relay_of,
     tuned_p2p,
@@ -175,7 +176,8 @@ class SwarmNetwork:
         now = self.paths.counts()
         if now != before:
             logger.info("connections: %s", ", ".join(f"{n} {kind}" for kind, n in now.items()))
-        for peer in self._redial.due(time.monotonic(), self.paths.current()):
+        can_punch = any(is_public(m) and not is_relayed(m) for m in self.p2pd_maddrs)
+        for peer in self._redial.due(time.monotonic(), self.paths.current(), can_punch=can_punch):
             self.spawn(self._redial_through_relay(peer, connections.get(peer, [])))
         # latest: ask p2pd again; its first answer, cached by hivemind, predates any relay slot
         own = await asyncio.wait_for(

@@ -67,10 +67,18 @@ class RedialPolicy:
         self._last_seen: dict[str, float] = {}
         self._redials: dict[str, int] = {}
 
-    def due(self, now: float, paths: Mapping[str, PathKind]) -> list[str]:
+    def due(
+        self, now: float, paths: Mapping[str, PathKind], *, can_punch: bool = True
+    ) -> list[str]:
         """The peers to re-dial through their relay now (each counted as re-dialled), given
-        every connected peer's path now."""
+        every connected peer's path now. ``can_punch``: this node serves DCUtR (p2pd lists a
+        public observed address of it: a cone NAT seen by 4 observers, or a public host); a
+        node that cannot (a symmetric NAT, too few observers) only watches, since its re-dials
+        would cut live relayed connections for a punch that cannot start (session 12's NAT
+        chaos run: 12 re-dials, no punch possible)."""
         self._observe(now, paths)
+        if not can_punch:
+            return []
         ready = [
             (since, peer)
             for peer, since in self._relayed_since.items()

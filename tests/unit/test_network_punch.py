@@ -129,3 +129,15 @@ def test_a_peer_relayed_all_along_is_redialled_within_its_bound(
     policy = RedialPolicy("12D3KooWm", 0.0, settings)
     bound = max(settle_s, relayed_s) + (0.0 if peer > "12D3KooWm" else stagger_s)
     assert first_redial(policy, peer) == math.ceil(bound)  # seen every whole second
+
+
+def test_a_node_that_cannot_punch_only_watches_and_redials_once_it_can() -> None:
+    # a symmetric NAT, or too few observers: p2pd lists no public observed address, and a
+    # re-dial would cut a live relayed connection for a punch that cannot start
+    policy = RedialPolicy(ME, 0.0, SETTINGS)
+    assert all(
+        policy.due(float(now), {HIGH: "relayed"}, can_punch=False) == [] for now in range(200)
+    )
+    assert policy.redials(HIGH) == 0
+    # its wait was kept meanwhile: once it can punch, the peer relayed all along is due at once
+    assert policy.due(200.0, {HIGH: "relayed"}) == [HIGH]
