@@ -29,11 +29,22 @@ from dht.addresses import peer_id_of, without_peer_id
 from dht.budget import StreamGuard, StreamLimits
 from dht.doctor import probe_bootstraps
 from dht.join_report import bootstrap_failure
-from dht.p2pd import HOP_STATUS_OK, children_in_own_session, open_stream, reserve_slot
+from dht.network_punch import RedialPolicy, RedialSettings
+from dht.p2pd import (
+    HOP_STATUS_OK,
+    children_in_own_session,
+    connect,
+    disconnect,
+    open_stream,
+    reserve_slot,
+)
 from dht.reachability import (
     PathBook,
     connections_by_peer,
     daemon_flags,
+    is_public,
+    is_relayed,
+    relay_of,
     tuned_p2p,
 )
 from dht.reaper import OrphanReaper
@@ -48,6 +59,8 @@ from dht.transport import TransportError, encode_request, receive_blob, send_blo
 from merge.identity import Identity
 
 logger = logging.getLogger(__name__)
+REDIAL_TIMEOUT_S = 15.0
+"""Bound on one re-dial of a relayed peer through its relay (dht.network_punch)."""
 P2PD_STOP_S = 5.0
 """How long p2pd may take to exit on SIGTERM before hivemind's shutdown signals it again."""
 T = TypeVar("T")
@@ -84,6 +97,8 @@ class SwarmNetwork:
         self._background: set[asyncio.Task[None]] = set()
         self.paths = PathBook()
         """Which path (direct, hole-punched, relayed) each connected peer is on."""
+        self._redial = RedialPolicy(self.peer_id, time.monotonic(), RedialSettings())
+        """Which relayed peers to dial again so that DCUtR punches a hole (dht.network_punch)."""
         self.on_addresses: Callable[[list[str]], None] | None = None
         """Called on the loop when this node's addresses change (a relay slot taken or lost)."""
 
@@ -156,16 +171,34 @@ class SwarmNetwork:
         assert self._p2p is not None
         peers = await asyncio.wait_for(self._p2p.list_peers(), REQUEST_READ_TIMEOUT_S)
         before = self.paths.counts()
-        self.paths.observe(connections_by_peer((str(p.peer_id), map(str, p.addrs)) for p in peers))
+        connections = connections_by_peer((str(p.peer_id), map(str, p.addrs)) for p in peers)
+        self.paths.observe(connections)
         now = self.paths.counts()
         if now != before:
             logger.info("connections: %s", ", ".join(f"{n} {kind}" for kind, n in now.items()))
+        can_punch = any(is_public(m) and not is_relayed(m) for m in self.p2pd_maddrs)
+        for peer in self._redial.due(time.monotonic(), self.paths.current(), can_punch=can_punch):
+            self.spawn(self._redial_through_relay(peer, connections.get(peer, [])))
         # latest: ask p2pd again; its first answer, cached by hivemind, predates any relay slot
         own = await asyncio.wait_for(
             self._p2p.get_visible_maddrs(latest=True), REQUEST_READ_TIMEOUT_S
         )
         self.p2pd_maddrs = [str(m) for m in own]
         self._update_visible()
+
+    async def _redial_through_relay(self, peer_id: str, addrs: list[str]) -> None:
+        """Close this node's relayed connection to `peer_id` and dial it again through the same
+        relay: the fresh inbound relayed connection makes the peer start a hole punch, which
+        its first one may have tried before this node served DCUtR (dht.network_punch)."""
+        assert self._control is not None
+        relayed = [Multiaddr(a) for a in addrs if is_relayed(a) and relay_of(a)]
+        try:
+            await asyncio.wait_for(disconnect(self._control, peer_id), REQUEST_READ_TIMEOUT_S)
+            await asyncio.wait_for(connect(self._control, peer_id, relayed), REDIAL_TIMEOUT_S)
+        except (TimeoutError, OSError, ValueError, ControlFailure) as exc:
+            logger.info("re-dialling %s through its relay failed: %s", peer_id, exc)
+            return
+        logger.info("re-dialled %s through its relay, so that a hole punch can start", peer_id)
 
     def set_relayed(self, maddrs: list[str]) -> None:
         """This node's relayed addresses through the slots it reserved itself (Rejoiner)."""

@@ -67,6 +67,17 @@ async def connect(connector: DaemonConnector, peer_id: str, maddrs: list[Multiad
     writer.close()
 
 
+async def disconnect(connector: DaemonConnector, peer_id: str) -> None:
+    """Close every connection of this node to `peer_id` (ControlFailure when the daemon
+    refuses; no connection is no failure)."""
+    request = p2pd_pb2.Request(
+        type=p2pd_pb2.Request.DISCONNECT,
+        disconnect=p2pd_pb2.DisconnectRequest(peer=PeerID.from_base58(peer_id).to_bytes()),
+    )
+    _, writer = await _ask(connector, request)
+    writer.close()
+
+
 HOP_PROTOCOL = "/libp2p/circuit/relay/0.2.0/hop"
 """Circuit relay v2's protocol for reserving a slot with a relay (libp2p specs: circuit-v2)."""
 RESERVE_REQUEST = b"\x02\x08\x00"

@@ -16,6 +16,7 @@ defeat a small swarm, and this module sets them:
 
 from __future__ import annotations
 
+import ipaddress
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -92,6 +93,18 @@ def is_relayed(maddr: str) -> bool:
     return CIRCUIT in maddr
 
 
+def is_public(maddr: str) -> bool:
+    """Whether `maddr` (/ip4/A/... or /ip6/A/...) is a globally routable address: not a LAN,
+    loopback, link-local or shared (100.64/10) one."""
+    parts = maddr.split("/")
+    if len(parts) < 3 or parts[1] not in ("ip4", "ip6"):
+        return False
+    try:
+        return ipaddress.ip_address(parts[2]).is_global
+    except ValueError:
+        return False
+
+
 def relay_of(maddr: str) -> str | None:
     """The relay's peer id in a /.../p2p/RELAY/p2p-circuit[/p2p/TARGET] address."""
     if not is_relayed(maddr):
@@ -139,8 +152,11 @@ def paths_label(counts: Mapping[str, int]) -> str:
 class PathBook:
     """Which path each connected peer is on now, from the addresses of its connections.
 
-    A peer on a direct connection that was earlier seen only through a relay got there by hole
-    punching (or by dialling it once it learnt a direct address): counted as hole-punched.
+    A peer on a direct connection to a public address that was earlier seen only through a
+    relay, or that holds a relayed connection beside it, got there by hole punching: a NAT'd
+    peer accepts no other direct connection from outside (DCUtR keeps the relayed connection
+    open after a punch, so a punch faster than one observation is still counted). A direct
+    connection on a LAN address is direct, whatever came before (two homes behind one router).
     """
 
     def __init__(self) -> None:
@@ -154,12 +170,21 @@ class PathBook:
             addrs = list(addrs)
             if not addrs:
                 continue
-            if all(is_relayed(a) for a in addrs):
+            relayed = any(is_relayed(a) for a in addrs)
+            if relayed:
                 self._was_relayed.add(peer)
+            direct = [a for a in addrs if not is_relayed(a)]
+            if not direct:
                 paths[peer] = "relayed"
+            elif peer in self._was_relayed and any(is_public(a) for a in direct):
+                paths[peer] = "holepunched"
             else:
-                paths[peer] = "holepunched" if peer in self._was_relayed else "direct"
+                paths[peer] = "direct"
         self._paths = paths
+
+    def current(self) -> dict[str, PathKind]:
+        """Connected peer id -> its path, as last observed."""
+        return dict(self._paths)
 
     def path(self, peer: str) -> PathKind | None:
         return self._paths.get(peer)

@@ -10,12 +10,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from bench.nat import NatLab, missing
+from bench.nat import Home, NatLab, missing
 from bench.procs import NODE_COMMAND, ChildProcess, python_module, save_events
 from tests.conftest import REPO
 from tests.swarm.test_swarm import RUN, START_S, wait_merged
@@ -102,12 +103,24 @@ def start_homes(lab: NatLab, in_namespace: Launch, maddr: str) -> list[ChildProc
 def started_bootstrap(
     lab: NatLab, launch_child: Callable[[ChildProcess], ChildProcess], i: int = 0, *args: str
 ) -> tuple[ChildProcess, str]:
+    return bootstrap_maddr(launch_bootstrap(lab, launch_child, i, *args), lab, i)
+
+
+def launch_bootstrap(
+    lab: NatLab, launch_child: Callable[[ChildProcess], ChildProcess], i: int, *args: str
+) -> ChildProcess:
+    """`diloco-node bootstrap` on public machine `i`, started (not yet listening)."""
     address = f"/ip4/{lab.public_address(i)}/tcp/{PUBLIC_PORT}"
     argv = python_module("node", "bootstrap", "--port", str(PUBLIC_PORT), "--announce", address)
     prefix = lab.prefix(lab.public(i))
     home = Path(tempfile.mkdtemp(prefix=f"natboot{i}-"))  # its own key, and reaped alone
     child = ChildProcess(f"bootstrap{i}", [*argv, *args], home=home, prefix=prefix)
-    launch_child(child)
+    return launch_child(child)
+
+
+def bootstrap_maddr(child: ChildProcess, lab: NatLab, i: int) -> tuple[ChildProcess, str]:
+    """The bootstrap `child` on public machine `i`, once it said its full address."""
+    address = f"/ip4/{lab.public_address(i)}/tcp/{PUBLIC_PORT}"
     deadline = time.monotonic() + START_S
     while True:  # it prints "bootstrap and relay at MADDR ..." on stdout
         said = [w for line in child.stderr for w in line.split() if w.startswith(f"{address}/p2p/")]
@@ -257,3 +270,50 @@ def test_homes_find_the_public_node_again_after_it_restarts_on_its_address(
             "a relay slot again",
         )
     print(f"merging through the restarted node {time.time() - killed_at:.0f} s after the kill")
+
+
+NUM_OBSERVERS = 4
+"""go-libp2p serves DCUtR once identify has confirmed a public observed address of the host:
+4 peers of distinct IPs must have seen it over direct connections (docs/nat.md)."""
+PUNCH_S = 120
+"""After both homes merged each other's updates through a relay, one fetches an update over a
+hole-punched connection within this bound (a relayed peer is re-dialled 25-40 s after the
+node started: dht.network_punch)."""
+
+
+@pytest.fixture
+def cone_lab() -> Iterator[NatLab]:
+    homes = (Home("cone"), Home("cone"))
+    with NatLab(num_public=NUM_OBSERVERS, homes=homes, down_mbit=None, up_mbit=None) as bed:
+        yield bed
+
+
+@pytest.mark.timeout(covering(4 * START_S, 2 * START_S, 2 * NAT_MERGE_S, PUNCH_S))
+def test_two_homes_behind_cone_nats_punch_a_hole_and_fetch_updates_through_it(
+    cone_lab: NatLab, in_namespace: Launch
+) -> None:
+    lab, launch_child = cone_lab, in_namespace.child  # type: ignore[attr-defined]
+    launched = [launch_bootstrap(lab, launch_child, i) for i in range(NUM_OBSERVERS)]
+    maddrs = [bootstrap_maddr(child, lab, i)[1] for i, child in enumerate(launched)]
+    homes = [
+        in_namespace(lab.host(r), *RUN, "--port", "0", "--auto-relay", "--peers", *maddrs,
+                     name=f"home{r}")
+        for r in (0, 1)
+    ]  # fmt: skip
+    for node in homes:
+        node.wait_listening(START_S)
+    started = time.monotonic()
+    for node, other in ((homes[0], homes[1]), (homes[1], homes[0])):
+        wait_merged(node, other.peer_id, timeout_s=NAT_MERGE_S)
+    deadline = time.monotonic() + PUNCH_S
+    punched: list[dict[str, object]] = []
+    while not punched and time.monotonic() < deadline:
+        punched = [e for n in homes for e in n.of("update_fetched") if e["path"] == "holepunched"]
+        time.sleep(0.5)
+    paths = [(n.name, e["path"]) for n in homes for e in n.of("update_fetched")]
+    redials = [line for n in homes for line in n.stderr if "re-dialled" in line]
+    assert punched, f"no fetch over a hole-punched connection: {paths}, {redials}"
+    print(
+        f"first fetch over a punched connection {time.monotonic() - started:.0f} s after both "
+        f"homes listened; re-dials: {len(redials)}; fetches by path: {Counter(p for _, p in paths)}"
+    )

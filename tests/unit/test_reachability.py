@@ -13,6 +13,7 @@ from dht.reachability import (
     RelayLimits,
     connections_by_peer,
     daemon_flags,
+    is_public,
     path_rank,
     paths_label,
     relay_of,
@@ -21,6 +22,7 @@ from dht.reachability import (
 
 RELAY = "12D3KooWNdCAR3NwA13FW74d2hURfeBQ4RaTmTorkqWxQcvHGnZw"
 DIRECT = "/ip4/11.64.0.101/tcp/4000"
+LAN = "/ip4/192.168.1.11/tcp/4000"
 RELAYED = f"/ip4/11.64.0.10/tcp/4100/p2p/{RELAY}/p2p-circuit"
 BOOTSTRAP = f"/ip4/11.64.0.10/tcp/4100/p2p/{RELAY}"
 
@@ -98,11 +100,34 @@ def test_a_peer_that_disconnected_has_no_path() -> None:
     assert book.counts() == dict.fromkeys(PATH_KINDS, 0)
 
 
+def test_a_punch_faster_than_one_observation_counts_by_the_relayed_connection_beside_it() -> None:
+    # DCUtR keeps the relayed connection open: both are listed at the first observation
+    book = PathBook()
+    book.observe({"a": [DIRECT, RELAYED]})
+    assert book.path("a") == "holepunched"
+    book.observe({"a": [DIRECT]})  # the relay closed its circuit later
+    assert book.path("a") == "holepunched"
+
+
+def test_a_lan_neighbour_first_seen_relayed_is_direct_not_punched() -> None:
+    # two homes behind one router: no NAT between them to punch through
+    book = PathBook()
+    book.observe({"a": [RELAYED]})
+    book.observe({"a": [LAN, RELAYED]})
+    assert book.path("a") == "direct"
+
+
+def test_only_globally_routable_addresses_are_public() -> None:
+    assert is_public(DIRECT) and is_public("/ip6/2a00:1450::1/tcp/1")
+    for maddr in (LAN, "/ip4/127.0.0.1/tcp/1", "/ip4/100.64.0.3/tcp/1", "/dns/x/tcp/1", "/ip4/x"):
+        assert not is_public(maddr), maddr
+
+
 @given(
     st.lists(
         st.dictionaries(
             st.sampled_from("abcdef"),
-            st.lists(st.sampled_from([DIRECT, RELAYED]), max_size=3),
+            st.lists(st.sampled_from([DIRECT, RELAYED, LAN]), max_size=3),
             max_size=6,
         ),
         min_size=1,
@@ -119,13 +144,14 @@ def test_every_connected_peer_is_counted_on_exactly_one_path(
         connected = {p for p, addrs in connections.items() if addrs}
         assert sum(book.counts().values()) == len(connected)
         for peer in connected:
-            only_relayed = all(a == RELAYED for a in connections[peer])
-            if only_relayed:
-                assert book.path(peer) == "relayed"
+            addrs = connections[peer]
+            if RELAYED in addrs:
                 relayed_before.add(peer)
+            if all(a == RELAYED for a in addrs):
+                assert book.path(peer) == "relayed"
             else:
-                expected = "holepunched" if peer in relayed_before else "direct"
-                assert book.path(peer) == expected
+                punched = peer in relayed_before and DIRECT in addrs
+                assert book.path(peer) == ("holepunched" if punched else "direct")
 
 
 def test_the_cone_nat_keeps_ports_and_the_symmetric_one_randomises_them() -> None:
