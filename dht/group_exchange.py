@@ -28,7 +28,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -212,16 +212,23 @@ class GroupExchange:
             return
         if not self._is_alive(header.author):
             return  # held only for live peers: a fresh key's parts take no memory here
-        held = self._held.get(rid)
-        if held is None:
-            if len(self._held) >= MAX_HELD_ROUNDS:
-                oldest, _ = self._held.popitem(last=False)
-                self._held_since.pop(oldest, None)
-            held = self._held[rid] = {}
-            self._held_since[rid] = time.monotonic()
+        held = self._holding(self._held, rid)
         if header.author not in held:  # one per author and round: a resend changes nothing
             held[header.author] = (header, tensor)
             self._note_round(header)
+
+    def _holding(self, store: OrderedDict[RoundId, dict[Any, Any]], rid: RoundId) -> dict[Any, Any]:
+        """What `store` holds for a round that has not opened here (parts or pieces), made
+        empty the first time, the oldest round dropped past MAX_HELD_ROUNDS; `_held_since`
+        keeps when the round's first message was here."""
+        held = store.get(rid)
+        if held is None:
+            if len(store) >= MAX_HELD_ROUNDS:
+                oldest, _ = store.popitem(last=False)
+                self._held_since.pop(oldest, None)
+            held = store[rid] = {}
+            self._held_since.setdefault(rid, time.monotonic())
+        return held
 
     def _note_round(self, header: ContributionHeader) -> None:
         key = header.group_key
@@ -279,13 +286,7 @@ class GroupExchange:
             return
         if rid in self._settled or not self._is_alive(sender):
             return  # a round ended here (a late re-send), or a fresh key: nothing held
-        held = self._held_pieces.get(rid)
-        if held is None:
-            if len(self._held_pieces) >= MAX_HELD_ROUNDS:
-                oldest, _ = self._held_pieces.popitem(last=False)
-                self._held_since.pop(oldest, None)
-            held = self._held_pieces[rid] = {}
-            self._held_since.setdefault(rid, time.monotonic())
+        held = self._holding(self._held_pieces, rid)
         if len(held) < MAX_HELD_PIECES:
             held.setdefault((sender, piece.shard), piece)
             self._note_round(header)
@@ -422,35 +423,27 @@ class GroupExchange:
         encoding `payload` when at hand: the header signs `tensor` as decoded), theirs in until
         the deadline (`wait_s` from when the round's first part, this member's or another's,
         was here), then co-signatures until `cosign_s` later; the outcome."""
-        now = time.monotonic()
         rid = (header.group_key, header.epoch, header.round)
-        if now - self._held_since.get(rid, now) >= wait_s:  # the group closed it without us
-            self._held.pop(rid, None)
-            self._held_since.pop(rid, None)
-            self._settle(rid, False)
+        opened_at = self._opened_at(rid, self._held, wait_s)
+        if opened_at is None:
             return Abandoned("late")
         member = GroupRound(
             self.identity,
             header,
             tensor,
             members,
-            opened_at=min(now, self._held_since.pop(rid, now)),
+            opened_at=opened_at,
             wait_s=wait_s,
             cosign_s=cosign_s,
             config=config,
         )
-        if rid in self._rounds:
-            raise ValueError(f"group round {rid} is already running")
-        self._rounds[rid], wake = member, asyncio.Event()
-        self._wakes[rid] = wake
-        self._note_round(header)
-        for held_header, held_tensor in self._held.pop(rid, {}).values():
-            if held_header.author != member.me:
-                member.on_part(held_header, held_tensor)
-        part = encode_part(header, tensor, codec, payload)
-        for peer in member.others():
-            self._spawn(self._send_part(peer, part, wait_s))
-        try:
+        with self._running(rid, member, header) as wake:
+            for held_header, held_tensor in self._held.pop(rid, {}).values():
+                if held_header.author != member.me:
+                    member.on_part(held_header, held_tensor)
+            part = encode_part(header, tensor, codec, payload)
+            for peer in member.others():
+                self._spawn(self._send_part(peer, part, wait_s))
             while not member.done:
                 now = time.monotonic()
                 await self._send_cosigns(member, member.tick(now))
@@ -461,9 +454,6 @@ class GroupExchange:
                 if not member.done:
                     await _until(wake, member)
             return await self._finish(rid, member)
-        finally:
-            self._rounds.pop(rid, None)
-            self._wakes.pop(rid, None)
 
     async def run_sharded(
         self,
@@ -483,12 +473,9 @@ class GroupExchange:
         in until `cosign_s` later; a reducer lost with a shard missing: retry once without
         it (pieces re-sent to the shards' new reducers) or abandon. `tensor` is what `codec`
         decodes (bf16 and fp32 slices re-encode exactly; any other codec's pieces go fp32)."""
-        now = time.monotonic()
         rid = (header.group_key, header.epoch, header.round)
-        if now - self._held_since.get(rid, now) >= wait_s:  # the group closed it without us
-            self._held_pieces.pop(rid, None)
-            self._held_since.pop(rid, None)
-            self._settle(rid, False)
+        opened_at = self._opened_at(rid, self._held_pieces, wait_s)
+        if opened_at is None:
             return Abandoned("late")
         member = ShardedRound(
             self.identity,
@@ -496,20 +483,15 @@ class GroupExchange:
             digests,
             tensor,
             members,
-            opened_at=min(now, self._held_since.pop(rid, now)),
+            opened_at=opened_at,
             wait_s=wait_s,
             cosign_s=cosign_s,
             config=config,
         )
-        if rid in self._rounds:
-            raise ValueError(f"group round {rid} is already running")
-        self._rounds[rid], wake = member, asyncio.Event()
-        self._wakes[rid] = wake
-        self._note_round(header)
-        for piece in self._held_pieces.pop(rid, {}).values():
-            member.on_piece(piece)
         piece_codec = codec if codec in ("bf16", "fp32") else "fp32"
-        try:
+        with self._running(rid, member, header) as wake:
+            for piece in self._held_pieces.pop(rid, {}).values():
+                member.on_piece(piece)
             while not member.done:
                 for shard, peer in member.piece_sends():
                     blob = encode_piece(header, digests, shard, member.pieces[shard], piece_codec)
@@ -525,6 +507,34 @@ class GroupExchange:
                 if not member.done:
                     await _until(wake, member)
             return await self._finish(rid, member)
+
+    def _opened_at(
+        self, rid: RoundId, held: OrderedDict[RoundId, dict[Any, Any]], wait_s: float
+    ) -> float | None:
+        """When this member's round opened: when its first part or piece was here, or now;
+        None when that was `wait_s` or more ago (the group closed it without us: late, and
+        what was held for it dropped)."""
+        now = time.monotonic()
+        if now - self._held_since.get(rid, now) >= wait_s:
+            held.pop(rid, None)
+            self._held_since.pop(rid, None)
+            self._settle(rid, False)
+            return None
+        return min(now, self._held_since.pop(rid, now))
+
+    @contextlib.contextmanager
+    def _running(
+        self, rid: RoundId, member: GroupRound | ShardedRound, header: ContributionHeader
+    ) -> Iterator[asyncio.Event]:
+        """`member` runs round `rid` here (the rpcs hand it what arrives and set the event
+        it waits on) until the block ends, however it ends."""
+        if rid in self._rounds:
+            raise ValueError(f"group round {rid} is already running")
+        self._rounds[rid], wake = member, asyncio.Event()
+        self._wakes[rid] = wake
+        self._note_round(header)
+        try:
+            yield wake
         finally:
             self._rounds.pop(rid, None)
             self._wakes.pop(rid, None)
