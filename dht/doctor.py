@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import ipaddress
 import logging
 import os
 import socket
@@ -31,7 +30,14 @@ from multiaddr import Multiaddr
 
 from dht.addresses import peer_id_of, without_peer_id
 from dht.preflight import tcp_endpoint
-from dht.reachability import RelayLimits, daemon_flags, is_relayed, relay_of, tuned_p2p
+from dht.reachability import (
+    RelayLimits,
+    daemon_flags,
+    is_public,
+    is_relayed,
+    relay_of,
+    tuned_p2p,
+)
 
 if TYPE_CHECKING:
     from hivemind.p2p import P2P
@@ -62,15 +68,7 @@ class Observation:
 
 def is_public_maddr(maddr: str) -> bool:
     """Whether an address names a globally routable IP (not loopback, private, relayed)."""
-    if is_relayed(maddr):
-        return False
-    parts = maddr.split("/")
-    if len(parts) < 3 or parts[1] not in ("ip4", "ip6"):
-        return False
-    try:
-        return ipaddress.ip_address(parts[2]).is_global
-    except ValueError:
-        return False
+    return not is_relayed(maddr) and is_public(maddr)
 
 
 class Verdict:

@@ -27,7 +27,7 @@ from multiaddr import Multiaddr
 
 from dht.addresses import peer_id_of, without_peer_id
 from dht.budget import StreamGuard, StreamLimits
-from dht.doctor import probe_bootstraps
+from dht.doctor import is_public_maddr, probe_bootstraps
 from dht.join_report import bootstrap_failure
 from dht.network_punch import RedialPolicy, RedialSettings
 from dht.p2pd import (
@@ -42,7 +42,6 @@ from dht.reachability import (
     PathBook,
     connections_by_peer,
     daemon_flags,
-    is_public,
     is_relayed,
     relay_of,
     tuned_p2p,
@@ -176,7 +175,7 @@ class SwarmNetwork:
         now = self.paths.counts()
         if now != before:
             logger.info("connections: %s", ", ".join(f"{n} {kind}" for kind, n in now.items()))
-        can_punch = any(is_public(m) and not is_relayed(m) for m in self.p2pd_maddrs)
+        can_punch = any(map(is_public_maddr, self.p2pd_maddrs))
         for peer in self._redial.due(time.monotonic(), self.paths.current(), can_punch=can_punch):
             self.spawn(self._redial_through_relay(peer, connections.get(peer, [])))
         # latest: ask p2pd again; its first answer, cached by hivemind, predates any relay slot
