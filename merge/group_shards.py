@@ -21,7 +21,6 @@ is checked against its author's signature; a refusal is counted in `rejected`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -115,7 +114,7 @@ class ShardedReduction:
 
     @property
     def quorum(self) -> int:
-        return max(1, math.ceil(self.config.quorum_share * len(self.members)))
+        return self.config.quorum(len(self.members))
 
     def shards_of(self, member: str) -> tuple[int, ...]:
         return tuple(j for j, r in enumerate(self._reducers) if r == member)

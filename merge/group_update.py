@@ -68,6 +68,10 @@ class ReductionConfig:
         if not isinstance(ratio, int | float) or not (math.isfinite(ratio) and ratio >= 0):
             raise ValueError(f"max_norm_to_median must be a finite number >= 0, got {ratio!r}.")
 
+    def quorum(self, num_members: int) -> int:
+        """Contributions a group of `num_members` needs by the deadline (at least one)."""
+        return max(1, math.ceil(self.quorum_share * num_members))
+
 
 def tensor_digest(tensor: torch.Tensor) -> str:
     """SHA-256 of a flat fp32 tensor's little-endian bytes."""
@@ -385,7 +389,7 @@ class GroupReduction:
 
     @property
     def quorum(self) -> int:
-        return max(1, math.ceil(self.config.quorum_share * len(self.members)))
+        return self.config.quorum(len(self.members))
 
     def contribute(self, header: ContributionHeader, pseudo_gradient: torch.Tensor) -> bool:
         """Takes one member's contribution before the deadline; False (counted) if refused."""
