@@ -226,10 +226,9 @@ class GroupSettings:
     group_size: NonNegativeInt = 0
     """Learner groups: fewest peers a group holds on average (groups split in two as the swarm
     grows, at most 2^--group-max-bits of them); 0: off, every node publishes its own update.
-    Experimental: a group's members exchange and co-sign their contributions, and push each
-    group update to the other peers; it is not gossiped yet, so a peer that misses a push
-    (joining at that moment) is not sent it again, and bytes per node still grow with the
-    number of groups (docs/scale.md)."""
+    Experimental: a group's members exchange, reduce and co-sign their contributions; other
+    peers fetch each group update once from a holder (or by catch-up, as any update), so
+    bytes per node grow with the number of groups, not of peers (docs/scale.md)."""
     group_max_bits: GroupBits = 5
     """With --group-size: at most 2^N groups (learners), 32 by default."""
     group_epoch_rounds: PositiveInt = 10
