@@ -53,10 +53,19 @@ class EpochGrouping:
     def decide(self, round_: int, peers: Iterable[str], announced: Iterable[int] = ()) -> Grouping:
         """The grouping of `round_`'s epoch from the peers the epoch's census found (this
         node included), and the bits live peers announced in their heartbeats (settled_bits).
-        Within an epoch the first decision stands: a later call returns it."""
+        Within an epoch the first decision stands (a later call returns it) unless live
+        peers announce more bits than it has that this census bears: a replica whose first
+        census was partial then re-decides at once, from this census, instead of keeping a
+        group of its own for the rest of the epoch (session 13: bits only rise mid-epoch)."""
         epoch = self.epoch_of(round_)
-        if self.current is not None and self.current.epoch == epoch:
-            return self.current
+        current = self.current
+        if current is not None and current.epoch == epoch:
+            view = MembershipView.of(epoch, peers)
+            target = self.policy.bits_for(len(view.peers))
+            raised = settled_bits(current.bits, announced, target)
+            if raised > current.bits:
+                current = self.current = self.policy.decide(view, raised)
+            return current
         view = MembershipView.of(epoch, peers)
         own = None if self.current is None else self.current.bits
         previous = settled_bits(own, announced, self.policy.bits_for(len(view.peers)))
