@@ -162,3 +162,36 @@ def test_the_exchange_books_only_live_signed_senders_inside_the_group() -> None:
     node._book(replace(forged, author=peer.peer_id))  # signed with another key
     assert node.senders.senders(key, 2) == {peer.peer_id}
     assert member_check(RUN, key)(peer.peer_id)
+
+
+def test_a_restarted_replica_follows_a_split_its_census_would_keep() -> None:
+    """min group size 4: eight peers split in two, and hysteresis keeps the split down to six.
+    A replica restarted into a census of seven (one heartbeat not read yet) decides one group
+    alone; the split its peers announce is one its census would keep, so it follows it. Below
+    the keep line an announcement is refused (a peer cannot split a swarm that small)."""
+    from dht.grouping import GroupingConfig
+
+    config = GroupingConfig(min_group_size=4)
+    peers = [f"peer{i}" for i in range(8)]
+    assert EpochGrouping(RUN, 10, config).decide(0, peers[:7]).bits == 0
+    assert EpochGrouping(RUN, 10, config).decide(0, peers[:7], announced=[1]).bits == 1
+    assert EpochGrouping(RUN, 10, config).decide(0, peers[:5], announced=[1]).bits == 0
+    assert EpochGrouping(RUN, 10, config).kept_bits(6) == 1
+
+
+@given(
+    own=st.none() | st.integers(0, 5),
+    announced=st.lists(st.integers(-3, 20), max_size=8),
+    target=st.integers(0, 5),
+    extra=st.integers(0, 3),
+)
+def test_announced_bits_never_pass_the_cap(
+    own: int | None, announced: list[int], target: int, extra: int
+) -> None:
+    from dht.grouping_view import settled_bits
+
+    cap = target + extra
+    settled = settled_bits(own, announced, target, cap)
+    start = target if own is None else own
+    assert settled >= start and (settled == start or settled <= cap)
+    assert settled in {start, *announced}
