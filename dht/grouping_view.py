@@ -58,21 +58,16 @@ class EpochGrouping:
         census was partial then re-decides at once, from this census, instead of keeping a
         group of its own for the rest of the epoch (session 13: bits only rise mid-epoch)."""
         epoch = self.epoch_of(round_)
+        view = MembershipView.of(epoch, peers)
+        alone, kept = self.policy.bits_for(len(view.peers)), self.kept_bits(len(view.peers))
         current = self.current
         if current is not None and current.epoch == epoch:
-            view = MembershipView.of(epoch, peers)
-            n = len(view.peers)
-            raised = settled_bits(
-                current.bits, announced, self.policy.bits_for(n), self.kept_bits(n)
-            )
+            raised = settled_bits(current.bits, announced, alone, kept)
             if raised > current.bits:
                 current = self.current = self.policy.decide(view, raised)
             return current
-        view = MembershipView.of(epoch, peers)
-        own = None if self.current is None else self.current.bits
-        n = len(view.peers)
-        previous = settled_bits(own, announced, self.policy.bits_for(n), self.kept_bits(n))
-        self.current = self.policy.decide(view, previous)
+        own = None if current is None else current.bits
+        self.current = self.policy.decide(view, settled_bits(own, announced, alone, kept))
         return self.current
 
     def kept_bits(self, num_peers: int) -> int:
