@@ -195,7 +195,11 @@ class GroupPublishing:
         grouping = self.grouping.decide(round_, census, announced)
         key = grouping.group_of(self.me)
         assert key is not None  # this node is in its own census
-        round_ = max(round_, swarm.group_round(key))
+        round_ = max(round_, self._group_round(key))
+        if self.grouping.due(round_):  # its group is in a later epoch: that epoch's grouping
+            grouping = self.grouping.decide(round_, census, announced)
+            key = grouping.group_of(self.me) or key
+            round_ = max(round_, self._group_round(key))
         epoch = self.grouping.epoch_of(round_)
         members = self._members(grouping, key, epoch)
         fields = RoundFields(
@@ -227,6 +231,15 @@ class GroupPublishing:
             payload=payload,
             digests=digests,
         )
+
+    def _group_round(self, key: str) -> int:
+        """The round of group `key` this node contributes to at the earliest: the highest a
+        member's part was seen for, and the round after the last of the group's updates this
+        replica applied (its seq is round + 1). A node restarted behind its group learns the
+        group's round from its replica even when no member sends it a part (session 13: a
+        restarted node's parts for rounds 0-3 were refused by a group at round 10, which had
+        decided its next epoch without it and so never sent it one)."""
+        return max(self.publisher.swarm.group_round(key), self.replica.last_seq(key))
 
     def _members(self, grouping: Grouping, key: str, epoch: int) -> tuple[str, ...]:
         """The round's member list: the epoch's decided list joined by the live peers inside
