@@ -35,6 +35,7 @@ import torch
 
 from dht.budget import StreamLimits
 from dht.grouping import member_check
+from dht.grouping_census import SenderBook
 from dht.grouping_round import (
     Cosign,
     Done,
@@ -163,6 +164,10 @@ class GroupExchange:
         self.highest_round: dict[str, int] = {}
         """Group key -> the highest round a member's verified part was seen for: a member
         that is behind (a newcomer, a restart) joins its group's round (node.group_publishing)."""
+        self.senders = SenderBook()
+        """The live peers inside a group's prefix that sent this node a verified part or piece,
+        per (group key, epoch): what a member list that differs heals from
+        (dht.grouping_census, node.group_publishing)."""
 
     async def register(self) -> None:
         await self.network.add_handler("group-part", self.rpc_part, PART_LIMITS)
@@ -189,6 +194,7 @@ class GroupExchange:
             self._reject(f"group_part_{exc.reason}", sender, str(exc))
             return
         self._received("part", sender, len(blob))
+        self._book(header)
         self._take_part(header, tensor)
 
     def _take_part(self, header: ContributionHeader, tensor: torch.Tensor) -> None:
@@ -216,6 +222,18 @@ class GroupExchange:
         if header.author not in held:  # one per author and round: a resend changes nothing
             held[header.author] = (header, tensor)
             self._note_round(header)
+
+    def _book(self, header: ContributionHeader) -> None:
+        """Books the sender of a part or piece (dht.grouping_census) when it is alive, inside
+        its header's group and signed it: once per (group, epoch, sender), whether or not
+        the round takes it (a sender outside this node's list is refused there)."""
+        key, epoch, author = header.group_key, header.epoch, header.author
+        if author == self.identity.peer_id or self.senders.knows(key, epoch, author):
+            return
+        if not member_check(self.run_id, key)(author) or not self._is_alive(author):
+            return
+        if header.verified():
+            self.senders.add(key, epoch, author)
 
     def _holding(self, store: OrderedDict[RoundId, dict[Any, Any]], rid: RoundId) -> dict[Any, Any]:
         """What `store` holds for a round that has not opened here (parts or pieces), made
@@ -269,6 +287,7 @@ class GroupExchange:
             return
         self._received("piece", sender, len(blob))
         header = piece.header
+        self._book(header)
         rid = (header.group_key, header.epoch, header.round)
         member = self._rounds.get(rid)
         if isinstance(member, ShardedRound):

@@ -53,27 +53,46 @@ class EpochGrouping:
     def decide(self, round_: int, peers: Iterable[str], announced: Iterable[int] = ()) -> Grouping:
         """The grouping of `round_`'s epoch from the peers the epoch's census found (this
         node included), and the bits live peers announced in their heartbeats (settled_bits).
-        Within an epoch the first decision stands: a later call returns it."""
+        Within an epoch the first decision stands (a later call returns it) unless live
+        peers announce more bits than it has that this census bears: a replica whose first
+        census was partial then re-decides at once, from this census, instead of keeping a
+        group of its own for the rest of the epoch (session 13: bits only rise mid-epoch)."""
         epoch = self.epoch_of(round_)
-        if self.current is not None and self.current.epoch == epoch:
-            return self.current
         view = MembershipView.of(epoch, peers)
-        own = None if self.current is None else self.current.bits
-        previous = settled_bits(own, announced, self.policy.bits_for(len(view.peers)))
-        self.current = self.policy.decide(view, previous)
+        alone, kept = self.policy.bits_for(len(view.peers)), self.kept_bits(len(view.peers))
+        current = self.current
+        if current is not None and current.epoch == epoch:
+            raised = settled_bits(current.bits, announced, alone, kept)
+            if raised > current.bits:
+                current = self.current = self.policy.decide(view, raised)
+            return current
+        own = None if current is None else current.bits
+        self.current = self.policy.decide(view, settled_bits(own, announced, alone, kept))
         return self.current
 
+    def kept_bits(self, num_peers: int) -> int:
+        """The most bits a census of `num_peers` bears: those hysteresis would keep (a split
+        stands until its groups fall below (1 - hysteresis) x min_group_size), at least the
+        bits it would decide alone. The peers that split at N keep the split down to 3/4 N,
+        so a replica that (re)joins with a census there follows them (session 13: a node
+        restarted into a census of 7 of 8 formed a group of its own for the whole epoch)."""
+        return self.policy.bits_for(num_peers, self.policy.config.max_bits)
 
-def settled_bits(own: int | None, announced: Iterable[int], target: int) -> int:
+
+def settled_bits(
+    own: int | None, announced: Iterable[int], target: int, cap: int | None = None
+) -> int:
     """The bits carried into an epoch's decision (its hysteresis start): this node's previous
     bits (its census's `target`, without hysteresis, at its first decision), raised to the
     largest bits a live peer announced that this node's own census also bears (at most
-    `target`). A replica whose earlier census was partial (it decided before it had read
-    every heartbeat) so follows one that saw the swarm, instead of being held below the
-    split by hysteresis for good; a peer cannot announce more groups than the census holds,
-    and announcements never lower the bits (only this node's own hysteresis does)."""
+    `cap`: `target` unless given; `EpochGrouping.kept_bits` since session 13). A replica
+    whose earlier census was partial (it decided before it had read every heartbeat) so
+    follows one that saw the swarm, instead of being held below the split by hysteresis for
+    good; a peer cannot announce more groups than the census bears, and announcements never
+    lower the bits (only this node's own hysteresis does)."""
     start = target if own is None else own
-    best = max((b for b in announced if type(b) is int and 0 <= b <= target), default=start)
+    cap = target if cap is None else cap
+    best = max((b for b in announced if type(b) is int and 0 <= b <= cap), default=start)
     return max(start, best)
 
 

@@ -32,7 +32,8 @@ from dataclasses import replace
 
 import torch
 
-from dht.grouping import member_check
+from dht.grouping import Grouping, member_check
+from dht.grouping_census import healed_members
 from dht.grouping_round import coded
 from dht.grouping_view import EpochGrouping
 from merge.codec_base import CodecError
@@ -194,11 +195,17 @@ class GroupPublishing:
         grouping = self.grouping.decide(round_, census, announced)
         key = grouping.group_of(self.me)
         assert key is not None  # this node is in its own census
-        round_ = max(round_, swarm.group_round(key))
+        round_ = max(round_, self._group_round(key))
+        if self.grouping.due(round_):  # its group is in a later epoch: that epoch's grouping
+            grouping = self.grouping.decide(round_, census, announced)
+            key = grouping.group_of(self.me) or key
+            round_ = max(round_, self._group_round(key))
+        epoch = self.grouping.epoch_of(round_)
+        members = self._members(grouping, key, epoch)
         fields = RoundFields(
             run_id=self.run_id,
             group_key=key,
-            epoch=self.grouping.epoch_of(round_),
+            epoch=epoch,
             round=round_,
             learners=grouping.num_learners,
             base_applied=base_applied,
@@ -206,7 +213,6 @@ class GroupPublishing:
         )
         digests: tuple[str, ...] = ()
         if self.groups.group_scatter:  # signs its shards' digests (merge.group_shards)
-            members = grouping.members[key]
             header, digests = sharded_contribution(
                 total, self.publisher.identity, fields, max(tokens, 1), len(members)
             )
@@ -217,7 +223,7 @@ class GroupPublishing:
             identity=self.publisher.identity,
             header=header,
             pseudo_gradient=total,
-            members=grouping.members[key],
+            members=members,
             wait_s=wait,
             cosign_s=wait,
             config=self.groups.reduction_config(),
@@ -225,6 +231,22 @@ class GroupPublishing:
             payload=payload,
             digests=digests,
         )
+
+    def _group_round(self, key: str) -> int:
+        """The round of group `key` this node contributes to at the earliest: the highest a
+        member's part was seen for, and the round after the last of the group's updates this
+        replica applied (its seq is round + 1). A node restarted behind its group learns the
+        group's round from its replica even when no member sends it a part (session 13: a
+        restarted node's parts for rounds 0-3 were refused by a group at round 10, which had
+        decided its next epoch without it and so never sent it one)."""
+        return max(self.publisher.swarm.group_round(key), self.replica.last_seq(key))
+
+    def _members(self, grouping: Grouping, key: str, epoch: int) -> tuple[str, ...]:
+        """The round's member list: the epoch's decided list joined by the live peers inside
+        the group that sent this node a signed part for the epoch (dht.grouping_census), so a
+        list that differs from the other members' heals within one round."""
+        senders = self.publisher.swarm.group_senders(key, epoch) if grouping.epoch == epoch else ()
+        return healed_members(grouping.members[key], senders, member_check(self.run_id, key))
 
     def _report(
         self, contribution: GroupContribution, outcome: GroupUpdate | Abandoned, seconds: float

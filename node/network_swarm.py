@@ -110,6 +110,10 @@ class NetworkSwarm:
     def group_round(self, group_key: str) -> int:
         return -1 if self._groups is None else self._groups.highest_round.get(group_key, -1)
 
+    def group_senders(self, group_key: str, epoch: int) -> frozenset[str]:
+        groups = self._groups
+        return frozenset() if groups is None else groups.senders.senders(group_key, epoch)
+
     def _realigned(self) -> None:
         """The replica took a donor's parameters (dht.realign): its new sketch, then the count,
         which also drops the sketches of its earlier parameters (node.stats)."""

@@ -172,6 +172,9 @@ class StartingSwarm:
     def group_round(self, group_key: str) -> int:
         return self._now.group_round(group_key)
 
+    def group_senders(self, group_key: str, epoch: int) -> frozenset[str]:
+        return self._now.group_senders(group_key, epoch)
+
     def linger(self, seconds: float, until_done: bool, stop: threading.Event) -> None:
         if seconds and self.wait_caught_up(stop):  # no round ran: serve once entered
             self._now.linger(seconds, until_done, stop)

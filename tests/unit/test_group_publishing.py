@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from dht.grouping import group_key
@@ -82,3 +83,20 @@ def test_a_group_of_one_by_reduce_scatter_moves_like_one_of_whole_parts(tmp_path
         assert whole.run_round() is not None
         assert torch.equal(sharded.replica.params, whole.replica.params)
     assert sharded.replica.applied == whole.replica.applied
+
+
+def test_a_node_behind_its_group_contributes_to_the_round_after_the_last_it_applied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node restarted behind its group (no member sends it a part: they decided their
+    epoch without it) takes its group's round from its replica: the round after the last
+    of its group's updates applied (seq = round + 1), with that round's epoch's grouping."""
+    node = offline_node(tmp_path, group_size=1, codec="fp32")
+    publishing = node.parts.publishing
+    assert isinstance(publishing, GroupPublishing)
+    rounds = publishing.groups.group_epoch_rounds
+    monkeypatch.setattr(node.replica, "last_seq", lambda author: rounds + 2)
+    contribution = publishing.contribution(torch.zeros(node.replica.numel), tokens=1)
+    assert contribution is not None
+    assert (contribution.header.round, contribution.header.epoch) == (rounds + 2, 1)
+    assert publishing.announced() == (0, 1)
