@@ -14,6 +14,7 @@ from dht.catchup import Fetch
 from dht.gossip_context import GossipContext
 from dht.gossip_groups import is_group_key, parse_fetched
 from dht.grouping import member_check
+from dht.reachability import path_rank
 from dht.resumable import fetch_resumable, is_refusal
 from dht.state_transfer import TransferStats
 from dht.swarm_config import REQUEST_READ_TIMEOUT_S
@@ -50,6 +51,13 @@ class Fetcher:
         """Per author, whether the merge found it fresh after its latest update merged here."""
         self._refused: set[tuple[str, int]] = set()
         """Fetches in progress whose peer refused (not held): CatchUp asks it no more."""
+        context.catchup.source_rank = self.source_rank  # direct holders before relayed ones
+
+    def source_rank(self, peer_id: str) -> int:
+        """How promising `peer_id` is as a source, by this node's connection to it as last
+        read from p2pd (dht.reachability.path_rank: direct 0, relayed 1, none 2)."""
+        paths = getattr(self._ctx.network, "paths", None)
+        return path_rank(paths.path(peer_id)) if paths is not None else 0
 
     def is_fresh(self, author: str) -> bool:
         """Whether `author` had no track record here when its latest update was merged (an
