@@ -255,7 +255,7 @@ def test_an_author_whose_fetches_fail_stays_a_source_asked_again_with_backoff() 
     config = CatchUpConfig(lost_after_s=10.0, retry_s=1.0, author_retries=5, max_retry_s=8.0)
     catchup = CatchUp(config, "b", SimNode("b"))
     catchup.announced("a", 1, None, 0.0)
-    now, asked_at = 0.0, []
+    now, asked_at = 0.0, list[float]()
     while now < 100.0:
         assert not catchup.declare_lost(now, {"a"}) or len(asked_at) == 5, now
         for fetch in catchup.next_fetches(now, {"a"}):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -15,7 +17,7 @@ LOOP = f"/ip4/127.0.0.1/tcp/36467/p2p/{ME}"
 LAN = f"/ip4/192.168.1.10/tcp/36467/p2p/{ME}"
 PUBLIC = f"/ip4/11.64.0.20/tcp/4200/p2p/{ME}"
 CIRCUIT = f"{BOOT}/p2p-circuit/p2p/{ME}"
-NAT = {"announce_given": False, "use_auto_relay": True}
+NAT: dict[str, Any] = {"announce_given": False, "use_auto_relay": True}
 
 
 def test_a_nated_node_names_its_relay_once_it_holds_a_slot() -> None:
