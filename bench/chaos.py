@@ -101,6 +101,15 @@ class ChaosConfig:
     """--topology nat: each home's downlink, Mbit/s (tc tbf)."""
     up_mbit: float = 5.0
     """--topology nat: each home's uplink, Mbit/s (tc tbf)."""
+    nats: str = "cone,symmetric"
+    """--topology nat: the NAT of each home network (cone, symmetric); the NAT'd nodes are
+    spread over the homes in turn (4 nodes, the default: nodes 1 and 3 behind the cone, 2
+    behind the symmetric)."""
+    observers: int = 0
+    """--topology nat: extra public `diloco-node bootstrap`s that train nothing. With node 0
+    they are the public peers a home connects to directly; a cone home serves hole punching
+    once 4 of distinct addresses saw it (3 observers), so `--nats cone,cone,symmetric
+    --observers 3` has a pair that can punch."""
     keep_logs: bool = True
     """Write every node's events under bench/results/chaos/METHOD/."""
 
@@ -115,6 +124,10 @@ class ChaosConfig:
             raise ValueError(f"unknown fault kind or method: {', '.join(sorted(unknown))}")
         if self.topology not in ("flat", "nat"):
             raise ValueError(f"--topology is flat or nat, got {self.topology!r}")
+        if not 0 <= self.observers <= 16:
+            raise ValueError("--observers must be 0 to 16")
+        if not self.nat_list or set(self.nat_list) - {"cone", "symmetric"}:
+            raise ValueError(f"--nats lists cone or symmetric, got {self.nats!r}")
 
     @property
     def kind_list(self) -> list[str]:
@@ -123,6 +136,10 @@ class ChaosConfig:
     @property
     def method_list(self) -> list[str]:
         return [m for m in self.methods.split(",") if m]
+
+    @property
+    def nat_list(self) -> list[str]:
+        return [n for n in self.nats.split(",") if n]
 
 
 @dataclass(frozen=True)

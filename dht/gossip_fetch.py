@@ -14,6 +14,7 @@ from dht.catchup import Fetch
 from dht.gossip_context import GossipContext
 from dht.gossip_groups import is_group_key, parse_fetched
 from dht.grouping import member_check
+from dht.reachability import path_rank
 from dht.resumable import fetch_resumable, is_refusal
 from dht.state_transfer import TransferStats
 from dht.swarm_config import REQUEST_READ_TIMEOUT_S
@@ -26,6 +27,8 @@ from merge.result import MergeResult
 logger = logging.getLogger(__name__)
 MAX_AUTHORS_JUDGED = 4096
 """Authors whose freshness the fetcher remembers (the most recently merged)."""
+MAX_PENDING_JUDGEMENTS = 64
+"""Authors whose freshness is being asked of the merge's ledger at once (off the loop)."""
 
 
 class Fetcher:
@@ -50,6 +53,15 @@ class Fetcher:
         """Per author, whether the merge found it fresh after its latest update merged here."""
         self._refused: set[tuple[str, int]] = set()
         """Fetches in progress whose peer refused (not held): CatchUp asks it no more."""
+        self._judging: set[str] = set()
+        """Authors whose freshness the merge's ledger is being asked (MAX_PENDING_JUDGEMENTS)."""
+        context.catchup.source_rank = self.source_rank  # direct holders before relayed ones
+
+    def source_rank(self, peer_id: str) -> int:
+        """How promising `peer_id` is as a source, by this node's connection to it as last
+        read from p2pd (dht.reachability.path_rank: direct 0, relayed 1, none 2)."""
+        paths = getattr(self._ctx.network, "paths", None)
+        return path_rank(paths.path(peer_id)) if paths is not None else 0
 
     def is_fresh(self, author: str) -> bool:
         """Whether `author` had no track record here when its latest update was merged (an
@@ -58,7 +70,37 @@ class Fetcher:
         A learner group's key is fresh until one of its updates was applied here."""
         if is_group_key(author):
             return self._ctx.replica.last_seq(author) < 1
-        return self._fresh.get(author, True)
+        fresh = self._fresh.get(author)
+        if fresh is None:
+            self._judge_later(author)
+            return True
+        return fresh
+
+    def _judge_later(self, author: str) -> None:
+        """An author none of whose updates this process merged is judged by the merge's
+        ledger, off the loop, once; fresh until then. A restarted node's ledger (from its
+        checkpoint or a downloaded state) knows the authors with a track record: without
+        this every author was fresh after a restart until one of its updates merged here,
+        all sharing the fresh authors' 2 fetch slots (bench.chaos --topology nat: the public
+        node, back after 30 s, fetched a home's backlog only once two other homes'
+        first updates had merged, and the home was killed with 4 updates nobody had)."""
+        if author in self._judging or len(self._judging) >= MAX_PENDING_JUDGEMENTS:
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return  # not on the loop (a test's direct call): stays fresh
+        self._judging.add(author)
+        self._ctx.network.spawn(self._judge(author))
+
+    async def _judge(self, author: str) -> None:
+        try:
+            fresh = await self._ctx.off_loop(self._ctx.merge.is_fresh_author, author)
+        finally:
+            self._judging.discard(author)
+        if author not in self._fresh:  # a merge's own verdict since then wins
+            self._judged(author, fresh)
+            self._ctx.kick()
 
     async def fetch_and_merge(self, fetch: Fetch) -> None:
         ctx, uid = self._ctx, fetch.update_id

@@ -50,6 +50,12 @@ MAX_IDLE_ATTEMPTS = 6
 """Attempts in a row that brought no byte (refused as busy, cut at once) before giving up."""
 BACKOFF_S = 0.2
 """Wait before an attempt that follows one without progress, doubled each time (max 3.2 s)."""
+MAX_RESTARTS = 1
+"""Times a transfer starts over from byte 0 when the peer announces another size: its copy
+changed (a donor serialized its state again for the same transfer, two first requests racing
+while a merge landed, bench.chaos --topology nat: "peer announced 5358466 bytes, then
+5358144" six times, then the next donor, 40 s into the restart). Once more would be a peer
+that changes its size on purpose: refused as before."""
 
 
 @dataclass(kw_only=True)
@@ -69,6 +75,8 @@ class Resume:
     """Failed dials in a row (no stream opened)."""
     opened: bool = False
     """Whether any stream to the peer opened."""
+    restarts: int = 0
+    """Times the transfer started over because the peer's size changed (MAX_RESTARTS)."""
     on_progress: Callable[[int, int], None] | None = None
     """Told (bytes so far, total) as bytes arrive (dht.transfer_progress)."""
 
@@ -91,15 +99,21 @@ class Resume:
         """How long to wait before the next attempt (0 after one that made progress)."""
         return 0.0 if self.idle_attempts == 0 else BACKOFF_S * 2 ** min(self.idle_attempts - 1, 4)
 
-    def announce(self, total: int) -> None:
-        """The peer's size of the whole update; it may not change between attempts."""
+    def announce(self, total: int) -> bool:
+        """The peer's size of the whole update; True when it changed and the transfer starts
+        over from byte 0 (the bytes so far were of another copy: MAX_RESTARTS times at most)."""
         if total > self.max_bytes:
             raise TooLargeError(f"peer announced {total} bytes, more than the {self.max_bytes} cap")
-        if self.total is not None and total != self.total:
-            raise TransportError(f"peer announced {total} bytes, then {self.total}")
-        if total < self.offset:
+        restart = self.total is not None and total != self.total
+        if restart:
+            if self.restarts >= MAX_RESTARTS:
+                raise TransportError(f"peer announced {total} bytes, then {self.total}")
+            self.restarts += 1
+            self.data = bytearray()
+        elif total < self.offset:
             raise TransportError(f"peer announced {total} bytes, {self.offset} already received")
         self.total = total
+        return restart
 
     def add(self, part: bytes) -> None:
         """Bytes that arrived at `offset` (a part may end early: a cut stream)."""
@@ -179,7 +193,9 @@ async def _attempt(open_stream: Opener, args: list[Any], resume: Resume, stall_s
             raise TransportError(f"peer refused: {reason.decode(errors='replace')}")
         if status != OK or length < TOTAL.size:
             raise TransportError(f"malformed answer (status {status}, {length} bytes)")
-        resume.announce(TOTAL.unpack(await _exactly(reader, TOTAL.size, stall_s))[0])
+        if resume.announce(TOTAL.unpack(await _exactly(reader, TOTAL.size, stall_s))[0]):
+            before = 0  # started over: the next stream asks from byte 0 of the peer's new copy
+            return 0
         left = length - TOTAL.size
         while left > 0:
             chunk = await asyncio.wait_for(reader.read(min(READ_BYTES, left)), stall_s)

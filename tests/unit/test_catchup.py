@@ -255,7 +255,7 @@ def test_an_author_whose_fetches_fail_stays_a_source_asked_again_with_backoff() 
     config = CatchUpConfig(lost_after_s=10.0, retry_s=1.0, author_retries=5, max_retry_s=8.0)
     catchup = CatchUp(config, "b", SimNode("b"))
     catchup.announced("a", 1, None, 0.0)
-    now, asked_at = 0.0, []
+    now, asked_at = 0.0, list[float]()
     while now < 100.0:
         assert not catchup.declare_lost(now, {"a"}) or len(asked_at) == 5, now
         for fetch in catchup.next_fetches(now, {"a"}):
@@ -322,3 +322,45 @@ def test_an_author_is_asked_again_only_after_its_backoff_and_at_most_retries_tim
 def test_a_bad_retry_config_is_one_clear_error(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
         CatchUpConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_a_holder_on_a_direct_connection_is_asked_before_an_author_behind_a_relay() -> None:
+    """Behind NAT (bench.chaos --topology nat) a home's update took 12-15 s through the relay
+    and 0.5-0.9 s from the public node that had merged it."""
+    ranks = {"a": 1, "c": 0, "d": 2}  # a: relayed, c: direct, d: not connected
+    catchup = CatchUp(CONFIG, "b", SimNode("b"))
+    catchup.source_rank = ranks.__getitem__
+    catchup.announced("a", 1, None, 0.0)
+    catchup.announced("a", 2, None, 0.0)
+    catchup.announced("a", 1, None, 0.0, holder="c")
+    catchup.announced("a", 2, None, 0.0, holder="d")
+    fetches = catchup.next_fetches(0.0, {"a", "c", "d"})
+    assert [(f.seq, f.peer_id) for f in fetches] == [(1, "c"), (2, "a")]
+    catchup.failed(("a", 1), "c", 0.0)  # the direct holder failed: the author, on the relay
+    assert [(f.seq, f.peer_id) for f in catchup.next_fetches(0.1, {"a", "c", "d"})] == [(1, "a")]
+
+
+def test_among_sources_on_equal_connections_the_author_comes_first() -> None:
+    catchup = CatchUp(CONFIG, "b", SimNode("b"))  # every source ranked alike (loopback)
+    catchup.announced("a", 1, None, 0.0, holder="c")
+    catchup.announced("a", 1, None, 0.0)
+    assert [f.peer_id for f in catchup.next_fetches(0.0, {"a", "c"})] == ["a"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    ranks=st.dictionaries(st.sampled_from(PEERS), st.integers(0, 2), min_size=4, max_size=4),
+    holders=st.sets(st.sampled_from(["c", "d"])),
+)
+def test_the_source_asked_is_on_the_best_connection_and_the_author_when_it_is(
+    ranks: dict[str, int], holders: set[str]
+) -> None:
+    catchup = CatchUp(CONFIG, "b", SimNode("b"))
+    catchup.source_rank = ranks.__getitem__
+    catchup.announced("a", 1, None, 0.0)
+    for holder in holders:
+        catchup.announced("a", 1, None, 0.0, holder=holder)
+    (fetch,) = catchup.next_fetches(0.0, set(PEERS))
+    best = min(ranks[s] for s in holders | {"a"})
+    assert ranks[fetch.peer_id] == best
+    assert (fetch.peer_id == "a") == (ranks["a"] == best)

@@ -39,7 +39,7 @@ class Stream:
     def __init__(self, answer: Callable[[int], bytes], cut: int | None) -> None:
         self._answer, self._cut = answer, cut
         self._request = bytearray()
-        self._out: bytes | None = None
+        self._out: bytes | bytearray | None = None
         self.closed = False
 
     # writer side
@@ -170,14 +170,35 @@ def test_an_announced_size_over_the_cap_is_refused_before_reading_it() -> None:
         fetch(open_stream, max_bytes=4999)
 
 
-def test_a_size_that_changes_between_parts_is_refused() -> None:
+def test_a_size_that_changes_starts_the_transfer_over_once_then_is_refused() -> None:
     resume = Resume(max_bytes=100)
-    resume.announce(50)
+    assert not resume.announce(50)
     resume.add(b"x" * 10)
+    assert resume.announce(60) and resume.offset == 0  # another copy: from byte 0
+    resume.add(b"y" * 20)
     with pytest.raises(TransportError, match="then"):
-        resume.announce(60)
+        resume.announce(50)
     with pytest.raises(TransportError, match="more than"):
         resume.add(b"x" * 41)
+
+
+def test_a_donor_whose_copy_changed_mid_transfer_is_read_again_from_byte_0() -> None:
+    """bench.chaos --topology nat: a donor served one copy of its state for the first part and
+    another, 322 bytes longer, for every later one; the download gave up after 6 attempts."""
+    first, second = b"a" * 300_000, b"b" * 300_322
+    streams: list[Stream] = []
+
+    def answer(offset: int) -> bytes:
+        body = part_answer(first if len(streams) == 1 else second, offset)
+        return HEADER.pack(OK, len(body)) + body
+
+    async def open_stream() -> tuple[Stream, Stream]:
+        stream = Stream(answer, 100_000 if len(streams) < 3 else None)
+        streams.append(stream)
+        return stream, stream
+
+    data, num_attempts = fetch(open_stream)
+    assert data == second and num_attempts == 4  # a cut part, the restart, 2 more parts
 
 
 def test_backoff_grows_with_idle_attempts_and_resets_on_progress(
