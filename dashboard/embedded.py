@@ -75,6 +75,9 @@ class EmbeddedSource(PolledSource):
             fetches=status.fetches,
             fetched_megabytes=round(status.fetched_bytes / 1e6, 3),
             state_download=_state_download(status.state_download),
+            codec=status.codec,
+            codec_auto=status.codec_auto,
+            uplink_bytes_per_s=status.uplink_bytes_per_s,
         )
 
 

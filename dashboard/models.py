@@ -216,6 +216,13 @@ class NodeOut(_Model):
     fetched_megabytes: float
     state_download: StateDownloadOut | None = None
     """The state download running now (null: none)."""
+    codec: str = ""
+    """The codec this node sends its updates with (its last round's, or the one --codec auto
+    picked for the next)."""
+    codec_auto: bool = False
+    """Whether --codec auto picks it from the measured uplink (else --codec named it)."""
+    uplink_bytes_per_s: float | None = None
+    """This node's uplink as measured from its own sends (null: not measured yet)."""
 
 
 class SwarmPoint(_Model):

@@ -39,3 +39,11 @@ class NodeStatus:
     fresh_peers_set_aside: int = 0
     """Live peers without an applied record here that the node does not act on (fresh keys
     beyond dht.membership's bound); counted among `peers` as alive all the same."""
+    codec: str = ""
+    """The codec the node sends its updates with: its last round's, or the one `--codec auto`
+    picked for the next ("" where the node did not say)."""
+    codec_auto: bool = False
+    """Whether `--codec auto` picks it from the measured uplink (else `--codec` named it)."""
+    uplink_bytes_per_s: float | None = None
+    """This process's uplink as measured from its own sends (merge.codec_uplink.UplinkMeter;
+    None until a send large enough to measure it)."""

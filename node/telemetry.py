@@ -22,8 +22,8 @@ from dht.heartbeat import (
     Heartbeat,
 )
 from dht.reachability import shareable
-from dht.transport import WIRE_BYTES
-from merge.codec_policy import CodecChoice
+from dht.transport import UPLINK, WIRE_BYTES
+from merge.codec_policy import AUTO, CodecChoice
 from merge.pipeline import MergeResult, UpdatePipeline
 from merge.replica import Replica
 from merge.sketch import ReplicaSketch
@@ -146,6 +146,8 @@ class Telemetry:
         self.resketcher = Resketcher(self.record_replica)
         self.started_at = time.monotonic()
         self._facts = facts
+        self.uplink: Callable[[], float | None] = UPLINK.bytes_per_s
+        """The measured uplink that status shows (this process's sends, as --codec auto's)."""
 
     # ---- events ----------------------------------------------------------------------------
 
@@ -325,6 +327,9 @@ class Telemetry:
             taken_at=now,
             state_download=self.swarm.state_download(),
             fresh_peers_set_aside=self.swarm.fresh_peers_set_aside(),
+            codec=self._codec,
+            codec_auto=self.config.codec == AUTO,
+            uplink_bytes_per_s=_rounded(self.uplink()),
         )
 
 

@@ -450,6 +450,15 @@ function renderDownload(node) {
   $("download-bar").value = d.total_bytes ? d.num_bytes / d.total_bytes : 0;
 }
 
+// The codec this node sends with and the uplink measured from its sends (embedded only).
+function renderCodec(node) {
+  const codec = node && node.codec;
+  const uplink = node && isNum(node.uplink_bytes_per_s)
+    ? ` · uplink ${fmtBytes(node.uplink_bytes_per_s)}/s`
+    : "";
+  $("codec").textContent = codec ? `sends ${codec}${node.codec_auto ? " (auto)" : ""}${uplink}` : "";
+}
+
 // ---- polling -------------------------------------------------------------------------------
 
 class Unauthorized extends Error {}
@@ -490,7 +499,9 @@ async function refresh() {
     renderRejections(swarm);
     renderOrgs(swarm);
     renderTimeline(history);
-    renderDownload(swarm.mode === "embedded" ? await getJSON("/api/node").catch(() => null) : null);
+    const node = swarm.mode === "embedded" ? await getJSON("/api/node").catch(() => null) : null;
+    renderDownload(node);
+    renderCodec(node);
     setBanner(null);
     setConnection("live", "live · " + fmtClock(swarm.generated_at));
   } catch (error) {

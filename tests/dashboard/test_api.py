@@ -93,6 +93,20 @@ def test_node_route_shows_a_state_download_while_it_runs(trained_node: Node) -> 
     assert embedded_client(trained_node).get("/api/node").json()["state_download"] is None
 
 
+def test_node_route_shows_the_codec_and_the_measured_uplink(trained_node: Node) -> None:
+    node = embedded_client(trained_node).get("/api/node").json()
+    assert (node["codec"], node["codec_auto"]) == ("bf16", False)  # the default, named
+
+    def picked() -> NodeStatus:
+        status = trained_node.status()
+        return dataclasses.replace(status, codec="topk", codec_auto=True, uplink_bytes_per_s=6e5)
+
+    settings = DashboardSettings(host="127.0.0.1", port=0)
+    source = EmbeddedSource(trained_node.config.run_id, picked, settings, History(settings))
+    node = TestClient(create_app(source, settings)).get("/api/node").json()
+    assert (node["codec"], node["codec_auto"], node["uplink_bytes_per_s"]) == ("topk", True, 6e5)
+
+
 def test_the_fresh_keys_the_node_sets_aside_are_shown_beside_peers_alive(
     trained_node: Node,
 ) -> None:

@@ -224,6 +224,7 @@ def _auto_node(tmp_path: Path, uplink_bytes_per_s: float) -> tuple[Node, Recordi
     meter.begin(0.0)
     meter.end(10.0, round(10 * uplink_bytes_per_s))
     publishing.auto = replace(publishing.auto, uplink=meter.bytes_per_s)
+    node.telemetry.uplink = meter.bytes_per_s
     node.resume()
     return node, events
 
@@ -240,6 +241,8 @@ def test_codec_auto_on_a_thin_link_moves_to_topk_and_says_so(tmp_path: Path) -> 
     assert picked["codec"] == "topk" and picked["uplink_bytes_per_s"] == 1000.0
     assert picked["fits"] is False  # 1 kB/s: nothing fits, the smallest is taken
     assert node.replica.num_applied == 3  # one replica applies bf16 and topk alike
+    status = node.status()  # what the dashboard's node view shows
+    assert (status.codec, status.codec_auto, status.uplink_bytes_per_s) == ("topk", True, 1000.0)
 
 
 def test_codec_auto_on_a_fat_link_keeps_bf16(tmp_path: Path) -> None:
@@ -250,6 +253,7 @@ def test_codec_auto_on_a_fat_link_keeps_bf16(tmp_path: Path) -> None:
     assert [r["codec"] for r in events.of("round_done")] == ["bf16"] * 3
     (picked,) = events.of("codec_picked")
     assert (picked["codec"], picked["fits"]) == ("bf16", True)
+    assert (node.status().codec, node.status().codec_auto) == ("bf16", True)
 
 
 def test_a_named_codec_is_never_picked_over_and_auto_with_fragments_is_refused(
@@ -258,6 +262,7 @@ def test_a_named_codec_is_never_picked_over_and_auto_with_fragments_is_refused(
     node = offline_node(tmp_path, codec="int8")
     publishing = node.parts.publishing
     assert isinstance(publishing, WholeUpdates) and publishing.auto is None
+    assert (node.status().codec, node.status().codec_auto) == ("int8", False)
     node.close()
     # auto's outer momentum is every auto codec's: the fingerprint is bf16's
     auto = Node(_config(tmp_path, "auto", codec="auto"), RecordingEventLog())
