@@ -87,6 +87,12 @@ class RealignConfig:
     """Periods this node's and the donor's sightings must hold together at one digest before
     a drift within the threshold is settled: a pause between bursts of updates is shorter,
     and each settle costs an attempt (the cap) and a state download."""
+    settle_wave: int = 2
+    """Replicas that settle at once: a donor serves two downloads at a time and refuses more
+    (dht.state_transfer), and a refused attempt waits out the cooldown."""
+    settle_stagger_periods: float = 3.0
+    """Periods each further wave of settling replicas waits (the ones apart from the donor
+    in peer id order, `settle_wave` a wave: every replica there ranks them alike)."""
     horizon_periods: float = 20.0
     """Sightings older than this many periods are forgotten."""
     max_digests_per_peer: int = 16
@@ -98,7 +104,7 @@ class RealignConfig:
     def __post_init__(self) -> None:
         for name in (
             "period_s", "threshold", "settle_tolerance", "settle_periods", "cooldown_s",
-            "attempts_window_s",
+            "attempts_window_s", "settle_wave",
         ):  # fmt: skip
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}.")
@@ -362,19 +368,23 @@ class RealignPolicy:
     def settle_donor(self) -> str | None:
         """At the digest this node's replica was seen at last: the participant every replica
         seen there settles to (settle_donor over the participants seen there last)."""
+        there = self._latest_at_own_digest()
+        eligible = [p for p in there if self._participants[p].serves_state]
+        return settle_donor(there, self._weights, eligible)
+
+    def _latest_at_own_digest(self) -> dict[str, tuple[float, ...]]:
+        """The sketches of the participants seen last at this node's latest digest."""
         mine = self._participants.get(self.self_id)
         if mine is None or not mine.sightings:
-            return None
+            return {}
         own = mine.sightings[-1]
-        there = {
+        return {
             p: v.sightings[-1].sketch
             for p, v in self._participants.items()
             if v.sightings
             and v.sightings[-1].digest == own.digest
             and len(v.sightings[-1].sketch) == len(own.sketch)
         }
-        eligible = [p for p in there if self._participants[p].serves_state]
-        return settle_donor(there, self._weights, eligible)
 
     def _settle(self, mine: list[Sighting]) -> Realign | None:
         """This node's replica held at one digest for a period: realign to the settle donor
@@ -390,10 +400,29 @@ class RealignPolicy:
         period = self.config.period_s
         if distance > self.config.threshold and together >= period:
             return Realign(donor, distance)  # one applied set, apart for a period or more
-        settle_s = self.config.settle_periods * period
-        if distance > self.config.settle_tolerance and together >= settle_s:
+        if distance <= self.config.settle_tolerance:
+            return None
+        if together >= self._settle_periods(donor) * period:
             return Realign(donor, distance, settle=True)
         return None
+
+    def _settle_periods(self, donor: str) -> float:
+        """How long this node waits at a held digest before it settles: `settle_periods`,
+        and `settle_stagger_periods` more per wave of replicas apart from the donor before it
+        (ranked by peer id; those that settled are at the donor's point and drop out)."""
+        config = self.config
+        there = self._latest_at_own_digest()
+        point = there.get(donor)
+        apart = sorted(
+            p
+            for p, sketch in there.items()
+            if p != donor
+            and point is not None
+            and (d := relative_distance(list(sketch), list(point))) is not None
+            and d > config.settle_tolerance
+        )
+        rank = apart.index(self.self_id) if self.self_id in apart else 0
+        return config.settle_periods + (rank // config.settle_wave) * config.settle_stagger_periods
 
     def started(self, now: float) -> None:
         """An attempt began: the cooldown and the cap count from `now`."""

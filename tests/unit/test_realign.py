@@ -439,7 +439,7 @@ def test_at_a_held_digest_every_replica_picks_the_same_donor_whatever_it_saw_bef
             seen = [h for h in swarm(dict.fromkeys(names, 0.01), 10 + i) if rng.random() < 0.7]
             own = heartbeat(name, 10 + i, 0.01, records=records)
             p.observe(own, [h for h in seen if h.peer_id != name], float(i))
-        for t in range(8):
+        for t in range(20):  # the last wave of 6 apart waits 5 + 2 x 3 periods
             beats = [beat(n, sketches[n], records) for n in names]
             rng.shuffle(beats)
             own = next(h for h in beats if h.peer_id == name)
@@ -447,9 +447,9 @@ def test_at_a_held_digest_every_replica_picks_the_same_donor_whatever_it_saw_bef
     donors = {p.settle_donor() for p in policies.values()}
     assert len(donors) == 1
     (donor,) = donors
-    assert donor in names and policies[donor].decide(20.0) is None  # type: ignore[index]
+    assert donor in names and policies[donor].decide(30.0) is None  # type: ignore[index]
     for name, p in policies.items():
-        decision = p.decide(20.0)
+        decision = p.decide(30.0)
         apart = relative_distance(sketches[name], sketches[donor])  # type: ignore[index]
         assert (decision is not None) == (apart is not None and apart > 1e-6)
         assert decision is None or decision.donor == donor
@@ -526,3 +526,34 @@ def test_a_hostile_record_holder_swinging_the_donor_costs_max_attempts_per_windo
             p.started(float(t))
             p.finished(loaded=False)  # refused: c stays apart
     assert 0 < len(downloads) <= p.config.max_attempts
+
+
+def test_replicas_apart_from_the_donor_settle_two_at_a_time() -> None:
+    """The donor serves two downloads at once and refuses more (a refusal waits out the
+    cooldown): the seven replicas apart settle in waves of two, 3 periods apart, in peer id
+    order, each once."""
+    names = [f"node{i}" for i in range(8)]
+    records = dict.fromkeys(names, 10)
+    sketches = {n: lineage_sketch(n, 0.003) for n in names}
+    policies = {n: policy(n) for n in names}
+    waves: dict[float, list[str]] = {}
+    for t in range(30):
+        beats = [
+            beat(n, sketches[n], records, num_realigned=int(n in sum(waves.values(), [])))
+            for n in names
+        ]
+        for name, p in policies.items():
+            feed(p, beats, float(t))
+            decision = p.decide(float(t))
+            if decision is not None:
+                waves.setdefault(float(t), []).append(name)
+                p.started(float(t))
+                p.finished(loaded=True)
+                sketches[name] = list(sketches[decision.donor])
+    donor = {p.settle_donor() for p in policies.values()}
+    assert len(donor) == 1 and len({tuple(s) for s in sketches.values()}) == 1
+    assert all(len(wave) <= 2 for wave in waves.values())
+    assert sum(len(wave) for wave in waves.values()) == 7
+    # a wave drops out of the ranks once its heartbeats show the donor's point: the next
+    # goes at once (here a download takes no time), or 3 periods later if it did not load
+    assert sorted(waves)[0] == 5.0 and len(waves) == 4
