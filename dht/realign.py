@@ -29,8 +29,8 @@ bench.scale N = 8, 10 realignments went to 6 donors and drift 0.0048 stayed). A 
 apart from it beyond the threshold realigns after a period, as before; one apart beyond
 float rounding (`settle_tolerance`, 1e-6) after `settle_periods` (5): then every live
 replica holds one point, drift 0.0. They settle two at a time (`settle_wave`: the donor
-serves two downloads at once and refuses more), ranked alike by peer id. The cooldown, the cap, the records and the state check
-hold for the settle as for any realignment.
+serves two downloads at once and refuses more), ranked alike by peer id. The cooldown, the
+cap, the records and the state check hold for the settle as for any realignment.
 
 Why 0.02: honest replicas with one applied set differ by rounding and by the few robust
 verdicts taken near a threshold (bench.scale --sizes 4: final drift 0.0043; the sketch's
