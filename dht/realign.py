@@ -88,6 +88,10 @@ class RealignConfig:
     """Periods this node's and the donor's sightings must hold together at one digest before
     a drift within the threshold is settled: a pause between bursts of updates is shorter,
     and each settle costs an attempt (the cap) and a state download."""
+    max_settles: int = 3
+    """Settle attempts per `attempts_window_s`, besides `max_attempts`."""
+    settle_cooldown_periods: float = 5.0
+    """Least time, in periods, between any attempt and a settle attempt."""
     settle_wave: int = 2
     """Replicas that settle at once: a donor serves two downloads at a time and refuses more
     (dht.state_transfer), and a refused attempt waits out the cooldown."""
@@ -105,7 +109,7 @@ class RealignConfig:
     def __post_init__(self) -> None:
         for name in (
             "period_s", "threshold", "settle_tolerance", "settle_periods", "cooldown_s",
-            "attempts_window_s", "settle_wave",
+            "attempts_window_s", "settle_wave", "max_settles", "settle_cooldown_periods",
         ):  # fmt: skip
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}.")
@@ -286,7 +290,8 @@ class RealignPolicy:
         self.self_id = self_id
         self._participants: dict[str, _Participant] = {}
         self._weights: dict[str, int] = {}
-        self._attempts: list[float] = []
+        self._attempts: list[tuple[float, bool]] = []
+        """(when, whether a settle) of the attempts in the window."""
         self.num_realigned = 0
         """Realignments that loaded a donor's state."""
         self.num_refused = 0
@@ -344,8 +349,12 @@ class RealignPolicy:
         """Realign now, and from whom, or None: this node is not the donor, drifted more than
         the threshold from it at their two latest shared digests, seen a period apart or more,
         and neither the cooldown nor the cap forbids it."""
-        if not self._may_attempt(now):
+        decision = self._candidate()
+        if decision is None or not self._may_attempt(now, settle=decision.settle):
             return None
+        return decision
+
+    def _candidate(self) -> Realign | None:
         mine = self._participants.get(self.self_id)
         if mine is None or not mine.sightings:
             return None
@@ -425,9 +434,9 @@ class RealignPolicy:
         rank = apart.index(self.self_id) if self.self_id in apart else 0
         return config.settle_periods + (rank // config.settle_wave) * config.settle_stagger_periods
 
-    def started(self, now: float) -> None:
+    def started(self, now: float, *, settle: bool = False) -> None:
         """An attempt began: the cooldown and the cap count from `now`."""
-        self._attempts.append(now)
+        self._attempts.append((now, settle))
 
     def finished(self, *, loaded: bool) -> None:
         """The attempt loaded the donor's state (this replica's sightings are moot: a new
@@ -438,12 +447,20 @@ class RealignPolicy:
         else:
             self.num_refused += 1
 
-    def _may_attempt(self, now: float) -> bool:
-        window = now - self.config.attempts_window_s
-        self._attempts = [t for t in self._attempts if t > window]
-        if len(self._attempts) >= self.config.max_attempts:
+    def _may_attempt(self, now: float, *, settle: bool) -> bool:
+        """A realignment: `max_attempts` per window, `cooldown_s` after any attempt. A settle:
+        `max_settles` per window besides (realignments while training must not spend the
+        settle's), `settle_cooldown_periods` after any attempt (a refused one: the donor was
+        busy serving two others)."""
+        config = self.config
+        window = now - config.attempts_window_s
+        self._attempts = [a for a in self._attempts if a[0] > window]
+        kind = [t for t, was_settle in self._attempts if was_settle == settle]
+        cap = config.max_settles if settle else config.max_attempts
+        if len(kind) >= cap:
             return False
-        return not self._attempts or now - self._attempts[-1] >= self.config.cooldown_s
+        cooldown = config.settle_cooldown_periods * config.period_s if settle else config.cooldown_s
+        return not self._attempts or now - self._attempts[-1][0] >= cooldown
 
 
 def lacking_retained(retained: RetainedUpdates, applied: AppliedSet) -> list[tuple[str, int]]:

@@ -274,7 +274,7 @@ class Swarm:
             return
         decision = self.realignment.decide(now)
         if decision is not None:
-            self.realignment.started(now)
+            self.realignment.started(now, settle=decision.settle)
             self._realigning = self.network.spawn(self._realign(decision))
 
     async def _realign(self, decision: Realign) -> None:

@@ -481,7 +481,7 @@ def test_replicas_at_a_held_digest_end_at_one_point_each_downloading_once_at_mos
             p.observe(own, [h for h in beats if h.peer_id != name], now)
             decision = p.decide(now)
             if decision is not None:
-                p.started(now)
+                p.started(now, settle=decision.settle)
                 p.finished(loaded=True)
                 sketches[name] = list(sketches[decision.donor])
                 realigned[name] += 1
@@ -509,7 +509,7 @@ def test_a_hostile_fresh_key_at_the_held_digest_makes_nobody_download() -> None:
 
 def test_a_hostile_record_holder_swinging_the_donor_costs_max_attempts_per_window() -> None:
     """eve has a record and moves between two sides at the held digest to swing the medoid
-    between a and b: c (apart from both) downloads at most max_attempts per window."""
+    between a and b: c (apart from both) downloads at most max_settles per window."""
     names = ["a", "b", "c", "eve"]
     records = dict.fromkeys(names, 10)
     a, b, c = (lineage_sketch(n, 0.003) for n in "abc")
@@ -523,9 +523,9 @@ def test_a_hostile_record_holder_swinging_the_donor_costs_max_attempts_per_windo
         decision = p.decide(float(t))
         if decision is not None:
             downloads.append(t)
-            p.started(float(t))
+            p.started(float(t), settle=decision.settle)
             p.finished(loaded=False)  # refused: c stays apart
-    assert 0 < len(downloads) <= p.config.max_attempts
+    assert 0 < len(downloads) <= p.config.max_settles
 
 
 def test_replicas_apart_from_the_donor_settle_two_at_a_time() -> None:
@@ -547,7 +547,7 @@ def test_replicas_apart_from_the_donor_settle_two_at_a_time() -> None:
             decision = p.decide(float(t))
             if decision is not None:
                 waves.setdefault(float(t), []).append(name)
-                p.started(float(t))
+                p.started(float(t), settle=decision.settle)
                 p.finished(loaded=True)
                 sketches[name] = list(sketches[decision.donor])
     donor = {p.settle_donor() for p in policies.values()}
@@ -557,3 +557,20 @@ def test_replicas_apart_from_the_donor_settle_two_at_a_time() -> None:
     # a wave drops out of the ranks once its heartbeats show the donor's point: the next
     # goes at once (here a download takes no time), or 3 periods later if it did not load
     assert sorted(waves)[0] == 5.0 and len(waves) == 4
+
+
+def test_realignments_while_training_do_not_spend_the_settle_and_a_refused_settle_retries() -> None:
+    p = policy("node1")
+    for t in (0.0, 100.0, 200.0):  # three realignments while training: the cap is spent
+        p.started(t)
+        p.finished(loaded=True)
+    attempts = []
+    for t in range(300, 400):
+        feed(p, swarm(THREE, 0), float(t))
+        decision = p.decide(float(t))
+        if decision is not None:
+            assert decision.settle and decision.donor == "node0"
+            attempts.append(t)
+            p.started(float(t), settle=True)
+            p.finished(loaded=False)  # the donor was busy
+    assert attempts == [305, 310, 315]  # 5 periods held, then every 5 periods, 3 at most
