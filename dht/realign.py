@@ -412,14 +412,37 @@ class RealignPolicy:
             return Realign(donor, distance)  # one applied set, apart for a period or more
         if distance <= self.config.settle_tolerance:
             return None
-        if together >= self._settle_periods(donor) * period:
-            return Realign(donor, distance, settle=True)
+        sources = self._sources(donor)
+        rank, wave = self._settle_rank(donor), self.config.settle_wave * len(sources)
+        wait = self.config.settle_periods + (rank // wave) * self.config.settle_stagger_periods
+        if together >= wait * period:
+            source = sources[(rank // self.config.settle_wave) % len(sources)]
+            return Realign(source, distance, settle=True)
         return None
 
-    def _settle_periods(self, donor: str) -> float:
-        """How long this node waits at a held digest before it settles: `settle_periods`,
-        and `settle_stagger_periods` more per wave of replicas apart from the donor before it
-        (ranked by peer id; those that settled are at the donor's point and drop out)."""
+    def _sources(self, donor: str) -> list[str]:
+        """Who serves the donor's state: the donor and the participants at its point (those
+        that settled to it: the same state), with a record and serving state, the latest to
+        get there first (a donor keeps the states it served for minutes and serves two at
+        once, dht.state_parts: each replica that settles adds two slots). Which of them
+        serves whom changes no end point, so it need not be alike on every replica."""
+        there = self._latest_at_own_digest()
+        point = there[donor]
+        clones = [
+            p
+            for p, sketch in there.items()
+            if p not in (donor, self.self_id)
+            and self._weights.get(p, 0) > 0
+            and self._participants[p].serves_state
+            and (d := relative_distance(list(sketch), list(point))) is not None
+            and d <= self.config.settle_tolerance
+        ]
+        arrived = {p: self._participants[p].sightings[-1].at for p in clones}
+        return [*sorted(clones, key=lambda p: (-arrived[p], p)), donor]
+
+    def _settle_rank(self, donor: str) -> int:
+        """This node's rank among the replicas apart from the donor's point (by peer id;
+        those that settled are at the donor's point and drop out)."""
         config = self.config
         there = self._latest_at_own_digest()
         point = there.get(donor)
@@ -431,8 +454,7 @@ class RealignPolicy:
             and (d := relative_distance(list(sketch), list(point))) is not None
             and d > config.settle_tolerance
         )
-        rank = apart.index(self.self_id) if self.self_id in apart else 0
-        return config.settle_periods + (rank // config.settle_wave) * config.settle_stagger_periods
+        return apart.index(self.self_id) if self.self_id in apart else 0
 
     def started(self, now: float, *, settle: bool = False) -> None:
         """An attempt began: the cooldown and the cap count from `now`."""
