@@ -18,6 +18,8 @@ nodes' signed heartbeats (read through a DHT observer every second) and their JS
   one applied set;
 - max_drift: the largest relative distance between two replicas with equal applied sets
   (median_drift: its median over all rounds; final_drift: between the last heartbeats);
+- settled_drift, settle_s: the same once the replicas had until --linger-s + 15 s after the
+  last end of training to realign (dht.realign's settle), and when it reached 0.0;
 - rss_mb: resident memory of each node's main process (mean of per-node peaks, and max);
 - mb_received_per_round: update and state payload megabytes one node fetched per round it
   trained (DHT records and heartbeats excluded), and the same divided by N - 1;
@@ -49,6 +51,10 @@ from dht.observer import SwarmObserver
 from merge.sketch import relative_distance
 
 RUN_ID = "bench-scale"
+SETTLED_DRIFT = 1e-6
+"""Final drift at or under which the replicas hold one point (float rounding)."""
+SETTLE_MARGIN_S = 15.0
+"""How long after --linger-s the settle is waited for (the nodes linger 30 s more)."""
 
 
 @dataclass
@@ -198,6 +204,8 @@ def _measure(slots: list[Slot], args: argparse.Namespace) -> dict[str, Any]:
     with sampler:
         kills = _crash_loop(slots, args, train_until, start, live_peers)
         converge_s = sampler.wait_converged(train_until, args.linger_s, last_stop, args.timeout)
+        if converge_s is not None:
+            sampler.wait_settled(last_stop, args.linger_s + SETTLE_MARGIN_S)
     return _figures(slots, sampler, kills, converge_s)
 
 
@@ -243,6 +251,11 @@ class Sampler(BackgroundSampler):
         self.samples: list[tuple[float, list[Any]]] = []
         self.converged_beats: list[Any] | None = None
         """The heartbeats that showed every live replica with one applied set."""
+        self.settled_beats: list[Any] | None = None
+        """The last heartbeats of every live replica at one applied set after that (the
+        replicas then had a while to realign: dht.realign's settle)."""
+        self.settle_s: float | None = None
+        """Seconds from the last end of training until those showed drift 0.0 (<= 1e-6)."""
         self.rss: dict[str, int] = {}
 
     def close(self) -> None:
@@ -280,6 +293,22 @@ class Sampler(BackgroundSampler):
                 self.converged_beats = beats
                 return round(at - stopped, 1)
         return None
+
+    def wait_settled(self, last_stop: Any, bound_s: float) -> None:
+        """After convergence: sample until the replicas at one applied set also hold one
+        point (final drift <= SETTLED_DRIFT), or `bound_s` after the last end of training
+        (the nodes linger --linger-s + 30 s from their own). Keeps the last such heartbeats."""
+        stopped = last_stop()
+        while stopped is not None and time.time() < stopped + bound_s:
+            time.sleep(0.5)
+            at, beats = self.samples[-1]
+            if len(beats) != len(self._slots) or not _agree(beats):
+                continue
+            self.settled_beats = beats
+            drift = _final_drift(beats)
+            if drift is not None and drift <= SETTLED_DRIFT:
+                self.settle_s = round(at - stopped, 1)
+                return
 
 
 def _agree(beats: list[Any]) -> bool:
@@ -321,6 +350,8 @@ def _figures(
         "max_drift": max(drifts) if drifts else None,
         "median_drift": round(statistics.median(drifts), 5) if drifts else None,
         "final_drift": _final_drift(last_beats),
+        "settled_drift": _final_drift(sampler.settled_beats or []),
+        "settle_s": sampler.settle_s,
         "rss_mb_mean": round(statistics.mean(rss), 1) if rss else None,
         "rss_mb_max": round(max(rss), 1) if rss else None,
         "update_mb": round(statistics.median(fetched), 4) if fetched else None,

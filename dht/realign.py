@@ -20,6 +20,18 @@ download state in a loop, and a key without a record (a fresh one) is never a do
 supports nobody. The state itself still goes through the newcomer's checks
 (dht.state_check).
 
+The settle: once this replica's applied set holds at one digest for a period (the swarm
+stopped publishing, or pauses between bursts), the donor is `settle_donor` over the
+participants seen there last: a function of their sketches at that digest and their records
+alone, so every replica seen there picks one donor whatever it saw before and in whatever
+order (choose_donor reads each pair's latest shared digest, which differs per node: at
+bench.scale N = 8, 10 realignments went to 6 donors and drift 0.0048 stayed). A replica
+apart from it beyond the threshold realigns after a period, as before; one apart beyond
+float rounding (`settle_tolerance`, 1e-6) after `settle_periods` (5): then every live
+replica holds one point, drift 0.0. They settle two at a time (`settle_wave`: the donor
+serves two downloads at once and refuses more), ranked alike by peer id. The cooldown, the
+cap, the records and the state check hold for the settle as for any realignment.
+
 Why 0.02: honest replicas with one applied set differ by rounding and by the few robust
 verdicts taken near a threshold (bench.scale --sizes 4: final drift 0.0043; the sketch's
 sampling noise is of that order); one step sized by the wrong learner count leaves ~0.13.
@@ -34,6 +46,7 @@ and the donor had not (its own last updates among them: no peer may hold them ye
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -52,6 +65,9 @@ logger = logging.getLogger(__name__)
 THRESHOLD = 0.02
 """Relative distance between settled points at one applied digest above which a replica
 realigns (see the module's doc)."""
+SETTLE_TOLERANCE = 1e-6
+"""Relative distance under which two settled points at one held digest are one (float
+rounding): above it, a replica settles to the donor once the digest held long enough."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,6 +82,22 @@ class RealignConfig:
     max_attempts: int = 3
     """Realignment attempts per `attempts_window_s`, whatever they gave."""
     attempts_window_s: float = 1800.0
+    settle_tolerance: float = SETTLE_TOLERANCE
+    """At a held digest, distance to the settle donor above which this node realigns."""
+    settle_periods: float = 5.0
+    """Periods this node's and the donor's sightings must hold together at one digest before
+    a drift within the threshold is settled: a pause between bursts of updates is shorter,
+    and each settle costs an attempt (the cap) and a state download."""
+    max_settles: int = 3
+    """Settle attempts per `attempts_window_s`, besides `max_attempts`."""
+    settle_cooldown_periods: float = 5.0
+    """Least time, in periods, between any attempt and a settle attempt."""
+    settle_wave: int = 2
+    """Replicas that settle at once: a donor serves two downloads at a time and refuses more
+    (dht.state_transfer), and a refused attempt waits out the cooldown."""
+    settle_stagger_periods: float = 3.0
+    """Periods each further wave of settling replicas waits (the ones apart from the donor
+    in peer id order, `settle_wave` a wave: every replica there ranks them alike)."""
     horizon_periods: float = 20.0
     """Sightings older than this many periods are forgotten."""
     max_digests_per_peer: int = 16
@@ -75,7 +107,10 @@ class RealignConfig:
     of a period to O(max_participants^2 x max_digests_per_peer) sketch distances."""
 
     def __post_init__(self) -> None:
-        for name in ("period_s", "threshold", "cooldown_s", "attempts_window_s"):
+        for name in (
+            "period_s", "threshold", "settle_tolerance", "settle_periods", "cooldown_s",
+            "attempts_window_s", "settle_wave", "max_settles", "settle_cooldown_periods",
+        ):  # fmt: skip
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}.")
         for name in ("max_attempts", "max_digests_per_peer", "max_participants"):
@@ -110,6 +145,8 @@ class Realign:
 
     donor: str
     distance: float
+    settle: bool = False
+    """Chosen at a held digest (settle_donor), the drift within the threshold."""
 
 
 @dataclass
@@ -153,6 +190,47 @@ def choose_donor(
     if not candidates:
         return None
     return min(candidates, key=lambda p: (-support.get(p, 0), p))
+
+
+def settle_donor(
+    sketches: Mapping[str, tuple[float, ...]],
+    weights: Mapping[str, int],
+    eligible: Iterable[str],
+) -> str | None:
+    """At one held digest (`sketches`: each participant's settled sketch there), the
+    eligible participant with a record whose sketch lies nearest the others', weighed by
+    their records (the least sum of record x Euclidean distance: a weighted medoid), ties to
+    the smallest peer id; None: none eligible.
+
+    A function of the sketches at that digest and the records alone, not of when or in
+    which order they were seen, so every replica that sees one swarm held there picks one
+    donor (choose_donor reads each pair's latest *shared* digest, which depends on what
+    each node saw before). It stays the donor while the others copy it: a replica that
+    adopts its state moves to its point, which lowers the donor's sum by as much as that
+    replica's distance to it and no other's by more (the triangle inequality); a replica
+    that copied it sits at its point, ties and is, if chosen, the same state. A hostile
+    participant with a record moves the sums by at most its weight times its move: it can
+    swing the choice only among points that are close to even, and each swing costs its
+    victims an attempt under the cooldown and the cap."""
+    score = {
+        p: sum(
+            weights[q] * _euclidean(sketch, other)
+            for q, other in sorted(sketches.items())
+            if q != p and weights.get(q, 0) > 0
+        )
+        for p, sketch in sketches.items()
+    }
+    candidates = sorted(p for p in eligible if weights.get(p, 0) > 0 and p in score)
+    if not candidates:
+        return None
+    return min(candidates, key=lambda p: (score[p], p))
+
+
+def _euclidean(a: tuple[float, ...], b: tuple[float, ...]) -> float:
+    if len(a) != len(b):
+        return math.inf
+    distance = math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b, strict=True)))
+    return distance if math.isfinite(distance) else math.inf
 
 
 def shared_distances(mine: list[Sighting], theirs: list[Sighting]) -> list[tuple[float, float]]:
@@ -212,7 +290,8 @@ class RealignPolicy:
         self.self_id = self_id
         self._participants: dict[str, _Participant] = {}
         self._weights: dict[str, int] = {}
-        self._attempts: list[float] = []
+        self._attempts: list[tuple[float, bool]] = []
+        """(when, whether a settle) of the attempts in the window."""
         self.num_realigned = 0
         """Realignments that loaded a donor's state."""
         self.num_refused = 0
@@ -270,17 +349,22 @@ class RealignPolicy:
         """Realign now, and from whom, or None: this node is not the donor, drifted more than
         the threshold from it at their two latest shared digests, seen a period apart or more,
         and neither the cooldown nor the cap forbids it."""
-        if not self._may_attempt(now):
+        decision = self._candidate()
+        if decision is None or not self._may_attempt(now, settle=decision.settle):
             return None
-        donor = self.donor()
+        return decision
+
+    def _candidate(self) -> Realign | None:
         mine = self._participants.get(self.self_id)
-        if donor is None or donor == self.self_id or mine is None:
+        if mine is None or not mine.sightings:
+            return None
+        if mine.sightings[-1].until - mine.sightings[-1].at >= self.config.period_s:
+            return self._settle(mine.sightings)  # the applied set holds at one digest
+        donor = self.donor()
+        if donor is None or donor == self.self_id:
             return None
         theirs = self._participants[donor].sightings
         threshold, period = self.config.threshold, self.config.period_s
-        held = held_distance(mine.sightings, theirs)
-        if held is not None and held[0] > threshold and held[1] >= period:
-            return Realign(donor, held[0])  # one applied set, apart for a period or more
         shared = shared_distances(mine.sightings, theirs)
         if len(shared) < 2:
             return None
@@ -291,9 +375,90 @@ class RealignPolicy:
             return None
         return Realign(donor, latest)
 
-    def started(self, now: float) -> None:
+    def settle_donor(self) -> str | None:
+        """At the digest this node's replica was seen at last: the participant every replica
+        seen there settles to (settle_donor over the participants seen there last)."""
+        there = self._latest_at_own_digest()
+        eligible = [p for p in there if self._participants[p].serves_state]
+        return settle_donor(there, self._weights, eligible)
+
+    def _latest_at_own_digest(self) -> dict[str, tuple[float, ...]]:
+        """The sketches of the participants seen last at this node's latest digest."""
+        mine = self._participants.get(self.self_id)
+        if mine is None or not mine.sightings:
+            return {}
+        own = mine.sightings[-1]
+        return {
+            p: v.sightings[-1].sketch
+            for p, v in self._participants.items()
+            if v.sightings
+            and v.sightings[-1].digest == own.digest
+            and len(v.sightings[-1].sketch) == len(own.sketch)
+        }
+
+    def _settle(self, mine: list[Sighting]) -> Realign | None:
+        """This node's replica held at one digest for a period: realign to the settle donor
+        when apart from it beyond the threshold for a period (as at moving digests), or
+        beyond float rounding for `settle_periods`."""
+        donor = self.settle_donor()
+        if donor is None or donor == self.self_id:
+            return None
+        held = held_distance(mine, self._participants[donor].sightings)
+        if held is None:
+            return None
+        distance, together = held
+        period = self.config.period_s
+        if distance > self.config.threshold and together >= period:
+            return Realign(donor, distance)  # one applied set, apart for a period or more
+        if distance <= self.config.settle_tolerance:
+            return None
+        sources = self._sources(donor)
+        rank, wave = self._settle_rank(donor), self.config.settle_wave * len(sources)
+        wait = self.config.settle_periods + (rank // wave) * self.config.settle_stagger_periods
+        if together >= wait * period:
+            source = sources[(rank // self.config.settle_wave) % len(sources)]
+            return Realign(source, distance, settle=True)
+        return None
+
+    def _sources(self, donor: str) -> list[str]:
+        """Who serves the donor's state: the donor and the participants at its point (those
+        that settled to it: the same state), with a record and serving state, the latest to
+        get there first (a donor keeps the states it served for minutes and serves two at
+        once, dht.state_parts: each replica that settles adds two slots). Which of them
+        serves whom changes no end point, so it need not be alike on every replica."""
+        there = self._latest_at_own_digest()
+        point = there[donor]
+        clones = [
+            p
+            for p, sketch in there.items()
+            if p not in (donor, self.self_id)
+            and self._weights.get(p, 0) > 0
+            and self._participants[p].serves_state
+            and (d := relative_distance(list(sketch), list(point))) is not None
+            and d <= self.config.settle_tolerance
+        ]
+        arrived = {p: self._participants[p].sightings[-1].at for p in clones}
+        return [*sorted(clones, key=lambda p: (-arrived[p], p)), donor]
+
+    def _settle_rank(self, donor: str) -> int:
+        """This node's rank among the replicas apart from the donor's point (by peer id;
+        those that settled are at the donor's point and drop out)."""
+        config = self.config
+        there = self._latest_at_own_digest()
+        point = there.get(donor)
+        apart = sorted(
+            p
+            for p, sketch in there.items()
+            if p != donor
+            and point is not None
+            and (d := relative_distance(list(sketch), list(point))) is not None
+            and d > config.settle_tolerance
+        )
+        return apart.index(self.self_id) if self.self_id in apart else 0
+
+    def started(self, now: float, *, settle: bool = False) -> None:
         """An attempt began: the cooldown and the cap count from `now`."""
-        self._attempts.append(now)
+        self._attempts.append((now, settle))
 
     def finished(self, *, loaded: bool) -> None:
         """The attempt loaded the donor's state (this replica's sightings are moot: a new
@@ -304,12 +469,20 @@ class RealignPolicy:
         else:
             self.num_refused += 1
 
-    def _may_attempt(self, now: float) -> bool:
-        window = now - self.config.attempts_window_s
-        self._attempts = [t for t in self._attempts if t > window]
-        if len(self._attempts) >= self.config.max_attempts:
+    def _may_attempt(self, now: float, *, settle: bool) -> bool:
+        """A realignment: `max_attempts` per window, `cooldown_s` after any attempt. A settle:
+        `max_settles` per window besides (realignments while training must not spend the
+        settle's), `settle_cooldown_periods` after any attempt (a refused one: the donor was
+        busy serving two others)."""
+        config = self.config
+        window = now - config.attempts_window_s
+        self._attempts = [a for a in self._attempts if a[0] > window]
+        kind = [t for t, was_settle in self._attempts if was_settle == settle]
+        cap = config.max_settles if settle else config.max_attempts
+        if len(kind) >= cap:
             return False
-        return not self._attempts or now - self._attempts[-1] >= self.config.cooldown_s
+        cooldown = config.settle_cooldown_periods * config.period_s if settle else config.cooldown_s
+        return not self._attempts or now - self._attempts[-1][0] >= cooldown
 
 
 def lacking_retained(retained: RetainedUpdates, applied: AppliedSet) -> list[tuple[str, int]]:

@@ -274,7 +274,7 @@ class Swarm:
             return
         decision = self.realignment.decide(now)
         if decision is not None:
-            self.realignment.started(now)
+            self.realignment.started(now, settle=decision.settle)
             self._realigning = self.network.spawn(self._realign(decision))
 
     async def _realign(self, decision: Realign) -> None:
@@ -282,8 +282,8 @@ class Swarm:
         then offer the retained updates again: those the donor had not applied yet, this
         node's own among them, end up applied here too."""
         logger.info(
-            "settled point %.4f from %s's at one applied set: realigning", decision.distance,
-            decision.donor,
+            "settled point %.6f from %s's at one applied set: realigning%s", decision.distance,
+            decision.donor, " (settle)" if decision.settle else "",
         )  # fmt: skip
         try:
             stats = await self.transfer.realign(decision.donor)
@@ -292,8 +292,8 @@ class Swarm:
         self.realignment.finished(loaded=stats is not None)
         if stats is None:
             self.on_event(
-                "realign_refused", donor=decision.donor, distance=round(decision.distance, 6),
-                num_refused=self.realignment.num_refused,
+                "realign_refused", donor=decision.donor, distance=round(decision.distance, 9),
+                settle=decision.settle, num_refused=self.realignment.num_refused,
             )  # fmt: skip
             return
         await asyncio.to_thread(self.on_realigned)
@@ -303,7 +303,8 @@ class Swarm:
         self.on_event(
             "realigned",
             donor=decision.donor,
-            distance_before=round(decision.distance, 6),
+            distance_before=round(decision.distance, 9),
+            settle=decision.settle,
             seconds=round(stats.seconds, 3),
             megabytes=round(stats.num_bytes / 1e6, 3),
             lacking=[list(uid) for uid in lacking[:MAX_LISTED]],
