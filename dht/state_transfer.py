@@ -30,7 +30,7 @@ from dht.network import SwarmNetwork
 from dht.p2pd import DialError
 from dht.reachability import path_rank
 from dht.rejections import Rejections
-from dht.resumable import fetch_resumable, parse_offset, part_answer
+from dht.resumable import PART_BYTES, fetch_resumable, parse_offset, part_answer
 from dht.state_check import (
     StateCheckError,
     StateVerdict,
@@ -169,6 +169,7 @@ class StateTransfer:
                 await send_refusal(writer, BUSY)
             else:
                 await send_blob(writer, part_answer(blob, offset))
+                self._states.served(key, offset + PART_BYTES)
         except (TransportError, OSError, TimeoutError, ValueError) as exc:
             logger.debug("state part request failed: %s", exc)
 

@@ -266,6 +266,17 @@ def test_a_kept_state_is_dropped_after_its_newcomer_falls_silent() -> None:
     assert states.get(("a", "0" * 16), now=2 * KEEP_S) is None
 
 
+def test_a_state_served_to_its_end_makes_room_for_the_next_download() -> None:
+    states = SerializedStates(max_states=1)
+    states.put(("a", "0" * 16), b"xyz", now=0.0)
+    states.served(("a", "0" * 16), end=2)  # a part short of the end: still downloading
+    assert states.admit("b", now=1.0) is False
+    states.served(("a", "0" * 16), end=3)
+    assert states.get(("a", "0" * 16), now=2.0) == b"xyz"  # kept while no one needs the room
+    assert states.admit("b", now=3.0) is True  # then evicted, not "busy" for KEEP_S
+    assert states.get(("a", "0" * 16), now=3.0) is None and len(states) == 0
+
+
 def test_a_newcomer_holds_one_state_and_starts_few_downloads() -> None:
     states = SerializedStates(max_states=2)
     for i in range(3):  # its burst: each new download replaces its last
