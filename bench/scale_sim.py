@@ -322,7 +322,8 @@ class Simulation:
         piece_bytes = [
             self.codec.payload_bytes(e - s) for s, e in shard_bounds(self.numel, len(peers))
         ]
-        meta, header_bytes = 16 + 65 * plan.num_shards, []
+        meta = 16 + 65 * plan.num_shards
+        header_bytes: list[int] = []
         delivered: set[tuple[str, int, str]] = set()
 
         def receive(peer: str, num_bytes: float) -> None:
