@@ -378,7 +378,9 @@ class RealignPolicy:
     def settle_donor(self) -> str | None:
         """At the digest this node's replica was seen at last: the participant every replica
         seen there settles to (settle_donor over the participants seen there last)."""
-        there = self._latest_at_own_digest()
+        return self._settle_donor(self._latest_at_own_digest())
+
+    def _settle_donor(self, there: dict[str, tuple[float, ...]]) -> str | None:
         eligible = [p for p in there if self._participants[p].serves_state]
         return settle_donor(there, self._weights, eligible)
 
@@ -400,7 +402,8 @@ class RealignPolicy:
         """This node's replica held at one digest for a period: realign to the settle donor
         when apart from it beyond the threshold for a period (as at moving digests), or
         beyond float rounding for `settle_periods`."""
-        donor = self.settle_donor()
+        there = self._latest_at_own_digest()
+        donor = self._settle_donor(there)
         if donor is None or donor == self.self_id:
             return None
         held = held_distance(mine, self._participants[donor].sightings)
@@ -412,47 +415,49 @@ class RealignPolicy:
             return Realign(donor, distance)  # one applied set, apart for a period or more
         if distance <= self.config.settle_tolerance:
             return None
-        sources = self._sources(donor)
-        rank, wave = self._settle_rank(donor), self.config.settle_wave * len(sources)
+        to_donor = self._to_donor(there, donor)
+        sources = self._sources(donor, to_donor)
+        rank, wave = (
+            self._settle_rank(donor, to_donor),
+            self.config.settle_wave * len(sources),
+        )
         wait = self.config.settle_periods + (rank // wave) * self.config.settle_stagger_periods
         if together >= wait * period:
             source = sources[(rank // self.config.settle_wave) % len(sources)]
             return Realign(source, distance, settle=True)
         return None
 
-    def _sources(self, donor: str) -> list[str]:
+    def _to_donor(self, there: dict[str, tuple[float, ...]], donor: str) -> dict[str, float]:
+        """Each participant's distance to `donor`'s point (those that can be compared)."""
+        point = list(there[donor])
+        return {
+            p: d
+            for p, sketch in there.items()
+            if (d := relative_distance(list(sketch), point)) is not None
+        }
+
+    def _sources(self, donor: str, to_donor: dict[str, float]) -> list[str]:
         """Who serves the donor's state: the donor and the participants at its point (those
         that settled to it: the same state), with a record and serving state, the latest to
-        get there first (a donor keeps the states it served for minutes and serves two at
-        once, dht.state_parts: each replica that settles adds two slots). Which of them
-        serves whom changes no end point, so it need not be alike on every replica."""
-        there = self._latest_at_own_digest()
-        point = there[donor]
+        get there first (a donor serves two downloads at once, dht.state_parts: each
+        replica that settles adds two slots). Which of them serves whom changes no end
+        point, so it need not be alike on every replica."""
         clones = [
             p
-            for p, sketch in there.items()
-            if p not in (donor, self.self_id)
+            for p, d in to_donor.items()
+            if d <= self.config.settle_tolerance
+            and p not in (donor, self.self_id)
             and self._weights.get(p, 0) > 0
             and self._participants[p].serves_state
-            and (d := relative_distance(list(sketch), list(point))) is not None
-            and d <= self.config.settle_tolerance
         ]
         arrived = {p: self._participants[p].sightings[-1].at for p in clones}
         return [*sorted(clones, key=lambda p: (-arrived[p], p)), donor]
 
-    def _settle_rank(self, donor: str) -> int:
+    def _settle_rank(self, donor: str, to_donor: dict[str, float]) -> int:
         """This node's rank among the replicas apart from the donor's point (by peer id;
         those that settled are at the donor's point and drop out)."""
-        config = self.config
-        there = self._latest_at_own_digest()
-        point = there.get(donor)
         apart = sorted(
-            p
-            for p, sketch in there.items()
-            if p != donor
-            and point is not None
-            and (d := relative_distance(list(sketch), list(point))) is not None
-            and d > config.settle_tolerance
+            p for p, d in to_donor.items() if p != donor and d > self.config.settle_tolerance
         )
         return apart.index(self.self_id) if self.self_id in apart else 0
 
