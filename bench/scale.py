@@ -362,6 +362,33 @@ def _figures(
         "final_digests": len({h.applied_digest for h in last_beats}),
         "sized_differently": sized_differently([s.current.events for s in slots]),
         "rejections": dict(sum((Counter(h.rejections) for h in last_beats), Counter())),
+        **exit_figures([s.current.events for s in slots]),
+    }
+
+
+def exit_figures(per_node: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """The replicas as the nodes left them, from each node's own `stopped` event (its last
+    process's): independent of the DHT observer, whose reads time out at load ~40 (16 nodes on
+    2 cores). `converged_at_exit`: every node stopped on its own and all hold one applied set;
+    `exit_drift`: the largest relative distance between sketches of one applied set."""
+    stops = [
+        next((e for e in reversed(es) if e.get("event") == "stopped"), None) for es in per_node
+    ]
+    final = [e for e in stops if e is not None and e.get("applied_digest")]
+    digests = {e["applied_digest"] for e in final}
+    distances = [
+        relative_distance(list(a["sketch"]), list(b["sketch"]))
+        for i, a in enumerate(final)
+        for b in final[i + 1 :]
+        if a["applied_digest"] == b["applied_digest"]
+    ]
+    known = [d for d in distances if d is not None]
+    return {
+        "exit_reported": len(final),
+        "exit_digests": len(digests),
+        "exit_num_applied": sorted(e["num_applied"] for e in final),
+        "exit_drift": round(max(known), 5) if known else None,
+        "converged_at_exit": bool(final) and len(final) == len(per_node) and len(digests) == 1,
     }
 
 

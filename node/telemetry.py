@@ -176,7 +176,19 @@ class Telemetry:
         self._codec = choice.codec
 
     def stopped(self, reason: str) -> None:
-        self.events.emit("stopped", round=self.stats.round, reason=reason, seq=self.stats.seq)
+        """The last event: with the replica as this node leaves it (its applied set, count and
+        sketch), so a run can be judged from the nodes' own logs when the DHT is too slow."""
+        self.record_replica()
+        view = self.stats.snapshot().replica
+        self.events.emit(
+            "stopped",
+            round=self.stats.round,
+            reason=reason,
+            seq=self.stats.seq,
+            applied_digest=view.applied_digest,
+            num_applied=view.num_applied,
+            sketch=list(view.sketch),
+        )
 
     def report_step(self, round_: int, step: int, planned_steps: int, stats: StepStats) -> None:
         self.events.progress(
