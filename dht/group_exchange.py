@@ -18,7 +18,8 @@ member still waiting on the round fetches it from the notifier only when it cann
 by itself (`done_action`: another included set, or co-signatures late) and adopts it; a
 peer outside the group hands the id to the gossip (`offer`), whose catch-up fetches it once
 from one holder and merges it. `group-update` (a pushed whole update) is still served, for
-nodes of session 10.
+nodes of session 10. Since session 14 the notice is signed by its notifier and what one
+may make this node want is bounded (dht.group_notice); an unsigned one is refused, counted.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dht.budget import StreamLimits
+from dht.group_notice import SignedDone, decode_notice, notice_max_bytes, notice_refusal
 from dht.grouping import member_check
 from dht.grouping_census import SenderBook
 from dht.grouping_round import (
@@ -44,11 +46,9 @@ from dht.grouping_round import (
     RoundId,
     cosign_max_bytes,
     decode_cosign,
-    decode_done,
     decode_part,
     decode_update,
     done_action,
-    done_max_bytes,
     encode_part,
     part_max_bytes,
     update_max_bytes,
@@ -149,6 +149,8 @@ class GroupExchange:
         self._on_notice: set[RoundId] = set()
         """Rounds a group-done notice is being acted on for (one at a time per round)."""
         self._settled: OrderedDict[RoundId, bool] = OrderedDict()
+        self._lists: OrderedDict[tuple[str, int], frozenset[str]] = OrderedDict()
+        """(group key, epoch) -> the member list this node ran that group's rounds with."""
         """Rounds this node ran and ended: whether it ended holding the complete update."""
         self._rounds: dict[RoundId, GroupRound | ShardedRound] = {}
         self._held_pieces: OrderedDict[RoundId, dict[tuple[str, int], Piece]] = OrderedDict()
@@ -353,23 +355,34 @@ class GroupExchange:
                 await self._hold(update)
 
     async def rpc_done(self, info: Any, reader: Any, writer: Any) -> None:
-        """A member's notice that it completed a round: fetched from it if this node's own
-        round needs the update, offered to the gossip if this node merges it as any replica,
-        ignored if this node holds it (dht.grouping_round.done_action)."""
+        """A member's signed notice that it completed a round (dht.group_notice: refused and
+        counted unless signed by its sender, a member of the round and of this node's list of
+        its group, and at most one round past the highest this node knows): fetched from it if
+        this node's own round needs the update, offered to the gossip if this node merges it
+        as any replica, ignored if this node holds it (dht.grouping_round.done_action)."""
         sender = str(info.peer_id)
-        blob = await self._receive("group_done", sender, reader, done_max_bytes())
+        blob = await self._receive("group_done", sender, reader, notice_max_bytes())
         if blob is None:
             return
         try:
-            done = decode_done(blob)
+            notice = decode_notice(blob)
         except GroupMessageError as exc:
             self._reject(f"group_done_{exc.reason}", sender, str(exc))
             return
-        if not member_check(self.run_id, done.group_key)(sender) or sender not in done.included:
-            self._reject("group_done_not_a_member", sender, "a notice for a round it is not in")
-            return
+        done = notice.done
         if done.round_id in self._on_notice:
             return  # another member's notice of the round is being acted on
+        reason = notice_refusal(
+            notice,
+            sender,
+            self.run_id,
+            in_group=member_check(self.run_id, done.group_key),
+            members=self._lists.get((done.group_key, done.epoch)),
+            highest_round=max(self.highest_round.values(), default=-1),
+        )
+        if reason is not None:
+            self._reject(f"group_done_{reason}", sender, f"{done.round_id}")
+            return
         self._on_notice.add(done.round_id)  # at most one per round this node runs or ran
         self._spawn(self._on_done(sender, done))  # a wait and a fetch outlast the stream
 
@@ -550,6 +563,7 @@ class GroupExchange:
         if rid in self._rounds:
             raise ValueError(f"group round {rid} is already running")
         self._rounds[rid], wake = member, asyncio.Event()
+        self._remember_list(rid, member.members)
         self._wakes[rid] = wake
         self._note_round(header)
         try:
@@ -574,10 +588,19 @@ class GroupExchange:
         self._settle(rid, isinstance(outcome, GroupUpdate))  # applied here either way
         if isinstance(outcome, GroupUpdate):
             await self._hold(outcome)
-            notice = Done.of(outcome).to_bytes()
+            notice = SignedDone.of(Done.of(outcome), self.identity, self.run_id).to_bytes()
             for peer in push_targets(member, outcome, self._live_peers()):
                 self._spawn(self._send(peer, "group-done", notice, SEND_TIMEOUT_S))
         return outcome
+
+    def _remember_list(self, rid: RoundId, members: frozenset[str]) -> None:
+        """The member list this node ran a round of (group key, epoch) with (joined by the
+        lists of later rounds of that epoch): who may notify this node of that group's rounds."""
+        key = rid[:2]
+        self._lists[key] = self._lists.get(key, frozenset()) | members
+        self._lists.move_to_end(key)
+        if len(self._lists) > MAX_SETTLED_ROUNDS:
+            self._lists.popitem(last=False)
 
     def _settle(self, rid: RoundId, holds: bool) -> None:
         self._settled[rid] = holds
