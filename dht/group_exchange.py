@@ -38,6 +38,7 @@ from dht.budget import StreamLimits
 from dht.group_notice import SignedDone, decode_notice, notice_max_bytes, notice_refusal
 from dht.grouping import member_check
 from dht.grouping_census import SenderBook
+from dht.grouping_patience import RESEND_AFTER_S, SendRetry, send_timeout_s
 from dht.grouping_round import (
     Cosign,
     Done,
@@ -527,11 +528,11 @@ class GroupExchange:
             while not member.done:
                 for shard, peer in member.piece_sends():
                     blob = encode_piece(header, digests, shard, member.pieces[shard], piece_codec)
-                    self._spawn(self._send(peer, "group-piece", blob, max(wait_s, 1.0)))
-                for out in member.tick(time.monotonic()):
+                    self._spawn(self._send_piece(member, peer, blob, max(wait_s, 1.0)))
+                for out in member.tick(time.monotonic(), self._is_alive):
                     blob = out.to_bytes(shard_codec(out.tensor))
                     for peer in member.recipients():
-                        self._spawn(self._send_shard(member, rid, peer, blob))
+                        self._spawn(self._send_shard(member, rid, peer, blob, cosign_s))
                 if member.phase is Phase.REDUCING:
                     for peer in member.missing_reducers():
                         if peer != member.me and not self._is_alive(peer):
@@ -572,12 +573,33 @@ class GroupExchange:
             self._rounds.pop(rid, None)
             self._wakes.pop(rid, None)
 
-    async def _send_shard(self, member: ShardedRound, rid: RoundId, peer: str, blob: bytes) -> None:
-        """A reduced shard to an included member; one whose stream fails, with a shard of
-        its own missing, is lost (the round retries without it)."""
-        sent = await self._send(peer, "group-shard", blob, SEND_TIMEOUT_S)
-        if not sent and not member.done and member.on_lost(peer) and rid in self._wakes:
-            self._wakes[rid].set()
+    async def _send_piece(
+        self, member: ShardedRound, peer: str, blob: bytes, timeout_s: float
+    ) -> None:
+        """A piece to its shard's member or reducer, tried again after a failure
+        (dht.grouping_patience.SendRetry): a reducer missing one piece holds up the round."""
+        retry = SendRetry()
+        while not member.done and not await self._send(peer, "group-piece", blob, timeout_s):
+            if not retry.failed():
+                return
+            await asyncio.sleep(RESEND_AFTER_S)
+
+    async def _send_shard(
+        self, member: ShardedRound, rid: RoundId, peer: str, blob: bytes, cosign_s: float
+    ) -> None:
+        """A reduced shard to an included member, tried again after a failure; one that every
+        try failed to reach, with a shard of its own missing, is lost (the round retries
+        without it). One failure alone is not a loss: the others reached it and go on with
+        the included set this member would leave (session 13's runs)."""
+        retry, timeout_s = SendRetry(), send_timeout_s(cosign_s)
+        while not await self._send(peer, "group-shard", blob, timeout_s):
+            if member.done or peer not in member.recipients():
+                return
+            if not retry.failed():
+                if member.on_lost(peer) and rid in self._wakes:
+                    self._wakes[rid].set()
+                return
+            await asyncio.sleep(RESEND_AFTER_S)
 
     async def _finish(
         self, rid: RoundId, member: GroupRound | ShardedRound
