@@ -58,7 +58,7 @@ def test_a_send_is_tried_max_send_tries_times() -> None:
     assert [retry.failed() for _ in range(MAX_SEND_TRIES)] == [True] * (MAX_SEND_TRIES - 1) + [
         False
     ]
-    assert send_timeout_s(10.0) * MAX_SEND_TRIES <= 2 * 10.0
+    assert send_timeout_s(10.0) * MAX_SEND_TRIES + 2 * 1.0 <= 2 * 10.0
 
 
 # ---- whole rounds with slow and dead reducers --------------------------------------------
