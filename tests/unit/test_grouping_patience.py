@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import dht.group_exchange as group_exchange
+import dht.group_exchange_shards as group_exchange_shards
 from dht.group_exchange import GroupExchange
 from dht.grouping_patience import MAX_SEND_TRIES, CosignClock, SendRetry, send_timeout_s
 from dht.grouping_shards import ShardedRound, decode_piece, decode_shard, encode_piece, shard_codec
@@ -190,7 +190,7 @@ def _exchange(fails: int) -> tuple[GroupExchange, list[str]]:
 def test_a_shard_send_that_fails_is_tried_again_before_its_peer_is_lost(
     fails: int, lost: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(group_exchange, "RESEND_AFTER_S", 0.0)
+    monkeypatch.setattr(group_exchange_shards, "RESEND_AFTER_S", 0.0)
     rounds = _rounds(3)
     member = rounds[IDS[0].peer_id]
     for other in list(rounds.values())[1:]:
