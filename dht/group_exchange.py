@@ -108,6 +108,7 @@ class GroupExchange(ShardedExchange):
         on_received: Callable[[str, str, int], None] | None = None,
         offer: Callable[[str, int, str], object] | None = None,
         fetch: Callable[[str, str, int], Awaitable[bytes | None]] | None = None,
+        applied_seq: Callable[[str], int] | None = None,
     ) -> None:
         """`live_peers`: the live peers' ids (a completed update's pushes go to them);
         `on_update`: takes a group update this node is not a member of the round of (run off
@@ -116,7 +117,9 @@ class GroupExchange(ShardedExchange):
         (kind, sender, bytes) of each part and update that parsed (what bench.scale counts);
         `offer`: (group key, seq, holder) of a completed round's update this node should fetch
         as any replica (the gossip's catch-up); `fetch`: (peer, group key, seq) -> the update's
-        wire bytes from that peer, or None (the gossip's `update` stream)."""
+        wire bytes from that peer, or None (the gossip's `update` stream); `applied_seq`:
+        group key -> the highest seq of its updates this replica applied (0: none), what a
+        group-done notice of a group ahead of this node's is bounded by (dht.group_notice)."""
         self.network = network
         self.identity = network.identity
         self.run_id = network.config.run_id
@@ -129,6 +132,7 @@ class GroupExchange(ShardedExchange):
         self._on_received = on_received
         self._offer = offer
         self._fetch = fetch
+        self._applied_seq = applied_seq
         self._on_notice: set[RoundId] = set()
         """Rounds a group-done notice is being acted on for (one at a time per round)."""
         self._settled: OrderedDict[RoundId, bool] = OrderedDict()
@@ -301,13 +305,22 @@ class GroupExchange(ShardedExchange):
             self.run_id,
             in_group=member_check(self.run_id, done.group_key),
             members=self._lists.get((done.group_key, done.epoch)),
-            highest_round=max(self.highest_round.values(), default=-1),
+            highest_round=self._highest_known(done.group_key),
         )
         if reason is not None:
             self._reject(f"group_done_{reason}", sender, f"{done.round_id}")
             return
         self._on_notice.add(done.round_id)  # at most one per round this node runs or ran
         self._spawn(self._on_done(sender, done))  # a wait and a fetch outlast the stream
+
+    def _highest_known(self, group_key: str) -> int:
+        """The highest round of a group this node has evidence of other than notices: its
+        own rounds and verified parts and pieces (any group: they count rounds alike), and
+        the group's updates its replica applied (seq = round + 1: a group ahead of this
+        node's is followed one round at a time, by updates co-signed by its members)."""
+        own = max(self.highest_round.values(), default=-1)
+        applied = self._applied_seq(group_key) - 1 if self._applied_seq is not None else -1
+        return max(own, applied)
 
     async def _on_done(self, sender: str, done: Done) -> None:
         try:

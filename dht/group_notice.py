@@ -15,11 +15,14 @@ gossip's catch-up, which wanted it from the notifier and counted it lost when no
   notice).
 - **Bounded** (`notice_refusal`): the signer is the stream's sender, inside the group's prefix,
   in the round's included set and, when this node knows the epoch's member list of that group
-  (it ran a round of it), in that list; and the round is at most one past the highest group
-  round this node has evidence of other than notices (its own rounds, verified parts and
-  pieces: groups count rounds alike). A notice never raises that bound, so a member cannot
-  walk it up one notice at a time. What a notice can make a peer want is then one id of a
-  round its group may really have completed; what is fetched is checked as every update is.
+  (it ran a round of it), in that list; and the round is at most one past the highest round
+  this node has evidence of other than notices: its own rounds, verified parts and pieces
+  (groups count rounds alike), and that group's updates its replica applied (groups drift
+  apart: session 14's run had one group 10 rounds ahead of the other, whose notices the
+  bound without the replica refused 102 times). A notice never raises that bound, so a
+  member cannot walk it up one notice at a time; an update its group co-signed does. What a
+  notice can make a peer want is then one id of a round its group may really have
+  completed; what is fetched is checked as every update is.
 """
 
 from __future__ import annotations

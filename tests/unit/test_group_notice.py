@@ -135,7 +135,9 @@ class _Info:
         self.peer_id = peer_id
 
 
-def _node(me: Identity) -> tuple[GroupExchange, list[tuple[str, int, str]], list[str]]:
+def _node(
+    me: Identity, applied: dict[str, int] | None = None
+) -> tuple[GroupExchange, list[tuple[str, int, str]], list[str]]:
     offers: list[tuple[str, int, str]] = []
     rejected: list[str] = []
     network = SimpleNamespace(identity=me, config=SimpleNamespace(run_id=RUN))
@@ -145,6 +147,7 @@ def _node(me: Identity) -> tuple[GroupExchange, list[tuple[str, int, str]], list
         reject=lambda reason, peer, detail: rejected.append(reason),
         is_alive=lambda _: True,
         offer=lambda key, seq, holder: offers.append((key, seq, holder)),
+        applied_seq=lambda key: (applied or {}).get(key, 0),
     )
     return node, offers, rejected
 
@@ -200,3 +203,16 @@ def test_a_forged_or_inflated_notice_makes_this_node_want_nothing(
         assert offers == [(KEY, round_ + 1, sender.peer_id)] and not rejected
     else:
         assert offers == [] and len(rejected) == 1
+
+
+def test_a_group_ahead_is_followed_one_round_past_what_the_replica_applied() -> None:
+    """Groups drift apart (session 14's run: one group 10 rounds ahead). A notice of a group
+    ahead of this node's own is taken one round past that group's last applied update."""
+    me, signer = OUTSIDE[-1], INSIDE[0]
+    included = tuple(sorted(i.peer_id for i in INSIDE[:2]))
+    node, offers, rejected = _node(me, applied={KEY: 15})  # rounds up to 14 applied
+    node.highest_round["groups.0b1"] = 4  # this node's own group is at round 4
+    for round_ in (15, 16):
+        notice = SignedDone.of(Done(KEY, 1, round_, included), signer, RUN)
+        asyncio.run(_deliver(node, signer.peer_id, notice.to_bytes()))
+    assert offers == [(KEY, 16, signer.peer_id)] and rejected == ["group_done_too_far"]
