@@ -18,7 +18,8 @@ member still waiting on the round fetches it from the notifier only when it cann
 by itself (`done_action`: another included set, or co-signatures late) and adopts it; a
 peer outside the group hands the id to the gossip (`offer`), whose catch-up fetches it once
 from one holder and merges it. `group-update` (a pushed whole update) is still served, for
-nodes of session 10.
+nodes of session 10. Since session 14 the notice is signed by its notifier and what one
+may make this node want is bounded (dht.group_notice); an unsigned one is refused, counted.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dht.budget import StreamLimits
+from dht.group_exchange_shards import PIECE_LIMITS, SHARD_LIMITS, ShardedExchange, until_due
+from dht.group_notice import SignedDone, decode_notice, notice_max_bytes, notice_refusal
 from dht.grouping import member_check
 from dht.grouping_census import SenderBook
 from dht.grouping_round import (
@@ -44,25 +47,14 @@ from dht.grouping_round import (
     RoundId,
     cosign_max_bytes,
     decode_cosign,
-    decode_done,
     decode_part,
     decode_update,
     done_action,
-    done_max_bytes,
     encode_part,
     part_max_bytes,
     update_max_bytes,
 )
-from dht.grouping_shards import (
-    Piece,
-    ShardedRound,
-    decode_piece,
-    decode_shard,
-    encode_piece,
-    piece_max_bytes,
-    shard_codec,
-    shard_max_bytes,
-)
+from dht.grouping_shards import Piece, ShardedRound
 from dht.swarm_config import REQUEST_READ_TIMEOUT_S
 from dht.transport import TooLargeError, TransportError, receive_blob
 from merge.group_update import (
@@ -88,19 +80,10 @@ UPDATE_LIMITS = StreamLimits(rate_per_s=2.0, burst=8.0, max_in_flight=2, deadlin
 DONE_LIMITS = StreamLimits(rate_per_s=4.0, burst=16.0, max_in_flight=4, deadline_s=10.0)
 """Group-done notices a peer may send: one per round it completed (to members and its share
 of the peers outside the group)."""
-PIECE_LIMITS = StreamLimits(rate_per_s=8.0, burst=32.0, max_in_flight=4, deadline_s=120.0)
-"""Pieces a peer may send (--group-scatter): one per round before the deadline, a few more
-re-sent after it (shards of members left out or lost), each a shard of a part."""
-SHARD_LIMITS = StreamLimits(rate_per_s=8.0, burst=32.0, max_in_flight=4, deadline_s=120.0)
-"""Reduced shards a peer may send: its shards of each round, once per attempt."""
-MAX_HELD_PIECES = 64
-"""Pieces held per round before this node opens it (one per member, and a few re-sent)."""
 MAX_SETTLED_ROUNDS = 64
 """Rounds this node ran whose ending (with the update or without) it remembers."""
 MAX_HELD_ROUNDS = 4
 """Rounds whose parts are held before this node opens them (the oldest dropped first)."""
-TICK_S = 0.25
-"""The longest a round waits between looks at its deadlines and its members' liveness."""
 SEND_TIMEOUT_S = 30.0
 COPIES = 2
 """Members that push a complete group update to each live peer outside the group."""
@@ -109,7 +92,7 @@ Reject = Callable[[str, str, str], None]
 """(reason, peer id, detail): a counted rejection of a peer's input."""
 
 
-class GroupExchange:
+class GroupExchange(ShardedExchange):
     """This node's group rounds over the network; one round per (group, epoch, round)."""
 
     def __init__(
@@ -125,6 +108,7 @@ class GroupExchange:
         on_received: Callable[[str, str, int], None] | None = None,
         offer: Callable[[str, int, str], object] | None = None,
         fetch: Callable[[str, str, int], Awaitable[bytes | None]] | None = None,
+        applied_seq: Callable[[str], int] | None = None,
     ) -> None:
         """`live_peers`: the live peers' ids (a completed update's pushes go to them);
         `on_update`: takes a group update this node is not a member of the round of (run off
@@ -133,7 +117,9 @@ class GroupExchange:
         (kind, sender, bytes) of each part and update that parsed (what bench.scale counts);
         `offer`: (group key, seq, holder) of a completed round's update this node should fetch
         as any replica (the gossip's catch-up); `fetch`: (peer, group key, seq) -> the update's
-        wire bytes from that peer, or None (the gossip's `update` stream)."""
+        wire bytes from that peer, or None (the gossip's `update` stream); `applied_seq`:
+        group key -> the highest seq of its updates this replica applied (0: none), what a
+        group-done notice of a group ahead of this node's is bounded by (dht.group_notice)."""
         self.network = network
         self.identity = network.identity
         self.run_id = network.config.run_id
@@ -146,9 +132,12 @@ class GroupExchange:
         self._on_received = on_received
         self._offer = offer
         self._fetch = fetch
+        self._applied_seq = applied_seq
         self._on_notice: set[RoundId] = set()
         """Rounds a group-done notice is being acted on for (one at a time per round)."""
         self._settled: OrderedDict[RoundId, bool] = OrderedDict()
+        self._lists: OrderedDict[tuple[str, int], frozenset[str]] = OrderedDict()
+        """(group key, epoch) -> the member list this node ran that group's rounds with."""
         """Rounds this node ran and ended: whether it ended holding the complete update."""
         self._rounds: dict[RoundId, GroupRound | ShardedRound] = {}
         self._held_pieces: OrderedDict[RoundId, dict[tuple[str, int], Piece]] = OrderedDict()
@@ -269,66 +258,6 @@ class GroupExchange:
             self._reject("group_cosign_refused", sender, "a co-signature not for this round")
         self._wakes[cosign.round_id].set()
 
-    async def rpc_piece(self, info: Any, reader: Any, writer: Any) -> None:
-        """A shard of a member's part (--group-scatter): checked against its author's
-        signature, taken by the round if it runs, else held (bounded) until it opens."""
-        sender = str(info.peer_id)
-        blob = await self._receive("group_piece", sender, reader, piece_max_bytes(self.numel))
-        if blob is None:
-            return
-        try:
-            piece = decode_piece(blob, self.numel)
-            if piece.header.author != sender:
-                raise GroupMessageError("wrong_sender", "a piece relayed for another member")
-            if piece.header.run_id != self.run_id:
-                raise GroupMessageError("wrong_run", f"a piece of run {piece.header.run_id!r}")
-        except GroupMessageError as exc:
-            self._reject(f"group_piece_{exc.reason}", sender, str(exc))
-            return
-        self._received("piece", sender, len(blob))
-        header = piece.header
-        self._book(header)
-        rid = (header.group_key, header.epoch, header.round)
-        member = self._rounds.get(rid)
-        if isinstance(member, ShardedRound):
-            before = dict(member.reduction.rejected)
-            if member.on_piece(piece):
-                self._note_round(header)
-            else:
-                after = member.reduction.rejected
-                reason = next((r for r in after if after[r] != before.get(r)), "refused")
-                self._reject(f"group_piece_{reason}", sender, "a piece this round refused")
-            self._wakes[rid].set()
-            return
-        if member is not None or not member_check(self.run_id, header.group_key)(sender):
-            self._reject("group_piece_not_a_member", sender, "a piece for another round")
-            return
-        if rid in self._settled or not self._is_alive(sender):
-            return  # a round ended here (a late re-send), or a fresh key: nothing held
-        held = self._holding(self._held_pieces, rid)
-        if len(held) < MAX_HELD_PIECES:
-            held.setdefault((sender, piece.shard), piece)
-            self._note_round(header)
-
-    async def rpc_shard(self, info: Any, reader: Any, writer: Any) -> None:
-        """A reduced shard and its reducer's co-signature, for a round this node runs."""
-        sender = str(info.peer_id)
-        blob = await self._receive("group_shard", sender, reader, shard_max_bytes(self.numel))
-        if blob is None:
-            return
-        try:
-            shard = decode_shard(blob, self.numel)
-        except GroupMessageError as exc:
-            self._reject(f"group_shard_{exc.reason}", sender, str(exc))
-            return
-        self._received("shard", sender, len(blob))
-        member = self._rounds.get(shard.round_id)
-        if not isinstance(member, ShardedRound):
-            return  # a round this node is not in (left out, or closed): not a fault
-        if not member.on_shard(sender, shard):
-            self._reject("group_shard_refused", sender, "a reduced shard this round refused")
-        self._wakes[shard.round_id].set()
-
     async def rpc_update(self, info: Any, reader: Any, writer: Any) -> None:
         sender = str(info.peer_id)
         blob = await self._receive("group_update", sender, reader, update_max_bytes(self.numel))
@@ -353,25 +282,45 @@ class GroupExchange:
                 await self._hold(update)
 
     async def rpc_done(self, info: Any, reader: Any, writer: Any) -> None:
-        """A member's notice that it completed a round: fetched from it if this node's own
-        round needs the update, offered to the gossip if this node merges it as any replica,
-        ignored if this node holds it (dht.grouping_round.done_action)."""
+        """A member's signed notice that it completed a round (dht.group_notice: refused and
+        counted unless signed by its sender, a member of the round and of this node's list of
+        its group, and at most one round past the highest this node knows): fetched from it if
+        this node's own round needs the update, offered to the gossip if this node merges it
+        as any replica, ignored if this node holds it (dht.grouping_round.done_action)."""
         sender = str(info.peer_id)
-        blob = await self._receive("group_done", sender, reader, done_max_bytes())
+        blob = await self._receive("group_done", sender, reader, notice_max_bytes())
         if blob is None:
             return
         try:
-            done = decode_done(blob)
+            notice = decode_notice(blob)
         except GroupMessageError as exc:
             self._reject(f"group_done_{exc.reason}", sender, str(exc))
             return
-        if not member_check(self.run_id, done.group_key)(sender) or sender not in done.included:
-            self._reject("group_done_not_a_member", sender, "a notice for a round it is not in")
-            return
+        done = notice.done
         if done.round_id in self._on_notice:
             return  # another member's notice of the round is being acted on
+        reason = notice_refusal(
+            notice,
+            sender,
+            self.run_id,
+            in_group=member_check(self.run_id, done.group_key),
+            members=self._lists.get((done.group_key, done.epoch)),
+            highest_round=self._highest_known(done.group_key),
+        )
+        if reason is not None:
+            self._reject(f"group_done_{reason}", sender, f"{done.round_id}")
+            return
         self._on_notice.add(done.round_id)  # at most one per round this node runs or ran
         self._spawn(self._on_done(sender, done))  # a wait and a fetch outlast the stream
+
+    def _highest_known(self, group_key: str) -> int:
+        """The highest round of a group this node has evidence of other than notices: its
+        own rounds and verified parts and pieces (any group: they count rounds alike), and
+        the group's updates its replica applied (seq = round + 1: a group ahead of this
+        node's is followed one round at a time, by updates co-signed by its members)."""
+        own = max(self.highest_round.values(), default=-1)
+        applied = self._applied_seq(group_key) - 1 if self._applied_seq is not None else -1
+        return max(own, applied)
 
     async def _on_done(self, sender: str, done: Done) -> None:
         try:
@@ -471,60 +420,7 @@ class GroupExchange:
                         if peer != member.me and not self._is_alive(peer):
                             await self._send_cosigns(member, member.on_lost(peer))
                 if not member.done:
-                    await _until(wake, member)
-            return await self._finish(rid, member)
-
-    async def run_sharded(
-        self,
-        header: ContributionHeader,
-        digests: tuple[str, ...],
-        tensor: torch.Tensor,
-        members: Iterable[str],
-        *,
-        wait_s: float,
-        cosign_s: float,
-        config: ReductionConfig | None = None,
-        codec: str = "fp32",
-    ) -> GroupUpdate | Abandoned:
-        """This member's round by reduce-scatter (--group-scatter): shard j of its part to
-        member j, the pieces of its own shards in until the deadline (from when the round's
-        first piece was here), its shards reduced and sent to the included members, theirs
-        in until `cosign_s` later; a reducer lost with a shard missing: retry once without
-        it (pieces re-sent to the shards' new reducers) or abandon. `tensor` is what `codec`
-        decodes (bf16 and fp32 slices re-encode exactly; any other codec's pieces go fp32)."""
-        rid = (header.group_key, header.epoch, header.round)
-        opened_at = self._opened_at(rid, self._held_pieces, wait_s)
-        if opened_at is None:
-            return Abandoned("late")
-        member = ShardedRound(
-            self.identity,
-            header,
-            digests,
-            tensor,
-            members,
-            opened_at=opened_at,
-            wait_s=wait_s,
-            cosign_s=cosign_s,
-            config=config,
-        )
-        piece_codec = codec if codec in ("bf16", "fp32") else "fp32"
-        with self._running(rid, member, header) as wake:
-            for piece in self._held_pieces.pop(rid, {}).values():
-                member.on_piece(piece)
-            while not member.done:
-                for shard, peer in member.piece_sends():
-                    blob = encode_piece(header, digests, shard, member.pieces[shard], piece_codec)
-                    self._spawn(self._send(peer, "group-piece", blob, max(wait_s, 1.0)))
-                for out in member.tick(time.monotonic()):
-                    blob = out.to_bytes(shard_codec(out.tensor))
-                    for peer in member.recipients():
-                        self._spawn(self._send_shard(member, rid, peer, blob))
-                if member.phase is Phase.REDUCING:
-                    for peer in member.missing_reducers():
-                        if peer != member.me and not self._is_alive(peer):
-                            member.on_lost(peer)
-                if not member.done:
-                    await _until(wake, member)
+                    await until_due(wake, member)
             return await self._finish(rid, member)
 
     def _opened_at(
@@ -550,6 +446,7 @@ class GroupExchange:
         if rid in self._rounds:
             raise ValueError(f"group round {rid} is already running")
         self._rounds[rid], wake = member, asyncio.Event()
+        self._remember_list(rid, member.members)
         self._wakes[rid] = wake
         self._note_round(header)
         try:
@@ -557,13 +454,6 @@ class GroupExchange:
         finally:
             self._rounds.pop(rid, None)
             self._wakes.pop(rid, None)
-
-    async def _send_shard(self, member: ShardedRound, rid: RoundId, peer: str, blob: bytes) -> None:
-        """A reduced shard to an included member; one whose stream fails, with a shard of
-        its own missing, is lost (the round retries without it)."""
-        sent = await self._send(peer, "group-shard", blob, SEND_TIMEOUT_S)
-        if not sent and not member.done and member.on_lost(peer) and rid in self._wakes:
-            self._wakes[rid].set()
 
     async def _finish(
         self, rid: RoundId, member: GroupRound | ShardedRound
@@ -574,10 +464,19 @@ class GroupExchange:
         self._settle(rid, isinstance(outcome, GroupUpdate))  # applied here either way
         if isinstance(outcome, GroupUpdate):
             await self._hold(outcome)
-            notice = Done.of(outcome).to_bytes()
+            notice = SignedDone.of(Done.of(outcome), self.identity, self.run_id).to_bytes()
             for peer in push_targets(member, outcome, self._live_peers()):
                 self._spawn(self._send(peer, "group-done", notice, SEND_TIMEOUT_S))
         return outcome
+
+    def _remember_list(self, rid: RoundId, members: frozenset[str]) -> None:
+        """The member list this node ran a round of (group key, epoch) with (joined by the
+        lists of later rounds of that epoch): who may notify this node of that group's rounds."""
+        key = rid[:2]
+        self._lists[key] = self._lists.get(key, frozenset()) | members
+        self._lists.move_to_end(key)
+        if len(self._lists) > MAX_SETTLED_ROUNDS:
+            self._lists.popitem(last=False)
 
     def _settle(self, rid: RoundId, holds: bool) -> None:
         self._settled[rid] = holds
@@ -639,15 +538,6 @@ def push_targets(
         n, i = len(included), included.index(member.me)
         mine = [p for k, p in enumerate(outside) if any((k + c) % n == i for c in range(COPIES))]
     return member.others() + mine
-
-
-async def _until(wake: asyncio.Event, member: GroupRound | ShardedRound) -> None:
-    """Until a message for the round came in, its next deadline, or TICK_S (liveness)."""
-    collecting = member.phase is Phase.COLLECTING
-    due = member.deadline if collecting else member.cosign_deadline
-    wake.clear()
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(wake.wait(), min(TICK_S, max(due - time.monotonic(), 0.0)))
 
 
 def _round_id(update: GroupUpdate) -> RoundId:

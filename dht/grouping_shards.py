@@ -13,18 +13,21 @@ merge.group_shards' and merge.group_plan's.
   dht.grouping_round.GroupRound does for whole parts: pieces in until the deadline, its own
   reduced shards out once their pieces are in, the others' in; a reducer lost with a shard
   missing makes the round retry once without it; shards not all in by the co-sign deadline
-  abandon it. Per member and round: about one part out and one in, plus one update in.
+  abandon it, unless they are one live reducer's (the deadline then moves once:
+  dht.grouping_patience, session 14). Per member and round: about one part out and one in,
+  plus one update in.
 """
 
 from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 
+from dht.grouping_patience import CosignClock
 from dht.grouping_round import (
     MAX_CODEC_NAME,
     MAX_COUNT,
@@ -236,13 +239,18 @@ class ShardedRound:
         self.header, self.digests = header, digests
         self.pieces = torch.tensor_split(tensor.detach().to(torch.float32), len(digests))
         self.deadline = opened_at + wait_s
-        self.cosign_deadline = self.deadline + cosign_s
+        self.clock = CosignClock(self.deadline + cosign_s, extension_s=cosign_s)
         self._sent: set[tuple[int, str]] = set()
         self._shared: set[tuple[tuple[str, ...], int]] = set()
         if not self.reduction.contribute(header, digests):
             raise ValueError(f"own contribution refused: {self.reduction.rejected}")
         for shard, piece in enumerate(self.pieces):
             self.reduction.take_piece(self.me, shard, piece)
+
+    @property
+    def cosign_deadline(self) -> float:
+        """When the round abandons with shards missing (moved once for one late reducer)."""
+        return self.clock.deadline
 
     @property
     def round_id(self) -> RoundId:
@@ -293,9 +301,10 @@ class ShardedRound:
             shard.shard, shard.tensor, shard.signature, shard.included
         )
 
-    def tick(self, now: float) -> list[ReducedShard]:
+    def tick(self, now: float, alive: Callable[[str], bool] = lambda _: True) -> list[ReducedShard]:
         """The deadline (or every member in): close; then this member's shards whose pieces
-        are all in, reduced and co-signed, to share; past the co-sign deadline: abandon."""
+        are all in, reduced and co-signed, to share; past the co-sign deadline: abandon, or
+        wait one more window for one reducer `alive` says is alive (CosignClock)."""
         r = self.reduction
         if r.phase is Phase.COLLECTING and (now >= self.deadline or r.contributors == self.members):
             r.close()
@@ -315,7 +324,7 @@ class ShardedRound:
                 r.take_reduced(shard, tensor, signature)
                 if r.phase is not Phase.REDUCING:
                     break
-        if r.phase is Phase.REDUCING and now >= self.cosign_deadline:
+        if r.phase is Phase.REDUCING and self.clock.expired(now, r.missing_reducers(), alive):
             r.expire()
         return out
 

@@ -83,6 +83,7 @@ class NetworkSwarm:
                 ),
                 offer=swarm.gossip.offer_group,
                 fetch=swarm.gossip.fetch_group,
+                applied_seq=replica.last_seq,
             )
 
     def _group_update(self, update: GroupUpdate) -> bool:

@@ -124,7 +124,7 @@ def test_shards_missing_at_the_cosign_deadline_abandon() -> None:
             ))  # fmt: skip
     assert len(member.tick(5.0)) == 1  # closed with two in: its own shard out, the rest due
     assert member.phase is Phase.REDUCING
-    member.tick(10.0)
+    member.tick(10.0, alive=lambda peer: peer != other.me)  # a late reducer is dead
     assert member.outcome == Abandoned("cosign_timeout")
 
 

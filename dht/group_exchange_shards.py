@@ -1,0 +1,236 @@
+"""The reduce-scatter side of a learner group's round over the network (`--group-scatter`):
+the `group-piece` and `group-shard` streams and the coroutine that drives one member's
+`ShardedRound` (dht.grouping_shards, pure). A mixin of dht.group_exchange.GroupExchange, which
+holds the state it uses (the rounds running here, the pieces held for rounds not opened yet)
+and the streams' plumbing; split out of it in session 14.
+
+Session 14 (dht.grouping_patience): a piece or reduced shard whose send failed is sent again
+(`SendRetry`), and a shard's recipient is declared lost only when every try failed; the
+round's co-sign deadline moves once for one live reducer late with its shard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from dht.budget import StreamLimits
+from dht.grouping import member_check
+from dht.grouping_patience import RESEND_AFTER_S, SendRetry, send_timeout_s
+from dht.grouping_round import GroupMessageError, GroupRound, RoundId
+from dht.grouping_shards import (
+    Piece,
+    ShardedRound,
+    decode_piece,
+    decode_shard,
+    encode_piece,
+    piece_max_bytes,
+    shard_codec,
+    shard_max_bytes,
+)
+from merge.group_update import Abandoned, ContributionHeader, GroupUpdate, Phase, ReductionConfig
+
+if TYPE_CHECKING:
+    from merge.identity import Identity
+
+PIECE_LIMITS = StreamLimits(rate_per_s=8.0, burst=32.0, max_in_flight=4, deadline_s=120.0)
+"""Pieces a peer may send (--group-scatter): one per round before the deadline, a few more
+re-sent after it (shards of members left out or lost), each a shard of a part."""
+SHARD_LIMITS = StreamLimits(rate_per_s=8.0, burst=32.0, max_in_flight=4, deadline_s=120.0)
+"""Reduced shards a peer may send: its shards of each round, once per attempt."""
+MAX_HELD_PIECES = 64
+"""Pieces held per round before this node opens it (one per member, and a few re-sent)."""
+TICK_S = 0.25
+"""The longest a round waits between looks at its deadlines and its members' liveness."""
+
+
+class ShardedExchange:
+    """GroupExchange's reduce-scatter streams and rounds (see the module's docstring)."""
+
+    if TYPE_CHECKING:  # what GroupExchange provides
+        identity: Identity
+        run_id: str
+        numel: int
+        _rounds: dict[RoundId, GroupRound | ShardedRound]
+        _wakes: dict[RoundId, asyncio.Event]
+        _settled: OrderedDict[RoundId, bool]
+        _held_pieces: OrderedDict[RoundId, dict[tuple[str, int], Piece]]
+        _is_alive: Callable[[str], bool]
+        _reject: Callable[[str, str, str], None]
+
+        async def _receive(
+            self, name: str, sender: str, reader: Any, max_bytes: int
+        ) -> bytes | None: ...
+        def _received(self, kind: str, sender: str, num_bytes: int) -> None: ...
+        def _book(self, header: ContributionHeader) -> None: ...
+        def _note_round(self, header: ContributionHeader) -> None: ...
+        def _holding(
+            self, store: OrderedDict[RoundId, dict[Any, Any]], rid: RoundId
+        ) -> dict[Any, Any]: ...
+        def _opened_at(
+            self, rid: RoundId, held: OrderedDict[RoundId, dict[Any, Any]], wait_s: float
+        ) -> float | None: ...
+        def _running(
+            self, rid: RoundId, member: GroupRound | ShardedRound, header: ContributionHeader
+        ) -> contextlib.AbstractContextManager[asyncio.Event]: ...
+        async def _finish(
+            self, rid: RoundId, member: GroupRound | ShardedRound
+        ) -> GroupUpdate | Abandoned: ...
+        async def _send(self, peer: str, name: str, blob: bytes, timeout_s: float) -> bool: ...
+        def _spawn(self, coro: Any) -> None: ...
+
+    async def rpc_piece(self, info: Any, reader: Any, writer: Any) -> None:
+        """A shard of a member's part (--group-scatter): checked against its author's
+        signature, taken by the round if it runs, else held (bounded) until it opens."""
+        sender = str(info.peer_id)
+        blob = await self._receive("group_piece", sender, reader, piece_max_bytes(self.numel))
+        if blob is None:
+            return
+        try:
+            piece = decode_piece(blob, self.numel)
+            if piece.header.author != sender:
+                raise GroupMessageError("wrong_sender", "a piece relayed for another member")
+            if piece.header.run_id != self.run_id:
+                raise GroupMessageError("wrong_run", f"a piece of run {piece.header.run_id!r}")
+        except GroupMessageError as exc:
+            self._reject(f"group_piece_{exc.reason}", sender, str(exc))
+            return
+        self._received("piece", sender, len(blob))
+        header = piece.header
+        self._book(header)
+        rid = (header.group_key, header.epoch, header.round)
+        member = self._rounds.get(rid)
+        if isinstance(member, ShardedRound):
+            before = dict(member.reduction.rejected)
+            if member.on_piece(piece):
+                self._note_round(header)
+            else:
+                after = member.reduction.rejected
+                reason = next((r for r in after if after[r] != before.get(r)), "refused")
+                self._reject(f"group_piece_{reason}", sender, "a piece this round refused")
+            self._wakes[rid].set()
+            return
+        if member is not None or not member_check(self.run_id, header.group_key)(sender):
+            self._reject("group_piece_not_a_member", sender, "a piece for another round")
+            return
+        if rid in self._settled or not self._is_alive(sender):
+            return  # a round ended here (a late re-send), or a fresh key: nothing held
+        held = self._holding(self._held_pieces, rid)
+        if len(held) < MAX_HELD_PIECES:
+            held.setdefault((sender, piece.shard), piece)
+            self._note_round(header)
+
+    async def rpc_shard(self, info: Any, reader: Any, writer: Any) -> None:
+        """A reduced shard and its reducer's co-signature, for a round this node runs."""
+        sender = str(info.peer_id)
+        blob = await self._receive("group_shard", sender, reader, shard_max_bytes(self.numel))
+        if blob is None:
+            return
+        try:
+            shard = decode_shard(blob, self.numel)
+        except GroupMessageError as exc:
+            self._reject(f"group_shard_{exc.reason}", sender, str(exc))
+            return
+        self._received("shard", sender, len(blob))
+        member = self._rounds.get(shard.round_id)
+        if not isinstance(member, ShardedRound):
+            return  # a round this node is not in (left out, or closed): not a fault
+        if not member.on_shard(sender, shard):
+            self._reject("group_shard_refused", sender, "a reduced shard this round refused")
+        self._wakes[shard.round_id].set()
+
+    async def run_sharded(
+        self,
+        header: ContributionHeader,
+        digests: tuple[str, ...],
+        tensor: torch.Tensor,
+        members: Iterable[str],
+        *,
+        wait_s: float,
+        cosign_s: float,
+        config: ReductionConfig | None = None,
+        codec: str = "fp32",
+    ) -> GroupUpdate | Abandoned:
+        """This member's round by reduce-scatter (--group-scatter): shard j of its part to
+        member j, the pieces of its own shards in until the deadline (from when the round's
+        first piece was here), its shards reduced and sent to the included members, theirs
+        in until `cosign_s` later; a reducer lost with a shard missing: retry once without
+        it (pieces re-sent to the shards' new reducers) or abandon. `tensor` is what `codec`
+        decodes (bf16 and fp32 slices re-encode exactly; any other codec's pieces go fp32)."""
+        rid = (header.group_key, header.epoch, header.round)
+        opened_at = self._opened_at(rid, self._held_pieces, wait_s)
+        if opened_at is None:
+            return Abandoned("late")
+        member = ShardedRound(
+            self.identity,
+            header,
+            digests,
+            tensor,
+            members,
+            opened_at=opened_at,
+            wait_s=wait_s,
+            cosign_s=cosign_s,
+            config=config,
+        )
+        piece_codec = codec if codec in ("bf16", "fp32") else "fp32"
+        with self._running(rid, member, header) as wake:
+            for piece in self._held_pieces.pop(rid, {}).values():
+                member.on_piece(piece)
+            while not member.done:
+                for shard, peer in member.piece_sends():
+                    blob = encode_piece(header, digests, shard, member.pieces[shard], piece_codec)
+                    self._spawn(self._send_piece(member, peer, blob, max(wait_s, 1.0)))
+                for out in member.tick(time.monotonic(), self._is_alive):
+                    blob = out.to_bytes(shard_codec(out.tensor))
+                    for peer in member.recipients():
+                        self._spawn(self._send_shard(member, rid, peer, blob, cosign_s))
+                if member.phase is Phase.REDUCING:
+                    for peer in member.missing_reducers():
+                        if peer != member.me and not self._is_alive(peer):
+                            member.on_lost(peer)
+                if not member.done:
+                    await until_due(wake, member)
+            return await self._finish(rid, member)
+
+    async def _send_piece(
+        self, member: ShardedRound, peer: str, blob: bytes, timeout_s: float
+    ) -> None:
+        """A piece to its shard's member or reducer, tried again after a failure
+        (dht.grouping_patience.SendRetry): a reducer missing one piece holds up the round."""
+        retry = SendRetry()
+        while not member.done and not await self._send(peer, "group-piece", blob, timeout_s):
+            if not retry.failed():
+                return
+            await asyncio.sleep(RESEND_AFTER_S)
+
+    async def _send_shard(
+        self, member: ShardedRound, rid: RoundId, peer: str, blob: bytes, cosign_s: float
+    ) -> None:
+        """A reduced shard to an included member, tried again after a failure; one that every
+        try failed to reach, with a shard of its own missing, is lost (the round retries
+        without it). One failure alone is not a loss: the others reached it and go on with
+        the included set this member would leave (session 13's runs)."""
+        retry, timeout_s = SendRetry(), send_timeout_s(cosign_s)
+        while not await self._send(peer, "group-shard", blob, timeout_s):
+            if member.done or peer not in member.recipients():
+                return
+            if not retry.failed():
+                if member.on_lost(peer) and rid in self._wakes:
+                    self._wakes[rid].set()
+                return
+            await asyncio.sleep(RESEND_AFTER_S)
+
+
+async def until_due(wake: asyncio.Event, member: GroupRound | ShardedRound) -> None:
+    """Until a message for the round came in, its next deadline, or TICK_S (liveness)."""
+    collecting = member.phase is Phase.COLLECTING
+    due = member.deadline if collecting else member.cosign_deadline
+    wake.clear()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(wake.wait(), min(TICK_S, max(due - time.monotonic(), 0.0)))
