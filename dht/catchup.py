@@ -136,6 +136,9 @@ class Learned:
     """Updates newly wanted."""
     num_capped: int
     """Updates not wanted because the peer's share of wants (max_wants_per_peer) was full."""
+    num_unreachable: int = 0
+    """Updates the peer applied that this node declared lost and the peer does not hold:
+    no fetch can bring them, only the peer's state (dht.realign's gap)."""
 
 
 class CatchUp:
@@ -214,8 +217,9 @@ class CatchUp:
         """A peer's applied and retained ranges (walked id by id: dht.summary_bounds bounds
         them first); at most max_wants_per_peer of the updates wanted are this peer's."""
         held = set(iter_ids(retained))
-        num_new = num_capped = 0
+        num_new = num_capped = num_unreachable = 0
         for uid in iter_ids(applied):
+            num_unreachable += uid in self._lost and uid not in held
             if self._named_by.get(peer_id, 0) >= self.config.max_wants_per_peer:
                 num_capped += not self.knows(uid)
                 continue
@@ -224,7 +228,7 @@ class CatchUp:
         for uid in held:
             self._want(uid, [peer_id], now, None, create=False, revive=True)
         self._last_summary[peer_id] = now
-        return Learned(num_new, num_capped)
+        return Learned(num_new, num_capped, num_unreachable)
 
     def fetched(self, uid: UpdateId, *, settled: bool = True) -> None:
         """The fetch of `uid` ended with an update merged or rejected for good."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from dht.budget import PeerBudget, StreamLimits
@@ -38,6 +39,9 @@ class Repair:
         self._ctx = context
         self._summary_budget = PeerBudget(rate_per_s=SUMMARY_IDS_PER_S, burst=SUMMARY_IDS_BURST)
         """Update ids each peer's summaries may make this node want (its work per second)."""
+        self.on_unreachable: Callable[[str, int, float], None] = lambda *_: None
+        """(peer, ids it applied that are lost here and it does not hold, now) after each of
+        its summaries, 0 included: dht.realign's gap (the swarm sets it)."""
 
     def compare_notes(self, own_digest: str) -> None:
         """Exchange summaries with the live peers CatchUp picks among those whose applied
@@ -92,6 +96,7 @@ class Repair:
             ctx.reject("summary_over_budget", peer_id, detail, update=False)
             applied = take_ids(applied, granted)
         learned = ctx.catchup.summary(peer_id, applied, retained, time.monotonic())
+        self.on_unreachable(peer_id, learned.num_unreachable, time.monotonic())
         if over_cap or learned.num_capped:
             detail = f"{over_cap + learned.num_capped} ids over its caps"
             ctx.reject("summary_over_cap", peer_id, detail, update=False)

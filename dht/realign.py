@@ -38,6 +38,15 @@ sampling noise is of that order); one step sized by the wrong learner count leav
 0.02 is ~5x the honest noise and under the 0.05 both the state check (MAX_DRIFT) and the
 swarm test promise.
 
+The gap: an update this node declared lost (no live peer held it for the gap wait,
+dht.catchup) that a live peer applied and no longer holds can never be fetched, so this
+replica's applied set never equals the swarm's and neither the drift nor the settle (both
+at shared digests) can act: at bench.scale N = 16, 15 replicas ended at one applied set of
+204 and one at 201, three updates short, after a stall of its own. Summaries name such
+updates (`note_gap`); once one has been named for `gap_periods`, this node downloads the
+state of a peer that named one (the heaviest record first), under the realignment's cooldown
+and cap, and its retained updates are merged again after it.
+
 Pure: no network, no clock (the caller passes `now`); dht.swarm drives it once a period.
 After a donor's state is adopted, `merge_retained` merges again what this node had applied
 and the donor had not (its own last updates among them: no peer may hold them yet).
@@ -98,6 +107,10 @@ class RealignConfig:
     settle_stagger_periods: float = 3.0
     """Periods each further wave of settling replicas waits (the ones apart from the donor
     in peer id order, `settle_wave` a wave: every replica there ranks them alike)."""
+    gap_periods: float = 3.0
+    """Periods an update lost here and applied by a peer that does not hold it must have been
+    named by summaries before this node downloads a peer's state for it (another summary
+    may still name a holder, which revives it: dht.catchup)."""
     horizon_periods: float = 20.0
     """Sightings older than this many periods are forgotten."""
     max_digests_per_peer: int = 16
@@ -110,6 +123,7 @@ class RealignConfig:
         for name in (
             "period_s", "threshold", "settle_tolerance", "settle_periods", "cooldown_s",
             "attempts_window_s", "settle_wave", "max_settles", "settle_cooldown_periods",
+            "gap_periods",
         ):  # fmt: skip
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}.")
@@ -147,6 +161,8 @@ class Realign:
     distance: float
     settle: bool = False
     """Chosen at a held digest (settle_donor), the drift within the threshold."""
+    gap: int = 0
+    """Chosen for updates lost here that the donor applied (`note_gap`): how many it named."""
 
 
 @dataclass
@@ -296,6 +312,9 @@ class RealignPolicy:
         """Realignments that loaded a donor's state."""
         self.num_refused = 0
         """Realignment attempts that loaded nothing (a refused or failed download)."""
+        self._gaps: dict[str, tuple[float, float, int]] = {}
+        """Per peer whose last summary named updates lost here that it applied and does not
+        hold: (first named, last named, how many)."""
 
     # ---- what the node sees ----------------------------------------------------------------
 
@@ -313,6 +332,9 @@ class RealignPolicy:
         for peer_id in list(self._participants):
             if peer_id not in keep:
                 del self._participants[peer_id]
+        for peer_id in list(self._gaps):
+            if peer_id not in keep:  # left, or no record here: names nothing
+                del self._gaps[peer_id]
         for h in alive:
             if h.peer_id in keep:
                 self._see(h, now)
@@ -336,6 +358,17 @@ class RealignPolicy:
                 sightings = [seen if s is same[0] else s for s in sightings]
         participant.sightings = sightings[-self.config.max_digests_per_peer :]
 
+    def note_gap(self, peer_id: str, num_unreachable: int, now: float) -> None:
+        """`peer_id`'s summary named `num_unreachable` updates it applied that this node
+        declared lost and that it does not hold (dht.catchup's Learned); 0 clears it."""
+        if num_unreachable <= 0 or peer_id == self.self_id:
+            self._gaps.pop(peer_id, None)
+            return
+        first = self._gaps[peer_id][0] if peer_id in self._gaps else now
+        self._gaps[peer_id] = (first, now, num_unreachable)
+        if len(self._gaps) > self.config.max_participants:  # the longest unnamed goes
+            del self._gaps[min(self._gaps, key=lambda p: (self._gaps[p][1], p))]
+
     # ---- what the node does ----------------------------------------------------------------
 
     def donor(self) -> str | None:
@@ -349,7 +382,7 @@ class RealignPolicy:
         """Realign now, and from whom, or None: this node is not the donor, drifted more than
         the threshold from it at their two latest shared digests, seen a period apart or more,
         and neither the cooldown nor the cap forbids it."""
-        decision = self._candidate()
+        decision = self._gap(now) or self._candidate()
         if decision is None or not self._may_attempt(now, settle=decision.settle):
             return None
         return decision
@@ -374,6 +407,24 @@ class RealignPolicy:
         if seen_last - seen_first < period:
             return None
         return Realign(donor, latest)
+
+    def _gap(self, now: float) -> Realign | None:
+        """Updates lost here that live peers with a record applied and no longer hold, named
+        for `gap_periods` or more: the state of the one among them with the heaviest record
+        (then the smallest peer id) that serves it."""
+        period = self.config.period_s
+        named = {
+            p: gap
+            for p, gap in self._gaps.items()
+            if self._weights.get(p, 0) > 0
+            and p in self._participants
+            and self._participants[p].serves_state
+            and now - gap[1] <= self.config.horizon_s
+        }
+        if not named or now - min(g[0] for g in named.values()) < self.config.gap_periods * period:
+            return None
+        donor = min(named, key=lambda p: (-self._weights[p], p))
+        return Realign(donor, 0.0, gap=named[donor][2])
 
     def settle_donor(self) -> str | None:
         """At the digest this node's replica was seen at last: the participant every replica
@@ -471,6 +522,7 @@ class RealignPolicy:
         if loaded:
             self.num_realigned += 1
             self._participants.pop(self.self_id, None)
+            self._gaps.clear()  # a new applied set: the next summaries say what is left
         else:
             self.num_refused += 1
 

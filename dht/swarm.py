@@ -116,6 +116,7 @@ class Swarm:
             RealignConfig(period_s=config.heartbeat_period_s), identity.peer_id
         )
         """When to replace this replica's parameters by a peer's (dht.realign)."""
+        self.gossip.repair.on_unreachable = self.realignment.note_gap
         self.on_realigned: Callable[[], None] = lambda: None
         """Called (off the loop) once a realignment loaded a donor's state: the node resketches
         the replica and counts it."""
@@ -281,10 +282,16 @@ class Swarm:
         """Load the donor's state beside training (dht.state_transfer: the newcomer's checks),
         then offer the retained updates again: those the donor had not applied yet, this
         node's own among them, end up applied here too."""
-        logger.info(
-            "settled point %.6f from %s's at one applied set: realigning%s", decision.distance,
-            decision.donor, " (settle)" if decision.settle else "",
-        )  # fmt: skip
+        if decision.gap:
+            logger.info(
+                "%d update(s) lost here were applied by %s, which no longer holds them: "
+                "taking its state", decision.gap, decision.donor,
+            )  # fmt: skip
+        else:
+            logger.info(
+                "settled point %.6f from %s's at one applied set: realigning%s",
+                decision.distance, decision.donor, " (settle)" if decision.settle else "",
+            )  # fmt: skip
         try:
             stats = await self.transfer.realign(decision.donor)
         finally:
@@ -293,7 +300,8 @@ class Swarm:
         if stats is None:
             self.on_event(
                 "realign_refused", donor=decision.donor, distance=round(decision.distance, 9),
-                settle=decision.settle, num_refused=self.realignment.num_refused,
+                settle=decision.settle, gap=decision.gap,
+                num_refused=self.realignment.num_refused,
             )  # fmt: skip
             return
         await asyncio.to_thread(self.on_realigned)
@@ -305,6 +313,7 @@ class Swarm:
             donor=decision.donor,
             distance_before=round(decision.distance, 9),
             settle=decision.settle,
+            gap=decision.gap,
             seconds=round(stats.seconds, 3),
             megabytes=round(stats.num_bytes / 1e6, 3),
             lacking=[list(uid) for uid in lacking[:MAX_LISTED]],
