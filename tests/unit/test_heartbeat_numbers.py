@@ -52,7 +52,8 @@ SETTERS = _setters()
 def test_every_numeric_field_is_covered() -> None:
     expected = {"memory_gb", "loss", "sent_at", "sketch[0]", "merged_by_author.k", "num_lost"}
     expected |= {"paths.relayed", "num_realigned", "group_bits", "group_epoch"}
-    assert expected <= set(SETTERS) and len(SETTERS) == 27
+    expected |= {"uplink_bytes_per_s"}
+    assert expected <= set(SETTERS) and len(SETTERS) == 28
 
 
 def hostile_blob(where: str, value: object) -> bytes:
