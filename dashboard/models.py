@@ -53,6 +53,14 @@ class PeerOut(_Model):
     paths: dict[PathKind, int] = {}
     """Its connected peers per path: direct, holepunched (a relayed connection upgraded by hole
     punching), relayed (through a circuit relay). Empty from a peer that does not report it."""
+    codec: str | None = None
+    """The codec it sends its updates with; null from a peer that does not report it (an
+    earlier version)."""
+    codec_auto: bool | None = None
+    """Whether `--codec auto` picked `codec` from its measured uplink; null when not reported."""
+    uplink_bytes_per_s: float | None = None
+    """Its uplink as measured from its own sends, bytes per second; null until measured or
+    when not reported."""
 
 
 class Totals(_Model):

@@ -159,6 +159,9 @@ def peer_out(record: PeerRecord) -> PeerOut:
         rejections=dict(sorted(h.rejections.items())),
         rejected_peers={peer: dict(reasons) for peer, reasons in h.rejected_peers.items()},
         paths=dict(h.paths),
+        codec=h.codec,
+        codec_auto=h.codec_auto,
+        uplink_bytes_per_s=h.uplink_bytes_per_s,
     )
 
 

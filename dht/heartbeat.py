@@ -40,10 +40,13 @@ MAX_REJECTION_REASONS = 64
 MAX_REJECTED_PEERS = 8
 MAX_REJECTED_REASONS = 8
 MAX_GROUP_BITS = 16
-OMITTED_WHEN_NONE = ("group_bits", "group_epoch")
+OMITTED_WHEN_NONE = ("group_bits", "group_epoch", "codec", "codec_auto", "uplink_bytes_per_s")
 """Fields added after strict parsing shipped (extra="forbid"): left out of the signed body
 while unset, so a node with groups off sends what older nodes accept, byte for byte. A run
-with groups on has its own fingerprint, which older nodes do not join."""
+with groups on has its own fingerprint, which older nodes do not join. The codec's fields
+likewise: a heartbeat without them (an older node's) parses, and shows them as unknown."""
+MAX_UPLINK = 1e12
+"""Uplinks above this (bytes per second) are refused: a terabyte a second is no home link."""
 REASONS = ("malformed", "bad_signature", "wrong_peer", "too_large", "not_allowed")
 
 PeerId = Annotated[str, Field(min_length=1, max_length=128)]
@@ -55,6 +58,9 @@ Loss = Annotated[float, Field(ge=0, le=MAX_LOSS, allow_inf_nan=False)]
 SketchValue = Annotated[float, Field(ge=-1e12, le=1e12, allow_inf_nan=False)]
 Digest = Annotated[str, Field(pattern=r"^([0-9a-f]{64})?$")]
 Maddr = Annotated[str, Field(min_length=1, max_length=256)]
+CodecName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,15}$")]
+"""A codec's name (merge.codecs): lower-case letters, digits and _, at most 16; a name this
+node does not know (a later version's codec) parses and is shown as sent."""
 
 
 def staleness_bucket(staleness: int) -> int:
@@ -144,6 +150,17 @@ class Heartbeat:
     None (never sent) while groups are off."""
     group_epoch: Count | None = None
     """The epoch `group_bits` was decided for; None (never sent) while groups are off."""
+    codec: CodecName | None = None
+    """The codec the sender sends its updates with (its last round's, or `--codec auto`'s
+    latest pick); None (never sent) from a node of an earlier version: shown as unknown."""
+    codec_auto: bool | None = None
+    """Whether `--codec auto` picked `codec` from the measured uplink (else `--codec` named
+    it); None (never sent) from a node of an earlier version."""
+    uplink_bytes_per_s: Annotated[float, Field(ge=0, le=MAX_UPLINK, allow_inf_nan=False)] | None = (
+        None
+    )
+    """The sender's uplink as measured from its own sends (merge.codec_uplink), bytes per
+    second; None (never sent) until measured, or from a node of an earlier version."""
 
     def sign(self, identity: Identity) -> bytes:
         if identity.peer_id != self.peer_id:

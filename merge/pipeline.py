@@ -334,9 +334,13 @@ class UpdatePipeline:
             direction = outer.momentum_parts()
             robust = self._robust[header.fragment or 0]
             fresh = established is not None and not self.ledger.is_established(author)
+            # A flush holds the residual of the rounds since its author's last flush: its
+            # centered-clipping radius is theirs together (merge.robust, `spans`).
+            spans = robust.spans(author) if header.flush else 1
             verdict = robust.judge(
-                corrected.pseudo_gradient, direction, norm, voters=established, fresh=fresh
-            )
+                corrected.pseudo_gradient, direction, norm, voters=established, fresh=fresh,
+                spans=spans,
+            )  # fmt: skip
             # A robust verdict never refuses the id: replicas judge against their own recent
             # history, so a refusal on one and an acceptance on another would leave their
             # applied sets apart for good. The id is applied everywhere; what a verdict
@@ -366,8 +370,10 @@ class UpdatePipeline:
             # authors (node.network_swarm.live_learners) nor voting, so nodes claimed and
             # were sized by 1 learner, whole outer steps: 1.42x the clean loss).
             moved = weight > 0
-            if moved:
-                robust.record(verdict, author)  # clamped into a band around the reference
+            if moved:  # clamped into a band around the reference
+                robust.record(verdict, author, flush=header.flush)
+            if header.flush:  # its residual is sent: the next flush spans the rounds after
+                robust.flushed(author)
             # A claim beyond the authors seen earns record in proportion (a low claim of
             # another author does not lower it, as a floor over everyone's claims would), and
             # so does an update of less substance than the reference (zeros earn none).

@@ -18,6 +18,19 @@ that gap, both pure functions of the replica's state and the update:
   for authors without a track record): a near-cap update pointing sideways keeps at most an
   honest-sized deviation (counted as `off_center`).
 
+A flush (merge.envelope's flush marker: the residual of error feedback its author had not
+sent, sent once, dense, as it stops) spans the rounds since its author's previous flush: it
+holds what each of them left out, by construction off the momentum (what the rounds sent).
+Judged like one round's update, an honest flush of 8 rounds was recentered as off center
+(docs/codecs.md: 7 of 8 at M = 8, H = 25). So a flush's centered-clipping radius is the
+round's times the rounds it spans (`spans`: its author's applied rounds since its previous
+flush, at most `window`; at least 1): the deviation its author's rounds could have taken one
+by one. Only its direction is judged apart, not its size: a flush beyond the norm bound
+(`max_norm_to_median` times the reference) is judged as a round's update, as is one against
+the momentum, so whatever it spans a flush lets through at most that bound. Without a round
+since its previous flush a flush is judged exactly as a round's update: a peer marking
+every update as a flush, or alternating rounds and flushes, gets the verdicts it got before.
+
 No verdict refuses the update's id: the pipeline applies it with its contribution
 clipped or zeroed. The median window and the momentum are the same on every replica only up
 to the order of the last few updates (the consistency model of DESIGN.md), so two replicas
@@ -115,6 +128,8 @@ class RobustFilter:
         self.config = config
         self._norms: OrderedDict[str, deque[float]] = OrderedDict()
         self._medians: dict[str, float] = {}
+        self._rounds: dict[str, int] = {}
+        """Each author's applied rounds since its last applied flush (at most `window`)."""
 
     def __len__(self) -> int:
         """Norms in the window (of all authors)."""
@@ -128,10 +143,13 @@ class RobustFilter:
         *,
         voters: Callable[[str], bool] | None = None,
         fresh: bool = False,
+        spans: int = 1,
     ) -> Verdict:
         """The verdict on one decoded, finite update (of ``norm``, when the caller has it);
         pure: it changes no state. ``fresh``: its author has no track record (a tighter
-        centered-clipping radius).
+        centered-clipping radius). ``spans``: the rounds a flush's residual spans (`spans`),
+        which multiply its centered-clipping radius when its norm is within the bound; 1 for
+        a round's update.
 
         ``momentum`` is the direction the swarm has been moving in, or parts that sum to it
         (the outer optimizer's momentum and the shares not yet folded into it): the update's
@@ -154,6 +172,8 @@ class RobustFilter:
             return Verdict("against_momentum", norm, median, cosine)
         reason = "norm_outlier" if scale < 1 else None
         radius = self.config.fresh_center_radius if fresh else self.config.center_radius
+        if scale == 1:  # a flush within the norm bound: the deviation of its rounds together
+            radius *= max(1, spans)
         if median is None or dot is None or radius == 0 or median == 0:
             return Verdict(reason, norm, median, cosine, scale)
         recentered = _recenter(norm * scale, dot * scale, median, radius * median, parts)
@@ -182,8 +202,19 @@ class RobustFilter:
         if len(self._norms) > MAX_AUTHORS:
             oldest, _ = self._norms.popitem(last=False)
             del self._medians[oldest]
+            self._rounds.pop(oldest, None)
 
-    def record(self, verdict: Verdict, author: str = "") -> None:
+    def spans(self, author: str) -> int:
+        """The rounds a flush of `author` would span now: its applied rounds since its last
+        applied flush, in [1, window] (1 also without any: judged as a round's update)."""
+        return max(1, self._rounds.get(author, 0))
+
+    def flushed(self, author: str) -> None:
+        """An applied flush of `author` sent its residual: its next flush spans only the
+        rounds after this one (called for every applied flush, whatever it moved)."""
+        self._rounds.pop(author, None)
+
+    def record(self, verdict: Verdict, author: str = "", *, flush: bool = False) -> None:
         """Records what an applied update contributed: its norm clamped into the band
         [reference / k, reference * k] (k = max_norm_to_median); one against the momentum
         (zeroed) records nothing.
@@ -197,6 +228,9 @@ class RobustFilter:
         that moved the replica (weight > 0): zeros and budget-cut updates take no share of
         the window at all (one author of zeros beside one other still settled the reference
         at a quarter of the other's norms through the clamp).
+
+        A round (not a ``flush``) also counts as one more round its author's next flush
+        spans (`spans`); a flush's norm enters the window as a round's does.
         """
         if verdict.reason == "against_momentum":
             return
@@ -204,6 +238,8 @@ class RobustFilter:
         if verdict.median_norm is not None and k > 0:
             norm = min(max(norm, verdict.median_norm / k), verdict.median_norm * k)
         self.accepted(replace(verdict, norm=norm), author)
+        if not flush:  # a round: one more that its author's next flush spans
+            self._rounds[author] = min(self._rounds.get(author, 0) + 1, self.config.window)
 
     def median_norm(self, voters: Callable[[str], bool] | None = None) -> float | None:
         """The reference norm, or None during warm-up (fewer than `warmup` norms held by the
@@ -216,9 +252,15 @@ class RobustFilter:
         return _middle(sorted(self._medians[a] for a in authors))
 
     def state_dict(self) -> dict[str, object]:
-        """Each author's norms, oldest author first, as parallel lists."""
+        """Each author's norms, oldest author first, as parallel lists; and the rounds since
+        each author's last flush (`spans`), as parallel lists."""
         authors = [a for a, norms in self._norms.items() for _ in norms]
-        return {"norms": [n for norms in self._norms.values() for n in norms], "authors": authors}
+        return {
+            "norms": [n for norms in self._norms.values() for n in norms],
+            "authors": authors,
+            "round_authors": list(self._rounds),
+            "rounds": list(self._rounds.values()),
+        }
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         """Restores what state_dict saved; a state of the earlier format (one window of norms,
@@ -236,7 +278,23 @@ class RobustFilter:
         fresh = RobustFilter(self.config)
         for author, norm in zip(authors, norms, strict=True):
             fresh.accepted(Verdict(None, norm, None, None), author)
-        self._norms, self._medians = fresh._norms, fresh._medians
+        fresh._rounds = self._loaded_rounds(state, set(fresh._norms))
+        self._norms, self._medians, self._rounds = fresh._norms, fresh._medians, fresh._rounds
+
+    def _loaded_rounds(self, state: dict[str, object], authors: set[str]) -> dict[str, int]:
+        """The rounds since each author's last flush from a state (none in a state saved
+        before flushes were judged apart); only authors with norms in the window."""
+        names, counts = state.get("round_authors", []), state.get("rounds", [])
+        if not isinstance(names, list) or not isinstance(counts, list):
+            raise ValueError("robust state 'round_authors' and 'rounds' must be lists.")
+        if len(names) != len(counts) or len(set(names)) != len(names):
+            raise ValueError("robust state must name each author of 'rounds' once.")
+        window = self.config.window
+        if not all(type(c) is int and 0 <= c <= window for c in counts):
+            raise ValueError(f"robust state 'rounds' must be integers in [0, {window}].")
+        if not all(isinstance(a, str) and a in authors for a in names):
+            raise ValueError("robust state 'rounds' may only name authors of its norms.")
+        return dict(zip(names, counts, strict=True))
 
 
 def _middle(values: list[float]) -> float:

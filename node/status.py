@@ -27,6 +27,9 @@ def peer_row(peer: PeerStatus) -> dict[str, Any]:
         "applied": h.num_applied,
         "lost": h.num_lost,
         "paths": dict(h.paths),
+        "codec": h.codec,
+        "codec_auto": h.codec_auto,
+        "uplink_bytes_per_s": h.uplink_bytes_per_s,
         "updates_published": h.updates_published,
         "updates_merged": h.updates_merged,
         "drift": h.drift,
@@ -37,6 +40,26 @@ def peer_row(peer: PeerStatus) -> dict[str, Any]:
         "rejections": dict(h.rejections),
         "rejected_peers": {p: dict(reasons) for p, reasons in h.rejected_peers.items()},
     }
+
+
+def bytes_label(count: float) -> str:
+    """A byte count in decimal units, as the dashboard writes it: 625.0 KB, 12 B."""
+    units = ("B", "KB", "MB", "GB", "TB")
+    i = 0
+    while abs(count) >= 1000 and i < len(units) - 1:
+        count, i = count / 1000, i + 1
+    return f"{count:.1f} {units[i]}" if i else f"{round(count)} {units[i]}"
+
+
+def codec_label(codec: str | None, auto: bool | None, uplink_bytes_per_s: float | None) -> str:
+    """What a peer sends with and its measured uplink, as its heartbeat says: "topk (auto) ·
+    625.0 KB/s"; "?" for what it does not say (an uplink not measured yet: "bf16 · ?"), and
+    alone for a heartbeat without either (a node of an earlier version)."""
+    if codec is None and uplink_bytes_per_s is None:
+        return "?"
+    sends = "?" if codec is None else codec + (" (auto)" if auto else "")
+    uplink = "?" if uplink_bytes_per_s is None else f"{bytes_label(uplink_bytes_per_s)}/s"
+    return f"{sends} · {uplink}"
 
 
 def run_config(summary: str) -> dict[str, Any]:
@@ -147,6 +170,7 @@ def print_status(
             "loss",
             "applied",
             "paths",
+            "codec",
             "seen",
         ):
             table.add_column(column, justify="left" if column in ("peer", "org") else "right")
@@ -162,6 +186,7 @@ def print_status(
                 "-" if loss is None else f"{loss:.4f}",
                 str(row["applied"]),
                 paths_label(row["paths"]),
+                codec_label(row["codec"], row["codec_auto"], row["uplink_bytes_per_s"]),
                 f"{row['last_seen_s']:.0f}s ago",
             )
         console.print(table)

@@ -19,6 +19,7 @@ from dht.heartbeat import (
     MAX_MADDRS,
     MAX_REJECTED_PEERS,
     MAX_REJECTED_REASONS,
+    MAX_UPLINK,
     Heartbeat,
 )
 from dht.reachability import shareable
@@ -322,6 +323,9 @@ class Telemetry:
             ),
             bytes_sent=bytes_sent,
             bytes_received=bytes_received,
+            codec=self._codec or None,
+            codec_auto=self.config.codec == AUTO,
+            uplink_bytes_per_s=_heartbeat_uplink(self.uplink()),
         )
 
     def status(self) -> NodeStatus:
@@ -343,6 +347,14 @@ class Telemetry:
             codec_auto=self.config.codec == AUTO,
             uplink_bytes_per_s=_rounded(self.uplink()),
         )
+
+
+def _heartbeat_uplink(rate: float | None) -> float | None:
+    """The measured uplink as a heartbeat carries it: six significant digits, within the
+    bound peers accept (None: not measured, or not a finite figure)."""
+    if rate is None or not math.isfinite(rate) or rate < 0:
+        return None
+    return _rounded(min(rate, MAX_UPLINK))
 
 
 def _rounded(rate: float | None) -> float | None:

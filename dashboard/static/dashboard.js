@@ -324,6 +324,15 @@ function fmtPaths(paths) {
   return kinds.length ? kinds.map((k) => `${paths[k]} ${k}`).join(" · ") : "–";
 }
 
+function fmtCodec(p) {
+  // "topk (auto) · 625.0 KB/s" from a peer's heartbeat (node.status.codec_label); "?" for
+  // what it does not report, alone when it reports neither (a node of an earlier version).
+  const measured = isNum(p.uplink_bytes_per_s);
+  if (!p.codec && !measured) return "?";
+  const sends = p.codec ? p.codec + (p.codec_auto ? " (auto)" : "") : "?";
+  return `${sends} · ${measured ? fmtBytes(p.uplink_bytes_per_s) + "/s" : "?"}`;
+}
+
 function peerOrder(a, b) {
   return (b.alive - a.alive) || (b.local - a.local) || a.org.localeCompare(b.org)
     || a.peer_id.localeCompare(b.peer_id);
@@ -335,7 +344,7 @@ function renderPeers(swarm) {
   const peers = [...swarm.peers].sort(peerOrder);
   if (!peers.length) {
     const row = el("tr", { class: "empty-row" });
-    row.append(el("td", { colspan: "13" }, "no peer has sent a heartbeat yet"));
+    row.append(el("td", { colspan: "14" }, "no peer has sent a heartbeat yet"));
     body.append(row);
   }
   for (const p of peers) {
@@ -359,6 +368,8 @@ function renderPeers(swarm) {
       el("td", { class: "num" }, fmtDrift(p.drift)),
       el("td", { class: "paths", title: "connected peers: direct, hole-punched, relayed" },
         fmtPaths(p.paths)),
+      el("td", { class: "codec", title: "the codec it sends with (auto: picked from its measured uplink) · its uplink" },
+        fmtCodec(p)),
       el("td", { class: "num seen" }, fmtAgo(p.last_seen_s)));
     body.append(row);
   }

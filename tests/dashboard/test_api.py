@@ -96,6 +96,8 @@ def test_node_route_shows_a_state_download_while_it_runs(trained_node: Node) -> 
 def test_node_route_shows_the_codec_and_the_measured_uplink(trained_node: Node) -> None:
     node = embedded_client(trained_node).get("/api/node").json()
     assert (node["codec"], node["codec_auto"]) == ("bf16", False)  # the default, named
+    (peer,) = embedded_client(trained_node).get("/api/swarm").json()["peers"]
+    assert (peer["codec"], peer["codec_auto"]) == ("bf16", False)  # its own heartbeat's
 
     def picked() -> NodeStatus:
         status = trained_node.status()

@@ -85,6 +85,8 @@ def page_state(driver: Any) -> dict[str, Any]:
           lossPeers: document.querySelectorAll('#loss-legend span[title]').length,
           peers: Object.fromEntries(rows.map(r => [r.dataset.peerId,
             {cls: r.className, state: r.querySelector('.badge').textContent}])),
+          codecs: Object.fromEntries(rows.map(r => [r.dataset.peerId,
+            r.querySelector('td.codec').textContent])),
           connection: document.getElementById('connection').className,
         };
         """
@@ -128,8 +130,9 @@ def test_page_shows_two_live_peers_learning_then_one_dead(
             and set(s["peers"]) == ids
             and s["lossPoints"] >= 2
             and s["lossPeers"] == 2
+            and all(c.startswith("bf16 · ") for c in s["codecs"].values())
         ),
-        "2 alive peers and a loss chart with points of both",
+        "2 alive peers, a loss chart with points of both, and the codec each sends with",
     )
 
     second.kill()

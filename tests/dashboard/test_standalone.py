@@ -198,3 +198,25 @@ def test_status_and_the_swarm_route_show_which_path_each_peer_is_on(
     shown = {p["peer_id"]: p["paths"] for p in swarm.read()["peers"]}
     assert shown[swarm.peer_id("a")] == {"direct": 1, "holepunched": 0, "relayed": 2}
     assert shown[swarm.peer_id("b")] == {}
+
+
+def test_status_and_the_swarm_route_show_each_peers_codec_and_uplink(
+    swarm: Swarm, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # a terminal wide enough that no cell wraps
+    swarm.beat("a", codec="topk", codec_auto=True, uplink_bytes_per_s=625000.0)
+    swarm.beat("b")  # a peer of the previous version: none of the three
+    snapshots = swarm.observer.snapshot("run")
+
+    document = status_document("run", snapshots)
+    print_status("run", snapshots, as_json=False)
+
+    fields = ("codec", "codec_auto", "uplink_bytes_per_s")
+    rows = {row["peer_id"]: tuple(row[f] for f in fields) for row in document["runs"][0]["peers"]}
+    assert rows == {
+        swarm.peer_id("a"): ("topk", True, 625000.0),
+        swarm.peer_id("b"): (None, None, None),
+    }
+    assert "topk (auto) · 625.0 KB/s" in capsys.readouterr().out
+    shown = {p["peer_id"]: tuple(p[f] for f in fields) for p in swarm.read()["peers"]}
+    assert shown == rows

@@ -58,6 +58,19 @@ def test_an_honest_heartbeat_round_trips() -> None:
         {"paths": {"relayed": -1}},
         {"paths": {"direct": "2"}},
         {"paths": [1, 0, 2]},
+        {"codec": "TOPK"},  # a codec's name: lower-case letters, digits, _, at most 16
+        {"codec": "x" * 17},
+        {"codec": ""},
+        {"codec": "<b>topk</b>"},
+        {"codec": "topk\n"},
+        {"codec": 3},
+        {"codec_auto": "yes"},
+        {"codec_auto": 1},
+        {"uplink_bytes_per_s": -1.0},
+        {"uplink_bytes_per_s": 1e13},  # past MAX_UPLINK
+        {"uplink_bytes_per_s": "625 KB/s"},
+        {"uplink_bytes_per_s": float("inf")},
+        {"uplink_bytes_per_s": float("nan")},
     ],
 )
 def test_mistyped_or_out_of_range_fields_are_rejected(changes: dict[str, Any]) -> None:
@@ -135,3 +148,33 @@ def test_a_heartbeat_of_the_previous_version_without_paths_still_parses() -> Non
 def test_path_counts_round_trip() -> None:
     beat = honest(paths={"direct": 1, "holepunched": 0, "relayed": 2})
     assert Heartbeat.verify(beat.sign(IDENTITY), PEER).paths == beat.paths
+
+
+def test_the_codec_and_the_uplink_round_trip() -> None:
+    beat = honest(codec="topk", codec_auto=True, uplink_bytes_per_s=625000.0)
+    assert Heartbeat.verify(beat.sign(IDENTITY), PEER) == beat
+
+
+def test_a_codec_this_node_does_not_know_parses_as_sent() -> None:
+    """A later version's codec: still a bounded name, shown as sent (not a malformed peer)."""
+    beat = honest(codec="dct_topk2", codec_auto=False)
+    assert Heartbeat.verify(beat.sign(IDENTITY), PEER).codec == "dct_topk2"
+
+
+def test_a_heartbeat_without_the_codec_fields_parses_and_signs_the_bytes_of_before() -> None:
+    """An earlier version's heartbeat (none of the three) verifies with them unknown (None);
+    and a heartbeat without them sends no key for them, so earlier versions' strict parsers
+    (extra="forbid") accept it."""
+    fields = dataclasses.asdict(honest())
+    for name in ("codec", "codec_auto", "uplink_bytes_per_s"):
+        del fields[name]
+    beat = Heartbeat.verify(sign_fields(fields, IDENTITY), PEER)
+    assert (beat.codec, beat.codec_auto, beat.uplink_bytes_per_s) == (None, None, None)
+    body = json.loads(honest().sign(IDENTITY)[8:-64])
+    assert not {"codec", "codec_auto", "uplink_bytes_per_s"} & set(body)
+
+
+def test_a_node_cannot_build_a_heartbeat_with_a_codec_its_peers_would_refuse() -> None:
+    for bad in ({"codec": "Top K"}, {"uplink_bytes_per_s": -5.0}, {"uplink_bytes_per_s": 1e13}):
+        with pytest.raises(ValueError):
+            honest(**bad)

@@ -25,6 +25,13 @@ HOSTILE = [10**400, -(10**400), float("nan"), float("inf"), float("-inf"), 2**64
 _NUMERIC = re.compile(r"\b(Count|Seconds|Rate|Loss|float|int|SketchValue)\b")
 
 
+def _setter(
+    name: str, wrap: Callable[[object], object]
+) -> Callable[[dict[str, Any], object], None]:
+    """Puts a value, wrapped as the field holds it, into a heartbeat's fields."""
+    return lambda fields, value: fields.__setitem__(name, wrap(value))
+
+
 def _setters() -> dict[str, Callable[[dict[str, Any], object], None]]:
     """Where each number of a heartbeat lives: top-level fields and inside lists and dicts."""
     setters: dict[str, Callable[[dict[str, Any], object], None]] = {}
@@ -34,15 +41,15 @@ def _setters() -> dict[str, Callable[[dict[str, Any], object], None]]:
             continue
         name = f.name
         if kind.startswith("Annotated[list"):
-            setters[f"{name}[0]"] = lambda d, v, n=name: d.__setitem__(n, [v])
+            setters[f"{name}[0]"] = _setter(name, lambda v: [v])
         elif name == "paths":  # keys are the path kinds: a valid key, so the value is tested
-            setters[f"{name}.relayed"] = lambda d, v, n=name: d.__setitem__(n, {"relayed": v})
+            setters[f"{name}.relayed"] = _setter(name, lambda v: {"relayed": v})
         elif name == "rejected_peers":
-            setters[f"{name}.p.r"] = lambda d, v, n=name: d.__setitem__(n, {"p": {"r": v}})
+            setters[f"{name}.p.r"] = _setter(name, lambda v: {"p": {"r": v}})
         elif kind.startswith("Annotated[dict"):
-            setters[f"{name}.k"] = lambda d, v, n=name: d.__setitem__(n, {"k": v})
+            setters[f"{name}.k"] = _setter(name, lambda v: {"k": v})
         else:
-            setters[name] = lambda d, v, n=name: d.__setitem__(n, v)
+            setters[name] = _setter(name, lambda v: v)
     return setters
 
 
@@ -52,7 +59,8 @@ SETTERS = _setters()
 def test_every_numeric_field_is_covered() -> None:
     expected = {"memory_gb", "loss", "sent_at", "sketch[0]", "merged_by_author.k", "num_lost"}
     expected |= {"paths.relayed", "num_realigned", "group_bits", "group_epoch"}
-    assert expected <= set(SETTERS) and len(SETTERS) == 27
+    expected |= {"uplink_bytes_per_s"}
+    assert expected <= set(SETTERS) and len(SETTERS) == 28
 
 
 def hostile_blob(where: str, value: object) -> bytes:
