@@ -143,7 +143,7 @@ def test_a_node_that_cannot_punch_only_watches_and_redials_once_it_can() -> None
     assert policy.due(200.0, {HIGH: "relayed"}) == [HIGH]
 
 
-def test_a_node_that_listed_a_public_address_once_keeps_redialling_after_autorelay_hides_it() -> None:
+def test_a_home_that_listed_a_public_address_once_redials_after_autorelay_hides_it() -> None:
     # p2pd lists the home's observed public address for its first ~12 s, then autorelay's
     # address filter leaves only private and relayed ones; DCUtR is served all along
     policy = RedialPolicy(ME, 0.0, SETTINGS)
