@@ -8,11 +8,13 @@ A bare relay (hivemind's P2P with the node's p2pd flags) runs on the bed's publi
 `--relay-max-mb` as its configured limit, told it is public (`--force-public 1`, as `diloco-node
 bootstrap` and `join --announce` do) or left to AutoNAT (`0`); `--observers K` bare peers on
 public machines 1..K, forced public, answer its AutoNAT dial-backs (a NAT'd home stops serving
-AutoNAT once it knows it is private). After `--settle-s` a receiver behind the symmetric NAT
-reserves a slot with the relay (`--rereserve-s S`: and again S s after its autorelay slot), and
-a sender behind the cone NAT writes `--mb` megabytes per stream through the relay. A stream
-that ends near `--relay-max-mb` was served by the configured service, one that ends near
-128 KiB by the default one, one that arrives whole by the configured one with a larger limit.
+AutoNAT once it knows it is private; `--observer-force 0`: left to AutoNAT too), and
+`--relay-gomaxprocs N` runs the relay's p2pd with GOMAXPROCS=N. After `--settle-s` a receiver
+behind the symmetric NAT reserves a slot with the relay (`--rereserve-s S`: and again S s after
+its autorelay slot), and a sender behind the cone NAT writes `--mb` megabytes per stream through
+the relay. A stream that ends near `--relay-max-mb` was served by the configured service, one
+that ends near 128 KiB by the default one, one that arrives whole by the configured one with a
+larger limit.
 The final JSON line lists each stream's bytes.
 """
 
@@ -105,16 +107,18 @@ def run_bed(args: argparse.Namespace) -> dict[str, Any]:
     with NatLab(num_public=1 + args.observers, down_mbit=None, up_mbit=None) as lab:
         try:
             address = f"/ip4/{lab.public_address(0)}/tcp/{PORT}"
+            procs = ["env", f"GOMAXPROCS={args.relay_gomaxprocs}"] if args.relay_gomaxprocs else []
             boot = spawn(
                 "relay",
-                [*me, "relay", address, str(int(args.force_public)), str(args.relay_max_mb)],
+                [*procs, *me, "relay", address, str(args.force_public), str(args.relay_max_mb)],
                 lab.public(0),
             )
             full = boot.wait_for(lambda e: "full" in e, 60, "the relay's address")["full"]
             started = time.monotonic()
             for i in range(1, args.observers + 1):
                 observer = f"/ip4/{lab.public_address(i)}/tcp/{PORT}"
-                spawn(f"obs{i}", [*me, "relay", observer, "1", "1024", full], lab.public(i))
+                force = str(args.observer_force)
+                spawn(f"obs{i}", [*me, "relay", observer, force, "1024", full], lab.public(i))
             time.sleep(args.settle_s)
             recv = spawn("recv", [*me, "receive", full, str(args.rereserve_s)], lab.host(1))
             ready = recv.wait_for(lambda e: "ready" in e, 90 + args.rereserve_s, "a slot")
@@ -129,6 +133,8 @@ def run_bed(args: argparse.Namespace) -> dict[str, Any]:
             return {
                 "force_public": args.force_public,
                 "observers": args.observers,
+                "observer_force": args.observer_force,
+                "relay_gomaxprocs": args.relay_gomaxprocs,
                 "settle_s": args.settle_s,
                 "relay_max_mb": args.relay_max_mb,
                 "slot_after_s": ready.get("at"),
@@ -159,6 +165,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--force-public", type=int, choices=(0, 1), default=1)
     parser.add_argument("--observers", type=int, default=0)
+    parser.add_argument("--observer-force", type=int, choices=(0, 1), default=1)
+    parser.add_argument("--relay-gomaxprocs", type=int, default=0, help="0: Go's default")
     parser.add_argument("--settle-s", type=float, default=0.0)
     parser.add_argument("--rereserve-s", type=float, default=0.0)
     parser.add_argument("--relay-max-mb", type=float, default=0.5)
