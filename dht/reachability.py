@@ -74,17 +74,19 @@ def daemon_flags(
     return flags
 
 
-def tuned_p2p(flags: Mapping[str, str]) -> type[P2P]:
-    """hivemind's P2P, starting p2pd with `flags` added to those P2P.create passes."""
+def tuned_p2p(flags: Mapping[str, str], env: Mapping[str, str] | None = None) -> type[P2P]:
+    """hivemind's P2P, starting p2pd with `flags` added to those P2P.create passes, and with
+    `env` in its environment (`env NAME=VALUE p2pd ...`: the same pid, p2pd's alone)."""
     from hivemind.p2p import P2P
 
     extra = dict(flags)
+    prefix = ["env", *(f"{k}={v}" for k, v in (env or {}).items())] if env else []
 
     class TunedP2P(P2P):
         # hivemind's private hook, kept: P2P.create builds p2pd's command line here and has
         # no public parameter for extra daemon flags (relay limits, relay discovery).
         def _make_process_args(self, *args: Any, **kwargs: Any) -> list[str]:  # type: ignore[override]
-            return P2P._make_process_args(*args, **{**kwargs, **extra})
+            return prefix + P2P._make_process_args(*args, **{**kwargs, **extra})
 
     return TunedP2P
 
