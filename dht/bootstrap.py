@@ -19,7 +19,7 @@ from pathlib import Path
 
 from hivemind import DHT
 
-from dht.reachability import RelayLimits, daemon_flags, tuned_p2p
+from dht.reachability import RelayLimits, daemon_env, daemon_flags, tuned_p2p
 from dht.reaper import OrphanReaper
 
 logger = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ async def _start_p2p(
     identity_path: str,
 ) -> object:
     flags = daemon_flags(use_auto_relay=False, initial_peers=peers, limits=limits)
-    return await tuned_p2p(flags).create(
+    return await tuned_p2p(flags, daemon_env(force_public=True)).create(
         initial_peers=peers or None,
         check_if_identity_free=False,
         host_maddrs=host_maddrs,

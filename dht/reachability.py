@@ -63,6 +63,21 @@ class RelayLimits:
         }
 
 
+def daemon_env(*, force_public: bool) -> dict[str, str]:
+    """p2pd's environment beyond hivemind's: one Go scheduler thread for a node told it is
+    public, so that the relay service its `-relay*` flags configure is the one that serves.
+
+    hivemind 1.1.12's p2pd starts two circuit relay v2 services on the same protocol: the
+    configured one (go-libp2p's relay manager starts it, in a goroutine, on the reachability
+    event a forced-public node emits while the host is built) and, after the host is built,
+    one with go-libp2p's defaults (`EnableRelayV2`: 128 KiB and 2 minutes per relayed
+    connection); whichever registers last serves every circuit. With Go's default scheduler
+    the default one won 5 of 6 starts; with GOMAXPROCS=1 the configured one won N_OF_N
+    (bench.relay_race, docs/nat.md "Session 14"). An order Go does not promise, measured
+    here, not proven: a relayed transfer still resumes across cuts (dht.resumable)."""
+    return {"GOMAXPROCS": "1"} if force_public else {}
+
+
 def daemon_flags(
     *, use_auto_relay: bool, initial_peers: Iterable[str], limits: RelayLimits
 ) -> dict[str, str]:
