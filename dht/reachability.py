@@ -72,7 +72,7 @@ def daemon_env(*, force_public: bool) -> dict[str, str]:
     event a forced-public node emits while the host is built) and, after the host is built,
     one with go-libp2p's defaults (`EnableRelayV2`: 128 KiB and 2 minutes per relayed
     connection); whichever registers last serves every circuit. With Go's default scheduler
-    the default one won 5 of 6 starts; with GOMAXPROCS=1 the configured one won N_OF_N
+    the default one won 5 of 6 starts; with GOMAXPROCS=1 the configured one won 4 of 4
     (bench.relay_race, docs/nat.md "Session 14"). An order Go does not promise, measured
     here, not proven: a relayed transfer still resumes across cuts (dht.resumable)."""
     return {"GOMAXPROCS": "1"} if force_public else {}
