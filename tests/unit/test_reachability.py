@@ -12,6 +12,7 @@ from dht.reachability import (
     PathBook,
     RelayLimits,
     connections_by_peer,
+    daemon_env,
     daemon_flags,
     is_public,
     path_rank,
@@ -204,3 +205,9 @@ def test_tuned_p2p_adds_flags_and_runs_p2pd_under_env_with_the_variables_given()
     assert plain._make_process_args("p2pd", relay=True) == ["p2pd", "-relay=1", "-relayDataLimit=5"]
     scheduled = object.__new__(tuned_p2p({}, env={"GOMAXPROCS": "1"}))
     assert scheduled._make_process_args("p2pd") == ["env", "GOMAXPROCS=1", "p2pd"]
+
+
+def test_only_a_node_told_it_is_public_runs_p2pd_on_one_scheduler_thread() -> None:
+    # the configured relay service then registers after the default one (docs/nat.md)
+    assert daemon_env(force_public=True) == {"GOMAXPROCS": "1"}
+    assert daemon_env(force_public=False) == {}
