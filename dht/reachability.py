@@ -34,9 +34,9 @@ CIRCUIT = "/p2p-circuit"
 class RelayLimits:
     """What this node spends relaying for peers behind NAT (p2pd's relay service).
 
-    Passed to p2pd; hivemind 1.1.12's p2pd may serve circuits with a second relay service of
-    go-libp2p's defaults instead (128 KiB, 2 minutes: dht.resumable), so these are upper bounds
-    that a relayed connection does not always reach."""
+    Passed to p2pd; they serve on a node told it is public (daemon_env says how). Elsewhere
+    hivemind 1.1.12's p2pd serves circuits with a second relay service of go-libp2p's defaults
+    (128 KiB, 2 minutes: dht.resumable) until AutoNAT confirms the node public."""
 
     max_circuits: int = 16
     """Relayed connections open at once per peer."""
