@@ -94,7 +94,9 @@ async def send(relay: str, target: str, circuit: str, num_bytes: int, num_stream
     await p2p.shutdown()
 
 
-def run_bed(megabytes: float, num_streams: int, log_dir: Path) -> dict[str, Any]:
+def run_bed(
+    megabytes: float, num_streams: int, log_dir: Path, relay_max_mb: float | None = None
+) -> dict[str, Any]:
     from bench.nat import NatLab
     from bench.procs import ChildProcess, python_module
 
@@ -104,6 +106,8 @@ def run_bed(megabytes: float, num_streams: int, log_dir: Path) -> dict[str, Any]
     with NatLab(down_mbit=None, up_mbit=None) as lab:
         address = f"/ip4/{lab.public_address(0)}/tcp/{PORT}"
         argv = python_module("node", "bootstrap", "--port", str(PORT), "--announce", address)
+        if relay_max_mb is not None:
+            argv += ["--relay-max-mb", str(relay_max_mb)]
         homes = Path(tempfile.mkdtemp(prefix="relay-probe-"))  # one HOME each: reaped apart
         boot = ChildProcess("boot", argv, home=homes / "boot", prefix=lab.prefix(lab.public(0)))
         children = [boot.start()]
@@ -157,8 +161,9 @@ def main() -> None:
     parser.add_argument("--mb", type=float, default=4.0)
     parser.add_argument("--num-streams", type=int, default=3)
     parser.add_argument("--log-dir", type=Path, default=Path("/tmp/relay_probe"))
+    parser.add_argument("--relay-max-mb", type=float, help="the bootstrap's (default: its own)")
     args = parser.parse_args()
-    print(json.dumps(run_bed(args.mb, args.num_streams, args.log_dir)))
+    print(json.dumps(run_bed(args.mb, args.num_streams, args.log_dir, args.relay_max_mb)))
 
 
 if __name__ == "__main__":

@@ -2,9 +2,9 @@
 
 It runs the same DHT as hivemind's own bootstrap (`hivemind-dht`), on a p2pd told it is public
 (its --announce address), so it relays for peers behind NAT from its first second instead of
-after AutoNAT has confirmed it public. Like every relay of hivemind 1.1.12's p2pd, it may cut a
-relayed connection every 128 KiB whatever RelayLimits says (dht.resumable says why); transfers
-resume across the cuts.
+after AutoNAT has confirmed it public, with the limits RelayLimits sets (its p2pd runs with
+GOMAXPROCS=1 so that the configured relay service, not go-libp2p's default one that cuts every
+128 KiB, serves circuits: dht.reachability.daemon_env); transfers resume across cuts anyway.
 
 Its p2pd runs with a key file (`identity_path`, an Ed25519 libp2p key: merge.identity), so a
 restarted bootstrap keeps its peer id and the `--peers .../p2p/ID` addresses naming it."""
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from hivemind import DHT
 
-from dht.reachability import RelayLimits, daemon_flags, tuned_p2p
+from dht.reachability import RelayLimits, daemon_env, daemon_flags, tuned_p2p
 from dht.reaper import OrphanReaper
 
 logger = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ async def _start_p2p(
     identity_path: str,
 ) -> object:
     flags = daemon_flags(use_auto_relay=False, initial_peers=peers, limits=limits)
-    return await tuned_p2p(flags).create(
+    return await tuned_p2p(flags, daemon_env(force_public=True)).create(
         initial_peers=peers or None,
         check_if_identity_free=False,
         host_maddrs=host_maddrs,

@@ -41,6 +41,7 @@ from dht.p2pd import (
 from dht.reachability import (
     PathBook,
     connections_by_peer,
+    daemon_env,
     daemon_flags,
     is_relayed,
     relay_of,
@@ -284,7 +285,8 @@ class SwarmNetwork:
             initial_peers=config.bootstrap_peers,
             limits=config.relay_limits,
         )
-        return await tuned_p2p(flags).create(
+        env = daemon_env(force_public=bool(config.announce_maddrs))
+        return await tuned_p2p(flags, env).create(
             initial_peers=config.initial_peers or None,
             host_maddrs=config.host_maddrs,
             announce_maddrs=config.announce_maddrs or None,

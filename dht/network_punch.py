@@ -66,18 +66,25 @@ class RedialPolicy:
         self._relayed_since: dict[str, float] = {}
         self._last_seen: dict[str, float] = {}
         self._redials: dict[str, int] = {}
+        self._could_punch = False
 
     def due(
         self, now: float, paths: Mapping[str, PathKind], *, can_punch: bool = True
     ) -> list[str]:
         """The peers to re-dial through their relay now (each counted as re-dialled), given
-        every connected peer's path now. ``can_punch``: this node serves DCUtR (p2pd lists a
-        public observed address of it: a cone NAT seen by 4 observers, or a public host); a
-        node that cannot (a symmetric NAT, too few observers) only watches, since its re-dials
-        would cut live relayed connections for a punch that cannot start (session 12's NAT
-        chaos run: 12 re-dials, no punch possible)."""
+        every connected peer's path now. ``can_punch``: p2pd lists a public observed address
+        of this node now (a cone NAT seen by 4 observers, or a public host). A node that never
+        could (a symmetric NAT, too few observers) only watches, since its re-dials would cut
+        live relayed connections for a punch that cannot start (session 12's NAT chaos run: 12
+        re-dials, no punch possible). Once it could, it can for good: go-libp2p serves DCUtR
+        from the first public observed address on (holepunch/svc.go: watchForPublicAddr), but
+        p2pd stops listing that address as soon as autorelay holds a slot (relay_finder.go:
+        relayAddrs keeps private and relayed addresses only), ~15 s after the start and
+        before `settle_s`: read as "now", no home ever re-dialled (tests/swarm/test_nat.py's
+        punch test, docs/nat.md)."""
         self._observe(now, paths)
-        if not can_punch:
+        self._could_punch = self._could_punch or can_punch
+        if not self._could_punch:
             return []
         ready = [
             (since, peer)

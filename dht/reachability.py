@@ -34,9 +34,9 @@ CIRCUIT = "/p2p-circuit"
 class RelayLimits:
     """What this node spends relaying for peers behind NAT (p2pd's relay service).
 
-    Passed to p2pd; hivemind 1.1.12's p2pd may serve circuits with a second relay service of
-    go-libp2p's defaults instead (128 KiB, 2 minutes: dht.resumable), so these are upper bounds
-    that a relayed connection does not always reach."""
+    Passed to p2pd; they serve on a node told it is public (daemon_env says how). Elsewhere
+    hivemind 1.1.12's p2pd serves circuits with a second relay service of go-libp2p's defaults
+    (128 KiB, 2 minutes: dht.resumable) until AutoNAT confirms the node public."""
 
     max_circuits: int = 16
     """Relayed connections open at once per peer."""
@@ -63,6 +63,21 @@ class RelayLimits:
         }
 
 
+def daemon_env(*, force_public: bool) -> dict[str, str]:
+    """p2pd's environment beyond hivemind's: one Go scheduler thread for a node told it is
+    public, so that the relay service its `-relay*` flags configure is the one that serves.
+
+    hivemind 1.1.12's p2pd starts two circuit relay v2 services on the same protocol: the
+    configured one (go-libp2p's relay manager starts it, in a goroutine, on the reachability
+    event a forced-public node emits while the host is built) and, after the host is built,
+    one with go-libp2p's defaults (`EnableRelayV2`: 128 KiB and 2 minutes per relayed
+    connection); whichever registers last serves every circuit. With Go's default scheduler
+    the default one won 5 of 6 starts; with GOMAXPROCS=1 the configured one won 4 of 4
+    (bench.relay_race, docs/nat.md "Session 14"). An order Go does not promise, measured
+    here, not proven: a relayed transfer still resumes across cuts (dht.resumable)."""
+    return {"GOMAXPROCS": "1"} if force_public else {}
+
+
 def daemon_flags(
     *, use_auto_relay: bool, initial_peers: Iterable[str], limits: RelayLimits
 ) -> dict[str, str]:
@@ -74,17 +89,19 @@ def daemon_flags(
     return flags
 
 
-def tuned_p2p(flags: Mapping[str, str]) -> type[P2P]:
-    """hivemind's P2P, starting p2pd with `flags` added to those P2P.create passes."""
+def tuned_p2p(flags: Mapping[str, str], env: Mapping[str, str] | None = None) -> type[P2P]:
+    """hivemind's P2P, starting p2pd with `flags` added to those P2P.create passes, and with
+    `env` in its environment (`env NAME=VALUE p2pd ...`: the same pid, p2pd's alone)."""
     from hivemind.p2p import P2P
 
     extra = dict(flags)
+    prefix = ["env", *(f"{k}={v}" for k, v in (env or {}).items())] if env else []
 
     class TunedP2P(P2P):
         # hivemind's private hook, kept: P2P.create builds p2pd's command line here and has
         # no public parameter for extra daemon flags (relay limits, relay discovery).
         def _make_process_args(self, *args: Any, **kwargs: Any) -> list[str]:  # type: ignore[override]
-            return P2P._make_process_args(*args, **{**kwargs, **extra})
+            return prefix + P2P._make_process_args(*args, **{**kwargs, **extra})
 
     return TunedP2P
 

@@ -4,9 +4,12 @@ Why: a relayed connection between two NAT'd nodes is cut after 128 KiB each way.
 1.1.12's p2pd starts a second circuit relay v2 service with go-libp2p's default resources
 (`EnableRelayV2`: `relay.New(host)`, Limit.Data = 1 << 17, Limit.Duration = 2 min) beside the
 one `-relayDataLimit` configures; both register the same hop protocol and the last one wins.
-No p2pd flag removes it, so no relay of this p2pd, ours included, carries a pseudo-gradient
-in one piece. The fetcher's stream ends early (EOF, or a reset), and the next stream to the
-same peer dials a fresh circuit: each circuit carries the next ~100 KiB.
+No p2pd flag removes it: which one serves is the order of two goroutines. This project's
+relays (a bootstrap, a node with --announce) run p2pd with GOMAXPROCS=1, under which the
+configured one registered last in 4 of 4 starts (dht.reachability: daemon_env); any other
+relay (`hivemind-dht`, a public node without --announce before AutoNAT confirms it) cuts. On a
+cut the fetcher's stream ends early (EOF, or a reset), and the next stream to the same peer
+dials a fresh circuit: each circuit carries the next ~100 KiB.
 
 The protocol: a request names (author, seq, offset); the answer is the update's total size
 and its bytes from `offset`, up to PART_BYTES. `Resume` (pure) decides what to ask next and

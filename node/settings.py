@@ -295,14 +295,15 @@ class NetworkSettings:
     auto_relay: bool = False
     """Be reachable through relays when this node is behind NAT (its --peers are its relays)."""
     relay_max_circuits: int = 16
-    """Relayed connections open at once per peer, when relaying for peers behind NAT (an
-    upper bound: this p2pd may apply go-libp2p's stricter defaults instead, docs/nat.md)."""
+    """Relayed connections open at once per peer, when relaying for peers behind NAT (with
+    --announce; a public node without it relays with go-libp2p's defaults, 16 circuits of
+    128 KiB and 2 minutes, until AutoNAT confirms it public: docs/nat.md)."""
     relay_max_mb: float = 1024.0
-    """Megabytes one relayed connection carries (each way) before it is reset (an upper
-    bound: this p2pd may cut at 128 KiB instead; transfers resume, docs/nat.md)."""
+    """Megabytes one relayed connection carries (each way) before it is reset (with
+    --announce, as --relay-max-circuits says)."""
     relay_max_duration: float = 1200.0
-    """Seconds one relayed connection lives before it is reset (peers dial a new one; an
-    upper bound: this p2pd may reset at 2 minutes instead, docs/nat.md)."""
+    """Seconds one relayed connection lives before it is reset (peers dial a new one; with
+    --announce, as --relay-max-circuits says)."""
     client_mode: bool = False
     """Accept no incoming connections: serve no DHT requests, state or update payloads."""
     org: Label = ""

@@ -6,7 +6,6 @@ and a symmetric NAT; the homes' nodes reach each other only through it.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
@@ -141,10 +140,11 @@ def test_two_nodes_behind_two_nats_train_as_one_through_a_bootstrap_that_relays(
     cone, symmetric = homes
     wait_merged(cone, symmetric.peer_id, timeout_s=NAT_MERGE_S)
     wait_merged(symmetric, cone.peer_id, timeout_s=NAT_MERGE_S)
-    # Neither NAT lets the other home in: the updates came through the relay (which mostly
-    # cuts a relayed connection every 128 KiB: the fetch resumes, docs/nat.md).
+    # Neither NAT lets the other home in: the updates came through the relay. A relay that
+    # cuts a relayed connection every 128 KiB (docs/nat.md) may leave none open when the fetch
+    # ends (path None: 1 of 2 runs of this file on 2026-12-04), so "not direct" is the check.
     fetched = [e for e in cone.of("update_fetched") if e["peer_id"] == symmetric.peer_id]
-    assert any(e["path"] == "relayed" for e in fetched), fetched
+    assert fetched and all(e["path"] in ("relayed", None) for e in fetched), fetched
     relay = maddr.rsplit("/p2p/", 1)[1]
     # join's first lines, then the relay slot (dht.join_report), told once the node sees its
     # relayed address: it may lag the first merges through that relay
@@ -280,7 +280,10 @@ NUM_OBSERVERS = 4
 PUNCH_S = 120
 """After both homes merged each other's updates through a relay, one fetches an update over a
 hole-punched connection within this bound (a relayed peer is re-dialled 25-40 s after the
-node started: dht.network_punch)."""
+node started: dht.network_punch). The punch comes on the homes' first relayed connection when
+both served DCUtR by then, else on a re-dial; before 2026-12-04 (session 14) no home ever
+re-dialled (its public address was hidden by its relay slot by then), so the test passed only
+when the first connection came late enough: the quarantine's flake, docs/nat.md."""
 
 
 @pytest.fixture
@@ -296,11 +299,6 @@ def observed_public(node: ChildProcess) -> bool:
     return any(is_public_maddr(m) for e in node.of("reachability") for m in e.get("maddrs") or [])
 
 
-@pytest.mark.skipif(
-    not os.environ.get("DILOCO_PUNCH_TEST"),
-    reason="quarantined (DILOCO_PUNCH_TEST=1 runs it): DCUtR's punch failed in 2 of 5 runs "
-    "inside this file on 2026-12-04 while passing alone; docs/nat.md",
-)
 @pytest.mark.timeout(covering(4 * START_S, 2 * START_S, 2 * NAT_MERGE_S, PUNCH_S))
 def test_two_homes_behind_cone_nats_punch_a_hole_and_fetch_updates_through_it(
     cone_lab: NatLab, in_namespace: Launch

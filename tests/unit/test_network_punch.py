@@ -141,3 +141,16 @@ def test_a_node_that_cannot_punch_only_watches_and_redials_once_it_can() -> None
     assert policy.redials(HIGH) == 0
     # its wait was kept meanwhile: once it can punch, the peer relayed all along is due at once
     assert policy.due(200.0, {HIGH: "relayed"}) == [HIGH]
+
+
+def test_a_home_that_listed_a_public_address_once_redials_after_autorelay_hides_it() -> None:
+    # p2pd lists the home's observed public address for its first ~12 s, then autorelay's
+    # address filter leaves only private and relayed ones; DCUtR is served all along
+    policy = RedialPolicy(ME, 0.0, SETTINGS)
+    listed = {5.0, 6.0, 7.0}
+    found = [
+        now
+        for now in range(200)
+        if policy.due(float(now), {HIGH: "relayed"}, can_punch=now in listed) == [HIGH]
+    ]
+    assert found == [25]

@@ -12,12 +12,14 @@ from dht.reachability import (
     PathBook,
     RelayLimits,
     connections_by_peer,
+    daemon_env,
     daemon_flags,
     is_public,
     path_rank,
     paths_label,
     relay_of,
     shareable,
+    tuned_p2p,
 )
 
 RELAY = "12D3KooWNdCAR3NwA13FW74d2hURfeBQ4RaTmTorkqWxQcvHGnZw"
@@ -195,3 +197,17 @@ def test_a_heartbeat_keeps_the_addresses_a_distant_peer_can_use_within_its_limit
 def test_a_live_connection_ranks_a_peer_before_one_this_node_must_dial() -> None:
     ranks = [path_rank(k) for k in ("direct", "holepunched", "relayed", None)]
     assert ranks == [0, 0, 1, 2]
+
+
+def test_tuned_p2p_adds_flags_and_runs_p2pd_under_env_with_the_variables_given() -> None:
+    # P2P.create calls it on the instance it is building
+    plain = object.__new__(tuned_p2p({"relayDataLimit": "5"}))
+    assert plain._make_process_args("p2pd", relay=True) == ["p2pd", "-relay=1", "-relayDataLimit=5"]
+    scheduled = object.__new__(tuned_p2p({}, env={"GOMAXPROCS": "1"}))
+    assert scheduled._make_process_args("p2pd") == ["env", "GOMAXPROCS=1", "p2pd"]
+
+
+def test_only_a_node_told_it_is_public_runs_p2pd_on_one_scheduler_thread() -> None:
+    # the configured relay service then registers after the default one (docs/nat.md)
+    assert daemon_env(force_public=True) == {"GOMAXPROCS": "1"}
+    assert daemon_env(force_public=False) == {}
