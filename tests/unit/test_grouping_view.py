@@ -47,7 +47,9 @@ def test_replicas_fed_the_same_views_agree_and_groups_change_only_between_epochs
     views: list[tuple[int, frozenset[int]]], epoch_rounds: int
 ) -> None:
     config = GroupingConfig(min_group_size=4)
-    a, b = EpochGrouping(RUN, epoch_rounds, config), EpochGrouping(RUN, epoch_rounds, config)
+    # patience 0: a fall is not deferred past the epoch's first round (dht.grouping_split)
+    a = EpochGrouping(RUN, epoch_rounds, config, patience=0)
+    b = EpochGrouping(RUN, epoch_rounds, config, patience=0)
     round_, last = 0, None
     for step, members in views:
         round_ += step
