@@ -11,34 +11,31 @@ The rule (`SplitRule`):
 - **A census bears a band of splits**: `band(n)` = [the bits a swarm growing to n peers
   reaches, the bits a swarm shrinking to n keeps] (the fixed points of
   `GroupingPolicy.bits_for(n, .)`; at `--group-size 4`, 16 peers bear 1 or 2 bits).
-- **Everyone follows one announcer**: the *leader* is the live peer with the lowest position
-  (`dht.grouping.peer_bits`, from its id alone) among those whose signed heartbeat announces
-  a split, this node included once it holds one. Its split, clamped into this node's band,
-  is the node's target (`bits_for(n, leader's bits)`). Replicas with the same census pick
-  the same leader and the same target; the leader's own split is its hysteresis state, so
-  it stays put while the census stays in band and the swarm stays with it.
-- **When it moves**: up at once (the census grew past a split line, or the leader splits
-  deeper within the band); down to the leader at once but once per epoch (a restarted node
-  or an early founder rejoins the swarm's split within a round), otherwise down only at an
-  epoch's first round (a census that drops for a read or two does not merge groups).
-- **A newcomer whose census does not bear the leader's split waits** (no grouping, its
-  pseudo-gradient kept) up to `patience` rounds for its census to fill, instead of forming
-  a group of its own from a partial census; so does a node about to lower at an epoch's
-  start away from the leader. After `patience` rounds its own census decides.
+- **Everyone takes the deepest split held in band**: a node's target is the largest split
+  among those live peers announce in their signed heartbeats (`group_bits`) and its own,
+  counting only splits its own census bears; a newcomer's candidate is its census's own
+  split (no hysteresis), so a node that reads the whole swarm lifts the founders that
+  decided from a few heartbeats. Replicas with the same census take the same maximum, and
+  every split in band is a fixed point, so once they hold it nobody moves.
+- **When a node moves**: up at once; down only when the census no longer bears its split:
+  at once (once per epoch) to a split a peer holds in band, otherwise at an epoch's first
+  round after `patience` rounds (a census that dips for a read or two merges nothing).
+- **A newcomer whose peers all hold splits its census does not bear waits** (no grouping,
+  its pseudo-gradient kept) up to `patience` rounds for its census to fill, instead of
+  forming a group of its own from a partial census; then its own census decides.
 
 Trust: an announcement counts only from a live peer's verified heartbeat (the caller's
-census), and moves a node only within the band its own census bears: a stranger with a
-ground peer id (the lowest position) can choose among the splits hysteresis would keep for
-the census, never a deeper one (and a flood of heartbeats is the membership's budget to
-bound, as for every census). Toggling within the band moves a follower up at once and down
-at most once per epoch plus once at its start: bounded churn, not a stall.
+census), and only when this node's own census bears it: a stranger can make the swarm take
+the deepest split hysteresis would keep for the census, never a deeper one, and cannot pull
+it down at all (a split in band is never left for a shallower one; at 1000 peers and
+`--group-size 8` the band is 5 bits alone). A flood of heartbeats is the membership's
+budget to bound, as for every census.
 
 Agreement: once every replica's census holds the same live peers and their current
-announcements, all pick one leader L; if L's split is in the band, every follower is on it
-within one round up, or within the epoch (once per epoch: at once) down; if it is not, L
-itself moves into the band (up at once, down at its next epoch), and the followers with it:
-at most two epochs after the censuses agree (`tests/unit/test_grouping_split.py`). Pure: no
-network, no clock.
+announcements, all take the same maximum M of the splits held in band; those below rise to
+it at once, those above (out of band) come down to it at once: within a round of the reads
+(`tests/unit/test_grouping_split.py`: within two epochs whatever the interleaving). Pure:
+no network, no clock.
 """
 
 from __future__ import annotations
@@ -46,7 +43,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from dht.grouping import GroupingPolicy, peer_bits
+from dht.grouping import GroupingPolicy
 
 PATIENCE_ROUNDS = 2
 """Rounds a newcomer (or a node about to leave the leader's split) waits for its census to
@@ -67,10 +64,10 @@ class SplitRule:
     """Decides a replica's split from its census size, the splits live peers announce and
     its own state; holds no mutable state (`SplitState` is the caller's)."""
 
-    def __init__(self, run_id: str, policy: GroupingPolicy, patience: int = PATIENCE_ROUNDS):
+    def __init__(self, policy: GroupingPolicy, patience: int = PATIENCE_ROUNDS):
         if type(patience) is not int or patience < 0:
             raise ValueError(f"patience must be an integer >= 0, got {patience!r}.")
-        self.run_id, self.policy, self.patience = run_id, policy, patience
+        self.policy, self.patience = policy, patience
 
     def band(self, num_peers: int) -> tuple[int, int]:
         """The splits a census of `num_peers` bears: from the bits a growing swarm reaches
@@ -79,18 +76,16 @@ class SplitRule:
             num_peers, self.policy.config.max_bits
         )
 
-    def leader(self, me: str, own: int | None, announced: Mapping[str, object]) -> int | None:
-        """The split of the lowest-positioned announcer (this node included when it holds
-        one); announcements that are not a valid split are ignored. None: no one announces."""
-        valid = {p: b for p, b in announced.items() if p != me and self.valid(b)}
-        if own is not None:
-            valid[me] = own
-        if not valid:
-            return None
-        first = min(valid, key=lambda p: (peer_bits(self.run_id, p), p))
-        bits = valid[first]
-        assert isinstance(bits, int)
-        return bits
+    def heard(
+        self, me: str, num_peers: int, announced: Mapping[str, object]
+    ) -> tuple[int | None, bool]:
+        """The deepest split a live peer announces that this census bears (None: none), and
+        whether any peer announces a valid split at all. Announcements that are not a split
+        (not an int in [0, max_bits]) and this node's own, read back, are ignored."""
+        lo, hi = self.band(num_peers)
+        valid = [b for p, b in announced.items() if p != me and self.valid(b)]
+        in_band = [b for b in valid if isinstance(b, int) and lo <= b <= hi]
+        return max(in_band, default=None), bool(valid)
 
     def valid(self, bits: object) -> bool:
         return type(bits) is int and 0 <= bits <= self.policy.config.max_bits
@@ -99,25 +94,30 @@ class SplitRule:
         self,
         state: SplitState,
         num_peers: int,
-        leader: int | None,
+        peers_bits: int | None,
+        heard: bool,
         new_epoch: bool,
     ) -> SplitState:
         """The state after one decision (one round): `bits` None means "wait, no grouping
-        this round". `new_epoch`: this round starts an epoch (or the first decision)."""
+        this round". `peers_bits`, `heard`: `heard()`'s answer; `new_epoch`: this round
+        starts an epoch (or is the first decision)."""
         own = state.bits
-        target = self.policy.bits_for(num_peers, own if leader is None else leader)
-        follows = leader is None or target == leader
-        if own is None:
-            if follows or state.waited >= self.patience:
-                return SplitState(target)
-            return SplitState(None, waited=state.waited + 1)
+        lo, hi = self.band(num_peers)
+        if own is None:  # a newcomer: its census's own split is a candidate too
+            if heard and peers_bits is None and state.waited < self.patience:
+                return SplitState(None, waited=state.waited + 1)
+            return SplitState(max(peers_bits or 0, self.policy.bits_for(num_peers)))
+        kept = own if lo <= own <= hi else None
+        candidates = [b for b in (peers_bits, kept) if b is not None]
+        target = max(candidates) if candidates else self.policy.bits_for(num_peers, own)
+        follows = bool(candidates)  # the target is a split someone in band holds
         down = state.followed_down and not new_epoch  # once per epoch starts again
         if target >= own:
             return SplitState(target, down)
         if follows and not new_epoch and not down:
             return SplitState(target, followed_down=True)
-        if not (new_epoch or state.waited):  # lowering away from the leader: at an epoch's start
-            return SplitState(own, down)
+        if not (new_epoch or state.waited):  # leaving a split nobody holds in band: at an
+            return SplitState(own, down)  # epoch's start, after `patience` rounds
         if follows or state.waited >= self.patience:
             return SplitState(target, down)
         return SplitState(own, down, state.waited + 1)

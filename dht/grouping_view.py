@@ -32,8 +32,8 @@ MAX_GROUP_KEYS = 1024
 
 class EpochGrouping:
     """The grouping in force at each round: decided at an epoch's first round and kept until
-    the next epoch, unless the split moves (dht.grouping_split: every replica follows the
-    lowest-positioned announcer within what its census bears). Holds the last decision and
+    the next epoch, unless the split moves (dht.grouping_split: every replica takes the
+    deepest split a live peer holds within what its census bears). Holds the last decision and
     the split's state."""
 
     def __init__(
@@ -50,7 +50,7 @@ class EpochGrouping:
         if type(epoch_rounds) is not int or epoch_rounds < 1:
             raise ValueError(f"epoch_rounds must be an integer >= 1, got {epoch_rounds!r}.")
         self.policy = GroupingPolicy(run_id, config)
-        self.rule = SplitRule(run_id, self.policy, patience)
+        self.rule = SplitRule(self.policy, patience)
         self.epoch_rounds, self.me = epoch_rounds, me
         self.current: Grouping | None = None
         self.split = SplitState()
@@ -70,12 +70,12 @@ class EpochGrouping:
         node included) and the splits live peers announce in their heartbeats (peer id ->
         bits); None while this node waits for its census to bear the split its peers hold
         (a newcomer, at most `patience` rounds). Within an epoch the first decision's list
-        stands unless the split moves (session 14: it follows the leader's split)."""
+        stands unless the split moves (session 14: one split on every replica)."""
         epoch = self.epoch_of(round_)
         view = MembershipView.of(epoch, peers)
         new_epoch = self.due(round_)
-        leader = self.rule.leader(self.me, self.split.bits, announced or {})
-        self.split = self.rule.next(self.split, len(view.peers), leader, new_epoch)
+        peers_bits, heard = self.rule.heard(self.me, len(view.peers), announced or {})
+        self.split = self.rule.next(self.split, len(view.peers), peers_bits, heard, new_epoch)
         bits = self.split.bits
         if bits is None:
             return None

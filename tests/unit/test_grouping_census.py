@@ -125,7 +125,7 @@ def test_a_replica_whose_census_was_partial_rejoins_the_split_within_the_epoch()
     assert bits(late, 1, peers) == 0  # no announcement: the first decision stands
     announced = {peers[0]: 0, **{p: 1 for p in peers[1:]}}  # what the heartbeats say now
     assert late.decide(1, peers, announced) == full.decide(1, peers, announced)
-    assert late.split.bits == 1  # the lowest-positioned announcer (peer3) holds 1 bit
+    assert late.split.bits == 1  # the deepest split held that six peers bear
     assert bits(late, 2, peers[:2], {peers[1]: 1}) == 1  # a census that dips: no fall mid-epoch
 
 

@@ -23,7 +23,7 @@ PEERS = [f"12D3KooWsplit{i:04d}" for i in range(64)]
 
 def rule(min_group_size: int = 4, patience: int = 2, max_bits: int = 5) -> SplitRule:
     config = GroupingConfig(min_group_size=min_group_size, max_bits=max_bits)
-    return SplitRule(RUN, GroupingPolicy(RUN, config), patience)
+    return SplitRule(GroupingPolicy(RUN, config), patience)
 
 
 def test_a_census_bears_the_splits_hysteresis_keeps() -> None:
@@ -34,22 +34,18 @@ def test_a_census_bears_the_splits_hysteresis_keeps() -> None:
     assert r.band(16) == (1, 2) and r.band(20) == (2, 2) and r.band(1000) == (5, 5)
 
 
-def test_the_leader_is_the_lowest_position_among_valid_announcers() -> None:
-    from dht.grouping import peer_bits
-
+def test_the_deepest_split_held_in_band_counts_and_junk_is_ignored() -> None:
     r = rule()
     peers = PEERS[:6]
-    first = min(peers, key=lambda p: peer_bits(RUN, p))
-    announced: dict[str, object] = {p: 2 for p in peers}
-    announced[first] = 1
-    assert r.leader("me", None, announced) == 1
-    for junk in (True, -1, 6, "1", None, 1.0):  # not a split: ignored, the next one leads
-        assert r.leader("me", None, {**announced, first: junk}) == 2
-    assert r.leader("me", None, {}) is None and r.leader("me", 3, {}) == 3
-    me = min(PEERS, key=lambda p: peer_bits(RUN, p))
-    assert r.leader(me, 0, announced) == 0  # this node itself leads once it holds a split
-    assert r.leader(me, None, announced) == 1  # not while it holds none
-    assert r.leader(me, 0, {me: 3}) == 0  # its own heartbeat read back is not a vote
+    announced: dict[str, object] = {p: 1 for p in peers}
+    assert r.heard("me", 16, announced) == (1, True)
+    assert r.heard("me", 16, {**announced, peers[0]: 2}) == (2, True)
+    assert r.heard("me", 16, {**announced, peers[0]: 3}) == (1, True)  # 16 do not bear 3
+    assert r.heard("me", 5, announced) == (None, True)  # 5 bear no split: heard, not taken
+    for junk in (True, -1, 6, "2", None, 2.0):
+        assert r.heard("me", 16, {**announced, peers[0]: junk}) == (1, True)
+        assert r.heard("me", 16, {peers[0]: junk}) == (None, False)
+    assert r.heard(peers[0], 16, {peers[0]: 2}) == (None, False)  # its own, read back
 
 
 def test_patience_must_be_a_nonnegative_integer() -> None:
@@ -62,7 +58,7 @@ def test_patience_must_be_a_nonnegative_integer() -> None:
     own=st.none() | st.integers(0, 5),
     followed_down=st.booleans(),
     waited=st.integers(0, 4),
-    leader=st.none() | st.integers(0, 5),
+    announced=st.lists(st.integers(0, 5), max_size=6),
     new_epoch=st.booleans(),
 )
 def test_no_announcement_moves_a_replica_past_what_its_census_bears(
@@ -70,40 +66,42 @@ def test_no_announcement_moves_a_replica_past_what_its_census_bears(
     own: int | None,
     followed_down: bool,
     waited: int,
-    leader: int | None,
+    announced: list[int],
     new_epoch: bool,
 ) -> None:
-    """Whatever the leader announces (a stranger with a ground peer id included), a replica
-    that moves moves into its own census's band; it never rises past the band's top."""
+    """Whatever live peers announce (strangers included), a replica that moves moves into
+    its own census's band, and never leaves a split in band for a shallower one."""
     r = rule()
     lo, hi = r.band(n)
+    peers_bits, heard = r.heard("me", n, dict(zip(PEERS, announced, strict=False)))
     state = SplitState(own, followed_down and own is not None, waited if own is None else 0)
-    after = r.next(state, n, leader, new_epoch)
+    after = r.next(state, n, peers_bits, heard, new_epoch)
     if after.bits is None:
-        assert own is None and leader is not None and not lo <= leader <= hi
+        assert own is None and heard and peers_bits is None
         assert after.waited == waited + 1 <= r.patience
     elif after.bits != own:
         assert lo <= after.bits <= hi
-    if own is not None and after.bits is not None and after.bits > own:
-        assert after.bits <= hi
+    if own is not None and lo <= own <= hi:
+        assert after.bits is not None and after.bits >= own
 
 
 @given(
     n=st.integers(1, 100),
-    leaders=st.lists(st.integers(0, 5), min_size=1, max_size=40),
+    announced=st.lists(st.integers(0, 5), min_size=1, max_size=40),
     epoch_rounds=st.integers(1, 12),
 )
-def test_a_toggling_leader_moves_a_follower_down_at_most_twice_an_epoch(
-    n: int, leaders: list[int], epoch_rounds: int
+def test_a_toggling_peer_moves_a_follower_down_at_most_twice_an_epoch(
+    n: int, announced: list[int], epoch_rounds: int
 ) -> None:
-    """A hostile lowest-positioned peer that flips its split each round: the follower goes
-    down at most once mid-epoch and once at its start (bounded churn), never out of band."""
+    """A hostile peer that flips its announced split each round: the follower goes down at
+    most once mid-epoch and once at its start (bounded churn), never out of band."""
     r = rule(patience=0)
-    state = r.next(SplitState(), n, None, True)
+    state = r.next(SplitState(), n, None, False, True)
     downs: dict[int, int] = {}
-    for i, leader in enumerate(leaders, start=1):
+    for i, bits in enumerate(announced, start=1):
         before = state.bits
-        state = r.next(state, n, leader, i % epoch_rounds == 0)
+        peers_bits, heard = r.heard("me", n, {"stranger": bits})
+        state = r.next(state, n, peers_bits, heard, i % epoch_rounds == 0)
         assert state.bits is not None and before is not None
         if state.bits < before:
             downs[i // epoch_rounds] = downs.get(i // epoch_rounds, 0) + 1
@@ -117,25 +115,25 @@ def test_a_newcomer_waits_for_its_census_then_decides_alone() -> None:
     r = rule(patience=2)
     state = SplitState()
     for waited in (1, 2):
-        state = r.next(state, 5, 1, True)
+        state = r.next(state, 5, None, True, True)
         assert state == SplitState(None, waited=waited)
-    assert r.next(state, 16, 1, True).bits == 1  # the census filled: it follows
-    assert r.next(state, 5, 1, True).bits == 0  # patience spent: alone
+    assert r.next(state, 16, 1, True, True).bits == 2  # the census filled: 16 bear 2
+    assert r.next(state, 5, None, True, True).bits == 0  # patience spent: alone
 
 
 def test_a_split_kept_by_hysteresis_does_not_drop_for_a_census_that_dips_mid_epoch() -> None:
     r = rule()
     state = SplitState(1)
     for _ in range(5):  # 16 peers, one split; the census dips to 5 for a few reads
-        state = r.next(state, 5, 1, False)
+        state = r.next(state, 5, None, True, False)
         assert state.bits == 1
-    assert r.next(state, 16, 1, True).bits == 1
+    assert r.next(state, 16, 1, True, True).bits == 1
 
 
 def test_session_13s_three_splits_become_one() -> None:
     """bench.scale --sizes 16 --group-size 4 (session 13): nodes held groups.0b (first census
     of 5), groups.0b0/0b1 (9-15) and, had one read all 16, two bits. With every census full
-    they end on one split (here within one round: 16 bears 1 and 2, the leader's stands)."""
+    they end on one split: two bits, the deepest held that 16 bear (within one round)."""
     config = GroupingConfig(min_group_size=4)
     peers = PEERS[:16]
     nodes = {p: EpochGrouping(RUN, 10, config, me=p) for p in peers}
@@ -147,7 +145,7 @@ def test_session_13s_three_splits_become_one() -> None:
         announced = {p: g.split.bits for p, g in nodes.items()}
         for g in nodes.values():
             g.decide(round_, peers, announced)
-    assert len({g.split.bits for g in nodes.values()}) == 1
+    assert {g.split.bits for g in nodes.values()} == {2}
 
 
 @dataclass
@@ -216,7 +214,7 @@ def test_any_interleaving_of_joins_and_censuses_ends_on_one_split_within_two_epo
         step(at)
     settled = {r.history[-1] for r in replicas.values()}
     assert len(settled) == 1 and None not in settled, settled
-    lo, hi = SplitRule(RUN, GroupingPolicy(RUN, config)).band(n)
+    lo, hi = SplitRule(GroupingPolicy(RUN, config)).band(n)
     bits = next(iter(settled))
     assert bits is not None and lo <= bits <= hi
     for at in range(quiet + bound, quiet + 2 * bound):  # and it stays there

@@ -177,7 +177,7 @@ def test_a_replica_whose_first_census_was_partial_follows_the_announced_split() 
     """min group size 3, hysteresis 0.25: six peers are one split's threshold. A replica that
     first saw four peers decided one group; held there by hysteresis (a split needs 7.5 peers)
     it would stay apart from the replicas that saw all six. The split they announce (6 peers
-    bear 0 or 1 bit) lifts it (dht.grouping_split: the lowest-positioned announcer leads)."""
+    bear 0 or 1 bit) lifts it (dht.grouping_split: the deepest split held in band)."""
     config = GroupingConfig(min_group_size=3)
     peers = [f"peer{i}" for i in range(6)]
     late = EpochGrouping(RUN, 1, config, me=peers[0])
