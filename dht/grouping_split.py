@@ -41,11 +41,16 @@ no network, no clock.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dht.grouping import GroupingPolicy
 
 PATIENCE_ROUNDS = 2
+MEMORY_ROUNDS = 5
+"""Rounds a census size counts for: a node's band is that of the largest census it read in
+its last MEMORY_ROUNDS decisions (each a set of signed heartbeats it verified then). At load
+~40 a node's live view flapped between 1 and 11 of 15 peers round to round (session 14's
+N = 16 run), and splits followed the dips down and back up."""
 """Rounds a newcomer (or a node about to leave the leader's split) waits for its census to
 bear the leader's split before its own census decides."""
 
@@ -58,16 +63,28 @@ class SplitState:
     bits: int | None = None
     followed_down: bool = False
     waited: int = 0
+    seen: tuple[int, ...] = ()
+    """The census sizes of its last decisions (at most `SplitRule.memory`)."""
 
 
 class SplitRule:
     """Decides a replica's split from its census size, the splits live peers announce and
     its own state; holds no mutable state (`SplitState` is the caller's)."""
 
-    def __init__(self, policy: GroupingPolicy, patience: int = PATIENCE_ROUNDS):
+    def __init__(
+        self, policy: GroupingPolicy, patience: int = PATIENCE_ROUNDS, memory: int = MEMORY_ROUNDS
+    ):
         if type(patience) is not int or patience < 0:
             raise ValueError(f"patience must be an integer >= 0, got {patience!r}.")
-        self.policy, self.patience = policy, patience
+        if type(memory) is not int or memory < 1:
+            raise ValueError(f"memory must be an integer >= 1, got {memory!r}.")
+        self.policy, self.patience, self.memory = policy, patience, memory
+
+    def proven(self, state: SplitState, num_peers: int) -> int:
+        """The census size this decision's band is drawn from: the largest of this one and
+        the last `memory - 1` (a census that dips for a few reads moves nothing)."""
+        recent = state.seen[max(len(state.seen) - self.memory + 1, 0) :]
+        return max((*recent, num_peers))
 
     def band(self, num_peers: int) -> tuple[int, int]:
         """The splits a census of `num_peers` bears: from the bits a growing swarm reaches
@@ -100,7 +117,20 @@ class SplitRule:
     ) -> SplitState:
         """The state after one decision (one round): `bits` None means "wait, no grouping
         this round". `peers_bits`, `heard`: `heard()`'s answer; `new_epoch`: this round
-        starts an epoch (or is the first decision)."""
+        starts an epoch (or is the first decision); `num_peers`: this census's size (the
+        band is `proven()`'s, and `heard()` must be asked with that)."""
+        seen = (*state.seen, num_peers)[-self.memory :]
+        after = self._next(state, self.proven(state, num_peers), peers_bits, heard, new_epoch)
+        return replace(after, seen=seen)
+
+    def _next(
+        self,
+        state: SplitState,
+        num_peers: int,
+        peers_bits: int | None,
+        heard: bool,
+        new_epoch: bool,
+    ) -> SplitState:
         own = state.bits
         lo, hi = self.band(num_peers)
         if own is None:  # a newcomer: its census's own split is a candidate too

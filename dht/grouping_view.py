@@ -74,7 +74,8 @@ class EpochGrouping:
         epoch = self.epoch_of(round_)
         view = MembershipView.of(epoch, peers)
         new_epoch = self.due(round_)
-        peers_bits, heard = self.rule.heard(self.me, len(view.peers), announced or {})
+        proven = self.rule.proven(self.split, len(view.peers))
+        peers_bits, heard = self.rule.heard(self.me, proven, announced or {})
         self.split = self.rule.next(self.split, len(view.peers), peers_bits, heard, new_epoch)
         bits = self.split.bits
         if bits is None:

@@ -116,7 +116,7 @@ def test_a_newcomer_waits_for_its_census_then_decides_alone() -> None:
     state = SplitState()
     for waited in (1, 2):
         state = r.next(state, 5, None, True, True)
-        assert state == SplitState(None, waited=waited)
+        assert (state.bits, state.waited) == (None, waited)
     assert r.next(state, 16, 1, True, True).bits == 2  # the census filled: 16 bear 2
     assert r.next(state, 5, None, True, True).bits == 0  # patience spent: alone
 
@@ -128,6 +128,29 @@ def test_a_split_kept_by_hysteresis_does_not_drop_for_a_census_that_dips_mid_epo
         state = r.next(state, 5, None, True, False)
         assert state.bits == 1
     assert r.next(state, 16, 1, True, True).bits == 1
+
+
+def test_a_live_view_that_flaps_under_load_does_not_move_the_split() -> None:
+    """Session 14's N = 16 run at load ~40: node8's census read 7, 1, 8, 11, 7, 3, 9, 8, 6,
+    8, 4, 6 live peers round by round while some peers held no split and some one bit; it
+    went 0b -> 0b1 -> 0b -> 0b1. A census is proven for `memory` rounds: once a census bore
+    the split, a dip below the keep line (6 peers) neither drops it nor follows a peer down."""
+    config = GroupingConfig(min_group_size=4)
+    grouping = EpochGrouping(RUN, 10, config, me=PEERS[0])
+    announced = {PEERS[1]: 0, PEERS[2]: 1}
+    held = []
+    for round_, size in enumerate((7, 1, 8, 11, 7, 3, 9, 8, 6, 8, 4, 6)):
+        decided = grouping.decide(round_, PEERS[:size] if size else PEERS[:1], announced)
+        held.append(None if decided is None else decided.bits)
+    assert held[held.index(1) :] == [1] * (len(held) - held.index(1)), held
+    short = SplitRule(GroupingPolicy(RUN, config), memory=1)  # no memory: it flaps
+    state = short.next(SplitState(), 11, 1, True, True)
+    assert state.bits == 1 and short.next(state, 4, 0, True, False).bits == 0
+
+
+def test_memory_must_be_a_positive_integer() -> None:
+    with pytest.raises(ValueError, match="memory"):
+        SplitRule(GroupingPolicy(RUN), memory=0)
 
 
 def test_session_13s_three_splits_become_one() -> None:
