@@ -51,14 +51,14 @@ MEMORY_ROUNDS = 5
 its last MEMORY_ROUNDS decisions (each a set of signed heartbeats it verified then). At load
 ~40 a node's live view flapped between 1 and 11 of 15 peers round to round (session 14's
 N = 16 run), and splits followed the dips down and back up."""
-"""Rounds a newcomer (or a node about to leave the leader's split) waits for its census to
-bear the leader's split before its own census decides."""
+"""Rounds a newcomer waits for its census to bear a split its peers hold (and a node whose
+census no longer bears its own split waits at an epoch's start) before its census decides."""
 
 
 @dataclass(frozen=True)
 class SplitState:
     """What a replica carries between decisions: its split (None: none yet), whether it
-    already followed the leader down this epoch, and the rounds it has waited so far."""
+    already followed a peer down this epoch, and the rounds it has waited so far."""
 
     bits: int | None = None
     followed_down: bool = False
