@@ -143,7 +143,10 @@ class GroupingPolicy:
         return group_key(self.prefix_of(peer_id, bits))
 
     def decide(self, view: MembershipView, previous_bits: int | None = None) -> Grouping:
-        bits = self.bits_for(len(view.peers), previous_bits)
+        return self.at_bits(view, self.bits_for(len(view.peers), previous_bits))
+
+    def at_bits(self, view: MembershipView, bits: int) -> Grouping:
+        """The view's groups at a split already agreed (dht.grouping_split)."""
         members: dict[str, list[str]] = {}
         for peer in sorted(view.peers):
             members.setdefault(self.key_of(peer, bits), []).append(peer)

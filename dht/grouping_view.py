@@ -16,10 +16,11 @@ Steps 1 and 2 of docs/scale.md's wiring plan, as pure code that training does no
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from dht.grouping import Grouping, GroupingConfig, GroupingPolicy, MembershipView, peer_bits
+from dht.grouping_split import PATIENCE_ROUNDS, SplitRule, SplitState
 from dht.shards import ShardConfig
 
 if TYPE_CHECKING:  # the walk reads DHT records (hivemind): not on a node's path to its first step
@@ -30,17 +31,29 @@ MAX_GROUP_KEYS = 1024
 
 
 class EpochGrouping:
-    """The grouping in force at each round: decided at an epoch's first round, kept until the
-    next epoch. Holds only the last decision (for its bits: the hysteresis)."""
+    """The grouping in force at each round: decided at an epoch's first round and kept until
+    the next epoch, unless the split moves (dht.grouping_split: every replica takes the
+    deepest split a live peer holds within what its census bears). Holds the last decision and
+    the split's state."""
 
     def __init__(
-        self, run_id: str, epoch_rounds: int, config: GroupingConfig | None = None
+        self,
+        run_id: str,
+        epoch_rounds: int,
+        config: GroupingConfig | None = None,
+        *,
+        me: str = "",
+        patience: int = PATIENCE_ROUNDS,
     ) -> None:
+        """`me`: this node's peer id (it is in every census it decides from, and its own
+        split counts as an announcement)."""
         if type(epoch_rounds) is not int or epoch_rounds < 1:
             raise ValueError(f"epoch_rounds must be an integer >= 1, got {epoch_rounds!r}.")
         self.policy = GroupingPolicy(run_id, config)
-        self.epoch_rounds = epoch_rounds
+        self.rule = SplitRule(self.policy, patience)
+        self.epoch_rounds, self.me = epoch_rounds, me
         self.current: Grouping | None = None
+        self.split = SplitState()
 
     def epoch_of(self, round_: int) -> int:
         return max(round_, 0) // self.epoch_rounds
@@ -50,50 +63,27 @@ class EpochGrouping:
         decided yet (a replica that started mid-epoch decides at once)."""
         return self.current is None or self.current.epoch != self.epoch_of(round_)
 
-    def decide(self, round_: int, peers: Iterable[str], announced: Iterable[int] = ()) -> Grouping:
+    def decide(
+        self, round_: int, peers: Iterable[str], announced: Mapping[str, object] | None = None
+    ) -> Grouping | None:
         """The grouping of `round_`'s epoch from the peers the epoch's census found (this
-        node included), and the bits live peers announced in their heartbeats (settled_bits).
-        Within an epoch the first decision stands (a later call returns it) unless live
-        peers announce more bits than it has that this census bears: a replica whose first
-        census was partial then re-decides at once, from this census, instead of keeping a
-        group of its own for the rest of the epoch (session 13: bits only rise mid-epoch)."""
+        node included) and the splits live peers announce in their heartbeats (peer id ->
+        bits); None while this node waits for its census to bear the split its peers hold
+        (a newcomer, at most `patience` rounds). Within an epoch the first decision's list
+        stands unless the split moves (session 14: one split on every replica)."""
         epoch = self.epoch_of(round_)
         view = MembershipView.of(epoch, peers)
-        alone, kept = self.policy.bits_for(len(view.peers)), self.kept_bits(len(view.peers))
+        new_epoch = self.due(round_)
+        proven = self.rule.proven(self.split, len(view.peers))
+        peers_bits, heard = self.rule.heard(self.me, proven, announced or {})
+        self.split = self.rule.next(self.split, len(view.peers), peers_bits, heard, new_epoch)
+        bits = self.split.bits
+        if bits is None:
+            return None
         current = self.current
-        if current is not None and current.epoch == epoch:
-            raised = settled_bits(current.bits, announced, alone, kept)
-            if raised > current.bits:
-                current = self.current = self.policy.decide(view, raised)
-            return current
-        own = None if current is None else current.bits
-        self.current = self.policy.decide(view, settled_bits(own, announced, alone, kept))
-        return self.current
-
-    def kept_bits(self, num_peers: int) -> int:
-        """The most bits a census of `num_peers` bears: those hysteresis would keep (a split
-        stands until its groups fall below (1 - hysteresis) x min_group_size), at least the
-        bits it would decide alone. The peers that split at N keep the split down to 3/4 N,
-        so a replica that (re)joins with a census there follows them (session 13: a node
-        restarted into a census of 7 of 8 formed a group of its own for the whole epoch)."""
-        return self.policy.bits_for(num_peers, self.policy.config.max_bits)
-
-
-def settled_bits(
-    own: int | None, announced: Iterable[int], target: int, cap: int | None = None
-) -> int:
-    """The bits carried into an epoch's decision (its hysteresis start): this node's previous
-    bits (its census's `target`, without hysteresis, at its first decision), raised to the
-    largest bits a live peer announced that this node's own census also bears (at most
-    `cap`: `target` unless given; `EpochGrouping.kept_bits` since session 13). A replica
-    whose earlier census was partial (it decided before it had read every heartbeat) so
-    follows one that saw the swarm, instead of being held below the split by hysteresis for
-    good; a peer cannot announce more groups than the census bears, and announcements never
-    lower the bits (only this node's own hysteresis does)."""
-    start = target if own is None else own
-    cap = target if cap is None else cap
-    best = max((b for b in announced if type(b) is int and 0 <= b <= cap), default=start)
-    return max(start, best)
+        if current is None or new_epoch or current.bits != bits:
+            current = self.current = self.policy.at_bits(view, bits)
+        return current
 
 
 def group_prefix(run_id: str, peer_id: str, bits: int) -> str:

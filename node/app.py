@@ -385,7 +385,7 @@ def _grouped(
     telemetry: Telemetry, groups: Callable[[], tuple[int, int] | None]
 ) -> Callable[[], Heartbeat]:
     """Heartbeats that carry the grouping this node is in (learner groups on): peers whose
-    first census was partial follow it (dht.grouping_view.settled_bits)."""
+    first census was partial follow it (dht.grouping_split)."""
 
     def heartbeat() -> Heartbeat:
         beat, grouping = telemetry.heartbeat(), groups()

@@ -78,7 +78,9 @@ class GroupPublishing:
         self.publisher, self.learner, self.merge = publisher, learner, merge
         self.replica, self.groups, self.run_id = publisher.replica, groups, run_id
         self.events, self.census_s = events, census_s
-        self.grouping = EpochGrouping(run_id, groups.group_epoch_rounds, groups.grouping_config())
+        self.grouping = EpochGrouping(
+            run_id, groups.group_epoch_rounds, groups.grouping_config(), me=self.me
+        )
 
         self.part_codec = publisher.codec.name
         """What this node's parts travel in: the swarm's codec for its own updates (bf16 by
@@ -191,13 +193,15 @@ class GroupPublishing:
         census = [self.me, *(h.peer_id for h in alive)]
         if self.grouping.due(round_) and len(census) < self.groups.group_size:
             return None
-        announced = [h.group_bits for h in alive if h.group_bits is not None]
+        announced = {h.peer_id: h.group_bits for h in alive if h.group_bits is not None}
         grouping = self.grouping.decide(round_, census, announced)
+        if grouping is None:  # its census does not bear its peers' split yet (grouping_split)
+            return None
         key = grouping.group_of(self.me)
         assert key is not None  # this node is in its own census
         round_ = max(round_, self._group_round(key))
         if self.grouping.due(round_):  # its group is in a later epoch: that epoch's grouping
-            grouping = self.grouping.decide(round_, census, announced)
+            grouping = self.grouping.decide(round_, census, announced) or grouping
             key = grouping.group_of(self.me) or key
             round_ = max(round_, self._group_round(key))
         epoch = self.grouping.epoch_of(round_)
