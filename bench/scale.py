@@ -403,18 +403,11 @@ def exit_figures(per_node: list[list[dict[str, Any]]]) -> dict[str, Any]:
     ]
     final = [e for e in stops if e is not None and e.get("applied_digest")]
     digests = {e["applied_digest"] for e in final}
-    distances = [
-        relative_distance(list(a["sketch"]), list(b["sketch"]))
-        for i, a in enumerate(final)
-        for b in final[i + 1 :]
-        if a["applied_digest"] == b["applied_digest"]
-    ]
-    known = [d for d in distances if d is not None]
     return {
         "exit_reported": len(final),
         "exit_digests": len(digests),
         "exit_num_applied": sorted(e["num_applied"] for e in final),
-        "exit_drift": round(max(known), 5) if known else None,
+        "exit_drift": _drift([(e["applied_digest"], e["sketch"]) for e in final]),
         "converged_at_exit": bool(final) and len(final) == len(per_node) and len(digests) == 1,
     }
 
@@ -443,11 +436,16 @@ def _final_drift(beats: list[Any]) -> float | None:
     During training drift includes the momentum tail of updates applied in different orders
     (it shrinks as later updates fold it in); this is what stays once everyone stopped.
     """
+    return _drift([(h.applied_digest, h.sketch) for h in beats])
+
+
+def _drift(replicas: list[tuple[str, Any]]) -> float | None:
+    """Largest relative distance between two (applied digest, sketch) of one applied set."""
     distances = [
-        relative_distance(list(a.sketch), list(b.sketch))
-        for i, a in enumerate(beats)
-        for b in beats[i + 1 :]
-        if a.applied_digest == b.applied_digest and a.sketch and b.sketch
+        relative_distance(list(a), list(b))
+        for i, (digest_a, a) in enumerate(replicas)
+        for digest_b, b in replicas[i + 1 :]
+        if digest_a == digest_b and a and b
     ]
     known = [d for d in distances if d is not None]
     return round(max(known), 5) if known else None
