@@ -35,7 +35,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dht.budget import StreamLimits
-from dht.group_exchange_shards import PIECE_LIMITS, SHARD_LIMITS, ShardedExchange, until_due
+from dht.group_exchange_shards import (
+    PIECE_LIMITS,
+    SHARD_LIMITS,
+    ShardedExchange,
+    new_refusal,
+    own_message,
+    until_due,
+)
 from dht.group_notice import SignedDone, decode_notice, notice_max_bytes, notice_refusal
 from dht.grouping import member_check
 from dht.grouping_census import SenderBook
@@ -170,19 +177,16 @@ class GroupExchange(ShardedExchange):
 
     async def rpc_part(self, info: Any, reader: Any, writer: Any) -> None:
         sender = str(info.peer_id)
-        blob = await self._receive("group_part", sender, reader, part_max_bytes(self.numel))
-        if blob is None:
-            return
-        try:
+
+        def decode(blob: bytes) -> tuple[ContributionHeader, torch.Tensor]:
             header, tensor = decode_part(blob, self.numel)
-            if header.author != sender:
-                raise GroupMessageError("wrong_sender", "a part relayed for another member")
-            if header.run_id != self.run_id:
-                raise GroupMessageError("wrong_run", f"a part of run {header.run_id!r}")
-        except GroupMessageError as exc:
-            self._reject(f"group_part_{exc.reason}", sender, str(exc))
+            own_message(header, sender, self.run_id, "a part")
+            return header, tensor
+
+        part = await self._take("group_part", sender, reader, part_max_bytes(self.numel), decode)
+        if part is None:
             return
-        self._received("part", sender, len(blob))
+        header, tensor = part
         self._book(header)
         self._take_part(header, tensor)
 
@@ -197,8 +201,7 @@ class GroupExchange(ShardedExchange):
             if member.on_part(header, tensor):
                 self._note_round(header)
             else:  # after_deadline (a late member), duplicate, wrong_round, headers_disagree...
-                after = member.reduction.rejected
-                reason = next((r for r in after if after[r] != before.get(r)), "refused")
+                reason = new_refusal(before, member.reduction.rejected)
                 self._reject(f"group_part_{reason}", header.author, "a part this round refused")
             self._wakes[rid].set()
             return
@@ -243,13 +246,10 @@ class GroupExchange(ShardedExchange):
 
     async def rpc_cosign(self, info: Any, reader: Any, writer: Any) -> None:
         sender = str(info.peer_id)
-        blob = await self._receive("group_cosign", sender, reader, cosign_max_bytes())
-        if blob is None:
-            return
-        try:
-            cosign = decode_cosign(blob)
-        except GroupMessageError as exc:
-            self._reject(f"group_cosign_{exc.reason}", sender, str(exc))
+        cosign = await self._take(
+            "group_cosign", sender, reader, cosign_max_bytes(), decode_cosign, counted=False
+        )
+        if cosign is None:
             return
         member = self._rounds.get(cosign.round_id)
         if not isinstance(member, GroupRound):
@@ -260,15 +260,15 @@ class GroupExchange(ShardedExchange):
 
     async def rpc_update(self, info: Any, reader: Any, writer: Any) -> None:
         sender = str(info.peer_id)
-        blob = await self._receive("group_update", sender, reader, update_max_bytes(self.numel))
-        if blob is None:
+        update = await self._take(
+            "group_update",
+            sender,
+            reader,
+            update_max_bytes(self.numel),
+            lambda blob: decode_update(blob, self.numel),
+        )
+        if update is None:
             return
-        try:
-            update = decode_update(blob, self.numel)
-        except GroupMessageError as exc:
-            self._reject(f"group_update_{exc.reason}", sender, str(exc))
-            return
-        self._received("update", sender, len(blob))
         rid = _round_id(update)
         member = self._rounds.get(rid)
         if member is not None and not member.done:
@@ -288,13 +288,10 @@ class GroupExchange(ShardedExchange):
         this node's own round needs the update, offered to the gossip if this node merges it
         as any replica, ignored if this node holds it (dht.grouping_round.done_action)."""
         sender = str(info.peer_id)
-        blob = await self._receive("group_done", sender, reader, notice_max_bytes())
-        if blob is None:
-            return
-        try:
-            notice = decode_notice(blob)
-        except GroupMessageError as exc:
-            self._reject(f"group_done_{exc.reason}", sender, str(exc))
+        notice = await self._take(
+            "group_done", sender, reader, notice_max_bytes(), decode_notice, counted=False
+        )
+        if notice is None:
             return
         done = notice.done
         if done.round_id in self._on_notice:

@@ -15,8 +15,8 @@ import asyncio
 import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -48,6 +48,23 @@ MAX_HELD_PIECES = 64
 """Pieces held per round before this node opens it (one per member, and a few re-sent)."""
 TICK_S = 0.25
 """The longest a round waits between looks at its deadlines and its members' liveness."""
+
+M = TypeVar("M")
+"""A decoded group message."""
+
+
+def own_message(header: ContributionHeader, sender: str, run_id: str, what: str) -> None:
+    """Refuses (GroupMessageError) a part or piece its sender did not author, or of another
+    run: each member sends its own, never one relayed for another."""
+    if header.author != sender:
+        raise GroupMessageError("wrong_sender", f"{what} relayed for another member")
+    if header.run_id != run_id:
+        raise GroupMessageError("wrong_run", f"{what} of run {header.run_id!r}")
+
+
+def new_refusal(before: Mapping[str, int], after: Mapping[str, int]) -> str:
+    """The refusal a reduction just counted (its `rejected` before and after one message)."""
+    return next((r for r in after if after[r] != before.get(r)), "refused")
 
 
 class ShardedExchange:
@@ -85,23 +102,43 @@ class ShardedExchange:
         async def _send(self, peer: str, name: str, blob: bytes, timeout_s: float) -> bool: ...
         def _spawn(self, coro: Any) -> None: ...
 
+    async def _take(
+        self,
+        name: str,
+        sender: str,
+        reader: Any,
+        max_bytes: int,
+        decode: Callable[[bytes], M],
+        counted: bool = True,
+    ) -> M | None:
+        """A `name` message read and decoded; None when it was too large, stalled, dropped
+        or refused by `decode` (a GroupMessageError, counted as `{name}_{reason}`). Its
+        bytes count as received (`name` without "group_") when `counted`."""
+        blob = await self._receive(name, sender, reader, max_bytes)
+        if blob is None:
+            return None
+        try:
+            message = decode(blob)
+        except GroupMessageError as exc:
+            self._reject(f"{name}_{exc.reason}", sender, str(exc))
+            return None
+        if counted:
+            self._received(name.removeprefix("group_"), sender, len(blob))
+        return message
+
     async def rpc_piece(self, info: Any, reader: Any, writer: Any) -> None:
         """A shard of a member's part (--group-scatter): checked against its author's
         signature, taken by the round if it runs, else held (bounded) until it opens."""
         sender = str(info.peer_id)
-        blob = await self._receive("group_piece", sender, reader, piece_max_bytes(self.numel))
-        if blob is None:
-            return
-        try:
+
+        def decode(blob: bytes) -> Piece:
             piece = decode_piece(blob, self.numel)
-            if piece.header.author != sender:
-                raise GroupMessageError("wrong_sender", "a piece relayed for another member")
-            if piece.header.run_id != self.run_id:
-                raise GroupMessageError("wrong_run", f"a piece of run {piece.header.run_id!r}")
-        except GroupMessageError as exc:
-            self._reject(f"group_piece_{exc.reason}", sender, str(exc))
+            own_message(piece.header, sender, self.run_id, "a piece")
+            return piece
+
+        piece = await self._take("group_piece", sender, reader, piece_max_bytes(self.numel), decode)
+        if piece is None:
             return
-        self._received("piece", sender, len(blob))
         header = piece.header
         self._book(header)
         rid = (header.group_key, header.epoch, header.round)
@@ -111,8 +148,7 @@ class ShardedExchange:
             if member.on_piece(piece):
                 self._note_round(header)
             else:
-                after = member.reduction.rejected
-                reason = next((r for r in after if after[r] != before.get(r)), "refused")
+                reason = new_refusal(before, member.reduction.rejected)
                 self._reject(f"group_piece_{reason}", sender, "a piece this round refused")
             self._wakes[rid].set()
             return
@@ -129,15 +165,15 @@ class ShardedExchange:
     async def rpc_shard(self, info: Any, reader: Any, writer: Any) -> None:
         """A reduced shard and its reducer's co-signature, for a round this node runs."""
         sender = str(info.peer_id)
-        blob = await self._receive("group_shard", sender, reader, shard_max_bytes(self.numel))
-        if blob is None:
+        shard = await self._take(
+            "group_shard",
+            sender,
+            reader,
+            shard_max_bytes(self.numel),
+            lambda blob: decode_shard(blob, self.numel),
+        )
+        if shard is None:
             return
-        try:
-            shard = decode_shard(blob, self.numel)
-        except GroupMessageError as exc:
-            self._reject(f"group_shard_{exc.reason}", sender, str(exc))
-            return
-        self._received("shard", sender, len(blob))
         member = self._rounds.get(shard.round_id)
         if not isinstance(member, ShardedRound):
             return  # a round this node is not in (left out, or closed): not a fault
