@@ -23,8 +23,8 @@ from dht.realign import (
     lacking_retained,
     merge_retained,
     record_weights,
-    settle_donor,
 )
+from dht.realign_settle import settle_donor
 from dht.retention import RetainedUpdates
 from merge.envelope import SignedUpdate
 from merge.identity import Identity
