@@ -48,7 +48,7 @@ from dht.merge_port import MergePort
 from dht.realign_config import RealignConfig
 from dht.realign_settle import Participant, Realign, SettleAndGap, Sighting
 from dht.retention import RetainedUpdates
-from dht.vouchers import Reports
+from dht.vouchers import Reports, group_record
 from merge.envelope import EnvelopeError, SignedUpdate
 from merge.result import MergeResult
 from merge.sketch import relative_distance
@@ -56,15 +56,21 @@ from merge.sketch import relative_distance
 logger = logging.getLogger(__name__)
 
 
-def record_weights(heartbeats: list[Heartbeat], applied_here: Mapping[str, int]) -> dict[str, int]:
+def record_weights(
+    heartbeats: list[Heartbeat],
+    applied_here: Mapping[str, int],
+    cosigned: Mapping[str, Mapping[str, int]] | None = None,
+) -> dict[str, int]:
     """Per participant, its applied track record (dht.vouchers.Reports: its updates another
     live peer reports applied, at most its own latest seq), capped by how many of its updates
-    this replica applied (`applied_here`): a clique of fresh keys vouching for each other
-    weighs nothing here. Only positive weights."""
+    this replica applied (`applied_here`), plus the learner groups' updates it co-signed
+    (`cosigned`, per group key, merge.cosign_ledger: dht.vouchers.group_record): a clique of
+    fresh keys vouching for each other weighs nothing here. Only positive weights."""
     reports = Reports(heartbeats)
     weights: dict[str, int] = {}
     for h in heartbeats:
         weight = min(reports.record(h.peer_id), applied_here.get(h.peer_id, 0))
+        weight += group_record(reports, cosigned or {}, h.peer_id)
         if weight > 0:
             weights[h.peer_id] = weight
     return weights
@@ -141,14 +147,22 @@ class RealignPolicy(SettleAndGap):
 
     # ---- what the node sees ----------------------------------------------------------------
 
-    def observe(self, own: Heartbeat, peers: list[Heartbeat], now: float) -> None:
-        """This node's heartbeat and its live peers' (the latest of each), seen at `now`.
+    def observe(
+        self,
+        own: Heartbeat,
+        peers: list[Heartbeat],
+        now: float,
+        cosigned: Mapping[str, Mapping[str, int]] | None = None,
+    ) -> None:
+        """This node's heartbeat and its live peers' (the latest of each), seen at `now`;
+        `cosigned`: this replica's co-signers of applied group updates (merge.cosign_ledger).
         Peers not among them left: what was seen of them goes."""
-        applied_here = dict(own.merged_by_author)
-        # Only authors this replica applied updates of can weigh anything: a thousand Sybil
-        # heartbeats cost nothing here (nor do their reports raise anyone's record).
-        alive = [own, *(h for h in peers if h.peer_id != own.peer_id and h.peer_id in applied_here)]
-        weights = record_weights(alive, applied_here)
+        applied_here, cosigned = dict(own.merged_by_author), cosigned or {}
+        # Only authors (or co-signers) of updates this replica applied can weigh anything: a
+        # thousand Sybil heartbeats cost nothing here (nor do their reports raise a record).
+        credited = applied_here.keys() | cosigned.keys()
+        alive = [own, *(h for h in peers if h.peer_id != own.peer_id and h.peer_id in credited)]
+        weights = record_weights(alive, applied_here, cosigned)
         ranked = sorted(weights, key=lambda p: (-weights[p], p))[: self.config.max_participants]
         self._weights = {p: weights[p] for p in ranked}
         keep = {own.peer_id, *ranked}

@@ -270,7 +270,8 @@ class Swarm:
         """Once a period: what the live peers' heartbeats say of their settled points, and a
         realignment in the background when the policy asks for one (one at a time)."""
         now = time.monotonic()
-        self.realignment.observe(self._heartbeat_fn(), self.membership.alive_peers(), now)
+        own, peers = self._heartbeat_fn(), self.membership.alive_peers()
+        self.realignment.observe(own, peers, now, self.replica.cosigned.counts())
         if self._realigning is not None:
             return
         decision = self.realignment.decide(now)

@@ -52,8 +52,23 @@ class Reports:
     def record(self, voucher: str) -> int:
         """`voucher`'s updates the highest other reporter applied, at most the voucher's own
         signed latest_seq."""
-        reported = (c for c, r in self._top.get(voucher, []) if r != voucher)
-        return min(next(reported, 0), self._latest_seq.get(voucher, 0))
+        return min(self.top(voucher, besides=voucher), self._latest_seq.get(voucher, 0))
+
+    def top(self, author: str, *, besides: str) -> int:
+        """The highest report of `author`'s updates applied by a reporter other than
+        `besides` (0: none)."""
+        return next((c for c, r in self._top.get(author, []) if r != besides), 0)
+
+
+def group_record(reports: Reports, cosigned: Mapping[str, Mapping[str, int]], member: str) -> int:
+    """`member`'s share of the learner groups' records: per group key, the updates of it that
+    this replica applied and `member` co-signed (`cosigned`: merge.cosign_ledger, built from
+    the co-signatures the merge verified), at most the highest report of that key by another
+    live peer; summed. A function of the applied set and the heartbeats alone, so alike on
+    every replica that applied one set and sees the same heartbeats; a member cannot claim an
+    update it did not co-sign, and a fresh key co-signed nothing applied here."""
+    keys = cosigned.get(member, {})
+    return sum(min(count, reports.top(key, besides=member)) for key, count in keys.items())
 
 
 def heartbeat_records(

@@ -93,7 +93,9 @@ class GroupMerge:
             verdict = p.robust.judge(update.aggregate, direction, norm, voters=None)
             weight *= p._robust_scale(header, verdict)
             clipped = p.robust.clipped(update.aggregate, direction, verdict)
-            p.replica.apply(header, clipped, weight, None, learners=learners)
+            p.replica.apply(
+                header, clipped, weight, None, learners=learners, cosigners=update.reducers()
+            )
             self.variants.applied(uid, *variant)
             if weight > 0:
                 p.robust.record(verdict, header.author)

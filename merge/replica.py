@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from merge.cosign_ledger import CosignLedger, parse_cosigned
 from merge.envelope import UpdateHeader
 from merge.fragments import FragmentLayout
 from merge.outer import OuterOptimizer
@@ -75,6 +76,8 @@ class Replica:
         """Bumped whenever the applied set changes: the cached digest is for one version."""
         self._digest: tuple[int, str] | None = None
         self._norm_bounds: tuple[int, float, float, int] | None = None
+        self.cosigned = CosignLedger()
+        """Per member and group key, the applied group updates it co-signed (its records)."""
         """(params' torch version counter, lo, hi, steps carried): bounds on params_norm()
         while the params are unchanged but for the steps that carried them."""
 
@@ -174,10 +177,12 @@ class Replica:
         *,
         learners: int | None = None,
         credited: float = 1.0,
+        cosigners: Sequence[str] = (),
     ) -> None:
         """Steps the outer optimizer with the update and records its id; sized by `learners`
         (the pipeline's, merge.learners), else by the header's signed count; `credited`: the
-        share of it its author's budget let through (it counts that much in :attr:`progress`).
+        share of it its author's budget let through (it counts that much in :attr:`progress`);
+        `cosigners`: a learner group's update's co-signers (credited in :attr:`cosigned`).
 
         An update of weight 0 contributes nothing: its id is recorded, the params and the outer
         optimizer's state stay as they are. ``norm``: the pseudo-gradient's norm, when the
@@ -198,6 +203,8 @@ class Replica:
                 self._carry_norm_bounds(bounds, moved, norm)
             self._record(header.author, header.seq)
             self._credited += min(1.0, max(0.0, credited))
+            if cosigners:
+                self.cosigned.credit(header.author, cosigners)
 
     def withdraw(
         self, header: UpdateHeader, pseudo_gradient: torch.Tensor, weight: float, learners: int
@@ -308,6 +315,7 @@ class Replica:
                 "applied": self.applied,
                 "num_applied": self._num_applied,
                 "num_credited": self._credited,
+                "cosigned": self.cosigned.counts(),
             }
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
@@ -326,6 +334,7 @@ class Replica:
         credited = state.get("num_credited", num_applied)  # a state from before: all whole
         if type(credited) not in (int, float) or not 0 <= credited <= num_applied:  # type: ignore[operator]
             raise ValueError("replica state num_credited must be a number in [0, num_applied].")
+        cosigned = parse_cosigned(state.get("cosigned"), applied)
         with self.lock:
             self._load_outer_state(outer)
             self.params.copy_(params)
@@ -335,6 +344,7 @@ class Replica:
                 for seq in seqs:
                     self._record(author, seq)
             self._credited = float(credited)  # type: ignore[arg-type]
+            self.cosigned.load(cosigned)
 
     def _outer_state(self) -> dict[str, object]:
         """The optimizer's state; with fragments, {"fragments": [one state per fragment]}."""
