@@ -76,10 +76,10 @@ class Replica:
         """Bumped whenever the applied set changes: the cached digest is for one version."""
         self._digest: tuple[int, str] | None = None
         self._norm_bounds: tuple[int, float, float, int] | None = None
-        self.cosigned = CosignLedger()
-        """Per member and group key, the applied group updates it co-signed (its records)."""
         """(params' torch version counter, lo, hi, steps carried): bounds on params_norm()
         while the params are unchanged but for the steps that carried them."""
+        self.cosigned = CosignLedger()
+        """Per member and group key, the applied group updates it co-signed (its records)."""
 
     @property
     def numel(self) -> int:
