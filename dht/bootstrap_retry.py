@@ -77,10 +77,18 @@ class BootstrapRetry:
 @dataclass(frozen=True, kw_only=True)
 class RejoinBounds:
     """How a known member that found no peer at start dials its known peers again, in the
-    background while it trains: capped exponential backoff, never giving up."""
+    background while it trains: capped exponential backoff, never giving up.
+
+    The cap is short because p2pd spaces the real dials itself: go-libp2p's swarm refuses a
+    dial to an address for 5 s + k^2 s after its k-th failure in a row (`dial backoff`, at
+    once, no packet sent) until a connection to that peer clears it. A peer down for 25 s
+    is dialled again 9-10 s after it is back with dials every 1-2 s (bench.dial_backoff,
+    session 15); the 15 s cap this had put up to 15 s more on top: in bench.chaos
+    --topology nat the symmetric home reached the restarted public node 29 s after it
+    listened, and 12 updates it trained alone meanwhile were lost at its next kill."""
 
     first_delay_s: float = 1.0
-    max_delay_s: float = 15.0
+    max_delay_s: float = 3.0
 
     def __post_init__(self) -> None:
         if not 0 < self.first_delay_s <= self.max_delay_s:

@@ -18,6 +18,8 @@ from typing import Protocol
 from dht.fetch_order import FetchOrder
 from dht.ranges import Ranges, UpdateId, iter_ids
 
+RELAYED_RANK = 1
+"""source_rank of a peer on a relayed connection (dht.reachability.path_rank)."""
 SMALL_RANGE = 64
 """A holder record's range shorter than this is walked seq by seq; a longer one through the
 author's wanted seqs."""
@@ -41,6 +43,16 @@ class CatchUpConfig:
     of a live home whose one failed fetch had dropped it as their only source)."""
     max_retry_s: float = 16.0
     """The longest wait before an author is asked again for an update after failures."""
+    relay_patience_s: float = 8.0
+    """How long an update whose best ready source is on a relayed connection waits,
+    from when it became wanted, while a live peer on a direct connection does not offer it
+    yet: behind NAT that peer is the public node, which fetches every home's update once and
+    then serves it over its own link, where a fetch through the relay takes the home's thin
+    uplink a second time (bench.chaos --topology nat, session 15: 27 of the cone home's 114
+    MB went up twice, to the symmetric home and to the other cone home through the relay,
+    while the public node's fetches from that uplink ran at 0.1 MB/s). A source with no
+    connection yet (rank 2) does not wait: a dial may find it direct (a public swarm). 0:
+    never waits."""
     mismatch_grace_s: float = 2.0
     """How long applied digests must differ before summaries are exchanged with that peer."""
     summary_period_s: float = 5.0
@@ -75,6 +87,7 @@ class CatchUpConfig:
             "lost_after_s",
             "retry_s",
             "max_retry_s",
+            "relay_patience_s",
             "mismatch_grace_s",
             "summary_period_s",
         ):
@@ -126,6 +139,8 @@ class _Want:
     """Passed over at least once by the fresh authors' fetch cap (dht.fetch_order)."""
     fresh: bool = False
     """Its author was fresh when it became wanted (counted in max_fresh_wants)."""
+    wanted_at: float = 0.0
+    """When it became wanted (relay_patience_s counts from here)."""
 
 
 @dataclass(frozen=True)
@@ -323,10 +338,11 @@ class CatchUp:
         if budget <= 0:
             return fetches
         with_fresh = self.fetch_order.may_admit(now, fresh_in_flight)
+        direct = self._direct_peers(alive)
         for uid in self.fetch_order.order(self._wants, self.is_fresh, with_fresh=with_fresh):
             if budget <= 0:
                 break
-            peer_id = self._pick_source(uid, now, alive)
+            peer_id = self._pick_source(uid, now, alive, direct)
             if peer_id is None:
                 continue
             want = self._wants[uid]
@@ -449,7 +465,7 @@ class CatchUp:
             maybe = {author} if author != self.self_id else set()
             since = None if fresh | maybe else now
             self._wants[uid] = _Want(
-                header, fresh | maybe, since, named_by=named_by, fresh=fresh_author
+                header, fresh | maybe, since, named_by=named_by, fresh=fresh_author, wanted_at=now
             )
             self._num_fresh_wants += fresh_author
             if named_by is not None:
@@ -493,7 +509,9 @@ class CatchUp:
         doubled = self.config.retry_s * 2.0 ** min(want.author_failures - 1, 30)
         return max(self.config.retry_s, min(self.config.max_retry_s, doubled))
 
-    def _pick_source(self, uid: UpdateId, now: float, alive: set[str]) -> str | None:
+    def _pick_source(
+        self, uid: UpdateId, now: float, alive: set[str], direct: set[str]
+    ) -> str | None:
         """The best ready source: the one on the best connection (source_rank), the author
         among equals. Behind NAT an author on a relayed connection is a home on a thin
         uplink, reached through a relay that may cut every 128 KiB: a holder on a direct
@@ -511,4 +529,22 @@ class CatchUp:
         ]
         if not ready:
             return None
-        return min(ready, key=lambda s: (self.source_rank(s), s != uid[0], s))
+        best = min(ready, key=lambda s: (self.source_rank(s), s != uid[0], s))
+        if self.source_rank(best) != RELAYED_RANK:
+            return best
+        # relay_patience_s: a direct peer will likely hold it soon
+        return None if self._direct_peer_may_offer(want, now, direct) else best
+
+    def _direct_peers(self, alive: set[str]) -> set[str]:
+        """The live peers on a direct connection (source_rank 0), for relay_patience_s."""
+        if self.config.relay_patience_s <= 0:
+            return set()
+        return {p for p in alive if p != self.self_id and self.source_rank(p) == 0}
+
+    def _direct_peer_may_offer(self, want: _Want, now: float, direct: set[str]) -> bool:
+        """Within relay_patience_s of `want`, whether a live peer on a direct connection that
+        neither offers it yet nor failed to deliver it may (it fetches it, then serves it over
+        its own link)."""
+        if now - want.wanted_at >= self.config.relay_patience_s:
+            return False
+        return any(p not in want.sources and p not in want.failed_at for p in direct)

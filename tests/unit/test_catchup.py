@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -335,9 +336,38 @@ def test_a_holder_on_a_direct_connection_is_asked_before_an_author_behind_a_rela
     catchup.announced("a", 1, None, 0.0, holder="c")
     catchup.announced("a", 2, None, 0.0, holder="d")
     fetches = catchup.next_fetches(0.0, {"a", "c", "d"})
-    assert [(f.seq, f.peer_id) for f in fetches] == [(1, "c"), (2, "a")]
+    assert [(f.seq, f.peer_id) for f in fetches] == [(1, "c")]  # #2 waits for c to hold it
     catchup.failed(("a", 1), "c", 0.0)  # the direct holder failed: the author, on the relay
     assert [(f.seq, f.peer_id) for f in catchup.next_fetches(0.1, {"a", "c", "d"})] == [(1, "a")]
+    patience = CONFIG.relay_patience_s  # c never offered #2: the author, on the relay
+    assert [(f.seq, f.peer_id) for f in catchup.next_fetches(patience, {"a", "c", "d"})] == [
+        (2, "a")
+    ]
+
+
+def test_an_update_only_a_relay_reaches_waits_for_the_direct_peer_to_hold_it() -> None:
+    """Behind NAT (bench.chaos --topology nat, session 15) a home fetched a home's update
+    through the relay while the public node was fetching it too: the author's thin uplink
+    carried it twice. It waits relay_patience_s for the public node to offer it."""
+    ranks = {"a": 1, "c": 0}  # a: a home behind the relay, c: the public node, direct
+    catchup = CatchUp(CONFIG, "b", SimNode("b"))
+    catchup.source_rank = ranks.__getitem__
+    catchup.announced("a", 1, None, 0.0)
+    assert catchup.next_fetches(0.0, {"a", "c"}) == []
+    catchup.announced("a", 1, None, 2.0, holder="c")  # c merged it and says so
+    assert [f.peer_id for f in catchup.next_fetches(2.0, {"a", "c"})] == ["c"]
+
+
+def test_an_update_only_a_relay_reaches_is_fetched_at_once_without_a_direct_peer() -> None:
+    """The public node down (the partition of bench.chaos's NAT run): nobody to wait for."""
+    catchup = CatchUp(CONFIG, "b", SimNode("b"))
+    catchup.source_rank = {"a": 1, "d": 1}.__getitem__
+    catchup.announced("a", 1, None, 0.0)
+    assert [f.peer_id for f in catchup.next_fetches(0.0, {"a", "d"})] == ["a"]
+    off = CatchUp(replace(CONFIG, relay_patience_s=0.0), "b", SimNode("b"))
+    off.source_rank = {"a": 1, "c": 0}.__getitem__
+    off.announced("a", 1, None, 0.0)
+    assert [f.peer_id for f in off.next_fetches(0.0, {"a", "c"})] == ["a"]
 
 
 def test_among_sources_on_equal_connections_the_author_comes_first() -> None:
@@ -355,7 +385,7 @@ def test_among_sources_on_equal_connections_the_author_comes_first() -> None:
 def test_the_source_asked_is_on_the_best_connection_and_the_author_when_it_is(
     ranks: dict[str, int], holders: set[str]
 ) -> None:
-    catchup = CatchUp(CONFIG, "b", SimNode("b"))
+    catchup = CatchUp(replace(CONFIG, relay_patience_s=0.0), "b", SimNode("b"))
     catchup.source_rank = ranks.__getitem__
     catchup.announced("a", 1, None, 0.0)
     for holder in holders:
@@ -364,3 +394,27 @@ def test_the_source_asked_is_on_the_best_connection_and_the_author_when_it_is(
     best = min(ranks[s] for s in holders | {"a"})
     assert ranks[fetch.peer_id] == best
     assert (fetch.peer_id == "a") == (ranks["a"] == best)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ranks=st.dictionaries(st.sampled_from(PEERS), st.integers(0, 2), min_size=4, max_size=4),
+    holders=st.sets(st.sampled_from(["c", "d"])),
+    alive=st.sets(st.sampled_from(["c", "d"])),
+    wait_s=st.floats(0.0, 20.0),
+)
+def test_a_relayed_source_waits_only_while_a_direct_peer_may_offer_it_and_not_longer(
+    ranks: dict[str, int], holders: set[str], alive: set[str], wait_s: float
+) -> None:
+    catchup = CatchUp(CONFIG, "b", SimNode("b"))
+    catchup.source_rank = ranks.__getitem__
+    catchup.announced("a", 1, None, 0.0)
+    for holder in holders:
+        catchup.announced("a", 1, None, 0.0, holder=holder)
+    live = alive | {"a", "b"}
+    fetches = catchup.next_fetches(wait_s, live)
+    best = min(ranks[s] for s in (holders & live) | {"a"})
+    may_offer = any(ranks[p] == 0 for p in alive - holders)
+    waits = best == 1 and may_offer and wait_s < CONFIG.relay_patience_s
+    assert (fetches == []) == waits
+    assert all(ranks[f.peer_id] == best for f in fetches)
