@@ -156,7 +156,7 @@ def test_a_member_signing_counters_no_honest_replica_has_is_refused() -> None:
 
 
 def test_listeners_hear_of_each_group_update_applied_once() -> None:
-    pipeline, heard = _pipeline(), []
+    pipeline, heard = _pipeline(), list[GroupUpdate]()
     pipeline.groups.on_applied.append(heard.append)
     update = _update(IDS[:2])
     in_group = member_check(RUN, update.head.group_key)
