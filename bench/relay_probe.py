@@ -17,6 +17,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +45,9 @@ def _say(**fields: Any) -> None:
     print(json.dumps({"event": "probe", **fields}), flush=True)
 
 
-async def receive(relay: str) -> None:
-    """Print the relayed address once reserved, then one line per stream received."""
-    p2p = await _p2p(relay)
+async def count_streams(p2p: Any, say: Callable[..., None]) -> None:
+    """Serve PROTOCOL on `p2p`: each stream read to its end, then one `say` line with its
+    bytes and how it ended."""
 
     async def count(_info: Any, reader: asyncio.StreamReader, writer: Any) -> None:
         received, error = 0, "eof"
@@ -55,10 +56,16 @@ async def receive(relay: str) -> None:
                 received += len(chunk)
         except Exception as exc:  # what ends a stream is what is measured
             error = repr(exc)
-        _say(role="receiver", received=received, end=error)
+        say(role="receiver", received=received, end=error)
         writer.close()
 
     await p2p.add_binary_stream_handler(PROTOCOL, count)
+
+
+async def receive(relay: str) -> None:
+    """Print the relayed address once reserved, then one line per stream received."""
+    p2p = await _p2p(relay)
+    await count_streams(p2p, _say)
     while True:
         circuits = [
             str(m) for m in await p2p.get_visible_maddrs(latest=True) if "p2p-circuit" in str(m)

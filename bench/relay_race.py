@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.relay_probe import CHUNK, PROTOCOL, _p2p, send
+from bench.relay_probe import _p2p, count_streams, send
 
 PORT = 4100
 
@@ -65,18 +65,7 @@ async def receiver(relay_maddr: str, rereserve_s: float) -> None:
 
     started = time.monotonic()
     p2p = await _p2p(relay_maddr)
-
-    async def count(_info: Any, reader: asyncio.StreamReader, writer: Any) -> None:
-        received, error = 0, "eof"
-        try:
-            while chunk := await reader.read(CHUNK):
-                received += len(chunk)
-        except Exception as exc:  # what ends a stream is what is measured
-            error = repr(exc)
-        _say(role="receiver", received=received, end=error)
-        writer.close()
-
-    await p2p.add_binary_stream_handler(PROTOCOL, count)
+    await count_streams(p2p, _say)
     while not [m for m in await p2p.get_visible_maddrs(latest=True) if "p2p-circuit" in str(m)]:
         await asyncio.sleep(0.5)
     slot_s = time.monotonic() - started
