@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -24,11 +25,13 @@ def first_redial(policy: RedialPolicy, peer: str, kind: PathKind = "relayed") ->
     return None
 
 
-def test_a_relayed_peer_is_redialled_once_after_the_node_settled() -> None:
+def test_a_relayed_peer_is_redialled_after_the_node_settled_then_every_relayed_s_thrice() -> None:
     policy = RedialPolicy(ME, 0.0, SETTINGS)
     assert first_redial(policy, HIGH) == 25.0  # settle_s after the start (relayed since 0 s)
-    assert first_redial(policy, HIGH) is None  # once: a punch works at once or never
-    assert policy.redials(HIGH) == 1
+    assert first_redial(policy, HIGH) == 35.0  # a fresh attempt relayed_s after the last
+    assert first_redial(policy, HIGH) == 45.0
+    assert first_redial(policy, HIGH) is None  # max_per_peer (3) reached
+    assert policy.redials(HIGH) == 3
 
 
 def test_of_two_relayed_homes_the_one_whose_id_sorts_last_waits_stagger_s_more() -> None:
@@ -59,7 +62,7 @@ def test_a_peer_gone_for_forget_s_gets_another_chance_and_a_short_gap_keeps_its_
 
 
 def test_at_most_max_per_round_redials_per_call_longest_relayed_first() -> None:
-    policy = RedialPolicy("0", 0.0, RedialSettings(max_per_round=2))
+    policy = RedialPolicy("0", 0.0, RedialSettings(max_per_round=2, max_per_peer=1))
     peers = [f"peer{i}" for i in range(5)]
     policy.due(0.0, {p: "relayed" for p in peers[:3]})
     policy.due(5.0, {p: "relayed" for p in peers})
@@ -146,7 +149,7 @@ def test_a_node_that_cannot_punch_only_watches_and_redials_once_it_can() -> None
 def test_a_home_that_listed_a_public_address_once_redials_after_autorelay_hides_it() -> None:
     # p2pd lists the home's observed public address for its first ~12 s, then autorelay's
     # address filter leaves only private and relayed ones; DCUtR is served all along
-    policy = RedialPolicy(ME, 0.0, SETTINGS)
+    policy = RedialPolicy(ME, 0.0, replace(SETTINGS, max_per_peer=1))
     listed = {5.0, 6.0, 7.0}
     found = [
         now
