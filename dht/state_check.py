@@ -51,6 +51,7 @@ import torch
 
 from dht.heartbeat import Heartbeat
 from dht.vouchers import Reports, voucher_weights, weighted_lower_median
+from merge.cosign_ledger import parse_cosigned
 from merge.sketch import StateSketch, relative_distance
 
 MAX_DRIFT = 0.05
@@ -124,8 +125,17 @@ def check_donor_state(
         raise StateCheckError(
             f"the state's momentum would still move its parameters by {rest} of their norm"
         )
+    try:  # who co-signed the state's group updates, each count within its key's applied ones
+        seqs = {
+            a: {s for s in ss if type(s) is int}
+            for a, ss in applied.items()
+            if isinstance(ss, list | tuple | set | frozenset)
+        }
+        cosigned = parse_cosigned(state.get("cosigned"), seqs)
+    except ValueError as exc:
+        raise StateCheckError(f"the state's co-signer ledger is malformed ({exc})") from None
     others = [h for h in peers if h.peer_id != donor and h.sketch]
-    weights = voucher_weights(applied, others, peers, donor)  # track records, not keys
+    weights = voucher_weights(applied, others, peers, donor, cosigned)  # records, not keys
     voters = [h for h in others if h.peer_id in weights]
     same = [h for h in voters if h.applied_digest == applied_digest(applied)]
     if same:

@@ -11,7 +11,11 @@ check, and a key with no record has no vote.
   own signed `latest_seq`. The donor's report counts: in a swarm of two honest peers the
   donor is the only one that reports the other's updates;
 - state record of V: the same, capped again by the number of V's updates in the checked
-  state's sealed applied set at or below V's announced seq + 1.
+  state's sealed applied set at or below V's announced seq + 1; plus, with learner groups
+  (whose updates are authored by group keys), V's group record in the state: per group key,
+  the key's updates in the state that V co-signed (the state's co-signer ledger, at most the
+  key's updates in its applied set), at most the highest report of that key by another live
+  peer (`group_record`, as dht.realign weighs donors).
 
 The vote uses state records; when no voucher has one (the state holds no voucher's updates:
 a donor serving an emptied or fabricated applied set), heartbeat records, so established
@@ -85,26 +89,43 @@ def heartbeat_records(
 
 
 def state_records(
-    applied: Mapping[str, object], peers: list[Heartbeat], donor: str
+    applied: Mapping[str, object],
+    peers: list[Heartbeat],
+    donor: str,
+    cosigned: Mapping[str, Mapping[str, int]] | None = None,
 ) -> dict[str, int]:
     """Heartbeat records capped by each voucher's updates in the state's applied set that its
-    own heartbeat announced (latest_seq + 1 at most); only positive records."""
+    own heartbeat announced (latest_seq + 1 at most), plus its share of the learner groups'
+    records in the state (`cosigned`: the state's co-signer ledger, merge.cosign_ledger, each
+    count already at most its key's updates in the state: `parse_cosigned`); only positive
+    records. With groups the authors are group keys, so without the ledger every member's
+    record was 0 and the vote fell back to one per key."""
     announced = {h.peer_id: h.latest_seq for h in peers}
+    reports = Reports(peers)
     records: dict[str, int] = {}
-    for voucher, record in heartbeat_records(peers, donor).items():
+    for voucher, record in heartbeat_records(peers, donor, reports).items():
         seqs = applied.get(voucher)
         in_state = _count_within(seqs, announced[voucher] + 1) if isinstance(seqs, list) else 0
         if min(record, in_state) > 0:
             records[voucher] = min(record, in_state)
+    for voucher in announced.keys() - {donor}:
+        if (shared := group_record(reports, cosigned or {}, voucher)) > 0:
+            records[voucher] = records.get(voucher, 0) + shared
     return records
 
 
 def voucher_weights(
-    applied: Mapping[str, object], vouchers: list[Heartbeat], peers: list[Heartbeat], donor: str
+    applied: Mapping[str, object],
+    vouchers: list[Heartbeat],
+    peers: list[Heartbeat],
+    donor: str,
+    cosigned: Mapping[str, Mapping[str, int]] | None = None,
 ) -> dict[str, int]:
     """The weight of each of `vouchers` (peers other than the donor) in the vote on a state:
-    state records, else heartbeat records, else one per voucher (see the module's doc)."""
-    for records in (state_records(applied, peers, donor), heartbeat_records(peers, donor)):
+    state records (with its co-signer ledger `cosigned`), else heartbeat records, else one per
+    voucher (see the module's doc)."""
+    state = state_records(applied, peers, donor, cosigned)
+    for records in (state, heartbeat_records(peers, donor)):
         weights = {v.peer_id: records[v.peer_id] for v in vouchers if v.peer_id in records}
         if weights:
             return weights
