@@ -12,8 +12,11 @@ from collections.abc import Sequence
 
 import torch
 
+from dht.grouping_shards import ShardedRound
 from merge.codecs import get_codec
 from merge.envelope import SignedUpdate, seal
+from merge.group_shards import sharded_contribution
+from merge.group_update import RoundFields
 from merge.identity import Identity
 from merge.pipeline import UpdatePipeline
 
@@ -88,3 +91,27 @@ def submit_in_order(
         assert r.accepted, r.reason
         decided[(r.author, r.seq)] = (r.weight, r.learners, r.robust)
     return decided
+
+
+def bf16_values(seed: int, numel: int) -> torch.Tensor:
+    """`numel` seeded normal values that bf16 holds exactly (a group member's part sent in bf16
+    reduces to the same sum on every member)."""
+    t = torch.randn(numel, generator=torch.Generator().manual_seed(seed))
+    return t.to(torch.bfloat16).to(torch.float32)
+
+
+def sharded_rounds(
+    ids: Sequence[Identity], fields: RoundFields, numel: int, *, wait_s: float, cosign_s: float
+) -> dict[str, ShardedRound]:
+    """One reduce-scatter round (dht.grouping_shards) per member of `ids`, each member's part
+    `bf16_values(k, numel)`, all opened at 0 s with one member list."""
+    members = [i.peer_id for i in ids]
+    rounds = {}
+    for k, ident in enumerate(ids):
+        part = bf16_values(k, numel)
+        header, digests = sharded_contribution(part, ident, fields, 10, len(ids))
+        rounds[ident.peer_id] = ShardedRound(
+            ident, header, digests, part, members, opened_at=0.0, wait_s=wait_s,
+            cosign_s=cosign_s,
+        )  # fmt: skip
+    return rounds

@@ -18,9 +18,9 @@ import dht.group_exchange_shards as group_exchange_shards
 from dht.group_exchange import GroupExchange
 from dht.grouping_patience import MAX_SEND_TRIES, CosignClock, SendRetry, send_timeout_s
 from dht.grouping_shards import ShardedRound, decode_piece, decode_shard, encode_piece, shard_codec
-from merge.group_shards import sharded_contribution
 from merge.group_update import Abandoned, GroupUpdate, RoundFields
 from merge.identity import Identity
+from tests.factories import bf16_values, sharded_rounds
 
 IDS = sorted((Identity.generate() for _ in range(6)), key=lambda i: i.peer_id)
 FIELDS = RoundFields(
@@ -65,20 +65,11 @@ def test_a_send_is_tried_max_send_tries_times() -> None:
 
 
 def _tensor(seed: int) -> torch.Tensor:
-    t = torch.randn(NUMEL, generator=torch.Generator().manual_seed(seed))
-    return t.to(torch.bfloat16).to(torch.float32)
+    return bf16_values(seed, NUMEL)
 
 
 def _rounds(size: int) -> dict[str, ShardedRound]:
-    members = [i.peer_id for i in IDS[:size]]
-    out = {}
-    for k, ident in enumerate(IDS[:size]):
-        header, digests = sharded_contribution(_tensor(k), ident, FIELDS, 10, size)
-        out[ident.peer_id] = ShardedRound(
-            ident, header, digests, _tensor(k), members, opened_at=0.0, wait_s=WAIT_S,
-            cosign_s=COSIGN_S,
-        )  # fmt: skip
-    return out
+    return sharded_rounds(IDS[:size], FIELDS, NUMEL, wait_s=WAIT_S, cosign_s=COSIGN_S)
 
 
 def _simulate(

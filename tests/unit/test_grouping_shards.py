@@ -17,9 +17,9 @@ from dht.grouping_shards import (
     encode_piece,
     shard_codec,
 )
-from merge.group_shards import sharded_contribution
 from merge.group_update import Abandoned, GroupUpdate, Phase, RoundFields
 from merge.identity import Identity
+from tests.factories import bf16_values, sharded_rounds
 
 IDS = sorted((Identity.generate() for _ in range(6)), key=lambda i: i.peer_id)
 FIELDS = RoundFields(
@@ -35,20 +35,11 @@ NUMEL = 37
 
 
 def _bf16(seed: int) -> torch.Tensor:
-    t = torch.randn(NUMEL, generator=torch.Generator().manual_seed(seed))
-    return t.to(torch.bfloat16).to(torch.float32)
+    return bf16_values(seed, NUMEL)
 
 
 def _rounds(size: int) -> dict[str, ShardedRound]:
-    members = [i.peer_id for i in IDS[:size]]
-    out = {}
-    for k, ident in enumerate(IDS[:size]):
-        tensor = _bf16(k)
-        header, digests = sharded_contribution(tensor, ident, FIELDS, 10, size)
-        out[ident.peer_id] = ShardedRound(
-            ident, header, digests, tensor, members, opened_at=0.0, wait_s=5.0, cosign_s=5.0
-        )
-    return out
+    return sharded_rounds(IDS[:size], FIELDS, NUMEL, wait_s=5.0, cosign_s=5.0)
 
 
 def _run(rounds: dict[str, ShardedRound], dead: set[str], now: float) -> None:
