@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Literal
 from multiaddr import Multiaddr
 
 from dht.addresses import peer_id_of, without_peer_id
+from dht.p2pd_log import P2PD_LOGGER
 from dht.preflight import tcp_endpoint
 from dht.reachability import (
     RelayLimits,
@@ -47,7 +48,6 @@ Outcome = Literal["ok", "refused", "timed out", "unreachable", "wrong peer id", 
 NatStatus = Literal["public", "private", "unknown"]
 AUTONAT_WAIT_S = 40.0
 """AutoNAT's first dial-back comes ~15 s after the first connection; a relay slot follows."""
-P2PD_LOGGER = "hivemind.p2p.p2p_daemon"
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from dht.p2pd import (
     open_stream,
     reserve_slot,
 )
+from dht.p2pd_log import forward_p2pd_log
 from dht.reachability import (
     PathBook,
     connections_by_peer,
@@ -113,6 +114,8 @@ class SwarmNetwork:
         """The loop's thread, the orphan reaper and p2pd (any thread): `start`'s first part."""
         self._reaper.start()
         self._thread.start()
+        if forward_p2pd_log():
+            logger.info("p2pd's log lines (%s) are forwarded here", os.environ["GOLOG_LOG_LEVEL"])
         try:
             self._p2p = self._start_p2p(timeout_s)
         except SwarmError as exc:
