@@ -13,7 +13,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Collection, Coroutine
 from dataclasses import replace
 from functools import partial
 from typing import Any, TypeVar
@@ -100,6 +100,11 @@ class SwarmNetwork:
         """Which path (direct, hole-punched, relayed) each connected peer is on."""
         self._redial = RedialPolicy(self.peer_id, time.monotonic(), RedialSettings())
         """Which relayed peers to dial again so that DCUtR punches a hole (dht.network_punch)."""
+        self.nat_peers: Callable[[], Collection[str]] = frozenset
+        """Peers known to be behind a NAT (their heartbeats announce a relayed address): a
+        direct connection to one, while this node is behind a NAT, was hole-punched."""
+        self._behind_nat = False
+        """This node has held a relayed address (a relay slot: AutoNAT found it private)."""
         self.on_addresses: Callable[[list[str]], None] | None = None
         """Called on the loop when this node's addresses change (a relay slot taken or lost)."""
 
@@ -175,7 +180,7 @@ class SwarmNetwork:
         peers = await asyncio.wait_for(self._p2p.list_peers(), REQUEST_READ_TIMEOUT_S)
         before = self.paths.counts()
         connections = connections_by_peer((str(p.peer_id), map(str, p.addrs)) for p in peers)
-        self.paths.observe(connections)
+        self.paths.observe(connections, self._punchable_peers())
         now = self.paths.counts()
         if now != before:
             logger.info("connections: %s", ", ".join(f"{n} {kind}" for kind, n in now.items()))
@@ -211,6 +216,7 @@ class SwarmNetwork:
     def _update_visible(self) -> None:
         seen = self.p2pd_maddrs + [m for m in self._relayed if m not in self.p2pd_maddrs]
         changed, self.visible_maddrs = seen != self.visible_maddrs, seen
+        self._behind_nat = self._behind_nat or any(map(is_relayed, seen))
         if changed and self.on_addresses is not None:
             self.on_addresses(seen)
 
@@ -247,8 +253,14 @@ class SwarmNetwork:
         except (TimeoutError, OSError, P2PDaemonError, ControlFailure) as exc:
             logger.debug("listing connections failed: %s", exc)
             return False
-        self.paths.observe(connections_by_peer((str(p.peer_id), map(str, p.addrs)) for p in peers))
+        connections = connections_by_peer((str(p.peer_id), map(str, p.addrs)) for p in peers)
+        self.paths.observe(connections, self._punchable_peers())
         return True
+
+    def _punchable_peers(self) -> Collection[str]:
+        """Peers a direct connection to can only have come from a hole punch: NAT'd ones,
+        while this node is NAT'd too."""
+        return self.nat_peers() if self._behind_nat else ()
 
     def _start_dht(self) -> DHT:
         # The DHT forks; do it from this (main) thread rather than the loop's, and without

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -171,8 +171,11 @@ class PathBook:
 
     A peer on a direct connection to a public address that was earlier seen only through a
     relay, or that holds a relayed connection beside it, got there by hole punching: a NAT'd
-    peer accepts no other direct connection from outside (DCUtR keeps the relayed connection
-    open after a punch, so a punch faster than one observation is still counted). A direct
+    peer accepts no other direct connection from outside. So did one that announces a relayed
+    address (it is behind a NAT) while this node is behind a NAT too (`nat_peers`): neither
+    could have dialled the other. A punch can be faster than the first observation, and the
+    relayed connection gone by then: two homes punched 15 s after they started and every
+    fetch was counted "direct" (tests/swarm/test_nat.py's punch test, session 16). A direct
     connection on a LAN address is direct, whatever came before (two homes behind one router).
     """
 
@@ -180,8 +183,11 @@ class PathBook:
         self._was_relayed: set[str] = set()
         self._paths: dict[str, PathKind] = {}
 
-    def observe(self, connections: Mapping[str, Iterable[str]]) -> None:
-        """Peer id -> addresses of its open connections (p2pd's list_peers), all peers."""
+    def observe(
+        self, connections: Mapping[str, Iterable[str]], nat_peers: Collection[str] = ()
+    ) -> None:
+        """Peer id -> addresses of its open connections (p2pd's list_peers), all peers;
+        `nat_peers`: peers known to be behind a NAT while this node is behind one too."""
         paths: dict[str, PathKind] = {}
         for peer, addrs in connections.items():
             addrs = list(addrs)
@@ -193,7 +199,7 @@ class PathBook:
             direct = [a for a in addrs if not is_relayed(a)]
             if not direct:
                 paths[peer] = "relayed"
-            elif peer in self._was_relayed and any(is_public(a) for a in direct):
+            elif (peer in self._was_relayed or peer in nat_peers) and any(map(is_public, direct)):
                 paths[peer] = "holepunched"
             else:
                 paths[peer] = "direct"

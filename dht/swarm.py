@@ -26,7 +26,7 @@ from dht.join_report import ReachabilityNotes
 from dht.membership import Membership, PeerView
 from dht.merge_port import MergePort
 from dht.network import SwarmNetwork
-from dht.reachability import PathKind
+from dht.reachability import PathKind, is_relayed
 from dht.realign import Realign, RealignConfig, RealignPolicy, lacking_retained, merge_retained
 from dht.rejections import Rejections
 from dht.state_transfer import StateTransfer, TransferStats
@@ -112,6 +112,7 @@ class Swarm:
             announce_given=bool(config.announce_maddrs), use_auto_relay=config.use_auto_relay
         )
         self.network.on_addresses = self._addresses_changed
+        self.network.nat_peers = self._peers_behind_nat
         self.realignment = RealignPolicy(
             RealignConfig(period_s=config.heartbeat_period_s), identity.peer_id
         )
@@ -157,6 +158,10 @@ class Swarm:
 
     def alive_peers(self) -> list[Heartbeat]:
         return self.membership.alive_peers()
+
+    def _peers_behind_nat(self) -> set[str]:
+        """Live peers whose heartbeats announce a relayed address (behind a NAT)."""
+        return {h.peer_id for h in self.alive_peers() if any(map(is_relayed, h.maddrs))}
 
     def tell_reachability(self) -> None:
         """A `reachability` event: how peers reach this node (after `start`; again on each

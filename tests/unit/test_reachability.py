@@ -111,6 +111,33 @@ def test_a_punch_faster_than_one_observation_counts_by_the_relayed_connection_be
     assert book.path("a") == "holepunched"
 
 
+def test_a_punch_before_the_first_observation_counts_when_both_sides_are_behind_nats() -> None:
+    # session 16: two homes punched 15 s after they started, the relayed connection was gone
+    # by the first observation, and every fetch was counted "direct"
+    book = PathBook()
+    book.observe({"a": [DIRECT], "pub": [BOOTSTRAP]})
+    assert book.path("a") == "direct"  # this node not known to be behind a NAT yet
+    book.observe({"a": [DIRECT], "pub": [BOOTSTRAP], "lan": [LAN]}, nat_peers={"a", "lan"})
+    assert book.current() == {"a": "holepunched", "pub": "direct", "lan": "direct"}
+
+
+@given(
+    connections=st.dictionaries(
+        st.sampled_from("abcd"), st.lists(st.sampled_from([DIRECT, RELAYED, LAN]), max_size=3)
+    ),
+    nat_peers=st.sets(st.sampled_from("abcd")),
+)
+def test_a_peer_not_behind_a_nat_nor_ever_relayed_is_never_counted_punched(
+    connections: dict[str, list[str]], nat_peers: set[str]
+) -> None:
+    book = PathBook()
+    book.observe(connections, nat_peers)
+    for peer, kind in book.current().items():
+        if kind == "holepunched":
+            assert peer in nat_peers or RELAYED in connections[peer]
+            assert DIRECT in connections[peer]  # on a public address, never a LAN one alone
+
+
 def test_a_lan_neighbour_first_seen_relayed_is_direct_not_punched() -> None:
     # two homes behind one router: no NAT between them to punch through
     book = PathBook()
