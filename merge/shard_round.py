@@ -1,0 +1,508 @@
+"""A round of other groups' updates merged as one linear step (issue 22, must-have 2;
+docs/scale.md, Session 16).
+
+With learner groups a member need not fetch every other group's whole update: each member
+fetches its part (a fixed slice of the model) of each, the group sums the members' per-part
+scalars, every member derives the same decisions from the sums, each forms weighted sums of
+its parts, and one all-gather gives every member the round's combined step. This module is
+that merge's pure core.
+
+Everything `GroupMerge.submit` decides from the tensors is a function of dot products among
+a few vectors: the update's norm, its dot product with the momentum and the momentum's norm
+(the robust judge, `RobustFilter.decide`), the params' norm (the norm cap), and what the
+step does is linear in them. Applied one by one in id order, each update's step (the outer
+optimizer's plain step, a Delayed Nesterov fold, a recentring toward the momentum) keeps
+every tensor of the replica a linear combination of the *basis*: the replica's state tensors
+at the round's start (params, momentum, a delayed optimizer's round sum: `state_tensors`) and
+the round's updates. So the batch is replayed on coefficient vectors over that basis, each
+norm and dot product read from the basis' Gram matrix, which is the sum over the model's
+parts of each part's Gram matrix (`part_gram`: what one member computes from its slices).
+The folds, the recentring and the robust window changing between updates are replayed in
+order, exactly as the sequential path takes them, so none of them breaks the linearity; the
+one approximation is float rounding (dot products summed by parts in float64 instead of
+whole in float32), which moves a verdict only at a threshold's edge, as the order of
+updates already does between replicas (DESIGN.md's consistency model).
+
+At the end each state tensor is a combination of the state tensors (every member holds them
+whole) and of a few weighted sums of the updates (`RoundPlan.combos`: one without a fold, at
+most three), the only tensors the group all-gathers. `ShardRound.decide` is pure (it changes
+nothing); `ShardRound.apply` makes the replica, the applied set, the co-signer ledger, the
+robust window, the variants and the counters what applying the updates one by one through
+`GroupMerge.submit` in id order would have made them.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from merge.envelope import UpdateHeader
+from merge.equivocation import GroupVariants
+from merge.group_pipeline import GroupMerge, variant_of
+from merge.group_update import GroupUpdate
+from merge.outer import _ROUND_TOLERANCE, NesterovShares, OuterOptimizer
+from merge.replica import Replica
+from merge.result import MergeResult
+from merge.robust import Verdict
+
+logger = logging.getLogger(__name__)
+
+Gram = list[list[float]]
+"""Dot products among the basis (state tensors, then the round's updates), float64."""
+Vector = npt.NDArray[np.float64]
+"""Coefficients over the basis."""
+_MIN_PARAMS_NORM = 1e-12  # merge.pipeline's floor under the params norm
+_SCHWARZ_SLACK = 1e-9
+_SAME_COMBO = 1e-9
+
+
+def state_tensors(replica: Replica) -> list[torch.Tensor]:
+    """The basis' first vectors: the params, then the outer optimizer's state tensors."""
+    return [replica.params, *replica.outer.state_tensors()]
+
+
+def part_gram(vectors: Sequence[torch.Tensor]) -> Gram:
+    """One part's Gram matrix: the dot products (float64) of one slice of each basis vector
+    (the state tensors' slices, then the member's shard of each update)."""
+    rows = [v.detach().to(torch.float64) for v in vectors]
+    size = len(rows)
+    gram = [[0.0] * size for _ in range(size)]
+    for i in range(size):
+        for j in range(i, size):
+            gram[i][j] = gram[j][i] = float(torch.dot(rows[i], rows[j]))
+    return gram
+
+
+def summed_gram(parts: Sequence[Gram]) -> Gram:
+    """The whole model's Gram matrix from its parts' (correctly rounded sums: every member
+    gets the same numbers whatever order the parts came in)."""
+    size = len(parts[0])
+    return [[math.fsum(p[i][j] for p in parts) for j in range(size)] for i in range(size)]
+
+
+def gram_problem(gram: object, size: int) -> str | None:
+    """Why `gram` cannot be the Gram matrix of `size` real vectors (a member's part, or their
+    sum), or None: square of `size`, finite, symmetric, a non-negative diagonal, and each dot
+    product within Cauchy-Schwarz. A member cannot claim a cross term its vectors' norms do
+    not allow."""
+    if not isinstance(gram, list) or len(gram) != size:
+        return "gram_shape"
+    if not all(isinstance(row, list) and len(row) == size for row in gram):
+        return "gram_shape"
+    if not all(type(x) is float and math.isfinite(x) for row in gram for x in row):
+        return "gram_not_finite"
+    if any(gram[i][i] < 0 for i in range(size)):
+        return "gram_negative_norm"
+    for i in range(size):
+        for j in range(i + 1, size):
+            if gram[i][j] != gram[j][i]:
+                return "gram_asymmetric"
+            if abs(gram[i][j]) > math.sqrt(gram[i][i] * gram[j][j]) * (1 + _SCHWARZ_SLACK):
+                return "gram_beyond_schwarz"
+    return None
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """One group update of the round as the merge sees it: what every member derives from
+    its signed headers, and the problem that refuses it (`GroupMerge._problem`'s, with the
+    members' shard checks in the shard path)."""
+
+    header: UpdateHeader
+    learners: int
+    problem: str | None
+    variant: tuple[tuple[str, ...], tuple[str, ...]]
+    cosigners: tuple[str, ...]
+    update: GroupUpdate | None = field(default=None, compare=False)
+    """The update itself, for `GroupMerge.on_applied` (None: its listeners are not told)."""
+
+    @property
+    def uid(self) -> tuple[str, int]:
+        return self.header.author, self.header.seq
+
+    @classmethod
+    def of(
+        cls, merge: GroupMerge, update: GroupUpdate, in_group: Callable[[str], bool]
+    ) -> Incoming:
+        """A whole update's (its aggregate at hand)."""
+        p = merge.pipeline
+        header = update.update_header(p.fingerprint, p.config.max_inner_steps)
+        problem = merge._problem(update, in_group)
+        return cls(
+            header, update.head.learners, problem, variant_of(update), update.reducers(), update
+        )
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the merge decided about one update of the round."""
+
+    incoming: Incoming
+    reason: str | None
+    """The refusal (counted as the sequential path counts it), or None: applied."""
+    verdict: Verdict | None = None
+    weight: float = 0.0
+    culprits: tuple[str, ...] = ()
+    """Members that co-signed two variants of one id (reason `group_equivocation`)."""
+
+
+@dataclass(frozen=True)
+class Formed:
+    """A state tensor at the round's end: a combination of the state tensors at its start
+    and `scale` times one all-gathered weighted sum of the updates (`combo`; None: none)."""
+
+    states: tuple[float, ...]
+    combo: int | None
+    scale: float
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """The round's decisions, and how the replica's state is formed from the gathered sums."""
+
+    base: tuple[int, str]
+    """(applied count, applied digest) the plan was decided on: applied to no other state."""
+    decisions: tuple[Decision, ...]
+    """In id order: the order they are counted and recorded in."""
+    combos: tuple[tuple[float, ...], ...]
+    """Coefficients of each weighted sum over the round's updates (`decisions` order)."""
+    formed: tuple[Formed, ...]
+    """The params, then each of the outer optimizer's state tensors (`state_tensors`)."""
+    steps: int
+    progress: float
+    """The outer optimizer's (steps taken, share of the round done) at the end."""
+
+
+class ShardRound:
+    """Decides and applies a round's incoming group updates as one linear step on one
+    pipeline's replica (the group merge's), under the replica's lock."""
+
+    def __init__(self, merge: GroupMerge) -> None:
+        self.merge = merge
+
+    def order(self, incoming: Sequence[Incoming]) -> list[Incoming]:
+        """The round's updates in id order (group key, seq): the order they are decided in,
+        and the order of the basis' update vectors (each member's `part_gram` and sums)."""
+        return sorted(incoming, key=lambda inc: inc.uid)
+
+    def decide(self, incoming: Sequence[Incoming], gram: Gram) -> RoundPlan:
+        """The decisions of applying `incoming` (in id order: `order`) one by one, from the
+        Gram matrix of the basis (`summed_gram`, checked by `gram_problem` first: ValueError
+        otherwise, the caller's bug). Pure: nothing of the pipeline changes."""
+        ordered = self.order(incoming)
+        replica = self.merge.pipeline.replica
+        with replica.lock:
+            num_states = len(state_tensors(replica))
+            problem = gram_problem(gram, num_states + len(ordered))
+            if problem is not None:
+                raise ValueError(f"the round's Gram matrix is not one: {problem}")
+            replay = _Replay(replica.outer, num_states, len(ordered))
+            decisions = _Decider(self.merge, replay, np.array(gram)).run(ordered)
+            base = (replica.num_applied, replica.applied_digest())
+        combos, formed = _combos(replay, num_states)
+        return RoundPlan(base, tuple(decisions), combos, formed, replay.count, replay.progress)
+
+    @staticmethod
+    def weighted_sums(plan: RoundPlan, shards: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """One member's slice of each gathered sum: the weighted sum of its shards (its slice
+        of each update, in `decisions` order; any tensor for a refused one)."""
+        if len(shards) != len(plan.decisions):
+            raise ValueError("one shard per update of the round, in id order.")
+        out = []
+        for combo in plan.combos:
+            total = torch.zeros(shards[0].numel(), dtype=torch.float64) if shards else None
+            for coefficient, shard in zip(combo, shards, strict=True):
+                if coefficient != 0 and total is not None:
+                    total.add_(shard.to(torch.float64), alpha=coefficient)
+            out.append(torch.zeros(0) if total is None else total.to(torch.float32))
+        return out
+
+    def apply(self, plan: RoundPlan, gathered: Sequence[torch.Tensor]) -> list[MergeResult]:
+        """Applies the round: the state tensors formed from `gathered` (each combo's whole
+        weighted sum, its members' slices joined), then each update counted and recorded in
+        id order as `GroupMerge.submit` would. ValueError when the replica moved since the
+        plan was decided (nothing changed then)."""
+        p = self.merge.pipeline
+        replica = p.replica
+        if len(gathered) != len(plan.combos):
+            raise ValueError("one gathered sum per combo of the plan.")
+        with replica.lock:
+            if (replica.num_applied, replica.applied_digest()) != plan.base:
+                raise ValueError("the replica changed since the round was decided.")
+            states = state_tensors(replica)
+            formed = [_form(f, states, gathered) for f in plan.formed]
+            results = [self._record(d) for d in plan.decisions]
+            replica.params.copy_(formed[0])
+            _load_outer(replica.outer, formed[1:], plan.steps, plan.progress)
+        for decision in plan.decisions:
+            if decision.reason is None and decision.incoming.update is not None:
+                for listener in self.merge.on_applied:
+                    listener(decision.incoming.update)
+        return results
+
+    def _record(self, decision: Decision) -> MergeResult:
+        """What `GroupMerge.submit` counts and records for one update (the step aside)."""
+        p, inc = self.merge.pipeline, decision.incoming
+        header = inc.header
+        if decision.reason is not None:
+            if decision.reason == "group_equivocation":
+                logger.warning(
+                    "group update %s#%d: a second variant, co-signed by %s",
+                    *inc.uid,
+                    decision.culprits,
+                )
+            return p._reject(header, decision.reason)
+        verdict = decision.verdict
+        assert verdict is not None
+        p._robust_scale(header, verdict)  # counted and logged as the sequential path does
+        p.replica.apply(header, torch.empty(0), 0.0, learners=inc.learners, cosigners=inc.cosigners)
+        self.merge.variants.applied(inc.uid, *inc.variant)
+        if decision.weight > 0:
+            p.robust.record(verdict, header.author)
+        with p._stats_lock:
+            p.num_merged += 1
+        return MergeResult(
+            True, header.author, header.seq, header.staleness, decision.weight, None,
+            inc.learners, 0, verdict.reason, header.inner_steps,
+        )  # fmt: skip
+
+
+def sums_problem(
+    plan: RoundPlan, part: Gram, sums: Sequence[torch.Tensor], states: Sequence[torch.Tensor]
+) -> str | None:
+    """Why a member's gathered slices `sums` do not match the part Gram matrix `part` it sent
+    (checked before the decisions were taken, `gram_problem`), or None; `states`: the
+    receiver's own slices of its state tensors over that member's part. Each slice's norm and
+    its dot product with each state tensor's slice must be what `part` says of that combo of
+    the member's shards (within float32 rounding of the sum): a member cannot send a slice
+    larger than, or leaning along the momentum or the params more than, the shards it
+    reported; what is left to it is the direction orthogonal to the receiver's state, within
+    the reported norm (docs/scale.md, Session 16: trust)."""
+    num_states = len(states)
+    gram = np.array(part)
+    if len(sums) != len(plan.combos) or gram.shape != (num_states + len(plan.decisions),) * 2:
+        return "sums_shape"
+    for combo, total in zip(plan.combos, sums, strict=True):
+        c = np.array(combo)
+        if total.numel() != states[0].numel() or not bool(torch.isfinite(total).all()):
+            return "sums_shape"
+        block = gram[num_states:, num_states:]
+        reach = float(np.abs(c) @ np.sqrt(np.diag(block))) + 1e-30
+        slack = 1e-5 * reach
+        total64 = total.to(torch.float64)
+        if abs(float(total64 @ total64) - float(c @ block @ c)) > slack * (2 * reach + slack):
+            return "sums_norm"
+        for i, state in enumerate(states):
+            expected = float(c @ gram[num_states:, i])
+            bound = slack * math.sqrt(max(gram[i][i], 0.0))
+            if abs(float(total64 @ state.to(torch.float64)) - expected) > bound + 1e-30:
+                return "sums_direction"
+    return None
+
+
+class _Replay:
+    """The outer optimizer's arithmetic (merge.outer) replayed on coefficient vectors over
+    the basis: each state tensor as a combination of the basis vectors."""
+
+    def __init__(self, outer: OuterOptimizer, num_states: int, num_updates: int) -> None:
+        size = num_states + num_updates
+        self.kind, self.lr, self.mu = outer.kind, outer.lr, outer.momentum
+        self.delay: int | None = getattr(outer, "delay", None)
+        self.count, self.progress = outer.round_state()
+        unit = np.eye(size)
+        self.states = [unit[i].copy() for i in range(num_states)]
+        """The params, the momentum (and the delayed optimizer's round sum)."""
+        self.num_states = num_states
+
+    def update(self, index: int) -> Vector:
+        """The basis vector of the round's `index`-th update."""
+        vector = np.zeros(len(self.states[0]))
+        vector[self.num_states + index] = 1.0
+        return vector
+
+    def momentum_parts(self) -> list[Vector]:
+        """As `OuterOptimizer.momentum_parts`."""
+        if not self.count:
+            return []
+        if self.kind != "delayed_nesterov" or self.progress == 0.0:
+            return [self.states[1]]
+        return [self.states[1], self.states[2]]
+
+    def step(self, vector: Vector, weight: float, learners: int) -> None:
+        """As `OuterOptimizer.step` with `vector` as the pseudo-gradient."""
+        if self.kind == "delayed_nesterov":
+            self._delayed(vector, weight, learners)
+        else:
+            self._nesterov(vector, weight, learners)
+        self.count += 1
+
+    def _delayed(self, vector: Vector, weight: float, learners: int) -> None:
+        params, buf, acc = self.states
+        share = 1.0 / (self.delay or learners)
+        acc = acc + (weight * share) * vector
+        params = params + (-self.lr * weight * share) * vector
+        self.progress += share
+        if self.progress >= 1.0 - _ROUND_TOLERANCE:
+            buf = self.mu * buf + acc
+            params = params + (-self.lr * self.mu) * buf
+            acc = np.zeros_like(acc)
+            self.progress = max(0.0, self.progress - 1.0)
+            if self.progress < _ROUND_TOLERANCE:
+                self.progress = 0.0
+        self.states = [params, buf, acc]
+
+    def _nesterov(self, vector: Vector, weight: float, learners: int) -> None:
+        params, buf = self.states
+        g = vector * weight
+        if learners == 1:
+            buf = self.mu * buf + g
+            params = params - self.lr * (g + self.mu * buf)
+        else:
+            c = NesterovShares.of(self.mu, learners)
+            params = params + (-self.lr * c.grad) * g + (-self.lr * c.look_ahead) * buf
+            buf = c.decay * buf + c.gain * g
+        self.states = [params, buf]
+
+
+class _Decider:
+    """`GroupMerge.submit`'s decisions for the round's updates in id order, on copies of
+    what they read and change (the robust window, the variants, the applied set)."""
+
+    def __init__(self, merge: GroupMerge, replay: _Replay, gram: npt.NDArray[np.float64]):
+        self.merge, self.replay, self.gram = merge, replay, gram
+        self.robust = copy.deepcopy(merge.pipeline.robust)
+        self.variants = GroupVariants()  # this round's applied ids; earlier ones: the merge's
+        self.applied: set[tuple[str, int]] = set()
+
+    def form(self, a: Vector, b: Vector) -> float:
+        """<a, b> through the Gram matrix, correctly rounded (alike on every machine)."""
+        size = len(a)
+        return math.fsum(
+            float(a[i]) * float(self.gram[i, j]) * float(b[j])
+            for i in range(size)
+            if a[i] != 0
+            for j in range(size)
+            if b[j] != 0
+        )
+
+    def norm(self, a: Vector) -> float:
+        return math.sqrt(max(0.0, self.form(a, a)))
+
+    def run(self, ordered: Sequence[Incoming]) -> list[Decision]:
+        return [self.one(i, inc) for i, inc in enumerate(ordered)]
+
+    def one(self, index: int, inc: Incoming) -> Decision:
+        p = self.merge.pipeline
+        header, learners = inc.header, inc.learners
+        problem = inc.problem
+        if problem is None and not 1 <= learners <= p.config.max_learners:
+            problem = "group_bad_learners"
+        if problem is None and header.staleness > p.config.max_staleness:
+            problem = "too_stale"
+        if problem is not None:
+            return Decision(inc, problem)
+        if p.replica.has_applied(*inc.uid) or inc.uid in self.applied:
+            known = self.variants if inc.uid in self.applied else self.merge.variants
+            culprits = known.equivocators(inc.uid, *inc.variant)
+            if culprits is None:
+                return Decision(inc, "duplicate")
+            return Decision(inc, "group_equivocation", culprits=culprits)
+        vector = self.replay.update(index)
+        norm = self.norm(vector)
+        if norm > p.config.max_update_norm_ratio * max(
+            self.norm(self.replay.states[0]), _MIN_PARAMS_NORM
+        ):
+            return Decision(inc, "norm_too_large")
+        return self._applied(inc, vector, norm, learners)
+
+    def _applied(self, inc: Incoming, vector: Vector, norm: float, learners: int) -> Decision:
+        p = self.merge.pipeline
+        weight = p.weight_of(inc.header, learners)
+        parts = self.replay.momentum_parts()
+        momentum = sum(parts, np.zeros(len(vector)))
+        dot = math.fsum(self.form(vector, part) for part in parts) if parts and norm > 0 else None
+        verdict = self.robust.decide(norm, dot, lambda: self.norm(momentum))
+        weight *= robust_scale(verdict)
+        if verdict.recenter is not None:
+            pull = (1.0 - verdict.recenter) * verdict.center
+            vector = vector * (verdict.scale * verdict.recenter) + sum(
+                (part * pull for part in parts), np.zeros(len(vector))
+            )
+        if weight != 0:
+            self.replay.step(vector, weight, learners)
+        self.applied.add(inc.uid)
+        self.variants.applied(inc.uid, *inc.variant)
+        if weight > 0:
+            self.robust.record(verdict, inc.header.author)
+        return Decision(inc, None, verdict, weight)
+
+
+def robust_scale(verdict: Verdict) -> float:
+    """The share of an update's weight the verdict lets through (the pipeline's
+    `_robust_scale` without its counting): none against the momentum, all of a recentred one
+    (its clipping is in the vector), the norm bound's scale otherwise."""
+    if verdict.reason is None:
+        return 1.0
+    if verdict.reason == "against_momentum":
+        return 0.0
+    return 1.0 if verdict.recenter is not None else verdict.scale
+
+
+def _combos(
+    replay: _Replay, num_states: int
+) -> tuple[tuple[tuple[float, ...], ...], tuple[Formed, ...]]:
+    """The fewest weighted sums of the updates the state tensors need (a state's update
+    coefficients proportional to another's share its sum), and how each is formed."""
+    combos: list[Vector] = []
+    formed = []
+    for state in replay.states:
+        on_updates = state[num_states:]
+        combo, scale = _matching(combos, on_updates)
+        if combo is None and np.any(on_updates != 0):
+            combos.append(on_updates.copy())
+            combo, scale = len(combos) - 1, 1.0
+        states = tuple(float(x) for x in state[:num_states])
+        formed.append(Formed(states, combo, scale))
+    return tuple(tuple(float(x) for x in c) for c in combos), tuple(formed)
+
+
+def _matching(combos: list[Vector], row: Vector) -> tuple[int | None, float]:
+    """A combo `row` is a multiple of (within rounding), and the multiple."""
+    if not np.any(row != 0):
+        return None, 0.0
+    for k, combo in enumerate(combos):
+        pivot = int(np.argmax(np.abs(combo)))
+        scale = float(row[pivot] / combo[pivot])
+        if np.allclose(row, scale * combo, rtol=_SAME_COMBO, atol=_SAME_COMBO * abs(row).max()):
+            return k, scale
+    return None, 0.0
+
+
+def _form(
+    formed: Formed, states: list[torch.Tensor], gathered: Sequence[torch.Tensor]
+) -> torch.Tensor:
+    """One state tensor at the round's end (a new tensor: the old ones are read after)."""
+    out = torch.zeros_like(states[0])
+    for coefficient, state in zip(formed.states, states, strict=True):
+        if coefficient != 0:
+            out.add_(state, alpha=coefficient)
+    if formed.combo is not None:
+        out.add_(gathered[formed.combo], alpha=formed.scale)
+    return out
+
+
+def _load_outer(
+    outer: OuterOptimizer, tensors: list[torch.Tensor], steps: int, progress: float
+) -> None:
+    """The outer optimizer at the round's end: its state tensors, steps and round share."""
+    state: dict[str, object] = {"kind": outer.kind, "buf": tensors[0], "count": steps}
+    if len(tensors) > 1:
+        state |= {"acc": tensors[1], "progress": progress}
+    outer.load_state_dict(state)
