@@ -24,11 +24,12 @@ whole in float32), which moves a verdict only at a threshold's edge, as the orde
 updates already does between replicas (DESIGN.md's consistency model).
 
 At the end each state tensor is a combination of the state tensors (every member holds them
-whole) and of a few weighted sums of the updates (`RoundPlan.combos`: one without a fold, at
-most three), the only tensors the group all-gathers. `ShardRound.decide` is pure (it changes
-nothing); `ShardRound.apply` makes the replica, the applied set, the co-signer ledger, the
-robust window, the variants and the counters what applying the updates one by one through
-`GroupMerge.submit` in id order would have made them.
+whole) and of a few weighted sums of the updates (`RoundPlan.combos`: one without a fold,
+two with one fold or with Nesterov momentum), the only tensors the group all-gathers.
+`ShardRound.decide` is pure (it changes nothing); `ShardRound.apply` makes the replica, the
+applied set, the co-signer ledger, the robust window, the variants and the counters what
+applying the updates one by one through `GroupMerge.submit` in id order would have made
+them.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ Vector = npt.NDArray[np.float64]
 _MIN_PARAMS_NORM = 1e-12  # merge.pipeline's floor under the params norm
 _SCHWARZ_SLACK = 1e-9
 _SAME_COMBO = 1e-9
+"""A state's coefficients on the updates this close (relative) to a combination of the
+sums gathered already take no sum of their own."""
 
 
 def state_tensors(replica: Replica) -> list[torch.Tensor]:
@@ -156,11 +159,11 @@ class Decision:
 @dataclass(frozen=True)
 class Formed:
     """A state tensor at the round's end: a combination of the state tensors at its start
-    and `scale` times one all-gathered weighted sum of the updates (`combo`; None: none)."""
+    (`states`) and of the all-gathered weighted sums of the updates (`sums`, one
+    coefficient per `RoundPlan.combos`)."""
 
     states: tuple[float, ...]
-    combo: int | None
-    scale: float
+    sums: tuple[float, ...]
 
 
 @dataclass(frozen=True)
@@ -458,31 +461,70 @@ def robust_scale(verdict: Verdict) -> float:
 def _combos(
     replay: _Replay, num_states: int
 ) -> tuple[tuple[tuple[float, ...], ...], tuple[Formed, ...]]:
-    """The fewest weighted sums of the updates the state tensors need (a state's update
-    coefficients proportional to another's share its sum), and how each is formed."""
-    combos: list[Vector] = []
-    formed = []
-    for state in replay.states:
-        on_updates = state[num_states:]
-        combo, scale = _matching(combos, on_updates)
-        if combo is None and np.any(on_updates != 0):
-            combos.append(on_updates.copy())
-            combo, scale = len(combos) - 1, 1.0
-        states = tuple(float(x) for x in state[:num_states])
-        formed.append(Formed(states, combo, scale))
-    return tuple(tuple(float(x) for x in c) for c in combos), tuple(formed)
+    """The fewest weighted sums of the updates the state tensors need, and how each state
+    tensor is formed. The optimizer's state tensors first, the params last: a round with one
+    Delayed Nesterov fold gathers two sums (the shares before the fold, folded into the
+    momentum, and after it, the round sum), the params' being a combination of those; one
+    without a fold gathers one; a Nesterov momentum two (params and momentum)."""
+    combos: list[list[float]] = []
+    sums: dict[int, list[float]] = {}
+    order = [*range(1, len(replay.states)), 0]
+    for index in order:
+        row = [float(x) for x in replay.states[index][num_states:]]
+        coefficients = _in_span(combos, row)
+        if coefficients is None:
+            combos.append(row)
+            coefficients = [0.0] * (len(combos) - 1) + [1.0]
+        sums[index] = coefficients
+    formed = tuple(
+        Formed(
+            tuple(float(x) for x in state[:num_states]),
+            tuple(sums[i] + [0.0] * (len(combos) - len(sums[i]))),
+        )
+        for i, state in enumerate(replay.states)
+    )
+    return tuple(tuple(c) for c in combos), formed
 
 
-def _matching(combos: list[Vector], row: Vector) -> tuple[int | None, float]:
-    """A combo `row` is a multiple of (within rounding), and the multiple."""
-    if not np.any(row != 0):
-        return None, 0.0
-    for k, combo in enumerate(combos):
-        pivot = int(np.argmax(np.abs(combo)))
-        scale = float(row[pivot] / combo[pivot])
-        if np.allclose(row, scale * combo, rtol=_SAME_COMBO, atol=_SAME_COMBO * abs(row).max()):
-            return k, scale
-    return None, 0.0
+def _in_span(combos: list[list[float]], row: list[float]) -> list[float] | None:
+    """Coefficients that form `row` from `combos` (within rounding), or None. Solved from
+    the normal equations with correctly rounded sums (every member forms alike)."""
+    if not any(row):
+        return [0.0] * len(combos)
+    if not combos:
+        return None
+    k = len(combos)
+    system = [
+        [math.fsum(x * y for x, y in zip(combos[i], combos[j], strict=True)) for j in range(k)]
+        + [math.fsum(x * y for x, y in zip(combos[i], row, strict=True))]
+        for i in range(k)
+    ]
+    coefficients = _solve(system)
+    if coefficients is None:
+        return None
+    largest = max(abs(x) for x in row)
+    for n, target in enumerate(row):
+        formed = math.fsum(a * combo[n] for a, combo in zip(coefficients, combos, strict=True))
+        if abs(formed - target) > _SAME_COMBO * largest:
+            return None
+    return coefficients
+
+
+def _solve(system: list[list[float]]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting of a small augmented system; None when
+    singular."""
+    rows = [r[:] for r in system]
+    k = len(rows)
+    for col in range(k):
+        pivot = max(range(col, k), key=lambda r: abs(rows[r][col]))
+        if rows[pivot][col] == 0:
+            return None
+        rows[col], rows[pivot] = rows[pivot], rows[col]
+        for r in range(k):
+            if r != col:
+                factor = rows[r][col] / rows[col][col]
+                rows[r] = [x - factor * y for x, y in zip(rows[r], rows[col], strict=True)]
+    return [rows[i][k] / rows[i][i] for i in range(k)]
 
 
 def _form(
@@ -493,8 +535,9 @@ def _form(
     for coefficient, state in zip(formed.states, states, strict=True):
         if coefficient != 0:
             out.add_(state, alpha=coefficient)
-    if formed.combo is not None:
-        out.add_(gathered[formed.combo], alpha=formed.scale)
+    for coefficient, total in zip(formed.sums, gathered, strict=True):
+        if coefficient != 0:
+            out.add_(total, alpha=coefficient)
     return out
 
 

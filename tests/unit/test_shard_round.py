@@ -207,7 +207,7 @@ def test_a_round_applied_as_one_step_ends_as_applied_one_by_one(
     ]
     for x, y in zip(results, expected, strict=True):
         assert math.isclose(x.weight, y.weight, rel_tol=1e-5, abs_tol=1e-9)
-    assert len(plan.combos) <= 3
+    assert len(plan.combos) <= 3  # two unless a batch completes two rounds
     _assert_alike(a, b)
 
 
@@ -221,8 +221,20 @@ def test_a_round_without_a_fold_gathers_one_sum() -> None:
     assert all(r.accepted for r in results)
     assert len(plan.combos) == 1
     params, buf, acc = plan.formed
-    assert params.combo == acc.combo == 0 and buf.combo is None
-    assert math.isclose(params.scale, -0.7 * acc.scale)
+    assert buf.sums == (0.0,) and acc.sums == (1.0,)
+    assert math.isclose(params.sums[0], -0.7)
+
+
+def test_a_round_with_one_fold_gathers_two_sums() -> None:
+    """One round completes inside the batch (4 updates of 3 learners): the shares before the
+    fold go into the momentum, those after it stay in the round sum, and the params move by
+    a combination of the two: two slices per member, not three."""
+    a, b = _pipeline("delayed_nesterov"), _pipeline("delayed_nesterov")
+    updates = [_update(Spec(g, 0, "honest", 0, 0), 7, 3) for g in range(4)]
+    _one_by_one(a, updates)
+    results, plan = _by_shards(b, updates, 3)
+    assert all(r.accepted for r in results) and len(plan.combos) == 2
+    _assert_alike(a, b)
 
 
 def test_the_replica_moved_since_the_plan_refuses_it() -> None:
