@@ -61,6 +61,8 @@ Vector = npt.NDArray[np.float64]
 """Coefficients over the basis."""
 _MIN_PARAMS_NORM = 1e-12  # merge.pipeline's floor under the params norm
 _SCHWARZ_SLACK = 1e-9
+NORM_BOUND_SLACK = 1.01
+"""`signed_norm_bound`'s widening: bf16 rounding of the mean (2^-8) and float error."""
 _SAME_COMBO = 1e-9
 """A state's coefficients on the updates this close (relative) to a combination of the
 sums gathered already take no sum of their own."""
@@ -125,6 +127,8 @@ class Incoming:
     cosigners: tuple[str, ...]
     update: GroupUpdate | None = field(default=None, compare=False)
     """The update itself, for `GroupMerge.on_applied` (None: its listeners are not told)."""
+    norm_bound: float = math.inf
+    """What its signed headers bound its aggregate's norm by (`signed_norm_bound`)."""
 
     @property
     def uid(self) -> tuple[str, int]:
@@ -139,8 +143,43 @@ class Incoming:
         header = update.update_header(p.fingerprint, p.config.max_inner_steps)
         problem = merge._problem(update, in_group)
         return cls(
-            header, update.head.learners, problem, variant_of(update), update.reducers(), update
+            header,
+            update.head.learners,
+            problem,
+            variant_of(update),
+            update.reducers(),
+            update,
+            signed_norm_bound(update),
         )
+
+
+def signed_norm_bound(update: GroupUpdate) -> float:
+    """A bound on the norm of a group update's aggregate from its signed headers alone: the
+    mean of its included members' signed norms (the aggregate is the mean of their parts,
+    each clipped to at most its norm: the triangle inequality), widened for the bf16
+    rounding of the mean (2^-8 relative) and float error."""
+    norms = [h.norm for h in update.contributions]
+    if not norms or not all(math.isfinite(n) and n >= 0 for n in norms):
+        return math.inf
+    return math.fsum(norms) / len(norms) * NORM_BOUND_SLACK
+
+
+def round_problem(incoming: Sequence[Incoming], gram: object, num_states: int) -> str | None:
+    """Why the round's Gram matrix (`summed_gram` of the members' parts, `incoming` in id
+    order) cannot be decided on, or None: not a Gram matrix (`gram_problem`), or claiming an
+    update (not refused by its headers) longer than its signed headers allow
+    (`signed_norm_bound`): a member inflating its part of an update's norm cannot make its
+    group refuse (`norm_too_large`) or clip an update whose members signed norms within the
+    bounds beyond what they signed."""
+    problem = gram_problem(gram, num_states + len(incoming))
+    if problem is not None:
+        return problem
+    assert isinstance(gram, list)
+    for i, inc in enumerate(incoming):
+        index = num_states + i
+        if inc.problem is None and gram[index][index] > inc.norm_bound**2:
+            return "gram_beyond_signed_norm"
+    return None
 
 
 @dataclass(frozen=True)
@@ -175,12 +214,21 @@ class RoundPlan:
     decisions: tuple[Decision, ...]
     """In id order: the order they are counted and recorded in."""
     combos: tuple[tuple[float, ...], ...]
-    """Coefficients of each weighted sum over the round's updates (`decisions` order)."""
+    """Coefficients of each weighted sum over the round's updates (`decisions`' order, then
+    `deferred`'s, whose are 0)."""
     formed: tuple[Formed, ...]
     """The params, then each of the outer optimizer's state tensors (`state_tensors`)."""
     steps: int
     progress: float
     """The outer optimizer's (steps taken, share of the round done) at the end."""
+    deferred: tuple[Incoming, ...] = ()
+    """The round's updates after a Delayed Nesterov fold, left for the next round
+    (`decide`'s ``until_fold``): in id order, after `decisions` in the basis."""
+
+    @property
+    def size(self) -> int:
+        """The round's updates in the basis: decided and deferred."""
+        return len(self.decisions) + len(self.deferred)
 
 
 class ShardRound:
@@ -195,28 +243,38 @@ class ShardRound:
         and the order of the basis' update vectors (each member's `part_gram` and sums)."""
         return sorted(incoming, key=lambda inc: inc.uid)
 
-    def decide(self, incoming: Sequence[Incoming], gram: Gram) -> RoundPlan:
+    def decide(
+        self, incoming: Sequence[Incoming], gram: Gram, *, until_fold: bool = False
+    ) -> RoundPlan:
         """The decisions of applying `incoming` (in id order: `order`) one by one, from the
-        Gram matrix of the basis (`summed_gram`, checked by `gram_problem` first: ValueError
-        otherwise, the caller's bug). Pure: nothing of the pipeline changes."""
+        Gram matrix of the basis (`summed_gram`, checked by `round_problem` first: ValueError
+        otherwise, the caller's bug). Pure: nothing of the pipeline changes.
+
+        ``until_fold``: stop after the update that completes a Delayed Nesterov round; the
+        rest are `RoundPlan.deferred` to the next round. Then the round always gathers one
+        sum (the params and the momentum move by multiples of the round's sum), where a fold
+        inside it takes two."""
         ordered = self.order(incoming)
         replica = self.merge.pipeline.replica
         with replica.lock:
             num_states = len(state_tensors(replica))
-            problem = gram_problem(gram, num_states + len(ordered))
+            problem = round_problem(ordered, gram, num_states)
             if problem is not None:
                 raise ValueError(f"the round's Gram matrix is not one: {problem}")
             replay = _Replay(replica.outer, num_states, len(ordered))
-            decisions = _Decider(self.merge, replay, np.array(gram)).run(ordered)
+            decisions = _Decider(self.merge, replay, np.array(gram)).run(ordered, until_fold)
             base = (replica.num_applied, replica.applied_digest())
         combos, formed = _combos(replay, num_states)
-        return RoundPlan(base, tuple(decisions), combos, formed, replay.count, replay.progress)
+        deferred = tuple(ordered[len(decisions) :])
+        return RoundPlan(
+            base, tuple(decisions), combos, formed, replay.count, replay.progress, deferred
+        )
 
     @staticmethod
     def weighted_sums(plan: RoundPlan, shards: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """One member's slice of each gathered sum: the weighted sum of its shards (its slice
-        of each update, in `decisions` order; any tensor for a refused one)."""
-        if len(shards) != len(plan.decisions):
+        of each update, decided and deferred in id order; any tensor for a refused one)."""
+        if len(shards) != plan.size:
             raise ValueError("one shard per update of the round, in id order.")
         out = []
         for combo in plan.combos:
@@ -290,7 +348,7 @@ def sums_problem(
     the reported norm (docs/scale.md, Session 16: trust)."""
     num_states = len(states)
     gram = np.array(part)
-    if len(sums) != len(plan.combos) or gram.shape != (num_states + len(plan.decisions),) * 2:
+    if len(sums) != len(plan.combos) or gram.shape != (num_states + plan.size,) * 2:
         return "sums_shape"
     for combo, total in zip(plan.combos, sums, strict=True):
         c = np.array(combo)
@@ -319,6 +377,7 @@ class _Replay:
         self.kind, self.lr, self.mu = outer.kind, outer.lr, outer.momentum
         self.delay: int | None = getattr(outer, "delay", None)
         self.count, self.progress = outer.round_state()
+        self.folds = 0
         unit = np.eye(size)
         self.states = [unit[i].copy() for i in range(num_states)]
         """The params, the momentum (and the delayed optimizer's round sum)."""
@@ -356,6 +415,7 @@ class _Replay:
             buf = self.mu * buf + acc
             params = params + (-self.lr * self.mu) * buf
             acc = np.zeros_like(acc)
+            self.folds += 1
             self.progress = max(0.0, self.progress - 1.0)
             if self.progress < _ROUND_TOLERANCE:
                 self.progress = 0.0
@@ -398,8 +458,13 @@ class _Decider:
     def norm(self, a: Vector) -> float:
         return math.sqrt(max(0.0, self.form(a, a)))
 
-    def run(self, ordered: Sequence[Incoming]) -> list[Decision]:
-        return [self.one(i, inc) for i, inc in enumerate(ordered)]
+    def run(self, ordered: Sequence[Incoming], until_fold: bool) -> list[Decision]:
+        decisions = []
+        for i, inc in enumerate(ordered):
+            decisions.append(self.one(i, inc))
+            if until_fold and self.replay.folds:
+                break
+        return decisions
 
     def one(self, index: int, inc: Incoming) -> Decision:
         p = self.merge.pipeline
