@@ -43,6 +43,7 @@ from merge.group_update import (
     RoundFields,
 )
 from merge.identity import Identity
+from merge.shard_round import overlapping
 from merge.weighting import StalenessConfig, TokenWeightConfig, staleness_weight, token_weight
 
 RUN_ID = "scale-sim"
@@ -453,6 +454,14 @@ class Simulation:
         by_id = {n.peer_id: n for n in members}
         for node in members:
             node.received += header_bytes
+        if self.config.shard_round_sums and not self.config.shard_round_aligned:
+            bounds = shard_bounds(self.numel, shards)
+            ranked = sorted(by_id)
+            for (start, end), peer in zip(
+                shard_bounds(self.numel, len(ranked)), ranked, strict=True
+            ):
+                by_id[peer].received += sum(sizes[k] for k in overlapping(bounds, start, end))
+            return
         for k, fetcher in enumerate(spread(shards, by_id)):
             by_id[fetcher].received += sizes[k]
 

@@ -62,6 +62,10 @@ class SimConfig:
     (merge.shard_round): each member also all-gathers its part's Gram matrix (the upper
     triangle over 3 state tensors and the round's incoming updates, float64, signed), and k
     weighted sums (2: a Delayed Nesterov fold inside every round, the most it gathers)."""
+    shard_round_aligned: bool = True
+    """With `shard_round_sums`: True counts one slice of each incoming update per member
+    (chunk digests let a member fetch exactly its slice); False counts what a member fetches
+    with today's digests: every shard of the update that overlaps its slice, whole."""
 
 
 @dataclass(eq=False)

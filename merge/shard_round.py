@@ -61,6 +61,8 @@ Vector = npt.NDArray[np.float64]
 """Coefficients over the basis."""
 _MIN_PARAMS_NORM = 1e-12  # merge.pipeline's floor under the params norm
 _SCHWARZ_SLACK = 1e-9
+_STATE_SLACK = 1e-9
+"""Relative room for a float64 dot product of the same slices summed in another order."""
 NORM_BOUND_SLACK = 1.01
 """`signed_norm_bound`'s widening: bf16 rounding of the mean (2^-8) and float error."""
 _SAME_COMBO = 1e-9
@@ -71,6 +73,13 @@ sums gathered already take no sum of their own."""
 def state_tensors(replica: Replica) -> list[torch.Tensor]:
     """The basis' first vectors: the params, then the outer optimizer's state tensors."""
     return [replica.params, *replica.outer.state_tensors()]
+
+
+def overlapping(bounds: Sequence[tuple[int, int]], start: int, end: int) -> list[int]:
+    """The shards (of `bounds`, an incoming update's split) that hold any of [start, end): what
+    a member whose slice that is fetches whole to check them against their co-signed digests
+    (docs/scale.md, Session 16: the slices must be aligned)."""
+    return [k for k, (lo, hi) in enumerate(bounds) if lo < end and start < hi and lo < hi]
 
 
 def part_gram(vectors: Sequence[torch.Tensor]) -> Gram:
@@ -151,6 +160,26 @@ class Incoming:
             update,
             signed_norm_bound(update),
         )
+
+
+def part_problem(part: object, states: Sequence[torch.Tensor], num_updates: int) -> str | None:
+    """Why a member's part Gram matrix cannot be taken, or None: not one of real vectors
+    (`gram_problem`), or claiming dot products among the state tensors' slices (`states`:
+    the receiver's own, over that member's slice) other than the receiver's. Every member
+    holds the state whole, so a member cannot make the params or the momentum look longer
+    or shorter than they are (which would move the norm cap and the cosines)."""
+    num_states = len(states)
+    problem = gram_problem(part, num_states + num_updates)
+    if problem is not None:
+        return problem
+    assert isinstance(part, list)
+    own = part_gram(states)
+    for i in range(num_states):
+        for j in range(i, num_states):
+            slack = _STATE_SLACK * math.sqrt(own[i][i] * own[j][j])
+            if abs(part[i][j] - own[i][j]) > slack:
+                return "gram_wrong_state"
+    return None
 
 
 def signed_norm_bound(update: GroupUpdate) -> float:

@@ -28,7 +28,9 @@ from merge.shard_round import (
     RoundPlan,
     ShardRound,
     gram_problem,
+    overlapping,
     part_gram,
+    part_problem,
     round_problem,
     state_tensors,
     summed_gram,
@@ -333,7 +335,8 @@ def test_one_dishonest_member_moves_the_round_no_more_than_the_robust_bound(
     states = state_tensors(hostile.replica)
     lies = [shards(m) for m in range(3)]
     grams = [part_gram([t[s:e] for t in states] + lies[m]) for m, (s, e) in enumerate(bounds)]
-    assert all(gram_problem(g, len(states) + batch) is None for g in grams)
+    for m, (s, e) in enumerate(bounds):  # every check a receiver makes of a part passes
+        assert part_problem(grams[m], [t[s:e] for t in states], batch) is None
     problem = round_problem(incoming, summed_gram(grams), len(states))
     if problem is not None:  # longer than the members signed: the round is fetched whole
         assert problem == "gram_beyond_signed_norm"
@@ -404,3 +407,37 @@ def test_a_part_claiming_an_update_longer_than_its_members_signed_is_refused() -
     assert problem == "gram_beyond_signed_norm"
     with pytest.raises(ValueError, match="gram_beyond_signed_norm"):
         rounds.decide(incoming, summed_gram(grams))
+
+
+@given(numel=st.integers(0, 500), ours=st.integers(1, 40), theirs=st.integers(1, 40))
+def test_each_slice_fetches_the_shards_it_overlaps(numel: int, ours: int, theirs: int) -> None:
+    """Every coordinate of a slice lies in a shard it fetches, and every shard it fetches
+    holds one of them; with equal splits a slice fetches exactly its own shard."""
+    bounds = shard_bounds(numel, theirs)
+    for start, end in shard_bounds(numel, ours):
+        fetched = overlapping(bounds, start, end)
+        covered = {i for k in fetched for i in range(*bounds[k])}
+        assert set(range(start, end)) <= covered
+        assert all(set(range(*bounds[k])) & set(range(start, end)) for k in fetched)
+        if ours == theirs and end > start:
+            assert fetched == [shard_bounds(numel, ours).index((start, end))]
+
+
+def test_a_part_misstating_the_state_is_refused() -> None:
+    """Every member holds the state whole: a part claiming another norm of its slice of the
+    params or the momentum is refused; an honest part (any member's) is taken."""
+    pipeline = _pipeline("delayed_nesterov")
+    _history(pipeline, 4)
+    updates = [_update(Spec(g, 1, "honest", 0, 0), 4, 16) for g in range(2)]
+    rounds = ShardRound(pipeline.groups)
+    incoming = rounds.order([Incoming.of(pipeline.groups, u, _everyone) for u in updates])
+    grams = _grams(pipeline, incoming, 3)
+    states = state_tensors(pipeline.replica)
+    for part, (s, e) in zip(grams, shard_bounds(NUMEL, 3), strict=True):
+        assert part_problem(part, [t[s:e] for t in states], 2) is None
+    s, e = shard_bounds(NUMEL, 3)[0]
+    lying = part_gram(
+        [states[0][s:e], states[1][s:e], states[2][s:e] * 3] + _shards(incoming, s, e)
+    )
+    assert part_problem(lying, [t[s:e] for t in states], 2) == "gram_wrong_state"
+    assert part_problem("x", [t[s:e] for t in states], 2) == "gram_shape"
