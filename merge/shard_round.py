@@ -61,6 +61,8 @@ Vector = npt.NDArray[np.float64]
 """Coefficients over the basis."""
 _MIN_PARAMS_NORM = 1e-12  # merge.pipeline's floor under the params norm
 _SCHWARZ_SLACK = 1e-9
+PART_CHUNK = 1 << 16
+"""Elements of a slice `part_gram` copies to float64 at once (per basis vector)."""
 _STATE_SLACK = 1e-9
 """Relative room for a float64 dot product of the same slices summed in another order."""
 NORM_BOUND_SLACK = 1.01
@@ -84,14 +86,16 @@ def overlapping(bounds: Sequence[tuple[int, int]], start: int, end: int) -> list
 
 def part_gram(vectors: Sequence[torch.Tensor]) -> Gram:
     """One part's Gram matrix: the dot products (float64) of one slice of each basis vector
-    (the state tensors' slices, then the member's shard of each update)."""
-    rows = [v.detach().to(torch.float64) for v in vectors]
-    size = len(rows)
-    gram = [[0.0] * size for _ in range(size)]
-    for i in range(size):
-        for j in range(i, size):
-            gram[i][j] = gram[j][i] = float(torch.dot(rows[i], rows[j]))
-    return gram
+    (the state tensors' slices, then the member's shard of each update). In chunks of
+    PART_CHUNK elements, so the float64 copies stay small whatever the slice's length."""
+    size = len(vectors)
+    total = torch.zeros(size, size, dtype=torch.float64)
+    length = vectors[0].numel() if vectors else 0
+    for start in range(0, length, PART_CHUNK):
+        chunk = torch.stack([v[start : start + PART_CHUNK] for v in vectors]).to(torch.float64)
+        total += chunk @ chunk.T
+    upper = total.triu()  # exactly symmetric, whatever order the product summed in
+    return (upper + upper.triu(1).T).tolist()
 
 
 def summed_gram(parts: Sequence[Gram]) -> Gram:

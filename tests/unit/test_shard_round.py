@@ -441,3 +441,17 @@ def test_a_part_misstating_the_state_is_refused() -> None:
     )
     assert part_problem(lying, [t[s:e] for t in states], 2) == "gram_wrong_state"
     assert part_problem("x", [t[s:e] for t in states], 2) == "gram_shape"
+
+
+def test_a_part_gram_in_chunks_is_the_whole_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunked (float64 copies bounded) and exactly symmetric: the slices' dot products."""
+    import merge.shard_round as shard_round
+
+    monkeypatch.setattr(shard_round, "PART_CHUNK", 7)
+    vectors = [torch.randn(50, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    gram = part_gram(vectors)
+    assert gram_problem(gram, 4) is None
+    for i in range(4):
+        for j in range(4):
+            exact = float(vectors[i].double() @ vectors[j].double())
+            assert math.isclose(gram[i][j], exact, rel_tol=1e-12, abs_tol=1e-12)
