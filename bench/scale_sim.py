@@ -43,6 +43,7 @@ from merge.group_update import (
     RoundFields,
 )
 from merge.identity import Identity
+from merge.shard_round import overlapping
 from merge.weighting import StalenessConfig, TokenWeightConfig, staleness_weight, token_weight
 
 RUN_ID = "scale-sim"
@@ -453,6 +454,14 @@ class Simulation:
         by_id = {n.peer_id: n for n in members}
         for node in members:
             node.received += header_bytes
+        if self.config.shard_round_sums and not self.config.shard_round_aligned:
+            bounds = shard_bounds(self.numel, shards)
+            ranked = sorted(by_id)
+            for (start, end), peer in zip(
+                shard_bounds(self.numel, len(ranked)), ranked, strict=True
+            ):
+                by_id[peer].received += sum(sizes[k] for k in overlapping(bounds, start, end))
+            return
         for k, fetcher in enumerate(spread(shards, by_id)):
             by_id[fetcher].received += sizes[k]
 
@@ -534,7 +543,21 @@ class Simulation:
                 # weighted incoming shards (the own group's are counted as they are sent)
                 if not c.wired and not (c.scatter and self.grouping.num_learners == 1):
                     node.received += (len(members) - 1) / len(members) * self.update_bytes
+                    node.received += self._shard_round_bytes(len(members))
             self.node_rounds += len(members)
+
+    def _shard_round_bytes(self, g: int) -> float:
+        """What session 16's linear merge adds per member a round (SimConfig
+        `shard_round_sums`): the other members' part Gram matrices, and the weighted sums
+        beyond the first."""
+        c = self.config
+        assert self.grouping is not None
+        if not (c.scatter and c.shard_round_sums) or c.wired:
+            return 0.0
+        basis = 3 + self.grouping.num_learners - 1  # params, momentum, round sum; incoming
+        gram = 8 * basis * (basis + 1) / 2 + SIGNATURE_BYTES
+        extra_sums = (c.shard_round_sums - 1) * (g - 1) / g * self.update_bytes
+        return (g - 1) * gram + extra_sums
 
     def _account_reduction(self, contributors: list[SimNode], included: int, attempts: int) -> None:
         k = len(contributors)

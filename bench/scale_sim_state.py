@@ -56,6 +56,16 @@ class SimConfig:
     its whole part (bf16) to every other member, and every node fetches each other group's
     whole update once (bf16), with no all-gather. False: the design's reduce-scatter, shard
     fetches and all-gather. Only the bytes differ; timings are the design's either way."""
+    shard_round_sums: int = 0
+    """With `scatter` (not `wired`): 0 counts one weighted sum all-gathered a round (session
+    12); k >= 1 counts session 16's merge of the incoming updates as one linear step
+    (merge.shard_round): each member also all-gathers its part's Gram matrix (the upper
+    triangle over 3 state tensors and the round's incoming updates, float64, signed), and k
+    weighted sums (2: a Delayed Nesterov fold inside every round, the most it gathers)."""
+    shard_round_aligned: bool = True
+    """With `shard_round_sums`: True counts one slice of each incoming update per member
+    (chunk digests let a member fetch exactly its slice); False counts what a member fetches
+    with today's digests: every shard of the update that overlaps its slice, whole."""
 
 
 @dataclass(eq=False)

@@ -115,6 +115,16 @@ class OuterOptimizer(ABC):
         them up: the merge path takes dot products with each (read them under the lock)."""
         return [self._buf] if self._count else []
 
+    def state_tensors(self) -> list[torch.Tensor]:
+        """Views of the state a step reads and writes besides the params: the momentum (and a
+        delayed optimizer's round not folded yet). Read them under the replica's lock."""
+        return [self._buf]
+
+    def round_state(self) -> tuple[int, float]:
+        """(steps taken, share of the current round done): what, with :meth:`state_tensors`,
+        decides the next steps (merge.shard_round replays them on coefficients)."""
+        return self._count, 0.0
+
     def rest_terms(
         self, state: Mapping[str, object] | None = None
     ) -> list[tuple[float, torch.Tensor]]:
@@ -301,6 +311,12 @@ class DelayedNesterov(OuterOptimizer):
         if not self._count:
             return []
         return [self._buf] if self._progress == 0.0 else [self._buf, self._acc]
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return [self._buf, self._acc]
+
+    def round_state(self) -> tuple[int, float]:
+        return self._count, self._progress
 
     def rest_terms(
         self, state: Mapping[str, object] | None = None

@@ -158,16 +158,36 @@ class RobustFilter:
         """
         if norm is None:
             norm = float(torch.linalg.vector_norm(pseudo_gradient))
+        parts = _parts(momentum)
+        dot = _dot(pseudo_gradient, parts) if parts and norm > 0 else None
+        return self.decide(
+            norm, dot, lambda: _momentum_norm(parts), voters=voters, fresh=fresh, spans=spans
+        )
+
+    def decide(
+        self,
+        norm: float,
+        dot: float | None,
+        momentum_norm: Callable[[], float],
+        *,
+        voters: Callable[[str], bool] | None = None,
+        fresh: bool = False,
+        spans: int = 1,
+    ) -> Verdict:
+        """The verdict from the update's statistics alone (`judge` without tensors): its
+        ``norm``, its ``dot`` product with the momentum (None without a momentum, or for a
+        zero update) and the momentum's norm, asked for only when a check needs it. Each is a
+        sum of per-shard sums (squared norms, dot products), so a group whose members each
+        hold one shard of the update decides as a replica holding all of it
+        (merge.shard_round). Pure."""
         median = self.median_norm(voters)
         bound = self.config.max_norm_to_median
-        parts = _parts(momentum)
         scale = 1.0
         if median is not None and bound > 0 and norm > bound * median:
             scale = bound * median / norm
-        dot = _dot(pseudo_gradient, parts) if parts and norm > 0 else None
         cosine = None
         if dot is not None and (scale < 1 or not (dot >= 0 and self.config.min_cosine < 0)):
-            cosine = _cosine_of(dot, norm, parts)  # cos >= 0 > min_cosine needs no norm
+            cosine = _cosine_of(dot, norm, momentum_norm())  # cos >= 0 > min_cosine needs none
         if cosine is not None and cosine < self.config.min_cosine:
             return Verdict("against_momentum", norm, median, cosine)
         reason = "norm_outlier" if scale < 1 else None
@@ -176,7 +196,7 @@ class RobustFilter:
             radius *= max(1, spans)
         if median is None or dot is None or radius == 0 or median == 0:
             return Verdict(reason, norm, median, cosine, scale)
-        recentered = _recenter(norm * scale, dot * scale, median, radius * median, parts)
+        recentered = _recenter(norm * scale, dot * scale, median, radius * median, momentum_norm)
         if recentered is None:
             return Verdict(reason, norm, median, cosine, scale)
         return Verdict(reason or "off_center", norm, median, cosine, scale, *recentered)
@@ -306,7 +326,7 @@ def _middle(values: list[float]) -> float:
 
 
 def _recenter(
-    norm: float, dot: float, reference: float, radius: float, parts: list[torch.Tensor]
+    norm: float, dot: float, reference: float, radius: float, momentum_norm: Callable[[], float]
 ) -> tuple[float, float] | None:
     """Centered clipping (Karimireddy et al. 2021): the update g (of `norm`, `dot` with the
     momentum m) deviates from the center c = reference * m / |m| by |g - c|; beyond `radius`,
@@ -314,7 +334,7 @@ def _recenter(
     when the update is within the radius (decided without |m| where the bound settles it)."""
     if dot >= 0 and norm * norm + reference * reference <= radius * radius:
         return None
-    m_norm = float(torch.linalg.vector_norm(parts[0])) if len(parts) == 1 else _norm_of_sum(parts)
+    m_norm = momentum_norm()
     if m_norm == 0 or not math.isfinite(m_norm):
         return None
     squared = norm * norm + reference * reference - 2.0 * reference * dot / m_norm
@@ -335,9 +355,14 @@ def _dot(g: torch.Tensor, parts: list[torch.Tensor]) -> float:
     return math.fsum(float(torch.dot(g, part)) for part in parts)
 
 
-def _cosine_of(dot: float, g_norm: float, parts: list[torch.Tensor]) -> float | None:
-    """The cosine from the dot product; None when the momentum is zero or not finite."""
-    m_norm = float(torch.linalg.vector_norm(parts[0])) if len(parts) == 1 else _norm_of_sum(parts)
+def _momentum_norm(parts: list[torch.Tensor]) -> float:
+    """|sum(parts)|: of the one part, or from the parts' pairwise dot products."""
+    return float(torch.linalg.vector_norm(parts[0])) if len(parts) == 1 else _norm_of_sum(parts)
+
+
+def _cosine_of(dot: float, g_norm: float, m_norm: float) -> float | None:
+    """The cosine from the dot product and the momentum's norm; None when that is zero or
+    not finite."""
     if m_norm == 0 or not math.isfinite(m_norm):
         return None
     return dot / g_norm / m_norm  # not over their product, which can underflow to 0

@@ -1,0 +1,131 @@
+"""One member's side of a round merged as one linear step (merge.shard_member): members that
+exchange their parts and slices end where applying the updates one by one does, each alike;
+a member that sends a part or slices that fail their checks, or stands on another applied
+set, makes the others fall back (nothing applied), never crash."""
+
+from __future__ import annotations
+
+import torch
+
+from merge.pipeline import UpdatePipeline
+from merge.shard_member import MemberRound
+from merge.shard_round import Incoming, ShardRound
+from tests.unit.test_shard_round import (
+    IDS,
+    Spec,
+    _assert_alike,
+    _everyone,
+    _history,
+    _one_by_one,
+    _pipeline,
+    _update,
+)
+
+MEMBERS = sorted(identity.peer_id for identity in IDS[:3])
+
+
+def _rounds(pipelines: list[UpdatePipeline], updates: list) -> list[MemberRound]:
+    out = []
+    for pipeline, me in zip(pipelines, MEMBERS, strict=True):
+        rounds = ShardRound(pipeline.groups)
+        incoming = [Incoming.of(pipeline.groups, u, _everyone) for u in updates]
+        out.append(MemberRound(rounds, MEMBERS, me, incoming))
+    return out
+
+
+def _fetch(rounds: list[MemberRound]) -> None:
+    for member in rounds:
+        start, end = member.slice
+        for i in member.needs():
+            update = member.incoming[i].update
+            assert update is not None
+            assert member.fetched(i, update.aggregate[start:end].clone())
+
+
+def _exchange_parts(rounds: list[MemberRound]) -> None:
+    parts = {m.me: m.part() for m in rounds}
+    for member in rounds:
+        for other, part in parts.items():
+            if other != member.me:
+                member.part_from(other, part)
+
+
+def _exchange_sums(rounds: list[MemberRound]) -> dict[str, list[torch.Tensor] | None]:
+    for member in rounds:
+        member.decide()
+    sums = {m.me: m.sums() for m in rounds}
+    for member in rounds:
+        for other, slices in sums.items():
+            if other != member.me and slices is not None:
+                member.sums_from(other, slices)
+    return sums
+
+
+def _setup(fold: bool) -> tuple[list[UpdatePipeline], UpdatePipeline, list]:
+    learners = 3 if fold else 16
+    pipelines = [_pipeline("delayed_nesterov") for _ in range(4)]
+    for pipeline in pipelines:
+        _history(pipeline, 2)
+    specs = [Spec(g, 1, "honest", 0, 0) for g in range(4)] + [Spec(5, 1, "big", 0, 0)]
+    updates = [_update(spec, 3, learners) for spec in specs]
+    return pipelines[:3], pipelines[3], updates
+
+
+def test_members_that_exchange_parts_and_slices_end_as_applied_one_by_one() -> None:
+    for fold in (False, True):
+        members, reference, updates = _setup(fold)
+        rounds = _rounds(members, updates)
+        _fetch(rounds)
+        _exchange_parts(rounds)
+        _exchange_sums(rounds)
+        results = [m.apply() for m in rounds]
+        assert all(r is not None for r in results) and all(m.failed is None for m in rounds)
+        plan = rounds[0].plan
+        assert plan is not None and len(plan.combos) == 1  # cut at the fold: one sum
+        decided = [d.incoming.update for d in plan.decisions]
+        expected = _one_by_one(reference, [u for u in decided if u is not None])
+        assert [r.accepted for r in results[0] or []] == [r.accepted for r in expected]
+        _assert_alike(members[0], reference)
+        for other in members[1:]:  # every member alike, bit for bit
+            assert torch.equal(other.replica.params, members[0].replica.params)
+            assert other.replica.applied == members[0].replica.applied
+        if fold:
+            assert plan.deferred  # the rest wait for the next round
+
+
+def test_a_member_on_another_applied_set_makes_the_others_fall_back() -> None:
+    members, _, updates = _setup(False)
+    members[2].submit_group(_update(Spec(4, 3, "honest", 0, 0), 9, 16), _everyone)
+    rounds = _rounds(members, updates)
+    _fetch(rounds)
+    _exchange_parts(rounds)
+    before = [p.replica.params.clone() for p in members]
+    _exchange_sums(rounds)
+    assert all(m.apply() is None for m in rounds)
+    assert rounds[0].failed == f"gram_wrong_state from {MEMBERS[2]}"
+    assert rounds[2].failed is not None and rounds[2].failed.startswith("gram_wrong_state")
+    assert all(torch.equal(p.replica.params, b) for p, b in zip(members, before, strict=True))
+
+
+def test_slices_that_fail_their_checks_make_the_others_fall_back() -> None:
+    members, _, updates = _setup(False)
+    rounds = _rounds(members, updates)
+    _fetch(rounds)
+    _exchange_parts(rounds)
+    for member in rounds:
+        member.decide()
+    honest = rounds[1].sums()
+    assert honest is not None
+    assert not rounds[0].sums_from(MEMBERS[1], [x * 2 for x in honest])
+    assert rounds[0].failed == f"sums_norm from {MEMBERS[1]}"
+    assert rounds[0].apply() is None
+    assert not rounds[2].part_from("stranger", [[0.0]])  # not a member: ignored, no failure
+    assert rounds[2].failed is None
+
+
+def test_a_slice_not_finite_fails_the_round() -> None:
+    members, _, updates = _setup(False)
+    member = _rounds(members, updates)[0]
+    start, end = member.slice
+    assert not member.fetched(0, torch.full((end - start,), float("nan")))
+    assert member.failed == "slice_not_finite" and member.part() is None
