@@ -47,19 +47,18 @@ import torch
 
 from merge.equivocation import GroupVariants
 from merge.group_pipeline import GroupMerge
+from merge.group_update import NORM_BOUND_SLACK, signed_norm_bound
 from merge.replica import Replica
 from merge.result import MergeResult
 from merge.robust import Verdict
 from merge.shard_round_checks import gram_problem, round_problem, sums_problem
 from merge.shard_round_plan import (
-    NORM_BOUND_SLACK,
     Decision,
     Formed,
     Gram,
     Incoming,
     RoundPlan,
     Vector,
-    signed_norm_bound,
 )
 from merge.shard_round_replay import Replay, combos_of, form_state, load_outer
 
@@ -299,13 +298,13 @@ class _Decider:
             if culprits is None:
                 return Decision(inc, "duplicate")
             return Decision(inc, "group_equivocation", culprits=culprits)
-        vector = self.replay.update(index)
-        norm = self.norm(vector)
-        if norm > p.config.max_update_norm_ratio * max(
+        # The cap by the signed bound, as `GroupMerge.submit`: a member's part cannot move it.
+        if inc.norm_bound > p.config.max_update_norm_ratio * max(
             self.norm(self.replay.states[0]), _MIN_PARAMS_NORM
         ):
             return Decision(inc, "norm_too_large")
-        return self._applied(inc, vector, norm, learners)
+        vector = self.replay.update(index)
+        return self._applied(inc, vector, self.norm(vector), learners)
 
     def _applied(self, inc: Incoming, vector: Vector, norm: float, learners: int) -> Decision:
         p = self.merge.pipeline

@@ -41,8 +41,8 @@ def round_problem(incoming: Sequence[Incoming], gram: object, num_states: int) -
     order) cannot be decided on, or None: not a Gram matrix (`gram_problem`), or claiming an
     update (not refused by its headers) longer than its signed headers allow
     (`signed_norm_bound`): a member inflating its part of an update's norm cannot make its
-    group refuse (`norm_too_large`) or clip an update whose members signed norms within the
-    bounds beyond what they signed."""
+    group's robust judge clip it beyond what its members signed. (The norm cap reads the
+    signed bound alone, not the matrix: no part moves a refusal.)"""
     problem = gram_problem(gram, num_states + len(incoming))
     if problem is not None:
         return problem

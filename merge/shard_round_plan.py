@@ -14,15 +14,13 @@ import numpy.typing as npt
 
 from merge.envelope import UpdateHeader
 from merge.group_pipeline import GroupMerge, variant_of
-from merge.group_update import GroupUpdate
+from merge.group_update import GroupUpdate, signed_norm_bound
 from merge.robust import Verdict
 
 Gram = list[list[float]]
 """Dot products among the basis (state tensors, then the round's updates), float64."""
 Vector = npt.NDArray[np.float64]
 """Coefficients over the basis."""
-NORM_BOUND_SLACK = 1.01
-"""`signed_norm_bound`'s widening: bf16 rounding of the mean (2^-8) and float error."""
 
 
 @dataclass(frozen=True)
@@ -39,7 +37,8 @@ class Incoming:
     update: GroupUpdate | None = field(default=None, compare=False)
     """The update itself, for `GroupMerge.on_applied` (None: its listeners are not told)."""
     norm_bound: float = math.inf
-    """What its signed headers bound its aggregate's norm by (`signed_norm_bound`)."""
+    """What its signed headers bound its aggregate's norm by (`signed_norm_bound`): what the
+    norm cap refuses it by, on every path."""
 
     @property
     def uid(self) -> tuple[str, int]:
@@ -60,19 +59,8 @@ class Incoming:
             variant_of(update),
             update.reducers(),
             update,
-            signed_norm_bound(update),
+            signed_norm_bound(update, merge.reduction),
         )
-
-
-def signed_norm_bound(update: GroupUpdate) -> float:
-    """A bound on the norm of a group update's aggregate from its signed headers alone: the
-    mean of its included members' signed norms (the aggregate is the mean of their parts,
-    each clipped to at most its norm: the triangle inequality), widened for the bf16
-    rounding of the mean (2^-8 relative) and float error."""
-    norms = [h.norm for h in update.contributions]
-    if not norms or not all(math.isfinite(n) and n >= 0 for n in norms):
-        return math.inf
-    return math.fsum(norms) / len(norms) * NORM_BOUND_SLACK
 
 
 @dataclass(frozen=True)
