@@ -4,11 +4,15 @@
 A group update is applied as one unit under its group key as author (seq: its round + 1; a
 duplicate id is refused): every member's signature and co-signature checked
 (`GroupUpdate.problem`), sized by the epoch's learner count (groups) its members signed,
-weighed by its staleness and its mean member's tokens, judged by the robust checks (norm
-against the replica, clip and momentum checks) like any update. Its staleness comes from
-signed facts: each member signs the applied counts of its own replica at its round's start
-and at its contribution; the group's is the median of its included members' (one member
-claiming a stale or fresh round moves it no more than one of g), the same on every replica.
+weighed by its staleness and its mean member's tokens, judged by the robust checks (clip
+and momentum checks) like any update. The norm cap refuses it by its signed norm bound
+(`signed_norm_bound`: its members' signed norms, clipped as the reduction clips them), not by
+its aggregate's norm, so a group that decides a round from its members' per-part figures
+(merge.shard_round) refuses exactly what this refuses, whatever one of its members reports.
+Its staleness comes from signed facts: each member signs the applied counts of its own
+replica at its round's start and at its contribution; the group's is the median of its
+included members' (one member claiming a stale or fresh round moves it no more than one of
+g), the same on every replica.
 
 Listeners (`GroupMerge.on_applied`) hear of each group update applied here, on the merge's
 thread: a member takes back a contribution it carried for a round it gave up on that
@@ -26,7 +30,7 @@ import torch
 
 from merge.envelope import UpdateHeader
 from merge.equivocation import GroupVariants
-from merge.group_update import GroupUpdate
+from merge.group_update import GroupUpdate, ReductionConfig, signed_norm_bound
 from merge.replica import Replica
 from merge.result import MergeResult
 from merge.robust import RobustFilter, Verdict
@@ -61,6 +65,10 @@ class GroupMerge:
         """Told of each group update applied here (after it is, outside the replica's lock)."""
         self.variants = GroupVariants()
         """The variant applied under each recent group id (a second one is equivocation)."""
+        self.reduction = ReductionConfig()
+        """The run's group reduction settings (the run fingerprint holds them): its clip
+        bound sizes `signed_norm_bound`. Set by the node when groups are on; every replica of
+        a run must hold the same (the default is the settings' default)."""
 
     def submit(self, update: GroupUpdate, in_group: Callable[[str], bool]) -> MergeResult:
         """Verifies and applies `update` as one unit; never raises for bad input.
@@ -75,7 +83,6 @@ class GroupMerge:
             problem = "too_stale"
         if problem is not None:
             return p._reject(header, problem)
-        norm = float(torch.linalg.vector_norm(update.aggregate))
         with p.replica.lock:
             uid, variant = (header.author, header.seq), variant_of(update)
             if p.replica.has_applied(*uid):
@@ -86,8 +93,11 @@ class GroupMerge:
                     "group update %s#%d: a second variant, co-signed by %s", *uid, culprits
                 )
                 return p._reject(header, "group_equivocation")
-            if (reason := p._norm_reason(norm)) is not None:
+            # The cap by the signed bound, never the aggregate's own norm: the same refusal
+            # as a group that decides the round from its members' per-part figures.
+            if (reason := p._norm_reason(signed_norm_bound(update, self.reduction))) is not None:
                 return p._reject(header, reason)
+            norm = float(torch.linalg.vector_norm(update.aggregate))
             weight = p.weight_of(header, learners)
             direction = p.replica.outer.momentum_parts()
             verdict = p.robust.judge(update.aggregate, direction, norm, voters=None)

@@ -313,6 +313,27 @@ def clip_scales(norms: list[float], config: ReductionConfig) -> list[float]:
     return [bound / norm if clip and norm > bound else 1.0 for norm in norms]
 
 
+NORM_BOUND_SLACK = 1.01
+"""`signed_norm_bound`'s widening: bf16 rounding of the mean (2^-8 relative) and of the
+parts sent in bf16, and float error."""
+
+
+def signed_norm_bound(update: GroupUpdate, config: ReductionConfig) -> float:
+    """A bound on the norm of `update`'s aggregate from its signed headers alone: the mean of
+    its included members' signed norms, each clipped as the reduction clips it (`clip_scales`,
+    ``config``: the run's), widened by NORM_BOUND_SLACK (the aggregate is the mean of the
+    clipped parts: the triangle inequality). inf when a signed norm is not a finite number
+    >= 0. Every replica refuses a group update over the norm cap by this bound, never by the
+    aggregate's own norm, so the refusal is the same whether a replica holds the aggregate
+    whole or its group sums per-part figures (merge.shard_round; docs/scale.md, Session 16)."""
+    norms = [h.norm for h in update.contributions]
+    if not norms or not all(math.isfinite(n) and n >= 0 for n in norms):
+        return math.inf
+    scales = clip_scales(norms, config)
+    clipped = math.fsum(n * s for n, s in zip(norms, scales, strict=True))
+    return clipped / len(norms) * NORM_BOUND_SLACK
+
+
 def clipped_mean(
     tensors: list[torch.Tensor], norms: list[float], config: ReductionConfig
 ) -> torch.Tensor:
