@@ -91,6 +91,9 @@ class GroupPublishing:
         self.compressor = GroupFeedback(get_codec(CARRY_CODEC), self.replica.numel, self.carried)
         """The residual and the carried contributions (checkpointed together)."""
         publisher.pipeline.groups.on_applied.append(self.carried.applied)
+        # the merge refuses a group update by its members' signed norms clipped as this run's
+        # reduction clips them (merge.group_update.signed_norm_bound)
+        publisher.pipeline.groups.reduction = groups.reduction_config()
         self.next_round = 0
         """The round this node contributes to next (unless its group is ahead)."""
 

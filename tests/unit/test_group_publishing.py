@@ -39,6 +39,14 @@ def test_a_node_alone_is_a_group_of_one_that_moves_like_its_own_fp32_update(
     assert publishing.announced() == (0, 0)
 
 
+def test_the_merge_bounds_group_updates_by_the_runs_own_reduction_clip(tmp_path: Path) -> None:
+    """The signed-norm bound a group update is refused by (merge.group_update) clips members'
+    norms as this run's reduction does, not by the default."""
+    node = offline_node(tmp_path, group_size=1, group_max_norm_to_median=2.5)
+    reduction = node.parts.publishing.publisher.pipeline.groups.reduction  # type: ignore[attr-defined]
+    assert reduction.max_norm_to_median == 2.5
+
+
 def test_lingering_ends_for_group_members_who_publish_no_update_of_their_own() -> None:
     """--linger-until-done: a learner-group member's updates are its group's (under the group
     key), so its heartbeat's latest seq stays 0 and this replica holds none of its own."""
