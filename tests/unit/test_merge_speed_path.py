@@ -125,7 +125,7 @@ def test_bounds_skip_the_params_pass_mid_round_and_not_after_a_fold() -> None:
     replica = pipeline.replica
     passes = []
     exact = replica.params_norm
-    replica.params_norm = lambda: passes.append(1) or exact()  # type: ignore[method-assign]
+    replica.params_norm = lambda: passes.append(1) or exact()  # type: ignore[method-assign,func-returns-value]
     small = torch.full((NUMEL,), 1e-3)
 
     for seq in range(5):  # learners 4: the 4th update folds the momentum in

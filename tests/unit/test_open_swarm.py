@@ -95,7 +95,7 @@ class Contributions:
                 self.by_author[header.author] = total + share
             apply(header, g, weight, norm, learners=learners, credited=credited)
 
-        pipeline.replica.apply = spy  # type: ignore[method-assign]
+        pipeline.replica.apply = spy  # type: ignore[method-assign,assignment]
 
     def of(self, authors: list[str]) -> torch.Tensor:
         zero = torch.zeros(NUMEL, dtype=torch.float64)
