@@ -52,6 +52,7 @@ import torch
 from dht.heartbeat import Heartbeat
 from dht.vouchers import Reports, voucher_weights, weighted_lower_median
 from merge.cosign_ledger import parse_cosigned
+from merge.replica import parse_applied
 from merge.sketch import StateSketch, relative_distance
 
 MAX_DRIFT = 0.05
@@ -125,12 +126,11 @@ def check_donor_state(
         raise StateCheckError(
             f"the state's momentum would still move its parameters by {rest} of their norm"
         )
+    try:
+        seqs = parse_applied(applied)
+    except ValueError as exc:
+        raise StateCheckError(f"the state's applied set is malformed ({exc})") from None
     try:  # who co-signed the state's group updates, each count within its key's applied ones
-        seqs = {
-            a: {s for s in ss if type(s) is int}
-            for a, ss in applied.items()
-            if isinstance(ss, list | tuple | set | frozenset)
-        }
         cosigned = parse_cosigned(state.get("cosigned"), seqs)
     except ValueError as exc:
         raise StateCheckError(f"the state's co-signer ledger is malformed ({exc})") from None
