@@ -99,6 +99,14 @@ def _update(spec: Spec, seed: int, learners: int) -> GroupUpdate:
     return reduction.outcome
 
 
+def _ordered(
+    pipeline: UpdatePipeline, updates: Sequence[GroupUpdate]
+) -> tuple[ShardRound, list[Incoming]]:
+    """The round's merge for `pipeline` and `updates` as it orders them (ids in order)."""
+    rounds = ShardRound(pipeline.groups)
+    return rounds, rounds.order([Incoming.of(pipeline.groups, u, _everyone) for u in updates])
+
+
 def _shards(incoming: Sequence[Incoming], start: int, end: int) -> list[torch.Tensor]:
     """One member's slice of each update (zeros for one refused before its tensor is read:
     in the shard path its shards are not fetched)."""
@@ -137,8 +145,7 @@ def _by_shards(
 ) -> tuple[list, RoundPlan]:
     """The round by parts; ``until_fold``: in as many rounds as its folds make, each taking
     the one before's deferred updates (the results of all, the last round's plan)."""
-    rounds = ShardRound(pipeline.groups)
-    incoming = rounds.order([Incoming.of(pipeline.groups, u, _everyone) for u in updates])
+    rounds, incoming = _ordered(pipeline, updates)
     results = []
     while True:
         gram = summed_gram(_grams(pipeline, incoming, members))
@@ -260,8 +267,7 @@ def test_a_round_with_one_fold_gathers_two_sums() -> None:
 def test_the_replica_moved_since_the_plan_refuses_it() -> None:
     pipeline = _pipeline("delayed_nesterov")
     updates = [_update(Spec(g, 0, "honest", 0, 0), 3, 4) for g in range(2)]
-    rounds = ShardRound(pipeline.groups)
-    incoming = rounds.order([Incoming.of(pipeline.groups, u, _everyone) for u in updates])
+    rounds, incoming = _ordered(pipeline, updates)
     plan = rounds.decide(incoming, summed_gram(_grams(pipeline, incoming, 2)))
     pipeline.submit_group(_update(Spec(5, 1, "honest", 0, 0), 3, 4), _everyone)
     before = pipeline.replica.params.clone()
@@ -374,8 +380,7 @@ def test_slices_that_do_not_match_the_reported_gram_are_refused() -> None:
     pipeline = _pipeline("delayed_nesterov")
     _history(pipeline, 1)
     updates = [_update(Spec(g, 1, "honest", 0, 0), 2, 16) for g in range(3)]
-    rounds = ShardRound(pipeline.groups)
-    incoming = rounds.order([Incoming.of(pipeline.groups, u, _everyone) for u in updates])
+    rounds, incoming = _ordered(pipeline, updates)
     grams = _grams(pipeline, incoming, 3)
     plan = rounds.decide(incoming, summed_gram(grams))
     s, e = shard_bounds(NUMEL, 3)[1]
@@ -394,8 +399,7 @@ def test_a_part_claiming_an_update_longer_than_its_members_signed_is_refused() -
     it as over the cap) claims more than the members' signed norms allow."""
     pipeline = _pipeline("delayed_nesterov")
     updates = [_update(Spec(g, 0, "honest", 0, 0), 5, 16) for g in range(3)]
-    rounds = ShardRound(pipeline.groups)
-    incoming = rounds.order([Incoming.of(pipeline.groups, u, _everyone) for u in updates])
+    rounds, incoming = _ordered(pipeline, updates)
     grams = _grams(pipeline, incoming, 3)
     num_states = len(state_tensors(pipeline.replica))
     assert round_problem(incoming, summed_gram(grams), num_states) is None
@@ -429,8 +433,7 @@ def test_a_part_misstating_the_state_is_refused() -> None:
     pipeline = _pipeline("delayed_nesterov")
     _history(pipeline, 4)
     updates = [_update(Spec(g, 1, "honest", 0, 0), 4, 16) for g in range(2)]
-    rounds = ShardRound(pipeline.groups)
-    incoming = rounds.order([Incoming.of(pipeline.groups, u, _everyone) for u in updates])
+    rounds, incoming = _ordered(pipeline, updates)
     grams = _grams(pipeline, incoming, 3)
     states = state_tensors(pipeline.replica)
     for part, (s, e) in zip(grams, shard_bounds(NUMEL, 3), strict=True):

@@ -28,13 +28,14 @@ from merge.identity import Identity
 from merge.outer import OuterKind
 from merge.pipeline import UpdatePipeline
 from merge.result import MergeResult
-from merge.shard_round import Incoming, ShardRound, part_gram, state_tensors, summed_gram
+from merge.shard_round import ShardRound, part_gram, state_tensors, summed_gram
 from tests.unit.test_shard_round import (
     NUMEL,
     RUN,
     Spec,
     _everyone,
     _one_by_one,
+    _ordered,
     _pipeline,
     _shards,
     _update,
@@ -69,8 +70,7 @@ def _lied_round(
     """The round by three members' parts, member `liar` reporting its slice of every update
     times `factor` (consistently: its part Gram matrix and its slices of the sums alike, so
     every check a receiver makes of them passes)."""
-    rounds = ShardRound(pipeline.groups)
-    incoming = rounds.order([Incoming.of(pipeline.groups, u, _everyone) for u in updates])
+    rounds, incoming = _ordered(pipeline, updates)
     states = state_tensors(pipeline.replica)
     bounds = shard_bounds(NUMEL, 3)
     shards = [_shards(incoming, s, e) for s, e in bounds]

@@ -133,15 +133,18 @@ def test_no_crowd_of_fresh_keys_changes_the_verdict_of_established_authors(
         for i, (bad, seq, report) in enumerate(sybils)
     ]
     state = donor_state(POISONED if poisoned else PARAMS, APPLIED)
+    assert (
+        passes(state, "donor", HONEST + crowd) == passes(state, "donor", HONEST) == (not poisoned)
+    )
 
-    def verdict(peers: list[Heartbeat]) -> bool:
-        try:
-            check_donor_state(state, "donor", peers, sketch_state)
-        except StateCheckError:
-            return False
-        return True
 
-    assert verdict(HONEST + crowd) == verdict(HONEST) == (not poisoned)
+def passes(state: dict[str, object], donor: str, peers: list[Heartbeat]) -> bool:
+    """Whether `state` from `donor` passes the check against `peers`' heartbeats."""
+    try:
+        check_donor_state(state, donor, peers, sketch_state)
+    except StateCheckError:
+        return False
+    return True
 
 
 @given(st.lists(st.floats(0, 10), min_size=1, max_size=20))

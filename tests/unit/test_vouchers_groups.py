@@ -15,7 +15,7 @@ from dht.heartbeat import Heartbeat
 from dht.state_check import StateCheckError, applied_digest, check_donor_state
 from dht.vouchers import state_records
 from tests.unit.test_state_check import PARAMS, SKETCH, donor_state, sketch_state
-from tests.unit.test_vouchers import POISONED
+from tests.unit.test_vouchers import POISONED, passes
 
 KEY_A, KEY_B = "groups.0b0", "groups.0b1"
 APPLIED = {KEY_A: list(range(1, 21)), KEY_B: list(range(1, 16))}
@@ -105,12 +105,5 @@ def test_no_crowd_of_fresh_keys_changes_the_members_verdict(
         fresh(i, sketch=SKETCH(POISONED if bad else PARAMS), merged_by_author=reports)
         for i, (bad, reports) in enumerate(crowd)
     ]
-
-    def verdict(peers: list[Heartbeat]) -> bool:
-        try:
-            check_donor_state(state, "mallory", peers, sketch_state)
-        except StateCheckError:
-            return False
-        return True
-
-    assert verdict(MEMBERS + keys) == verdict(MEMBERS) == (not poisoned)
+    verdict = passes(state, "mallory", MEMBERS + keys)
+    assert verdict == passes(state, "mallory", MEMBERS) == (not poisoned)
