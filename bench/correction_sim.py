@@ -51,8 +51,9 @@ from torch.nn.utils import parameters_to_vector
 
 from bench.quality import Evaluator, QualityConfig
 from merge.correction import CorrectionConfig, correct, expected_delay, look_ahead
+from merge.lack import lacked_updates
 from merge.outer import make_outer_optimizer
-from merge.weighting import rounds_stale, staleness_weight
+from merge.weighting import rounds_stale, rounds_weight
 from node.config import add_config_arguments, config_from_args
 from node.data import ShardSampler, data_slice
 from node.settings import FLAGS, MergeSettings, OuterSettings
@@ -61,8 +62,8 @@ OUTER = OuterSettings().outer_config("bf16")
 """A node's outer optimizer at its defaults: delayed Nesterov, lr 0.7, momentum 0.9."""
 STALENESS = MergeSettings().staleness_config()
 """A node's staleness weight at its defaults: polynomial, (1+s)^-0.5."""
-View = Literal["signed", "late", "apply"]
-VIEWS: tuple[View, ...] = ("signed", "late", "apply")
+View = Literal["signed", "late", "apply", "lack"]
+VIEWS: tuple[View, ...] = ("signed", "late", "apply", "lack")
 KINDS = ("none", "heloco", "lookahead")
 
 
@@ -78,6 +79,9 @@ class SimConfig:
     """Virtual time, in steps of the fastest learner: rounds ending later are not published."""
     lag: float = 0.0
     """Virtual time a published update takes to reach the other learners' replicas."""
+    partition: str = ""
+    """START:END (virtual time): every learner alone meanwhile (the NAT bench's public node
+    down: no update reaches another replica); what was held back arrives at END."""
     seeds: str = "0"
     """Comma-separated genesis seeds."""
     arms: str = "none,heloco:10"
@@ -145,6 +149,10 @@ class Apply:
     time: float
     missing: int
     """Updates this replica held before it that the publication's base lacked."""
+    lack: int = 0
+    """Other authors' updates this replica held, published no later than the publication,
+    beyond the count of them its author held when it published (merge.lack: what the signed
+    counts and the replica's signed times give, with no oracle)."""
 
 
 @dataclass
@@ -155,7 +163,11 @@ class _Replica:
 
 
 def schedule(
-    speeds: list[float], steps: int, horizon: float, lag: float
+    speeds: list[float],
+    steps: int,
+    horizon: float,
+    lag: float,
+    partition: tuple[float, float] | None = None,
 ) -> list[Publication | Apply]:
     """Every publication and apply of a replay, in processing order; pure.
 
@@ -163,7 +175,8 @@ def schedule(
     from that replica); the other replicas apply it ``lag`` later. At equal times arrivals go
     before publications, so with lag 0 a learner ending a round at the same time as a peer
     starts from the peer's update too. Arrivals after the horizon are still applied: every
-    replica ends with every publication.
+    replica ends with every publication. With a ``partition`` (start, end), an arrival due
+    inside it comes at its end instead.
     """
     if lag < 0 or steps < 1 or not speeds:
         raise ValueError("lag must be >= 0, steps >= 1 and there must be a learner.")
@@ -181,8 +194,17 @@ def schedule(
     def apply(who: int, index: int, time: float) -> Apply:
         held = replicas[who].applied
         missing = sum(1 for k in held if k not in bases[index])
+        pub = pubs[index]
+        # Of the other authors' (merge.lack): the author holds all its own earlier ones.
+        before = sum(1 for k in held if pubs[k].time <= pub.time and pubs[k].author != pub.author)
+        own = sum(1 for k in range(index) if pubs[k].author == pub.author)
         held.append(index)
-        return Apply(who, index, time, missing)
+        return Apply(who, index, time, missing, max(0, before - (pub.published_applied - own)))
+
+    def arrival(time: float) -> float:
+        if partition is not None and partition[0] <= time < partition[1]:
+            return partition[1]
+        return time
 
     while heap:
         time, rank, _, who, index = heapq.heappop(heap)
@@ -204,7 +226,7 @@ def schedule(
         replica.base, replica.round_start_count = frozenset(replica.applied), len(replica.applied)
         for j in range(num):
             if j != who:
-                heapq.heappush(heap, (time + lag, 0, order, j, pub.index))
+                heapq.heappush(heap, (arrival(time + lag), 0, order, j, pub.index))
                 order += 1
         heapq.heappush(heap, (time + steps * speeds[who], 1, order, who, -1))
         order += 1
@@ -215,6 +237,9 @@ def view_rounds(view: View, pub: Publication, applied: Apply, learners: int) -> 
     """The rounds stale an arm's view gives one apply (merge.weighting's units)."""
     if view == "apply":
         return rounds_stale(applied.missing, learners)
+    if view == "lack":
+        missed = lacked_updates(applied.lack, learners)
+        return rounds_stale(pub.staleness + missed, learners, late=missed)
     return rounds_stale(pub.staleness, learners, late=pub.late if view == "late" else 0)
 
 
@@ -298,8 +323,7 @@ def replay(config: SimConfig, seed: int, arm: Arm, events: list[Publication | Ap
         corrected = correct(correction, update, staleness, momentum).pseudo_gradient
         if j == pub.author:
             removed.append(float((corrected - update).norm() / update.norm()))
-        late = pub.late if arm.view == "late" else 0
-        weight = staleness_weight(STALENESS, staleness, num, late)
+        weight = rounds_weight(STALENESS, r)
         outer.step(params[j], corrected, weight, num)
         pending[pub.index] -= 1
         if not pending[pub.index]:
@@ -332,6 +356,20 @@ def staleness_views(events: list[Publication | Apply], learners: int) -> dict[st
     }
 
 
+def parse_partition(config: SimConfig) -> tuple[float, float] | None:
+    """--partition START:END as a pair (None if empty); ValueError if malformed."""
+    if not config.partition:
+        return None
+    start, sep, end = config.partition.partition(":")
+    try:
+        window = (float(start), float(end))
+    except ValueError:
+        raise ValueError("--partition is START:END, two numbers") from None
+    if not sep or not 0 <= window[0] < window[1]:
+        raise ValueError("--partition is START:END with 0 <= START < END")
+    return window
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_config_arguments(parser, SimConfig)
@@ -340,7 +378,9 @@ def main() -> None:
     try:
         arms = [Arm.parse(a) for a in config.arms.split(",")]
         speeds = [float(f) for f in config.hetero.split(",")]
-        events = schedule(speeds, config.inner_steps, config.horizon, config.lag)
+        events = schedule(
+            speeds, config.inner_steps, config.horizon, config.lag, parse_partition(config)
+        )
     except ValueError as e:
         parser.error(str(e))
     views = staleness_views(events, len(speeds))

@@ -64,7 +64,14 @@ def staleness_weight(
 ) -> float:
     """The weight of an update ``staleness`` updates stale (``late`` of them older than its
     base, see :func:`rounds_stale`), sized by ``learners`` learners."""
-    s, a = rounds_stale(staleness, learners, late), config.a
+    return rounds_weight(config, rounds_stale(staleness, learners, late))
+
+
+def rounds_weight(config: StalenessConfig, rounds: float) -> float:
+    """The weight of an update `rounds` rounds of the swarm stale."""
+    if not math.isfinite(rounds) or rounds < 0:
+        raise ValueError(f"rounds stale must be a finite number >= 0, got {rounds!r}.")
+    s, a = rounds, config.a
     if config.kind == "constant":
         return 1.0
     if config.kind == "polynomial":

@@ -8,6 +8,7 @@ from merge.weighting import (
     StalenessConfig,
     TokenWeightConfig,
     rounds_stale,
+    rounds_weight,
     staleness_weight,
     token_weight,
 )
@@ -132,3 +133,22 @@ def test_late_never_lowers_the_rounds_and_zero_late_is_the_signed_count(
 def test_late_must_be_a_count_within_the_staleness(late: object) -> None:
     with pytest.raises(ValueError, match="late"):
         rounds_stale(3, 2, late)  # type: ignore[arg-type]
+
+
+@given(
+    staleness=st.integers(0, 200),
+    learners=st.integers(1, 64),
+    kind=st.sampled_from(["constant", "polynomial", "hinge", "exponential"]),
+)
+def test_staleness_weight_is_the_weight_of_its_rounds(
+    staleness: int, learners: int, kind: str
+) -> None:
+    config = StalenessConfig(kind=kind)  # type: ignore[arg-type]
+    rounds = rounds_stale(staleness, learners)
+    assert staleness_weight(config, staleness, learners) == rounds_weight(config, rounds)
+
+
+@pytest.mark.parametrize("rounds", [-0.5, math.inf, math.nan])
+def test_rounds_weight_refuses_negative_or_non_finite_rounds(rounds: float) -> None:
+    with pytest.raises(ValueError):
+        rounds_weight(StalenessConfig(), rounds)
