@@ -52,7 +52,7 @@ from torch.nn.utils import parameters_to_vector
 from bench.quality import Evaluator, QualityConfig
 from merge.correction import CorrectionConfig, correct, expected_delay, look_ahead
 from merge.lack import lacked_updates
-from merge.outer import make_outer_optimizer
+from merge.outer import OuterOptimizer, make_outer_optimizer
 from merge.weighting import rounds_stale, rounds_weight
 from node.config import add_config_arguments, config_from_args
 from node.data import ShardSampler, data_slice
@@ -65,6 +65,18 @@ STALENESS = MergeSettings().staleness_config()
 View = Literal["signed", "late", "apply", "lack"]
 VIEWS: tuple[View, ...] = ("signed", "late", "apply", "lack")
 KINDS = ("none", "heloco", "lookahead")
+REUNION_RULES = ("plain", "reset", "scale", "avg", "claim", "claimplain", "seen")
+"""How a partition's backlog is taken (``+RULE`` of an arm, module doc). Oracles (they know
+which updates a partition held back, and how many partitions there were): ``plain`` applies
+the backlog as plain steps (no momentum built, no share of a round, as a flush);
+``reset`` zeroes a replica's outer momentum before its first backlog update; ``scale``
+weighs the backlog by 1 / partitions; ``avg`` scales the backlog so and also takes back
+(1 - 1 / partitions) of the replica's own move since the partition began, as a synchronous
+round of the partitions would average them. Signed data only (every replica weighs alike):
+``claim`` weighs every update by its author's signed learner count over the count it is
+sized by (an author alone signs 1); ``claimplain`` applies updates signed with fewer
+learners than they are sized by as plain steps; ``seen`` weighs by (staleness + 1) / M,
+the share of a round its author saw while it trained (an author alone sees none)."""
 
 
 @pydantic.dataclasses.dataclass(kw_only=True, config=FLAGS)
@@ -97,9 +109,19 @@ class Arm:
     kind: str
     strength: float
     view: View
+    rules: tuple[str, ...] = ()
+    """REUNION_RULES applied, in the order given."""
 
     @classmethod
     def parse(cls, text: str) -> Arm:
+        text, *rules = text.split("+")
+        if any(rule not in REUNION_RULES for rule in rules):
+            raise ValueError(f"an arm's +RULE is one of {REUNION_RULES}")
+        arm = cls._parse(text)
+        return cls(arm.kind, arm.strength, arm.view, tuple(rules))
+
+    @classmethod
+    def _parse(cls, text: str) -> Arm:
         spec, _, view = text.partition("@")
         kind, _, strength = spec.partition(":")
         if kind not in KINDS or (view or "signed") not in VIEWS:
@@ -117,7 +139,7 @@ class Arm:
         return CorrectionConfig(kind=self.kind, strength=self.strength)  # type: ignore[arg-type]
 
     def __str__(self) -> str:
-        return f"{self.kind}:{self.strength:g}@{self.view}"
+        return f"{self.kind}:{self.strength:g}@{self.view}" + "".join(f"+{r}" for r in self.rules)
 
 
 @dataclass(frozen=True)
@@ -134,6 +156,8 @@ class Publication:
     late: int
     """Of the updates the author applied while the round ran, those whose own base count was
     more than M - 1 below this round's: a whole swarm round older than its base."""
+    alone: bool = False
+    """Published inside the partition: its author saw no live peer and signs 1 learner."""
 
     @property
     def staleness(self) -> int:
@@ -153,6 +177,8 @@ class Apply:
     """Other authors' updates this replica held, published no later than the publication,
     beyond the count of them its author held when it published (merge.lack: what the signed
     counts and the replica's signed times give, with no oracle)."""
+    held_back: bool = False
+    """The partition held it back (it arrives at the partition's end): an oracle's mark."""
 
 
 @dataclass
@@ -199,12 +225,14 @@ def schedule(
         before = sum(1 for k in held if pubs[k].time <= pub.time and pubs[k].author != pub.author)
         own = sum(1 for k in range(index) if pubs[k].author == pub.author)
         held.append(index)
-        return Apply(who, index, time, missing, max(0, before - (pub.published_applied - own)))
+        lack = max(0, before - (pub.published_applied - own))
+        return Apply(who, index, time, missing, lack, time > pub.time + lag)
+
+    def inside(time: float) -> bool:
+        return partition is not None and partition[0] <= time < partition[1]
 
     def arrival(time: float) -> float:
-        if partition is not None and partition[0] <= time < partition[1]:
-            return partition[1]
-        return time
+        return partition[1] if partition is not None and inside(time) else time
 
     while heap:
         time, rank, _, who, index = heapq.heappop(heap)
@@ -218,8 +246,9 @@ def schedule(
         bound = replica.round_start_count - (num - 1)
         late = sum(1 for v in during if v.base_applied < bound)
         pub = Publication(
-            len(pubs), who, time, replica.round_start_count, len(replica.applied), late
-        )
+            len(pubs), who, time, replica.round_start_count, len(replica.applied), late,
+            inside(time),
+        )  # fmt: skip
         pubs.append(pub)
         bases.append(replica.base)
         events += [pub, apply(who, pub.index, time)]
@@ -275,6 +304,72 @@ class Alignment:
         }
 
 
+class Reunion:
+    """How one arm takes a partition's backlog (REUNION_RULES), replica by replica."""
+
+    def __init__(
+        self, rules: tuple[str, ...], learners: int, partition: tuple[float, float] | None
+    ) -> None:
+        self.rules, self.learners, self.partition = rules, learners, partition
+        self.parts = learners if partition is not None else 1
+        """Partitions while it lasts: every learner alone (the NAT bench's homes)."""
+        self._start: dict[int, torch.Tensor] = {}
+        self._met: set[int] = set()
+
+    def snapshot(self, event: Apply, params: list[torch.Tensor]) -> None:
+        """Keeps each replica's params as the partition begins (``avg`` takes back its move)."""
+        p = self.partition
+        if "avg" in self.rules and p is not None and event.time >= p[0]:
+            self._start.setdefault(event.replica, params[event.replica].clone())
+
+    def first_backlog(self, event: Apply) -> bool:
+        if not event.held_back or event.replica in self._met:
+            return False
+        self._met.add(event.replica)
+        return True
+
+    def start(self, replica: int, params: torch.Tensor, outer: OuterOptimizer) -> OuterOptimizer:
+        """Before a replica's first backlog update: ``avg`` moves it back toward where the
+        partition began, ``reset`` gives it a fresh outer optimizer (no momentum)."""
+        if "avg" in self.rules and replica in self._start:
+            params.sub_((params - self._start[replica]) * (1 - 1 / self.parts))
+        if "reset" in self.rules:
+            return make_outer_optimizer(OUTER, params.numel())
+        return outer
+
+    def factor(self, pub: Publication, event: Apply) -> float:
+        """What the rules multiply an apply's weight by."""
+        factor = 1.0
+        if event.held_back and ("scale" in self.rules or "avg" in self.rules):
+            factor /= self.parts
+        if "claim" in self.rules and pub.alone:
+            factor /= self.learners  # signed 1, sized by the swarm's M
+        if "seen" in self.rules:
+            factor *= min(1.0, (pub.staleness + 1) / self.learners)
+        return factor
+
+    def plain(self, pub: Publication, event: Apply) -> bool:
+        """Whether the apply is a plain step (no momentum built, no share of a round)."""
+        return ("plain" in self.rules and event.held_back) or (
+            "claimplain" in self.rules and pub.alone
+        )
+
+
+def settled(params: torch.Tensor, outer: OuterOptimizer) -> torch.Tensor:
+    """Where the replica settles once its momentum has played out (merge.outer.rest_terms)."""
+    point = params.clone()
+    for coefficient, buffer in outer.rest_terms():
+        point.add_(buffer, alpha=coefficient)
+    return point
+
+
+def drift(points: list[torch.Tensor]) -> float:
+    """The largest distance between two replicas' points, relative to their mean norm."""
+    scale = sum(float(p.norm()) for p in points) / len(points)
+    far = max(float((a - b).norm()) for a in points for b in points)
+    return round(far / max(scale, 1e-12), 6)
+
+
 def _mean(values: list[float]) -> float:
     return round(sum(values) / max(1, len(values)), 4)
 
@@ -305,6 +400,7 @@ def replay(config: SimConfig, seed: int, arm: Arm, events: list[Publication | Ap
     pending: dict[int, int] = {}
     stale, fresh, removed, rounds = Alignment(), Alignment(), [], []
     correction, block = arm.correction, CorrectionConfig().block
+    reunion = Reunion(arm.rules, num, parse_partition(config))
     for event in events:
         if isinstance(event, Publication):
             learner = learners[event.author]
@@ -313,6 +409,7 @@ def replay(config: SimConfig, seed: int, arm: Arm, events: list[Publication | Ap
             pubs[event.index], pending[event.index] = event, num
             continue
         pub, j = pubs[event.publication], event.replica
+        reunion.snapshot(event, params)
         update, outer = updates[event.publication], outers[j]
         staleness = view_staleness(arm.view, pub, event)
         r = view_rounds(arm.view, pub, event, num)
@@ -323,8 +420,13 @@ def replay(config: SimConfig, seed: int, arm: Arm, events: list[Publication | Ap
         corrected = correct(correction, update, staleness, momentum).pseudo_gradient
         if j == pub.author:
             removed.append(float((corrected - update).norm() / update.norm()))
-        weight = rounds_weight(STALENESS, r)
-        outer.step(params[j], corrected, weight, num)
+        weight = rounds_weight(STALENESS, r) * reunion.factor(pub, event)
+        if reunion.first_backlog(event):
+            outers[j] = outer = reunion.start(j, params[j], outer)
+        if reunion.plain(pub, event):
+            outer.plain_step(params[j], corrected, weight, num)
+        else:
+            outer.step(params[j], corrected, weight, num)
         pending[pub.index] -= 1
         if not pending[pub.index]:
             del updates[pub.index]
@@ -338,6 +440,8 @@ def replay(config: SimConfig, seed: int, arm: Arm, events: list[Publication | Ap
         "arm": str(arm),
         "val_loss": _mean(losses),
         "replica_val_losses": losses,
+        "drift": drift(params),
+        "settled_drift": drift([settled(p, o) for p, o in zip(params, outers, strict=True)]),
         "updates": len(pubs),
         "mean_rounds_stale": _mean(rounds),
         "stale": stale.summary(),

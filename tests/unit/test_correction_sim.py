@@ -1,8 +1,20 @@
 """The virtual-clock schedule of bench.correction_sim: who applies what, when, and how stale."""
 
 import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from bench.correction_sim import Apply, Arm, Publication, schedule, staleness_views
+from bench.correction_sim import (
+    REUNION_RULES,
+    Apply,
+    Arm,
+    Publication,
+    Reunion,
+    drift,
+    schedule,
+    staleness_views,
+)
 
 
 def _split(events: list[Publication | Apply]) -> tuple[list[Publication], list[Apply]]:
@@ -63,3 +75,62 @@ def test_arms_parse_kind_strength_and_view() -> None:
     for bad in ("bogus", "none@when", "heloco:x"):
         with pytest.raises(ValueError, match="arm|KIND"):
             Arm.parse(bad)
+
+
+def test_a_partition_holds_back_what_its_learners_publish_and_marks_them_alone() -> None:
+    events = schedule([1, 1, 1, 1], 10, 160, 0.0, (60.0, 120.0))
+    pubs, applies = _split(events)
+    assert {p.time for p in pubs if p.alone} == {60.0, 70.0, 80.0, 90.0, 100.0, 110.0}
+    assert {p.staleness for p in pubs if p.alone and p.time > 60} == {0}  # it applied no one's
+    held_back = [a for a in applies if a.held_back]
+    assert len(held_back) == 6 * 4 * 3 and {a.time for a in held_back} == {120.0}
+    assert all(pubs[a.publication].alone and a.replica != pubs[a.publication].author
+               for a in held_back)  # fmt: skip
+
+
+@given(
+    speeds=st.lists(st.sampled_from([1.0, 2.0, 4.0]), min_size=1, max_size=4),
+    lag=st.sampled_from([0.0, 3.0, 10.0]),
+    rules=st.lists(st.sampled_from(REUNION_RULES), max_size=3),
+)
+@settings(max_examples=30, deadline=None)
+def test_without_a_partition_the_reunion_rules_change_nothing_but_seen(
+    speeds: list[float], lag: float, rules: list[str]
+) -> None:
+    events = schedule(speeds, 10, 60, lag)
+    pubs, applies = _split(events)
+    reunion = Reunion(tuple(r for r in rules if r != "seen"), len(speeds), None)
+    for apply in applies:
+        pub = pubs[apply.publication]
+        assert not (pub.alone or apply.held_back)
+        assert reunion.factor(pub, apply) == 1.0 and not reunion.plain(pub, apply)
+        assert not reunion.first_backlog(apply)
+
+
+def test_the_signed_rules_weigh_an_update_alike_on_every_replica() -> None:
+    """claim and claimplain read the publication only: one weight and one kind of step for
+    an update whichever replica applies it (the oracles' scale and plain do not: the author
+    took its own update as it came)."""
+    events = schedule([1, 1, 1, 1], 10, 160, 0.0, (60.0, 120.0))
+    pubs, applies = _split(events)
+    for rules in (("claim",), ("claimplain",), ("claim", "claimplain")):
+        reunion = Reunion(rules, 4, (60.0, 120.0))
+        seen: dict[int, set[tuple[float, bool]]] = {}
+        for a in applies:
+            pub = pubs[a.publication]
+            seen.setdefault(pub.index, set()).add((reunion.factor(pub, a), reunion.plain(pub, a)))
+        assert all(len(kinds) == 1 for kinds in seen.values())
+        assert {reunion.factor(p, applies[0]) for p in pubs if p.alone} <= {0.25, 1.0}
+
+
+def test_arms_parse_reunion_rules() -> None:
+    assert Arm.parse("none+claim+claimplain").rules == ("claim", "claimplain")
+    assert str(Arm.parse("heloco:3@late+avg")) == "heloco:3@late+avg"
+    with pytest.raises(ValueError, match="RULE"):
+        Arm.parse("none+bogus")
+
+
+def test_drift_is_zero_for_one_point_and_relative_otherwise() -> None:
+    a = torch.ones(4)
+    assert drift([a, a.clone()]) == 0.0
+    assert drift([a, 3 * a]) == pytest.approx(1.0)  # |2a| / mean(|a|, |3a|)
