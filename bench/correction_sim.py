@@ -62,10 +62,17 @@ OUTER = OuterSettings().outer_config("bf16")
 """A node's outer optimizer at its defaults: delayed Nesterov, lr 0.7, momentum 0.9."""
 STALENESS = MergeSettings().staleness_config()
 """A node's staleness weight at its defaults: polynomial, (1+s)^-0.5."""
+RECENT = 8
+"""node.network_swarm.live_learners counts the authors of the last max(8, 2 x live) applied
+updates as learners: an author alone counts the others for its first updates alone."""
+BACKLOG = 1 << 40
+"""Tie-break offset of a held-back arrival per author (schedule's ``rotate``)."""
 View = Literal["signed", "late", "apply", "lack"]
 VIEWS: tuple[View, ...] = ("signed", "late", "apply", "lack")
 KINDS = ("none", "heloco", "lookahead")
-REUNION_RULES = ("plain", "reset", "scale", "avg", "claim", "claimplain", "seen")
+REUNION_RULES = (
+    "plain", "reset", "scale", "avg", "claim1", "claim1plain", "claim", "claimplain", "seen"
+)  # fmt: skip
 """How a partition's backlog is taken (``+RULE`` of an arm, module doc). Oracles (they know
 which updates a partition held back, and how many partitions there were): ``plain`` applies
 the backlog as plain steps (no momentum built, no share of a round, as a flush);
@@ -74,9 +81,12 @@ weighs the backlog by 1 / partitions; ``avg`` scales the backlog so and also tak
 (1 - 1 / partitions) of the replica's own move since the partition began, as a synchronous
 round of the partitions would average them. Signed data only (every replica weighs alike):
 ``claim`` weighs every update by its author's signed learner count over the count it is
-sized by (an author alone signs 1); ``claimplain`` applies updates signed with fewer
-learners than they are sized by as plain steps; ``seen`` weighs by (staleness + 1) / M,
-the share of a round its author saw while it trained (an author alone sees none)."""
+sized by, M (an author alone signs 1 + the other authors among its last max(8, 2) applied
+updates, as node.network_swarm.live_learners counts them with no peer alive: 4 falling to 1
+over its first 8 updates alone); ``claimplain`` applies updates signed with fewer learners
+than M as plain steps; ``claim1`` and ``claim1plain`` the same with an author alone signing
+1 from its first update alone (an ideal count); ``seen`` weighs by (staleness + 1) / M, the
+share of a round its author saw while it trained (an author alone sees none)."""
 
 
 @pydantic.dataclasses.dataclass(kw_only=True, config=FLAGS)
@@ -94,6 +104,9 @@ class SimConfig:
     partition: str = ""
     """START:END (virtual time): every learner alone meanwhile (the NAT bench's public node
     down: no update reaches another replica); what was held back arrives at END."""
+    rotate: bool = False
+    """At END replica j takes author j + 1's held-back updates first, then j + 2's, ... (not
+    every replica in publication order): measures what a rule weighing by arrival does."""
     seeds: str = "0"
     """Comma-separated genesis seeds."""
     arms: str = "none,heloco:10"
@@ -157,7 +170,10 @@ class Publication:
     """Of the updates the author applied while the round ran, those whose own base count was
     more than M - 1 below this round's: a whole swarm round older than its base."""
     alone: bool = False
-    """Published inside the partition: its author saw no live peer and signs 1 learner."""
+    """Published inside the partition: its author saw no live peer."""
+    claim: int = 0
+    """The learner count its author signs: every learner outside the partition; inside it,
+    itself and the other authors among its replica's last 8 applied updates."""
 
     @property
     def staleness(self) -> int:
@@ -194,6 +210,7 @@ def schedule(
     horizon: float,
     lag: float,
     partition: tuple[float, float] | None = None,
+    rotate: bool = False,
 ) -> list[Publication | Apply]:
     """Every publication and apply of a replay, in processing order; pure.
 
@@ -202,7 +219,9 @@ def schedule(
     before publications, so with lag 0 a learner ending a round at the same time as a peer
     starts from the peer's update too. Arrivals after the horizon are still applied: every
     replica ends with every publication. With a ``partition`` (start, end), an arrival due
-    inside it comes at its end instead.
+    inside it comes at its end instead, in publication order, or with ``rotate`` author by
+    author, replica j taking author j + 1's whole backlog first, then j + 2's (replicas take
+    one backlog in different orders, as nodes fetching from different peers first do).
     """
     if lag < 0 or steps < 1 or not speeds:
         raise ValueError("lag must be >= 0, steps >= 1 and there must be a learner.")
@@ -245,9 +264,10 @@ def schedule(
         during = [pubs[k] for k in replica.applied if k not in replica.base]
         bound = replica.round_start_count - (num - 1)
         late = sum(1 for v in during if v.base_applied < bound)
+        recent = {pubs[k].author for k in replica.applied[-RECENT:]} - {who}
         pub = Publication(
             len(pubs), who, time, replica.round_start_count, len(replica.applied), late,
-            inside(time),
+            inside(time), 1 + len(recent) if inside(time) else num,
         )  # fmt: skip
         pubs.append(pub)
         bases.append(replica.base)
@@ -255,7 +275,13 @@ def schedule(
         replica.base, replica.round_start_count = frozenset(replica.applied), len(replica.applied)
         for j in range(num):
             if j != who:
-                heapq.heappush(heap, (arrival(time + lag), 0, order, j, pub.index))
+                due = arrival(time + lag)
+                key = (
+                    order + (1 + (who - j) % num) * BACKLOG
+                    if rotate and due > time + lag
+                    else order
+                )
+                heapq.heappush(heap, (due, 0, key, j, pub.index))
                 order += 1
         heapq.heappush(heap, (time + steps * speeds[who], 1, order, who, -1))
         order += 1
@@ -342,16 +368,20 @@ class Reunion:
         factor = 1.0
         if event.held_back and ("scale" in self.rules or "avg" in self.rules):
             factor /= self.parts
-        if "claim" in self.rules and pub.alone:
+        if "claim1" in self.rules and pub.alone:
             factor /= self.learners  # signed 1, sized by the swarm's M
+        if "claim" in self.rules:
+            factor *= min(1.0, pub.claim / self.learners)
         if "seen" in self.rules:
             factor *= min(1.0, (pub.staleness + 1) / self.learners)
         return factor
 
     def plain(self, pub: Publication, event: Apply) -> bool:
         """Whether the apply is a plain step (no momentum built, no share of a round)."""
-        return ("plain" in self.rules and event.held_back) or (
-            "claimplain" in self.rules and pub.alone
+        return (
+            ("plain" in self.rules and event.held_back)
+            or ("claim1plain" in self.rules and pub.alone)
+            or ("claimplain" in self.rules and pub.claim < self.learners)
         )
 
 
@@ -483,8 +513,9 @@ def main() -> None:
         arms = [Arm.parse(a) for a in config.arms.split(",")]
         speeds = [float(f) for f in config.hetero.split(",")]
         events = schedule(
-            speeds, config.inner_steps, config.horizon, config.lag, parse_partition(config)
-        )
+            speeds, config.inner_steps, config.horizon, config.lag, parse_partition(config),
+            config.rotate,
+        )  # fmt: skip
     except ValueError as e:
         parser.error(str(e))
     views = staleness_views(events, len(speeds))

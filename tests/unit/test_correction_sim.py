@@ -113,14 +113,23 @@ def test_the_signed_rules_weigh_an_update_alike_on_every_replica() -> None:
     took its own update as it came)."""
     events = schedule([1, 1, 1, 1], 10, 160, 0.0, (60.0, 120.0))
     pubs, applies = _split(events)
-    for rules in (("claim",), ("claimplain",), ("claim", "claimplain")):
+    rule_sets = [("claim",), ("claimplain",), ("claim1", "claim1plain"), ("claim", "claimplain")]
+    for rules in rule_sets:
         reunion = Reunion(rules, 4, (60.0, 120.0))
         seen: dict[int, set[tuple[float, bool]]] = {}
         for a in applies:
             pub = pubs[a.publication]
             seen.setdefault(pub.index, set()).add((reunion.factor(pub, a), reunion.plain(pub, a)))
         assert all(len(kinds) == 1 for kinds in seen.values())
-        assert {reunion.factor(p, applies[0]) for p in pubs if p.alone} <= {0.25, 1.0}
+        assert {reunion.factor(p, applies[0]) for p in pubs if p.alone} <= {0.25, 0.5, 0.75, 1.0}
+
+
+def test_an_author_alone_signs_the_others_of_its_last_applied_then_itself() -> None:
+    pubs, _ = _split(schedule([1, 1, 1, 1], 10, 160, 0.0, (40.0, 120.0)))
+    assert {p.claim for p in pubs if not p.alone} == {4}  # the swarm whole
+    assert [p.claim for p in pubs if p.author == 0 and p.alone] == [4] * 6 + [3, 2]
+    pubs, _ = _split(schedule([1, 1, 1, 1], 10, 160, 0.0, (60.0, 120.0)))
+    assert {p.claim for p in pubs if p.time < 110} == {4}  # 5 rounds alone: the others recent
 
 
 def test_arms_parse_reunion_rules() -> None:
@@ -134,3 +143,21 @@ def test_drift_is_zero_for_one_point_and_relative_otherwise() -> None:
     a = torch.ones(4)
     assert drift([a, a.clone()]) == 0.0
     assert drift([a, 3 * a]) == pytest.approx(1.0)  # |2a| / mean(|a|, |3a|)
+
+
+def test_rotate_gives_each_replica_the_backlogs_author_by_author_from_its_next() -> None:
+    events = schedule([1, 1, 1, 1], 10, 160, 0.0, (60.0, 120.0), rotate=True)
+    pubs, applies = _split(events)
+    for replica in range(4):
+        taken = [
+            pubs[a.publication].author for a in applies if a.replica == replica and a.held_back
+        ]
+        firsts = list(dict.fromkeys(taken))
+        assert firsts == [(replica + k) % 4 for k in (1, 2, 3)] and len(taken) == 18
+        assert taken == sorted(taken, key=firsts.index)  # one author's whole backlog at a time
+    plain = schedule([1, 1, 1, 1], 10, 160, 0.0, (60.0, 120.0))
+
+    def ids(evs: list[Publication | Apply]) -> list[tuple[int, int, float, bool]]:
+        return sorted((a.replica, a.publication, a.time, a.held_back) for a in _split(evs)[1])
+
+    assert ids(plain) == ids(events)  # the same applies, reordered
