@@ -71,7 +71,8 @@ View = Literal["signed", "late", "apply", "lack"]
 VIEWS: tuple[View, ...] = ("signed", "late", "apply", "lack")
 KINDS = ("none", "heloco", "lookahead")
 REUNION_RULES = (
-    "plain", "reset", "scale", "avg", "claim1", "claim1plain", "claim", "claimplain", "seen"
+    "plain", "reset", "scale", "avg", "claim1", "claim1plain", "claim", "claimplain", "seen",
+    "zeroplain",
 )  # fmt: skip
 """How a partition's backlog is taken (``+RULE`` of an arm, module doc). Oracles (they know
 which updates a partition held back, and how many partitions there were): ``plain`` applies
@@ -86,7 +87,9 @@ updates, as node.network_swarm.live_learners counts them with no peer alive: 4 f
 over its first 8 updates alone); ``claimplain`` applies updates signed with fewer learners
 than M as plain steps; ``claim1`` and ``claim1plain`` the same with an author alone signing
 1 from its first update alone (an ideal count); ``seen`` weighs by (staleness + 1) / M, the
-share of a round its author saw while it trained (an author alone sees none)."""
+share of a round its author saw while it trained (an author alone sees none);
+``zeroplain`` applies updates signed with staleness 0 (their author applied no one's while
+its round ran) as plain steps, wherever they are applied."""
 
 
 @pydantic.dataclasses.dataclass(kw_only=True, config=FLAGS)
@@ -382,6 +385,7 @@ class Reunion:
             ("plain" in self.rules and event.held_back)
             or ("claim1plain" in self.rules and pub.alone)
             or ("claimplain" in self.rules and pub.claim < self.learners)
+            or ("zeroplain" in self.rules and pub.staleness == 0 and self.learners > 1)
         )
 
 

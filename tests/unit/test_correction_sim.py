@@ -94,12 +94,12 @@ def test_a_partition_holds_back_what_its_learners_publish_and_marks_them_alone()
     rules=st.lists(st.sampled_from(REUNION_RULES), max_size=3),
 )
 @settings(max_examples=30, deadline=None)
-def test_without_a_partition_the_reunion_rules_change_nothing_but_seen(
+def test_without_a_partition_the_reunion_rules_change_nothing_but_the_staleness_ones(
     speeds: list[float], lag: float, rules: list[str]
 ) -> None:
     events = schedule(speeds, 10, 60, lag)
     pubs, applies = _split(events)
-    reunion = Reunion(tuple(r for r in rules if r != "seen"), len(speeds), None)
+    reunion = Reunion(tuple(r for r in rules if r not in ("seen", "zeroplain")), len(speeds), None)
     for apply in applies:
         pub = pubs[apply.publication]
         assert not (pub.alone or apply.held_back)
@@ -113,7 +113,10 @@ def test_the_signed_rules_weigh_an_update_alike_on_every_replica() -> None:
     took its own update as it came)."""
     events = schedule([1, 1, 1, 1], 10, 160, 0.0, (60.0, 120.0))
     pubs, applies = _split(events)
-    rule_sets = [("claim",), ("claimplain",), ("claim1", "claim1plain"), ("claim", "claimplain")]
+    rule_sets = [
+        ("claim",), ("claimplain",), ("claim1", "claim1plain"), ("claim", "claimplain"),
+        ("zeroplain",), ("seen",),
+    ]  # fmt: skip
     for rules in rule_sets:
         reunion = Reunion(rules, 4, (60.0, 120.0))
         seen: dict[int, set[tuple[float, bool]]] = {}
