@@ -12,7 +12,9 @@ harm: val loss 4.07 with the backlog applied as regular steps, 2.87 with the bac
 steps (an oracle marking the held-back arrivals), 2.87 without any partition (docs/nat.md,
 session 17).
 
-The rule here is the signed-only form of that oracle: an update signed with staleness 0,
+The rule here is the signed-only form of that oracle (`+zeroplain` there: 2.78-2.99 at
+`--partition 60:120` and 2.85-2.97 at `40:120`, seeds 0-2, against 4.04-4.78 and 4.98-6.82
+as main weighs, 2.87-2.97 without a partition): an update signed with staleness 0,
 sized by more than one learner, is applied as a plain step (merge.outer.OuterOptimizer
 .plain_step, as a flush is): the same weight, no momentum built, no share of a round. It
 reads the update's signed staleness and the learner count it is sized by, nothing of the
