@@ -102,8 +102,8 @@ def test_two_groups_lose_a_member_each_and_the_live_replicas_end_as_one(
     assert set(first[1]["included"]) == set(ids[1::2])
 
     killed_at = time.time()
-    for victim in (nodes[4], nodes[5]):  # one member of each group
-        victim.crash()
+    for dead in (nodes[4], nodes[5]):  # one member of each group
+        dead.crash()
     for survivor, victim in ((2, 4), (3, 5)):
         # Its group without the dead, or, once the census has dropped them (4 peers: below
         # the merge threshold), the survivors' one group.

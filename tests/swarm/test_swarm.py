@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,14 @@ def wait_merged_again(node: NodeProcess, realigned: dict, timeout_s: float = MER
     node.wait_for(merged, timeout_s, f"merging again what the donor lacked: {sorted(missing)}")
 
 
+def _round_of_two(e: dict, *, after: float) -> bool:
+    return e.get("event") == "round_done" and e["peers_alive"] == 2 and e["time"] > after
+
+
+def _evaluated(e: dict, *, at: int) -> bool:
+    return e.get("event") == "evaluated" and e["round"] >= at
+
+
 def start_swarm(launch: Launch, count: int, *extra: str) -> list[NodeProcess]:
     first = launch(*RUN, *extra, name="node0")
     maddr = first.wait_listening(START_S)[0]
@@ -107,16 +116,10 @@ def test_three_nodes_train_together_a_straggler_delays_nobody_and_they_survive_t
         # A round finished after the merges above, not the first with two peers alive.
         merged_at = max(e["time"] for e in node.of("update_merged"))
         latest = node.wait_for(
-            lambda e, after=merged_at: (
-                e.get("event") == "round_done" and e["peers_alive"] == 2 and e["time"] > after
-            ),
-            MERGE_S,
-            "a round after the merges",
+            partial(_round_of_two, after=merged_at), MERGE_S, "a round after the merges"
         )
         evaluated = node.wait_for(  # that round's replica, evaluated beside training
-            lambda e, at=latest["round"]: e.get("event") == "evaluated" and e["round"] >= at,
-            MERGE_S,
-            "the evaluation of that round",
+            partial(_evaluated, at=latest["round"]), MERGE_S, "the evaluation of that round"
         )
         assert evaluated["val_loss"] < 0.8 * untrained, (node.name, evaluated, untrained)
     # Replicas that applied the same set settle within MAX_DRIFT of each other once
