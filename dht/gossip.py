@@ -31,7 +31,8 @@ from dht.grouping_round import encode_update
 from dht.heartbeat import Heartbeat
 from dht.membership import Membership
 from dht.merge_port import MergePort
-from dht.network import Handler, SwarmNetwork
+from dht.network import SwarmNetwork
+from dht.network_streams import Handler
 from dht.rejections import Rejections
 from dht.retention import RetainedUpdates
 from dht.state_transfer import TransferStats

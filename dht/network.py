@@ -13,7 +13,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable, Collection, Coroutine
+from collections.abc import Callable, Collection, Coroutine
 from dataclasses import replace
 from functools import partial
 from typing import Any, TypeVar
@@ -26,49 +26,37 @@ from hivemind.utils import get_dht_time
 from multiaddr import Multiaddr
 
 from dht.addresses import peer_id_of, without_peer_id
-from dht.budget import StreamGuard, StreamLimits
-from dht.doctor import is_public_maddr, probe_bootstraps
+from dht.doctor import probe_bootstraps
 from dht.join_report import bootstrap_failure
+from dht.network_paths import NetworkPaths
 from dht.network_punch import RedialPolicy, RedialSettings
+from dht.network_streams import NetworkStreams
 from dht.p2pd import (
-    HOP_STATUS_OK,
     children_in_own_session,
-    connect,
-    disconnect,
-    open_stream,
-    reserve_slot,
 )
 from dht.p2pd_log import forward_p2pd_log
 from dht.reachability import (
     PathBook,
-    connections_by_peer,
     daemon_env,
     daemon_flags,
-    is_relayed,
-    relay_of,
     tuned_p2p,
 )
 from dht.reaper import OrphanReaper
 from dht.records import OwnerValidator, RefusalCounts
 from dht.rejections import Rejections
 from dht.swarm_config import (
-    REQUEST_READ_TIMEOUT_S,
     SwarmConfig,
     SwarmError,
 )
-from dht.transport import TransportError, encode_request, receive_blob, send_blob
 from merge.identity import Identity
 
 logger = logging.getLogger(__name__)
-REDIAL_TIMEOUT_S = 15.0
-"""Bound on one re-dial of a relayed peer through its relay (dht.network_punch)."""
 P2PD_STOP_S = 5.0
 """How long p2pd may take to exit on SIGTERM before hivemind's shutdown signals it again."""
 T = TypeVar("T")
-Handler = Callable[[Any, Any, Any], Awaitable[None]]
 
 
-class SwarmNetwork:
+class SwarmNetwork(NetworkPaths, NetworkStreams):
     """p2pd, the DHT member and the loop they run on; thread-safe `call`, async internals."""
 
     def __init__(
@@ -170,98 +158,6 @@ class SwarmNetwork:
             return "could not connect to a bootstrap peer: " + ", ".join(self.config.initial_peers)
         return bootstrap_failure(probes)
 
-    async def _watch_paths(self) -> None:
-        self.every(self.config.heartbeat_period_s, self.refresh_paths)
-
-    async def refresh_paths(self) -> None:
-        """Re-read which path each connection took, and this node's addresses (a relayed one
-        appears once a relay has reserved this node a slot)."""
-        assert self._p2p is not None
-        peers = await asyncio.wait_for(self._p2p.list_peers(), REQUEST_READ_TIMEOUT_S)
-        before = self.paths.counts()
-        connections = connections_by_peer((str(p.peer_id), map(str, p.addrs)) for p in peers)
-        self.paths.observe(connections, self._punchable_peers())
-        now = self.paths.counts()
-        if now != before:
-            logger.info("connections: %s", ", ".join(f"{n} {kind}" for kind, n in now.items()))
-        can_punch = any(map(is_public_maddr, self.p2pd_maddrs))
-        for peer in self._redial.due(time.monotonic(), self.paths.current(), can_punch=can_punch):
-            self.spawn(self._redial_through_relay(peer, connections.get(peer, [])))
-        # latest: ask p2pd again; its first answer, cached by hivemind, predates any relay slot
-        own = await asyncio.wait_for(
-            self._p2p.get_visible_maddrs(latest=True), REQUEST_READ_TIMEOUT_S
-        )
-        self.p2pd_maddrs = [str(m) for m in own]
-        self._update_visible()
-
-    async def _redial_through_relay(self, peer_id: str, addrs: list[str]) -> None:
-        """Close this node's relayed connection to `peer_id` and dial it again through the same
-        relay: the fresh inbound relayed connection makes the peer start a hole punch, which
-        its first one may have tried before this node served DCUtR (dht.network_punch)."""
-        assert self._control is not None
-        relayed = [Multiaddr(a) for a in addrs if is_relayed(a) and relay_of(a)]
-        try:
-            await asyncio.wait_for(disconnect(self._control, peer_id), REQUEST_READ_TIMEOUT_S)
-            await asyncio.wait_for(connect(self._control, peer_id, relayed), REDIAL_TIMEOUT_S)
-        except (TimeoutError, OSError, ValueError, ControlFailure) as exc:
-            logger.info("re-dialling %s through its relay failed: %s", peer_id, exc)
-            return
-        logger.info("re-dialled %s through its relay, so that a hole punch can start", peer_id)
-
-    def set_relayed(self, maddrs: list[str]) -> None:
-        """This node's relayed addresses through the slots it reserved itself (Rejoiner)."""
-        self._relayed = maddrs
-        self._update_visible()
-
-    def _update_visible(self) -> None:
-        seen = self.p2pd_maddrs + [m for m in self._relayed if m not in self.p2pd_maddrs]
-        changed, self.visible_maddrs = seen != self.visible_maddrs, seen
-        self._behind_nat = self._behind_nat or any(map(is_relayed, seen))
-        if changed and self.on_addresses is not None:
-            self.on_addresses(seen)
-
-    async def connected_peers(self) -> set[str]:
-        """Peer ids p2pd holds a connection to now."""
-        assert self._p2p is not None
-        peers = await asyncio.wait_for(self._p2p.list_peers(), REQUEST_READ_TIMEOUT_S)
-        return {str(p.peer_id) for p in peers}
-
-    async def reserve_relay_slot(self, relay: str, timeout_s: float) -> bool:
-        """Ask connected peer `relay` for a relay slot (dht.p2pd.reserve_slot); granted?"""
-        assert self._control is not None
-        try:
-            status = await asyncio.wait_for(reserve_slot(self._control, relay), timeout_s)
-        except (TimeoutError, OSError, TransportError) as exc:
-            logger.debug("reserving a relay slot with %s failed: %s", relay, exc)
-            return False
-        if status != HOP_STATUS_OK:
-            logger.debug("relay %s refused a slot: status %d", relay, status)
-        return status == HOP_STATUS_OK
-
-    async def path_to(self, peer_id: str) -> str | None:
-        """The path (direct, holepunched, relayed) of this node's connection to `peer_id` now,
-        read from p2pd (None: not connected, or p2pd did not answer); the path book learns it
-        too."""
-        return self.paths.path(peer_id) if await self.read_paths() else None
-
-    async def read_paths(self) -> bool:
-        """Read the path of every connection from p2pd into `paths` now; False (the book left
-        as it was) when p2pd did not answer."""
-        assert self._p2p is not None
-        try:
-            peers = await asyncio.wait_for(self._p2p.list_peers(), REQUEST_READ_TIMEOUT_S)
-        except (TimeoutError, OSError, P2PDaemonError, ControlFailure) as exc:
-            logger.debug("listing connections failed: %s", exc)
-            return False
-        connections = connections_by_peer((str(p.peer_id), map(str, p.addrs)) for p in peers)
-        self.paths.observe(connections, self._punchable_peers())
-        return True
-
-    def _punchable_peers(self) -> Collection[str]:
-        """Peers a direct connection to can only have come from a hole punch: NAT'd ones,
-        while this node is NAT'd too."""
-        return self.nat_peers() if self._behind_nat else ()
-
     def _start_dht(self) -> DHT:
         # The DHT forks; do it from this (main) thread rather than the loop's, and without
         # the node's SIGTERM handler, which would make the DHT child ignore SIGTERM.
@@ -282,12 +178,6 @@ class SwarmNetwork:
             )
         finally:
             signal.signal(signal.SIGTERM, previous)
-
-    def read_visible_maddrs(self) -> list[str]:
-        assert self._dht is not None
-        self.p2pd_maddrs = [str(m) for m in self._dht.get_visible_maddrs(latest=True)]
-        self.visible_maddrs = list(self.p2pd_maddrs)
-        return self.visible_maddrs
 
     async def _create_p2p(self) -> P2P:
         with children_in_own_session(self._p2pd_pids):
@@ -443,94 +333,6 @@ class SwarmNetwork:
         except (TimeoutError, OSError, ValueError, P2PDaemonError, ControlFailure) as exc:
             logger.debug("dialling %s failed: %s", maddr, exc)
             return False
-
-    # ---- streams ----------------------------------------------------------------------------
-
-    def protocol(self, name: str) -> str:
-        return f"/diloco/{self.config.fingerprint[:16]}/{name}/1"
-
-    async def add_handler(self, name: str, handler: Handler, limits: StreamLimits) -> None:
-        """Serve `name` streams with `handler`, within `limits` per peer.
-
-        A peer over its budget has its stream closed at once (counted as `<name>_rate` or
-        `<name>_busy` against it); every stream ends by `limits.deadline_s` and its socket
-        is closed, whatever the handler did.
-        """
-        assert self._p2p is not None
-        guard = StreamGuard(limits)
-
-        async def guarded(info: Any, reader: Any, writer: Any) -> None:
-            peer_id = str(info.peer_id)
-            refusal = guard.admit(peer_id, time.monotonic())
-            try:
-                if refusal is not None:  # closed unread: the cheapest answer to a flood
-                    self._count(f"{name}_{refusal}", peer_id, f"{name} stream refused")
-                    return
-                try:
-                    await asyncio.wait_for(handler(info, reader, writer), limits.deadline_s)
-                except TimeoutError:
-                    self._count(f"{name}_timeout", peer_id, f"{name} stream past its deadline")
-            except Exception as exc:  # a handler's bug must not leak the stream
-                logger.warning("%s stream from %s failed: %r", name, peer_id, exc)
-            finally:
-                if refusal is None:
-                    guard.release(peer_id)
-                writer.close()
-
-        await self._p2p.add_binary_stream_handler(self.protocol(name), guarded)
-
-    def sync_dht_refusals(self) -> None:
-        """Counts what the DHT process refused since the last call (Rejections)."""
-        now = self.dht_refusals.snapshot()
-        delta = {r: n - self._refusals_seen.get(r, 0) for r, n in now.items()}
-        self._refusals_seen = now
-        if self._reject is not None:
-            self._reject.add_dht_refusals(delta)
-
-    def _count(self, reason: str, peer_id: str, detail: str) -> None:
-        if self._reject is not None:
-            self._reject(reason, peer_id, detail, update=False)
-
-    async def open_stream(self, peer_id: str, name: str) -> tuple[Any, Any]:
-        """(reader, writer) of a new stream to `peer_id`'s `name` handler (dht.p2pd: closed
-        on every failure, unlike hivemind's P2P.call_binary_stream_handler)."""
-        assert self._control is not None
-        return await open_stream(self._control, peer_id, self.protocol(name))
-
-    async def request(
-        self, peer_id: str, name: str, max_bytes: int, *args: Any, timeout_s: float
-    ) -> bytes:
-        """Send a small JSON request to `peer_id`'s `name` handler; its one-blob answer.
-
-        Bounded by `timeout_s` in all (TimeoutError); the stream is closed however it ends.
-        """
-        request = encode_request(args=list(args))
-        return await self.exchange(peer_id, name, request, max_bytes=max_bytes, timeout_s=timeout_s)
-
-    async def exchange(
-        self, peer_id: str, name: str, blob: bytes, *, max_bytes: int, timeout_s: float
-    ) -> bytes:
-        """Send `blob` to `peer_id`'s `name` handler; its one-blob answer, within `timeout_s`
-        in all and with no stall over REQUEST_READ_TIMEOUT_S (TimeoutError). The stream is
-        closed however it ends."""
-        async with asyncio.timeout(timeout_s):
-            reader, writer = await self.open_stream(peer_id, name)
-            try:
-                await send_blob(writer, blob)
-                return await receive_blob(
-                    reader, max_bytes=max_bytes, stall_timeout_s=REQUEST_READ_TIMEOUT_S
-                )
-            finally:
-                writer.close()
-
-    async def send(self, peer_id: str, name: str, blob: bytes, *, timeout_s: float = 10.0) -> None:
-        """One blob to `peer_id`'s `name` handler, no answer expected; bounded by `timeout_s`."""
-        async with asyncio.timeout(timeout_s):
-            _, writer = await self.open_stream(peer_id, name)
-            try:
-                await send_blob(writer, blob)
-            finally:
-                writer.close()
 
 
 async def _routing_table_size(_dht: Any, node: Any) -> int:

@@ -17,6 +17,7 @@ from pydantic.dataclasses import dataclass
 
 from dht.addresses import host_ip, listen_maddrs, parse_announce_maddr, parse_peer_maddr
 from merge.allowlist import AllowList
+from merge.codec_policy import AUTO
 from merge.identity import read_secret_file
 from node.presets import MODEL_SIZES as MODEL_SIZES  # re-exported: callers name them here
 from node.presets import auto_model
@@ -75,8 +76,10 @@ class JoinConfig(
             raise ValueError("--fragments above 1 needs --nproc-per-node 1")
         if self.correction == "lookahead" and self.fragments > 1:
             raise ValueError("--correction lookahead is not available with --fragments > 1")
-        if self.codec == "auto" and self.fragments > 1:
-            raise ValueError("--codec auto is not available with --fragments > 1; name a codec")
+        if self.codec == AUTO and (self.fragments > 1 or self.groups_on):
+            # fragments keep the codec they start with, and a group's parts travel in the one
+            # its members start with: auto is bf16 there, as it is until measured
+            self.codec = "bf16"
 
     def _check_dashboard(self) -> None:
         try:

@@ -186,11 +186,12 @@ class MergeSettings:
     """Hinge threshold b: updates at most b rounds stale keep full weight."""
     token_weighting: Annotated[str, OneOf(("tokens", "none"))] = "tokens"
     """Weigh an update by the tokens it trained on (tokens) or not at all (none)."""
-    codec: Annotated[str, OneOf((*CODECS, AUTO))] = "bf16"
+    codec: Annotated[str, OneOf((*CODECS, AUTO))] = AUTO
     """Encoding of published pseudo-gradients: fp32, bf16, int8 or int4 (blockwise), sparse or
     topk (the largest 2.9% / 9.4% of each 4096 entries, 2 bits each); the lossy four carry
-    error feedback. auto: picked at each round start from the uplink this node measured
-    (bf16, int8, int4 or topk; bf16 until measured). Nodes of one swarm may mix codecs."""
+    error feedback. auto (the default): picked at each round start from the uplink this node
+    measured (bf16, int8, int4 or topk; bf16 until measured, and always with fragments or
+    learner groups). Nodes of one swarm may mix codecs."""
     fragments: PositiveInt = 1
     """Streaming DiLoCo: split the model into P fragments (tensors bin-packed by size) and
     publish fragment p as its own signed update after inner step (p+1)*H/P of each round, so

@@ -55,3 +55,29 @@ def run_cli(
     )
     events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     return proc.returncode, events, proc.stderr
+
+
+# Two pytest-xdist workers (pyproject's addopts: `-n 2 --dist loadgroup`) and two groups: every
+# test outside tests/unit (real node processes, CLI runs, the browser, benches) in one, run on
+# one worker one after another as without xdist, so no two swarms ever share the machine; the
+# unit tests in the other, on the other worker (loadgroup gives each group whole to one worker,
+# so a unit test never runs on the process worker and lowers its nodes' priority), which lowers
+# its own priority to the lowest, so they take only the CPU the node processes leave idle
+# (waits for timers, paced steps) and never slow a real-process test's timing
+# (docs/testing.md, "Where the suite's time goes").
+PROCESS_GROUP = "processes"
+UNIT_GROUP = "unit"
+UNIT_TESTS = REPO / "tests" / "unit"
+UNIT_NICENESS = 19
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups into the test ids
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        unit = UNIT_TESTS in item.path.parents
+        item.add_marker(pytest.mark.xdist_group(UNIT_GROUP if unit else PROCESS_GROUP))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER") and UNIT_TESTS in item.path.parents:
+        os.setpriority(os.PRIO_PROCESS, 0, UNIT_NICENESS)  # the same value each time: no-op

@@ -95,9 +95,9 @@ def test_node_route_shows_a_state_download_while_it_runs(trained_node: Node) -> 
 
 def test_node_route_shows_the_codec_and_the_measured_uplink(trained_node: Node) -> None:
     node = embedded_client(trained_node).get("/api/node").json()
-    assert (node["codec"], node["codec_auto"]) == ("bf16", False)  # the default, named
+    assert (node["codec"], node["codec_auto"]) == ("bf16", True)  # the default: auto, bf16 first
     (peer,) = embedded_client(trained_node).get("/api/swarm").json()["peers"]
-    assert (peer["codec"], peer["codec_auto"]) == ("bf16", False)  # its own heartbeat's
+    assert (peer["codec"], peer["codec_auto"]) == ("bf16", True)  # its own heartbeat's
 
     def picked() -> NodeStatus:
         status = trained_node.status()

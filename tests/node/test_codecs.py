@@ -7,7 +7,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 
 from merge.codec_uplink import UplinkMeter
@@ -256,7 +255,7 @@ def test_codec_auto_on_a_fat_link_keeps_bf16(tmp_path: Path) -> None:
     assert (node.status().codec, node.status().codec_auto) == ("bf16", True)
 
 
-def test_a_named_codec_is_never_picked_over_and_auto_with_fragments_is_refused(
+def test_a_named_codec_is_never_picked_over_and_auto_is_the_default_but_bf16_with_fragments(
     tmp_path: Path,
 ) -> None:
     node = offline_node(tmp_path, codec="int8")
@@ -270,5 +269,8 @@ def test_a_named_codec_is_never_picked_over_and_auto_with_fragments_is_refused(
     plain = Node(_config(tmp_path, "plain", codec="bf16"), RecordingEventLog())
     plain.close()
     assert auto.fingerprint == plain.fingerprint
-    with pytest.raises(ValueError, match="--codec auto is not available with --fragments"):
-        _config(tmp_path, "x", codec="auto", fragments=2, inner_steps=4)
+    # what a user gets without --codec; fragments and groups keep the codec they start with
+    assert JoinConfig().codec == "auto"
+    assert _config(tmp_path, "x", codec="auto", fragments=2, inner_steps=4).codec == "bf16"
+    assert _config(tmp_path, "y", codec="auto", group_size=2).codec == "bf16"
+    assert _config(tmp_path, "z", codec="int8", fragments=2, inner_steps=4).codec == "int8"

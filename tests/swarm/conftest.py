@@ -11,6 +11,7 @@ each with an "event" field; its logs go to stderr.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import time
@@ -20,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bench.procs import ChildProcess, node_process
+from bench.procs import ChildProcess, node_process, save_events
 from dht.heartbeat import Heartbeat
 from dht.observer import SwarmObserver
 
@@ -91,8 +92,22 @@ def kill_orphans(marker: str, *, since: float) -> list[int]:
     return [p.pid for p in orphans]
 
 
+EVENTS_DIR = "DILOCO_TEST_EVENTS_DIR"
+"""When set, every node's JSON events (with their times) are kept there after each test,
+one folder per test: to see where a real-process test's seconds go (docs/testing.md)."""
+
+
+def _keep_events(nodes: list[NodeProcess], test_name: str) -> None:
+    folder = os.environ.get(EVENTS_DIR)
+    if folder:
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in test_name)
+        save_events(nodes, Path(folder) / safe)
+        spans = [[n.name, n.started_at, n.exited_at] for n in nodes]
+        (Path(folder) / safe / "spans.json").write_text(json.dumps(spans))
+
+
 @pytest.fixture
-def launch(tmp_path: Path) -> Iterator[Callable[..., NodeProcess]]:
+def launch(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., NodeProcess]]:
     """`launch(*args, name="node0")` starts a node with HOME tmp_path/name; every node is reaped
     in teardown, and a process of theirs that survives fails the test. Relaunching a name reuses
     its HOME (identity and checkpoints), as a restarted node would."""
@@ -106,6 +121,7 @@ def launch(tmp_path: Path) -> Iterator[Callable[..., NodeProcess]]:
     try:
         yield _launch
     finally:
+        _keep_events(nodes, request.node.nodeid)
         _reap_all(nodes)
 
 

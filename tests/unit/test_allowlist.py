@@ -37,6 +37,7 @@ def test_yaml_works_too(tmp_path: Path) -> None:
         ("", "expected organization names"),
         (f'"a" = ["{A.peer_id}"]\n"b" = ["{A.peer_id}"]', "under two organizations"),
     ],
+    ids=["not_a_list", "bad_key", "not_toml", "empty", "key_twice"],  # same on every collection
 )
 def test_a_bad_file_is_one_clear_error_naming_it(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "allow.toml"

@@ -35,6 +35,7 @@ def test_a_part_from_its_author_and_run_passes() -> None:
 @pytest.mark.parametrize(
     ("sender", "run_id", "reason"),
     [(OTHER.peer_id, RUN, "wrong_sender"), (AUTHOR.peer_id, "another-run", "wrong_run")],
+    ids=["wrong_sender", "wrong_run"],  # not the generated peer ids: the same on every collection
 )
 def test_a_relayed_or_foreign_part_is_refused_with_its_reason(
     sender: str, run_id: str, reason: str
