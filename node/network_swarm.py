@@ -84,6 +84,10 @@ class NetworkSwarm:
                 offer=swarm.gossip.offer_group,
                 fetch=swarm.gossip.fetch_group,
                 applied_seq=replica.last_seq,
+                # --group-shard-fetch: other groups' updates by slices (in the fingerprint)
+                shard_fetch=pipeline.groups if run_settings.get("group_shard_fetch") else None,
+                on_event=events.emit,
+                on_merged=report_merge,
             )
 
     def _group_update(self, update: GroupUpdate) -> bool:
