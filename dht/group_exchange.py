@@ -456,6 +456,7 @@ class GroupExchange(ShardedExchange, FetchExchange):
         if rid in self._rounds:
             raise ValueError(f"group round {rid} is already running")
         self._rounds[rid], wake = member, asyncio.Event()
+        self.own_key(rid[0])  # its updates never wait for a fetch round (--group-shard-fetch)
         self._remember_list(rid, member.members)
         self._wakes[rid] = wake
         self._note_round(header)

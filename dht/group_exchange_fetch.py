@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from dht.budget import StreamLimits
+from dht.gossip_groups import is_group_key
 from dht.grouping import member_check
 from dht.grouping_round import GroupMessageError, RoundId
 from dht.shard_fetch_wire import (
@@ -98,6 +99,8 @@ class Inbox:
     def __init__(self) -> None:
         self.messages: dict[str, dict[str, FetchMessage]] = {}
         self.wake = asyncio.Event()
+        self.proposed: list[str] = []
+        """The ids this member proposed (`key#seq`), for its `shard_round` event."""
 
     def put(self, message: FetchMessage) -> None:
         self.messages.setdefault(message.kind, {}).setdefault(message.sender, message)
@@ -157,12 +160,20 @@ class FetchExchange:
         self._merge = merge
         self._on_event = on_event
         self._on_merged = on_merged
+        self._holds_back = self.shard_fetch
+        """Whether other groups' updates wait for fetch rounds (until `stop_holding`)."""
         self.fetch_wait_s = 30.0
         """The group wait of this node's last round: a fetch round's deadlines."""
         self._candidates: OrderedDict[UpdateId, tuple[str, ...]] = OrderedDict()
         self._keys: OrderedDict[str, None] = OrderedDict()
         """Other group keys a notice was heard from (what a round's collection waits for)."""
         self._kept: OrderedDict[UpdateId, GroupUpdate] = OrderedDict()
+        self._first_wanted: OrderedDict[UpdateId, float] = OrderedDict()
+        """When the gossip first wanted each other group's update (`held_back`)."""
+        self._released: OrderedDict[UpdateId, None] = OrderedDict()
+        """Updates handed to the gossip's whole fetch (a fallback, or their time out)."""
+        self._own_keys: OrderedDict[str, None] = OrderedDict()
+        """This node's group keys (its rounds'): their updates are never held back."""
         self._inboxes: dict[RoundId, Inbox] = {}
         self._held_inboxes: OrderedDict[RoundId, Inbox] = OrderedDict()
 
@@ -177,6 +188,10 @@ class FetchExchange:
         """Another group's update a member completed (its notice): a candidate of this node's
         next fetch round, handed to the gossip if it is not applied in time."""
         uid = (group_key, seq)
+        if not self._holds_back:  # no fetch round will come: the whole fetch at once
+            if self._offer is not None:
+                self._offer(group_key, seq, holder)
+            return
         holders = self._candidates.get(uid, ())
         if holder not in holders and len(holders) < MAX_HOLDERS:
             self._candidates[uid] = (*holders, holder)
@@ -193,8 +208,41 @@ class FetchExchange:
         await asyncio.sleep(delay_s)
         self._hand_over(uid)
 
+    def own_key(self, group_key: str) -> None:
+        """A group key this node runs rounds of: its updates are not held back."""
+        self._own_keys[group_key] = None
+        self._own_keys.move_to_end(group_key)
+        while len(self._own_keys) > MAX_KNOWN_KEYS:
+            self._own_keys.popitem(last=False)
+
+    def stop_holding(self) -> None:
+        """This node runs no more rounds (it lingers or leaves): every candidate goes to the
+        gossip now, and so does every later notice."""
+        self._holds_back = False
+        for uid in list(self._candidates):
+            self._hand_over(uid)
+
+    def held_back(self, uid: UpdateId) -> bool:
+        """Whether the gossip waits before fetching `uid` whole (dht.catchup `held_back`):
+        another group's update, wanted for less than FALLBACK_ROUNDS group waits and not
+        handed over, may come by a fetch round. The gossip's repair and holder lookups find
+        other groups' updates as fast as the notices do; without the wait they win the race
+        and a fetch round's members stand on other applied sets."""
+        if not self._holds_back or uid in self._released or not is_group_key(uid[0]):
+            return False
+        if uid[0] in self._own_keys:
+            return False
+        now = time.monotonic()
+        first = self._first_wanted.setdefault(uid, now)
+        while len(self._first_wanted) > 16 * MAX_CANDIDATES:
+            self._first_wanted.popitem(last=False)
+        return now - first < FALLBACK_ROUNDS * self.fetch_wait_s
+
     def _hand_over(self, uid: UpdateId) -> None:
         """A candidate to the gossip's whole fetch (unless applied here already)."""
+        self._released[uid] = None
+        while len(self._released) > 16 * MAX_CANDIDATES:
+            self._released.popitem(last=False)
         holders = self._candidates.pop(uid, ())
         if self._offer is None or self._applied(uid):
             return
@@ -300,7 +348,7 @@ class FetchExchange:
             self._on_event(
                 "shard_round", group_key=rid[0], epoch=rid[1], round=rid[2],
                 members=len(members), outcome=outcome, ids=ids, applied=applied,
-                seconds=round(time.monotonic() - started, 3),
+                candidates=inbox.proposed, seconds=round(time.monotonic() - started, 3),
             )  # fmt: skip
 
     async def _run_fetch(
@@ -314,6 +362,7 @@ class FetchExchange:
         await self._until(lambda: self._applied((rid[0], update.seq)), wait_s, "own_not_applied")
         await self._collect(update.seq, wait_s / 2)
         proposal = self._proposal()
+        inbox.proposed = [f"{key}#{seq}" for key, seq in proposal.candidates]
         await self._broadcast(rid, others, "propose", proposal_body(proposal), ())
         got = await inbox.wait("propose", others, time.monotonic() + wait_s)
         proposals = {me: proposal} | {s: self._parsed(proposal_of, m) for s, m in got.items()}
