@@ -278,12 +278,11 @@ class FetchExchange:
                 raise GroupMessageError("bad_signature", "a fetch message not signed by its sender")
             return message
 
-        message = await self._take(  # its bytes counted as fetch_<kind> below
-            "group_fetch", sender, reader, fetch_max_bytes(self.numel), decode, counted=False
-        )
+        message = await self._take(
+            "group_fetch", sender, reader, fetch_max_bytes(self.numel), decode
+        )  # its bytes counted as received (`fetch`), as parts and pieces are
         if message is None:
             return
-        self._received(f"fetch_{message.kind}", sender, len(message.to_bytes()))
         rid = message.round_id
         inbox = self._inboxes.get(rid)
         if inbox is None:
