@@ -2,9 +2,9 @@
 --group-size 2 --group-scatter --group-shard-fetch form two groups, of three and two
 (identities picked so: five peers bear one split at that size, four may keep one group);
 each member fetches its slice of the other group's updates and the members apply them as one
-step. At least one round is applied by shards (a
-`shard_round` event), and the four replicas end with one applied set and the same settled
-parameters once they settle, whichever rounds fell back to the whole fetch."""
+step. At least one round is applied by shards (a `shard_round` event), and the five
+replicas end with one applied set and the same settled parameters once the settle has run,
+whichever rounds fell back to the whole fetch."""
 
 from __future__ import annotations
 
