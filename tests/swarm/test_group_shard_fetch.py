@@ -65,7 +65,7 @@ def _keys(folder: Path) -> list[Path]:
 
 @pytest.mark.skip(
     reason="not yet reliable: fetch rounds applied by shards in 2 of 4 runs (docs/scale.md, "
-    "Session 17: most fetch rounds fall back); run by hand with -m swarm --runxfail"
+    "Session 17: most fetch rounds fall back); remove this mark to run it"
 )
 @pytest.mark.timeout(covering(START_S, RUN_S, EXIT_S))
 def test_two_groups_fetch_each_others_updates_by_slices_and_end_as_one(
