@@ -110,7 +110,15 @@ def main() -> None:
         "--sim: count merge.group_shards' reduce-scatter message by message (with --wired: "
         "other groups' updates fetched whole, as real nodes do; without: by shards)",
     )
+    parser.add_argument(
+        "--shard-fetch",
+        action="store_true",
+        help="with --group-size and --scatter: join --group-shard-fetch (each member fetches "
+        "its slice of other groups' updates; docs/scale.md, Session 17)",
+    )
     args = parser.parse_args()
+    if args.shard_fetch and not (args.group_size and args.scatter):
+        parser.error("--shard-fetch needs --group-size and --scatter")
     if args.sim:
         _simulate(parser, args)
         return
@@ -121,6 +129,7 @@ def main() -> None:
         "inner_steps": args.inner_steps,
         "group_size": args.group_size,
         "group_scatter": bool(args.group_size and args.scatter),
+        "group_shard_fetch": bool(args.group_size and args.scatter and args.shard_fetch),
         "sizes": results,
         "extrapolated_base": extrapolate(results),
     }
@@ -167,6 +176,7 @@ def _measure(slots: list[Slot], args: argparse.Namespace) -> dict[str, Any]:
     if args.group_size:  # the group's parts and other groups' updates count as received
         run += ["--group-size", str(args.group_size), "--group-wait", "10"]
         run += ["--group-scatter"] if args.scatter else []
+        run += ["--group-shard-fetch"] if args.scatter and args.shard_fetch else []
     # One end of training for every process, fixed before the first starts: a node's
     # --max-time counts from its own start, and 16 nodes starting on 2 cores take minutes,
     # during which the first ones (the bootstrap among them) must not stop and exit.
@@ -389,6 +399,10 @@ def _figures(
         "final_digests": len({h.applied_digest for h in last_beats}),
         "sized_differently": sized_differently([s.current.events for s in slots]),
         "rejections": dict(sum((Counter(h.rejections) for h in last_beats), Counter())),
+        "shard_rounds": dict(  # --shard-fetch: each member's fetch rounds by outcome
+            Counter(e["outcome"].split(" ")[0] for e in events if e.get("event") == "shard_round")
+        ),
+        "applied_by_shards": sum(e["applied"] for e in events if e.get("event") == "shard_round"),
         **exit_figures([s.current.events for s in slots]),
     }
 

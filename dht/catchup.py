@@ -176,6 +176,10 @@ class CatchUp:
         self.source_rank: Callable[[str], int] = lambda peer_id: 0
         """How good this node's connection to a source is, lower first (set by the fetcher
         from dht.reachability.path_rank: direct or hole-punched 0, relayed 1, none 2)."""
+        self.held_back: Callable[[UpdateId], bool] = lambda uid: False
+        """Whether a wanted update waits for another path (set by the group exchange with
+        --group-shard-fetch: other groups' updates a fetch round may merge by slices,
+        dht.group_exchange_fetch); it is fetched here once that says no more."""
         self.newly_deferred: list[UpdateId] = []
         """Fresh authors' updates passed over (by their fetch cap, for the first time, or
         because max_fresh_wants were wanted), for the caller to count and clear."""
@@ -342,6 +346,8 @@ class CatchUp:
         for uid in self.fetch_order.order(self._wants, self.is_fresh, with_fresh=with_fresh):
             if budget <= 0:
                 break
+            if self.held_back(uid):
+                continue
             peer_id = self._pick_source(uid, now, alive, direct)
             if peer_id is None:
                 continue

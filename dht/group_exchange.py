@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dht.budget import StreamLimits
+from dht.group_exchange_fetch import FetchExchange
 from dht.group_exchange_shards import (
     PIECE_LIMITS,
     SHARD_LIMITS,
@@ -64,6 +65,7 @@ from dht.grouping_round import (
 from dht.grouping_shards import Piece, ShardedRound
 from dht.swarm_config import REQUEST_READ_TIMEOUT_S
 from dht.transport import TooLargeError, TransportError, receive_blob
+from merge.group_pipeline import GroupMerge
 from merge.group_update import (
     Abandoned,
     ContributionHeader,
@@ -71,6 +73,7 @@ from merge.group_update import (
     Phase,
     ReductionConfig,
 )
+from merge.result import MergeResult
 
 if TYPE_CHECKING:
     from dht.network import SwarmNetwork
@@ -99,7 +102,7 @@ Reject = Callable[[str, str, str], None]
 """(reason, peer id, detail): a counted rejection of a peer's input."""
 
 
-class GroupExchange(ShardedExchange):
+class GroupExchange(ShardedExchange, FetchExchange):
     """This node's group rounds over the network; one round per (group, epoch, round)."""
 
     def __init__(
@@ -116,6 +119,9 @@ class GroupExchange(ShardedExchange):
         offer: Callable[[str, int, str], object] | None = None,
         fetch: Callable[[str, str, int], Awaitable[bytes | None]] | None = None,
         applied_seq: Callable[[str], int] | None = None,
+        shard_fetch: GroupMerge | None = None,
+        on_event: Callable[..., None] | None = None,
+        on_merged: Callable[[MergeResult], None] | None = None,
     ) -> None:
         """`live_peers`: the live peers' ids (a completed update's pushes go to them);
         `on_update`: takes a group update this node is not a member of the round of (run off
@@ -126,7 +132,10 @@ class GroupExchange(ShardedExchange):
         as any replica (the gossip's catch-up); `fetch`: (peer, group key, seq) -> the update's
         wire bytes from that peer, or None (the gossip's `update` stream); `applied_seq`:
         group key -> the highest seq of its updates this replica applied (0: none), what a
-        group-done notice of a group ahead of this node's is bounded by (dht.group_notice)."""
+        group-done notice of a group ahead of this node's is bounded by (dht.group_notice);
+        `shard_fetch`: this node's group merge when other groups' updates are fetched by
+        slices (--group-shard-fetch, dht.group_exchange_fetch), whose rounds `on_event` tells
+        of (`shard_round`) and whose results `on_merged` is told."""
         self.network = network
         self.identity = network.identity
         self.run_id = network.config.run_id
@@ -140,6 +149,7 @@ class GroupExchange(ShardedExchange):
         self._offer = offer
         self._fetch = fetch
         self._applied_seq = applied_seq
+        self._init_fetch(shard_fetch, on_event, on_merged)
         self._on_notice: set[RoundId] = set()
         """Rounds a group-done notice is being acted on for (one at a time per round)."""
         self._settled: OrderedDict[RoundId, bool] = OrderedDict()
@@ -172,6 +182,7 @@ class GroupExchange(ShardedExchange):
         await self.network.add_handler("group-done", self.rpc_done, DONE_LIMITS)
         await self.network.add_handler("group-piece", self.rpc_piece, PIECE_LIMITS)
         await self.network.add_handler("group-shard", self.rpc_shard, SHARD_LIMITS)
+        await self.register_fetch()
 
     # ---- serving ----------------------------------------------------------------------------
 
@@ -337,7 +348,9 @@ class GroupExchange(ShardedExchange):
                 break
             await asyncio.sleep(max(action - time.monotonic(), 0.0))
             waited = True
-        if action == "offer" and self._offer is not None:
+        if action == "offer" and self.shard_fetch:  # a candidate of the next fetch round
+            self.candidate(done.group_key, done.seq, sender)
+        elif action == "offer" and self._offer is not None:
             self._offer(done.group_key, done.seq, sender)
         elif action == "adopt" and member is not None and self._fetch is not None:
             data = await self._fetch(sender, done.group_key, done.seq)
@@ -443,6 +456,7 @@ class GroupExchange(ShardedExchange):
         if rid in self._rounds:
             raise ValueError(f"group round {rid} is already running")
         self._rounds[rid], wake = member, asyncio.Event()
+        self.own_key(rid[0])  # its updates never wait for a fetch round (--group-shard-fetch)
         self._remember_list(rid, member.members)
         self._wakes[rid] = wake
         self._note_round(header)
@@ -461,6 +475,8 @@ class GroupExchange(ShardedExchange):
         self._settle(rid, isinstance(outcome, GroupUpdate))  # applied here either way
         if isinstance(outcome, GroupUpdate):
             await self._hold(outcome)
+            self.keep(outcome)  # --group-shard-fetch: its slices served, its fetch round run
+            self.start_fetch_round(outcome)
             notice = SignedDone.of(Done.of(outcome), self.identity, self.run_id).to_bytes()
             for peer in push_targets(member, outcome, self._live_peers()):
                 self._spawn(self._send(peer, "group-done", notice, SEND_TIMEOUT_S))

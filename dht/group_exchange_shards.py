@@ -74,6 +74,7 @@ class ShardedExchange:
         identity: Identity
         run_id: str
         numel: int
+        fetch_wait_s: float
         _rounds: dict[RoundId, GroupRound | ShardedRound]
         _wakes: dict[RoundId, asyncio.Event]
         _settled: OrderedDict[RoundId, bool]
@@ -200,6 +201,7 @@ class ShardedExchange:
         it (pieces re-sent to the shards' new reducers) or abandon. `tensor` is what `codec`
         decodes (bf16 and fp32 slices re-encode exactly; any other codec's pieces go fp32)."""
         rid = (header.group_key, header.epoch, header.round)
+        self.fetch_wait_s = wait_s  # the fetch round's deadlines (dht.group_exchange_fetch)
         opened_at = self._opened_at(rid, self._held_pieces, wait_s)
         if opened_at is None:
             return Abandoned("late")

@@ -29,6 +29,7 @@ written (docs/scale.md).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import struct
@@ -219,14 +220,7 @@ def _parse_header(fields: object) -> ContributionHeader:
 def encode_update(update: GroupUpdate) -> bytes:
     """A complete group update on the wire: its included members' signed headers, shard
     digests and co-signatures (JSON), then the aggregate (fp32)."""
-    meta = {
-        "headers": [_header_fields(h) for h in update.contributions],
-        "digests": list(update.shard_digests),
-        "cosignatures": [c.hex() for c in update.cosignatures],
-    }
-    if update.members:  # reduce-scatter: the member list its split is fixed by
-        meta["members"] = list(update.members)
-    raw = json.dumps(meta, separators=(",", ":")).encode()
+    raw = json.dumps(update_meta(update), separators=(",", ":")).encode()
     head = struct.pack(">I", len(raw)) + raw
     aggregate = update.aggregate.detach().to(torch.float32).contiguous()
     narrow = aggregate.to(torch.bfloat16)
@@ -255,8 +249,31 @@ def decode_update(blob: object, numel: int) -> GroupUpdate:
     (length,) = struct.unpack(">I", blob[4:8])
     if len(blob) < 8 + length:
         raise GroupMessageError("malformed", "a group update cut short")
+    update = update_of_meta(blob[8 : 8 + length], torch.empty(0))  # the fields first
+    body = blob[8 + length :]
+    aggregate = _fp32(body, numel) if blob[:4] == UPDATE_MAGIC else _bf16(body, numel)
+    return dataclasses.replace(update, aggregate=aggregate)
+
+
+def update_meta(update: GroupUpdate) -> dict[str, object]:
+    """A group update's fields but its aggregate (JSON-ready): headers, digests, co-signatures
+    and, with reduce-scatter, the member list its split is fixed by."""
+    meta: dict[str, object] = {
+        "headers": [_header_fields(h) for h in update.contributions],
+        "digests": list(update.shard_digests),
+        "cosignatures": [c.hex() for c in update.cosignatures],
+    }
+    if update.members:  # reduce-scatter: the member list its split is fixed by
+        meta["members"] = list(update.members)
+    return meta
+
+
+def update_of_meta(raw: bytes, aggregate: torch.Tensor) -> GroupUpdate:
+    """An untrusted group update from its JSON fields (`update_meta`) and an aggregate (empty
+    when only some shards are at hand: dht.shard_fetch_wire); GroupMessageError when they do
+    not parse. Its signatures are checked by whoever takes it."""
     try:
-        meta = json.loads(blob[8 : 8 + length])
+        meta = json.loads(raw)
         heads, digests, cosigns = meta["headers"], meta["digests"], meta["cosignatures"]
         if not all(isinstance(x, list) for x in (heads, digests, cosigns)):
             raise TypeError("lists expected")
@@ -272,8 +289,6 @@ def decode_update(blob: object, numel: int) -> GroupUpdate:
         raise
     except (ValueError, RecursionError, KeyError, TypeError, AttributeError):
         raise GroupMessageError("malformed", "a group update that does not parse") from None
-    body = blob[8 + length :]
-    aggregate = _fp32(body, numel) if blob[:4] == UPDATE_MAGIC else _bf16(body, numel)
     return GroupUpdate(headers, shard_digests, cosignatures, aggregate, tuple(members))
 
 

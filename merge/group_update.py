@@ -252,6 +252,12 @@ class GroupUpdate:
             return tuple(h.author for h in self.contributions)
         return ShardPlan(self.members).reducers(h.author for h in self.contributions)
 
+    @property
+    def num_shards(self) -> int:
+        """Shards the aggregate is split into and co-signed by: one per listed member
+        (reduce-scatter), else one per included member."""
+        return len(self.members) if self.members else len(self.contributions)
+
     def problem(self, in_group: Callable[[str], bool]) -> str | None:
         """Why a replica must refuse this update (a counted rejection), or None.
 
@@ -259,14 +265,33 @@ class GroupUpdate:
         of its peer id, dht.grouping). Checks every signature, that the contributions agree on
         what the whole update is sized and weighed with, and that each shard is the one its
         reducer co-signed."""
-        headers = self.contributions
-        shards = len(self.members) if self.members else len(headers)
-        if not headers or len(self.shard_digests) != shards or self.aggregate.dim() != 1:
+        shards = self.num_shards
+        if not self.contributions or len(self.shard_digests) != shards:
+            return "malformed"
+        if self.aggregate.dim() != 1:
             return "malformed"
         if self.members and list(self.members) != sorted(set(self.members)):
             return "malformed"
         if not bool(torch.isfinite(self.aggregate).all()):
             return "not_finite"
+        problem = self.header_problem(in_group)
+        if problem is not None:
+            return problem
+        for i, piece in enumerate(torch.tensor_split(self.aggregate, shards)):
+            problem = self.shard_problem(i, piece)
+            if problem is not None:
+                return problem
+        return None
+
+    def header_problem(self, in_group: Callable[[str], bool]) -> str | None:
+        """`problem`'s checks of everything but the aggregate: what a member that fetches
+        only some shards (merge.shard_fetch) checks before any of them."""
+        headers = self.contributions
+        shards = self.num_shards
+        if not headers or len(self.shard_digests) != shards:
+            return "malformed"
+        if self.members and list(self.members) != sorted(set(self.members)):
+            return "malformed"
         if len(self.cosignatures) != shards:
             return "missing_cosignature"
         if [h.author for h in headers] != sorted({h.author for h in headers}):
@@ -283,15 +308,17 @@ class GroupUpdate:
             return "bad_counters"
         if not all(h.verified() for h in headers):
             return "bad_signature"
-        pieces = torch.tensor_split(self.aggregate, shards)
-        for i, (reducer, piece, digest) in enumerate(
-            zip(self.reducers(), pieces, self.shard_digests, strict=True)
-        ):
-            if tensor_digest(piece) != digest:
-                return "shard_mismatch"
-            statement = self.statement(i, digest)
-            if not verify_signature(reducer, statement, self.cosignatures[i]):
-                return "bad_cosignature"
+        return None
+
+    def shard_problem(self, shard: int, piece: torch.Tensor) -> str | None:
+        """Why `piece` is not shard `shard` as its reducer co-signed it, or None (the headers
+        checked first: `header_problem`)."""
+        if tensor_digest(piece) != self.shard_digests[shard]:
+            return "shard_mismatch"
+        reducer = self.reducers()[shard]
+        statement = self.statement(shard, self.shard_digests[shard])
+        if not verify_signature(reducer, statement, self.cosignatures[shard]):
+            return "bad_cosignature"
         return None
 
     def statement(self, shard: int, digest: str) -> bytes:

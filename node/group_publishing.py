@@ -75,6 +75,8 @@ class GroupPublishing:
         come late on a loaded machine does not move the groups)."""
         if publisher.replica.layout is not None:
             raise ValueError("--group-size needs whole updates (--fragments 1)")
+        if groups.group_shard_fetch and not groups.group_scatter:
+            raise ValueError("--group-shard-fetch needs --group-scatter")
         self.publisher, self.learner, self.merge = publisher, learner, merge
         self.replica, self.groups, self.run_id = publisher.replica, groups, run_id
         self.events, self.census_s = events, census_s

@@ -84,7 +84,12 @@ class NetworkSwarm:
                 offer=swarm.gossip.offer_group,
                 fetch=swarm.gossip.fetch_group,
                 applied_seq=replica.last_seq,
+                # --group-shard-fetch: other groups' updates by slices (in the fingerprint)
+                shard_fetch=pipeline.groups if run_settings.get("group_shard_fetch") else None,
+                on_event=events.emit,
+                on_merged=report_merge,
             )
+            swarm.gossip.catchup.held_back = self._groups.held_back
 
     def _group_update(self, update: GroupUpdate) -> bool:
         """Another group's update (or one of this node's group it was left out of), pushed by
@@ -238,6 +243,8 @@ class NetworkSwarm:
         if not seconds:
             return
         self._stats.set_state("idle")
+        if self._groups is not None:  # no fetch round comes now: other groups' updates whole
+            self.swarm.network.call(_stop_holding(self._groups), 10.0)
         self._events.emit("lingering", seconds=seconds)
         started = time.monotonic()
         deadline = started + seconds
@@ -294,6 +301,10 @@ class NetworkSwarm:
     def fetched(self) -> tuple[int, int]:
         fetches = list(self.swarm.fetches)
         return len(fetches), sum(f.num_bytes for f in fetches)
+
+
+async def _stop_holding(groups: GroupExchange) -> None:
+    groups.stop_holding()  # on the network's loop, where the exchange's state lives
 
 
 def seq_runs(seqs: list[int]) -> list[list[int]]:

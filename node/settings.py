@@ -245,6 +245,10 @@ class GroupSettings:
     ready (the deadline: who is not in by then is left out of the round, never waited for)."""
     group_scatter: bool = False
     """With --group-size: reduce-scatter (member j reduces shard j of all parts, then shares it)."""
+    group_shard_fetch: bool = False
+    """With --group-scatter: each member fetches only its slice of other groups' updates and
+    the group applies them as one step (docs/scale.md, Session 17); any failure falls back to
+    the whole fetch. Experimental."""
 
     @property
     def groups_on(self) -> bool:
@@ -261,6 +265,7 @@ class GroupSettings:
         """What the run fingerprint holds of the groups (nothing while they are off)."""
         names = ["size", "max_bits", "epoch_rounds", "quorum", "max_norm_to_median", "wait"]
         names += ["scatter"] if self.group_scatter else []  # off: session 11's, unchanged
+        names += ["shard_fetch"] if self.group_shard_fetch else []  # off: unchanged
         return {f"group_{n}": getattr(self, f"group_{n}") for n in names}
 
 

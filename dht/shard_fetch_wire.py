@@ -1,0 +1,258 @@
+"""The shard fetch's messages on the wire (docs/scale.md, Session 17); pure: dht/
+group_exchange_fetch.py does the network.
+
+`group-fetch` carries a fetch round's three messages between the round's members, each
+signed by its sender's node identity (Ed25519, merge.identity) over (run, group key, epoch,
+round, kind, body, the tensors' SHA-256), checked against the stream's sender:
+
+- `propose`: the sender's applied count and digest, and its candidates (other groups'
+  updates it was told of, each with holders): merge.shard_fetch `Proposal`;
+- `part`: its part Gram matrix (merge.shard_member `MemberRound.part`) and the digest of each
+  fetched update's variant (`variant_digest`), in the round's id order;
+- `sums`: its slices of the plan's weighted sums (fp32 tensors).
+
+`group-slice` asks a holder for some shards of an update: the answer is the update's fields
+(headers, digests, co-signatures: dht.grouping_round `update_meta`) and those shards, fp32.
+Everything is read within a bound before it is parsed; what does not parse is a
+GroupMessageError (its reason counted against the sender by the caller).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from dht.grouping_round import (
+    MAX_COUNT,
+    MAX_MEMBERS,
+    MAX_TEXT,
+    GroupMessageError,
+    RoundId,
+    update_meta,
+    update_of_meta,
+)
+from merge.group_plan import shard_bounds
+from merge.group_update import SIGNATURE_BYTES, GroupUpdate
+from merge.identity import Identity, verify_signature
+from merge.shard_fetch import MAX_CANDIDATES, MAX_HOLDERS, Proposal, UpdateId, wanted_shards
+
+FETCH_MAGIC = b"DSF1"
+SLICE_MAGIC = b"DSS1"
+_DOMAIN = b"diloco-group-fetch/1\n"
+KINDS = ("propose", "part", "sums")
+MAX_SUMS = 3
+"""Weighted sums one round gathers at most (merge.shard_round: three only when a batch
+completes two Delayed Nesterov rounds)."""
+MAX_META_BYTES = 1 << 20
+"""A message's JSON: a proposal's 64 ids with holders, a part's (3 + 64)^2 floats."""
+
+
+@dataclass(frozen=True)
+class FetchMessage:
+    """One signed `group-fetch` message (see the module's docstring)."""
+
+    run_id: str
+    round_id: RoundId
+    kind: str
+    sender: str
+    body: dict[str, Any]
+    tensors: tuple[torch.Tensor, ...]
+    signature: bytes = b""
+
+    def statement(self) -> bytes:
+        key, epoch, round_ = self.round_id
+        fields = [self.run_id, key, epoch, round_, self.kind, self.sender, self.body]
+        tail = hashlib.sha256(_tail(self.tensors)).hexdigest()
+        return _DOMAIN + json.dumps([*fields, tail], sort_keys=True).encode()
+
+    def signed(self, identity: Identity) -> FetchMessage:
+        return FetchMessage(
+            self.run_id, self.round_id, self.kind, identity.peer_id, self.body, self.tensors,
+            identity.sign(self.statement()),
+        )  # fmt: skip
+
+    def verified(self) -> bool:
+        return verify_signature(self.sender, self.statement(), self.signature)
+
+    def to_bytes(self) -> bytes:
+        key, epoch, round_ = self.round_id
+        meta = {
+            "run": self.run_id, "key": key, "epoch": epoch, "round": round_, "kind": self.kind,
+            "sender": self.sender, "body": self.body, "signature": self.signature.hex(),
+            "sizes": [t.numel() for t in self.tensors],
+        }  # fmt: skip
+        raw = json.dumps(meta, separators=(",", ":")).encode()
+        return FETCH_MAGIC + struct.pack(">I", len(raw)) + raw + _tail(self.tensors)
+
+
+def _tail(tensors: tuple[torch.Tensor, ...]) -> bytes:
+    return b"".join(t.detach().to(torch.float32).numpy().astype("<f4").tobytes() for t in tensors)
+
+
+def fetch_max_bytes(numel: int) -> int:
+    return len(FETCH_MAGIC) + 4 + MAX_META_BYTES + 4 * MAX_SUMS * numel
+
+
+def _framed(blob: object, magic: bytes, limit: int, what: str) -> tuple[Any, bytes]:
+    if not isinstance(blob, bytes) or len(blob) < 8 or blob[:4] != magic:
+        raise GroupMessageError("malformed", f"not a {what}")
+    (length,) = struct.unpack(">I", blob[4:8])
+    if length > limit or len(blob) < 8 + length:
+        raise GroupMessageError("malformed", f"a {what} cut short or too long")
+    try:
+        meta = json.loads(blob[8 : 8 + length], parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        raise GroupMessageError("malformed", f"a {what} that does not parse") from None
+    if not isinstance(meta, dict):
+        raise GroupMessageError("malformed", f"a {what} that is not an object")
+    return meta, blob[8 + length :]
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number here")
+
+
+def _fp32s(tail: bytes, sizes: object, numel: int, most: int) -> tuple[torch.Tensor, ...]:
+    """The fp32 tensors of `sizes` values each, cut from `tail` (finite, at most `most` of
+    them, none longer than `numel`)."""
+    if not isinstance(sizes, list) or len(sizes) > most:
+        raise GroupMessageError("malformed", "tensor sizes out of range")
+    if not all(type(n) is int and 0 <= n <= numel for n in sizes):
+        raise GroupMessageError("malformed", "tensor sizes out of range")
+    if len(tail) != 4 * sum(sizes):
+        raise GroupMessageError("wrong_size", "tensor bytes do not match their sizes")
+    values = torch.from_numpy(np.frombuffer(tail, dtype="<f4").astype(np.float32))
+    if not bool(torch.isfinite(values).all()):
+        raise GroupMessageError("not_finite", "a fetch message holds NaN or infinity")
+    return tuple(torch.split(values, sizes)) if sizes else ()
+
+
+def decode_fetch(blob: object, numel: int) -> FetchMessage:
+    """An untrusted `group-fetch` message's fields (its signature checked by `verified`)."""
+    meta, tail = _framed(blob, FETCH_MAGIC, MAX_META_BYTES, "fetch message")
+    try:
+        run, key, epoch, round_ = meta["run"], meta["key"], meta["epoch"], meta["round"]
+        kind, sender, body = meta["kind"], meta["sender"], meta["body"]
+        signature = bytes.fromhex(meta["signature"])
+    except (KeyError, TypeError, ValueError):
+        raise GroupMessageError("malformed", "a fetch message's fields") from None
+    texts = (run, key, sender)
+    if not all(isinstance(t, str) and 0 < len(t) <= MAX_TEXT for t in texts):
+        raise GroupMessageError("malformed", "a fetch message's names out of range")
+    if not all(type(v) is int and 0 <= v <= MAX_COUNT for v in (epoch, round_)):
+        raise GroupMessageError("malformed", "a fetch message's round out of range")
+    if kind not in KINDS or not isinstance(body, dict) or len(signature) != SIGNATURE_BYTES:
+        raise GroupMessageError("malformed", "a fetch message's kind, body or signature")
+    most = MAX_SUMS if kind == "sums" else 0
+    tensors = _fp32s(tail, meta.get("sizes"), numel, most)
+    return FetchMessage(run, (key, epoch, round_), kind, sender, body, tensors, signature)
+
+
+# ---- bodies ---------------------------------------------------------------------------------
+
+
+def proposal_body(proposal: Proposal) -> dict[str, Any]:
+    base_count, base_digest = proposal.base
+    ids = [[key, seq, list(holders)] for (key, seq), holders in proposal.candidates.items()]
+    return {"base": [base_count, base_digest], "ids": ids}
+
+
+def proposal_of(message: FetchMessage) -> Proposal:
+    """A `propose` message's proposal, within bounds (GroupMessageError otherwise)."""
+    body = message.body
+    try:
+        (count, digest), ids = body["base"], body["ids"]
+    except (KeyError, TypeError, ValueError):
+        raise GroupMessageError("malformed", "a proposal's fields") from None
+    if type(count) is not int or not 0 <= count <= MAX_COUNT or not _text(digest):
+        raise GroupMessageError("malformed", "a proposal's base")
+    if not isinstance(ids, list) or len(ids) > MAX_CANDIDATES:
+        raise GroupMessageError("too_many_candidates", "a proposal naming too many ids")
+    candidates: dict[UpdateId, tuple[str, ...]] = {}
+    for entry in ids:
+        if not (isinstance(entry, list) and len(entry) == 3):
+            raise GroupMessageError("malformed", "a proposal's id")
+        key, seq, holders = entry
+        ok = _text(key) and type(seq) is int and 1 <= seq <= MAX_COUNT
+        if not ok or not isinstance(holders, list) or not 0 < len(holders) <= MAX_HOLDERS:
+            raise GroupMessageError("malformed", "a proposal's id or holders")
+        if not all(_text(h) for h in holders):
+            raise GroupMessageError("malformed", "a proposal's holders")
+        candidates[(key, seq)] = tuple(holders)
+    return Proposal((count, digest), candidates)
+
+
+def part_body(part: list[list[float]], variants: list[str]) -> dict[str, Any]:
+    return {"gram": part, "variants": variants}
+
+
+def part_of(message: FetchMessage, num_updates: int) -> tuple[object, list[str]]:
+    """A `part` message's Gram matrix (checked by `MemberRound.part_from`) and its variants
+    (one digest per update of the round)."""
+    gram, variants = message.body.get("gram"), message.body.get("variants")
+    if not isinstance(variants, list) or len(variants) != num_updates:
+        raise GroupMessageError("malformed", "a part's variants")
+    if not all(isinstance(v, str) and len(v) == 64 for v in variants):
+        raise GroupMessageError("malformed", "a part's variants")
+    return gram, variants
+
+
+# ---- group-slice ----------------------------------------------------------------------------
+
+
+def slice_request(uid: UpdateId, start: int, end: int) -> bytes:
+    return json.dumps({"key": uid[0], "seq": uid[1], "start": start, "end": end}).encode()
+
+
+def parse_slice_request(blob: bytes, numel: int) -> tuple[UpdateId, int, int]:
+    """A peer's ask for [start, end) of an update it names (GroupMessageError when out of
+    bounds): answered with every shard that overlaps it."""
+    try:
+        fields = json.loads(blob, parse_constant=_no_constant)
+        key, seq, start, end = fields["key"], fields["seq"], fields["start"], fields["end"]
+    except (ValueError, RecursionError, KeyError, TypeError):
+        raise GroupMessageError("malformed", "a slice request") from None
+    if not _text(key) or type(seq) is not int or not 1 <= seq <= MAX_COUNT:
+        raise GroupMessageError("malformed", "a slice request's id")
+    if not (type(start) is int and type(end) is int and 0 <= start < end <= numel):
+        raise GroupMessageError("malformed", "a slice request's range")
+    return (key, seq), start, end
+
+
+def slice_answer(update: GroupUpdate, start: int, end: int) -> bytes:
+    """The update's fields and every shard overlapping [start, end), whole, fp32."""
+    numel = update.aggregate.numel()
+    bounds = shard_bounds(numel, update.num_shards)
+    have = wanted_shards(update.num_shards, numel, start, end)
+    pieces = tuple(update.aggregate[bounds[k][0] : bounds[k][1]] for k in have)
+    meta = {"update": update_meta(update), "shards": have, "sizes": [p.numel() for p in pieces]}
+    raw = json.dumps(meta, separators=(",", ":")).encode()
+    return SLICE_MAGIC + struct.pack(">I", len(raw)) + raw + _tail(pieces)
+
+
+def slice_max_bytes(numel: int) -> int:
+    return len(SLICE_MAGIC) + 4 + MAX_META_BYTES + 4 * numel
+
+
+def decode_slice(blob: object, numel: int) -> tuple[GroupUpdate, dict[int, torch.Tensor]]:
+    """An untrusted answer: the update's fields (its aggregate empty) and its shards by index
+    (their digests and co-signatures checked by the caller: merge.shard_fetch)."""
+    meta, tail = _framed(blob, SLICE_MAGIC, MAX_META_BYTES, "slice answer")
+    shards, fields = meta.get("shards"), meta.get("update")
+    if not isinstance(shards, list) or not all(type(k) is int for k in shards):
+        raise GroupMessageError("malformed", "a slice answer's shards")
+    pieces = _fp32s(tail, meta.get("sizes"), numel, MAX_MEMBERS)
+    if len(pieces) != len(shards) or len(set(shards)) != len(shards):
+        raise GroupMessageError("malformed", "a slice answer's shards")
+    update = update_of_meta(json.dumps(fields).encode(), torch.empty(0))
+    return update, dict(zip(shards, pieces, strict=True))
+
+
+def _text(value: object) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= MAX_TEXT

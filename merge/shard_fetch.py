@@ -1,0 +1,147 @@
+"""The shard fetch's pure decisions (docs/scale.md, Session 17): which of other groups'
+updates a fetch round merges (`compose`, the same set at every member), which shards of an
+update a member's slice needs and the slice cut from them (`wanted_shards`, `cut_slice`), and
+an update known by its signed headers and some of its shards as the merge sees it
+(`incoming_of_headers`, `pieces_problem`). No network, no clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from merge.group_pipeline import GroupMerge, variant_of
+from merge.group_plan import shard_bounds
+from merge.group_update import GroupUpdate, signed_norm_bound
+from merge.shard_round import Incoming, overlapping
+
+UpdateId = tuple[str, int]
+"""(group key, seq): the id replicas apply a group update under."""
+MAX_CANDIDATES = 64
+"""Update ids one proposal may name (a fetch round merges at most this many)."""
+MAX_HOLDERS = 4
+"""Holders named per id in one proposal."""
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """One member's signed word on a fetch round: the applied set its replica is on (count,
+    digest) and the other groups' updates it was told of and has not applied, each with
+    peers that hold it."""
+
+    base: tuple[int, str]
+    candidates: Mapping[UpdateId, tuple[str, ...]]
+
+    def problem(self) -> str | None:
+        """Why a proposal is out of bounds, or None."""
+        if len(self.candidates) > MAX_CANDIDATES:
+            return "too_many_candidates"
+        if any(not 0 < len(h) <= MAX_HOLDERS for h in self.candidates.values()):
+            return "bad_holders"
+        return None
+
+
+@dataclass(frozen=True)
+class Composition:
+    """The fetch round's set: the ids every member proposed (sorted), and who holds each."""
+
+    base: tuple[int, str]
+    ids: tuple[UpdateId, ...]
+    holders: Mapping[UpdateId, tuple[str, ...]]
+
+
+def compose(proposals: Mapping[str, Proposal], members: Sequence[str]) -> Composition | str:
+    """The round's set from every member's proposal, or why the round falls back: a member's
+    proposal missing or out of bounds, or bases that differ (the members' replicas are on
+    other applied sets: a plan decided on one is applied to no other). The ids are the
+    intersection of the candidates (what one member was not told of waits for a later round),
+    sorted; each id's holders the sorted union of those named. A pure function of the
+    proposals: every member composes the same set whatever order they came in."""
+    if set(proposals) != set(members) or not members:
+        return "proposal_missing"
+    if any(p.problem() is not None for p in proposals.values()):
+        return "proposal_out_of_bounds"
+    bases = {p.base for p in proposals.values()}
+    if len(bases) != 1:
+        return "base_differs"
+    ids = set.intersection(*(set(p.candidates) for p in proposals.values()))
+    ordered = tuple(sorted(ids))
+    holders = {
+        uid: tuple(sorted({h for p in proposals.values() for h in p.candidates[uid]}))
+        for uid in ordered
+    }
+    return Composition(bases.pop(), ordered, holders)
+
+
+def wanted_shards(num_shards: int, numel: int, start: int, end: int) -> list[int]:
+    """The shards (of an update split into `num_shards` as `tensor_split` cuts it) that hold
+    any of [start, end): fetched whole, each checked against its co-signed digest."""
+    return overlapping(shard_bounds(numel, num_shards), start, end)
+
+
+def cut_slice(
+    num_shards: int, numel: int, pieces: Mapping[int, torch.Tensor], start: int, end: int
+) -> torch.Tensor:
+    """[start, end) of the update, cut from its shards `pieces` (each whole, every one of
+    `wanted_shards` present: KeyError otherwise)."""
+    bounds = shard_bounds(numel, num_shards)
+    out = []
+    for k in wanted_shards(num_shards, numel, start, end):
+        lo, hi = bounds[k]
+        out.append(pieces[k][max(start, lo) - lo : min(end, hi) - lo])
+    return torch.cat(out) if out else torch.zeros(0)
+
+
+def pieces_problem(
+    update: GroupUpdate, pieces: Mapping[int, torch.Tensor], numel: int
+) -> str | None:
+    """Why shards fetched of `update` (its headers checked: `GroupUpdate.header_problem`) are
+    not the ones its reducers co-signed, or None: each of the right size, fp32, and its
+    digest and co-signature those of its index."""
+    bounds = shard_bounds(numel, update.num_shards)
+    for k, piece in pieces.items():
+        if not 0 <= k < len(bounds):
+            return "shard_index"
+        lo, hi = bounds[k]
+        if piece.dtype != torch.float32 or piece.shape != (hi - lo,):
+            return "shard_size"
+        problem = update.shard_problem(k, piece)
+        if problem is not None:
+            return problem
+    return None
+
+
+def variant_digest(update: GroupUpdate) -> str:
+    """What tells two variants of one id apart (shard digests, included members), hashed:
+    members holding other variants of one id must not decide one round."""
+    digests, included = variant_of(update)
+    return hashlib.sha256("\n".join([*digests, "|", *included]).encode()).hexdigest()
+
+
+def incoming_of_headers(
+    merge: GroupMerge, update: GroupUpdate, numel: int, in_group: Callable[[str], bool]
+) -> Incoming:
+    """An update known by its signed headers (its aggregate not at hand) as the merge sees it:
+    the refusal its headers earn (`GroupMerge._problem`'s, but for the aggregate's own
+    checks, which are the fetched shards': `pieces_problem`), its header sized `numel`."""
+    p = merge.pipeline
+    problem = update.header_problem(in_group)
+    if problem is None and p.replica.layout is not None:
+        problem = "wrong_size"
+    if problem is None and p.run_id not in (None, update.head.run_id):
+        problem = "wrong_run"
+    header = update.update_header(p.fingerprint, p.config.max_inner_steps)
+    root = hashlib.sha256("".join(update.shard_digests).encode()).hexdigest()
+    header = replace(header, numel=numel, payload_sha256=root)
+    return Incoming(
+        header,
+        update.head.learners,
+        None if problem is None else f"group_{problem}",
+        variant_of(update),
+        update.reducers() if problem is None else (),
+        None,
+        signed_norm_bound(update, merge.reduction) if problem is None else float("inf"),
+    )

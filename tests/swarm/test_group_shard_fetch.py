@@ -1,0 +1,97 @@
+"""The shard fetch in real processes (docs/scale.md, Session 17): five nodes with
+--group-size 2 --group-scatter --group-shard-fetch form two groups, of three and two
+(identities picked so: five peers bear one split at that size, four may keep one group);
+each member fetches its slice of the other group's updates and the members apply them as one
+step. At least one round is applied by shards (a `shard_round` event), and the five
+replicas end with one applied set and the same settled parameters once the settle has run,
+whichever rounds fell back to the whole fetch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from dht.grouping import peer_bits
+from merge.identity import Identity
+from tests.swarm.conftest import NodeProcess
+from tests.swarm.replicas import saved_replica, settled_params
+from tests.timeouts import EXIT_S, START_S, covering
+
+pytestmark = pytest.mark.swarm
+
+RUN = "shard-fetch-test"
+ROUNDS = 6
+WAIT_S = 5
+LINGER_S = 40
+"""Every node lingers this long after its last round (no --linger-until-done): groups apply
+each other's updates in other orders (held back for a fetch round, deferred past a fold),
+which Delayed Nesterov's folds turn into params apart by more than rounding; the settle
+(docs/consistency.md) brings the replicas to one point once their applied set has held for
+5 heartbeat periods."""
+RUN_S = 120
+"""Every node's rounds and its linger, to its exit (all five started)."""
+ARGS = (
+    "--run-id", RUN, "--model", "tiny", "--inner-steps", "6", "--threads", "1",
+    "--eval-batches", "0", "--heartbeat-period", "2", "--group-size", "2",
+    "--group-epoch-rounds", "10", "--group-wait", str(WAIT_S), "--max-rounds", str(ROUNDS),
+    "--linger", str(LINGER_S), "--speed-factor", "2",
+    "--emulated-step-s", "0.2", "--no-dashboard", "--group-scatter", "--group-shard-fetch",
+)  # fmt: skip
+
+
+NODES = 5
+
+
+def _keys(folder: Path) -> list[Path]:
+    """Five identity files, alternating between the halves of the id space: nodes 0, 2 and 4
+    form one group at one bit, 1 and 3 the other."""
+    halves: dict[str, list[Identity]] = {"0": [], "1": []}
+    while len(halves["0"]) < 3 or len(halves["1"]) < 2:
+        identity = Identity.generate()
+        half = halves[peer_bits(RUN, identity.peer_id)[0]]
+        if len(half) < 3:
+            half.append(identity)
+    folder.mkdir(parents=True)
+    paths = []
+    for i in range(NODES):
+        path = folder / f"node{i}.key"
+        halves[str(i % 2)][i // 2].save(path)
+        paths.append(path)
+    return paths
+
+
+@pytest.mark.skip(
+    reason="not yet reliable: fetch rounds applied by shards in 2 of 4 runs (docs/scale.md, "
+    "Session 17: most fetch rounds fall back); remove this mark to run it"
+)
+@pytest.mark.timeout(covering(START_S, RUN_S, EXIT_S))
+def test_two_groups_fetch_each_others_updates_by_slices_and_end_as_one(
+    launch: Callable[..., NodeProcess], tmp_path: Path
+) -> None:
+    keys = _keys(tmp_path / "keys")
+    boot = launch(*ARGS, "--identity", str(keys[0]), name="node0")
+    join = ("--peers", boot.wait_listening(START_S)[0])
+    nodes = [boot] + [
+        launch(*ARGS, *join, "--identity", str(keys[i]), name=f"node{i}") for i in range(1, NODES)
+    ]
+    for node in nodes:
+        assert node.wait_exit(RUN_S + EXIT_S) == 0, node.stderr_tail()
+    import os
+
+    if os.environ.get("SHARD_EVENTS"):
+        from bench.procs import save_events
+
+        save_events(nodes, Path(os.environ["SHARD_EVENTS"]))
+    rounds = [e for node in nodes for e in node.of("shard_round")]
+    by_shards = [e for e in rounds if e["outcome"] == "applied" and e["applied"] >= 1]
+    outcomes = sorted(e["outcome"] for e in rounds)
+    assert by_shards, f"no round applied by shards: {outcomes}"
+    replicas = [saved_replica(tmp_path / "homes" / f"node{i}") for i in range(NODES)]
+    applied, settled = replicas[0]["applied"], settled_params(replicas[0])
+    assert {"groups.0b0", "groups.0b1"} <= set(applied), applied
+    for replica in replicas[1:]:
+        assert replica["applied"] == applied
+        assert torch.allclose(settled_params(replica), settled, atol=1e-5)

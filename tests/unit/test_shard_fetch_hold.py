@@ -1,0 +1,70 @@
+"""The gossip's side of the shard fetch (dht.group_exchange_fetch; docs/scale.md, Session 17):
+another group's update waits for a fetch round only for a bounded time, never the node's own
+group's, and every candidate goes to the whole fetch once the node runs no more rounds."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+from dht.catchup import CatchUp, CatchUpConfig
+from dht.group_exchange import GroupExchange
+from merge.identity import Identity
+from tests.unit.catchup_sim import SimNode
+from tests.unit.test_shard_round import _pipeline
+
+
+def test_a_held_back_update_is_not_fetched_until_released() -> None:
+    catchup = CatchUp(CatchUpConfig(max_in_flight=4), "b", SimNode("b"))
+    held = {("groups.0b1", 2)}
+    catchup.held_back = lambda uid: uid in held
+    for seq in (1, 2):
+        catchup.announced("groups.0b1", seq, None, 0.0, holder="a")
+    assert [f.seq for f in catchup.next_fetches(0.0, {"a"})] == [1]
+    held.clear()
+    assert [f.seq for f in catchup.next_fetches(0.0, {"a"})] == [2]
+
+
+def _exchange(offers: list[tuple[str, int, str]]) -> GroupExchange:
+    network = SimpleNamespace(identity=Identity.generate(), config=SimpleNamespace(run_id="r"))
+    return GroupExchange(
+        network,  # type: ignore[arg-type]
+        numel=8,
+        reject=lambda *_: None,
+        is_alive=lambda _: True,
+        offer=lambda key, seq, holder: offers.append((key, seq, holder)),
+        shard_fetch=_pipeline("delayed_nesterov").groups,
+    )
+
+
+def test_other_groups_updates_wait_for_a_fetch_round_own_groups_never() -> None:
+    async def run() -> None:
+        offers: list[tuple[str, int, str]] = []
+        exchange = _exchange(offers)
+        exchange.fetch_wait_s = 0.05
+        exchange.own_key("groups.0b0")
+        assert not exchange.held_back(("groups.0b0", 3))  # its own group's
+        assert not exchange.held_back(("12D3KooWpeer", 3))  # not a group's
+        assert exchange.held_back(("groups.0b1", 3))
+        exchange.candidate("groups.0b1", 3, "holder")
+        assert offers == []  # a candidate of the next fetch round
+        await asyncio.sleep(4 * exchange.fetch_wait_s)  # FALLBACK_ROUNDS group waits
+        assert offers == [("groups.0b1", 3, "holder")]
+        assert not exchange.held_back(("groups.0b1", 3))  # handed over for good
+
+    asyncio.run(run())
+
+
+def test_a_node_that_runs_no_more_rounds_hands_every_candidate_over() -> None:
+    async def run() -> None:
+        offers: list[tuple[str, int, str]] = []
+        exchange = _exchange(offers)
+        exchange.candidate("groups.0b1", 3, "h1")
+        exchange.candidate("groups.0b1", 3, "h2")
+        exchange.stop_holding()
+        assert offers == [("groups.0b1", 3, "h1"), ("groups.0b1", 3, "h2")]
+        exchange.candidate("groups.0b1", 4, "h1")  # a later notice: at once
+        assert offers[-1] == ("groups.0b1", 4, "h1")
+        assert not exchange.held_back(("groups.0b1", 5))
+
+    asyncio.run(run())
