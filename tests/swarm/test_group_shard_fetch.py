@@ -8,6 +8,7 @@ whichever rounds fell back to the whole fetch."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -63,9 +64,10 @@ def _keys(folder: Path) -> list[Path]:
     return paths
 
 
-@pytest.mark.skip(
-    reason="not yet reliable: fetch rounds applied by shards in 2 of 4 runs (docs/scale.md, "
-    "Session 17: most fetch rounds fall back); remove this mark to run it"
+@pytest.mark.skipif(
+    not os.environ.get("DILOCO_SHARD_FETCH_TEST"),
+    reason="quarantined (DILOCO_SHARD_FETCH_TEST=1 runs it): fetch rounds applied by shards "
+    "in 2 of 4 runs (docs/scale.md, Session 17: most fetch rounds fall back)",
 )
 @pytest.mark.timeout(covering(START_S, RUN_S, EXIT_S))
 def test_two_groups_fetch_each_others_updates_by_slices_and_end_as_one(
