@@ -47,6 +47,7 @@ from dht.group_exchange_shards import (
 from dht.group_notice import SignedDone, decode_notice, notice_max_bytes, notice_refusal
 from dht.grouping import member_check
 from dht.grouping_census import SenderBook
+from dht.grouping_patience import grace_s, joins_in_time
 from dht.grouping_round import (
     Cosign,
     Done,
@@ -400,7 +401,8 @@ class GroupExchange(ShardedExchange, FetchExchange):
         """This member's round: its part to every other member (`tensor` in `codec`, its
         encoding `payload` when at hand: the header signs `tensor` as decoded), theirs in until
         the deadline (`wait_s` from when the round's first part, this member's or another's,
-        was here), then co-signatures until `cosign_s` later; the outcome."""
+        was here, and a grace for parts in flight: dht.grouping_patience.grace_s), then
+        co-signatures until `cosign_s` past the join window; the outcome."""
         rid = (header.group_key, header.epoch, header.round)
         opened_at = self._opened_at(rid, self._held, wait_s)
         if opened_at is None:
@@ -414,6 +416,7 @@ class GroupExchange(ShardedExchange, FetchExchange):
             wait_s=wait_s,
             cosign_s=cosign_s,
             config=config,
+            grace_s=grace_s(wait_s),
         )
         with self._running(rid, member, header) as wake:
             for held_header, held_tensor in self._held.pop(rid, {}).values():
@@ -437,10 +440,12 @@ class GroupExchange(ShardedExchange, FetchExchange):
         self, rid: RoundId, held: OrderedDict[RoundId, dict[Any, Any]], wait_s: float
     ) -> float | None:
         """When this member's round opened: when its first part or piece was here, or now;
-        None when that was `wait_s` or more ago (the group closed it without us: late, and
-        what was held for it dropped)."""
+        None when that was `wait_s` or more ago (dht.grouping_patience.joins_in_time: the
+        group's join window is over; late, its part kept for its next round, and what was held
+        for it dropped). The round then collects for a grace past `wait_s`, so parts sent
+        within the window reach every member before it closes (session 18)."""
         now = time.monotonic()
-        if now - self._held_since.get(rid, now) >= wait_s:
+        if not joins_in_time(now, self._held_since.get(rid), wait_s):
             held.pop(rid, None)
             self._held_since.pop(rid, None)
             self._settle(rid, False)

@@ -7,6 +7,11 @@ and the streams' plumbing; split out of it in session 14.
 Session 14 (dht.grouping_patience): a piece or reduced shard whose send failed is sent again
 (`SendRetry`), and a shard's recipient is declared lost only when every try failed; the
 round's co-sign deadline moves once for one live reducer late with its shard.
+
+Session 18: a reducer the live view says is gone is lost only past the first co-sign deadline
+(`ShardedRound.tick` decides it, dht.grouping_patience.CosignClock.losses), not the moment a
+flapping view says so; and a round keeps collecting pieces a grace past its join window
+(dht.grouping_patience.grace_s), so a member's pieces sent in time reach every member.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import torch
 
 from dht.budget import StreamLimits
 from dht.grouping import member_check
-from dht.grouping_patience import RESEND_AFTER_S, SendRetry, send_timeout_s
+from dht.grouping_patience import RESEND_AFTER_S, SendRetry, grace_s, send_timeout_s
 from dht.grouping_round import GroupMessageError, GroupRound, RoundId
 from dht.grouping_shards import (
     Piece,
@@ -197,8 +202,9 @@ class ShardedExchange:
         """This member's round by reduce-scatter (--group-scatter): shard j of its part to
         member j, the pieces of its own shards in until the deadline (from when the round's
         first piece was here), its shards reduced and sent to the included members, theirs
-        in until `cosign_s` later; a reducer lost with a shard missing: retry once without
-        it (pieces re-sent to the shards' new reducers) or abandon. `tensor` is what `codec`
+        in until `cosign_s` later; a reducer lost with a shard missing (its sends all failed,
+        or gone from the live view past the co-sign deadline): retry once without it (pieces
+        re-sent to the shards' new reducers) or abandon. `tensor` is what `codec`
         decodes (bf16 and fp32 slices re-encode exactly; any other codec's pieces go fp32)."""
         rid = (header.group_key, header.epoch, header.round)
         self.fetch_wait_s = wait_s  # the fetch round's deadlines (dht.group_exchange_fetch)
@@ -215,6 +221,7 @@ class ShardedExchange:
             wait_s=wait_s,
             cosign_s=cosign_s,
             config=config,
+            grace_s=grace_s(wait_s),
         )
         piece_codec = codec if codec in ("bf16", "fp32") else "fp32"
         with self._running(rid, member, header) as wake:
@@ -228,10 +235,6 @@ class ShardedExchange:
                     blob = out.to_bytes(shard_codec(out.tensor))
                     for peer in member.recipients():
                         self._spawn(self._send_shard(member, rid, peer, blob, cosign_s))
-                if member.phase is Phase.REDUCING:
-                    for peer in member.missing_reducers():
-                        if peer != member.me and not self._is_alive(peer):
-                            member.on_lost(peer)
                 if not member.done:
                     await until_due(wake, member)
             return await self._finish(rid, member)

@@ -500,7 +500,11 @@ class GroupRound:
         wait_s: float,
         cosign_s: float,
         config: ReductionConfig | None = None,
+        grace_s: float = 0.0,
     ) -> None:
+        """`grace_s`: how long past its `wait_s` join window the round keeps collecting
+        (dht.grouping_patience.grace_s); the co-sign deadline stays `cosign_s` past the join
+        window (at least the collection's end), so a round ends within the same bound."""
         self.me = identity.peer_id
         self._identity = identity
         self.members = frozenset(members)
@@ -513,8 +517,8 @@ class GroupRound:
             members=self.members,
             config=config,
         )
-        self.deadline = opened_at + wait_s
-        self.cosign_deadline = self.deadline + cosign_s
+        self.deadline = opened_at + wait_s + grace_s
+        self.cosign_deadline = opened_at + wait_s + max(cosign_s, grace_s)
         self._held: dict[str, Cosign] = {}
         """Signer -> its latest co-signature (one per member: bounded by the group)."""
         if not self.reduction.contribute(header, tensor):

@@ -14,8 +14,10 @@ merge.group_shards' and merge.group_plan's.
   reduced shards out once their pieces are in, the others' in; a reducer lost with a shard
   missing makes the round retry once without it; shards not all in by the co-sign deadline
   abandon it, unless they are one live reducer's (the deadline then moves once:
-  dht.grouping_patience, session 14). Per member and round: about one part out and one in,
-  plus one update in.
+  dht.grouping_patience, session 14). A reducer this member's live view says is gone is lost
+  only past the first co-sign deadline (session 18: views flap under load, and one member
+  retrying alone split the round). Per member and round: about one part out and one in, plus
+  one update in.
 """
 
 from __future__ import annotations
@@ -222,7 +224,11 @@ class ShardedRound:
         wait_s: float,
         cosign_s: float,
         config: ReductionConfig | None = None,
+        grace_s: float = 0.0,
     ) -> None:
+        """`grace_s`: how long past its `wait_s` join window the round keeps collecting
+        (dht.grouping_patience.grace_s); the co-sign deadline stays `cosign_s` past the join
+        window (at least the collection's end), so a round ends within the same bound."""
         self.me = identity.peer_id
         self._identity = identity
         self.members = frozenset(members)
@@ -238,8 +244,9 @@ class ShardedRound:
         )
         self.header, self.digests = header, digests
         self.pieces = torch.tensor_split(tensor.detach().to(torch.float32), len(digests))
-        self.deadline = opened_at + wait_s
-        self.clock = CosignClock(self.deadline + cosign_s, extension_s=cosign_s)
+        self.deadline = opened_at + wait_s + grace_s
+        first = opened_at + wait_s + max(cosign_s, grace_s)
+        self.clock = CosignClock(first, extension_s=cosign_s)
         self._sent: set[tuple[int, str]] = set()
         self._shared: set[tuple[tuple[str, ...], int]] = set()
         if not self.reduction.contribute(header, digests):
@@ -324,9 +331,21 @@ class ShardedRound:
                 r.take_reduced(shard, tensor, signature)
                 if r.phase is not Phase.REDUCING:
                     break
+        if r.phase is Phase.REDUCING:
+            self._lose_by_view(now, alive)
         if r.phase is Phase.REDUCING and self.clock.expired(now, r.missing_reducers(), alive):
             r.expire()
         return out
+
+    def _lose_by_view(self, now: float, alive: Callable[[str], bool]) -> None:
+        """Reducers with a shard missing that `alive` says are gone, once the first co-sign
+        deadline has passed (CosignClock.losses): the round retries without them in the one
+        extra window when it can; else the clock abandons it. Before that deadline one
+        member's flapping live view never retries alone (session 18)."""
+        lost = self.clock.losses(now, self.reduction.missing_reducers(), alive)
+        if lost and self.reduction.can_retry_without(lost):
+            self.reduction.lose_all(lost)
+            self.clock.retried()
 
     def recipients(self) -> list[str]:
         return [m for m in self.reduction.included if m != self.me]

@@ -258,13 +258,25 @@ class ShardedReduction:
         """`member` died (or froze) with a shard of the current attempt not in: the round
         retries once without it (its shards move to the survivors), or abandons. A reducer
         whose shards are all in has done its part and is not lost."""
-        if self.phase is Phase.REDUCING and member in self.missing_reducers():
+        return self.lose_all((member,))
+
+    def lose_all(self, members: Iterable[str]) -> Phase:
+        """`lose` for several reducers found lost at once (one retry without all of them)."""
+        lost = set(members) & set(self.missing_reducers())
+        if self.phase is Phase.REDUCING and lost:
             if self.retries >= self.config.max_retries:
                 self._abandon("reducer_lost")
             else:
                 self.retries += 1
-                self._start(tuple(m for m in self._included if m != member))
+                self._start(tuple(m for m in self._included if m not in lost))
         return self.phase
+
+    def can_retry_without(self, members: Iterable[str]) -> bool:
+        """Whether losing `members` (reducers with a shard missing) would retry, not abandon:
+        a retry left and a quorum without them."""
+        lost = set(members) & set(self.missing_reducers())
+        kept = [m for m in self._included if m not in lost]
+        return bool(lost) and self.retries < self.config.max_retries and len(kept) >= self.quorum
 
     def expire(self) -> Phase:
         """The co-sign deadline passed with shards missing: abandon."""
