@@ -10,8 +10,9 @@ round's co-sign deadline moves once for one live reducer late with its shard.
 
 Session 18: a reducer the live view says is gone is lost only past the first co-sign deadline
 (`ShardedRound.tick` decides it, dht.grouping_patience.CosignClock.losses), not the moment a
-flapping view says so; and a round keeps collecting pieces a grace past its join window
-(dht.grouping_patience.grace_s), so a member's pieces sent in time reach every member.
+flapping view says so, and failed sends no longer make a peer lost; and a round keeps
+collecting pieces a grace past its join window (dht.grouping_patience.grace_s), so a
+member's pieces sent in time reach every member.
 """
 
 from __future__ import annotations
@@ -202,9 +203,9 @@ class ShardedExchange:
         """This member's round by reduce-scatter (--group-scatter): shard j of its part to
         member j, the pieces of its own shards in until the deadline (from when the round's
         first piece was here), its shards reduced and sent to the included members, theirs
-        in until `cosign_s` later; a reducer lost with a shard missing (its sends all failed,
-        or gone from the live view past the co-sign deadline): retry once without it (pieces
-        re-sent to the shards' new reducers) or abandon. `tensor` is what `codec`
+        in until `cosign_s` later; a reducer with a shard missing that the live view says is
+        gone past the co-sign deadline: retry once without it (pieces re-sent to the shards'
+        new reducers) or abandon. `tensor` is what `codec`
         decodes (bf16 and fp32 slices re-encode exactly; any other codec's pieces go fp32)."""
         rid = (header.group_key, header.epoch, header.round)
         self.fetch_wait_s = wait_s  # the fetch round's deadlines (dht.group_exchange_fetch)
@@ -234,7 +235,7 @@ class ShardedExchange:
                 for out in member.tick(time.monotonic(), self._is_alive):
                     blob = out.to_bytes(shard_codec(out.tensor))
                     for peer in member.recipients():
-                        self._spawn(self._send_shard(member, rid, peer, blob, cosign_s))
+                        self._spawn(self._send_shard(member, peer, blob, cosign_s))
                 if not member.done:
                     await until_due(wake, member)
             return await self._finish(rid, member)
@@ -242,28 +243,29 @@ class ShardedExchange:
     async def _send_piece(
         self, member: ShardedRound, peer: str, blob: bytes, timeout_s: float
     ) -> None:
-        """A piece to its shard's member or reducer, tried again after a failure
-        (dht.grouping_patience.SendRetry): a reducer missing one piece holds up the round."""
+        """A piece to its shard's member or reducer, tried again after a failure while the
+        round lasts (dht.grouping_patience.SendRetry): a reducer missing one piece holds up
+        the round."""
         retry = SendRetry()
         while not member.done and not await self._send(peer, "group-piece", blob, timeout_s):
-            if not retry.failed():
+            if not retry.failed(time.monotonic(), until=member.cosign_deadline):
                 return
             await asyncio.sleep(RESEND_AFTER_S)
 
     async def _send_shard(
-        self, member: ShardedRound, rid: RoundId, peer: str, blob: bytes, cosign_s: float
+        self, member: ShardedRound, peer: str, blob: bytes, cosign_s: float
     ) -> None:
-        """A reduced shard to an included member, tried again after a failure; one that every
-        try failed to reach, with a shard of its own missing, is lost (the round retries
-        without it). One failure alone is not a loss: the others reached it and go on with
-        the included set this member would leave (session 13's runs)."""
+        """A reduced shard to an included member, tried again after a failure while the round
+        lasts (dht.grouping_patience.SendRetry). Failed sends never make the peer lost
+        (session 18: under load a member's streams fail for seconds, and a sender that
+        retried without it alone split the round); a dead member is lost by the live view
+        past the co-sign deadline (ShardedRound.tick), and a live one that never got this
+        shard adopts the update it is told of (group-done)."""
         retry, timeout_s = SendRetry(), send_timeout_s(cosign_s)
         while not await self._send(peer, "group-shard", blob, timeout_s):
             if member.done or peer not in member.recipients():
                 return
-            if not retry.failed():
-                if member.on_lost(peer) and rid in self._wakes:
-                    self._wakes[rid].set()
+            if not retry.failed(time.monotonic(), until=member.cosign_deadline):
                 return
             await asyncio.sleep(RESEND_AFTER_S)
 

@@ -11,9 +11,8 @@ events show two causes, neither of them a dead reducer that the round noticed:
   (which reached it) went on with the first included set: the sender and the rest then waited
   for co-signatures over two different sets. `SendRetry`: a failed piece or shard is sent
   again after `RESEND_AFTER_S`, `MAX_SEND_TRIES` tries in all, each bounded by
-  `send_timeout_s`; a recipient is declared lost only when every try failed (a killed
-  peer fails them all within the co-sign window; a peer whose heartbeat has not expired yet
-  is then found lost by the failed sends, not by its heartbeat).
+  `send_timeout_s`; a recipient was declared lost only when every try failed (since session
+  18, never by failed sends: below).
 - **One shard late ended a round.** `CosignClock`: when the co-sign deadline passes with the
   shards of exactly one reducer missing and that reducer alive, the deadline moves once, by
   the co-sign window (one extra deadline); two or more reducers late, or the one late again,
@@ -39,16 +38,25 @@ included member co-signs one set):
   load those views flap (a peer missed for a heartbeat or two), so the live reducer's shard
   came a moment later over the set the others kept. `CosignClock.losses`: the live view may
   declare a reducer lost only once the first co-sign deadline has passed (every live reducer
-  had a whole window); the retry then gets the one extra window (`retried`). A reducer found
-  lost by its failed sends (every `SendRetry` try failed) is still lost at once.
+  had a whole window); the retry then gets the one extra window (`retried`).
+- **A live member declared lost by failed sends.** Session 14 made a shard's recipient lost
+  once every `SendRetry` try failed. Under load a live member's streams fail for seconds (a
+  process without the CPU: this session's after-run, `groups.0b01` round 4, node6's shard
+  reached nobody for 10 s, then everyone); its senders retried without it alone, again two
+  included sets. Failed sends are now tried again while the round lasts (`SendRetry` with
+  `until`: its streams came back at ~+14 s, inside the window) and never make the member
+  lost: a dead member is lost by the live view past the first co-sign deadline, and a live
+  member that never got a shard is told of the completed update (`group-done`) and adopts
+  it.
 
-Not done: re-assigning a late reducer's shard to another member. Doing it by a retry without
-the late member (as for a lost one) lets two different updates complete for one round id: the
-late member, alive, still receives every other reducer's co-signed shard of the first attempt
-and completes it, while the others complete the retry. A retry is safe only for a reducer that
-cannot come back (dead: its sends all fail). Re-assigning with the included set kept would give
-the same aggregate but needs the verifier to accept another member's co-signature for a shard
-(a wider trust rule) and the late member's own piece of its shard, which only it holds.
+Not done: re-assigning a late reducer's shard to another member. Doing it by a retry without the
+late member (as for a lost one) lets two different updates complete for one round id: the late
+member, alive, still receives every other reducer's co-signed shard of the first attempt and
+completes it, while the others complete the retry. A retry is safe only for a reducer that cannot
+come back (dead: gone from every live view by the co-sign deadline). Re-assigning with the included
+set kept would give the same aggregate but needs the verifier to accept another member's
+co-signature for a shard (a wider trust rule) and the late member's own piece of its shard, which
+only it holds.
 """
 
 from __future__ import annotations
@@ -64,7 +72,7 @@ MAX_GRACE_S = 5.0
 (at 16 nodes under load: delivery p95 0.6-0.8 s, deadlines p90 0.8-1.1 s apart), which do not
 grow with the window."""
 MAX_SEND_TRIES = 3
-"""Tries of one piece or reduced shard to one member before giving up on it."""
+"""Tries of one message to one member before giving up on it, where no deadline bounds them."""
 RESEND_AFTER_S = 1.0
 """The pause between two tries of a failed send."""
 
@@ -98,14 +106,18 @@ def joins_in_time(now: float, first_seen: float | None, wait_s: float) -> bool:
 @dataclass
 class SendRetry:
     """One piece's or shard's tries to one member: `failed()` after a try that failed says
-    whether to try again (after RESEND_AFTER_S) or give up (the member is then lost, for a
-    shard whose recipient must co-sign)."""
+    whether to try again (after RESEND_AFTER_S) or give up. With `until` (the round's co-sign
+    deadline, read at each failure: it may move) it tries again while the round can still
+    use the message (session 18); without, MAX_SEND_TRIES tries in all. Giving up never
+    makes the member lost (session 18: the live view does that, past the deadline)."""
 
     tries: int = 0
 
-    def failed(self) -> bool:
-        """A try failed: True to try again, False when MAX_SEND_TRIES were spent."""
+    def failed(self, now: float = 0.0, until: float | None = None) -> bool:
+        """A try failed at `now`: True to try again."""
         self.tries += 1
+        if until is not None:
+            return now + RESEND_AFTER_S < until
         return self.tries < MAX_SEND_TRIES
 
 

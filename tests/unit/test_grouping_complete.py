@@ -24,6 +24,7 @@ from dht.grouping_patience import (
     MAX_GRACE_S,
     MIN_GRACE_S,
     CosignClock,
+    SendRetry,
     collect_s,
     grace_s,
     joins_in_time,
@@ -49,6 +50,8 @@ FIELDS = RoundFields(
 NUMEL = 31
 WAIT_S = COSIGN_S = 10.0
 STEP_S = 0.1
+RETRY_S = 2.0
+"""A failed send's next try (a stream that fails at once, and the pause after it)."""
 
 
 # ---- the pure rules ----------------------------------------------------------------------
@@ -135,13 +138,18 @@ def _rounds_at(size: int, grace: float) -> dict[str, ShardedRound]:
 
 @dataclass
 class Swarm:
-    """Members of one round as dht.group_exchange runs them: a member opens when its training
-    ends (`ready`), joining while its window lasts (`joins_in_time`, from the first piece
-    held for it), and collects a grace longer; messages arrive `delay` seconds after they were
-    sent; `dead` members stop sending at `dies` (and are gone from every view 4 s later);
-    `flaps[m]` are the times m's view says every other member is gone (for one step).
-    `old_rules`: as before session 18 (no grace: a member closes when its join window ends;
-    a reducer its view says is gone is lost at once, by the exchange's loop)."""
+    """Members of one round as dht.group_exchange runs them: a member opens when its training ends
+    (`ready`), joining while its window lasts (`joins_in_time`, from the first piece held for
+    it), and collects a grace longer; messages arrive `delay` seconds after they were sent;
+    `dead` members stop sending at `dies` (and are gone from every view 4 s later); `flaps[m]`
+    are the times m's view says every other member is gone (for one step); `blocked[m]` is a
+    span in which every send from m fails (its streams do not open; it still receives): a failed
+    piece or shard is tried again `RETRY_S` later, as the exchange does (`SendRetry`: while the
+    round lasts; before session 18, MAX_SEND_TRIES tries). A member that completes tells the
+    others (group-done), and one still running adopts the update. `old_rules`: as before session
+    18 (no grace: a member closes when its join window ends; a reducer its view says is gone is
+    lost at once, by the exchange's loop; a shard's recipient every try failed to reach is
+    lost)."""
 
     size: int
     ready: dict[str, float]
@@ -154,15 +162,40 @@ class Swarm:
     first_seen: dict[str, float] = field(default_factory=dict)
     ended: dict[str, float] = field(default_factory=dict)
     in_flight: list[tuple[float, str, str, str, bytes]] = field(default_factory=list)
+    blocked: dict[str, tuple[float, float]] = field(default_factory=dict)
+    tries: list[tuple[float, str, str, str, bytes, int]] = field(default_factory=list)
     old_rules: bool = False
 
     def alive(self, viewer: str, now: float) -> Callable[[str], bool]:
         flapping = any(abs(now - t) < STEP_S / 2 for t in self.flaps.get(viewer, []))
         return lambda p: not flapping and now < self.dies.get(p, 1e9) + 4.0
 
-    def send(self, now: float, sender: str, peer: str, kind: str, blob: bytes) -> None:
-        if now < self.dies.get(sender, 1e9):
-            self.in_flight.append((now + self.delay[sender], sender, peer, kind, blob))
+    def is_blocked(self, member: str, now: float) -> bool:
+        start, end = self.blocked.get(member, (-1.0, -1.0))
+        return start <= now < end
+
+    def send(
+        self, now: float, sender: str, peer: str, kind: str, blob: bytes, tries: int = 1
+    ) -> None:
+        if now >= self.dies.get(sender, 1e9):
+            return
+        if kind == "done" and self.is_blocked(sender, now):
+            return  # one try (a notice only saves a fetch)
+        if self.is_blocked(sender, now):
+            member = self.rounds[sender]
+            until = None if self.old_rules else member.cosign_deadline
+            if SendRetry(tries - 1).failed(now, until):
+                self.tries.append((now + RETRY_S, sender, peer, kind, blob, tries + 1))
+            elif self.old_rules and kind == "shard" and peer in member.recipients():
+                member.on_lost(peer)  # session 14: every try failed, lost
+            return
+        self.in_flight.append((now + self.delay[sender], sender, peer, kind, blob))
+
+    def retry_sends(self, now: float) -> None:
+        due = [t for t in self.tries if t[0] <= now]
+        self.tries = [t for t in self.tries if t[0] > now]
+        for _when, sender, peer, kind, blob, tries in due:
+            self.send(now, sender, peer, kind, blob, tries)
 
     def deliver(self, now: float) -> None:
         due = [m for m in self.in_flight if m[0] <= now]
@@ -171,6 +204,10 @@ class Swarm:
             if now >= self.dies.get(peer, 1e9) or peer in self.late:
                 continue
             member = self.rounds.get(peer)
+            if kind == "done":
+                if member is not None and not member.done:
+                    member.adopt(self.rounds[sender].outcome)  # type: ignore[arg-type]
+                continue
             if kind == "piece":
                 piece = decode_piece(blob, NUMEL)
                 if member is not None:
@@ -198,6 +235,7 @@ class Swarm:
             member.on_piece(piece)
 
     def step(self, now: float) -> None:
+        self.retry_sends(now)
         self.deliver(now)
         for ident in IDS[: self.size]:
             me = ident.peer_id
@@ -223,6 +261,9 @@ class Swarm:
                         member.on_lost(peer)
             if member.done:
                 self.ended[me] = now
+                if isinstance(member.outcome, GroupUpdate):
+                    for peer in member.others():
+                        self.send(now, me, peer, "done", b"")
 
     def run(self) -> Swarm:
         now = 0.0
@@ -235,11 +276,13 @@ class Swarm:
         """Every member's round ended (or it died) and nothing is in flight."""
         gone = [m for m, t in self.dies.items() if now >= t]
         ids = [i.peer_id for i in IDS[: self.size]]
-        return not self.in_flight and all(m in self.ended or m in gone for m in ids)
+        settled = all(m in self.ended or m in gone for m in ids)
+        return not self.in_flight and not self.tries and settled
 
 
 def _swarm(size: int, ready: list[float], delays: list[float], dies: dict[int, float],
-           flaps: dict[int, list[float]], old_rules: bool = False) -> Swarm:  # fmt: skip
+           flaps: dict[int, list[float]], old_rules: bool = False,
+           blocked: dict[int, tuple[float, float]] | None = None) -> Swarm:  # fmt: skip
     ids = [i.peer_id for i in IDS[:size]]
     return Swarm(
         size,
@@ -247,6 +290,7 @@ def _swarm(size: int, ready: list[float], delays: list[float], dies: dict[int, f
         delay=dict(zip(ids, delays, strict=False)),
         dies={ids[k]: t for k, t in dies.items() if k < size},
         flaps={ids[k]: ts for k, ts in flaps.items() if k < size},
+        blocked={ids[k]: span for k, span in (blocked or {}).items() if k < size},
         old_rules=old_rules,
     ).run()
 
@@ -278,11 +322,14 @@ def test_a_reducer_dead_after_its_pieces_is_retried_without_at_the_cosign_deadli
     assert max(t for m, t in swarm.ended.items() if m != gone) <= WAIT_S + 2 * COSIGN_S + 0.5
 
 
-NODE15 = {"size": 7, "ready": [1.8, 0.0, 1.0, 1.3, 1.3, 0.8, 1.6], "delays": [0.3] * 7,
-          "dies": {}, "flaps": {6: [2.3, 2.4, 2.5]}}  # fmt: skip
+NODE15: dict[str, Any] = {
+    "size": 7, "ready": [1.8, 0.0, 1.0, 1.3, 1.3, 0.8, 1.6], "delays": [0.3] * 7, "dies": {},
+    "flaps": {6: [2.3, 2.4, 2.5]},
+}  # fmt: skip
 """Session 15's groups.0b10 round 5 (7 members in within 2.2 s; node15's view flapped)."""
-LAST_SECOND = {"size": 5, "ready": [0.0, 6.9, 8.1, 8.3, 9.9], "delays": [0.4] * 5, "dies": {},
-               "flaps": {}}  # fmt: skip
+LAST_SECOND: dict[str, Any] = {
+    "size": 5, "ready": [0.0, 6.9, 8.1, 8.3, 9.9], "delays": [0.4] * 5, "dies": {}, "flaps": {},
+}  # fmt: skip
 """Session 15's groups.0b01 rounds 2 and 7 (a member ready just before the deadline)."""
 
 
@@ -295,14 +342,34 @@ def test_rounds_that_the_rules_before_session_18_split_now_complete(case: dict[s
     assert len(after.rounds) == case["size"] and not after.late
 
 
+STALLED: dict[str, Any] = {
+    "size": 7, "ready": [0.0, 1.4, 1.8, 1.9, 2.6, 3.0, 3.2], "delays": [0.3] * 7, "dies": {},
+    "flaps": {}, "blocked": {4: (3.4, 14.0), 6: (3.4, 14.0)},
+}  # fmt: skip
+"""Session 18's first after-run, groups.0b01 round 4 (7 members in within 3.2 s): node6's and
+node15's shards reached nobody for 10 s (they received the others'); each missed the other's,
+and once its tries were spent each retried without the other at ~+14 s, alone; the other
+five, two shards missing, abandoned at +20 s."""
+
+
+def test_a_member_whose_streams_fail_for_seconds_is_not_lost_by_its_peers() -> None:
+    before = _swarm(**STALLED, old_rules=True)
+    after = _swarm(**STALLED)
+    assert not all(isinstance(r.outcome, GroupUpdate) for r in before.rounds.values())
+    outcomes = [r.outcome for r in after.rounds.values()]
+    assert all(isinstance(o, GroupUpdate) and len(o.contributions) == 7 for o in outcomes)
+
+
 times = st.sampled_from([0.0, 0.5, 1.0, 2.0, 4.0, 6.0, 7.0, 8.5, 9.0, 9.8, 10.2, 11.0, 13.0])
 
 
 @settings(max_examples=40, deadline=None)
 @example(size=7, ready=[1.8, 0.0, 1.0, 1.3, 1.3, 0.8, 1.6], delays=[0.3] * 7, dead=[],
-         dead_at=0.0, flaps={6: [2.3, 2.4, 2.5]})  # fmt: skip
+         dead_at=0.0, flaps={6: [2.3, 2.4, 2.5]}, blocked={})  # fmt: skip
 @example(size=5, ready=[0.0, 6.9, 8.1, 8.3, 9.9], delays=[0.4] * 5, dead=[], dead_at=0.0,
-         flaps={})  # fmt: skip
+         flaps={}, blocked={})  # fmt: skip
+@example(size=7, ready=[0.0, 1.4, 1.8, 1.9, 2.6, 3.0, 3.2], delays=[0.3] * 7, dead=[],
+         dead_at=0.0, flaps={}, blocked={4: (3.4, 14.0), 6: (3.4, 14.0)})  # fmt: skip
 @given(
     size=st.integers(3, 7),
     ready=st.lists(times, min_size=7, max_size=7),
@@ -312,6 +379,13 @@ times = st.sampled_from([0.0, 0.5, 1.0, 2.0, 4.0, 6.0, 7.0, 8.5, 9.0, 9.8, 10.2,
     flaps=st.dictionaries(
         st.integers(0, 6), st.lists(st.floats(0.0, 40.0).map(lambda t: round(t, 1)), max_size=6)
     ),
+    blocked=st.dictionaries(
+        st.integers(0, 6),
+        st.tuples(st.sampled_from([2.0, 5.0, 12.0]), st.sampled_from([3.0, 8.0, 14.0])).map(
+            lambda s: (s[0], s[0] + s[1])
+        ),
+        max_size=2,
+    ),
 )
 def test_rounds_complete_alike_or_abandon_within_one_extra_deadline(
     size: int,
@@ -320,12 +394,20 @@ def test_rounds_complete_alike_or_abandon_within_one_extra_deadline(
     dead: list[int],
     dead_at: float,
     flaps: dict[int, list[float]],
+    blocked: dict[int, tuple[float, float]],
 ) -> None:
-    swarm = _swarm(size, ready, delays, {k: dead_at for k in dead}, flaps)
+    swarm = _swarm(size, ready, delays, {k: dead_at for k in dead}, flaps, blocked=blocked)
     ids = [i.peer_id for i in IDS[:size]]
     gone = {ids[k] for k in dead if k < size}
     live = [m for m in ids if m not in gone]
-    updates = [r.outcome for r in swarm.rounds.values() if isinstance(r.outcome, GroupUpdate)]
+    # Live members only: a member that completed and then died before its shard got out
+    # holds the first attempt's update while the others retry without it (as before
+    # session 18; docs/scale.md, "Session 18", left).
+    updates = [
+        r.outcome
+        for m, r in swarm.rounds.items()
+        if m not in gone and isinstance(r.outcome, GroupUpdate)
+    ]
     first_open = min(ready[: len(ids)])
     for m in live:
         assert m in swarm.ended, "every live member's round ends"
@@ -341,7 +423,7 @@ def test_rounds_complete_alike_or_abandon_within_one_extra_deadline(
         assert torch.equal(update.aggregate, updates[0].aggregate)
     joined = [m for m in live if m in swarm.rounds]
     quorum = (size + 1) // 2
-    if not gone and len(joined) >= quorum:  # deliveries within the margin: all complete
+    if not gone and not blocked and len(joined) >= quorum:  # deliveries within the grace
         assert all(isinstance(swarm.rounds[m].outcome, GroupUpdate) for m in joined), [
             (swarm.rounds[m].outcome, swarm.rounds[m].phase is Phase.REDUCING) for m in joined
         ]

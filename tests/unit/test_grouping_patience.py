@@ -1,12 +1,13 @@
-"""Slow reducers (dht/grouping_patience.py, dht/grouping_shards.py): one live reducer late
-with its co-signed shard gets one more co-sign window, a failed send is tried again before
-its recipient counts as lost, and a round either completes with every shard co-signed over
-one included set of at least a quorum, the same on every member, or is abandoned; never
-later than one extra deadline."""
+"""Slow reducers (dht/grouping_patience.py, dht/grouping_shards.py): one live reducer late with its
+co-signed shard gets one more co-sign window, a failed send is tried again (and since session 18
+never makes its recipient lost), and a round either completes with every shard co-signed over one
+included set of at least a quorum, the same on every member, or is abandoned; never later than
+one extra deadline."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -175,12 +176,12 @@ def _exchange(fails: int) -> tuple[GroupExchange, list[str]]:
     return node, sent
 
 
-@pytest.mark.parametrize(
-    ("fails", "lost"), [(1, False), (MAX_SEND_TRIES - 1, False), (MAX_SEND_TRIES, True)]
-)
-def test_a_shard_send_that_fails_is_tried_again_before_its_peer_is_lost(
-    fails: int, lost: bool, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("fails", [1, MAX_SEND_TRIES - 1, MAX_SEND_TRIES, 2 * MAX_SEND_TRIES])
+def test_a_shard_send_is_tried_again_while_the_round_lasts_and_never_makes_its_peer_lost(
+    fails: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Session 18: under load a live member's streams fail for seconds; a sender that retried
+    without it alone split the round. A dead member is lost by the live view instead."""
     monkeypatch.setattr(group_exchange_shards, "RESEND_AFTER_S", 0.0)
     rounds = _rounds(3)
     member = rounds[IDS[0].peer_id]
@@ -190,8 +191,18 @@ def test_a_shard_send_that_fails_is_tried_again_before_its_peer_is_lost(
                 blob = encode_piece(other.header, other.digests, shard, other.pieces[shard], "bf16")
                 member.on_piece(decode_piece(blob, NUMEL))
     member.tick(WAIT_S)
+    member.clock.deadline = time.monotonic() + 60.0  # the round still runs
     node, sent = _exchange(fails)
     peer = IDS[1].peer_id
-    asyncio.run(node._send_shard(member, member.round_id, peer, b"x", COSIGN_S))
-    assert len(sent) == min(fails + 1, MAX_SEND_TRIES)
-    assert (peer not in member.reduction.included) is lost
+    asyncio.run(node._send_shard(member, peer, b"x", COSIGN_S))
+    assert len(sent) == fails + 1  # until it got through
+    assert peer in member.reduction.included
+    member.clock.deadline = 0.0  # the round is over: one try, then no more
+    node, sent = _exchange(fails)
+    asyncio.run(node._send_shard(member, peer, b"x", COSIGN_S))
+    assert len(sent) == 1 and peer in member.reduction.included
+
+
+def test_without_a_deadline_a_send_is_tried_max_send_tries_times() -> None:
+    retry = SendRetry()
+    assert [retry.failed(5.0, until=10.0), retry.failed(9.5, until=10.0)] == [True, False]
