@@ -37,8 +37,8 @@ def _rank(rank: int, world_size: int, tmp: str) -> None:
     """Both ways of sharing the model, one after the other, in one pair of processes; then
     the rank exits at once, as a follower of a node does (node.multigpu._exit_follower): the
     modules still hold their gloo groups, whose threads torn down in the interpreter's
-    finalization aborted rank 1 once in CI (SIGABRT, "terminate called without an active
-    exception"; session 17) after everything it was asked had been done and saved."""
+    finalization are the likeliest cause of rank 1's abort once in CI (SIGABRT, "terminate
+    called without an active exception"; session 17)."""
     torch.set_num_threads(1)
     for parallel in PARALLEL_CHOICES:
         dist.init_process_group(
