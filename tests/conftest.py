@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +64,8 @@ def run_cli(
 # Two pytest-xdist workers (pyproject's addopts: `-n 2 --dist loadgroup`) and three groups,
 # each run whole by one worker (docs/testing.md, "Where the suite's time goes"):
 # - "processes": the swarm tests (real node processes talking to each other, the `swarm`
-#   marker, tests/swarm), one after another on one worker as without xdist, so no two
-#   swarms ever share the machine; they are the suite's wall time;
+#   marker, tests/swarm, less those marked `lone`), one after another on one worker as
+#   without xdist, so no two swarms ever share the machine; they are the suite's wall time;
 # - "single": the other tests outside tests/unit (CLI runs, a lone node, the dashboard app,
 #   the benches' wiring, the docs), on the other worker first, at normal priority;
 # - "unit": the unit tests, on that worker after them, which then lowers its own priority to
@@ -83,10 +84,12 @@ SWARM_TESTS = REPO / "tests" / "swarm"
 UNIT_NICENESS = 19
 
 
-def test_group(item: pytest.Item) -> str:
+def group_of(item: pytest.Item) -> str:
     """The xdist group `item` runs in (see above)."""
     if UNIT_TESTS in item.path.parents:
         return UNIT_GROUP
+    if item.get_closest_marker("lone"):
+        return SINGLE_GROUP
     if SWARM_TESTS in item.path.parents or item.get_closest_marker("swarm"):
         return PROCESS_GROUP
     return SINGLE_GROUP
@@ -95,14 +98,20 @@ def test_group(item: pytest.Item) -> str:
 @pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups into the test ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(test_group(item)))
+        item.add_marker(pytest.mark.xdist_group(group_of(item)))
+
+
+def next_group(queued: Iterable[str]) -> str | None:
+    """Of the groups still queued, the one GROUP_ORDER hands out first (None: none of them)."""
+    waiting = set(queued)
+    return next((group for group in GROUP_ORDER if group in waiting), None)
 
 
 class GroupsInOrder(LoadGroupScheduling):
     """loadgroup, handing out the groups in GROUP_ORDER to whichever worker asks next."""
 
     def _assign_work_unit(self, node: WorkerController) -> None:
-        first = next((g for g in GROUP_ORDER if g in self.workqueue), None)
+        first = next_group(self.workqueue)
         if first is not None:
             self.workqueue.move_to_end(first, last=False)
         super()._assign_work_unit(node)
