@@ -156,7 +156,7 @@ class PatientAttacks(AdversaryPeer):
         updates along the momentum claiming LEARNER_CLAIM learners each: the learner floor
         then sizes every honest update as a share of a far larger swarm. The updates are
         pushed by this node and offered in its repair summaries (a Sybil key has no host)."""
-        authors = self.sybils[:SYBIL_LEARNERS]
+        authors = self.sybils[-SYBIL_LEARNERS:]  # the last: bad_heartbeats signs with the first
         seqs = dict.fromkeys((s.peer_id for s in authors), 0)
         self._sybil_beats(authors, seqs)
         time.sleep(2 * self.swarm.config.heartbeat_period_s)  # honest nodes read them

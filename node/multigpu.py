@@ -7,7 +7,10 @@ composes each.
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -54,7 +57,7 @@ def run_ranked_join(config: JoinConfig, rank: RankInfo) -> int:
     if not rank.is_leader:
         configure_logging("WARNING", "rich")
         follow(compose_follower(config, _shared_peer_id(config, rank), device))
-        return 0
+        _exit_follower()
     configure_logging(config.log_level, config.log_format)
     _shared_peer_id(config, rank)
     events = build_events(config)
@@ -70,6 +73,18 @@ def run_ranked_join(config: JoinConfig, rank: RankInfo) -> int:
     finally:
         events.close()
     return 0
+
+
+def _exit_follower() -> NoReturn:
+    """A follower that left the process group with every rank (node.distributed._leave_group)
+    exits at once, skipping the interpreter's teardown: its DDP or FSDP module still holds the
+    gloo group, whose worker threads torn down during finalization can abort the process
+    ("terminate called without an active exception", a rank of tests/node/test_distributed.py
+    in CI, session 17). Rank 0 saves and reports everything; a follower has nothing to flush
+    but its console."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _shared_peer_id(config: JoinConfig, rank: RankInfo) -> str:

@@ -6,12 +6,16 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from hypothesis import settings
+from xdist.remote import Producer
+from xdist.scheduler import LoadGroupScheduling
+from xdist.workermanage import WorkerController
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -57,25 +61,64 @@ def run_cli(
     return proc.returncode, events, proc.stderr
 
 
-# Two pytest-xdist workers (pyproject's addopts: `-n 2 --dist loadgroup`) and two groups: every
-# test outside tests/unit (real node processes, CLI runs, the browser, benches) in one, run on
-# one worker one after another as without xdist, so no two swarms ever share the machine; the
-# unit tests in the other, on the other worker (loadgroup gives each group whole to one worker,
-# so a unit test never runs on the process worker and lowers its nodes' priority), which lowers
-# its own priority to the lowest, so they take only the CPU the node processes leave idle
-# (waits for timers, paced steps) and never slow a real-process test's timing
-# (docs/testing.md, "Where the suite's time goes").
+# Two pytest-xdist workers (pyproject's addopts: `-n 2 --dist loadgroup`) and three groups,
+# each run whole by one worker (docs/testing.md, "Where the suite's time goes"):
+# - "processes": the swarm tests (real node processes talking to each other, the `swarm`
+#   marker, tests/swarm, less those marked `lone`), one after another on one worker as
+#   without xdist, so no two swarms ever share the machine; they are the suite's wall time;
+# - "single": the other tests outside tests/unit (CLI runs, a lone node, the dashboard app,
+#   the benches' wiring, the docs), on the other worker first, at normal priority;
+# - "unit": the unit tests, on that worker after them, which then lowers its own priority to
+#   the lowest, so they take only the CPU the node processes leave idle (waits for timers,
+#   paced steps) and never slow a real-process test's timing.
+# loadgroup would queue the groups by size (unit, single, processes) and so start the swarm
+# tests only once a worker had finished the single ones; GroupsInOrder queues them in
+# GROUP_ORDER: the swarm tests start at once, and the unit tests come after the single ones
+# on their worker (a niceness is only ever raised, which needs no privilege).
 PROCESS_GROUP = "processes"
+SINGLE_GROUP = "single"
 UNIT_GROUP = "unit"
+GROUP_ORDER = (SINGLE_GROUP, PROCESS_GROUP, UNIT_GROUP)
 UNIT_TESTS = REPO / "tests" / "unit"
+SWARM_TESTS = REPO / "tests" / "swarm"
 UNIT_NICENESS = 19
+
+
+def group_of(item: pytest.Item) -> str:
+    """The xdist group `item` runs in (see above)."""
+    if UNIT_TESTS in item.path.parents:
+        return UNIT_GROUP
+    if item.get_closest_marker("lone"):
+        return SINGLE_GROUP
+    if SWARM_TESTS in item.path.parents or item.get_closest_marker("swarm"):
+        return PROCESS_GROUP
+    return SINGLE_GROUP
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups into the test ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        unit = UNIT_TESTS in item.path.parents
-        item.add_marker(pytest.mark.xdist_group(UNIT_GROUP if unit else PROCESS_GROUP))
+        item.add_marker(pytest.mark.xdist_group(group_of(item)))
+
+
+def next_group(queued: Iterable[str]) -> str | None:
+    """Of the groups still queued, the one GROUP_ORDER hands out first (None: none of them)."""
+    waiting = set(queued)
+    return next((group for group in GROUP_ORDER if group in waiting), None)
+
+
+class GroupsInOrder(LoadGroupScheduling):
+    """loadgroup, handing out the groups in GROUP_ORDER to whichever worker asks next."""
+
+    def _assign_work_unit(self, node: WorkerController) -> None:
+        first = next_group(self.workqueue)
+        if first is not None:
+            self.workqueue.move_to_end(first, last=False)
+        super()._assign_work_unit(node)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> GroupsInOrder | None:
+    return GroupsInOrder(config, log) if config.getoption("dist") == "loadgroup" else None
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

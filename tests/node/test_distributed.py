@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -33,13 +34,18 @@ def _genesis() -> tuple[torch.nn.Module, torch.Tensor]:
 
 
 def _rank(rank: int, world_size: int, tmp: str) -> None:
-    """Both ways of sharing the model, one after the other, in one pair of processes."""
+    """Both ways of sharing the model, one after the other, in one pair of processes; then
+    the rank exits at once, as a follower of a node does (node.multigpu._exit_follower): the
+    modules still hold their gloo groups, whose threads torn down in the interpreter's
+    finalization are the likeliest cause of rank 1's abort once in CI (SIGABRT, "terminate
+    called without an active exception"; session 17)."""
     torch.set_num_threads(1)
     for parallel in PARALLEL_CHOICES:
         dist.init_process_group(
             "gloo", init_method=f"file://{tmp}/rendezvous-{parallel}", rank=rank, world_size=2
         )
         _one_node(rank, parallel, Path(tmp) / f"{parallel}.pt")
+    os._exit(0)
 
 
 def _one_node(rank: int, parallel: str, out: Path) -> None:

@@ -15,7 +15,7 @@ from dht.swarm_config import SwarmConfig, SwarmError
 from merge.identity import Identity
 from tests.timeouts import covering
 
-pytestmark = pytest.mark.swarm
+pytestmark = [pytest.mark.swarm, pytest.mark.lone]  # two daemons, no node: beside the swarm tests
 START_S = 30.0
 
 

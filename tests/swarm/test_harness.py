@@ -8,7 +8,7 @@ import pytest
 
 from tests.swarm.conftest import NodeProcess
 
-pytestmark = pytest.mark.swarm
+pytestmark = [pytest.mark.swarm, pytest.mark.lone]  # one node at a time: beside the swarm tests
 Launch = Callable[..., NodeProcess]
 TINY = ["--model", "tiny", "--threads", "1"]
 

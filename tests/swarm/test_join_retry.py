@@ -81,6 +81,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@pytest.mark.lone  # one node at a time: beside the swarm tests
 @pytest.mark.timeout(covering(3 * START_S, EXIT_S))
 def test_a_known_member_whose_bootstrap_accepts_tcp_but_speaks_no_libp2p_trains_alone(
     launch: Launch,

@@ -204,26 +204,30 @@ def doctors(lab: NatLab, *runs: tuple[str, ...]) -> list[tuple[int, str]]:
         return list(pool.map(lambda run: doctor(lab, *run), runs))
 
 
-@pytest.mark.timeout(covering(START_S, DOCTOR_S))
-def test_doctor_tells_a_public_node_a_nated_one_and_one_with_a_dead_bootstrap_apart(
-    lab: NatLab, in_namespace: Launch
-) -> None:
-    _, maddr = public_node(lab, in_namespace)
-    relay = maddr.rsplit("/p2p/", 1)[1]
+def diagnose(lab: NatLab, maddr: str) -> list[tuple[int, str]]:
+    """`diloco-node doctor` against the public node `maddr`, three at once: on a second
+    public machine, behind the symmetric NAT, and with a dead bootstrap address."""
     public = f"/ip4/{lab.public_address(0)}/tcp/{PUBLIC_PORT + 1}"
     dead = maddr.replace(f"/tcp/{PUBLIC_PORT}/", f"/tcp/{PUBLIC_PORT + 2}/")
-    (code, out), (nated_code, nated), (dead_code, dead_out) = doctors(
+    return doctors(
         lab,
         (lab.public(0), "--peers", maddr, "--port", str(PUBLIC_PORT + 1), "--announce", public),
         (lab.host(1), "--peers", maddr),  # behind the symmetric NAT
         (lab.host(0), "--peers", dead),
     )
+
+
+def doctor_tells_them_apart(lab: NatLab, maddr: str, diagnosed: list[tuple[int, str]]) -> None:
+    """The doctors of `diagnose`: a public node, a NATed one, one with a dead bootstrap."""
+    (code, out), (nated_code, nated), (dead_code, dead_out) = diagnosed
+    relay = maddr.rsplit("/p2p/", 1)[1]
     assert code == 0 and "reachability: public" in out, out
 
     assert nated_code == 0, nated
     assert f"behind a NAT, reachable through relay {relay}" in nated, nated
     assert f"{maddr}/p2p-circuit/p2p/" in nated, nated
 
+    dead = maddr.replace(f"/tcp/{PUBLIC_PORT}/", f"/tcp/{PUBLIC_PORT + 2}/")
     assert dead_code == 1, dead_out
     assert f"bootstrap {dead}: refused (nothing listens on {lab.public_address(0)} port" in dead_out
     assert "check --peers" in dead_out
@@ -276,18 +280,25 @@ theirs), reserved a slot with it again and merges the other home's updates withi
 (the homes dial at most 15 s apart; go-libp2p's autorelay would wait an hour)."""
 
 
-@pytest.mark.timeout(covering(4 * START_S, 2 * NAT_MERGE_S, 2 * SLOT_S, 6 * REFOUND_S))
-def test_homes_find_the_public_node_again_after_it_restarts_on_its_address(
+@pytest.mark.timeout(covering(4 * START_S, 2 * NAT_MERGE_S, 2 * SLOT_S, DOCTOR_S, 6 * REFOUND_S))
+def test_doctor_tells_nodes_apart_and_homes_find_the_public_node_again_after_it_restarts(
     lab: NatLab, in_namespace: Launch
 ) -> None:
+    """The doctors run while the homes join (one public node's start for both: each doctor
+    waits on the network most of its time, the homes on their relay reservations)."""
     public, maddr = public_node(lab, in_namespace)
     relay = maddr.rsplit("/p2p/", 1)[1]
-    homes = start_homes(lab, in_namespace, maddr)
-    cone, symmetric = homes
-    slot = f"behind a NAT, reachable through relay {relay}"
-    for node, other in ((cone, symmetric), (symmetric, cone)):
-        wait_merged(node, other.peer_id, timeout_s=NAT_MERGE_S)
-        node.wait_for(lambda e: e["event"] == "reachability" and e["line"] == slot, SLOT_S, "slot")
+    with ThreadPoolExecutor(1) as pool:
+        diagnosed = pool.submit(diagnose, lab, maddr)
+        homes = start_homes(lab, in_namespace, maddr)
+        cone, symmetric = homes
+        slot = f"behind a NAT, reachable through relay {relay}"
+        for node, other in ((cone, symmetric), (symmetric, cone)):
+            wait_merged(node, other.peer_id, timeout_s=NAT_MERGE_S)
+            node.wait_for(
+                lambda e: e["event"] == "reachability" and e["line"] == slot, SLOT_S, "slot"
+            )
+        doctor_tells_them_apart(lab, maddr, diagnosed.result(timeout=DOCTOR_S))
 
     public.crash()  # kill -9 of the node, its DHT and its p2pd; same home, port and identity
     killed_at = time.time()
