@@ -56,16 +56,18 @@ from merge.shard_fetch import (
     MAX_HOLDERS,
     Composition,
     Proposal,
+    StateBlock,
     UpdateId,
     compose,
     cut_slice,
     incoming_of_headers,
     pieces_problem,
+    state_blocks,
     variant_digest,
     wanted_shards,
 )
 from merge.shard_member import MemberRound
-from merge.shard_round import Incoming, ShardRound
+from merge.shard_round import Incoming, ShardRound, state_tensors
 
 if TYPE_CHECKING:
     from dht.network import SwarmNetwork
@@ -85,6 +87,9 @@ MAX_HELD_FETCH_ROUNDS = 4
 """Fetch rounds whose messages are held before this node opens them."""
 MAX_KNOWN_KEYS = 64
 POLL_S = 0.05
+STATE_CHECKS = ("gram_wrong_state", "sums_direction")
+"""MemberRound's failures that replicas of one applied set in other orders earn as well as a
+liar: counted as a state that differs (`num_state_differs`), never against the peer."""
 
 T = TypeVar("T")
 
@@ -176,6 +181,9 @@ class FetchExchange:
         """This node's group keys (its rounds'): their updates are never held back."""
         self._inboxes: dict[RoundId, Inbox] = {}
         self._held_inboxes: OrderedDict[RoundId, Inbox] = OrderedDict()
+        self.num_state_differs = 0
+        """Fetch rounds that fell back because members' replicas were at other states (at
+        the proposals, or at the part or sums checks): nobody's fault, no refusal counted."""
 
     async def register_fetch(self) -> None:
         if self.shard_fetch:
@@ -360,12 +368,16 @@ class FetchExchange:
         others = [m for m in members if m != me]
         await self._until(lambda: self._applied((rid[0], update.seq)), wait_s, "own_not_applied")
         await self._collect(update.seq, wait_s / 2)
-        proposal = self._proposal()
+        loop = asyncio.get_running_loop()
+        base, states = await loop.run_in_executor(None, self._state, len(members))
+        proposal = self._proposal(base, states)
         inbox.proposed = [f"{key}#{seq}" for key, seq in proposal.candidates]
         await self._broadcast(rid, others, "propose", proposal_body(proposal), ())
         got = await inbox.wait("propose", others, time.monotonic() + wait_s)
         proposals = {me: proposal} | {s: self._parsed(proposal_of, m) for s, m in got.items()}
         composition = compose(proposals, members)
+        if composition == "state_differs":
+            self.num_state_differs += 1
         if isinstance(composition, str):
             raise Fallback(composition)
         if not composition.ids:
@@ -398,14 +410,19 @@ class FetchExchange:
         while not complete() and time.monotonic() < deadline:
             await asyncio.sleep(POLL_S)
 
-    def _proposal(self) -> Proposal:
+    def _state(self, num_members: int) -> tuple[tuple[int, str], tuple[StateBlock, ...]]:
+        """The replica's base and its state blocks over the round's slices, read at one
+        moment (under the replica's lock; off the loop: a pass over the state)."""
         assert self._merge is not None
         replica = self._merge.pipeline.replica
         with replica.lock:
             base = (replica.num_applied, replica.applied_digest())
+            return base, state_blocks(state_tensors(replica), num_members)
+
+    def _proposal(self, base: tuple[int, str], states: tuple[StateBlock, ...]) -> Proposal:
         wanted = [uid for uid in self._candidates if not self._applied(uid)]
         ids = sorted(wanted)[:MAX_CANDIDATES]
-        return Proposal(base, {uid: self._candidates[uid] for uid in ids})
+        return Proposal(base, {uid: self._candidates[uid] for uid in ids}, states)
 
     def _parsed(self, parse: Callable[[FetchMessage], T], message: FetchMessage) -> T:
         try:
@@ -507,6 +524,15 @@ class FetchExchange:
             return None
         return update, cut_slice(update.num_shards, self.numel, pieces, start, end)
 
+    def _refused(self, reason: str, sender: str, failed: str | None) -> None:
+        """A part or sums that failed MemberRound's checks: counted against `sender`, but for
+        a state check (`STATE_CHECKS`), which an honest member on another state fails too."""
+        if failed is not None and failed.split(" ")[0] in STATE_CHECKS:
+            self.num_state_differs += 1
+            logger.info("fetch round: %s (a state that differs, not a refusal)", failed)
+            return
+        self._reject(reason, sender, f"{failed}")
+
     async def _merge_round(
         self,
         rid: RoundId,
@@ -527,7 +553,7 @@ class FetchExchange:
             if theirs != variants:
                 raise Fallback("variant_differs")
             if not member.part_from(sender, gram):
-                self._reject("group_fetch_part_refused", sender, f"{member.failed}")
+                self._refused("group_fetch_part_refused", sender, member.failed)
                 raise Fallback(member.failed or "part_refused")
         if await loop.run_in_executor(None, member.decide) is None:
             raise Fallback(member.failed or "undecided")
@@ -537,7 +563,7 @@ class FetchExchange:
         deadline = time.monotonic() + self.fetch_wait_s
         for sender, message in (await inbox.wait("sums", others, deadline)).items():
             if not member.sums_from(sender, message.tensors):
-                self._reject("group_fetch_sums_refused", sender, f"{member.failed}")
+                self._refused("group_fetch_sums_refused", sender, member.failed)
                 raise Fallback(member.failed or "sums_refused")
         results = await loop.run_in_executor(None, member.apply)
         if results is None:

@@ -2,12 +2,14 @@
 updates a fetch round merges (`compose`, the same set at every member), which shards of an
 update a member's slice needs and the slice cut from them (`wanted_shards`, `cut_slice`), and
 an update known by its signed headers and some of its shards as the merge sees it
-(`incoming_of_headers`, `pieces_problem`). No network, no clock.
+(`incoming_of_headers`, `pieces_problem`); the members' state blocks, compared before any
+slice is fetched (`state_blocks`, `states_problem`). No network, no clock.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -16,7 +18,7 @@ import torch
 from merge.group_pipeline import GroupMerge, variant_of
 from merge.group_plan import shard_bounds
 from merge.group_update import GroupUpdate, signed_norm_bound
-from merge.shard_round import Incoming, overlapping
+from merge.shard_round import STATE_SLACK, Incoming, overlapping, part_gram
 
 UpdateId = tuple[str, int]
 """(group key, seq): the id replicas apply a group update under."""
@@ -24,6 +26,10 @@ MAX_CANDIDATES = 64
 """Update ids one proposal may name (a fetch round merges at most this many)."""
 MAX_HOLDERS = 4
 """Holders named per id in one proposal."""
+MAX_STATES = 4
+"""State tensors a replica holds at most (params, momentum, Delayed Nesterov's round sum)."""
+StateBlock = tuple[float, ...]
+"""The upper triangle, row by row, of the dot products among one slice of the state tensors."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,9 @@ class Proposal:
 
     base: tuple[int, str]
     candidates: Mapping[UpdateId, tuple[str, ...]]
+    states: tuple[StateBlock, ...] = ()
+    """Its replica's state block over each member's slice, in member order (`state_blocks`):
+    members whose replicas differ fall back before any slice is fetched (`states_problem`)."""
 
     def problem(self) -> str | None:
         """Why a proposal is out of bounds, or None."""
@@ -41,7 +50,20 @@ class Proposal:
             return "too_many_candidates"
         if any(not 0 < len(h) <= MAX_HOLDERS for h in self.candidates.values()):
             return "bad_holders"
+        if len({len(b) for b in self.states}) > 1 or not all(map(_block_ok, self.states)):
+            return "bad_states"
         return None
+
+
+def _block_ok(block: StateBlock) -> bool:
+    size = _block_size(len(block))
+    return size is not None and all(type(x) is float and math.isfinite(x) for x in block)
+
+
+def _block_size(length: int) -> int | None:
+    """k for a k x k upper triangle of `length` values (None: no such k <= MAX_STATES)."""
+    sizes = {k * (k + 1) // 2: k for k in range(1, MAX_STATES + 1)}
+    return sizes.get(length)
 
 
 @dataclass(frozen=True)
@@ -56,7 +78,9 @@ class Composition:
 def compose(proposals: Mapping[str, Proposal], members: Sequence[str]) -> Composition | str:
     """The round's set from every member's proposal, or why the round falls back: a member's
     proposal missing or out of bounds, or bases that differ (the members' replicas are on
-    other applied sets: a plan decided on one is applied to no other). The ids are the
+    other applied sets: a plan decided on one is applied to no other), or states that differ
+    (`states_problem`: replicas of one applied set apart beyond float rounding; no member's
+    fault, counted as no refusal). The ids are the
     intersection of the candidates (what one member was not told of waits for a later round),
     sorted; each id's holders the sorted union of those named. A pure function of the
     proposals: every member composes the same set whatever order they came in."""
@@ -67,6 +91,9 @@ def compose(proposals: Mapping[str, Proposal], members: Sequence[str]) -> Compos
     bases = {p.base for p in proposals.values()}
     if len(bases) != 1:
         return "base_differs"
+    problem = states_problem([proposals[m].states for m in sorted(members)], len(members))
+    if problem is not None:
+        return problem
     ids = set.intersection(*(set(p.candidates) for p in proposals.values()))
     ordered = tuple(sorted(ids))
     holders = {
@@ -74,6 +101,59 @@ def compose(proposals: Mapping[str, Proposal], members: Sequence[str]) -> Compos
         for uid in ordered
     }
     return Composition(bases.pop(), ordered, holders)
+
+
+def state_blocks(states: Sequence[torch.Tensor], num_members: int) -> tuple[StateBlock, ...]:
+    """The state block (`StateBlock`) of `states` (the replica's state tensors: merge.
+    shard_round `state_tensors`) over each slice of a round of `num_members` members, in
+    member order: what a member's part matrix will claim over its slice, as every member
+    computes it from its own replica."""
+    if not states:
+        return ()
+    blocks = []
+    for start, end in shard_bounds(states[0].numel(), num_members):
+        gram = part_gram([t[start:end] for t in states])
+        blocks.append(tuple(gram[i][j] for i in range(len(gram)) for j in range(i, len(gram))))
+    return tuple(blocks)
+
+
+def states_problem(
+    by_member: Sequence[tuple[StateBlock, ...]], num_members: int, slack: float = STATE_SLACK
+) -> str | None:
+    """Why the members' replicas (each proposal's `state_blocks`, in member order) are not
+    at one state, or None: every member's block over every slice must lie within `slack` of
+    every other member's (relative to the larger norms of the two; merge.shard_round's part
+    check, `part_problem`, takes no more). "state_differs" is nobody's fault: replicas of one
+    applied set that applied it in other orders differ (Delayed Nesterov folds other
+    batches into its momentum); a liar that proposes one state and sends another is caught
+    by the part check. A pure function of the blocks: alike on every member. No blocks from
+    anyone: no check (the part check still runs)."""
+    if not any(by_member):
+        return None
+    if any(len(blocks) != num_members for blocks in by_member):
+        return "proposal_out_of_bounds"
+    if len({len(b) for blocks in by_member for b in blocks}) != 1:
+        return "proposal_out_of_bounds"
+    for index in range(num_members):
+        slices = [blocks[index] for blocks in by_member]
+        if not _blocks_agree(slices, slack):
+            return "state_differs"
+    return None
+
+
+def _blocks_agree(blocks: Sequence[StateBlock], slack: float) -> bool:
+    size = _block_size(len(blocks[0]))
+    assert size is not None
+    diagonal = [k * size - k * (k - 1) // 2 for k in range(size)]  # (k, k) in the triangle
+    at = 0
+    for i in range(size):
+        for j in range(i, size):
+            values = [b[at] for b in blocks]
+            norms = max(b[diagonal[i]] for b in blocks) * max(b[diagonal[j]] for b in blocks)
+            if max(values) - min(values) > slack * math.sqrt(max(norms, 0.0)):
+                return False
+            at += 1
+    return True
 
 
 def wanted_shards(num_shards: int, numel: int, start: int, end: int) -> list[int]:
