@@ -22,7 +22,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -30,7 +30,7 @@ import torch
 from dht.budget import StreamLimits
 from dht.gossip_groups import is_group_key
 from dht.grouping import member_check
-from dht.grouping_round import GroupMessageError, RoundId
+from dht.grouping_round import GroupMessageError, RoundId, decode_update
 from dht.shard_fetch_wire import (
     FetchMessage,
     decode_fetch,
@@ -58,11 +58,13 @@ from merge.shard_fetch import (
     Proposal,
     StateBlock,
     UpdateId,
+    agreed,
     compose,
     cut_slice,
     incoming_of_headers,
     pieces_problem,
     state_blocks,
+    state_gap,
     variant_digest,
     wanted_shards,
 )
@@ -106,6 +108,12 @@ class Inbox:
         self.wake = asyncio.Event()
         self.proposed: list[str] = []
         """The ids this member proposed (`key#seq`), for its `shard_round` event."""
+        self.agreed: tuple[UpdateId, ...] = ()
+        """The ids every member proposed (once all proposals are in): what the members
+        fall back on alike, fetched whole and applied in this order."""
+        self.holders: dict[UpdateId, tuple[str, ...]] = {}
+        self.state_gap: float | None = None
+        """How far the members' replicas lay apart (merge.shard_fetch `state_gap`)."""
 
     def put(self, message: FetchMessage) -> None:
         self.messages.setdefault(message.kind, {}).setdefault(message.sender, message)
@@ -139,6 +147,10 @@ class FetchExchange:
         _is_alive: Callable[[str], bool]
         _reject: Callable[[str, str, str], None]
         _offer: Callable[[str, int, str], object] | None
+        _fetch: Callable[[str, str, int], Awaitable[bytes | None]] | None
+        _on_update: Callable[[GroupUpdate], bool] | None
+
+        async def _hold(self, update: GroupUpdate) -> None: ...
 
         async def _take(
             self,
@@ -336,14 +348,13 @@ class FetchExchange:
         rid = (head.group_key, head.epoch, head.round)
         inbox = self._held_inboxes.pop(rid, None) or Inbox()
         self._inboxes[rid] = inbox
-        started, ids, applied = time.monotonic(), 0, 0
+        started, ids, applied, in_order = time.monotonic(), 0, 0, 0
         try:
             ids, applied = await self._run_fetch(rid, update, members, inbox)
             outcome = "applied" if ids else "empty"
         except Fallback as exc:
             outcome = str(exc)
-            for uid in list(self._candidates):  # every member falls back: the whole fetch
-                self._hand_over(uid)
+            in_order = await self._fall_back(inbox.agreed, inbox.holders)
         except Exception as exc:  # a bug must not cost the node: the whole fetch
             logger.warning("fetch round %s failed: %r", rid, exc)
             outcome = "error"
@@ -356,6 +367,7 @@ class FetchExchange:
                 "shard_round", group_key=rid[0], epoch=rid[1], round=rid[2],
                 members=len(members), outcome=outcome, ids=ids, applied=applied,
                 candidates=inbox.proposed, seconds=round(time.monotonic() - started, 3),
+                state_gap=inbox.state_gap, fallback_in_order=in_order,
             )  # fmt: skip
 
     async def _run_fetch(
@@ -375,6 +387,8 @@ class FetchExchange:
         await self._broadcast(rid, others, "propose", proposal_body(proposal), ())
         got = await inbox.wait("propose", others, time.monotonic() + wait_s)
         proposals = {me: proposal} | {s: self._parsed(proposal_of, m) for s, m in got.items()}
+        inbox.agreed, inbox.holders = agreed(proposals)
+        inbox.state_gap = state_gap([proposals[m].states for m in sorted(members)])
         composition = compose(proposals, members)
         if composition == "state_differs":
             self.num_state_differs += 1
@@ -390,6 +404,50 @@ class FetchExchange:
         for decision in member.plan.decisions if member.plan is not None else ():
             self._candidates.pop(decision.incoming.uid, None)
         return len(composition.ids), sum(r.accepted for r in results)
+
+    async def _fall_back(
+        self, ids: Sequence[UpdateId], holders: Mapping[UpdateId, tuple[str, ...]]
+    ) -> int:
+        """Every member falls back alike: the ids all of them proposed, fetched whole (the
+        gossip's `update` stream) and applied in id order, so that members at one state stay
+        at one state (in arrival order, the gossip's, Delayed Nesterov folds other batches
+        into each replica's momentum: docs/scale.md, Session 18). From the first id not
+        fetched on, and every other candidate, to the gossip. The number applied here."""
+        applied = 0
+        if self._fetch is not None and self._on_update is not None:
+            wanted = [uid for uid in ids if not self._applied(uid)]
+            got = await asyncio.gather(*(self._whole(uid, holders.get(uid, ())) for uid in wanted))
+            loop = asyncio.get_running_loop()
+            for uid, whole in zip(wanted, got, strict=True):
+                if whole is None:
+                    break  # the rest would come out of order here and not elsewhere
+                self._candidates.pop(uid, None)
+                if await loop.run_in_executor(None, self._on_update, whole):
+                    applied += 1
+                    await self._hold(whole)
+        for uid in list(self._candidates):
+            self._hand_over(uid)
+        return applied
+
+    async def _whole(self, uid: UpdateId, holders: Sequence[str]) -> GroupUpdate | None:
+        """`uid` whole from the first holder that serves it (checked when merged), or None."""
+        assert self._fetch is not None
+        for holder in holders:
+            try:
+                data = await self._fetch(holder, uid[0], uid[1])
+                if data is None:
+                    continue
+                whole = decode_update(data, self.numel)
+            except GroupMessageError as exc:
+                self._reject(f"group_update_{exc.reason}", holder, str(exc))
+                continue
+            except Exception as exc:  # unreachable, timed out: the next holder
+                logger.info("update %s from %s failed: %r", uid, holder, exc)
+                continue
+            if (whole.head.group_key, whole.seq) == uid:
+                return whole
+            self._reject("group_update_refused", holder, f"not the update {uid} asked for")
+        return None
 
     async def _until(self, done: Callable[[], bool], bound_s: float, reason: str) -> None:
         deadline = time.monotonic() + bound_s

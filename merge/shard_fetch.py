@@ -94,13 +94,37 @@ def compose(proposals: Mapping[str, Proposal], members: Sequence[str]) -> Compos
     problem = states_problem([proposals[m].states for m in sorted(members)], len(members))
     if problem is not None:
         return problem
+    ordered, holders = agreed(proposals)
+    return Composition(bases.pop(), ordered, holders)
+
+
+def agreed(
+    proposals: Mapping[str, Proposal],
+) -> tuple[tuple[UpdateId, ...], dict[UpdateId, tuple[str, ...]]]:
+    """The ids every proposal names (sorted) and each one's holders (the sorted union of
+    those named): a round's set, and what its members fall back on alike when it does not
+    run (fetched whole and applied in this order)."""
+    if not proposals:
+        return (), {}
     ids = set.intersection(*(set(p.candidates) for p in proposals.values()))
     ordered = tuple(sorted(ids))
     holders = {
         uid: tuple(sorted({h for p in proposals.values() for h in p.candidates[uid]}))
         for uid in ordered
     }
-    return Composition(bases.pop(), ordered, holders)
+    return ordered, holders
+
+
+def state_gap(by_member: Sequence[tuple[StateBlock, ...]]) -> float | None:
+    """The largest difference between two members' blocks over one slice, relative as
+    `states_problem` weighs it (what its slack is compared with; None: no blocks, or blocks
+    out of shape). For the `shard_round` event: how far a group's replicas lie apart."""
+    if not by_member or not all(by_member) or len({len(b) for b in by_member}) != 1:
+        return None
+    if len({len(block) for blocks in by_member for block in blocks}) != 1:
+        return None
+    gaps = [_gap([blocks[i] for blocks in by_member]) for i in range(len(by_member[0]))]
+    return max(gaps, default=0.0)
 
 
 def state_blocks(states: Sequence[torch.Tensor], num_members: int) -> tuple[StateBlock, ...]:
@@ -142,18 +166,26 @@ def states_problem(
 
 
 def _blocks_agree(blocks: Sequence[StateBlock], slack: float) -> bool:
+    return _gap(blocks) <= slack
+
+
+def _gap(blocks: Sequence[StateBlock]) -> float:
+    """The largest spread of one entry among `blocks` (one slice's, one per member) over the
+    product of the larger norms it joins: what `part_problem` compares with its slack."""
     size = _block_size(len(blocks[0]))
     assert size is not None
     diagonal = [k * size - k * (k - 1) // 2 for k in range(size)]  # (k, k) in the triangle
-    at = 0
+    worst, at = 0.0, 0
     for i in range(size):
         for j in range(i, size):
             values = [b[at] for b in blocks]
             norms = max(b[diagonal[i]] for b in blocks) * max(b[diagonal[j]] for b in blocks)
-            if max(values) - min(values) > slack * math.sqrt(max(norms, 0.0)):
-                return False
+            spread = max(values) - min(values)
+            scale = math.sqrt(max(norms, 0.0))
+            if spread > 0:
+                worst = max(worst, spread / scale if scale > 0 else math.inf)
             at += 1
-    return True
+    return worst
 
 
 def wanted_shards(num_shards: int, numel: int, start: int, end: int) -> list[int]:

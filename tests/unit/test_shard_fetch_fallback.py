@@ -1,0 +1,106 @@
+"""A fetch round that falls back (dht.group_exchange_fetch `_fall_back`; docs/scale.md,
+Session 18): every member fetches the ids all of them proposed whole and applies them in id
+order, whatever order the fetches end in, so members at one state stay at one state (in the
+gossip's arrival order Delayed Nesterov folds other batches on each: session 17's members of
+one applied set 1e-3 apart); from the first id not fetched on, and every other candidate, to
+the gossip."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import torch
+
+from dht.group_exchange import GroupExchange
+from dht.grouping_round import encode_update
+from merge.group_update import GroupUpdate
+from merge.identity import Identity
+from tests.unit.test_shard_round import NUMEL, Spec, _everyone, _pipeline, _update
+
+UPDATES = [_update(Spec(1, r, "honest", 0, 0), 3, 2) for r in range(4)]
+"""Group 0b1's updates of rounds 0-3 (seqs 1-4), two learners: a fold every two."""
+
+
+def _uid(update: GroupUpdate) -> tuple[str, int]:
+    return update.head.group_key, update.seq
+
+
+def _exchange(
+    missing: set[int], applied: list[tuple[str, int]], offers: list[tuple[str, int, str]]
+) -> GroupExchange:
+    pipeline = _pipeline("delayed_nesterov")
+    by_seq = {u.seq: u for u in UPDATES}
+
+    async def fetch(peer: str, key: str, seq: int) -> bytes | None:
+        await asyncio.sleep(0.01 * (10 - seq))  # later ids arrive first
+        return None if seq in missing else encode_update(by_seq[seq])
+
+    def on_update(update: GroupUpdate) -> bool:
+        applied.append(_uid(update))
+        return pipeline.submit_group(update, _everyone).accepted
+
+    async def retain(update: GroupUpdate) -> None:
+        return None
+
+    network = SimpleNamespace(identity=Identity.generate(), config=SimpleNamespace(run_id="r"))
+    exchange = GroupExchange(
+        network,  # type: ignore[arg-type]
+        numel=NUMEL,
+        reject=lambda *_: None,
+        is_alive=lambda _: True,
+        offer=lambda key, seq, holder: offers.append((key, seq, holder)),
+        fetch=fetch,
+        on_update=on_update,
+        retain=retain,
+        shard_fetch=pipeline.groups,
+    )
+    for update in UPDATES:
+        exchange.candidate(*_uid(update), "holder")
+    exchange.candidate("groups.0b10", 1, "other")  # not every member's: to the gossip
+    return exchange
+
+
+def _fall_back(missing: set[int]) -> tuple[int, list, list, GroupExchange]:
+    applied: list[tuple[str, int]] = []
+    offers: list[tuple[str, int, str]] = []
+
+    async def run() -> tuple[int, GroupExchange]:
+        exchange = _exchange(missing, applied, offers)
+        ids = tuple(sorted(_uid(u) for u in UPDATES))
+        holders = {uid: ("holder",) for uid in ids}
+        return await exchange._fall_back(ids, holders), exchange
+
+    num, exchange = asyncio.run(run())
+    return num, applied, offers, exchange
+
+
+def test_members_falling_back_apply_the_agreed_ids_in_id_order() -> None:
+    num, applied, offers, _ = _fall_back(set())
+    assert num == 4 and applied == sorted(_uid(u) for u in UPDATES)
+    assert offers == [("groups.0b10", 1, "other")]
+
+
+def test_the_first_id_not_fetched_sends_it_and_the_rest_to_the_gossip() -> None:
+    num, applied, offers, _ = _fall_back({3})
+    assert num == 2 and applied == [_uid(UPDATES[0]), _uid(UPDATES[1])]
+    key = UPDATES[0].head.group_key
+    assert sorted(offers) == sorted(
+        [(key, 3, "holder"), (key, 4, "holder"), ("groups.0b10", 1, "other")]
+    )
+
+
+def test_two_members_falling_back_alike_end_bit_for_bit_alike() -> None:
+    """What the gossip's arrival order would not give (merge: one set, two orders)."""
+    replicas = []
+    for _ in range(2):
+        exchange = _fall_back(set())[3]
+        assert exchange._merge is not None
+        replicas.append(exchange._merge.pipeline.replica)
+    assert torch.equal(replicas[0].params, replicas[1].params)
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(
+            replicas[0].outer.state_tensors(), replicas[1].outer.state_tensors(), strict=True
+        )
+    )
