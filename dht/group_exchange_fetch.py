@@ -123,8 +123,11 @@ class Inbox:
         return sum(len(m) for m in self.messages.values())
 
     async def wait(self, kind: str, senders: list[str], deadline: float) -> dict[str, FetchMessage]:
-        """Each of `senders`' `kind` message, waited for until `deadline` (Fallback)."""
+        """Each of `senders`' `kind` message, waited for until `deadline` (Fallback), or until
+        one of them says it fell back (`abort`)."""
         while True:
+            if any(s in self.messages.get("abort", {}) for s in senders):
+                raise Fallback("aborted")
             got = self.messages.get(kind, {})
             if all(s in got for s in senders):
                 return {s: got[s] for s in senders}
@@ -193,6 +196,10 @@ class FetchExchange:
         """This node's group keys (its rounds'): their updates are never held back."""
         self._inboxes: dict[RoundId, Inbox] = {}
         self._held_inboxes: OrderedDict[RoundId, Inbox] = OrderedDict()
+        self._one_round = asyncio.Lock()
+        """One fetch round at a time here: a round's base must not move under it by another
+        round's step or fallback (session 17's rounds overlapped when one waited out a
+        deadline)."""
         self.num_state_differs = 0
         """Fetch rounds that fell back because members' replicas were at other states (at
         the proposals, or at the part or sums checks): nobody's fault, no refusal counted."""
@@ -348,20 +355,29 @@ class FetchExchange:
         rid = (head.group_key, head.epoch, head.round)
         inbox = self._held_inboxes.pop(rid, None) or Inbox()
         self._inboxes[rid] = inbox
+        try:
+            async with self._one_round:
+                await self._one_fetch_round(rid, update, members, inbox)
+        finally:
+            self._inboxes.pop(rid, None)
+
+    async def _one_fetch_round(
+        self, rid: RoundId, update: GroupUpdate, members: list[str], inbox: Inbox
+    ) -> None:
         started, ids, applied, in_order = time.monotonic(), 0, 0, 0
         try:
             ids, applied = await self._run_fetch(rid, update, members, inbox)
             outcome = "applied" if ids else "empty"
         except Fallback as exc:
             outcome = str(exc)
-            in_order = await self._fall_back(inbox.agreed, inbox.holders)
         except Exception as exc:  # a bug must not cost the node: the whole fetch
             logger.warning("fetch round %s failed: %r", rid, exc)
             outcome = "error"
-            for uid in list(self._candidates):
-                self._hand_over(uid)
-        finally:
-            self._inboxes.pop(rid, None)
+        if outcome not in ("applied", "empty"):
+            if outcome not in ("alone", "aborted"):  # the others stop waiting for this one
+                others = [m for m in members if m != self.identity.peer_id]
+                self._spawn(self._abort(rid, others, outcome))
+            in_order = await self._fall_back(inbox.agreed, inbox.holders)
         if self._on_event is not None:
             self._on_event(
                 "shard_round", group_key=rid[0], epoch=rid[1], round=rid[2],
@@ -405,6 +421,10 @@ class FetchExchange:
             self._candidates.pop(decision.incoming.uid, None)
         return len(composition.ids), sum(r.accepted for r in results)
 
+    async def _abort(self, rid: RoundId, others: list[str], reason: str) -> None:
+        with contextlib.suppress(Fallback):
+            await self._broadcast(rid, others, "abort", {"reason": reason[:64]}, ())
+
     async def _fall_back(
         self, ids: Sequence[UpdateId], holders: Mapping[UpdateId, tuple[str, ...]]
     ) -> int:
@@ -414,19 +434,29 @@ class FetchExchange:
         into each replica's momentum: docs/scale.md, Session 18). From the first id not
         fetched on, and every other candidate, to the gossip. The number applied here."""
         applied = 0
-        if self._fetch is not None and self._on_update is not None:
-            wanted = [uid for uid in ids if not self._applied(uid)]
-            got = await asyncio.gather(*(self._whole(uid, holders.get(uid, ())) for uid in wanted))
-            loop = asyncio.get_running_loop()
-            for uid, whole in zip(wanted, got, strict=True):
-                if whole is None:
-                    break  # the rest would come out of order here and not elsewhere
-                self._candidates.pop(uid, None)
-                if await loop.run_in_executor(None, self._on_update, whole):
-                    applied += 1
-                    await self._hold(whole)
+        try:
+            if self._fetch is not None and self._on_update is not None:
+                applied = await self._apply_in_order(ids, holders)
+        except Exception as exc:  # a bug must not cost the node: the gossip
+            logger.warning("falling back in order failed: %r", exc)
         for uid in list(self._candidates):
             self._hand_over(uid)
+        return applied
+
+    async def _apply_in_order(
+        self, ids: Sequence[UpdateId], holders: Mapping[UpdateId, tuple[str, ...]]
+    ) -> int:
+        assert self._on_update is not None
+        applied, loop = 0, asyncio.get_running_loop()
+        wanted = [uid for uid in ids if not self._applied(uid)]
+        got = await asyncio.gather(*(self._whole(uid, holders.get(uid, ())) for uid in wanted))
+        for uid, whole in zip(wanted, got, strict=True):
+            if whole is None:
+                break  # the rest would come out of order here and not elsewhere
+            self._candidates.pop(uid, None)
+            if await loop.run_in_executor(None, self._on_update, whole):
+                applied += 1
+                await self._hold(whole)
         return applied
 
     async def _whole(self, uid: UpdateId, holders: Sequence[str]) -> GroupUpdate | None:

@@ -10,7 +10,8 @@ round, kind, body, the tensors' SHA-256), checked against the stream's sender:
   (session 18): merge.shard_fetch `Proposal`;
 - `part`: its part Gram matrix (merge.shard_member `MemberRound.part`) and the digest of each
   fetched update's variant (`variant_digest`), in the round's id order;
-- `sums`: its slices of the plan's weighted sums (fp32 tensors).
+- `sums`: its slices of the plan's weighted sums (fp32 tensors);
+- `abort`: the sender fell back (its reason): the others stop waiting for it (session 18).
 
 `group-slice` asks a holder for some shards of an update: the answer is the update's fields
 (headers, digests, co-signatures: dht.grouping_round `update_meta`) and those shards, fp32.
@@ -55,7 +56,7 @@ from merge.shard_fetch import (
 FETCH_MAGIC = b"DSF1"
 SLICE_MAGIC = b"DSS1"
 _DOMAIN = b"diloco-group-fetch/1\n"
-KINDS = ("propose", "part", "sums")
+KINDS = ("propose", "part", "sums", "abort")
 MAX_SUMS = 3
 """Weighted sums one round gathers at most (merge.shard_round: three only when a batch
 completes two Delayed Nesterov rounds)."""

@@ -8,14 +8,19 @@ the gossip."""
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from dht.group_exchange import GroupExchange
+from dht.group_exchange_fetch import Fallback, Inbox
 from dht.grouping_round import encode_update
+from dht.shard_fetch_wire import FetchMessage, decode_fetch
 from merge.group_update import GroupUpdate
 from merge.identity import Identity
+from tests.unit.test_shard_member import _fetch, _rounds, _setup
 from tests.unit.test_shard_round import NUMEL, Spec, _everyone, _pipeline, _update
 
 UPDATES = [_update(Spec(1, r, "honest", 0, 0), 3, 2) for r in range(4)]
@@ -104,3 +109,41 @@ def test_two_members_falling_back_alike_end_bit_for_bit_alike() -> None:
             replicas[0].outer.state_tensors(), replicas[1].outer.state_tensors(), strict=True
         )
     )
+
+
+def test_a_replica_that_moved_under_the_round_fails_it_as_moved_not_as_a_state_lie() -> None:
+    """Session 18's three `gram_wrong_state` rounds at a state gap of 0: the member's own
+    group's next update applied between the proposals and the parts. Now "replica_moved"
+    (nobody's fault) on whichever side moved, and no part of the moved state is sent."""
+    for side in ("sender", "receiver"):
+        pipelines, _, updates = _setup(False)
+        rounds = _rounds(pipelines, updates)
+        _fetch(rounds)
+        moved = 0 if side == "sender" else 1
+        pipelines[moved].submit_group(_update(Spec(4, 3, "honest", 0, 0), 9, 16), _everyone)
+        part = rounds[0].part()
+        if side == "sender":
+            assert part is None and rounds[0].failed == "replica_moved"
+        else:
+            assert part is not None
+            assert not rounds[1].part_from(rounds[0].me, part)
+            assert rounds[1].failed == "replica_moved"
+
+
+def test_a_members_abort_ends_the_others_wait_and_a_strangers_does_not() -> None:
+    async def run() -> None:
+        me = Identity.generate()
+        inbox = Inbox()
+        abort = FetchMessage("r", ("groups.0b0", 0, 1), "abort", "stranger", {"reason": "x"}, ())
+        inbox.put(abort)
+        with pytest.raises(Fallback, match="part_missing"):
+            await inbox.wait("part", ["peer"], time.monotonic() + 0.05)
+        signed = FetchMessage("r", ("groups.0b0", 0, 1), "abort", me.peer_id, {"reason": "x"}, ())
+        blob = signed.signed(me).to_bytes()
+        inbox.put(decode_fetch(blob, NUMEL))
+        started = time.monotonic()
+        with pytest.raises(Fallback, match="aborted"):
+            await inbox.wait("part", [me.peer_id], time.monotonic() + 5.0)
+        assert time.monotonic() - started < 1.0
+
+    asyncio.run(run())
