@@ -146,7 +146,8 @@ def test_a_proposals_states_travel_signed_and_bad_ones_are_refused() -> None:
         me
     )
     assert signed.verified() and proposal_of(signed) == proposal
-    for states in ([[1, 2, 3]], [["x"]], [[]], [[1.0] * 11], "no", [[1.0]] * 1025):
+    bad_states: list[object] = [[[1, 2, 3]], [["x"]], [[]], [[1.0] * 11], "no", [[1.0]] * 1025]
+    for states in bad_states:
         bad = FetchMessage(
             "run", ("groups.0b0", 0, 1), "propose", me.peer_id, {**body, "states": states}, ()
         )
