@@ -62,6 +62,7 @@ from merge.shard_fetch import (
     compose,
     cut_slice,
     incoming_of_headers,
+    left_out,
     pieces_problem,
     state_blocks,
     state_gap,
@@ -406,13 +407,19 @@ class FetchExchange:
         inbox.agreed, inbox.holders = agreed(proposals)
         inbox.state_gap = state_gap([proposals[m].states for m in sorted(members)])
         composition = compose(proposals, members)
-        if composition == "state_differs":
-            self.num_state_differs += 1
         if isinstance(composition, str):
+            self.num_state_differs += composition == "state_differs"
             raise Fallback(composition)
+        out = left_out(composition, proposals, me)
+        if out is not None:  # the round runs without this member: it falls back alone
+            self.num_state_differs += out == "left_out_state"
+            raise Fallback(out)
         if not composition.ids:
             return 0, 0
-        member, variants = await self._fetch_slices(composition, members)
+        inbox.agreed, inbox.holders = composition.ids, dict(composition.holders)
+        ours = list(composition.members)
+        member, variants = await self._fetch_slices(composition, ours)
+        others = [m for m in ours if m != me]
         results = await self._merge_round(rid, member, variants, others, inbox)
         for result in results:
             if self._on_merged is not None:

@@ -68,34 +68,57 @@ def _block_size(length: int) -> int | None:
 
 @dataclass(frozen=True)
 class Composition:
-    """The fetch round's set: the ids every member proposed (sorted), and who holds each."""
+    """The fetch round's set: the ids every member of the round proposed (sorted), who holds
+    each, and the round's members: the largest class of proposers at one base and one state
+    (the others fall back alone: `left_out`)."""
 
     base: tuple[int, str]
     ids: tuple[UpdateId, ...]
     holders: Mapping[UpdateId, tuple[str, ...]]
+    members: tuple[str, ...] = ()
 
 
 def compose(proposals: Mapping[str, Proposal], members: Sequence[str]) -> Composition | str:
     """The round's set from every member's proposal, or why the round falls back: a member's
-    proposal missing or out of bounds, or bases that differ (the members' replicas are on
-    other applied sets: a plan decided on one is applied to no other), or states that differ
-    (`states_problem`: replicas of one applied set apart beyond float rounding; no member's
-    fault, counted as no refusal). The ids are the
-    intersection of the candidates (what one member was not told of waits for a later round),
-    sorted; each id's holders the sorted union of those named. A pure function of the
-    proposals: every member composes the same set whatever order they came in."""
+    proposal missing or out of bounds, or no two members at one base and one state
+    ("base_differs", "state_differs": `states_problem`'s check, pairwise). The round runs
+    among the largest class of members at one base whose state blocks agree (ties: the class
+    of the first member in sorted order); a member outside it is left out (`left_out`) and
+    falls back alone, nobody's fault: its replica applied other updates already, or one set
+    in another order (session 17's 28 `base_differs` and 65 `gram_wrong_state` rounds each
+    failed for every member). The ids are the intersection of the class's candidates (what
+    one member was not told of waits for a later round), sorted; each id's holders the
+    sorted union of those named. A pure function of the proposals: every member composes
+    the same round whatever order they came in."""
     if set(proposals) != set(members) or not members:
         return "proposal_missing"
     if any(p.problem() is not None for p in proposals.values()):
         return "proposal_out_of_bounds"
-    bases = {p.base for p in proposals.values()}
-    if len(bases) != 1:
-        return "base_differs"
-    problem = states_problem([proposals[m].states for m in sorted(members)], len(members))
-    if problem is not None:
-        return problem
-    ordered, holders = agreed(proposals)
-    return Composition(bases.pop(), ordered, holders)
+    order = sorted(members)
+    shape = states_problem([proposals[m].states for m in order], len(order), math.inf)
+    if shape is not None:
+        return shape
+    best: list[str] = []
+    for m in order:  # the first largest class wins ties: alike on every member
+        cls = [n for n in order if _alike(proposals[m], proposals[n], len(order))]
+        if len(cls) > len(best):
+            best = cls
+    if len(best) < 2 and len(order) > 1:
+        return "base_differs" if len({p.base for p in proposals.values()}) > 1 else "state_differs"
+    ordered, holders = agreed({m: proposals[m] for m in best})
+    return Composition(proposals[best[0]].base, ordered, holders, tuple(best))
+
+
+def left_out(composition: Composition, proposals: Mapping[str, Proposal], me: str) -> str | None:
+    """Why `me` is not among the composed round's members ("left_out_base": its replica is
+    on another applied set; "left_out_state": at one set, another state), or None."""
+    if me in composition.members:
+        return None
+    return "left_out_base" if proposals[me].base != composition.base else "left_out_state"
+
+
+def _alike(a: Proposal, b: Proposal, num_members: int) -> bool:
+    return a.base == b.base and states_problem([a.states, b.states], num_members) is None
 
 
 def agreed(

@@ -21,7 +21,7 @@ from dht.grouping_round import GroupMessageError
 from dht.shard_fetch_wire import FetchMessage, proposal_body, proposal_of
 from merge.identity import Identity
 from merge.pipeline import UpdatePipeline
-from merge.shard_fetch import Proposal, compose, state_blocks, states_problem
+from merge.shard_fetch import Proposal, compose, left_out, state_blocks, states_problem
 from merge.shard_round import STATE_SLACK, state_tensors
 from tests.unit.test_shard_member import MEMBERS, _fetch, _rounds, _setup
 from tests.unit.test_shard_round import Spec, _everyone, _pipeline, _update
@@ -120,10 +120,27 @@ def test_states_that_differ_fall_back_alike_on_every_member(
     assert a == b
     # the slack is relative to the larger of the norms compared: a shift of the diagonal
     # itself raises them, so 3x the slack is past it only off the diagonal or upward far.
-    if shift >= 300.0:
-        assert a == "state_differs"
-    if shift == 0.0 or shift == 0.3:
+    if shift >= 300.0 and len(members) == 2:
+        assert a == "state_differs"  # no two members alike: both fall back
+    elif shift >= 300.0:  # the others run the round; the moved one falls back alone
         assert not isinstance(a, str)
+        assert a.members == tuple(m for m in members if m != members[who])
+        assert left_out(a, proposals, members[who]) == "left_out_state"
+    if shift == 0.0 or shift == 0.3:
+        assert not isinstance(a, str) and a.members == tuple(members)
+
+
+def test_a_member_on_another_base_is_left_out_and_the_others_run_the_round() -> None:
+    block = ((1.0, 0.0, 1.0),) * 3
+    proposals = {m: Proposal(BASE, {UID: ("h",)}, block) for m in ("a", "b", "c")}
+    proposals["b"] = Proposal((8, BASE[1]), {UID: ("h",)}, block)
+    composition = compose(proposals, ["c", "b", "a"])
+    assert not isinstance(composition, str)
+    assert composition.members == ("a", "c") and composition.ids == (UID,)
+    assert left_out(composition, proposals, "b") == "left_out_base"
+    assert left_out(composition, proposals, "a") is None
+    two = {m: Proposal(p.base, p.candidates, block[:2]) for m, p in proposals.items() if m != "c"}
+    assert compose(two, ["a", "b"]) == "base_differs"
 
 
 def test_blocks_of_the_wrong_shape_or_count_are_out_of_bounds() -> None:
