@@ -81,7 +81,8 @@ class Composition:
 def compose(proposals: Mapping[str, Proposal], members: Sequence[str]) -> Composition | str:
     """The round's set from every member's proposal, or why the round falls back: a member's
     proposal missing or out of bounds, or no two members at one base and one state
-    ("base_differs", "state_differs": `states_problem`'s check, pairwise). The round runs
+    ("base_differs": no two at one base; else "state_differs": `states_problem`'s check,
+    pairwise). The round runs
     among the largest class of members at one base whose state blocks agree (ties: the class
     of the first member in sorted order); a member outside it is left out (`left_out`) and
     falls back alone, nobody's fault: its replica applied other updates already, or one set
@@ -103,8 +104,9 @@ def compose(proposals: Mapping[str, Proposal], members: Sequence[str]) -> Compos
         cls = [n for n in order if _alike(proposals[m], proposals[n], len(order))]
         if len(cls) > len(best):
             best = cls
-    if len(best) < 2 and len(order) > 1:
-        return "base_differs" if len({p.base for p in proposals.values()}) > 1 else "state_differs"
+    if len(best) < 2 and len(order) > 1:  # "state_differs" when two shared a base
+        shared = len({p.base for p in proposals.values()}) < len(order)
+        return "state_differs" if shared else "base_differs"
     ordered, holders = agreed({m: proposals[m] for m in best})
     return Composition(proposals[best[0]].base, ordered, holders, tuple(best))
 
