@@ -87,6 +87,9 @@ FALLBACK_ROUNDS = 3.0
 MAX_KEPT_UPDATES = 4
 """Group updates this node completed that it keeps whole to serve slices of."""
 MAX_HELD_FETCH_ROUNDS = 4
+KEPT_SLICE_MODELS = 2
+"""Fetched slices kept for a later round, in model sizes of values (session 18: an update
+deferred past a fold is fetched again by the next round, same members, same slice)."""
 """Fetch rounds whose messages are held before this node opens them."""
 MAX_KNOWN_KEYS = 64
 POLL_S = 0.05
@@ -201,6 +204,11 @@ class FetchExchange:
         """One fetch round at a time here: a round's base must not move under it by another
         round's step or fallback (session 17's rounds overlapped when one waited out a
         deadline)."""
+        self._slices: OrderedDict[tuple[UpdateId, int, int], tuple[GroupUpdate, torch.Tensor]] = (
+            OrderedDict()
+        )
+        """Checked slices by (update, start, end), kept (bounded) for the next round."""
+        self.num_slices_reused = 0
         self.num_state_differs = 0
         """Fetch rounds that fell back because members' replicas were at other states (at
         the proposals, or at the part or sums checks): nobody's fault, no refusal counted."""
@@ -366,6 +374,7 @@ class FetchExchange:
         self, rid: RoundId, update: GroupUpdate, members: list[str], inbox: Inbox
     ) -> None:
         started, ids, applied, in_order = time.monotonic(), 0, 0, 0
+        reused = self.num_slices_reused
         try:
             ids, applied = await self._run_fetch(rid, update, members, inbox)
             outcome = "applied" if ids else "empty"
@@ -385,6 +394,7 @@ class FetchExchange:
                 members=len(members), outcome=outcome, ids=ids, applied=applied,
                 candidates=inbox.proposed, seconds=round(time.monotonic() - started, 3),
                 state_gap=inbox.state_gap, fallback_in_order=in_order,
+                slices_reused=self.num_slices_reused - reused,
             )  # fmt: skip
 
     async def _run_fetch(
@@ -568,13 +578,30 @@ class FetchExchange:
     async def _fetch_one(
         self, uid: UpdateId, holders: tuple[str, ...], start: int, end: int
     ) -> tuple[GroupUpdate, torch.Tensor]:
-        """The update's fields and this member's slice of it, from the first holder that
-        serves shards that check; Fallback when none does."""
+        """The update's fields and this member's slice of it: kept from an earlier round, or
+        from the first holder that serves shards that check; Fallback when none does."""
+        key = (uid, start, end)
+        kept = self._slices.get(key)
+        if kept is not None:
+            self.num_slices_reused += 1
+            return kept
         for holder in holders:
             got = await self._ask_slice(holder, uid, start, end)
             if got is not None:
+                self._keep_slice(key, got)
                 return got
         raise Fallback("fetch_failed")
+
+    def _keep_slice(
+        self, key: tuple[UpdateId, int, int], got: tuple[GroupUpdate, torch.Tensor]
+    ) -> None:
+        """Kept for a later round: at most KEPT_SLICE_MODELS x the model's values, those of
+        updates applied here dropped first, then the oldest."""
+        self._slices[key] = got
+        for old in [k for k in self._slices if self._applied(k[0])]:
+            del self._slices[old]
+        while sum(t.numel() for _, t in self._slices.values()) > KEPT_SLICE_MODELS * self.numel:
+            self._slices.popitem(last=False)
 
     async def _ask_slice(
         self, holder: str, uid: UpdateId, start: int, end: int

@@ -147,3 +147,32 @@ def test_a_members_abort_ends_the_others_wait_and_a_strangers_does_not() -> None
         assert time.monotonic() - started < 1.0
 
     asyncio.run(run())
+
+
+def test_a_slice_fetched_for_a_deferred_update_is_reused_by_the_next_round() -> None:
+    """An update deferred past a fold is in the next round's set with the same members and
+    slice: its checked slice is kept (at most two models' values, applied ones dropped)."""
+
+    async def run() -> None:
+        exchange = _exchange(set(), [], [])
+        asked: list[tuple[str, int]] = []
+        applied: set[tuple[str, int]] = set()
+
+        async def ask(holder: str, uid: tuple[str, int], start: int, end: int) -> tuple:
+            asked.append(uid)
+            return UPDATES[0], torch.zeros(end - start)
+
+        exchange._ask_slice = ask  # type: ignore[method-assign]
+        exchange._applied = lambda uid: uid in applied  # type: ignore[method-assign]
+        uids = [_uid(u) for u in UPDATES]
+        for _ in range(2):
+            await exchange._fetch_one(uids[0], ("holder",), 0, NUMEL // 2)
+        assert asked == [uids[0]] and exchange.num_slices_reused == 1
+        await exchange._fetch_one(uids[0], ("holder",), NUMEL // 2, NUMEL)  # another slice
+        assert len(asked) == 2
+        applied.add(uids[0])
+        for uid in uids[1:]:  # whole-model slices: two kept, the applied ones dropped
+            await exchange._fetch_one(uid, ("holder",), 0, NUMEL)
+        assert [key[0] for key in exchange._slices] == uids[2:]
+
+    asyncio.run(run())
