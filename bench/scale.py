@@ -403,6 +403,12 @@ def _figures(
             Counter(e["outcome"].split(" ")[0] for e in events if e.get("event") == "shard_round")
         ),
         "applied_by_shards": sum(e["applied"] for e in events if e.get("event") == "shard_round"),
+        "applied_in_order_on_fallback": sum(  # a fetch round's fallback (session 18)
+            e.get("fallback_in_order", 0) for e in events if e.get("event") == "shard_round"
+        ),
+        "slices_reused": sum(  # kept from an earlier fetch round (session 18)
+            e.get("slices_reused", 0) for e in events if e.get("event") == "shard_round"
+        ),
         **exit_figures([s.current.events for s in slots]),
     }
 

@@ -22,7 +22,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -30,7 +30,7 @@ import torch
 from dht.budget import StreamLimits
 from dht.gossip_groups import is_group_key
 from dht.grouping import member_check
-from dht.grouping_round import GroupMessageError, RoundId
+from dht.grouping_round import GroupMessageError, RoundId, decode_update
 from dht.shard_fetch_wire import (
     FetchMessage,
     decode_fetch,
@@ -56,16 +56,21 @@ from merge.shard_fetch import (
     MAX_HOLDERS,
     Composition,
     Proposal,
+    StateBlock,
     UpdateId,
+    agreed,
     compose,
     cut_slice,
     incoming_of_headers,
+    left_out,
     pieces_problem,
+    state_blocks,
+    state_gap,
     variant_digest,
     wanted_shards,
 )
 from merge.shard_member import MemberRound
-from merge.shard_round import Incoming, ShardRound
+from merge.shard_round import Incoming, ShardRound, state_tensors
 
 if TYPE_CHECKING:
     from dht.network import SwarmNetwork
@@ -79,12 +84,20 @@ SLICE_LIMITS = StreamLimits(rate_per_s=8.0, burst=32.0, max_in_flight=4, deadlin
 """Slice requests a peer may make: one per update of a fetch round, from each member."""
 FALLBACK_ROUNDS = 3.0
 """A candidate not applied this many group waits after its notice goes to the gossip."""
+UNNOTICED_ROUNDS = 1.0
+"""Group waits the gossip holds back another group's update no notice named (`held_back`)."""
 MAX_KEPT_UPDATES = 4
 """Group updates this node completed that it keeps whole to serve slices of."""
 MAX_HELD_FETCH_ROUNDS = 4
+KEPT_SLICE_MODELS = 2
+"""Fetched slices kept for a later round, in model sizes of values (session 18: an update
+deferred past a fold is fetched again by the next round, same members, same slice)."""
 """Fetch rounds whose messages are held before this node opens them."""
 MAX_KNOWN_KEYS = 64
 POLL_S = 0.05
+STATE_CHECKS = ("gram_wrong_state", "sums_direction")
+"""MemberRound's failures that replicas of one applied set in other orders earn as well as a
+liar: counted as a state that differs (`num_state_differs`), never against the peer."""
 
 T = TypeVar("T")
 
@@ -101,6 +114,14 @@ class Inbox:
         self.wake = asyncio.Event()
         self.proposed: list[str] = []
         """The ids this member proposed (`key#seq`), for its `shard_round` event."""
+        self.agreed: tuple[UpdateId, ...] = ()
+        """The ids every member proposed (once all proposals are in): what the members
+        fall back on alike, fetched whole and applied in this order."""
+        self.holders: dict[UpdateId, tuple[str, ...]] = {}
+        self.state_gap: float | None = None
+        """How far the members' replicas lay apart (merge.shard_fetch `state_gap`)."""
+        self.in_order = 0
+        """Updates this round applied whole in id order (deferred past its fold)."""
 
     def put(self, message: FetchMessage) -> None:
         self.messages.setdefault(message.kind, {}).setdefault(message.sender, message)
@@ -110,8 +131,11 @@ class Inbox:
         return sum(len(m) for m in self.messages.values())
 
     async def wait(self, kind: str, senders: list[str], deadline: float) -> dict[str, FetchMessage]:
-        """Each of `senders`' `kind` message, waited for until `deadline` (Fallback)."""
+        """Each of `senders`' `kind` message, waited for until `deadline` (Fallback), or until
+        one of them says it fell back (`abort`)."""
         while True:
+            if any(s in self.messages.get("abort", {}) for s in senders):
+                raise Fallback("aborted")
             got = self.messages.get(kind, {})
             if all(s in got for s in senders):
                 return {s: got[s] for s in senders}
@@ -134,6 +158,10 @@ class FetchExchange:
         _is_alive: Callable[[str], bool]
         _reject: Callable[[str, str, str], None]
         _offer: Callable[[str, int, str], object] | None
+        _fetch: Callable[[str, str, int], Awaitable[bytes | None]] | None
+        _on_update: Callable[[GroupUpdate], bool] | None
+
+        async def _hold(self, update: GroupUpdate) -> None: ...
 
         async def _take(
             self,
@@ -176,6 +204,18 @@ class FetchExchange:
         """This node's group keys (its rounds'): their updates are never held back."""
         self._inboxes: dict[RoundId, Inbox] = {}
         self._held_inboxes: OrderedDict[RoundId, Inbox] = OrderedDict()
+        self._one_round = asyncio.Lock()
+        """One fetch round at a time here: a round's base must not move under it by another
+        round's step or fallback (session 17's rounds overlapped when one waited out a
+        deadline)."""
+        self._slices: OrderedDict[tuple[UpdateId, int, int], tuple[GroupUpdate, torch.Tensor]] = (
+            OrderedDict()
+        )
+        """Checked slices by (update, start, end), kept (bounded) for the next round."""
+        self.num_slices_reused = 0
+        self.num_state_differs = 0
+        """Fetch rounds that fell back because members' replicas were at other states (at
+        the proposals, or at the part or sums checks): nobody's fault, no refusal counted."""
 
     async def register_fetch(self) -> None:
         if self.shard_fetch:
@@ -236,7 +276,12 @@ class FetchExchange:
         first = self._first_wanted.setdefault(uid, now)
         while len(self._first_wanted) > 16 * MAX_CANDIDATES:
             self._first_wanted.popitem(last=False)
-        return now - first < FALLBACK_ROUNDS * self.fetch_wait_s
+        # One group wait for an id no notice made a candidate (its notice may be on the way;
+        # if it never comes, no fetch round takes it: session 18's bench lost 304 ids a
+        # group ahead published, their notices refused as too far, held 3 waits until their
+        # holder had dropped them).
+        rounds = FALLBACK_ROUNDS if uid in self._candidates else UNNOTICED_ROUNDS
+        return now - first < rounds * self.fetch_wait_s
 
     def _hand_over(self, uid: UpdateId) -> None:
         """A candidate to the gossip's whole fetch (unless applied here already)."""
@@ -328,26 +373,38 @@ class FetchExchange:
         rid = (head.group_key, head.epoch, head.round)
         inbox = self._held_inboxes.pop(rid, None) or Inbox()
         self._inboxes[rid] = inbox
-        started, ids, applied = time.monotonic(), 0, 0
+        try:
+            async with self._one_round:
+                await self._one_fetch_round(rid, update, members, inbox)
+        finally:
+            self._inboxes.pop(rid, None)
+
+    async def _one_fetch_round(
+        self, rid: RoundId, update: GroupUpdate, members: list[str], inbox: Inbox
+    ) -> None:
+        started, ids, applied, in_order = time.monotonic(), 0, 0, 0
+        reused = self.num_slices_reused
         try:
             ids, applied = await self._run_fetch(rid, update, members, inbox)
             outcome = "applied" if ids else "empty"
+            in_order = inbox.in_order
         except Fallback as exc:
             outcome = str(exc)
-            for uid in list(self._candidates):  # every member falls back: the whole fetch
-                self._hand_over(uid)
         except Exception as exc:  # a bug must not cost the node: the whole fetch
             logger.warning("fetch round %s failed: %r", rid, exc)
             outcome = "error"
-            for uid in list(self._candidates):
-                self._hand_over(uid)
-        finally:
-            self._inboxes.pop(rid, None)
+        if outcome not in ("applied", "empty"):
+            if outcome not in ("alone", "aborted"):  # the others stop waiting for this one
+                others = [m for m in members if m != self.identity.peer_id]
+                self._spawn(self._abort(rid, others, outcome))
+            in_order = await self._fall_back(inbox.agreed, inbox.holders)
         if self._on_event is not None:
             self._on_event(
                 "shard_round", group_key=rid[0], epoch=rid[1], round=rid[2],
                 members=len(members), outcome=outcome, ids=ids, applied=applied,
                 candidates=inbox.proposed, seconds=round(time.monotonic() - started, 3),
+                state_gap=inbox.state_gap, fallback_in_order=in_order,
+                slices_reused=self.num_slices_reused - reused,
             )  # fmt: skip
 
     async def _run_fetch(
@@ -360,24 +417,102 @@ class FetchExchange:
         others = [m for m in members if m != me]
         await self._until(lambda: self._applied((rid[0], update.seq)), wait_s, "own_not_applied")
         await self._collect(update.seq, wait_s / 2)
-        proposal = self._proposal()
+        loop = asyncio.get_running_loop()
+        base, states = await loop.run_in_executor(None, self._state, len(members))
+        proposal = self._proposal(base, states)
         inbox.proposed = [f"{key}#{seq}" for key, seq in proposal.candidates]
         await self._broadcast(rid, others, "propose", proposal_body(proposal), ())
         got = await inbox.wait("propose", others, time.monotonic() + wait_s)
         proposals = {me: proposal} | {s: self._parsed(proposal_of, m) for s, m in got.items()}
+        inbox.agreed, inbox.holders = agreed(proposals)
+        inbox.state_gap = state_gap([proposals[m].states for m in sorted(members)])
         composition = compose(proposals, members)
         if isinstance(composition, str):
+            self.num_state_differs += composition == "state_differs"
             raise Fallback(composition)
+        out = left_out(composition, proposals, me)
+        if out is not None:  # the round runs without this member: it falls back alone
+            self.num_state_differs += out == "left_out_state"
+            raise Fallback(out)
         if not composition.ids:
             return 0, 0
-        member, variants = await self._fetch_slices(composition, members)
+        inbox.agreed, inbox.holders = composition.ids, dict(composition.holders)
+        ours = list(composition.members)
+        member, variants = await self._fetch_slices(composition, ours)
+        others = [m for m in ours if m != me]
         results = await self._merge_round(rid, member, variants, others, inbox)
         for result in results:
             if self._on_merged is not None:
                 self._on_merged(result)
         for decision in member.plan.decisions if member.plan is not None else ():
             self._candidates.pop(decision.incoming.uid, None)
+        deferred = [inc.uid for inc in member.plan.deferred] if member.plan is not None else []
+        inbox.in_order = await self._apply_in_order(deferred, composition.holders)
         return len(composition.ids), sum(r.accepted for r in results)
+
+    async def _abort(self, rid: RoundId, others: list[str], reason: str) -> None:
+        with contextlib.suppress(Fallback):
+            await self._broadcast(rid, others, "abort", {"reason": reason[:64]}, ())
+
+    async def _fall_back(
+        self, ids: Sequence[UpdateId], holders: Mapping[UpdateId, tuple[str, ...]]
+    ) -> int:
+        """Every member falls back alike: the ids all of them proposed, fetched whole (the
+        gossip's `update` stream) and applied in id order, so that members at one state stay
+        at one state (in arrival order, the gossip's, Delayed Nesterov folds other batches
+        into each replica's momentum: docs/scale.md, Session 18). From the first id not
+        fetched on, and every other candidate, to the gossip. The number applied here."""
+        applied = 0
+        try:
+            if self._fetch is not None and self._on_update is not None:
+                applied = await self._apply_in_order(ids, holders)
+        except Exception as exc:  # a bug must not cost the node: the gossip
+            logger.warning("falling back in order failed: %r", exc)
+        for uid in list(self._candidates):
+            self._hand_over(uid)
+        return applied
+
+    async def _apply_in_order(
+        self, ids: Sequence[UpdateId], holders: Mapping[UpdateId, tuple[str, ...]]
+    ) -> int:
+        """`ids` fetched whole and applied in id order up to the first not fetched (what is
+        left stays a candidate). After an applied round, its updates deferred past the fold
+        (session 18: a group that publishes faster than a round's fold cut takes left them
+        waiting out the hold-back, by when their holder had dropped them: lost), so the
+        members, at one state after the round, stay at one."""
+        if self._fetch is None or self._on_update is None or not ids:
+            return 0
+        applied, loop = 0, asyncio.get_running_loop()
+        wanted = [uid for uid in ids if not self._applied(uid)]
+        got = await asyncio.gather(*(self._whole(uid, holders.get(uid, ())) for uid in wanted))
+        for uid, whole in zip(wanted, got, strict=True):
+            if whole is None:
+                break  # the rest would come out of order here and not elsewhere
+            self._candidates.pop(uid, None)
+            if await loop.run_in_executor(None, self._on_update, whole):
+                applied += 1
+                await self._hold(whole)
+        return applied
+
+    async def _whole(self, uid: UpdateId, holders: Sequence[str]) -> GroupUpdate | None:
+        """`uid` whole from the first holder that serves it (checked when merged), or None."""
+        assert self._fetch is not None
+        for holder in holders:
+            try:
+                data = await self._fetch(holder, uid[0], uid[1])
+                if data is None:
+                    continue
+                whole = decode_update(data, self.numel)
+            except GroupMessageError as exc:
+                self._reject(f"group_update_{exc.reason}", holder, str(exc))
+                continue
+            except Exception as exc:  # unreachable, timed out: the next holder
+                logger.info("update %s from %s failed: %r", uid, holder, exc)
+                continue
+            if (whole.head.group_key, whole.seq) == uid:
+                return whole
+            self._reject("group_update_refused", holder, f"not the update {uid} asked for")
+        return None
 
     async def _until(self, done: Callable[[], bool], bound_s: float, reason: str) -> None:
         deadline = time.monotonic() + bound_s
@@ -398,14 +533,19 @@ class FetchExchange:
         while not complete() and time.monotonic() < deadline:
             await asyncio.sleep(POLL_S)
 
-    def _proposal(self) -> Proposal:
+    def _state(self, num_members: int) -> tuple[tuple[int, str], tuple[StateBlock, ...]]:
+        """The replica's base and its state blocks over the round's slices, read at one
+        moment (under the replica's lock; off the loop: a pass over the state)."""
         assert self._merge is not None
         replica = self._merge.pipeline.replica
         with replica.lock:
             base = (replica.num_applied, replica.applied_digest())
+            return base, state_blocks(state_tensors(replica), num_members)
+
+    def _proposal(self, base: tuple[int, str], states: tuple[StateBlock, ...]) -> Proposal:
         wanted = [uid for uid in self._candidates if not self._applied(uid)]
         ids = sorted(wanted)[:MAX_CANDIDATES]
-        return Proposal(base, {uid: self._candidates[uid] for uid in ids})
+        return Proposal(base, {uid: self._candidates[uid] for uid in ids}, states)
 
     def _parsed(self, parse: Callable[[FetchMessage], T], message: FetchMessage) -> T:
         try:
@@ -456,13 +596,30 @@ class FetchExchange:
     async def _fetch_one(
         self, uid: UpdateId, holders: tuple[str, ...], start: int, end: int
     ) -> tuple[GroupUpdate, torch.Tensor]:
-        """The update's fields and this member's slice of it, from the first holder that
-        serves shards that check; Fallback when none does."""
+        """The update's fields and this member's slice of it: kept from an earlier round, or
+        from the first holder that serves shards that check; Fallback when none does."""
+        key = (uid, start, end)
+        kept = self._slices.get(key)
+        if kept is not None:
+            self.num_slices_reused += 1
+            return kept
         for holder in holders:
             got = await self._ask_slice(holder, uid, start, end)
             if got is not None:
+                self._keep_slice(key, got)
                 return got
         raise Fallback("fetch_failed")
+
+    def _keep_slice(
+        self, key: tuple[UpdateId, int, int], got: tuple[GroupUpdate, torch.Tensor]
+    ) -> None:
+        """Kept for a later round: at most KEPT_SLICE_MODELS x the model's values, those of
+        updates applied here dropped first, then the oldest."""
+        self._slices[key] = got
+        for old in [k for k in self._slices if self._applied(k[0])]:
+            del self._slices[old]
+        while sum(t.numel() for _, t in self._slices.values()) > KEPT_SLICE_MODELS * self.numel:
+            self._slices.popitem(last=False)
 
     async def _ask_slice(
         self, holder: str, uid: UpdateId, start: int, end: int
@@ -507,6 +664,15 @@ class FetchExchange:
             return None
         return update, cut_slice(update.num_shards, self.numel, pieces, start, end)
 
+    def _refused(self, reason: str, sender: str, failed: str | None) -> None:
+        """A part or sums that failed MemberRound's checks: counted against `sender`, but for
+        a state check (`STATE_CHECKS`), which an honest member on another state fails too."""
+        if failed is not None and failed.split(" ")[0] in STATE_CHECKS:
+            self.num_state_differs += 1
+            logger.info("fetch round: %s (a state that differs, not a refusal)", failed)
+            return
+        self._reject(reason, sender, f"{failed}")
+
     async def _merge_round(
         self,
         rid: RoundId,
@@ -527,7 +693,7 @@ class FetchExchange:
             if theirs != variants:
                 raise Fallback("variant_differs")
             if not member.part_from(sender, gram):
-                self._reject("group_fetch_part_refused", sender, f"{member.failed}")
+                self._refused("group_fetch_part_refused", sender, member.failed)
                 raise Fallback(member.failed or "part_refused")
         if await loop.run_in_executor(None, member.decide) is None:
             raise Fallback(member.failed or "undecided")
@@ -537,7 +703,7 @@ class FetchExchange:
         deadline = time.monotonic() + self.fetch_wait_s
         for sender, message in (await inbox.wait("sums", others, deadline)).items():
             if not member.sums_from(sender, message.tensors):
-                self._reject("group_fetch_sums_refused", sender, f"{member.failed}")
+                self._refused("group_fetch_sums_refused", sender, member.failed)
                 raise Fallback(member.failed or "sums_refused")
         results = await loop.run_in_executor(None, member.apply)
         if results is None:

@@ -5,11 +5,13 @@ group_exchange_fetch.py does the network.
 signed by its sender's node identity (Ed25519, merge.identity) over (run, group key, epoch,
 round, kind, body, the tensors' SHA-256), checked against the stream's sender:
 
-- `propose`: the sender's applied count and digest, and its candidates (other groups'
-  updates it was told of, each with holders): merge.shard_fetch `Proposal`;
+- `propose`: the sender's applied count and digest, its candidates (other groups'
+  updates it was told of, each with holders) and its state block over each member's slice
+  (session 18): merge.shard_fetch `Proposal`;
 - `part`: its part Gram matrix (merge.shard_member `MemberRound.part`) and the digest of each
   fetched update's variant (`variant_digest`), in the round's id order;
-- `sums`: its slices of the plan's weighted sums (fp32 tensors).
+- `sums`: its slices of the plan's weighted sums (fp32 tensors);
+- `abort`: the sender fell back (its reason): the others stop waiting for it (session 18).
 
 `group-slice` asks a holder for some shards of an update: the answer is the update's fields
 (headers, digests, co-signatures: dht.grouping_round `update_meta`) and those shards, fp32.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -40,12 +43,20 @@ from dht.grouping_round import (
 from merge.group_plan import shard_bounds
 from merge.group_update import SIGNATURE_BYTES, GroupUpdate
 from merge.identity import Identity, verify_signature
-from merge.shard_fetch import MAX_CANDIDATES, MAX_HOLDERS, Proposal, UpdateId, wanted_shards
+from merge.shard_fetch import (
+    MAX_CANDIDATES,
+    MAX_HOLDERS,
+    MAX_STATES,
+    Proposal,
+    StateBlock,
+    UpdateId,
+    wanted_shards,
+)
 
 FETCH_MAGIC = b"DSF1"
 SLICE_MAGIC = b"DSS1"
 _DOMAIN = b"diloco-group-fetch/1\n"
-KINDS = ("propose", "part", "sums")
+KINDS = ("propose", "part", "sums", "abort")
 MAX_SUMS = 3
 """Weighted sums one round gathers at most (merge.shard_round: three only when a batch
 completes two Delayed Nesterov rounds)."""
@@ -160,7 +171,8 @@ def decode_fetch(blob: object, numel: int) -> FetchMessage:
 def proposal_body(proposal: Proposal) -> dict[str, Any]:
     base_count, base_digest = proposal.base
     ids = [[key, seq, list(holders)] for (key, seq), holders in proposal.candidates.items()]
-    return {"base": [base_count, base_digest], "ids": ids}
+    states = [list(block) for block in proposal.states]
+    return {"base": [base_count, base_digest], "ids": ids, "states": states}
 
 
 def proposal_of(message: FetchMessage) -> Proposal:
@@ -185,7 +197,23 @@ def proposal_of(message: FetchMessage) -> Proposal:
         if not all(_text(h) for h in holders):
             raise GroupMessageError("malformed", "a proposal's holders")
         candidates[(key, seq)] = tuple(holders)
-    return Proposal((count, digest), candidates)
+    return Proposal((count, digest), candidates, _states_of(body.get("states", [])))
+
+
+def _states_of(states: object) -> tuple[StateBlock, ...]:
+    """A proposal's state blocks: at most one per member, each at most MAX_STATES' upper
+    triangle of finite floats (their shape checked by `Proposal.problem`)."""
+    most = MAX_STATES * (MAX_STATES + 1) // 2
+    if not isinstance(states, list) or len(states) > MAX_MEMBERS:
+        raise GroupMessageError("malformed", "a proposal's states")
+    blocks = []
+    for block in states:
+        if not isinstance(block, list) or not 0 < len(block) <= most:
+            raise GroupMessageError("malformed", "a proposal's state block")
+        if not all(type(x) is float and math.isfinite(x) for x in block):
+            raise GroupMessageError("malformed", "a proposal's state block")
+        blocks.append(tuple(block))
+    return tuple(blocks)
 
 
 def part_body(part: list[list[float]], variants: list[str]) -> dict[str, Any]:

@@ -93,18 +93,28 @@ class MemberRound:
         return True
 
     def part(self) -> Gram | None:
-        """This member's part Gram matrix, once it has every slice it needs (None before)."""
+        """This member's part Gram matrix, once it has every slice it needs (None before, or
+        when the replica moved since the round's base: "replica_moved", no part of another
+        state is sent)."""
         if self.needs() or self.failed is not None:
             return None
-        part = part_gram(self._states(self.me) + self._slices())
+        with self.rounds.merge.pipeline.replica.lock:
+            if self._moved():
+                return None
+            part = part_gram(self._states(self.me) + self._slices())
         self._parts[self.me] = part
         return part
 
     def part_from(self, member: str, part: object) -> bool:
-        """Another member's part matrix (counted once); False when it fails its checks."""
+        """Another member's part matrix (counted once); False when it fails its checks, or
+        when this replica moved since the round's base (its state is not the one the part
+        is checked against: "replica_moved", nobody's fault)."""
         if member not in self.bounds or member in self._parts or self.failed is not None:
             return False
-        problem = part_problem(part, self._states(member), len(self.incoming))
+        with self.rounds.merge.pipeline.replica.lock:
+            if self._moved():
+                return False
+            problem = part_problem(part, self._states(member), len(self.incoming))
         if problem is not None:
             return self._fail(f"{problem} from {member}")
         assert isinstance(part, list)
@@ -177,6 +187,13 @@ class MemberRound:
         start, end = self.slice
         zeros = torch.zeros(end - start)
         return [self._shards.get(i, zeros) for i in range(len(self.incoming))]
+
+    def _moved(self) -> bool:
+        """Whether the replica left the round's base (then the round fails: "replica_moved")."""
+        replica = self.rounds.merge.pipeline.replica
+        if (replica.num_applied, replica.applied_digest()) != self.base:
+            return not self._fail("replica_moved")
+        return False
 
     def _fail(self, reason: str) -> bool:
         if self.failed is None:

@@ -79,6 +79,7 @@ __all__ = [
     "robust_scale",
     "round_problem",
     "signed_norm_bound",
+    "STATE_SLACK",
     "state_tensors",
     "summed_gram",
     "sums_problem",
@@ -89,7 +90,7 @@ logger = logging.getLogger(__name__)
 _MIN_PARAMS_NORM = 1e-12  # merge.pipeline's floor under the params norm
 PART_CHUNK = 1 << 16
 """Elements of a slice `part_gram` copies to float64 at once (per basis vector)."""
-_STATE_SLACK = 1e-5
+STATE_SLACK = 1e-5
 """Relative room for a member's dot products among the state tensors' slices: replicas that
 applied one set in other orders (a fetch round's fallback to the whole fetch) differ by float
 rounding (session 17: 1e-9 refused every fetch round after one); a member moving the
@@ -143,7 +144,7 @@ def part_problem(part: object, states: Sequence[torch.Tensor], num_updates: int)
     own = part_gram(states)
     for i in range(num_states):
         for j in range(i, num_states):
-            slack = _STATE_SLACK * math.sqrt(own[i][i] * own[j][j])
+            slack = STATE_SLACK * math.sqrt(own[i][i] * own[j][j])
             if abs(part[i][j] - own[i][j]) > slack:
                 return "gram_wrong_state"
     return None

@@ -68,3 +68,19 @@ def test_a_node_that_runs_no_more_rounds_hands_every_candidate_over() -> None:
         assert not exchange.held_back(("groups.0b1", 5))
 
     asyncio.run(run())
+
+
+def test_an_update_no_notice_named_is_held_one_group_wait_only() -> None:
+    """Session 18: a group ahead whose notices are refused (too far) never makes candidates;
+    its updates wait one group wait, not three, before the whole fetch."""
+
+    async def run() -> None:
+        exchange = _exchange([])
+        exchange.fetch_wait_s = 0.05
+        exchange.candidate("groups.0b1", 3, "holder")
+        assert exchange.held_back(("groups.0b1", 3)) and exchange.held_back(("groups.0b1", 4))
+        await asyncio.sleep(1.5 * exchange.fetch_wait_s)
+        assert exchange.held_back(("groups.0b1", 3))  # a candidate: up to three waits
+        assert not exchange.held_back(("groups.0b1", 4))  # no notice: one
+
+    asyncio.run(run())
