@@ -66,8 +66,9 @@ def _keys(folder: Path) -> list[Path]:
 
 @pytest.mark.skipif(
     not os.environ.get("DILOCO_SHARD_FETCH_TEST"),
-    reason="quarantined (DILOCO_SHARD_FETCH_TEST=1 runs it): passed 5 of 5 runs in session 18 "
-    "but takes 85-100 s, over a new swarm test's 60 s (docs/scale.md, Session 18)",
+    reason="quarantined (DILOCO_SHARD_FETCH_TEST=1 runs it): 85-100 s, over a new swarm test's "
+    "60 s; passed 5 of 5 on shardfix18's earlier commits, failed 2 of 2 on the merged main (the "
+    "bootstrap's 40 s linger ends before its group's last round exists; docs/scale.md, Session 18)",
 )
 @pytest.mark.timeout(covering(START_S, RUN_S, EXIT_S))
 def test_two_groups_fetch_each_others_updates_by_slices_and_end_as_one(
@@ -81,12 +82,6 @@ def test_two_groups_fetch_each_others_updates_by_slices_and_end_as_one(
     ]
     for node in nodes:
         assert node.wait_exit(RUN_S + EXIT_S) == 0, node.stderr_tail()
-    import os
-
-    if os.environ.get("SHARD_EVENTS"):
-        from bench.procs import save_events
-
-        save_events(nodes, Path(os.environ["SHARD_EVENTS"]))
     rounds = [e for node in nodes for e in node.of("shard_round")]
     by_shards = [e for e in rounds if e["outcome"] == "applied" and e["applied"] >= 1]
     outcomes = sorted(e["outcome"] for e in rounds)
