@@ -89,10 +89,10 @@ UNNOTICED_ROUNDS = 1.0
 MAX_KEPT_UPDATES = 4
 """Group updates this node completed that it keeps whole to serve slices of."""
 MAX_HELD_FETCH_ROUNDS = 4
+"""Fetch rounds whose messages are held before this node opens them."""
 KEPT_SLICE_MODELS = 2
 """Fetched slices kept for a later round, in model sizes of values (session 18: an update
 deferred past a fold is fetched again by the next round, same members, same slice)."""
-"""Fetch rounds whose messages are held before this node opens them."""
 MAX_KNOWN_KEYS = 64
 POLL_S = 0.05
 STATE_CHECKS = ("gram_wrong_state", "sums_direction")
