@@ -54,6 +54,7 @@ from typing import Any
 
 from bench.procs import ChildProcess, node_process, reap_all, save_events
 from bench.sampling import BackgroundSampler, rss_bytes
+from bench.scale_keys import balanced_identities
 from dht.observer import SwarmObserver
 from merge.sketch import relative_distance
 
@@ -72,6 +73,8 @@ class Slot:
     name: str
     home: Path
     children: list[ChildProcess] = field(default_factory=list)
+    identity: Path | None = None
+    """Its identity file (`--balanced`); None: the node makes its own in HOME."""
 
     @property
     def current(self) -> ChildProcess:
@@ -111,6 +114,12 @@ def main() -> None:
         "other groups' updates fetched whole, as real nodes do; without: by shards)",
     )
     parser.add_argument(
+        "--balanced",
+        action="store_true",
+        help="with --group-size: identities that give every group N / G members "
+        "(bench.scale_keys), so that rows of one command are like for like",
+    )
+    parser.add_argument(
         "--shard-fetch",
         action="store_true",
         help="with --group-size and --scatter: join --group-shard-fetch (each member fetches "
@@ -130,6 +139,7 @@ def main() -> None:
         "group_size": args.group_size,
         "group_scatter": bool(args.group_size and args.scatter),
         "group_shard_fetch": bool(args.group_size and args.scatter and args.shard_fetch),
+        "balanced": bool(args.group_size and args.balanced),
         "sizes": results,
         "extrapolated_base": extrapolate(results),
     }
@@ -157,6 +167,8 @@ def _simulate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
 def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         slots = [Slot(f"node{i}", Path(tmp) / f"node{i}") for i in range(n)]
+        if args.group_size and args.balanced:
+            _give_balanced_identities(slots, args.group_size, Path(tmp) / "keys")
         try:
             result = _measure(slots, args)
         finally:
@@ -165,6 +177,16 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
                 save_events([c for slot in slots for c in slot.children], args.events_dir / f"n{n}")
     print(f"N={n}: " + ", ".join(f"{k}={v}" for k, v in result.items()), flush=True)
     return result
+
+
+def _give_balanced_identities(slots: list[Slot], group_size: int, folder: Path) -> None:
+    """Identity files that spread `slots` evenly over their groups (bench.scale_keys)."""
+    folder.mkdir(parents=True)
+    for slot, identity in zip(
+        slots, balanced_identities(RUN_ID, len(slots), group_size), strict=True
+    ):
+        slot.identity = folder / f"{slot.name}.key"
+        identity.save(slot.identity)
 
 
 def _measure(slots: list[Slot], args: argparse.Namespace) -> dict[str, Any]:
@@ -186,6 +208,7 @@ def _measure(slots: list[Slot], args: argparse.Namespace) -> dict[str, Any]:
     def start(slot: Slot, peers: list[str]) -> ChildProcess:
         remaining = max(1.0, train_until - time.time())
         extra = ["--max-time", f"{remaining:.0f}", *(["--peers", *peers[:3]] if peers else [])]
+        extra += ["--identity", str(slot.identity)] if slot.identity is not None else []
         child = node_process(slot.name, *run, *extra, home=slot.home).start()
         slot.children.append(child)
         return child
