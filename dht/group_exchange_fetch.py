@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from dht.budget import StreamLimits
-from dht.gossip_groups import is_group_key
+from dht.gossip_groups import is_group_key, parse_fetched
 from dht.grouping import member_check
-from dht.grouping_round import GroupMessageError, RoundId, decode_update
+from dht.grouping_round import GroupMessageError, RoundId
 from dht.shard_fetch_wire import (
     FetchMessage,
     decode_fetch,
@@ -500,18 +500,15 @@ class FetchExchange:
         for holder in holders:
             try:
                 data = await self._fetch(holder, uid[0], uid[1])
-                if data is None:
-                    continue
-                whole = decode_update(data, self.numel)
-            except GroupMessageError as exc:
-                self._reject(f"group_update_{exc.reason}", holder, str(exc))
-                continue
             except Exception as exc:  # unreachable, timed out: the next holder
                 logger.info("update %s from %s failed: %r", uid, holder, exc)
                 continue
-            if (whole.head.group_key, whole.seq) == uid:
+            if data is None:
+                continue
+            whole = parse_fetched(data, uid, self.numel)  # the gossip's checks and reasons
+            if isinstance(whole, GroupUpdate):
                 return whole
-            self._reject("group_update_refused", holder, f"not the update {uid} asked for")
+            self._reject(whole, holder, f"update {uid} fetched whole")
         return None
 
     async def _until(self, done: Callable[[], bool], bound_s: float, reason: str) -> None:
