@@ -94,6 +94,15 @@ def collect_s(wait_s: float) -> float:
     return wait_s + grace_s(wait_s)
 
 
+def round_deadlines(
+    opened_at: float, wait_s: float, cosign_s: float, grace_s: float
+) -> tuple[float, float]:
+    """A round's close (its join window and the grace past it) and its first co-sign deadline
+    (`cosign_s` past the join window, at least the close), so a round ends within the same
+    bound with or without a grace."""
+    return opened_at + wait_s + grace_s, opened_at + wait_s + max(cosign_s, grace_s)
+
+
 def joins_in_time(now: float, first_seen: float | None, wait_s: float) -> bool:
     """Whether a member whose own part is ready at `now` joins the round whose first message
     (another member's part or piece) was here at `first_seen` (None: none yet, it opens the

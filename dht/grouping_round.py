@@ -40,6 +40,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from dht.grouping_patience import round_deadlines
 from merge.codec_base import CodecError
 from merge.codecs import get_codec
 from merge.group_update import (
@@ -517,8 +518,7 @@ class GroupRound:
             members=self.members,
             config=config,
         )
-        self.deadline = opened_at + wait_s + grace_s
-        self.cosign_deadline = opened_at + wait_s + max(cosign_s, grace_s)
+        self.deadline, self.cosign_deadline = round_deadlines(opened_at, wait_s, cosign_s, grace_s)
         self._held: dict[str, Cosign] = {}
         """Signer -> its latest co-signature (one per member: bounded by the group)."""
         if not self.reduction.contribute(header, tensor):

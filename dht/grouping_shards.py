@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dht.grouping_patience import CosignClock
+from dht.grouping_patience import CosignClock, round_deadlines
 from dht.grouping_round import (
     MAX_CODEC_NAME,
     MAX_COUNT,
@@ -244,8 +244,7 @@ class ShardedRound:
         )
         self.header, self.digests = header, digests
         self.pieces = torch.tensor_split(tensor.detach().to(torch.float32), len(digests))
-        self.deadline = opened_at + wait_s + grace_s
-        first = opened_at + wait_s + max(cosign_s, grace_s)
+        self.deadline, first = round_deadlines(opened_at, wait_s, cosign_s, grace_s)
         self.clock = CosignClock(first, extension_s=cosign_s)
         self._sent: set[tuple[int, str]] = set()
         self._shared: set[tuple[tuple[str, ...], int]] = set()
