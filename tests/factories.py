@@ -101,10 +101,16 @@ def bf16_values(seed: int, numel: int) -> torch.Tensor:
 
 
 def sharded_rounds(
-    ids: Sequence[Identity], fields: RoundFields, numel: int, *, wait_s: float, cosign_s: float
+    ids: Sequence[Identity],
+    fields: RoundFields,
+    numel: int,
+    *,
+    wait_s: float,
+    cosign_s: float,
+    grace_s: float = 0.0,
 ) -> dict[str, ShardedRound]:
     """One reduce-scatter round (dht.grouping_shards) per member of `ids`, each member's part
-    `bf16_values(k, numel)`, all opened at 0 s with one member list."""
+    `bf16_values(k, numel)`, all opened at 0 s with one member list (and `grace_s`)."""
     members = [i.peer_id for i in ids]
     rounds = {}
     for k, ident in enumerate(ids):
@@ -112,6 +118,6 @@ def sharded_rounds(
         header, digests = sharded_contribution(part, ident, fields, 10, len(ids))
         rounds[ident.peer_id] = ShardedRound(
             ident, header, digests, part, members, opened_at=0.0, wait_s=wait_s,
-            cosign_s=cosign_s,
+            cosign_s=cosign_s, grace_s=grace_s,
         )  # fmt: skip
     return rounds

@@ -40,7 +40,7 @@ from dht.grouping_shards import (
 from merge.group_shards import sharded_contribution
 from merge.group_update import Abandoned, ContributionHeader, GroupUpdate, Phase, RoundFields
 from merge.identity import Identity
-from tests.factories import bf16_values
+from tests.factories import bf16_values, sharded_rounds
 
 IDS = sorted((Identity.generate() for _ in range(7)), key=lambda i: i.peer_id)
 FIELDS = RoundFields(
@@ -78,7 +78,8 @@ def test_a_member_joins_while_its_window_lasts() -> None:
 
 def test_the_grace_moves_the_close_not_the_cosign_deadline() -> None:
     """The round's bound stays wait + 2 x cosign (network_swarm's call waits that and more)."""
-    member = _rounds_at(3, grace=2.5)[IDS[0].peer_id]
+    rounds = sharded_rounds(IDS[:3], FIELDS, NUMEL, wait_s=WAIT_S, cosign_s=COSIGN_S, grace_s=2.5)
+    member = rounds[IDS[0].peer_id]
     assert member.deadline == 12.5 and member.cosign_deadline == 20.0
     assert member.clock.extension_s == COSIGN_S
 
@@ -119,18 +120,6 @@ def test_a_reducer_missing_from_a_flapping_view_before_the_deadline_is_waited_fo
 
 def _authors(update: GroupUpdate) -> list[str]:
     return [h.author for h in update.contributions]
-
-
-def _rounds_at(size: int, grace: float) -> dict[str, ShardedRound]:
-    members = [i.peer_id for i in IDS[:size]]
-    rounds = {}
-    for ident in IDS[:size]:
-        part, header, digests = _parts(size)[ident.peer_id]
-        rounds[ident.peer_id] = ShardedRound(
-            ident, header, digests, part, members, opened_at=0.0, wait_s=WAIT_S,
-            cosign_s=COSIGN_S, grace_s=grace,
-        )  # fmt: skip
-    return rounds
 
 
 # ---- the exchange over a virtual clock ---------------------------------------------------
