@@ -83,20 +83,22 @@ class Membership:
         """Called with a peer's id when it stops sending heartbeats (its state is released)."""
         self._legacy_only: set[str] = set()
         """Peers seen in the legacy key and in no shard: nodes of an earlier version."""
-        self._reading_since: float | None = None
-        """When the read in flight started (None: no read in flight)."""
         self.last_read_started: float | None = None
         """When the last read that returned had started (None: none returned yet)."""
+        self._known_at: float | None = None
+        """When the last read returned: the time liveness is judged at (`judged_at`)."""
 
     def judged_at(self) -> float:
-        """The time liveness is judged at: the start of the read in flight, if any, else now.
+        """The time liveness is judged at: when the last read returned (now before any).
 
-        A peer's absence is proven only by a read that returned without it: while a read is
-        in flight nothing newer is known, so the clock stops at its start. A read of the
-        peers record takes seconds when ~1,000 Sybil heartbeats fill it; judged by the wall
-        clock, every honest peer looked three periods silent during it, and a node then sized
-        its updates and chose its push targets as if it were alone."""
-        return time.time() if self._reading_since is None else self._reading_since
+        A peer's absence is proven only by a read that returned without it: between reads,
+        and while one is in flight, nothing newer is known, so the clock stops at the last
+        read. Judged by the wall clock, a node whose own loop stalled past three periods
+        (2 cores, 16 nodes: session 18's views flapped in bursts of up to 14 peers at once)
+        or whose read of a record full of ~1,000 Sybil heartbeats took seconds saw every
+        honest peer as silent, and then sized its updates and chose its push targets and
+        reducers as if they had left."""
+        return time.time() if self._known_at is None else self._known_at
 
     def alive_peers(self) -> list[Heartbeat]:
         """The live peers this node acts on (pushes to, compares notes with, counts): every
@@ -159,39 +161,36 @@ class Membership:
         """Read this node's heartbeat shard (and, when due, a sample of the others and the
         legacy key); the verified heartbeats, newest view of each peer updated."""
         started = time.time()
-        if self._reading_since is None:
-            self._reading_since = started
-        try:
-            read = await self.shards.read(
-                sent=self.sent_heartbeats > 0, ttl_s=3 * self.config.heartbeat_period_s
-            )
-        finally:
-            if self._reading_since == started:
-                self._reading_since = None
+        read = await self.shards.read(
+            sent=self.sent_heartbeats > 0, ttl_s=3 * self.config.heartbeat_period_s
+        )
         self.last_read_started = max(started, self.last_read_started or started)
-        now = time.time()
+        # Who was alive is judged when the last read returned, what this one proves at its
+        # return: a loop that stalled between the two makes nobody silent.
+        before, now = self.judged_at(), time.time()
         seen: list[Heartbeat] = []
         for subkey, blob in read.records.items():
             heartbeat = self._parse(subkey, blob)
             if heartbeat is not None:
-                self._see_peer(heartbeat, now)
+                self._see_peer(heartbeat, before, now)
                 seen.append(heartbeat)
         if read.moved:
             await self.send_heartbeat()  # into the leaf this node has just moved to
         elif not read.own_found:
-            self._hold_peers(now)
-        self._hold_unread(read, {h.peer_id for h in seen}, now)
+            self._hold_peers(before, now)
+        self._hold_unread(read, {h.peer_id for h in seen}, before, now)
         self._forget_dead_peers(now)
+        self._known_at = max(now, self._known_at or now)
         self.network.sync_dht_refusals()  # records the DHT refused: forged, overwritten, junk
         return seen
 
-    def _hold_unread(self, read: ShardPoll, seen: set[str], now: float) -> None:
+    def _hold_unread(self, read: ShardPoll, seen: set[str], before: float, now: float) -> None:
         """A peer's absence is proven only by a read of the shard that holds it (or of the
         legacy key, for a peer seen only there): peers elsewhere in a large swarm, seen in an
         earlier sample, stay alive until a read of their shard misses them."""
         period = self.config.heartbeat_period_s
         for peer_id, view in self.peers.items():
-            if peer_id in seen or not view.alive(period, now):
+            if peer_id in seen or not view.alive(period, before):
                 continue
             if peer_id in self._legacy_only:
                 proven = read.legacy_read
@@ -202,7 +201,7 @@ class Membership:
         legacy_only = (self._legacy_only | read.legacy_peers) - read.shard_peers
         self._legacy_only = legacy_only & set(self.peers)
 
-    def _hold_peers(self, now: float) -> None:
+    def _hold_peers(self, before: float, now: float) -> None:
         """A read without this node's own live heartbeat was incomplete (timed out, or the
         record too large to read whole, as ~1,000 Sybil heartbeats make it): its absences
         prove nothing, so the peers alive before it stay alive. Otherwise a flood of valid
@@ -211,7 +210,7 @@ class Membership:
         self.incomplete_polls += 1
         period = self.config.heartbeat_period_s
         for view in self.peers.values():
-            if view.alive(period, now):
+            if view.alive(period, before):
                 view.last_seen = max(view.last_seen, now - period)
 
     def _parse(self, subkey: object, blob: object) -> Heartbeat | None:
@@ -235,10 +234,11 @@ class Membership:
         org = self.org_of(heartbeat.peer_id) if self.org_of is not None else None
         return heartbeat if org is None else dataclasses.replace(heartbeat, org=org)
 
-    def _see_peer(self, heartbeat: Heartbeat, now: float) -> None:
-        """Only a newer heartbeat refreshes a peer: a replayed record keeps nobody alive."""
+    def _see_peer(self, heartbeat: Heartbeat, before: float, now: float) -> None:
+        """Only a newer heartbeat refreshes a peer: a replayed record keeps nobody alive. A
+        peer not alive when the last read returned (`before`) joins again."""
         view = self.peers.get(heartbeat.peer_id)
-        if view is None or not view.alive(self.config.heartbeat_period_s, now):
+        if view is None or not view.alive(self.config.heartbeat_period_s, before):
             if view is not None and heartbeat.sent_at <= view.heartbeat.sent_at:
                 return  # the record a dead peer left behind
             if view is None and self._dropped.left_behind(heartbeat.peer_id, heartbeat.sent_at):

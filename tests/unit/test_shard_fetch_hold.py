@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+import pytest
+
+from dht import group_exchange_fetch
 from dht.catchup import CatchUp, CatchUpConfig
 from dht.group_exchange import GroupExchange
 from merge.identity import Identity
@@ -70,17 +73,24 @@ def test_a_node_that_runs_no_more_rounds_hands_every_candidate_over() -> None:
     asyncio.run(run())
 
 
-def test_an_update_no_notice_named_is_held_one_group_wait_only() -> None:
+def test_an_update_no_notice_named_is_held_one_group_wait_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Session 18: a group ahead whose notices are refused (too far) never makes candidates;
-    its updates wait one group wait, not three, before the whole fetch."""
+    its updates wait one group wait, not three, before the whole fetch. The exchange's clock
+    is the test's: on a loaded machine a real sleep of 1.5 waits overran three (CI 38)."""
+    now = [1000.0]
+    monkeypatch.setattr(group_exchange_fetch, "time", SimpleNamespace(monotonic=lambda: now[0]))
 
     async def run() -> None:
         exchange = _exchange([])
-        exchange.fetch_wait_s = 0.05
+        exchange.fetch_wait_s = 10.0
         exchange.candidate("groups.0b1", 3, "holder")
         assert exchange.held_back(("groups.0b1", 3)) and exchange.held_back(("groups.0b1", 4))
-        await asyncio.sleep(1.5 * exchange.fetch_wait_s)
+        now[0] += 1.5 * exchange.fetch_wait_s
         assert exchange.held_back(("groups.0b1", 3))  # a candidate: up to three waits
         assert not exchange.held_back(("groups.0b1", 4))  # no notice: one
+        now[0] += 2 * exchange.fetch_wait_s
+        assert not exchange.held_back(("groups.0b1", 3))
 
     asyncio.run(run())
