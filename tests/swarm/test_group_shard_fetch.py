@@ -15,10 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dht.grouping import peer_bits
-from merge.identity import Identity
 from node.signals import FINISH_SIGNAL
 from tests.swarm.conftest import NodeProcess
+from tests.swarm.group_keys import alternating_keys
 from tests.swarm.replicas import saved_replica, settled_params
 from tests.timeouts import EXIT_S, START_S, covering
 
@@ -53,24 +52,6 @@ ARGS = (
 NODES = 5
 
 
-def _keys(folder: Path) -> list[Path]:
-    """Five identity files, alternating between the halves of the id space: nodes 0, 2 and 4
-    form one group at one bit, 1 and 3 the other."""
-    halves: dict[str, list[Identity]] = {"0": [], "1": []}
-    while len(halves["0"]) < 3 or len(halves["1"]) < 2:
-        identity = Identity.generate()
-        half = halves[peer_bits(RUN, identity.peer_id)[0]]
-        if len(half) < 3:
-            half.append(identity)
-    folder.mkdir(parents=True)
-    paths = []
-    for i in range(NODES):
-        path = folder / f"node{i}.key"
-        halves[str(i % 2)][i // 2].save(path)
-        paths.append(path)
-    return paths
-
-
 def _group_rounds(node: NodeProcess, count: int, timeout_s: float) -> None:
     """Wait until `node` has ended `count` group rounds (any outcome)."""
     seen = 0
@@ -93,7 +74,7 @@ def _group_rounds(node: NodeProcess, count: int, timeout_s: float) -> None:
 def test_two_groups_fetch_each_others_updates_by_slices_and_end_as_one(
     launch: Callable[..., NodeProcess], tmp_path: Path
 ) -> None:
-    keys = _keys(tmp_path / "keys")
+    keys = alternating_keys(tmp_path / "keys", RUN, NODES)
     boot = launch(*ARGS, "--identity", str(keys[0]), name="node0")
     join = ("--peers", boot.wait_listening(START_S)[0])
     nodes = [boot] + [

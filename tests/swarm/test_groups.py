@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from dht.grouping import peer_bits
 from merge.identity import Identity
 from node.signals import FINISH_SIGNAL
 from tests.swarm.conftest import NodeProcess
+from tests.swarm.group_keys import alternating_keys
 from tests.swarm.replicas import saved_replica, settled_params
 from tests.timeouts import EXIT_S, START_S, covering
 
@@ -52,24 +52,6 @@ ARGS = (
 )  # fmt: skip
 
 
-def _keys(folder: Path) -> list[Path]:
-    """Six identity files, alternating between the two halves of the id space (groups 0b0 and
-    0b1 at one bit): nodes 0, 2, 4 form one group, 1, 3, 5 the other."""
-    halves: dict[str, list[Identity]] = {"0": [], "1": []}
-    while min(len(h) for h in halves.values()) < 3:
-        identity = Identity.generate()
-        half = halves[peer_bits(RUN, identity.peer_id)[0]]
-        if len(half) < 3:
-            half.append(identity)
-    folder.mkdir(parents=True)
-    paths = []
-    for i in range(6):
-        path = folder / f"node{i}.key"
-        halves[str(i % 2)][i // 2].save(path)
-        paths.append(path)
-    return paths
-
-
 def _completed(node: NodeProcess, after: float, without: str | None = None) -> dict:
     def done(e: dict) -> bool:
         if e.get("event") != "group_round" or e["outcome"] != "completed" or e["time"] < after:
@@ -86,7 +68,7 @@ def test_two_groups_lose_a_member_each_and_the_live_replicas_end_as_one(
     launch: Callable[..., NodeProcess], tmp_path: Path, scatter: bool
 ) -> None:
     """With --group-scatter the same rounds run by reduce-scatter (dht.grouping_shards)."""
-    keys = _keys(tmp_path / "keys")
+    keys = alternating_keys(tmp_path / "keys", RUN, 6)
     ids = [Identity.load(k).peer_id for k in keys]
     args = (*ARGS, "--group-scatter") if scatter else ARGS
     boot = launch(*args, "--identity", str(keys[0]), name="node0")
