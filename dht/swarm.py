@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dht.bootstrap_rejoin import REJOIN_TICK_S, Rejoiner
 from dht.gossip import Gossip
 from dht.heartbeat import Heartbeat
+from dht.heartbeat_cadence import Cadence
 from dht.join_report import ReachabilityNotes
 from dht.membership import Membership, PeerView
 from dht.merge_port import MergePort
@@ -246,8 +247,29 @@ class Swarm:
         await self.transfer.register()
 
     async def _start_heartbeats(self) -> None:
+        period, started = self.config.heartbeat_period_s, time.monotonic()
         await self.membership.send_heartbeat()
-        self.network.every(self.config.heartbeat_period_s, self.membership.send_heartbeat)
+        cadence = Cadence(period, next_at=started + period, last_stored=time.monotonic())
+        self.network.spawn(self._heartbeats(cadence))
+
+    async def _heartbeats(self, cadence: Cadence) -> None:
+        """A heartbeat stored every period on a fixed cadence (dht.heartbeat_cadence)."""
+        while True:
+            await asyncio.sleep(cadence.wait_s(time.monotonic()))
+            if cadence.start(time.monotonic()):
+                self.network.spawn(self._beat(cadence))
+
+    async def _beat(self, cadence: Cadence) -> None:
+        stored = False
+        try:
+            await self.membership.send_heartbeat()
+            stored = True
+        except Exception as exc:  # the DHT misbehaved: the next one is due in a period
+            logger.warning("storing a heartbeat failed: %s", exc)
+        finally:
+            gap = cadence.done(time.monotonic(), stored=stored)
+        if gap is not None:
+            self.on_event("heartbeat_late", gap_s=round(gap, 3), period_s=cadence.period_s)
 
     async def _start_rejoining(self) -> None:
         config = self.config
