@@ -124,6 +124,17 @@ class Membership:
         view = self.peers.get(peer_id)
         return view is not None and view.alive(self.config.heartbeat_period_s, self.judged_at())
 
+    def heard_from(self, peer_id: str) -> None:
+        """A live peer opened a stream to this node or answered one (dht.network_streams):
+        it is alive now, whatever its heartbeats' lag. A DHT store on a loaded machine takes
+        seconds (session 19's 16 nodes on 2 cores: 258 heartbeat gaps over two periods, in
+        316 of 418 views that dropped a peer), and group members talk exactly while a round
+        needs them in each other's views. Revives no peer already gone and adds none: only a
+        signed heartbeat does that."""
+        view = self.peers.get(peer_id)
+        if view is not None and not view.gone:
+            view.last_seen = max(view.last_seen, time.time())
+
     async def check_run(self) -> None:
         """A node whose run id is trained with another configuration is told so, clearly."""
         records = await self.network.dht_get(f"diloco-run/{self.config.run_id}")

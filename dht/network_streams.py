@@ -33,6 +33,7 @@ class NetworkStreams:
     _refusals_seen: dict[str, int]
     _p2p: P2P | None
     _control: DaemonConnector | None
+    on_heard: Callable[[str], None] | None = None
 
     def protocol(self, name: str) -> str:
         return f"/diloco/{self.config.fingerprint[:16]}/{name}/1"
@@ -54,6 +55,7 @@ class NetworkStreams:
                 if refusal is not None:  # closed unread: the cheapest answer to a flood
                     self._count(f"{name}_{refusal}", peer_id, f"{name} stream refused")
                     return
+                self._heard(peer_id)
                 try:
                     await asyncio.wait_for(handler(info, reader, writer), limits.deadline_s)
                 except TimeoutError:
@@ -74,6 +76,12 @@ class NetworkStreams:
         self._refusals_seen = now
         if self._reject is not None:
             self._reject.add_dht_refusals(delta)
+
+    def _heard(self, peer_id: str) -> None:
+        """`peer_id` opened a stream to this node or answered one: it is alive now. libp2p
+        authenticates the remote's id on every connection, relayed ones included."""
+        if self.on_heard is not None:
+            self.on_heard(peer_id)
 
     def _count(self, reason: str, peer_id: str, detail: str) -> None:
         if self._reject is not None:
@@ -105,11 +113,13 @@ class NetworkStreams:
             reader, writer = await self.open_stream(peer_id, name)
             try:
                 await send_blob(writer, blob)
-                return await receive_blob(
+                answer = await receive_blob(
                     reader, max_bytes=max_bytes, stall_timeout_s=REQUEST_READ_TIMEOUT_S
                 )
             finally:
                 writer.close()
+        self._heard(peer_id)
+        return answer
 
     async def send(self, peer_id: str, name: str, blob: bytes, *, timeout_s: float = 10.0) -> None:
         """One blob to `peer_id`'s `name` handler, no answer expected; bounded by `timeout_s`."""

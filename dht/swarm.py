@@ -86,6 +86,7 @@ class Swarm:
             reject=self._reject,
             on_event=on_event,
         )
+        self.network.on_heard = self.membership.heard_from
         self.gossip = Gossip(
             self.network,
             self.membership,

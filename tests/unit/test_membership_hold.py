@@ -208,3 +208,26 @@ def test_after_a_stall_a_complete_read_without_the_peer_still_proves_it_gone() -
     asyncio.run(m.poll())
     assert not m.is_alive(peer.peer_id)
     assert events == [("peer_joined", peer.peer_id), ("peer_left", peer.peer_id)]
+
+
+def test_a_peer_that_talks_to_us_stays_alive_while_its_heartbeats_lag() -> None:
+    """Session 19: a DHT store on a loaded machine took up to 28 s, and peers dropped a node
+    whose streams reached them all along. A stream it opens or answers proves it alive."""
+    me, peer, stranger = Identity.generate(), Identity.generate(), Identity.generate()
+    events: list[tuple[str, str]] = []
+    m = membership(me, [{}], events)
+    use(m, SlowReads(m.config, [me, peer], 0.0))
+    asyncio.run(m.send_heartbeat())
+    asyncio.run(m.poll())
+    use(m, SlowReads(m.config, [me], 0.0))  # its heartbeat store is late: reads miss it
+    for _ in range(8):
+        skip(PERIOD)
+        m.heard_from(peer.peer_id)  # a group piece, a co-sign, a fetched answer
+        m.heard_from(stranger.peer_id)  # no heartbeat ever read: adds nobody
+        asyncio.run(m.poll())
+    assert m.is_alive(peer.peer_id) and not m.is_alive(stranger.peer_id)
+    assert events == [("peer_joined", peer.peer_id)]
+    poll_for(m, 4 * PERIOD)  # silent now, and still no heartbeat: it left
+    m.heard_from(peer.peer_id)  # a stream after it left revives nothing
+    assert not m.is_alive(peer.peer_id)
+    assert events[-1] == ("peer_left", peer.peer_id)
