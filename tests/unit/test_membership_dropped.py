@@ -22,6 +22,7 @@ from dht.records import owner_subkey
 from dht.rejections import Rejections
 from dht.swarm_config import SwarmConfig
 from merge.identity import Identity
+from tests.unit.skipped_clock import SkippedClock
 from tests.unit.test_membership_hold import Reads, use
 
 PERIOD = 0.01
@@ -46,35 +47,37 @@ def beat(identity: Identity, sent_at: float) -> dict[str, bytes]:
     return {owner_subkey(identity.peer_id): blob}
 
 
-def poll_until_dropped(m: Membership, me: Identity, records: dict[str, bytes]) -> None:
-    """Polls that read `records` beside this node's own fresh heartbeat until the views of
-    silent peers were dropped (forget_after_s) and a few polls more."""
-    end = time.time() + m.forget_after_s + 8 * PERIOD
-    while time.time() < end:
+def poll_until_dropped(
+    m: Membership, me: Identity, records: dict[str, bytes], clock: SkippedClock
+) -> None:
+    """Polls every half period of the test's clock that read `records` beside this node's own
+    fresh heartbeat until the views of silent peers were dropped (forget_after_s) and a few
+    polls more."""
+    for _ in range(round((m.forget_after_s + 8 * PERIOD) / (PERIOD / 2))):
+        clock.skip(PERIOD / 2)
         use(m, Reads(m.config, [beat(me, time.time()) | records]))
         asyncio.run(m.poll())
-        time.sleep(PERIOD / 2)
 
 
-def test_a_record_left_behind_does_not_make_its_peer_join_again() -> None:
+def test_a_record_left_behind_does_not_make_its_peer_join_again(clock: SkippedClock) -> None:
     me, sybil = Identity.generate(), Identity.generate()
     events: list[tuple[str, str]] = []
     m = membership(me, events)
     asyncio.run(m.send_heartbeat())
     left_behind = beat(sybil, time.time())  # written once, read on every poll after
-    poll_until_dropped(m, me, left_behind)
-    poll_until_dropped(m, me, left_behind)
+    poll_until_dropped(m, me, left_behind, clock)
+    poll_until_dropped(m, me, left_behind, clock)
     assert events.count(("peer_joined", sybil.peer_id)) == 1
     assert events.count(("peer_left", sybil.peer_id)) == 1
     assert not m.is_alive(sybil.peer_id)
 
 
-def test_a_newer_heartbeat_after_the_drop_is_the_peer_back() -> None:
+def test_a_newer_heartbeat_after_the_drop_is_the_peer_back(clock: SkippedClock) -> None:
     me, peer = Identity.generate(), Identity.generate()
     events: list[tuple[str, str]] = []
     m = membership(me, events)
     asyncio.run(m.send_heartbeat())
-    poll_until_dropped(m, me, beat(peer, time.time()))
+    poll_until_dropped(m, me, beat(peer, time.time()), clock)
     assert peer.peer_id not in m.peers
     use(m, Reads(m.config, [beat(me, time.time()) | beat(peer, time.time())]))
     asyncio.run(m.poll())

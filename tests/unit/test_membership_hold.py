@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from dht.heartbeat import Heartbeat
 from dht.membership import Membership
@@ -21,23 +18,9 @@ from dht.records import owner_subkey
 from dht.rejections import Rejections
 from dht.swarm_config import SwarmConfig
 from merge.identity import Identity
+from tests.unit.skipped_clock import SkippedClock
 
 PERIOD = 0.05
-_skipped = [0.0]
-
-
-@pytest.fixture(autouse=True)
-def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """time.time() is the wall clock plus the time the test skipped (`skip`): the polls'
-    pacing is the test's, so a loaded machine (CI runs swarms beside) changes no verdict."""
-    real = time.time
-    _skipped[0] = 0.0
-    monkeypatch.setattr(time, "time", lambda: real() + _skipped[0])
-    yield
-
-
-def skip(seconds: float) -> None:
-    _skipped[0] += seconds
 
 
 class Reads:
@@ -80,38 +63,38 @@ def record(identity: Identity) -> dict[str, bytes]:
     return {owner_subkey(identity.peer_id): Heartbeat(peer_id=identity.peer_id).sign(identity)}
 
 
-def poll_for(m: Membership, seconds: float) -> None:
+def poll_for(m: Membership, seconds: float, clock: SkippedClock) -> None:
     """A poll every half period for `seconds` of the test's clock."""
     for _ in range(round(seconds / (PERIOD / 2))):
-        skip(PERIOD / 2)
+        clock.skip(PERIOD / 2)
         asyncio.run(m.poll())
 
 
-def test_a_peer_stays_alive_while_reads_miss_our_own_heartbeat() -> None:
+def test_a_peer_stays_alive_while_reads_miss_our_own_heartbeat(clock: SkippedClock) -> None:
     me, peer = Identity.generate(), Identity.generate()
     m = membership(me, [record(me) | record(peer), {}])
     asyncio.run(m.send_heartbeat())
     asyncio.run(m.poll())
     assert m.is_alive(peer.peer_id)
-    poll_for(m, 6 * PERIOD)  # every later read timed out ({}): no absence is proven
+    poll_for(m, 6 * PERIOD, clock)  # every later read timed out ({}): no absence is proven
     assert m.is_alive(peer.peer_id) and m.incomplete_polls > 0
 
 
-def test_a_peer_missing_from_a_complete_read_leaves() -> None:
+def test_a_peer_missing_from_a_complete_read_leaves(clock: SkippedClock) -> None:
     me, peer = Identity.generate(), Identity.generate()
     m = membership(me, [record(me) | record(peer), record(me)])
     asyncio.run(m.send_heartbeat())
     asyncio.run(m.poll())
-    poll_for(m, 6 * PERIOD)  # our own heartbeat is there, the peer's is not: it left
+    poll_for(m, 6 * PERIOD, clock)  # our own heartbeat is there, the peer's is not: it left
     assert not m.is_alive(peer.peer_id) and m.incomplete_polls == 0
 
 
-def test_before_the_first_heartbeat_a_read_decides_nothing_is_held() -> None:
+def test_before_the_first_heartbeat_a_read_decides_nothing_is_held(clock: SkippedClock) -> None:
     me, peer = Identity.generate(), Identity.generate()
     m = membership(me, [record(peer), {}])
     asyncio.run(m.poll())
     assert m.is_alive(peer.peer_id)
-    poll_for(m, 6 * PERIOD)
+    poll_for(m, 6 * PERIOD, clock)
     assert not m.is_alive(peer.peer_id)  # nothing sent yet: a read missing us is not suspect
 
 
@@ -160,12 +143,14 @@ def test_a_peer_found_by_every_slow_read_stays_alive_during_the_next_one() -> No
     assert m.is_alive(peer.peer_id)
 
 
-def test_a_slow_read_that_misses_a_peer_proves_it_gone_only_after_it_returns() -> None:
+def test_a_slow_read_that_misses_a_peer_proves_it_gone_only_after_it_returns(
+    clock: SkippedClock,
+) -> None:
     me, peer = Identity.generate(), Identity.generate()
     m = membership(me, [record(me) | record(peer)])
     asyncio.run(m.send_heartbeat())
     asyncio.run(m.poll())
-    skip(PERIOD)
+    clock.skip(PERIOD)
     use(m, SlowReads(m.config, [me], 3 * PERIOD))
 
     async def one_read() -> tuple[bool, bool]:
@@ -179,7 +164,7 @@ def test_a_slow_read_that_misses_a_peer_proves_it_gone_only_after_it_returns() -
     assert during and not after
 
 
-def test_a_node_whose_own_loop_stalls_drops_no_peer_and_sees_no_rejoin() -> None:
+def test_a_node_whose_own_loop_stalls_drops_no_peer_and_sees_no_rejoin(clock: SkippedClock) -> None:
     """Session 18, 16 nodes on 2 cores: views flapped in bursts (up to 14 peers left at once
     and joined again seconds later) when a node's loop stalled past three periods between
     two reads. Nothing proves a peer gone but a read that returned without it."""
@@ -189,28 +174,30 @@ def test_a_node_whose_own_loop_stalls_drops_no_peer_and_sees_no_rejoin() -> None
     use(m, SlowReads(m.config, [me, peer], 0.0))
     asyncio.run(m.send_heartbeat())
     asyncio.run(m.poll())
-    skip(5 * PERIOD)  # no read for five periods: this node's loop was busy
+    clock.skip(5 * PERIOD)  # no read for five periods: this node's loop was busy
     assert m.is_alive(peer.peer_id) and len(m.alive_peers()) == 1
     asyncio.run(m.poll())  # the peer's newer heartbeat: the same view, refreshed
     assert m.is_alive(peer.peer_id)
     assert events == [("peer_joined", peer.peer_id)]
 
 
-def test_after_a_stall_a_complete_read_without_the_peer_still_proves_it_gone() -> None:
+def test_after_a_stall_a_complete_read_without_the_peer_still_proves_it_gone(
+    clock: SkippedClock,
+) -> None:
     me, peer = Identity.generate(), Identity.generate()
     events: list[tuple[str, str]] = []
     m = membership(me, [{}], events)
     use(m, SlowReads(m.config, [me, peer], 0.0))
     asyncio.run(m.send_heartbeat())
     asyncio.run(m.poll())
-    skip(5 * PERIOD)
+    clock.skip(5 * PERIOD)
     use(m, SlowReads(m.config, [me], 0.0))  # our own heartbeat, not the peer's: it left
     asyncio.run(m.poll())
     assert not m.is_alive(peer.peer_id)
     assert events == [("peer_joined", peer.peer_id), ("peer_left", peer.peer_id)]
 
 
-def test_a_peer_that_talks_to_us_stays_alive_while_its_heartbeats_lag() -> None:
+def test_a_peer_that_talks_to_us_stays_alive_while_its_heartbeats_lag(clock: SkippedClock) -> None:
     """Session 19: a DHT store on a loaded machine took up to 28 s, and peers dropped a node
     whose streams reached them all along. A stream it opens or answers proves it alive."""
     me, peer, stranger = Identity.generate(), Identity.generate(), Identity.generate()
@@ -221,13 +208,13 @@ def test_a_peer_that_talks_to_us_stays_alive_while_its_heartbeats_lag() -> None:
     asyncio.run(m.poll())
     use(m, SlowReads(m.config, [me], 0.0))  # its heartbeat store is late: reads miss it
     for _ in range(8):
-        skip(PERIOD)
+        clock.skip(PERIOD)
         m.heard_from(peer.peer_id)  # a group piece, a co-sign, a fetched answer
         m.heard_from(stranger.peer_id)  # no heartbeat ever read: adds nobody
         asyncio.run(m.poll())
     assert m.is_alive(peer.peer_id) and not m.is_alive(stranger.peer_id)
     assert events == [("peer_joined", peer.peer_id)]
-    poll_for(m, 4 * PERIOD)  # silent now, and still no heartbeat: it left
+    poll_for(m, 4 * PERIOD, clock)  # silent now, and still no heartbeat: it left
     m.heard_from(peer.peer_id)  # a stream after it left revives nothing
     assert not m.is_alive(peer.peer_id)
     assert events[-1] == ("peer_left", peer.peer_id)

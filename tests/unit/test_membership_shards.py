@@ -21,6 +21,7 @@ from dht.shard_walk import SPLIT_VALUE, split_subkey
 from dht.shards import ShardConfig, shard_key
 from dht.swarm_config import SwarmConfig
 from merge.identity import Identity
+from tests.unit.skipped_clock import SkippedClock
 
 PERIOD = 0.05
 RUN = "r"
@@ -73,15 +74,17 @@ def beat(identity: Identity) -> bytes:
     return Heartbeat(peer_id=identity.peer_id, sent_at=time.time()).sign(identity)
 
 
-def polls(m: Membership, seconds: float) -> None:
-    end = time.time() + seconds
-    while time.time() < end:
+def polls(m: Membership, seconds: float, clock: SkippedClock) -> None:
+    """A heartbeat and a poll every half period for `seconds` of the test's clock."""
+    for _ in range(round(seconds / (PERIOD / 2))):
+        clock.skip(PERIOD / 2)
         asyncio.run(m.send_heartbeat())
         asyncio.run(m.poll())
-        time.sleep(PERIOD / 2)
 
 
-def test_a_node_of_an_earlier_version_is_read_from_the_single_key_and_sees_us_there() -> None:
+def test_a_node_of_an_earlier_version_is_read_from_the_single_key_and_sees_us_there(
+    clock: SkippedClock,
+) -> None:
     me, old = Identity.generate(), Identity.generate()
     m, keys = member(me)
     keys.records[keys.legacy] = {owner_subkey(old.peer_id): beat(old)}
@@ -90,12 +93,12 @@ def test_a_node_of_an_earlier_version_is_read_from_the_single_key_and_sees_us_th
     asyncio.run(m.poll())
     assert m.is_alive(old.peer_id) and m.shards.compat
     keys.stores.clear()
-    polls(m, 6 * PERIOD)  # the old node keeps writing its heartbeat ...
+    polls(m, 6 * PERIOD, clock)  # the old node keeps writing its heartbeat ...
     keys.records[keys.legacy][owner_subkey(old.peer_id)] = beat(old)
     assert (keys.legacy, owner_subkey(me.peer_id)) in keys.stores  # ... and we write ours there
     assert (keys.shard(""), owner_subkey(me.peer_id)) in keys.stores
     del keys.records[keys.legacy][owner_subkey(old.peer_id)]
-    polls(m, 6 * PERIOD)  # a read of the single key misses it: it left
+    polls(m, 6 * PERIOD, clock)  # a read of the single key misses it: it left
     assert not m.is_alive(old.peer_id)
 
 
@@ -109,7 +112,9 @@ def test_a_new_node_that_also_writes_the_single_key_does_not_keep_us_writing_it(
     assert m.is_alive(new.peer_id) and not m.shards.compat
 
 
-def test_a_peer_in_another_shard_stays_alive_until_a_read_of_its_shard_misses_it() -> None:
+def test_a_peer_in_another_shard_stays_alive_until_a_read_of_its_shard_misses_it(
+    clock: SkippedClock,
+) -> None:
     me = Identity.generate()
     other = next(
         i
@@ -130,20 +135,19 @@ def test_a_peer_in_another_shard_stays_alive_until_a_read_of_its_shard_misses_it
     assert m.is_alive(other.peer_id)
     keys.records[keys.shard(theirs)] = {}  # read no more: nothing proves it gone
     m.shards._last_sample = float("inf")
-    polls(m, 6 * PERIOD)
+    polls(m, 6 * PERIOD, clock)
     assert m.is_alive(other.peer_id)
     third = next(
         i
         for i in (Identity.generate() for _ in range(64))
         if peer_bits(RUN, i.peer_id)[:1] == theirs
     )
-    end = time.time() + 10 * PERIOD
-    while time.time() < end:  # its shard is read (sampled) and holds another peer, not it
+    for _ in range(20):  # its shard is read (sampled) and holds another peer, not it
+        clock.skip(PERIOD / 2)
         keys.records[keys.shard(theirs)] = {owner_subkey(third.peer_id): beat(third)}
         m.shards._last_sample = 0.0
         asyncio.run(m.send_heartbeat())
         asyncio.run(m.poll())
-        time.sleep(PERIOD / 2)
     assert m.is_alive(third.peer_id) and not m.is_alive(other.peer_id)
 
 
