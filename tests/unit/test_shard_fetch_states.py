@@ -183,6 +183,17 @@ def test_a_state_check_failed_is_no_refusal_of_the_peer() -> None:
     assert rejected == ["group_fetch_part_refused"]
 
 
+def test_a_round_that_failed_on_this_side_or_another_members_part_refuses_no_sender() -> None:
+    rejected: list[tuple[str, str]] = []
+    exchange = SimpleNamespace(num_state_differs=0, _reject=lambda r, p, d: rejected.append((r, p)))
+    refused = FetchExchange._refused
+    refused(exchange, "group_fetch_part_refused", "peer", "replica_moved")  # type: ignore[arg-type]
+    refused(exchange, "group_fetch_sums_refused", "peer", "gram_beyond_schwarz from other")  # type: ignore[arg-type]
+    assert rejected == [] and exchange.num_state_differs == 0
+    refused(exchange, "group_fetch_part_refused", "peer", None)  # type: ignore[arg-type]
+    assert rejected == [("group_fetch_part_refused", "peer")]
+
+
 def test_blocks_cover_every_slice_of_the_state() -> None:
     states = [torch.linspace(0.0, 1.0, 30), torch.ones(30)]
     blocks = state_blocks(states, 4)
