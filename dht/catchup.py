@@ -179,7 +179,7 @@ class CatchUp:
         self.held_back: Callable[[UpdateId], bool] = lambda uid: False
         """Whether a wanted update waits for another path (set by the group exchange with
         --group-shard-fetch: other groups' updates a fetch round may merge by slices,
-        dht.group_exchange_fetch); it is fetched here once that says no more."""
+        dht.group_exchange_candidates); it is fetched here once that says no more."""
         self.newly_deferred: list[UpdateId] = []
         """Fresh authors' updates passed over (by their fetch cap, for the first time, or
         because max_fresh_wants were wanted), for the caller to count and clear."""

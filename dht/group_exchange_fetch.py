@@ -1,7 +1,9 @@
 """The shard fetch over the network (`--group-shard-fetch`; docs/scale.md, Session 17): the
 `group-fetch` and `group-slice` streams and the coroutine that runs one member's fetch round
 (merge.shard_member `MemberRound`, driven from signed messages: dht.shard_fetch_wire). A mixin
-of dht.group_exchange.GroupExchange, which holds the streams' plumbing.
+of dht.group_exchange.GroupExchange, which holds the streams' plumbing; the candidates and
+their fallback are dht.group_exchange_candidates', the slices dht.group_exchange_slices', a
+round's inbox dht.shard_fetch_inbox's.
 
 A member whose group round completed with it included runs a fetch round with the round's
 other included members once its group's update is applied here: each proposes the other
@@ -22,55 +24,42 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from dht.budget import StreamLimits
-from dht.gossip_groups import is_group_key, parse_fetched
+from dht.group_exchange_candidates import FetchCandidates
+from dht.group_exchange_slices import SLICE_LIMITS, SliceExchange
 from dht.grouping import member_check
 from dht.grouping_round import GroupMessageError, RoundId
+from dht.shard_fetch_inbox import Fallback, Inbox
 from dht.shard_fetch_wire import (
     FetchMessage,
     decode_fetch,
-    decode_slice,
     fetch_max_bytes,
-    parse_slice_request,
     part_body,
     part_of,
     proposal_body,
     proposal_of,
-    slice_answer,
-    slice_max_bytes,
-    slice_request,
 )
-from dht.swarm_config import REQUEST_READ_TIMEOUT_S
-from dht.transport import TransportError, receive_blob, send_blob, send_refusal
 from merge.group_pipeline import GroupMerge
-from merge.group_plan import shard_bounds
 from merge.group_update import GroupUpdate
 from merge.result import MergeResult
 from merge.shard_fetch import (
     MAX_CANDIDATES,
-    MAX_HOLDERS,
-    Composition,
     Proposal,
     StateBlock,
     UpdateId,
     agreed,
     compose,
-    cut_slice,
-    incoming_of_headers,
     left_out,
-    pieces_problem,
     state_blocks,
     state_gap,
-    variant_digest,
-    wanted_shards,
 )
 from merge.shard_member import MemberRound
-from merge.shard_round import Incoming, ShardRound, state_tensors
+from merge.shard_round import state_tensors
 
 if TYPE_CHECKING:
     from dht.network import SwarmNetwork
@@ -80,20 +69,8 @@ logger = logging.getLogger(__name__)
 
 FETCH_LIMITS = StreamLimits(rate_per_s=8.0, burst=32.0, max_in_flight=4, deadline_s=60.0)
 """Fetch-round messages a peer may send: three per round from each member."""
-SLICE_LIMITS = StreamLimits(rate_per_s=8.0, burst=32.0, max_in_flight=4, deadline_s=60.0)
-"""Slice requests a peer may make: one per update of a fetch round, from each member."""
-FALLBACK_ROUNDS = 3.0
-"""A candidate not applied this many group waits after its notice goes to the gossip."""
-UNNOTICED_ROUNDS = 1.0
-"""Group waits the gossip holds back another group's update no notice named (`held_back`)."""
-MAX_KEPT_UPDATES = 4
-"""Group updates this node completed that it keeps whole to serve slices of."""
 MAX_HELD_FETCH_ROUNDS = 4
 """Fetch rounds whose messages are held before this node opens them."""
-KEPT_SLICE_MODELS = 2
-"""Fetched slices kept for a later round, in model sizes of values (session 18: an update
-deferred past a fold is fetched again by the next round, same members, same slice)."""
-MAX_KNOWN_KEYS = 64
 POLL_S = 0.05
 STATE_CHECKS = ("gram_wrong_state", "sums_direction")
 """MemberRound's failures that replicas of one applied set in other orders earn as well as a
@@ -102,52 +79,7 @@ liar: counted as a state that differs (`num_state_differs`), never against the p
 T = TypeVar("T")
 
 
-class Fallback(Exception):
-    """A fetch round ends with nothing applied (its reason)."""
-
-
-class Inbox:
-    """One fetch round's messages by kind and sender (one each), and a wake for the waiter."""
-
-    def __init__(self) -> None:
-        self.messages: dict[str, dict[str, FetchMessage]] = {}
-        self.wake = asyncio.Event()
-        self.proposed: list[str] = []
-        """The ids this member proposed (`key#seq`), for its `shard_round` event."""
-        self.agreed: tuple[UpdateId, ...] = ()
-        """The ids every member proposed (once all proposals are in): what the members
-        fall back on alike, fetched whole and applied in this order."""
-        self.holders: dict[UpdateId, tuple[str, ...]] = {}
-        self.state_gap: float | None = None
-        """How far the members' replicas lay apart (merge.shard_fetch `state_gap`)."""
-        self.in_order = 0
-        """Updates this round applied whole in id order (deferred past its fold)."""
-
-    def put(self, message: FetchMessage) -> None:
-        self.messages.setdefault(message.kind, {}).setdefault(message.sender, message)
-        self.wake.set()
-
-    def size(self) -> int:
-        return sum(len(m) for m in self.messages.values())
-
-    async def wait(self, kind: str, senders: list[str], deadline: float) -> dict[str, FetchMessage]:
-        """Each of `senders`' `kind` message, waited for until `deadline` (Fallback), or until
-        one of them says it fell back (`abort`)."""
-        while True:
-            if any(s in self.messages.get("abort", {}) for s in senders):
-                raise Fallback("aborted")
-            got = self.messages.get(kind, {})
-            if all(s in got for s in senders):
-                return {s: got[s] for s in senders}
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise Fallback(f"{kind}_missing")
-            self.wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout=left)
-
-
-class FetchExchange:
+class FetchExchange(FetchCandidates, SliceExchange):
     """GroupExchange's shard fetch (see the module's docstring)."""
 
     if TYPE_CHECKING:  # what GroupExchange provides
@@ -157,11 +89,6 @@ class FetchExchange:
         numel: int
         _is_alive: Callable[[str], bool]
         _reject: Callable[[str, str, str], None]
-        _offer: Callable[[str, int, str], object] | None
-        _fetch: Callable[[str, str, int], Awaitable[bytes | None]] | None
-        _on_update: Callable[[GroupUpdate], bool] | None
-
-        async def _hold(self, update: GroupUpdate) -> None: ...
 
         async def _take(
             self,
@@ -172,7 +99,6 @@ class FetchExchange:
             decode: Callable[[bytes], T],
             counted: bool = True,
         ) -> T | None: ...
-        def _received(self, kind: str, sender: str, num_bytes: int) -> None: ...
         async def _send(self, peer: str, name: str, blob: bytes, timeout_s: float) -> bool: ...
         def _spawn(self, coro: Any) -> None: ...
 
@@ -222,90 +148,6 @@ class FetchExchange:
             await self.network.add_handler("group-fetch", self.rpc_fetch, FETCH_LIMITS)
             await self.network.add_handler("group-slice", self.rpc_slice, SLICE_LIMITS)
 
-    # ---- candidates and kept updates --------------------------------------------------------
-
-    def candidate(self, group_key: str, seq: int, holder: str) -> None:
-        """Another group's update a member completed (its notice): a candidate of this node's
-        next fetch round, handed to the gossip if it is not applied in time."""
-        uid = (group_key, seq)
-        if not self._holds_back:  # no fetch round will come: the whole fetch at once
-            if self._offer is not None:
-                self._offer(group_key, seq, holder)
-            return
-        holders = self._candidates.get(uid, ())
-        if holder not in holders and len(holders) < MAX_HOLDERS:
-            self._candidates[uid] = (*holders, holder)
-        while len(self._candidates) > 4 * MAX_CANDIDATES:
-            self._hand_over(next(iter(self._candidates)))
-        self._keys[group_key] = None
-        self._keys.move_to_end(group_key)
-        if len(self._keys) > MAX_KNOWN_KEYS:
-            self._keys.popitem(last=False)
-        if not holders:
-            self._spawn(self._hand_over_later(uid, FALLBACK_ROUNDS * self.fetch_wait_s))
-
-    async def _hand_over_later(self, uid: UpdateId, delay_s: float) -> None:
-        await asyncio.sleep(delay_s)
-        self._hand_over(uid)
-
-    def own_key(self, group_key: str) -> None:
-        """A group key this node runs rounds of: its updates are not held back."""
-        self._own_keys[group_key] = None
-        self._own_keys.move_to_end(group_key)
-        while len(self._own_keys) > MAX_KNOWN_KEYS:
-            self._own_keys.popitem(last=False)
-
-    def stop_holding(self) -> None:
-        """This node runs no more rounds (it lingers or leaves): every candidate goes to the
-        gossip now, and so does every later notice."""
-        self._holds_back = False
-        for uid in list(self._candidates):
-            self._hand_over(uid)
-
-    def held_back(self, uid: UpdateId) -> bool:
-        """Whether the gossip waits before fetching `uid` whole (dht.catchup `held_back`):
-        another group's update, wanted for less than FALLBACK_ROUNDS group waits and not
-        handed over, may come by a fetch round. The gossip's repair and holder lookups find
-        other groups' updates as fast as the notices do; without the wait they win the race
-        and a fetch round's members stand on other applied sets."""
-        if not self._holds_back or uid in self._released or not is_group_key(uid[0]):
-            return False
-        if uid[0] in self._own_keys:
-            return False
-        now = time.monotonic()
-        first = self._first_wanted.setdefault(uid, now)
-        while len(self._first_wanted) > 16 * MAX_CANDIDATES:
-            self._first_wanted.popitem(last=False)
-        # One group wait for an id no notice made a candidate (its notice may be on the way;
-        # if it never comes, no fetch round takes it: session 18's bench lost 304 ids a
-        # group ahead published, their notices refused as too far, held 3 waits until their
-        # holder had dropped them).
-        rounds = FALLBACK_ROUNDS if uid in self._candidates else UNNOTICED_ROUNDS
-        return now - first < rounds * self.fetch_wait_s
-
-    def _hand_over(self, uid: UpdateId) -> None:
-        """A candidate to the gossip's whole fetch (unless applied here already)."""
-        self._released[uid] = None
-        while len(self._released) > 16 * MAX_CANDIDATES:
-            self._released.popitem(last=False)
-        holders = self._candidates.pop(uid, ())
-        if self._offer is None or self._applied(uid):
-            return
-        for holder in holders:
-            self._offer(uid[0], uid[1], holder)
-
-    def _applied(self, uid: UpdateId) -> bool:
-        return self._merge is not None and self._merge.pipeline.replica.has_applied(*uid)
-
-    def keep(self, update: GroupUpdate) -> None:
-        """A group update this node completed: kept whole (bounded) to serve its slices."""
-        if not self.shard_fetch:
-            return
-        uid = (update.head.group_key, update.seq)
-        self._kept[uid] = update
-        while len(self._kept) > MAX_KEPT_UPDATES:
-            self._kept.popitem(last=False)
-
     # ---- serving ----------------------------------------------------------------------------
 
     async def rpc_fetch(self, info: Any, reader: Any, writer: Any) -> None:
@@ -340,25 +182,6 @@ class FetchExchange:
                 self._held_inboxes.popitem(last=False)
         if inbox.size() < 3 * 64:
             inbox.put(message)
-
-    async def rpc_slice(self, info: Any, reader: Any, writer: Any) -> None:
-        """Shards of an update this node kept, with its fields; a refusal when not kept."""
-        sender = str(info.peer_id)
-        try:
-            blob = await asyncio.wait_for(
-                receive_blob(reader, max_bytes=4096), REQUEST_READ_TIMEOUT_S
-            )
-            uid, start, end = parse_slice_request(blob, self.numel)
-            update = self._kept.get(uid)
-            if update is None:
-                await send_refusal(writer, "not kept")
-                return
-            answer = await asyncio.to_thread(slice_answer, update, start, end)
-            await send_blob(writer, answer)
-        except GroupMessageError as exc:
-            self._reject(f"group_slice_{exc.reason}", sender, str(exc))
-        except (TransportError, OSError, TimeoutError) as exc:
-            logger.debug("slice request from %s failed: %r", sender, exc)
 
     # ---- one fetch round --------------------------------------------------------------------
 
@@ -454,63 +277,6 @@ class FetchExchange:
         with contextlib.suppress(Fallback):
             await self._broadcast(rid, others, "abort", {"reason": reason[:64]}, ())
 
-    async def _fall_back(
-        self, ids: Sequence[UpdateId], holders: Mapping[UpdateId, tuple[str, ...]]
-    ) -> int:
-        """Every member falls back alike: the ids all of them proposed, fetched whole (the
-        gossip's `update` stream) and applied in id order, so that members at one state stay
-        at one state (in arrival order, the gossip's, Delayed Nesterov folds other batches
-        into each replica's momentum: docs/scale.md, Session 18). From the first id not
-        fetched on, and every other candidate, to the gossip. The number applied here."""
-        applied = 0
-        try:
-            if self._fetch is not None and self._on_update is not None:
-                applied = await self._apply_in_order(ids, holders)
-        except Exception as exc:  # a bug must not cost the node: the gossip
-            logger.warning("falling back in order failed: %r", exc)
-        for uid in list(self._candidates):
-            self._hand_over(uid)
-        return applied
-
-    async def _apply_in_order(
-        self, ids: Sequence[UpdateId], holders: Mapping[UpdateId, tuple[str, ...]]
-    ) -> int:
-        """`ids` fetched whole and applied in id order up to the first not fetched (what is
-        left stays a candidate). After an applied round, its updates deferred past the fold
-        (session 18: a group that publishes faster than a round's fold cut takes left them
-        waiting out the hold-back, by when their holder had dropped them: lost), so the
-        members, at one state after the round, stay at one."""
-        if self._fetch is None or self._on_update is None or not ids:
-            return 0
-        applied, loop = 0, asyncio.get_running_loop()
-        wanted = [uid for uid in ids if not self._applied(uid)]
-        got = await asyncio.gather(*(self._whole(uid, holders.get(uid, ())) for uid in wanted))
-        for uid, whole in zip(wanted, got, strict=True):
-            if whole is None:
-                break  # the rest would come out of order here and not elsewhere
-            self._candidates.pop(uid, None)
-            if await loop.run_in_executor(None, self._on_update, whole):
-                applied += 1
-                await self._hold(whole)
-        return applied
-
-    async def _whole(self, uid: UpdateId, holders: Sequence[str]) -> GroupUpdate | None:
-        """`uid` whole from the first holder that serves it (checked when merged), or None."""
-        assert self._fetch is not None
-        for holder in holders:
-            try:
-                data = await self._fetch(holder, uid[0], uid[1])
-            except Exception as exc:  # unreachable, timed out: the next holder
-                logger.info("update %s from %s failed: %r", uid, holder, exc)
-                continue
-            if data is None:
-                continue
-            whole = parse_fetched(data, uid, self.numel)  # the gossip's checks and reasons
-            if isinstance(whole, GroupUpdate):
-                return whole
-            self._reject(whole, holder, f"update {uid} fetched whole")
-        return None
-
     async def _until(self, done: Callable[[], bool], bound_s: float, reason: str) -> None:
         deadline = time.monotonic() + bound_s
         while not done():
@@ -566,100 +332,6 @@ class FetchExchange:
         )
         if not all(sent):
             raise Fallback(f"{kind}_not_sent")
-
-    async def _fetch_slices(
-        self, composition: Composition, members: list[str]
-    ) -> tuple[MemberRound, list[str]]:
-        """This member's slice of each update of the set, checked; its `MemberRound` fed."""
-        assert self._merge is not None
-        me, numel = self.identity.peer_id, self.numel
-        start, end = shard_bounds(numel, len(members))[members.index(me)]
-        fetched = await asyncio.gather(
-            *(self._fetch_one(uid, composition.holders[uid], start, end) for uid in composition.ids)
-        )
-        incoming: list[Incoming] = []
-        for uid, (update, _) in zip(composition.ids, fetched, strict=True):
-            key = uid[0]
-            inc = incoming_of_headers(self._merge, update, numel, member_check(self.run_id, key))
-            incoming.append(inc)
-        member = MemberRound(ShardRound(self._merge), members, me, incoming)
-        by_uid = {uid: piece for uid, (_, piece) in zip(composition.ids, fetched, strict=True)}
-        for index in member.needs():
-            if not member.fetched(index, by_uid[member.incoming[index].uid]):
-                raise Fallback(member.failed or "slice_refused")
-        variants = [variant_digest(update) for update, _ in fetched]
-        return member, variants
-
-    async def _fetch_one(
-        self, uid: UpdateId, holders: tuple[str, ...], start: int, end: int
-    ) -> tuple[GroupUpdate, torch.Tensor]:
-        """The update's fields and this member's slice of it: kept from an earlier round, or
-        from the first holder that serves shards that check; Fallback when none does."""
-        key = (uid, start, end)
-        kept = self._slices.get(key)
-        if kept is not None:
-            self.num_slices_reused += 1
-            return kept
-        for holder in holders:
-            got = await self._ask_slice(holder, uid, start, end)
-            if got is not None:
-                self._keep_slice(key, got)
-                return got
-        raise Fallback("fetch_failed")
-
-    def _keep_slice(
-        self, key: tuple[UpdateId, int, int], got: tuple[GroupUpdate, torch.Tensor]
-    ) -> None:
-        """Kept for a later round: at most KEPT_SLICE_MODELS x the model's values, those of
-        updates applied here dropped first, then the oldest."""
-        self._slices[key] = got
-        for old in [k for k in self._slices if self._applied(k[0])]:
-            del self._slices[old]
-        while sum(t.numel() for _, t in self._slices.values()) > KEPT_SLICE_MODELS * self.numel:
-            self._slices.popitem(last=False)
-
-    async def _ask_slice(
-        self, holder: str, uid: UpdateId, start: int, end: int
-    ) -> tuple[GroupUpdate, torch.Tensor] | None:
-        numel = self.numel
-        try:
-            blob = await self.network.exchange(
-                holder,
-                "group-slice",
-                slice_request(uid, start, end),
-                max_bytes=slice_max_bytes(numel),
-                timeout_s=self.fetch_wait_s,
-            )
-            update, pieces = decode_slice(blob, numel)
-        except GroupMessageError as exc:
-            self._reject(f"group_slice_{exc.reason}", holder, str(exc))
-            return None
-        except Exception as exc:  # refused, unreachable, timed out: the next holder
-            logger.info("slice of %s from %s failed: %r", uid, holder, exc)
-            return None
-        self._received("slice", holder, len(blob))
-        return self._checked_slice(holder, uid, update, pieces, start, end)
-
-    def _checked_slice(
-        self,
-        holder: str,
-        uid: UpdateId,
-        update: GroupUpdate,
-        pieces: Mapping[int, torch.Tensor],
-        start: int,
-        end: int,
-    ) -> tuple[GroupUpdate, torch.Tensor] | None:
-        in_group = member_check(self.run_id, uid[0])
-        problem = "wrong_update" if (update.head.group_key, update.seq) != uid else None
-        problem = problem or update.header_problem(in_group)
-        wanted = [] if problem else wanted_shards(update.num_shards, self.numel, start, end)
-        if problem is None and any(k not in pieces for k in wanted):
-            problem = "shards_missing"
-        problem = problem or pieces_problem(update, {k: pieces[k] for k in wanted}, self.numel)
-        if problem is not None:
-            self._reject(f"group_slice_{problem}", holder, f"{uid}")
-            return None
-        return update, cut_slice(update.num_shards, self.numel, pieces, start, end)
 
     def _refused(self, reason: str, sender: str, failed: str | None) -> None:
         """A part or sums that failed MemberRound's checks: counted against `sender` when its

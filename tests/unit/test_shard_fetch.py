@@ -102,7 +102,7 @@ def test_a_slice_cut_from_the_shards_that_overlap_it_is_the_updates_slice(
 
 
 def _slices_through_the_wire(member: MemberRound, updates: list) -> list:
-    """What `dht.group_exchange_fetch` does for one member: ask, decode, check, cut."""
+    """What `dht.group_exchange_slices` does for one member: ask, decode, check, cut."""
     start, end = member.slice
     headers = []
     for update in sorted(updates, key=lambda u: (u.head.group_key, u.seq)):

@@ -1,4 +1,4 @@
-"""A fetch round that falls back (dht.group_exchange_fetch `_fall_back`; docs/scale.md,
+"""A fetch round that falls back (dht.group_exchange_candidates `_fall_back`; docs/scale.md,
 Session 18): every member fetches the ids all of them proposed whole and applies them in id
 order, whatever order the fetches end in, so members at one state stay at one state (in the
 gossip's arrival order Delayed Nesterov folds other batches on each: session 17's members of
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from dht.group_exchange import GroupExchange
-from dht.group_exchange_fetch import Fallback, Inbox
 from dht.grouping_round import encode_update
+from dht.shard_fetch_inbox import Fallback, Inbox
 from dht.shard_fetch_wire import FetchMessage, decode_fetch
 from merge.group_update import GroupUpdate
 from merge.identity import Identity

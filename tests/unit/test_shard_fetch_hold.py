@@ -1,4 +1,4 @@
-"""The gossip's side of the shard fetch (dht.group_exchange_fetch; docs/scale.md, Session 17):
+"""The gossip's side of the shard fetch (dht.group_exchange_candidates; docs/scale.md, Session 17):
 another group's update waits for a fetch round only for a bounded time, never the node's own
 group's, and every candidate goes to the whole fetch once the node runs no more rounds."""
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from dht import group_exchange_fetch
+from dht import group_exchange_candidates
 from dht.catchup import CatchUp, CatchUpConfig
 from dht.group_exchange import GroupExchange
 from merge.identity import Identity
@@ -80,7 +80,9 @@ def test_an_update_no_notice_named_is_held_one_group_wait_only(
     its updates wait one group wait, not three, before the whole fetch. The exchange's clock
     is the test's: on a loaded machine a real sleep of 1.5 waits overran three (CI 38)."""
     now = [1000.0]
-    monkeypatch.setattr(group_exchange_fetch, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    monkeypatch.setattr(
+        group_exchange_candidates, "time", SimpleNamespace(monotonic=lambda: now[0])
+    )
 
     async def run() -> None:
         exchange = _exchange([])

@@ -1,0 +1,204 @@
+"""The shard fetch's slices (dht.group_exchange_fetch; docs/scale.md, Sessions 17-18): the
+`group-slice` stream that serves shards of the group updates this node completed and kept,
+and a fetch round member's side of it: this member's slice of each update of the round's set,
+from a holder, checked, kept (bounded) for a later round. A mixin of
+dht.group_exchange.GroupExchange (through dht.group_exchange_fetch.FetchExchange).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from dht.budget import StreamLimits
+from dht.grouping import member_check
+from dht.grouping_round import GroupMessageError
+from dht.shard_fetch_inbox import Fallback
+from dht.shard_fetch_wire import (
+    decode_slice,
+    parse_slice_request,
+    slice_answer,
+    slice_max_bytes,
+    slice_request,
+)
+from dht.swarm_config import REQUEST_READ_TIMEOUT_S
+from dht.transport import TransportError, receive_blob, send_blob, send_refusal
+from merge.group_pipeline import GroupMerge
+from merge.group_plan import shard_bounds
+from merge.group_update import GroupUpdate
+from merge.shard_fetch import (
+    Composition,
+    UpdateId,
+    cut_slice,
+    incoming_of_headers,
+    pieces_problem,
+    variant_digest,
+    wanted_shards,
+)
+from merge.shard_member import MemberRound
+from merge.shard_round import Incoming, ShardRound
+
+if TYPE_CHECKING:
+    from dht.network import SwarmNetwork
+    from merge.identity import Identity
+
+logger = logging.getLogger(__name__)
+
+SLICE_LIMITS = StreamLimits(rate_per_s=8.0, burst=32.0, max_in_flight=4, deadline_s=60.0)
+"""Slice requests a peer may make: one per update of a fetch round, from each member."""
+MAX_KEPT_UPDATES = 4
+"""Group updates this node completed that it keeps whole to serve slices of."""
+KEPT_SLICE_MODELS = 2
+"""Fetched slices kept for a later round, in model sizes of values (session 18: an update
+deferred past a fold is fetched again by the next round, same members, same slice)."""
+
+
+class SliceExchange:
+    """FetchExchange's slices: kept updates served, this member's slices fetched and kept."""
+
+    if TYPE_CHECKING:  # what GroupExchange and FetchExchange provide
+        network: SwarmNetwork
+        identity: Identity
+        run_id: str
+        numel: int
+        shard_fetch: bool
+        fetch_wait_s: float
+        num_slices_reused: int
+        _merge: GroupMerge | None
+        _kept: OrderedDict[UpdateId, GroupUpdate]
+        _slices: OrderedDict[tuple[UpdateId, int, int], tuple[GroupUpdate, torch.Tensor]]
+        _reject: Callable[[str, str, str], None]
+
+        def _received(self, kind: str, sender: str, num_bytes: int) -> None: ...
+        def _applied(self, uid: UpdateId) -> bool: ...
+
+    # ---- kept updates, served ------------------------------------------------------------
+
+    def keep(self, update: GroupUpdate) -> None:
+        """A group update this node completed: kept whole (bounded) to serve its slices."""
+        if not self.shard_fetch:
+            return
+        uid = (update.head.group_key, update.seq)
+        self._kept[uid] = update
+        while len(self._kept) > MAX_KEPT_UPDATES:
+            self._kept.popitem(last=False)
+
+    async def rpc_slice(self, info: Any, reader: Any, writer: Any) -> None:
+        """Shards of an update this node kept, with its fields; a refusal when not kept."""
+        sender = str(info.peer_id)
+        try:
+            blob = await asyncio.wait_for(
+                receive_blob(reader, max_bytes=4096), REQUEST_READ_TIMEOUT_S
+            )
+            uid, start, end = parse_slice_request(blob, self.numel)
+            update = self._kept.get(uid)
+            if update is None:
+                await send_refusal(writer, "not kept")
+                return
+            answer = await asyncio.to_thread(slice_answer, update, start, end)
+            await send_blob(writer, answer)
+        except GroupMessageError as exc:
+            self._reject(f"group_slice_{exc.reason}", sender, str(exc))
+        except (TransportError, OSError, TimeoutError) as exc:
+            logger.debug("slice request from %s failed: %r", sender, exc)
+
+    # ---- this member's slices -------------------------------------------------------------
+
+    async def _fetch_slices(
+        self, composition: Composition, members: list[str]
+    ) -> tuple[MemberRound, list[str]]:
+        """This member's slice of each update of the set, checked; its `MemberRound` fed."""
+        assert self._merge is not None
+        me, numel = self.identity.peer_id, self.numel
+        start, end = shard_bounds(numel, len(members))[members.index(me)]
+        fetched = await asyncio.gather(
+            *(self._fetch_one(uid, composition.holders[uid], start, end) for uid in composition.ids)
+        )
+        incoming: list[Incoming] = []
+        for uid, (update, _) in zip(composition.ids, fetched, strict=True):
+            key = uid[0]
+            inc = incoming_of_headers(self._merge, update, numel, member_check(self.run_id, key))
+            incoming.append(inc)
+        member = MemberRound(ShardRound(self._merge), members, me, incoming)
+        by_uid = {uid: piece for uid, (_, piece) in zip(composition.ids, fetched, strict=True)}
+        for index in member.needs():
+            if not member.fetched(index, by_uid[member.incoming[index].uid]):
+                raise Fallback(member.failed or "slice_refused")
+        variants = [variant_digest(update) for update, _ in fetched]
+        return member, variants
+
+    async def _fetch_one(
+        self, uid: UpdateId, holders: tuple[str, ...], start: int, end: int
+    ) -> tuple[GroupUpdate, torch.Tensor]:
+        """The update's fields and this member's slice of it: kept from an earlier round, or
+        from the first holder that serves shards that check; Fallback when none does."""
+        key = (uid, start, end)
+        kept = self._slices.get(key)
+        if kept is not None:
+            self.num_slices_reused += 1
+            return kept
+        for holder in holders:
+            got = await self._ask_slice(holder, uid, start, end)
+            if got is not None:
+                self._keep_slice(key, got)
+                return got
+        raise Fallback("fetch_failed")
+
+    def _keep_slice(
+        self, key: tuple[UpdateId, int, int], got: tuple[GroupUpdate, torch.Tensor]
+    ) -> None:
+        """Kept for a later round: at most KEPT_SLICE_MODELS x the model's values, those of
+        updates applied here dropped first, then the oldest."""
+        self._slices[key] = got
+        for old in [k for k in self._slices if self._applied(k[0])]:
+            del self._slices[old]
+        while sum(t.numel() for _, t in self._slices.values()) > KEPT_SLICE_MODELS * self.numel:
+            self._slices.popitem(last=False)
+
+    async def _ask_slice(
+        self, holder: str, uid: UpdateId, start: int, end: int
+    ) -> tuple[GroupUpdate, torch.Tensor] | None:
+        numel = self.numel
+        try:
+            blob = await self.network.exchange(
+                holder,
+                "group-slice",
+                slice_request(uid, start, end),
+                max_bytes=slice_max_bytes(numel),
+                timeout_s=self.fetch_wait_s,
+            )
+            update, pieces = decode_slice(blob, numel)
+        except GroupMessageError as exc:
+            self._reject(f"group_slice_{exc.reason}", holder, str(exc))
+            return None
+        except Exception as exc:  # refused, unreachable, timed out: the next holder
+            logger.info("slice of %s from %s failed: %r", uid, holder, exc)
+            return None
+        self._received("slice", holder, len(blob))
+        return self._checked_slice(holder, uid, update, pieces, start, end)
+
+    def _checked_slice(
+        self,
+        holder: str,
+        uid: UpdateId,
+        update: GroupUpdate,
+        pieces: Mapping[int, torch.Tensor],
+        start: int,
+        end: int,
+    ) -> tuple[GroupUpdate, torch.Tensor] | None:
+        in_group = member_check(self.run_id, uid[0])
+        problem = "wrong_update" if (update.head.group_key, update.seq) != uid else None
+        problem = problem or update.header_problem(in_group)
+        wanted = [] if problem else wanted_shards(update.num_shards, self.numel, start, end)
+        if problem is None and any(k not in pieces for k in wanted):
+            problem = "shards_missing"
+        problem = problem or pieces_problem(update, {k: pieces[k] for k in wanted}, self.numel)
+        if problem is not None:
+            self._reject(f"group_slice_{problem}", holder, f"{uid}")
+            return None
+        return update, cut_slice(update.num_shards, self.numel, pieces, start, end)
