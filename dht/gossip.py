@@ -27,7 +27,7 @@ from dht.gossip_groups import group_update_id, offer_in_bounds
 from dht.gossip_headers import NOTIFY_LIMITS, Headers
 from dht.gossip_repair import SUMMARY_LIMITS, Repair
 from dht.gossip_serve import UpdateServer, update_limits
-from dht.grouping_round import encode_update
+from dht.grouping_wire import encode_update
 from dht.heartbeat import Heartbeat
 from dht.membership import Membership
 from dht.merge_port import MergePort

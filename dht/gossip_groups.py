@@ -14,7 +14,7 @@ applies it under: (group key, round + 1), the group key standing as its author
   their applied and retained ranges name the group key's seqs it lacks (`group_ceilings`
   lets them through), and CatchUp wants them from whoever named them, then from the holder
   records, and declares them lost when no live peer holds them for `lost_after_s`.
-- **Checked as a whole when fetched**: its wire form (dht.grouping_round) parsed within its
+- **Checked as a whole when fetched**: its wire form (dht.grouping_wire) parsed within its
   bound, its id the one asked for (`parse_fetched`), then every member's signature and
   co-signature checked by the merge (`submit_group`), as for a pushed one.
 """
@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from dht.grouping import key_prefix
-from dht.grouping_round import GroupMessageError, decode_update
+from dht.grouping_wire import GroupMessageError, decode_update
 from merge.group_update import GroupUpdate
 
 UpdateId = tuple[str, int]

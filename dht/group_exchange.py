@@ -47,23 +47,19 @@ from dht.group_exchange_shards import (
 from dht.group_notice import SignedDone, decode_notice, notice_max_bytes, notice_refusal
 from dht.grouping import member_check
 from dht.grouping_census import SenderBook
+from dht.grouping_done import Done, done_action
 from dht.grouping_patience import grace_s, joins_in_time
-from dht.grouping_round import (
-    Cosign,
-    Done,
+from dht.grouping_round import Cosign, GroupRound, cosign_max_bytes, decode_cosign
+from dht.grouping_shards import Piece, ShardedRound
+from dht.grouping_wire import (
     GroupMessageError,
-    GroupRound,
     RoundId,
-    cosign_max_bytes,
-    decode_cosign,
     decode_part,
     decode_update,
-    done_action,
     encode_part,
     part_max_bytes,
     update_max_bytes,
 )
-from dht.grouping_shards import Piece, ShardedRound
 from dht.swarm_config import REQUEST_READ_TIMEOUT_S
 from dht.transport import TooLargeError, TransportError, receive_blob
 from merge.group_pipeline import GroupMerge
@@ -298,7 +294,7 @@ class GroupExchange(ShardedExchange, FetchExchange):
         counted unless signed by its sender, a member of the round and of this node's list of
         its group, and at most one round past the highest this node knows): fetched from it if
         this node's own round needs the update, offered to the gossip if this node merges it
-        as any replica, ignored if this node holds it (dht.grouping_round.done_action)."""
+        as any replica, ignored if this node holds it (dht.grouping_done.done_action)."""
         sender = str(info.peer_id)
         notice = await self._take(
             "group_done", sender, reader, notice_max_bytes(), decode_notice, counted=False

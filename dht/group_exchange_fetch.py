@@ -33,7 +33,7 @@ from dht.budget import StreamLimits
 from dht.group_exchange_candidates import FetchCandidates
 from dht.group_exchange_slices import SLICE_LIMITS, SliceExchange
 from dht.grouping import member_check
-from dht.grouping_round import GroupMessageError, RoundId
+from dht.grouping_wire import GroupMessageError, RoundId
 from dht.shard_fetch_inbox import Fallback, Inbox
 from dht.shard_fetch_wire import (
     FetchMessage,

@@ -29,7 +29,7 @@ import torch
 from dht.budget import StreamLimits
 from dht.grouping import member_check
 from dht.grouping_patience import RESEND_AFTER_S, SendRetry, grace_s, send_timeout_s
-from dht.grouping_round import GroupMessageError, GroupRound, RoundId
+from dht.grouping_round import GroupRound
 from dht.grouping_shards import (
     Piece,
     ShardedRound,
@@ -40,6 +40,7 @@ from dht.grouping_shards import (
     shard_codec,
     shard_max_bytes,
 )
+from dht.grouping_wire import GroupMessageError, RoundId
 from merge.group_update import Abandoned, ContributionHeader, GroupUpdate, Phase, ReductionConfig
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ import torch
 
 from dht.budget import StreamLimits
 from dht.grouping import member_check
-from dht.grouping_round import GroupMessageError
+from dht.grouping_wire import GroupMessageError
 from dht.shard_fetch_inbox import Fallback
 from dht.shard_fetch_wire import (
     decode_slice,

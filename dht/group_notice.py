@@ -31,8 +31,8 @@ import json
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from dht.grouping_round import MAX_COUNT, MAX_MEMBERS, MAX_TEXT, GroupMessageError, names_a_round
-from dht.grouping_round import Done as Done
+from dht.grouping_done import Done as Done
+from dht.grouping_wire import MAX_COUNT, MAX_MEMBERS, MAX_TEXT, GroupMessageError, names_a_round
 from merge.group_update import SIGNATURE_BYTES
 from merge.identity import Identity, verify_signature
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from dht.grouping_patience import CosignClock, round_deadlines
-from dht.grouping_round import (
+from dht.grouping_wire import (
     MAX_CODEC_NAME,
     MAX_COUNT,
     MAX_HEADER_BYTES,

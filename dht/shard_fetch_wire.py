@@ -14,7 +14,7 @@ round, kind, body, the tensors' SHA-256), checked against the stream's sender:
 - `abort`: the sender fell back (its reason): the others stop waiting for it (session 18).
 
 `group-slice` asks a holder for some shards of an update: the answer is the update's fields
-(headers, digests, co-signatures: dht.grouping_round `update_meta`) and those shards, fp32.
+(headers, digests, co-signatures: dht.grouping_wire `update_meta`) and those shards, fp32.
 Everything is read within a bound before it is parsed; what does not parse is a
 GroupMessageError (its reason counted against the sender by the caller).
 """
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dht.grouping_round import (
+from dht.grouping_wire import (
     MAX_COUNT,
     MAX_MEMBERS,
     MAX_TEXT,

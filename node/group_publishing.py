@@ -34,8 +34,8 @@ import torch
 
 from dht.grouping import Grouping, member_check
 from dht.grouping_census import healed_members
-from dht.grouping_round import coded
 from dht.grouping_view import EpochGrouping
+from dht.grouping_wire import coded
 from merge.codec_base import CodecError
 from merge.codecs import get_codec
 from merge.feedback import Compressor

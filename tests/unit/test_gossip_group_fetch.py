@@ -18,12 +18,13 @@ from dht.gossip_context import GossipContext
 from dht.gossip_fetch import Fetcher
 from dht.gossip_groups import group_update_id
 from dht.gossip_serve import UpdateServer
-from dht.grouping_round import encode_update
+from dht.grouping_wire import encode_update
 from dht.messages import holder_subkey
 from dht.rejections import Rejections
 from dht.retention import RetainedUpdates
 from dht.swarm_config import SwarmConfig
 from merge.group_update import GroupUpdate
+from merge.result import MergeResult
 from tests.factories import FINGERPRINT
 from tests.unit.test_group_merge import IDS, RUN, _pipeline, _update
 
@@ -78,7 +79,8 @@ async def _catch_up(update: GroupUpdate, holders: dict[str, RetainedUpdates]) ->
     network = LoopbackNetwork()
     for peer_id, retained in holders.items():
         await network.serve(peer_id, retained)
-    pipeline, merged = _pipeline(), []
+    pipeline = _pipeline()
+    merged: list[MergeResult] = []
     catchup = CatchUp(CatchUpConfig(retry_s=0.0), network.peer_id, pipeline.replica)
     ctx = GossipContext(
         network=network,  # type: ignore[arg-type]

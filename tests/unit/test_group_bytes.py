@@ -1,6 +1,6 @@
 """Group bytes (session 11, docs/scale.md): a member's part travels in the swarm's codec and
 signs what the others decode; a completed round is announced by a small group-done notice,
-and who fetches the update on it is decided by `done_action` (dht/grouping_round.py)."""
+and who fetches the update on it is decided by `done_action` (dht/grouping_done.py)."""
 
 from __future__ import annotations
 
@@ -10,18 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dht.gossip_groups import OFFER_SLACK, offer_in_bounds
-from dht.grouping_round import (
-    DONE_GRACE_S,
-    Done,
-    GroupMessageError,
-    GroupRound,
-    coded,
-    decode_done,
-    decode_part,
-    done_action,
-    encode_part,
-    part_max_bytes,
-)
+from dht.grouping_done import DONE_GRACE_S, Done, decode_done, done_action
+from dht.grouping_round import GroupRound
+from dht.grouping_wire import GroupMessageError, coded, decode_part, encode_part, part_max_bytes
 from merge.codecs import CODECS
 from merge.group_update import ContributionHeader, GroupUpdate, Phase, RoundFields
 from merge.identity import Identity
@@ -220,7 +211,7 @@ def _bf16_update(bf16: bool) -> GroupUpdate:
 
 
 def test_a_bf16_groups_update_travels_in_bf16_exactly_and_an_fp32_one_in_fp32() -> None:
-    from dht.grouping_round import decode_update, encode_update
+    from dht.grouping_wire import decode_update, encode_update
 
     rounded, exact = _bf16_update(True), _bf16_update(False)
     small, large = encode_update(rounded), encode_update(exact)
@@ -242,7 +233,7 @@ def test_a_bf16_groups_update_travels_in_bf16_exactly_and_an_fp32_one_in_fp32() 
 def test_a_tampered_bf16_group_update_is_refused_or_fails_its_checks(
     position: int, value: int
 ) -> None:
-    from dht.grouping_round import decode_update, encode_update
+    from dht.grouping_wire import decode_update, encode_update
 
     update = _bf16_update(True)
     blob = bytearray(encode_update(update))

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dht.group_exchange_shards import new_refusal, own_message
-from dht.grouping_round import GroupMessageError
+from dht.grouping_wire import GroupMessageError
 from merge.group_update import ContributionHeader, RoundFields
 from merge.identity import Identity
 

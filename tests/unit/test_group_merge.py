@@ -203,7 +203,7 @@ def test_a_realignment_merges_a_retained_group_update_the_donor_lacked_again() -
     donor it realigns to had not, is merged again from its wire bytes after the adopt, as
     one unit; once the donor applies it too, both hold one applied set and one point."""
     from dht.gossip_groups import group_update_id
-    from dht.grouping_round import encode_update
+    from dht.grouping_wire import encode_update
     from dht.realign import lacking_retained, merge_retained
     from dht.retention import RetainedUpdates
 

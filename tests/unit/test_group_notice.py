@@ -21,7 +21,7 @@ from dht.group_notice import (
     notice_refusal,
 )
 from dht.grouping import member_check, peer_bits
-from dht.grouping_round import GroupMessageError
+from dht.grouping_wire import GroupMessageError
 from merge.identity import Identity
 
 RUN = "run-notice"

@@ -12,11 +12,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dht.grouping_round import (
-    Cosign,
+from dht.grouping_round import Cosign, GroupRound, decode_cosign
+from dht.grouping_wire import (
     GroupMessageError,
-    GroupRound,
-    decode_cosign,
     decode_part,
     decode_update,
     encode_part,

@@ -8,7 +8,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dht.grouping_round import GroupMessageError, decode_update, encode_update
 from dht.grouping_shards import (
     ReducedShard,
     ShardedRound,
@@ -17,6 +16,7 @@ from dht.grouping_shards import (
     encode_piece,
     shard_codec,
 )
+from dht.grouping_wire import GroupMessageError, decode_update, encode_update
 from merge.group_update import Abandoned, GroupUpdate, Phase, RoundFields
 from merge.identity import Identity
 from tests.factories import bf16_values, sharded_rounds

@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dht.grouping_round import GroupMessageError
+from dht.grouping_wire import GroupMessageError
 from dht.shard_fetch_wire import (
     FetchMessage,
     decode_fetch,

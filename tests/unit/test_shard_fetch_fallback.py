@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from dht.group_exchange import GroupExchange
-from dht.grouping_round import encode_update
+from dht.grouping_wire import encode_update
 from dht.shard_fetch_inbox import Fallback, Inbox
 from dht.shard_fetch_wire import FetchMessage, decode_fetch
 from merge.group_update import GroupUpdate

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dht.group_exchange_fetch import FetchExchange
-from dht.grouping_round import GroupMessageError
+from dht.grouping_wire import GroupMessageError
 from dht.shard_fetch_wire import FetchMessage, proposal_body, proposal_of
 from merge.identity import Identity
 from merge.pipeline import UpdatePipeline

@@ -1,0 +1,145 @@
+"""The `group-done` notice of a learner group round, and what a node does with one (the round
+itself: dht.grouping_round; dht/group_exchange.py does the network):
+
+- `group-done`: a small notice that a member completed a round (its id and included set),
+  sent instead of the whole update: a member still waiting fetches the update from the
+  notifier only when it needs it (`done_action`), a peer outside the group fetches it once
+  from one holder (the gossip's catch-up), not once per pushing member.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Protocol
+
+from dht.grouping_wire import (
+    MAX_COUNT,
+    MAX_MEMBERS,
+    MAX_TEXT,
+    GroupMessageError,
+    RoundId,
+    names_a_round,
+)
+from merge.group_update import (
+    Abandoned,
+    GroupUpdate,
+    Phase,
+)
+
+DONE_MAGIC = b"DGD1"
+
+
+@dataclass(frozen=True)
+class Done:
+    """A member's notice that it completed a group round: the round and its included set.
+    Not signed: it is a hint to fetch, and what is fetched is checked as every update is."""
+
+    group_key: str
+    epoch: int
+    round: int
+    included: tuple[str, ...]
+
+    @property
+    def round_id(self) -> RoundId:
+        return (self.group_key, self.epoch, self.round)
+
+    @property
+    def seq(self) -> int:
+        """The seq replicas apply the round's update under (its group key as author)."""
+        return self.round + 1
+
+    def to_bytes(self) -> bytes:
+        fields = {
+            "group_key": self.group_key,
+            "epoch": self.epoch,
+            "round": self.round,
+            "included": list(self.included),
+        }
+        return DONE_MAGIC + json.dumps(fields, separators=(",", ":")).encode()
+
+    @classmethod
+    def of(cls, update: GroupUpdate) -> Done:
+        head = update.head
+        return cls(
+            head.group_key, head.epoch, head.round, tuple(h.author for h in update.contributions)
+        )
+
+
+def done_max_bytes() -> int:
+    return len(DONE_MAGIC) + 256 + MAX_MEMBERS * (MAX_TEXT + 4)
+
+
+def decode_done(blob: object) -> Done:
+    """An untrusted `group-done` blob's fields; GroupMessageError for anything else."""
+    if not isinstance(blob, bytes) or blob[:4] != DONE_MAGIC:
+        raise GroupMessageError("malformed", "not a group-done notice")
+    try:
+        fields = json.loads(blob[4:])
+        included = fields["included"]
+        done = Done(fields["group_key"], fields["epoch"], fields["round"], tuple(included))
+    except (ValueError, RecursionError, KeyError, TypeError, AttributeError):
+        raise GroupMessageError("malformed", "a group-done notice that does not parse") from None
+    ok = names_a_round(done.group_key, included) and all(
+        type(v) is int and 0 <= v < MAX_COUNT for v in (done.epoch, done.round)
+    )
+    if not ok:
+        raise GroupMessageError("malformed", "a group-done notice with fields out of range")
+    return done
+
+
+DONE_GRACE_S = 2.0
+"""How long a member still reducing the included set a notice names waits for its own
+completion (its co-signatures in flight) before it fetches the update instead."""
+
+
+class _Included(Protocol):
+    @property
+    def included(self) -> tuple[str, ...]: ...
+
+
+class RoundView(Protocol):
+    """What `done_action` reads of a running round (GroupRound, or dht.grouping_shards'
+    ShardedRound)."""
+
+    @property
+    def done(self) -> bool: ...
+    @property
+    def outcome(self) -> GroupUpdate | Abandoned | None: ...
+    @property
+    def phase(self) -> Phase: ...
+    @property
+    def cosign_deadline(self) -> float: ...
+    @property
+    def reduction(self) -> _Included: ...
+
+
+def done_action(
+    member: RoundView | None,
+    done: Done,
+    settled: bool | None,
+    now: float,
+    *,
+    waited: bool = False,
+) -> float | str:
+    """What this node does with a `group-done` notice for a round.
+
+    `member`: this node's round of that id if it is running; `settled`: if it ran and ended
+    here, whether it ended with the complete update (True) or without it (False), else None.
+    Returns "ignore" (this node holds the update), "adopt" (fetch it from the notifier and
+    adopt it: the round is running and cannot complete by itself, its included set differs
+    or its co-signatures are late), "offer" (the gossip fetches it once from a holder, as any
+    replica missing it: this node is outside the round, left out, gave up, or has not opened
+    it), or a time (monotonic) to look again: the round reduces the same included set, and the
+    co-signatures the notifier completed with were sent here too (`waited`: that time has
+    passed, and the round is still running: "adopt")."""
+    if member is not None:
+        if member.done:
+            return "ignore" if isinstance(member.outcome, GroupUpdate) else "offer"
+        same = member.phase is Phase.REDUCING and member.reduction.included == done.included
+        if same and not waited:
+            return now + min(DONE_GRACE_S, max(member.cosign_deadline - now, 0.0))
+        return "adopt"
+    if settled:
+        return "ignore"
+    return "offer"
