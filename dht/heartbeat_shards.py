@@ -112,11 +112,7 @@ class HeartbeatShards:
         """Writes this node's heartbeat and its share of marks; whether the run record is due
         (always on the first heartbeat, then by about MARK_WRITERS peers per period)."""
         await self.network.dht_store(
-            self.key(self.cursor.prefix),
-            owner_subkey(self.peer_id),
-            blob,
-            ttl_s,
-            first_replica=True,
+            self.key(self.cursor.prefix), owner_subkey(self.peer_id), blob, ttl_s
         )
         for prefix in self.cursor.marks_to_refresh(self._rng, merging=self._merging):
             await self.network.dht_store(

@@ -310,23 +310,9 @@ class SwarmNetwork(NetworkPaths, NetworkStreams):
             return {}
         return {subkey: item.value for subkey, item in found.value.items()}
 
-    async def dht_store(
-        self, key: str, subkey: str | int, value: Any, ttl_s: float, *, first_replica: bool = False
-    ) -> None:
-        """Store a subkey's value; `first_replica`: return once the nearest members are found
-        and one of them holds it (hivemind writes the other replicas in the background), not
-        after every replica answered or timed out. For heartbeats: a store waiting for all took
-        18-29 s on a loaded machine (session 19), and peers dropped the node meanwhile."""
+    async def dht_store(self, key: str, subkey: str | int, value: Any, ttl_s: float) -> None:
         assert self._dht is not None
-        await self._dht.store(
-            key,
-            value,
-            get_dht_time() + ttl_s,
-            subkey=subkey,
-            return_future=True,
-            await_all_replicas=not first_replica,  # hivemind DHTNode.store_many
-            await_all_tasks=not first_replica,  # its traverse_dht: the stores in the background
-        )
+        await self._dht.store(key, value, get_dht_time() + ttl_s, subkey=subkey, return_future=True)
 
     async def dht_peer_count(self) -> int:
         """Peers in this node's DHT routing table (hivemind drops one that stops answering)."""

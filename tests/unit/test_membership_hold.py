@@ -32,7 +32,7 @@ class Reads:
     async def dht_get(self, key: str) -> dict[Any, Any]:
         return self.reads.pop(0) if len(self.reads) > 1 else self.reads[0]
 
-    async def dht_store(self, *args: Any, **kwargs: Any) -> None:
+    async def dht_store(self, *args: Any) -> None:
         return None
 
     def sync_dht_refusals(self) -> None:

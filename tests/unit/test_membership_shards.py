@@ -38,9 +38,7 @@ class Keys:
     async def dht_get(self, key: str) -> dict[Any, Any]:
         return dict(self.records.get(key, {}))
 
-    async def dht_store(
-        self, key: str, subkey: object, value: object, ttl_s: float, **_: object
-    ) -> None:
+    async def dht_store(self, key: str, subkey: object, value: object, ttl_s: float) -> None:
         self.stores.append((key, subkey))
         if key.startswith(self.config.prefix):
             self.records.setdefault(key, {})[subkey] = value
