@@ -39,6 +39,7 @@ from dht.transport import (
     OK,
     REFUSED,
     WIRE_BYTES,
+    StreamBroken,
     TooLargeError,
     TransportError,
     encode_request,
@@ -172,7 +173,7 @@ async def fetch_resumable(
         if not resume.done and resume.exhausted:
             if not resume.opened and not dialled:
                 raise DialError(f"could not dial in {resume.dial_failures} attempts: {error}")
-            raise TransportError(f"no progress in {resume.idle_attempts} attempts: {error}")
+            raise StreamBroken(f"no progress in {resume.idle_attempts} attempts: {error}")
     return bytes(resume.data), resume.num_attempts
 
 

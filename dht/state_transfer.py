@@ -51,6 +51,7 @@ from dht.tensor_stream import (
 )
 from dht.transfer_progress import ProgressReport, TransferProgress
 from dht.transport import (
+    StreamBroken,
     TransportError,
     decode_request,
     receive_blob,
@@ -197,9 +198,9 @@ class StateTransfer:
             for donor in await self._donors():
                 try:
                     return await self._download_from(donor.peer_id)
-                except DialError as exc:  # unreachable now, not a bad state: the next donor
+                except (DialError, StreamBroken) as exc:  # not a bad state: the next donor
                     broken = True
-                    logger.info("no stream to donor %s: %s", donor.peer_id, exc)
+                    logger.info("no whole stream from donor %s: %s", donor.peer_id, exc)
                 except TransportError as exc:
                     busy |= BUSY in str(exc)
                     broken |= BUSY not in str(exc)
@@ -222,7 +223,7 @@ class StateTransfer:
         try:
             return await self._download_from(peer_id)
         except TransportError as exc:
-            if BUSY not in str(exc):
+            if BUSY not in str(exc) and not isinstance(exc, StreamBroken):
                 self._reject("bad_state", peer_id, str(exc))
             logger.info("realigning to %s loaded nothing: %s", peer_id, exc)
         except Exception as exc:  # an untrusted donor: counted, never the node

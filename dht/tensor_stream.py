@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 import torch
 
-from dht.transport import TransportError
+from dht.transport import StreamBroken
 
 CHUNK_BYTES = 1 << 20
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -128,5 +128,5 @@ async def receive_tensor(
                 hasher.update(chunk)
             offset += len(chunk)
     except asyncio.IncompleteReadError as exc:
-        raise TransportError("peer closed the state stream early") from exc
+        raise StreamBroken("peer closed the state stream early") from exc
     return buffer.view(spec.dtype).reshape(spec.shape)

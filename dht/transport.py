@@ -24,6 +24,11 @@ class TooLargeError(TransportError):
     """A peer announced a blob over the reader's cap (nothing of it was read)."""
 
 
+class StreamBroken(TransportError):
+    """The connection ended before a transfer was whole (the peer died, a relayed link was
+    reset): nothing it sent was refused, so nothing is counted against it."""
+
+
 STALL_CHUNK_BYTES = 64 << 10
 """Blobs are read this much at a time when a stall timeout is set: a chunk must arrive
 within the timeout, so it is small enough to cross a slow link (64 KiB at 1 Mbit/s: 0.5 s)."""

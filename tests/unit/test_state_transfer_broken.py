@@ -1,0 +1,56 @@
+"""A state download whose stream breaks (the donor died mid-transfer, a relayed link reset)
+counts nothing against the donor; one whose donor sent what we will not read does.
+
+Session 19's 16-node bench (4 SIGKILLs) counted 2 `bad_state` against honest donors: a
+broken stream was a TransportError like a lie. The download loop is driven here with its
+donors and transfers replaced; tests/swarm prove the transfer itself."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from dht.state_transfer import StateTransfer
+from dht.transport import StreamBroken, TransportError
+
+
+def transfer(failure: Exception) -> tuple[StateTransfer, list[tuple[str, str]]]:
+    rejected: list[tuple[str, str]] = []
+    node = object.__new__(StateTransfer)
+    node.config = SimpleNamespace(heartbeat_period_s=0.01, initial_peers=[])  # type: ignore[assignment]
+    node.membership = SimpleNamespace(peers={"donor": None})  # type: ignore[assignment]
+    node._reject = lambda reason, peer, detail: rejected.append((reason, peer))  # type: ignore[assignment,misc]
+
+    async def donors() -> list[Any]:
+        return [SimpleNamespace(peer_id="donor")]
+
+    async def download_from(peer_id: str) -> None:
+        raise failure
+
+    node._donors = donors  # type: ignore[method-assign]
+    node._download_from = download_from  # type: ignore[method-assign,assignment]
+    return node, rejected
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        StreamBroken("peer closed the state stream early"),
+        StreamBroken("no progress in 3 attempts: peer closed the stream early"),
+    ],
+)
+def test_a_broken_stream_is_tried_again_and_counted_against_nobody(failure: Exception) -> None:
+    node, rejected = transfer(failure)
+    assert asyncio.run(node.download()) is None
+    assert asyncio.run(node.realign("donor")) is None
+    assert rejected == []
+
+
+def test_a_donor_that_sent_what_we_will_not_read_is_counted() -> None:
+    node, rejected = transfer(TransportError("peer sent more than the size it announced"))
+    assert asyncio.run(node.download()) is None
+    assert asyncio.run(node.realign("donor")) is None
+    assert rejected and set(rejected) == {("bad_state", "donor")}
