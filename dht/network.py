@@ -67,8 +67,6 @@ class SwarmNetwork(NetworkPaths, NetworkStreams):
         self.dht_refusals = RefusalCounts()
         """Records this node's DHT member refused (shared with its forked process)."""
         self._refusals_seen: dict[str, int] = {}
-        self.on_heard: Callable[[str], None] | None = None
-        """Called with a peer's id when a stream proves it alive (dht.network_streams)."""
         self.peer_id = identity.peer_id
         self.identity = identity
         """This node's key: it signs heartbeats, records and the states it serves."""

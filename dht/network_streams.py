@@ -34,6 +34,7 @@ class NetworkStreams:
     _p2p: P2P | None
     _control: DaemonConnector | None
     on_heard: Callable[[str], None] | None = None
+    """Called with a peer's id when a stream proves it alive (`_heard`; dht.swarm sets it)."""
 
     def protocol(self, name: str) -> str:
         return f"/diloco/{self.config.fingerprint[:16]}/{name}/1"

@@ -164,16 +164,22 @@ def test_a_slow_read_that_misses_a_peer_proves_it_gone_only_after_it_returns(
     assert during and not after
 
 
-def test_a_node_whose_own_loop_stalls_drops_no_peer_and_sees_no_rejoin(clock: SkippedClock) -> None:
-    """Session 18, 16 nodes on 2 cores: views flapped in bursts (up to 14 peers left at once
-    and joined again seconds later) when a node's loop stalled past three periods between
-    two reads. Nothing proves a peer gone but a read that returned without it."""
-    me, peer = Identity.generate(), Identity.generate()
+def seen_once(me: Identity, peer: Identity) -> tuple[Membership, list[tuple[str, str]]]:
+    """A membership that sent its heartbeat and read `peer`'s once; its peer events."""
     events: list[tuple[str, str]] = []
     m = membership(me, [{}], events)
     use(m, SlowReads(m.config, [me, peer], 0.0))
     asyncio.run(m.send_heartbeat())
     asyncio.run(m.poll())
+    return m, events
+
+
+def test_a_node_whose_own_loop_stalls_drops_no_peer_and_sees_no_rejoin(clock: SkippedClock) -> None:
+    """Session 18, 16 nodes on 2 cores: views flapped in bursts (up to 14 peers left at once
+    and joined again seconds later) when a node's loop stalled past three periods between
+    two reads. Nothing proves a peer gone but a read that returned without it."""
+    me, peer = Identity.generate(), Identity.generate()
+    m, events = seen_once(me, peer)
     clock.skip(5 * PERIOD)  # no read for five periods: this node's loop was busy
     assert m.is_alive(peer.peer_id) and len(m.alive_peers()) == 1
     asyncio.run(m.poll())  # the peer's newer heartbeat: the same view, refreshed
@@ -185,11 +191,7 @@ def test_after_a_stall_a_complete_read_without_the_peer_still_proves_it_gone(
     clock: SkippedClock,
 ) -> None:
     me, peer = Identity.generate(), Identity.generate()
-    events: list[tuple[str, str]] = []
-    m = membership(me, [{}], events)
-    use(m, SlowReads(m.config, [me, peer], 0.0))
-    asyncio.run(m.send_heartbeat())
-    asyncio.run(m.poll())
+    m, events = seen_once(me, peer)
     clock.skip(5 * PERIOD)
     use(m, SlowReads(m.config, [me], 0.0))  # our own heartbeat, not the peer's: it left
     asyncio.run(m.poll())
@@ -201,11 +203,7 @@ def test_a_peer_that_talks_to_us_stays_alive_while_its_heartbeats_lag(clock: Ski
     """Session 19: a DHT store on a loaded machine took up to 28 s, and peers dropped a node
     whose streams reached them all along. A stream it opens or answers proves it alive."""
     me, peer, stranger = Identity.generate(), Identity.generate(), Identity.generate()
-    events: list[tuple[str, str]] = []
-    m = membership(me, [{}], events)
-    use(m, SlowReads(m.config, [me, peer], 0.0))
-    asyncio.run(m.send_heartbeat())
-    asyncio.run(m.poll())
+    m, events = seen_once(me, peer)
     use(m, SlowReads(m.config, [me], 0.0))  # its heartbeat store is late: reads miss it
     for _ in range(8):
         clock.skip(PERIOD)
