@@ -124,7 +124,8 @@ class SliceExchange:
             key = uid[0]
             inc = incoming_of_headers(self._merge, update, numel, member_check(self.run_id, key))
             incoming.append(inc)
-        member = MemberRound(ShardRound(self._merge), members, me, incoming)
+        # the sums travel in bf16, half the bytes (every member applies what it sent: alike)
+        member = MemberRound(ShardRound(self._merge), members, me, incoming, sums_in_bf16=True)
         by_uid = {uid: piece for uid, (_, piece) in zip(composition.ids, fetched, strict=True)}
         for index in member.needs():
             if not member.fetched(index, by_uid[member.incoming[index].uid]):

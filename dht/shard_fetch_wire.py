@@ -10,11 +10,14 @@ round, kind, body, the tensors' SHA-256), checked against the stream's sender:
   (session 18): merge.shard_fetch `Proposal`;
 - `part`: its part Gram matrix (merge.shard_member `MemberRound.part`) and the digest of each
   fetched update's variant (`variant_digest`), in the round's id order;
-- `sums`: its slices of the plan's weighted sums (fp32 tensors);
+- `sums`: its slices of the plan's weighted sums (rounded to bf16 by the member: session 20);
 - `abort`: the sender fell back (its reason): the others stop waiting for it (session 18).
 
 `group-slice` asks a holder for some shards of an update: the answer is the update's fields
-(headers, digests, co-signatures: dht.grouping_wire `update_meta`) and those shards, fp32.
+(headers, digests, co-signatures: dht.grouping_wire `update_meta`) and those shards.
+A message's tensors travel in bf16 when every value of every one of them is a bf16 value (a
+group update's aggregate of bf16 parts, a member's rounded sums: exact, half the bytes),
+else in fp32 (`codec` in the framing; signatures cover the fp32 values either way).
 Everything is read within a bound before it is parsed; what does not parse is a
 GroupMessageError (its reason counted against the sender by the caller).
 """
@@ -28,7 +31,6 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from dht.grouping_wire import (
@@ -40,6 +42,7 @@ from dht.grouping_wire import (
     update_meta,
     update_of_meta,
 )
+from merge.codecs import get_codec
 from merge.group_plan import shard_bounds
 from merge.group_update import SIGNATURE_BYTES, GroupUpdate
 from merge.identity import Identity, verify_signature
@@ -62,6 +65,8 @@ MAX_SUMS = 3
 completes two Delayed Nesterov rounds)."""
 MAX_META_BYTES = 1 << 20
 """A message's JSON: a proposal's 64 ids with holders, a part's (3 + 64)^2 floats."""
+_WIDTHS = {"fp32": 4, "bf16": 2}
+"""Bytes per value of the codecs a message's tensors travel in."""
 
 
 @dataclass(frozen=True)
@@ -98,12 +103,27 @@ class FetchMessage:
             "sender": self.sender, "body": self.body, "signature": self.signature.hex(),
             "sizes": [t.numel() for t in self.tensors],
         }  # fmt: skip
-        raw = json.dumps(meta, separators=(",", ":")).encode()
-        return FETCH_MAGIC + struct.pack(">I", len(raw)) + raw + _tail(self.tensors)
+        codec, tail = _coded(self.tensors)
+        raw = json.dumps({**meta, "codec": codec}, separators=(",", ":")).encode()
+        return FETCH_MAGIC + struct.pack(">I", len(raw)) + raw + tail
 
 
 def _tail(tensors: tuple[torch.Tensor, ...]) -> bytes:
-    return b"".join(t.detach().to(torch.float32).numpy().astype("<f4").tobytes() for t in tensors)
+    """The tensors' fp32 bytes: what a signature covers, whatever codec they travel in."""
+    return b"".join(_fp32(t).numpy().astype("<f4").tobytes() for t in tensors)
+
+
+def _fp32(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().to(torch.float32).contiguous()
+
+
+def _coded(tensors: tuple[torch.Tensor, ...]) -> tuple[str, bytes]:
+    """The codec the tensors travel in and their bytes: bf16 when it holds every value
+    exactly (half the bytes), else fp32."""
+    flat = [_fp32(t).reshape(-1) for t in tensors]
+    if all(torch.equal(t.to(torch.bfloat16).to(torch.float32), t) for t in flat):
+        return "bf16", b"".join(get_codec("bf16").encode(t) for t in flat)
+    return "fp32", b"".join(get_codec("fp32").encode(t) for t in flat)
 
 
 def fetch_max_bytes(numel: int) -> int:
@@ -129,16 +149,20 @@ def _no_constant(name: str) -> float:
     raise ValueError(f"{name} is not a number here")
 
 
-def _fp32s(tail: bytes, sizes: object, numel: int, most: int) -> tuple[torch.Tensor, ...]:
-    """The fp32 tensors of `sizes` values each, cut from `tail` (finite, at most `most` of
-    them, none longer than `numel`)."""
+def _fp32s(
+    tail: bytes, sizes: object, numel: int, most: int, codec: object = "fp32"
+) -> tuple[torch.Tensor, ...]:
+    """The fp32 tensors of `sizes` values each, cut from `tail` in `codec` (fp32 or bf16;
+    finite, at most `most` of them, none longer than `numel`)."""
+    if not isinstance(codec, str) or codec not in _WIDTHS:
+        raise GroupMessageError("malformed", "tensors in a codec other than fp32 or bf16")
     if not isinstance(sizes, list) or len(sizes) > most:
         raise GroupMessageError("malformed", "tensor sizes out of range")
     if not all(type(n) is int and 0 <= n <= numel for n in sizes):
         raise GroupMessageError("malformed", "tensor sizes out of range")
-    if len(tail) != 4 * sum(sizes):
+    if len(tail) != _WIDTHS[codec] * sum(sizes):
         raise GroupMessageError("wrong_size", "tensor bytes do not match their sizes")
-    values = torch.from_numpy(np.frombuffer(tail, dtype="<f4").astype(np.float32))
+    values = get_codec(codec).decode(tail, sum(sizes))
     if not bool(torch.isfinite(values).all()):
         raise GroupMessageError("not_finite", "a fetch message holds NaN or infinity")
     return tuple(torch.split(values, sizes)) if sizes else ()
@@ -161,7 +185,7 @@ def decode_fetch(blob: object, numel: int) -> FetchMessage:
     if kind not in KINDS or not isinstance(body, dict) or len(signature) != SIGNATURE_BYTES:
         raise GroupMessageError("malformed", "a fetch message's kind, body or signature")
     most = MAX_SUMS if kind == "sums" else 0
-    tensors = _fp32s(tail, meta.get("sizes"), numel, most)
+    tensors = _fp32s(tail, meta.get("sizes"), numel, most, meta.get("codec", "fp32"))
     return FetchMessage(run, (key, epoch, round_), kind, sender, body, tensors, signature)
 
 
@@ -254,14 +278,17 @@ def parse_slice_request(blob: bytes, numel: int) -> tuple[UpdateId, int, int]:
 
 
 def slice_answer(update: GroupUpdate, start: int, end: int) -> bytes:
-    """The update's fields and every shard overlapping [start, end), whole, fp32."""
+    """The update's fields and every shard overlapping [start, end), whole (bf16 when the
+    aggregate holds bf16 values, as a group update of bf16 parts does)."""
     numel = update.aggregate.numel()
     bounds = shard_bounds(numel, update.num_shards)
     have = wanted_shards(update.num_shards, numel, start, end)
     pieces = tuple(update.aggregate[bounds[k][0] : bounds[k][1]] for k in have)
-    meta = {"update": update_meta(update), "shards": have, "sizes": [p.numel() for p in pieces]}
+    codec, tail = _coded(pieces)
+    sizes = [p.numel() for p in pieces]
+    meta = {"update": update_meta(update), "shards": have, "sizes": sizes, "codec": codec}
     raw = json.dumps(meta, separators=(",", ":")).encode()
-    return SLICE_MAGIC + struct.pack(">I", len(raw)) + raw + _tail(pieces)
+    return SLICE_MAGIC + struct.pack(">I", len(raw)) + raw + tail
 
 
 def slice_max_bytes(numel: int) -> int:
@@ -275,7 +302,7 @@ def decode_slice(blob: object, numel: int) -> tuple[GroupUpdate, dict[int, torch
     shards, fields = meta.get("shards"), meta.get("update")
     if not isinstance(shards, list) or not all(type(k) is int for k in shards):
         raise GroupMessageError("malformed", "a slice answer's shards")
-    pieces = _fp32s(tail, meta.get("sizes"), numel, MAX_MEMBERS)
+    pieces = _fp32s(tail, meta.get("sizes"), numel, MAX_MEMBERS, meta.get("codec", "fp32"))
     if len(pieces) != len(shards) or len(set(shards)) != len(shards):
         raise GroupMessageError("malformed", "a slice answer's shards")
     update = update_of_meta(json.dumps(fields).encode(), torch.empty(0))

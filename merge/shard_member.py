@@ -47,8 +47,13 @@ class MemberRound:
         incoming: Sequence[Incoming],
         *,
         until_fold: bool = True,
+        sums_in_bf16: bool = False,
     ) -> None:
         self.rounds, self.me, self.until_fold = rounds, me, until_fold
+        self.sums_in_bf16 = sums_in_bf16
+        """Whether this member rounds its slices of the sums to bf16 (half the bytes on the
+        wire) before it sends them and applies them itself: every member then applies the
+        same values, bit for bit; a member's rounding stays within `sums_problem`'s slack."""
         self.members = tuple(sorted(set(members)))
         if me not in self.members:
             raise ValueError("a member's round needs it among the members.")
@@ -145,6 +150,11 @@ class MemberRound:
         if self.plan is None or self.failed is not None:
             return None
         mine = ShardRound.weighted_sums(self.plan, self._slices())
+        if self.sums_in_bf16:
+            mine = [t.to(torch.bfloat16).to(torch.float32) for t in mine]
+            if not all(bool(torch.isfinite(t).all()) for t in mine):
+                self._fail("sums_not_finite")  # beyond bf16's range: the whole fetch
+                return None
         self._sums[self.me] = mine
         return mine
 

@@ -12,6 +12,11 @@ import torch
 from merge.shard_round_plan import Gram, Incoming, RoundPlan
 
 _SCHWARZ_SLACK = 1e-9
+SUMS_SLACK = 1e-5 + 2.0**-8
+"""A member's slices of a sum may be off what its part says by this share of the sum's
+reach: float32 rounding of the sum (1e-5), plus the bf16 rounding a member applies to its
+slices before it sends them (each value within 2^-8 of itself, so the slice within 2^-8 of
+its norm; merge.shard_member `sums_in_bf16`)."""
 
 
 def gram_problem(gram: object, size: int) -> str | None:
@@ -61,7 +66,8 @@ def sums_problem(
     (checked before the decisions were taken, `gram_problem`), or None; `states`: the
     receiver's own slices of its state tensors over that member's part. Each slice's norm and
     its dot product with each state tensor's slice must be what `part` says of that combo of
-    the member's shards (within float32 rounding of the sum): a member cannot send a slice
+    the member's shards (within `SUMS_SLACK` of the sum's reach: float32 rounding of the sum,
+    and bf16 rounding of the slices on the wire): a member cannot send a slice
     larger than, or leaning along the momentum or the params more than, the shards it
     reported; what is left to it is the direction orthogonal to the receiver's state, within
     the reported norm (docs/scale.md, Session 16: trust)."""
@@ -75,7 +81,7 @@ def sums_problem(
             return "sums_shape"
         block = gram[num_states:, num_states:]
         reach = float(np.abs(c) @ np.sqrt(np.diag(block))) + 1e-30
-        slack = 1e-5 * reach
+        slack = SUMS_SLACK * reach
         total64 = total.to(torch.float64)
         if abs(float(total64 @ total64) - float(c @ block @ c)) > slack * (2 * reach + slack):
             return "sums_norm"

@@ -247,8 +247,8 @@ class GroupSettings:
     """With --group-size: reduce-scatter (member j reduces shard j of all parts, then shares it)."""
     group_shard_fetch: bool = False
     """With --group-scatter: each member fetches only its slice of other groups' updates and
-    the group applies them as one step (docs/scale.md, Session 17); any failure falls back to
-    the whole fetch. Experimental."""
+    the group applies them as one step (docs/scale.md, Session 17; the members' weighted sums
+    travel in bf16); any failure falls back to the whole fetch. Experimental."""
 
     @property
     def groups_on(self) -> bool:

@@ -146,6 +146,34 @@ def test_a_changed_shard_or_a_wrong_index_is_refused() -> None:
     assert pieces_problem(fetched, {0: pieces[0][:-1]}, NUMEL) == "shard_size"
 
 
+def test_bf16_values_travel_in_bf16_exactly_and_others_in_fp32() -> None:
+    """A group update of bf16 parts holds bf16 values and a member rounds its sums to bf16:
+    both travel in half the bytes of fp32 and arrive exactly; fp32 values stay fp32."""
+    _, _, updates = _setup(fold=False)
+    update = updates[0]
+    narrow = dataclasses.replace(update, aggregate=update.aggregate.bfloat16().float())
+    wide_blob, narrow_blob = slice_answer(update, 0, NUMEL), slice_answer(narrow, 0, NUMEL)
+    assert len(wide_blob) > 4 * NUMEL and len(narrow_blob) < len(wide_blob) - 2 * NUMEL + 64
+    for source, blob in ((update, wide_blob), (narrow, narrow_blob)):
+        _, pieces = decode_slice(blob, NUMEL)
+        assert torch.equal(torch.cat([pieces[k] for k in sorted(pieces)]), source.aggregate)
+    values = torch.randn(NUMEL)
+    for tensor, width in ((values.bfloat16().float(), 2), (values, 4)):
+        message = _message("sums", {}, [tensor]).signed(ME)
+        blob = message.to_bytes()
+        back = decode_fetch(blob, NUMEL)
+        assert back.verified() and torch.equal(back.tensors[0], tensor)
+        assert width * NUMEL <= len(blob) < width * NUMEL + 1024
+    bogus = blob.replace(b'"codec":"fp32"', b'"codec":"int8"')
+    with pytest.raises(GroupMessageError) as caught:
+        decode_fetch(bogus, NUMEL)
+    assert caught.value.reason == "malformed"
+    short = blob.replace(b'"codec":"fp32"', b'"codec":"bf16"')  # fp32 bytes said to be bf16
+    with pytest.raises(GroupMessageError) as caught:
+        decode_fetch(short, NUMEL)
+    assert caught.value.reason == "wrong_size"
+
+
 def _message(kind: str = "propose", body: dict | None = None, tensors=()) -> FetchMessage:
     body = proposal_body(Proposal(BASE, {("groups.0b1", 3): ("h",)})) if body is None else body
     return FetchMessage(RUN, ("groups.0b0", 0, 4), kind, ME.peer_id, body, tuple(tensors))

@@ -24,12 +24,14 @@ from tests.unit.test_shard_round import (
 MEMBERS = sorted(identity.peer_id for identity in IDS[:3])
 
 
-def _rounds(pipelines: list[UpdatePipeline], updates: list) -> list[MemberRound]:
+def _rounds(
+    pipelines: list[UpdatePipeline], updates: list, *, bf16: bool = False
+) -> list[MemberRound]:
     out = []
     for pipeline, me in zip(pipelines, MEMBERS, strict=True):
         rounds = ShardRound(pipeline.groups)
         incoming = [Incoming.of(pipeline.groups, u, _everyone) for u in updates]
-        out.append(MemberRound(rounds, MEMBERS, me, incoming))
+        out.append(MemberRound(rounds, MEMBERS, me, incoming, sums_in_bf16=bf16))
     return out
 
 
@@ -91,6 +93,32 @@ def test_members_that_exchange_parts_and_slices_end_as_applied_one_by_one() -> N
             assert other.replica.applied == members[0].replica.applied
         if fold:
             assert plan.deferred  # the rest wait for the next round
+
+
+def test_members_sending_their_sums_in_bf16_end_alike_and_within_its_rounding() -> None:
+    """The wire's case (dht.group_exchange_slices): each member rounds its slices of the sums
+    to bf16 and applies what it sent; every member ends bit for bit alike, and where one by
+    one ends within bf16's rounding of one outer step."""
+    members, reference, updates = _setup(False)
+    before = members[0].replica.params.clone()
+    rounds = _rounds(members, updates, bf16=True)
+    _fetch(rounds)
+    _exchange_parts(rounds)
+    sums = _exchange_sums(rounds)
+    assert all(s is not None and all(torch.equal(t.bfloat16().float(), t) for t in s)
+               for s in sums.values())  # fmt: skip
+    assert all(m.apply() is not None and m.failed is None for m in rounds)
+    for other in members[1:]:
+        assert torch.equal(other.replica.params, members[0].replica.params)
+        assert other.replica.applied == members[0].replica.applied
+    plan = rounds[0].plan
+    assert plan is not None
+    decided = [d.incoming.update for d in plan.decisions]
+    _one_by_one(reference, [u for u in decided if u is not None])
+    assert members[0].replica.applied == reference.replica.applied
+    step = float((reference.replica.params - before).norm())
+    gap = float((members[0].replica.params - reference.replica.params).norm())
+    assert 0 < gap <= 2.0**-7 * step  # bf16's rounding of the step, not more
 
 
 def test_a_member_on_another_applied_set_makes_the_others_fall_back() -> None:

@@ -392,6 +392,11 @@ def test_slices_that_do_not_match_the_reported_gram_are_refused() -> None:
     along = states[2] / states[2].norm() * norm  # as long, along the round not folded yet
     assert sums_problem(plan, grams[1], [along], states) == "sums_direction"
     assert sums_problem(plan, grams[1], [honest[0][:-1]], states) == "sums_shape"
+    narrow = [x.to(torch.bfloat16).to(torch.float32) for x in honest]  # as sent (bf16)
+    assert not torch.equal(narrow[0], honest[0])
+    assert sums_problem(plan, grams[1], narrow, states) is None
+    tilted = honest[0] + 0.02 * norm * states[2] / states[2].norm()  # 2 % along the state
+    assert sums_problem(plan, grams[1], [tilted], states) in ("sums_norm", "sums_direction")
 
 
 def test_a_part_claiming_an_update_longer_than_its_members_signed_is_refused() -> None:
