@@ -81,11 +81,6 @@ class Evidence:
         parsed = None if data is None else parse_fetched(data, uid, self._ctx.replica.numel)
         return None if parsed is None or isinstance(parsed, str) else parsed
 
-    def _decode(self, blob: bytes) -> Proof | GroupProof:
-        proof = decode_proof(blob, self._ctx.config.fingerprint, self._run)
-        assert isinstance(proof, Proof | GroupProof)
-        return proof
-
     async def rpc_evidence(self, info: Any, reader: Any, writer: Any) -> None:
         """A pushed proof of equivocation: checked (every signature, this run, a group's by
         its members) off the loop before anything is done with it; a bad one is counted
@@ -98,7 +93,7 @@ class Evidence:
             if not ctx.membership.is_alive(sender):
                 ctx.reject("evidence_unknown_peer", sender, "no live heartbeat", update=False)
                 return
-            proof = await ctx.off_loop(self._decode, blob)
+            proof = await ctx.off_loop(decode_proof, blob, ctx.config.fingerprint, self._run)
             self.on_evidence(proof, sender)
         except ProofError as exc:
             ctx.reject(f"evidence_{exc.reason}", sender, str(exc), update=False)

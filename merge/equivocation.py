@@ -142,9 +142,10 @@ class Proof:
 
 
 class EquivocationBook:
-    """Proofs known to this replica, the ids it has settled, and the first signed header of
-    each recently applied id (to notice a second variant). Bounded; not thread-safe (the
-    pipeline calls it under the replica's lock)."""
+    """Proofs known to this replica (an author's, and a learner group's where groups are on:
+    merge.group_equivocation), the ids it has settled, and the first signed header of each
+    recently applied id (to notice a second variant). Bounded; not thread-safe (the pipeline
+    calls it under the replica's lock)."""
 
     def __init__(self, decode: Decoder | None = None) -> None:
         self.decode: Decoder = decode or Proof.from_bytes
