@@ -1,18 +1,25 @@
-"""Evidence: proofs of equivocation (two signed payloads under one update id), settled here by
-the merge and passed on to the peers gossip pushes to."""
+"""Evidence: proofs of equivocation (two signed payloads under one update id: an author's,
+merge.equivocation; or two co-signed variants of one learner group's round,
+merge.group_equivocation), settled here by the merge and passed on to the peers gossip pushes
+to. Both kinds travel on the one `evidence` stream; their magic tells them apart."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import Any
 
 from dht.budget import StreamLimits
 from dht.gossip_context import GossipContext
+from dht.gossip_groups import parse_fetched
+from dht.grouping import member_check
 from dht.swarm_config import REQUEST_READ_TIMEOUT_S
 from dht.transport import TooLargeError, TransportError, receive_blob
 from merge.envelope import EnvelopeError, SignedUpdate, UpdateHeader
-from merge.equivocation import MAX_PROOF_BYTES, Proof, ProofError
+from merge.equivocation import Action, Proof, ProofError, UpdateId
+from merge.group_equivocation import MAX_EVIDENCE_BYTES, GroupProof, GroupRun, decode_proof
+from merge.group_update import GroupUpdate
 
 logger = logging.getLogger(__name__)
 EVIDENCE_LIMITS = StreamLimits(rate_per_s=2.0, burst=16.0, max_in_flight=2, deadline_s=10.0)
@@ -25,15 +32,27 @@ class Evidence:
 
     def __init__(self, context: GossipContext) -> None:
         self._ctx = context
+        run_id = context.config.run_id
+        self._run = GroupRun(run_id, functools.partial(member_check, run_id))
+        """What a group's proof is checked against (the merge checks it again, by its own)."""
 
-    def on_evidence(self, proof: Proof | None, sender: str | None = None) -> None:
+    def on_evidence(self, proof: Proof | GroupProof | None, sender: str | None = None) -> None:
         """Settle a proof off the loop (it may withdraw an applied update), then pass it on."""
         if proof is not None and self._ctx.active:
             self._ctx.network.spawn(self._settle(proof, sender))
 
-    async def _settle(self, proof: Proof, sender: str | None) -> None:
+    def from_thread(self, proof: Proof | GroupProof | None) -> None:
+        """`on_evidence` from a thread off the loop (a merge there made the proof)."""
+        if proof is not None:
+            self._ctx.network.loop.call_soon_threadsafe(self.on_evidence, proof)
+
+    async def _settle(self, proof: Proof | GroupProof, sender: str | None) -> None:
         ctx = self._ctx
-        action = await ctx.off_loop(ctx.merge.learn_proof, proof, self._retained_update)
+        action: Action
+        if isinstance(proof, GroupProof):
+            action = await ctx.off_loop(ctx.merge.learn_group_proof, proof, self._retained_group)
+        else:
+            action = await ctx.off_loop(ctx.merge.learn_proof, proof, self._retained_update)
         ctx.catchup.fetched(proof.update_id)
         if action == "none":
             return
@@ -56,18 +75,25 @@ class Evidence:
         except EnvelopeError:
             return None
 
+    def _retained_group(self, uid: UpdateId) -> GroupUpdate | None:
+        """The group update applied here under `uid`, from the retained copies (off the loop)."""
+        data = self._ctx.retained.get(uid)
+        parsed = None if data is None else parse_fetched(data, uid, self._ctx.replica.numel)
+        return None if parsed is None or isinstance(parsed, str) else parsed
+
     async def rpc_evidence(self, info: Any, reader: Any, writer: Any) -> None:
-        """A pushed proof of equivocation: checked (both signatures, this run) before anything
-        is done with it; a bad one is counted against its sender."""
+        """A pushed proof of equivocation: checked (every signature, this run, a group's by
+        its members) off the loop before anything is done with it; a bad one is counted
+        against its sender."""
         ctx, sender = self._ctx, str(info.peer_id)
         try:
             blob = await asyncio.wait_for(
-                receive_blob(reader, max_bytes=MAX_PROOF_BYTES), REQUEST_READ_TIMEOUT_S
+                receive_blob(reader, max_bytes=MAX_EVIDENCE_BYTES), REQUEST_READ_TIMEOUT_S
             )
             if not ctx.membership.is_alive(sender):
                 ctx.reject("evidence_unknown_peer", sender, "no live heartbeat", update=False)
                 return
-            proof = Proof.from_bytes(blob, ctx.config.fingerprint)
+            proof = await ctx.off_loop(decode_proof, blob, ctx.config.fingerprint, self._run)
             self.on_evidence(proof, sender)
         except ProofError as exc:
             ctx.reject(f"evidence_{exc.reason}", sender, str(exc), update=False)

@@ -21,6 +21,7 @@ from dht.swarm_config import REQUEST_READ_TIMEOUT_S
 from dht.transport import TooLargeError, TransportError
 from merge.envelope import EnvelopeError, SignedUpdate
 from merge.equivocation import Proof
+from merge.group_equivocation import GroupProof
 from merge.group_update import GroupUpdate
 from merge.result import MergeResult
 
@@ -39,7 +40,7 @@ class Fetcher:
         self,
         context: GossipContext,
         *,
-        on_evidence: Callable[[Proof | None], None],
+        on_evidence: Callable[[Proof | GroupProof | None], None],
         retain: Callable[[SignedUpdate], Awaitable[None]],
         retain_group: Callable[[GroupUpdate, bytes], Awaitable[None]],
     ) -> None:
@@ -136,6 +137,11 @@ class Fetcher:
             return
         in_group = member_check(ctx.config.run_id, fetch.author)
         result = await ctx.off_loop(ctx.merge.submit_group, parsed, in_group)
+        if result.reason == "group_equivocation":  # a valid second variant: its proof goes on
+            ctx.catchup.fetched(uid)
+            self._on_evidence(await ctx.off_loop(ctx.merge.group_evidence, parsed))
+            ctx.kick()
+            return
         if not result.accepted and (result.reason or "").startswith("group_"):
             # Its signatures do not hold: the bytes this peer served, not the id, are bad
             # (no one signs a group update's id alone), so another holder is asked.

@@ -17,6 +17,7 @@ from dht.swarm_config import REQUEST_READ_TIMEOUT_S
 from dht.transport import TooLargeError, TransportError, receive_blob
 from merge.envelope import SignedHeader
 from merge.equivocation import Proof
+from merge.group_equivocation import GroupProof
 
 logger = logging.getLogger(__name__)
 NOTIFY_LIMITS = StreamLimits(rate_per_s=20.0, burst=64.0, max_in_flight=4, deadline_s=10.0)
@@ -27,7 +28,9 @@ class Headers:
     """Checks each header heard (the merge's check_header) and tells CatchUp of the good ones;
     a conflicting one becomes evidence (`on_evidence`)."""
 
-    def __init__(self, context: GossipContext, on_evidence: Callable[[Proof | None], None]) -> None:
+    def __init__(
+        self, context: GossipContext, on_evidence: Callable[[Proof | GroupProof | None], None]
+    ) -> None:
         self._ctx = context
         self._on_evidence = on_evidence
         self._deferred = DeferredNotifies()

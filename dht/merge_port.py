@@ -2,8 +2,9 @@
 layer depends on it and not on merge.pipeline.UpdatePipeline (which satisfies it).
 
 Gossip checks pushed and announced headers, submits fetched updates and settles proofs of
-equivocation; state transfer serves this replica's state and adopts a donor's. Everything
-here is thread-safe on the pipeline's side: gossip calls it from its merge pool, off the loop.
+equivocation (an author's and a learner group's); state transfer serves this replica's state
+and adopts a donor's. Everything here is thread-safe on the pipeline's side: gossip calls it
+from its merge pool, off the loop.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from merge.envelope import SignedHeader, SignedUpdate, UpdateHeader
-from merge.equivocation import Action, Proof
+from merge.equivocation import Action, Proof, UpdateId
+from merge.group_equivocation import GroupProof
 from merge.group_update import GroupUpdate
 from merge.rejections import RejectionLog
 from merge.replica import Replica
@@ -20,6 +22,8 @@ from merge.result import MergeResult
 
 AppliedUpdate = Callable[[UpdateHeader], SignedUpdate | None]
 """The variant applied here under a header's id (its retained copy), or None."""
+AppliedGroup = Callable[[UpdateId], GroupUpdate | None]
+"""The learner group's variant applied here under an id (its retained copy), or None."""
 
 
 @runtime_checkable
@@ -55,6 +59,14 @@ class MergePort(Protocol):
 
     def learn_proof(self, proof: Proof, applied_update: AppliedUpdate) -> Action:
         """Settle a checked proof of equivocation the same way on every replica."""
+        ...
+
+    def group_evidence(self, update: GroupUpdate) -> GroupProof | None:
+        """The proof of a group's equivocation `update` makes with the variant applied here."""
+        ...
+
+    def learn_group_proof(self, proof: GroupProof, applied_group: AppliedGroup) -> Action:
+        """Settle a checked proof of a group's equivocation the same way on every replica."""
         ...
 
     def transfer_state(self) -> dict[str, object]:

@@ -42,6 +42,19 @@ class CosignLedger:
                 keys = self._counts.setdefault(member, {})
                 keys[group_key] = keys.get(group_key, 0) + 1
 
+    def debit(self, group_key: str, cosigners: Iterable[str]) -> None:
+        """Takes back `credit`'s count of one update of `group_key` (its variant withdrawn:
+        merge.group_equivocation), so the ledger stays that of the applied contributions."""
+        with self._lock:
+            for member in set(cosigners):
+                keys = self._counts.get(member, {})
+                if keys.get(group_key, 0) > 1:
+                    keys[group_key] -= 1
+                else:
+                    keys.pop(group_key, None)
+                    if not keys:
+                        self._counts.pop(member, None)
+
     def counts(self) -> Counts:
         """A copy: per member, per group key, the applied updates it co-signed."""
         with self._lock:

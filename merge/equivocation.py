@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import struct
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from merge.envelope import (
     MAX_HEADER_JSON_BYTES,
@@ -40,8 +41,25 @@ MAX_PROOF_BYTES = len(PROOF_MAGIC) + 2 * (4 + MAX_HEADER_BLOB)
 MAX_PROOFS = 4096
 """Proofs kept (and persisted); beyond it the oldest are dropped (their ids stay settled in
 the applied set)."""
+MAX_PROOF_BYTES_HELD = 64 * 2**20
+"""Proof bytes kept (a learner group's proof is bigger than a solo one: merge.group_equivocation);
+beyond it the oldest are dropped, as beyond MAX_PROOFS."""
 MAX_FIRST_SEEN = 8192
 """Signed headers kept to notice a second variant of a recently applied id."""
+
+
+class Evidence(Protocol):
+    """A checked proof of either kind: a solo author's (`Proof`) or a learner group's
+    (merge.group_equivocation.GroupProof)."""
+
+    @property
+    def update_id(self) -> UpdateId: ...
+
+    def to_bytes(self) -> bytes: ...
+
+
+Decoder = Callable[[object, str | None], Evidence]
+"""Proof bytes and the run fingerprint -> the checked proof (ProofError for anything else)."""
 
 
 class ProofError(ValueError):
@@ -124,12 +142,17 @@ class Proof:
 
 
 class EquivocationBook:
-    """Proofs known to this replica, the ids it has settled, and the first signed header of
-    each recently applied id (to notice a second variant). Bounded; not thread-safe (the
-    pipeline calls it under the replica's lock)."""
+    """Proofs known to this replica (an author's, and a learner group's where groups are on:
+    merge.group_equivocation), the ids it has settled, and the first signed header of each
+    recently applied id (to notice a second variant). Bounded; not thread-safe (the pipeline
+    calls it under the replica's lock)."""
 
-    def __init__(self) -> None:
-        self._proofs: OrderedDict[UpdateId, Proof] = OrderedDict()
+    def __init__(self, decode: Decoder | None = None) -> None:
+        self.decode: Decoder = decode or Proof.from_bytes
+        """How persisted proofs are read back (merge.group_equivocation.decode_proof where
+        the replica takes learner groups' updates: both kinds)."""
+        self._proofs: OrderedDict[UpdateId, Evidence] = OrderedDict()
+        self._bytes = 0
         self._settled: set[UpdateId] = set()
         self._first: OrderedDict[UpdateId, tuple[SignedHeader, float, int]] = OrderedDict()
 
@@ -139,7 +162,7 @@ class EquivocationBook:
     def is_equivocated(self, uid: UpdateId) -> bool:
         return uid in self._proofs
 
-    def proofs(self) -> list[Proof]:
+    def proofs(self) -> list[Evidence]:
         return list(self._proofs.values())
 
     def first_seen(self, signed: SignedHeader, weight: float, learners: int) -> None:
@@ -167,18 +190,26 @@ class EquivocationBook:
         except ProofError:
             return None
 
-    def learn(self, proof: Proof, *, applied: bool) -> Action:
+    def learn(self, proof: Evidence, *, applied: bool) -> Action:
         """What this replica does on (possibly again) learning `proof`; `applied`: whether the
         id is in its applied set now. The caller carries the action out, then calls `settled`."""
         uid = proof.update_id
         if uid in self._settled:
             return "none"
         if uid not in self._proofs:
-            self._proofs[uid] = proof
-            while len(self._proofs) > MAX_PROOFS:
-                old, _ = self._proofs.popitem(last=False)
-                self._settled.discard(old)
+            self._keep(proof)
         return "withdraw" if applied else "record"
+
+    def _keep(self, proof: Evidence) -> None:
+        replaced = self._proofs.pop(proof.update_id, None)
+        if replaced is not None:
+            self._bytes -= len(replaced.to_bytes())
+        self._proofs[proof.update_id] = proof
+        self._bytes += len(proof.to_bytes())
+        while len(self._proofs) > MAX_PROOFS or self._bytes > MAX_PROOF_BYTES_HELD:
+            old, dropped = self._proofs.popitem(last=False)
+            self._bytes -= len(dropped.to_bytes())
+            self._settled.discard(old)
 
     def settled(self, uid: UpdateId) -> None:
         """The id's contribution is gone from this replica (withdrawn, or recorded as none)."""
@@ -196,6 +227,7 @@ class EquivocationBook:
         """Restores what `state_dict` saved (proofs as bytes or hex); entries that do not
         check out are skipped, and what any other input holds is never raised on."""
         self._proofs.clear()
+        self._bytes = 0
         self._settled.clear()
         if not isinstance(state, dict):
             return
@@ -203,10 +235,10 @@ class EquivocationBook:
         for blob in (proofs if isinstance(proofs, list) else [])[-MAX_PROOFS:]:
             try:  # hex: a state transfer's JSON tree (merge.pipeline.transfer_state)
                 raw = bytes.fromhex(blob) if isinstance(blob, str) else blob
-                proof = Proof.from_bytes(raw, fingerprint)
+                proof = self.decode(raw, fingerprint)
             except (ProofError, ValueError):
                 continue
-            self._proofs[proof.update_id] = proof
+            self._keep(proof)
         for entry in settled if isinstance(settled, list) else []:
             if isinstance(entry, list | tuple) and len(entry) == 2 and type(entry[1]) is int:
                 uid = (str(entry[0]), entry[1])
@@ -217,11 +249,10 @@ class EquivocationBook:
 class GroupVariants:
     """Learner groups' updates applied here, by id (group key, round + 1): a second variant of
     one id, whose every signature holds too, is equivocation by the members that co-signed
-    both (an honest member co-signs one included set per round: dht.grouping_round). Their
-    two co-signatures over different shard statements for one round are the evidence, which
-    every replica holding both variants finds alike. Only detected and counted here: the
-    replicas that applied different variants keep them (no proof is exchanged yet;
-    docs/scale.md, wiring plan step 5). Pure; the newest MAX_FIRST_SEEN ids are remembered."""
+    both (or, two disjoint included sets, by the group). Detected and counted here; the proof
+    that settles it alike on every replica, the two variants as their reducers co-signed them,
+    is merge.group_equivocation's (docs/scale.md, wiring plan step 5). Pure; the newest
+    MAX_FIRST_SEEN ids are remembered."""
 
     def __init__(self, size: int = MAX_FIRST_SEEN) -> None:
         self._size = size

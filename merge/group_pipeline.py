@@ -29,8 +29,16 @@ from typing import Any, Protocol
 import torch
 
 from merge.envelope import UpdateHeader
-from merge.equivocation import GroupVariants
+from merge.equivocation import Action, EquivocationBook, GroupVariants, UpdateId
+from merge.group_equivocation import (
+    AppliedVariant,
+    AppliedVariants,
+    GroupProof,
+    GroupRun,
+    GroupVariant,
+)
 from merge.group_update import GroupUpdate, ReductionConfig, signed_norm_bound
+from merge.rejections import RejectionLog
 from merge.replica import Replica
 from merge.result import MergeResult
 from merge.robust import RobustFilter, Verdict
@@ -49,6 +57,10 @@ class Pipeline(Protocol):
     robust: RobustFilter
     num_merged: int
     _stats_lock: threading.Lock
+    equivocation: EquivocationBook
+    group_run: GroupRun | None
+    rejections: Any
+    rejection_log: RejectionLog
 
     def weight_of(self, header: UpdateHeader, learners: int | None = None) -> float: ...
     def _reject(self, header: UpdateHeader, reason: str) -> MergeResult: ...
@@ -65,6 +77,9 @@ class GroupMerge:
         """Told of each group update applied here (after it is, outside the replica's lock)."""
         self.variants = GroupVariants()
         """The variant applied under each recent group id (a second one is equivocation)."""
+        self.applied_variants = AppliedVariants()
+        """What a second variant makes a proof with, and what a proof withdraws (this path's
+        applied ids; merge.shard_round records `variants` only)."""
         self.reduction = ReductionConfig()
         """The run's group reduction settings (the run fingerprint holds them): its clip
         bound sizes `signed_norm_bound`. Set by the node when groups are on; every replica of
@@ -85,6 +100,8 @@ class GroupMerge:
             return p._reject(header, problem)
         with p.replica.lock:
             uid, variant = (header.author, header.seq), variant_of(update)
+            if p.equivocation.is_equivocated(uid):
+                return p._reject(header, "group_equivocation")  # proven: no variant counts
             if p.replica.has_applied(*uid):
                 culprits = self.variants.equivocators(uid, *variant)
                 if culprits is None:
@@ -107,6 +124,11 @@ class GroupMerge:
                 header, clipped, weight, None, learners=learners, cosigners=update.reducers()
             )
             self.variants.applied(uid, *variant)
+            head = update.head
+            entry = AppliedVariant(
+                head.run_id, head.round, GroupVariant.of(update), weight, learners
+            )
+            self.applied_variants.applied(uid, entry)
             if weight > 0:
                 p.robust.record(verdict, header.author)
         with p._stats_lock:
@@ -117,6 +139,69 @@ class GroupMerge:
             True, header.author, header.seq, header.staleness, weight, None, learners,
             0, verdict.reason, header.inner_steps,
         )  # fmt: skip
+
+    def evidence(self, update: GroupUpdate) -> GroupProof | None:
+        """The proof of a group's equivocation `update` (verified) makes with the variant
+        applied here under its id, if they differ; None where groups are off."""
+        p = self.pipeline
+        if p.group_run is None:
+            return None
+        uid = (update.head.group_key, update.seq)
+        with p.replica.lock:
+            return self.applied_variants.conflict(uid, update, p.group_run)
+
+    def learn_proof(
+        self, proof: GroupProof, applied_group: Callable[[UpdateId], GroupUpdate | None]
+    ) -> Action:
+        """Settles a group's proven equivocation as merge.equivocation's rule settles an
+        author's, the same on every replica: the id stays (or is now) applied and contributes
+        nothing. `applied_group`: the variant applied here (its retained copy), whose outer
+        step is withdrawn and whose co-signers' credit is taken back."""
+        p, uid = self.pipeline, proof.update_id
+        if p.group_run is None or p.replica.layout is not None:
+            return "none"  # groups off; a run with fragments takes no group updates
+        with p.replica.lock:
+            action = p.equivocation.learn(proof, applied=p.replica.has_applied(*uid))
+            if action == "record":
+                p.replica.apply(self._recorded(uid), torch.empty(0), 0.0, credited=0.0)
+            elif action == "withdraw":
+                self._withdraw(uid, applied_group)
+            p.equivocation.settled(uid)
+        if action != "none":
+            with p._stats_lock:
+                p.rejections["group_equivocation"] += 1
+            p.rejection_log.count(uid[0], "group_equivocation")
+            logger.warning(
+                "group update %s#%d: equivocation proven (co-signed both: %s); %s",
+                *uid, proof.culprits, action,
+            )  # fmt: skip
+        return action
+
+    def _recorded(self, uid: UpdateId) -> UpdateHeader:
+        """The header a proven id is recorded under where no variant of it was applied."""
+        p = self.pipeline
+        return UpdateHeader(
+            fingerprint=p.fingerprint, author=uid[0], seq=uid[1], base_applied=0,
+            published_applied=0, inner_steps=p.config.max_inner_steps, tokens=1, loss=0.0,
+            payload_sha256="0" * 64, codec="fp32", numel=p.replica.numel, created_at=0.0,
+        )  # fmt: skip
+
+    def _withdraw(
+        self, uid: UpdateId, applied_group: Callable[[UpdateId], GroupUpdate | None]
+    ) -> None:
+        p, entry = self.pipeline, self.applied_variants.get(uid)
+        if entry is None:
+            logger.warning("group update %s#%d: applied too long ago (or by shards); kept", *uid)
+            return
+        update = applied_group(uid) if entry.weight != 0 else None
+        if entry.weight != 0 and (update is None or variant_of(update) != entry.variant.key):
+            logger.warning("group update %s#%d: its applied aggregate is gone; kept", *uid)
+            return
+        if update is not None:
+            header = update.update_header(p.fingerprint, p.config.max_inner_steps)
+            p.replica.withdraw(header, update.aggregate, entry.weight, entry.learners)
+        p.replica.cosigned.debit(uid[0], entry.variant.reducers())
+        self.applied_variants.forget(uid)
 
     def _problem(self, update: GroupUpdate, in_group: Callable[[str], bool]) -> str | None:
         """Why every replica refuses `update` (counted as `group_<reason>`), or None."""

@@ -157,12 +157,22 @@ def shard_statement(
 ) -> bytes:
     """What the reducer of ``shard`` co-signs: the round, who is included, its shard."""
     first = headers[0]
+    fields = (first.run_id, first.group_key, first.epoch, first.round)
+    return included_statement(fields, [h.author for h in headers], shard, shard_digest)
+
+
+def included_statement(
+    round_fields: tuple[str, str, int, int], included: list[str], shard: int, shard_digest: str
+) -> bytes:
+    """`shard_statement` from the round ((run id, group key, epoch, round)) and the included
+    members alone: what a proof of a group's equivocation (merge.group_equivocation) holds."""
+    run_id, group_key, epoch, round_ = round_fields
     signed = {
-        "run_id": first.run_id,
-        "group_key": first.group_key,
-        "epoch": first.epoch,
-        "round": first.round,
-        "included": [h.author for h in headers],
+        "run_id": run_id,
+        "group_key": group_key,
+        "epoch": epoch,
+        "round": round_,
+        "included": included,
         "shard": shard,
         "shard_digest": shard_digest,
     }

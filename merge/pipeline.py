@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import re
@@ -33,7 +34,8 @@ from merge.envelope import (
     payload_matches,
     verify_header,
 )
-from merge.equivocation import Action, EquivocationBook, Proof
+from merge.equivocation import Action, EquivocationBook, Proof, UpdateId
+from merge.group_equivocation import GroupProof, GroupRun, MemberCheck, decode_proof
 from merge.group_pipeline import GroupMerge
 from merge.group_update import GroupUpdate
 from merge.handover import check_handover, settled_in
@@ -151,8 +153,18 @@ class UpdatePipeline:
         self.run_id: str | None = None
         """The run id learner groups' updates must name (their members sign it; None: not
         checked). Set by the node when groups are on."""
+        self.group_run: GroupRun | None = None
+        """What a proof of a group's equivocation is checked against (`enable_groups`; None:
+        group proofs are refused)."""
         self.groups = GroupMerge(self)
         """Learner groups' updates (merge.group_pipeline)."""
+
+    def enable_groups(self, run_id: str, members_of: MemberCheck) -> None:
+        """Learner groups are on: their updates name `run_id`, and `members_of(group key)`
+        says who belongs to a group (dht.grouping.member_check), what their proofs of
+        equivocation are checked by (merge.group_equivocation), persisted ones included."""
+        self.run_id, self.group_run = run_id, GroupRun(run_id, members_of)
+        self.equivocation.decode = functools.partial(decode_proof, run=self.group_run)
 
     def state_dict(self) -> dict[str, object]:
         """What the pipeline decides by besides the replica: the robust filters' windows and
@@ -228,7 +240,7 @@ class UpdatePipeline:
             check_handover(merge, applied, norm_cap=cap, window=self.learner_floor.window)
             staged = UpdatePipeline(self.replica, self.config, self.fingerprint)
             staged.load_state_dict(merge)  # the formats; raises before anything changed
-        book = EquivocationBook()
+        book = EquivocationBook(self.equivocation.decode)
         proofs = state.get("equivocation")
         if isinstance(proofs, dict):
             proofs = {**proofs, "settled": settled_in(proofs.get("settled"), applied)}
@@ -454,6 +466,17 @@ class UpdatePipeline:
             self.rejection_log.count(uid[0], "equivocation")
             logger.warning("update %s#%d: equivocation proven; %s", uid[0], uid[1], action)
         return action
+
+    def group_evidence(self, update: GroupUpdate) -> GroupProof | None:
+        """The proof of a group's equivocation `update` makes with the variant applied here."""
+        return self.groups.evidence(update)
+
+    def learn_group_proof(
+        self, proof: GroupProof, applied_group: Callable[[UpdateId], GroupUpdate | None]
+    ) -> Action:
+        """Settles a group's proven equivocation the same way on every replica
+        (merge.group_pipeline.GroupMerge.learn_proof)."""
+        return self.groups.learn_proof(proof, applied_group)
 
     def _withdraw(
         self, uid: tuple[str, int], applied_update: Callable[[UpdateHeader], SignedUpdate | None]

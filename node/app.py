@@ -9,6 +9,7 @@ dashboard is built through node.dashboard_seam, node/'s one module that imports 
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from dht.grouping import member_check
 from dht.heartbeat import Heartbeat
 from dht.known_peers import join_peers, remember_peers
 from merge.allowlist import AllowList
@@ -229,7 +231,7 @@ def _compose(config: JoinConfig, events: EventLog, locks: list[ResourceLock]) ->
         else FragmentStreams(publisher, learner, codec, config.inner_steps, stats, events)
     )
     if isinstance(publishing, GroupPublishing):  # group updates name the run they are of
-        pipeline.run_id = config.run_id
+        pipeline.enable_groups(config.run_id, functools.partial(member_check, config.run_id))
     persistence = Persistence(
         checkpoint_dir=checkpoint_dir,
         fingerprint=spec.fingerprint,

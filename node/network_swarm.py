@@ -97,6 +97,8 @@ class NetworkSwarm:
         when applied (it is then retained and served: dht.gossip_groups)."""
         key = update.head.group_key
         result = self._pipeline.submit_group(update, member_check(self._run_id, key))
+        if result.reason == "group_equivocation":  # a valid second variant: its proof goes on
+            self.swarm.gossip.evidence.from_thread(self._pipeline.group_evidence(update))
         self._report_merge(result)
         return result.accepted
 

@@ -23,7 +23,9 @@ from dht.messages import holder_subkey
 from dht.rejections import Rejections
 from dht.retention import RetainedUpdates
 from dht.swarm_config import SwarmConfig
+from merge.group_equivocation import GroupProof
 from merge.group_update import GroupUpdate
+from merge.pipeline import UpdatePipeline
 from merge.result import MergeResult
 from tests.factories import FINGERPRINT
 from tests.unit.test_group_merge import IDS, RUN, _pipeline, _update
@@ -75,12 +77,19 @@ def _holding(update: GroupUpdate, blob: bytes | None = None) -> RetainedUpdates:
     return retained
 
 
-async def _catch_up(update: GroupUpdate, holders: dict[str, RetainedUpdates]) -> dict[str, Any]:
+async def _catch_up(
+    update: GroupUpdate,
+    holders: dict[str, RetainedUpdates],
+    pipeline: UpdatePipeline | None = None,
+    applied_meanwhile: GroupUpdate | None = None,
+) -> dict[str, Any]:
+    """`applied_meanwhile`: a variant of the id merged (from a push) after catch-up wanted it."""
     network = LoopbackNetwork()
     for peer_id, retained in holders.items():
         await network.serve(peer_id, retained)
-    pipeline = _pipeline()
+    pipeline = _pipeline() if pipeline is None else pipeline
     merged: list[MergeResult] = []
+    evidence: list[object] = []
     catchup = CatchUp(CatchUpConfig(retry_s=0.0), network.peer_id, pipeline.replica)
     ctx = GossipContext(
         network=network,  # type: ignore[arg-type]
@@ -101,7 +110,7 @@ async def _catch_up(update: GroupUpdate, holders: dict[str, RetainedUpdates]) ->
 
     fetcher = Fetcher(
         ctx,
-        on_evidence=lambda proof: None,
+        on_evidence=evidence.append,
         retain=announcements.retain,
         retain_group=retain_group,
     )
@@ -112,6 +121,8 @@ async def _catch_up(update: GroupUpdate, holders: dict[str, RetainedUpdates]) ->
     alive, fetched_from = set(holders), []
     for _ in range(len(holders)):
         for fetch in catchup.next_fetches(1.0, alive):
+            if applied_meanwhile is not None:
+                assert pipeline.submit_group(applied_meanwhile, lambda peer: True).accepted
             fetched_from.append(fetch.peer_id)
             await fetcher.fetch_and_merge(fetch)
     await asyncio.sleep(0.05)  # the holder record's write (in the background)
@@ -126,6 +137,7 @@ async def _catch_up(update: GroupUpdate, holders: dict[str, RetainedUpdates]) ->
         "stores": network.stores,
         "fetched_from": fetched_from,
         "wanted": catchup.num_wanted,
+        "evidence": evidence,
     }
 
 
@@ -157,3 +169,18 @@ def test_a_tampered_copy_is_counted_against_its_holder_and_another_holder_asked(
     assert end["rejections"]["served_bad_group_update"] == 1
     assert end["pipeline"].replica.applied == {update.head.group_key: [update.seq]}
     assert end["retained"].get(group_update_id(update)) == encode_update(update)
+
+
+def test_a_fetched_second_variant_becomes_a_proof_not_a_lie_of_its_holder() -> None:
+    """A valid variant of an id this replica applied another variant of meanwhile: the proof
+    the two make is passed on (dht.gossip_evidence), the holder is not counted, the id is
+    not asked of anyone else."""
+    first, second = _update(IDS[:3]), _update(IDS[:2])
+    pipeline = _pipeline()
+    pipeline.enable_groups(RUN, lambda key: lambda peer: True)
+    holders = {"a-holder": _holding(second), "b-holder": _holding(second)}
+    end = asyncio.run(_catch_up(second, holders, pipeline, applied_meanwhile=first))
+    assert end["fetched_from"] == ["a-holder"] and end["wanted"] == 0
+    assert not end["rejections"]
+    [proof] = end["evidence"]
+    assert isinstance(proof, GroupProof) and proof.update_id == group_update_id(first)

@@ -40,6 +40,8 @@ def test_the_port_names_the_pipeline_methods_dht_calls() -> None:
         "submit",
         "submit_group",
         "learn_proof",
+        "group_evidence",
+        "learn_group_proof",
         "transfer_state",
         "adopt",
         "is_fresh_author",
