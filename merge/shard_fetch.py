@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from merge.group_equivocation import GroupVariant
 from merge.group_pipeline import GroupMerge, variant_of
 from merge.group_plan import shard_bounds
 from merge.group_update import GroupUpdate, signed_norm_bound
@@ -281,4 +282,5 @@ def incoming_of_headers(
         update.reducers() if problem is None else (),
         None,
         signed_norm_bound(update, merge.reduction) if problem is None else float("inf"),
+        GroupVariant.of(update) if problem is None else None,
     )

@@ -46,6 +46,7 @@ import numpy.typing as npt
 import torch
 
 from merge.equivocation import GroupVariants
+from merge.group_equivocation import AppliedVariant
 from merge.group_pipeline import GroupMerge
 from merge.group_update import NORM_BOUND_SLACK, signed_norm_bound
 from merge.replica import Replica
@@ -244,6 +245,12 @@ class ShardRound:
         p._robust_scale(header, verdict)  # counted and logged as the sequential path does
         p.replica.apply(header, torch.empty(0), 0.0, learners=inc.learners, cosigners=inc.cosigners)
         self.merge.variants.applied(inc.uid, *inc.variant)
+        if inc.evidence is not None:  # a second variant of it then makes a proof here too
+            round_ = inc.uid[1] - 1
+            entry = AppliedVariant(
+                p.run_id or "", round_, inc.evidence, decision.weight, inc.learners
+            )
+            self.merge.applied_variants.applied(inc.uid, entry)
         if decision.weight > 0:
             p.robust.record(verdict, header.author)
         with p._stats_lock:

@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from merge.envelope import UpdateHeader
+from merge.group_equivocation import GroupVariant
 from merge.group_pipeline import GroupMerge, variant_of
 from merge.group_update import GroupUpdate, signed_norm_bound
 from merge.robust import Verdict
@@ -39,6 +40,9 @@ class Incoming:
     norm_bound: float = math.inf
     """What its signed headers bound its aggregate's norm by (`signed_norm_bound`): what the
     norm cap refuses it by, on every path."""
+    evidence: GroupVariant | None = field(default=None, compare=False)
+    """The variant as its reducers co-signed it: kept once applied, so a second variant of
+    its id makes a proof here (merge.group_equivocation), on either path."""
 
     @property
     def uid(self) -> tuple[str, int]:
@@ -60,6 +64,7 @@ class Incoming:
             update.reducers(),
             update,
             signed_norm_bound(update, merge.reduction),
+            GroupVariant.of(update),
         )
 
 

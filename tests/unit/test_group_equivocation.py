@@ -33,6 +33,7 @@ from merge.identity import Identity
 from merge.outer import OuterConfig, make_outer_optimizer
 from merge.pipeline import MergeConfig, UpdatePipeline
 from merge.replica import Replica
+from merge.shard_round import Incoming, ShardRound, part_gram, state_tensors, summed_gram
 from tests.factories import FINGERPRINT
 from tests.unit.test_group_merge import CONFIG, IDS, NUMEL, RUN, _update
 
@@ -328,3 +329,19 @@ def test_a_replica_without_groups_settles_no_group_proof() -> None:
     pipeline.group_run = None
     assert pipeline.learn_group_proof(_proof(), _retained(None)) == "none"
     assert not pipeline.replica.has_applied(*UID)
+
+
+def test_a_variant_applied_by_the_sharded_round_makes_a_proof_with_a_second_one() -> None:
+    """merge.shard_round applies a round of group updates as one step: the variant it applied
+    is kept as the whole path keeps it, so a second variant of its id makes the same proof
+    here (passed on; the replicas that applied a variant whole withdraw it)."""
+    pipeline = _pipeline()
+    rounds = ShardRound(pipeline.groups)
+    incoming = rounds.order([Incoming.of(pipeline.groups, A, THE_RUN.members_of(UID[0]))])
+    states = state_tensors(pipeline.replica)  # one member holding the whole model
+    plan = rounds.decide(incoming, summed_gram([part_gram([*states, A.aggregate])]))
+    gathered = ShardRound.weighted_sums(plan, [A.aggregate])
+    assert [r.accepted for r in rounds.apply(plan, gathered)] == [True]
+    proof = pipeline.group_evidence(B)
+    assert proof is not None and proof.to_bytes() == _proof().to_bytes()
+    assert pipeline.group_evidence(A) is None  # the variant it applied proves nothing
