@@ -38,6 +38,7 @@ from merge.group_equivocation import (
     GroupVariant,
 )
 from merge.group_update import GroupUpdate, ReductionConfig, signed_norm_bound
+from merge.learners import LearnerFloor
 from merge.rejections import RejectionLog
 from merge.replica import Replica
 from merge.result import MergeResult
@@ -61,7 +62,9 @@ class Pipeline(Protocol):
     group_run: GroupRun | None
     rejections: Any
     rejection_log: RejectionLog
+    learner_floor: LearnerFloor
 
+    def floor_votes(self) -> tuple[Callable[[str], bool], bool]: ...
     def weight_of(self, header: UpdateHeader, learners: int | None = None) -> float: ...
     def _reject(self, header: UpdateHeader, reason: str) -> MergeResult: ...
     def _norm_reason(self, update_norm: float) -> str | None: ...
@@ -90,9 +93,9 @@ class GroupMerge:
         ``in_group``: whether a peer id is a member of the update's group (dht.grouping)."""
         p = self.pipeline
         header = update.update_header(p.fingerprint, p.config.max_inner_steps)
-        learners = update.head.learners  # whole updates: no fragments, a count always signed
+        claim = update.head.learners  # whole updates: no fragments, a count always signed
         problem = self._problem(update, in_group)
-        if problem is None and not 1 <= learners <= p.config.max_learners:
+        if problem is None and not 1 <= claim <= p.config.max_learners:
             problem = "group_bad_learners"
         if problem is None and header.staleness > p.config.max_staleness:
             problem = "too_stale"
@@ -115,6 +118,7 @@ class GroupMerge:
             if (reason := p._norm_reason(signed_norm_bound(update, self.reduction))) is not None:
                 return p._reject(header, reason)
             norm = float(torch.linalg.vector_norm(update.aggregate))
+            learners = sized(p, p.learner_floor, header.author, claim)
             weight = p.weight_of(header, learners)
             direction = p.replica.outer.momentum_parts()
             verdict = p.robust.judge(update.aggregate, direction, norm, voters=None)
@@ -129,8 +133,9 @@ class GroupMerge:
                 head.run_id, head.round, GroupVariant.of(update), weight, learners
             )
             self.applied_variants.applied(uid, entry)
-            if weight > 0:
+            if weight > 0:  # what moved the replica votes on the floor (merge.pipeline)
                 p.robust.record(verdict, header.author)
+                p.learner_floor.applied(header.author, claim, None)
         with p._stats_lock:
             p.num_merged += 1
         for listener in self.on_applied:
@@ -214,6 +219,15 @@ class GroupMerge:
         if problem is None and p.run_id not in (None, update.head.run_id):
             problem = "wrong_run"
         return None if problem is None else f"group_{problem}"
+
+
+def sized(pipeline: Pipeline, floor: LearnerFloor, group_key: str, claim: int) -> int:
+    """The learner count a group update claiming `claim` is sized by: the learner floor's
+    (`floor`: the pipeline's, or the sharded round's copy of it), the group key as author,
+    voters as for solo updates (`Pipeline.floor_votes`). Every claim in the window votes:
+    members sign no time (docs/scale.md, wiring plan step 5)."""
+    voters, cohort = pipeline.floor_votes()
+    return floor.effective(group_key, claim, voters, cohort, None)
 
 
 def variant_of(update: GroupUpdate) -> tuple[tuple[str, ...], tuple[str, ...]]:
