@@ -3,12 +3,16 @@
 
 A group update is applied as one unit under its group key as author (seq: its round + 1; a
 duplicate id is refused): every member's signature and co-signature checked
-(`GroupUpdate.problem`), sized by the epoch's learner count (groups) its members signed,
-weighed by its staleness and its mean member's tokens, judged by the robust checks (clip
-and momentum checks) like any update. The norm cap refuses it by its signed norm bound
-(`signed_norm_bound`: its members' signed norms, clipped as the reduction clips them), not by
-its aggregate's norm, so a group that decides a round from its members' per-part figures
-(merge.shard_round) refuses exactly what this refuses, whatever one of its members reports.
+(`GroupUpdate.problem`), sized by the learner floor over the epoch's learner count (groups)
+its members signed (`sized`: a group of one adversary's keys signing learners = 1 counts as
+the other authors' claims say, not as a whole outer step), weighed by its staleness and its
+mean member's tokens, judged by the robust checks (clip and momentum checks) like any
+update. No contribution budget: a group key has no account in the ledger (docs/scale.md,
+session 20: per-key budgets stall the swarm when the groups change). The norm cap refuses it
+by its signed norm bound (`signed_norm_bound`: its members' signed norms, clipped as the
+reduction clips them), not by its aggregate's norm, so a group that decides a round from its
+members' per-part figures (merge.shard_round) refuses exactly what this refuses, whatever one
+of its members reports.
 Its staleness comes from signed facts: each member signs the applied counts of its own
 replica at its round's start and at its contribution; the group's is the median of its
 included members' (one member claiming a stale or fresh round moves it no more than one of
