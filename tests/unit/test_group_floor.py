@@ -198,3 +198,15 @@ def test_a_liar_in_a_round_decided_by_parts_is_sized_as_by_the_whole_path(
 
 def _uid(update: GroupUpdate) -> tuple[str, int]:
     return update.head.group_key, update.seq
+
+
+def test_a_newcomer_adopting_the_state_sizes_the_next_group_update_alike() -> None:
+    """The floor's window with group claims travels with the state (merge.handover accepts
+    group keys the replica applied): a liar's next update is sized alike on the donor and on
+    the newcomer."""
+    donor, newcomer = _pipeline("delayed_nesterov"), _pipeline("delayed_nesterov")
+    _submit(donor, [_group(g, 0, 8) for g in range(7)])
+    newcomer.adopt(donor.transfer_state())
+    liar = _group(7, 0, 1)
+    a, b = donor.submit_group(liar, _everyone), newcomer.submit_group(liar, _everyone)
+    assert a.learners == b.learners == 8 and a.weight == b.weight
