@@ -32,6 +32,8 @@ class Incoming:
 
     header: UpdateHeader
     learners: int
+    """The learner count its members signed: its claim (sized by the learner floor when it
+    is decided, `Decision.learners`)."""
     problem: str | None
     variant: tuple[tuple[str, ...], tuple[str, ...]]
     cosigners: tuple[str, ...]
