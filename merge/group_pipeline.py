@@ -3,12 +3,16 @@
 
 A group update is applied as one unit under its group key as author (seq: its round + 1; a
 duplicate id is refused): every member's signature and co-signature checked
-(`GroupUpdate.problem`), sized by the epoch's learner count (groups) its members signed,
-weighed by its staleness and its mean member's tokens, judged by the robust checks (clip
-and momentum checks) like any update. The norm cap refuses it by its signed norm bound
-(`signed_norm_bound`: its members' signed norms, clipped as the reduction clips them), not by
-its aggregate's norm, so a group that decides a round from its members' per-part figures
-(merge.shard_round) refuses exactly what this refuses, whatever one of its members reports.
+(`GroupUpdate.problem`), sized by the learner floor over the epoch's learner count (groups)
+its members signed (`sized`: a group of one adversary's keys signing learners = 1 counts as
+the other authors' claims say, not as a whole outer step), weighed by its staleness and its
+mean member's tokens, judged by the robust checks (clip and momentum checks) like any
+update. No contribution budget: a group key has no account in the ledger (docs/scale.md,
+session 20: per-key budgets stall the swarm when the groups change). The norm cap refuses it
+by its signed norm bound (`signed_norm_bound`: its members' signed norms, clipped as the
+reduction clips them), not by its aggregate's norm, so a group that decides a round from its
+members' per-part figures (merge.shard_round) refuses exactly what this refuses, whatever one
+of its members reports.
 Its staleness comes from signed facts: each member signs the applied counts of its own
 replica at its round's start and at its contribution; the group's is the median of its
 included members' (one member claiming a stale or fresh round moves it no more than one of
@@ -38,6 +42,7 @@ from merge.group_equivocation import (
     GroupVariant,
 )
 from merge.group_update import GroupUpdate, ReductionConfig, signed_norm_bound
+from merge.learners import LearnerFloor
 from merge.rejections import RejectionLog
 from merge.replica import Replica
 from merge.result import MergeResult
@@ -61,7 +66,9 @@ class Pipeline(Protocol):
     group_run: GroupRun | None
     rejections: Any
     rejection_log: RejectionLog
+    learner_floor: LearnerFloor
 
+    def floor_votes(self) -> tuple[Callable[[str], bool], bool]: ...
     def weight_of(self, header: UpdateHeader, learners: int | None = None) -> float: ...
     def _reject(self, header: UpdateHeader, reason: str) -> MergeResult: ...
     def _norm_reason(self, update_norm: float) -> str | None: ...
@@ -90,9 +97,9 @@ class GroupMerge:
         ``in_group``: whether a peer id is a member of the update's group (dht.grouping)."""
         p = self.pipeline
         header = update.update_header(p.fingerprint, p.config.max_inner_steps)
-        learners = update.head.learners  # whole updates: no fragments, a count always signed
+        claim = update.head.learners  # whole updates: no fragments, a count always signed
         problem = self._problem(update, in_group)
-        if problem is None and not 1 <= learners <= p.config.max_learners:
+        if problem is None and not 1 <= claim <= p.config.max_learners:
             problem = "group_bad_learners"
         if problem is None and header.staleness > p.config.max_staleness:
             problem = "too_stale"
@@ -115,6 +122,7 @@ class GroupMerge:
             if (reason := p._norm_reason(signed_norm_bound(update, self.reduction))) is not None:
                 return p._reject(header, reason)
             norm = float(torch.linalg.vector_norm(update.aggregate))
+            learners = sized(p, p.learner_floor, header.author, claim)
             weight = p.weight_of(header, learners)
             direction = p.replica.outer.momentum_parts()
             verdict = p.robust.judge(update.aggregate, direction, norm, voters=None)
@@ -129,8 +137,9 @@ class GroupMerge:
                 head.run_id, head.round, GroupVariant.of(update), weight, learners
             )
             self.applied_variants.applied(uid, entry)
-            if weight > 0:
+            if weight > 0:  # what moved the replica votes on the floor (merge.pipeline)
                 p.robust.record(verdict, header.author)
+                p.learner_floor.applied(header.author, claim, None)
         with p._stats_lock:
             p.num_merged += 1
         for listener in self.on_applied:
@@ -214,6 +223,15 @@ class GroupMerge:
         if problem is None and p.run_id not in (None, update.head.run_id):
             problem = "wrong_run"
         return None if problem is None else f"group_{problem}"
+
+
+def sized(pipeline: Pipeline, floor: LearnerFloor, group_key: str, claim: int) -> int:
+    """The learner count a group update claiming `claim` is sized by: the learner floor's
+    (`floor`: the pipeline's, or the sharded round's copy of it), the group key as author,
+    voters as for solo updates (`Pipeline.floor_votes`). Every claim in the window votes:
+    members sign no time (docs/scale.md, wiring plan step 5)."""
+    voters, cohort = pipeline.floor_votes()
+    return floor.effective(group_key, claim, voters, cohort, None)
 
 
 def variant_of(update: GroupUpdate) -> tuple[tuple[str, ...], tuple[str, ...]]:

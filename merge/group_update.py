@@ -38,6 +38,10 @@ from merge.identity import Identity, verify_signature
 _CONTRIBUTION_TAG = b"diloco-group-contribution-v1\x00"
 _SHARD_TAG = b"diloco-group-shard-v1\x00"
 SIGNATURE_BYTES = 64
+GROUP_AUTHOR_PREFIX = "groups.0b"
+"""How every group key begins (dht.grouping's `groups.0b0110`): a replica applies a group
+update only from members inside its key's prefix, so no other key is ever a group author,
+and a solo author (a peer id its signature verifies) never begins so."""
 
 
 class Phase(Enum):
@@ -339,6 +343,11 @@ class GroupUpdate:
         h = headers[0]
         fields = (h.run_id, h.group_key, h.epoch, h.round)
         return sharded_statement(fields, [x.author for x in headers], self.members, shard, digest)
+
+
+def is_group_author(author: str) -> bool:
+    """Whether an applied update's author is a learner group's key (not a peer id)."""
+    return author.startswith(GROUP_AUTHOR_PREFIX)
 
 
 def clip_scales(norms: list[float], config: ReductionConfig) -> list[float]:

@@ -48,6 +48,14 @@ one live learner (`credited_learners`) only once one of them has a record of sub
 no author has a record (a swarm's first updates) the fresh keys together are one cohort: one
 vote (the median of their claims) and one author, however many keys there are.
 
+Learner groups' updates (merge.group_pipeline) are sized and enter the window alike, the
+group key as author, in the one window solo authors share: a round is a round whoever
+publishes it, and a solo key in a group run is sized by the groups' claims. Their members
+sign no time, so their claims enter without one (voting on every update) and every claim
+votes on them; a group's claim is one number per epoch, signed alike by every member of
+every group. A group key has no track record in merge.contribution, so each votes on its own
+(merge.pipeline `floor_votes`); docs/scale.md, session 20, has the measurements.
+
 Only updates that moved the replica (weight > 0, merge.pipeline) enter the window: zeros and
 what a budget cut to nothing take no share of it, so a flood of valid zero updates does not
 push the other authors' claims out (bench.attack zero_flood: 4 zeros a second filled it, the

@@ -37,7 +37,7 @@ from merge.envelope import (
 from merge.equivocation import Action, EquivocationBook, Proof, UpdateId
 from merge.group_equivocation import GroupProof, GroupRun, MemberCheck, decode_proof
 from merge.group_pipeline import GroupMerge
-from merge.group_update import GroupUpdate
+from merge.group_update import GroupUpdate, is_group_author
 from merge.handover import check_handover, settled_in
 from merge.learners import LearnerFloor, credited_learners
 from merge.outer import OuterConfig
@@ -329,9 +329,9 @@ class UpdatePipeline:
             # Sized by the floor with fresh keys as one cohort (in a swarm's first rounds too:
             # 40 Sybils claiming 1,024 must not size the founders' updates as 1/43 of a round).
             claim = learners_of(header)
-            cohort = not self.ledger.any_established()
+            voters, cohort = self.floor_votes()
             learners = self.learner_floor.effective(
-                author, claim, self.ledger.individually_counted(), cohort, header.created_at
+                author, claim, voters, cohort, header.created_at
             )
             weight = self.weight_of(header, learners)
             _raise_if(self._norm_reason(update_norm))
@@ -396,6 +396,16 @@ class UpdatePipeline:
             self.equivocation.first_seen(signed, weight, stepped)
         # Reported as sized by `learners`: weight / learners is the share of a round it moved.
         return weight * learners / stepped, corrected.blocks_corrected, verdict.reason, learners
+
+    def floor_votes(self) -> tuple[Callable[[str], bool], bool]:
+        """Whose learner claims vote on the floor on their own, and whether the fresh keys
+        vote together as one (merge.learners), for solo and group updates alike: the authors
+        the ledger counts individually (`ContributionLedger.individually_counted`) and every
+        learner group's key (docs/scale.md, wiring plan step 5: a group key has no account
+        in the ledger); the fresh keys as one cohort while no author is established. Called
+        under the replica lock."""
+        counted = self.ledger.individually_counted()
+        return (lambda a: is_group_author(a) or counted(a)), not self.ledger.any_established()
 
     def _credited(self) -> Callable[[str], bool] | None:
         """Whose learner claims and robust votes count: the authors with a track record, or

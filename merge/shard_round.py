@@ -47,7 +47,7 @@ import torch
 
 from merge.equivocation import GroupVariants
 from merge.group_equivocation import AppliedVariant
-from merge.group_pipeline import GroupMerge
+from merge.group_pipeline import GroupMerge, sized
 from merge.group_update import NORM_BOUND_SLACK, signed_norm_bound
 from merge.replica import Replica
 from merge.result import MergeResult
@@ -243,31 +243,33 @@ class ShardRound:
         verdict = decision.verdict
         assert verdict is not None
         p._robust_scale(header, verdict)  # counted and logged as the sequential path does
-        p.replica.apply(header, torch.empty(0), 0.0, learners=inc.learners, cosigners=inc.cosigners)
+        learners = decision.learners
+        p.replica.apply(header, torch.empty(0), 0.0, learners=learners, cosigners=inc.cosigners)
         self.merge.variants.applied(inc.uid, *inc.variant)
         if inc.evidence is not None:  # a second variant of it then makes a proof here too
             round_ = inc.uid[1] - 1
-            entry = AppliedVariant(
-                p.run_id or "", round_, inc.evidence, decision.weight, inc.learners
-            )
+            entry = AppliedVariant(p.run_id or "", round_, inc.evidence, decision.weight, learners)
             self.merge.applied_variants.applied(inc.uid, entry)
         if decision.weight > 0:
             p.robust.record(verdict, header.author)
+            p.learner_floor.applied(header.author, inc.learners, None)
         with p._stats_lock:
             p.num_merged += 1
         return MergeResult(
             True, header.author, header.seq, header.staleness, decision.weight, None,
-            inc.learners, 0, verdict.reason, header.inner_steps,
+            learners, 0, verdict.reason, header.inner_steps,
         )  # fmt: skip
 
 
 class _Decider:
     """`GroupMerge.submit`'s decisions for the round's updates in id order, on copies of
-    what they read and change (the robust window, the variants, the applied set)."""
+    what they read and change (the robust window, the learner floor, the variants, the applied
+    set)."""
 
     def __init__(self, merge: GroupMerge, replay: Replay, gram: npt.NDArray[np.float64]):
         self.merge, self.replay, self.gram = merge, replay, gram
         self.robust = copy.deepcopy(merge.pipeline.robust)
+        self.floor = copy.deepcopy(merge.pipeline.learner_floor)
         self.variants = GroupVariants()  # this round's applied ids; earlier ones: the merge's
         self.applied: set[tuple[str, int]] = set()
 
@@ -295,9 +297,9 @@ class _Decider:
 
     def one(self, index: int, inc: Incoming) -> Decision:
         p = self.merge.pipeline
-        header, learners = inc.header, inc.learners
+        header = inc.header
         problem = inc.problem
-        if problem is None and not 1 <= learners <= p.config.max_learners:
+        if problem is None and not 1 <= inc.learners <= p.config.max_learners:
             problem = "group_bad_learners"
         if problem is None and header.staleness > p.config.max_staleness:
             problem = "too_stale"
@@ -315,10 +317,11 @@ class _Decider:
         ):
             return Decision(inc, "norm_too_large")
         vector = self.replay.update(index)
-        return self._applied(inc, vector, self.norm(vector), learners)
+        return self._applied(inc, vector, self.norm(vector))
 
-    def _applied(self, inc: Incoming, vector: Vector, norm: float, learners: int) -> Decision:
+    def _applied(self, inc: Incoming, vector: Vector, norm: float) -> Decision:
         p = self.merge.pipeline
+        learners = sized(p, self.floor, inc.header.author, inc.learners)
         weight = p.weight_of(inc.header, learners)
         parts = self.replay.momentum_parts()
         momentum = sum(parts, np.zeros(len(vector)))
@@ -336,7 +339,8 @@ class _Decider:
         self.variants.applied(inc.uid, *inc.variant)
         if weight > 0:
             self.robust.record(verdict, inc.header.author)
-        return Decision(inc, None, verdict, weight)
+            self.floor.applied(inc.header.author, inc.learners, None)
+        return Decision(inc, None, verdict, weight, learners=learners)
 
 
 def robust_scale(verdict: Verdict) -> float:

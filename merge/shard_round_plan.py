@@ -32,6 +32,8 @@ class Incoming:
 
     header: UpdateHeader
     learners: int
+    """The learner count its members signed: its claim (sized by the learner floor when it
+    is decided, `Decision.learners`)."""
     problem: str | None
     variant: tuple[tuple[str, ...], tuple[str, ...]]
     cosigners: tuple[str, ...]
@@ -79,6 +81,9 @@ class Decision:
     weight: float = 0.0
     culprits: tuple[str, ...] = ()
     """Members that co-signed two variants of one id (reason `group_equivocation`)."""
+    learners: int = 0
+    """The learner count an applied update is sized by (the learner floor's,
+    merge.group_pipeline.sized); 0 for a refused one."""
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,8 @@ class Spec:
     """honest, big (an off-center size), outlier, huge (over the params norm cap), against."""
     variant: int
     staleness: int
+    low: bool = False
+    """Its group claims one learner whatever the others claim (sized by the learner floor)."""
 
 
 def _tensor(spec: Spec, seed: int) -> torch.Tensor:
@@ -83,12 +85,13 @@ def _tensor(spec: Spec, seed: int) -> torch.Tensor:
 
 
 def _update(spec: Spec, seed: int, learners: int) -> GroupUpdate:
-    """A one-member group's update of `spec` (its aggregate: the member's part)."""
+    """A one-member group's update of `spec` (its aggregate: the member's part), claiming
+    `learners` (one if `spec.low`)."""
     member = IDS[spec.group]
     key = group_key(format(spec.group, "b"))
     reduction = GroupReduction(group_key=key, epoch=0, round=spec.round, members=[member.peer_id])
     fields = RoundFields(
-        run_id=RUN, group_key=key, epoch=0, round=spec.round, learners=learners,
+        run_id=RUN, group_key=key, epoch=0, round=spec.round, learners=1 if spec.low else learners,
         base_applied=10, published_applied=10 + spec.staleness,
     )  # fmt: skip
     tensor = _tensor(spec, seed)
@@ -180,6 +183,7 @@ def _assert_alike(a: UpdatePipeline, b: UpdatePipeline) -> None:
         if key in sa:
             torch.testing.assert_close(sa[key], sb[key], rtol=1e-5, atol=1e-6)
     assert sa.get("progress") == sb.get("progress")
+    assert a.learner_floor.state_dict() == b.learner_floor.state_dict()
     wa, wb = a.robust.state_dict(), b.robust.state_dict()
     assert wa["authors"] == wb["authors"] and wa["rounds"] == wb["rounds"]
     for x, y in zip(wa["norms"], wb["norms"], strict=True):  # type: ignore[call-overload]
@@ -193,6 +197,7 @@ specs = st.builds(
     kind=st.sampled_from(["honest"] * 3 + ["big"] * 2 + ["outlier"] * 2 + ["huge", "against"]),
     variant=st.integers(0, 1),
     staleness=st.sampled_from([0, 0, 0, 3, 3, 2000]),
+    low=st.sampled_from([False] * 4 + [True]),
 )
 
 
@@ -217,8 +222,10 @@ def test_a_round_applied_as_one_step_ends_as_applied_one_by_one(
 ) -> None:
     """Folds of the delayed momentum inside the round (learners 1-3), a Nesterov momentum
     stepped by every update, recentred, clipped and zeroed updates, refused ones (too stale,
-    over the norm cap), duplicates and second variants of one id: alike. Cut at each fold
-    (``until_fold``, the rest deferred to the next round) as well: alike, one sum a round."""
+    over the norm cap), duplicates and second variants of one id, groups claiming one learner
+    (sized by the learner floor, which the round's earlier updates feed): alike, each update
+    sized by the same count. Cut at each fold (``until_fold``, the rest deferred to the next
+    round) as well: alike, one sum a round."""
     a, b = _pipeline(kind), _pipeline(kind)
     for spec in history:
         update = _update(spec, seed, learners)
@@ -229,8 +236,8 @@ def test_a_round_applied_as_one_step_ends_as_applied_one_by_one(
     results, plan = _by_shards(b, updates, members, until_fold)
     if until_fold and kind == "delayed_nesterov":
         assert len(plan.combos) <= 1
-    assert [(r.accepted, r.reason, r.author, r.seq) for r in results] == [
-        (r.accepted, r.reason, r.author, r.seq) for r in expected
+    assert [(r.accepted, r.reason, r.author, r.seq, r.learners) for r in results] == [
+        (r.accepted, r.reason, r.author, r.seq, r.learners) for r in expected
     ]
     for x, y in zip(results, expected, strict=True):
         assert math.isclose(x.weight, y.weight, rel_tol=1e-5, abs_tol=1e-9)
