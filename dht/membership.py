@@ -83,6 +83,10 @@ class Membership:
         """Called with a peer's id when it stops sending heartbeats (its state is released)."""
         self._legacy_only: set[str] = set()
         """Peers seen in the legacy key and in no shard: nodes of an earlier version."""
+        self._missed: set[str] = set()
+        """Peers a complete read of their own shard missed since their last newer heartbeat:
+        reads of other shards no longer hold them alive, so they expire as a peer of this
+        node's own shard does (`_hold_unread`)."""
         self.last_read_started: float | None = None
         """When the last read that returned had started (None: none returned yet)."""
         self._known_at: float | None = None
@@ -198,7 +202,11 @@ class Membership:
     def _hold_unread(self, read: ShardPoll, seen: set[str], before: float, now: float) -> None:
         """A peer's absence is proven only by a read of the shard that holds it (or of the
         legacy key, for a peer seen only there): peers elsewhere in a large swarm, seen in an
-        earlier sample, stay alive until a read of their shard misses them."""
+        earlier sample, stay alive until a complete read of their shard misses them; from
+        then on reads of other shards hold them no more (until a newer heartbeat of theirs is
+        read), so they expire as a peer of this node's own shard does. Before, every later
+        read that did not cover their shard held them again: a dead peer in another shard
+        stayed alive until a run of samples covered its shard for three periods."""
         period = self.config.heartbeat_period_s
         for peer_id, view in self.peers.items():
             if peer_id in seen or not view.alive(period, before):
@@ -207,10 +215,13 @@ class Membership:
                 proven = read.legacy_read
             else:
                 proven = covered(self.shards.position(peer_id), read.leaves)
-            if not proven:
+            if proven and read.own_found:  # missed where it would be: held no more
+                self._missed.add(peer_id)
+            elif not proven and peer_id not in self._missed:
                 view.last_seen = max(view.last_seen, now - period)
         legacy_only = (self._legacy_only | read.legacy_peers) - read.shard_peers
         self._legacy_only = legacy_only & set(self.peers)
+        self._missed &= set(self.peers)
 
     def _hold_peers(self, before: float, now: float) -> None:
         """A read without this node's own live heartbeat was incomplete (timed out, or the
@@ -256,8 +267,10 @@ class Membership:
                 return  # the same, once the dead peer's view was dropped
             self._on_event("peer_joined", peer_id=heartbeat.peer_id, org=heartbeat.org)
             self.peers[heartbeat.peer_id] = PeerView(heartbeat, now, now)
+            self._missed.discard(heartbeat.peer_id)
         elif heartbeat.sent_at > view.heartbeat.sent_at:
             view.heartbeat, view.last_seen = heartbeat, max(view.last_seen, now)
+            self._missed.discard(heartbeat.peer_id)
 
     def _forget_dead_peers(self, now: float) -> None:
         """Peers silent for three periods before `now` (when the read that missed them

@@ -181,3 +181,45 @@ def test_in_tiny_shards_every_members_view_fills_in_through_samples() -> None:
     asyncio.run(periods(400))
     assert max(m.shards.cursor.depth for m in members) >= 1  # the root split
     assert [len(m.alive_peers()) for m in members] == [5] * 6
+
+
+def test_a_peer_in_another_shard_that_one_read_missed_expires_without_more_samples(
+    clock: SkippedClock,
+) -> None:
+    """One complete read of its shard without it is the proof; the reads after it that cover
+    only this node's own shard do not hold it alive again (they did: a dead peer elsewhere
+    stayed alive until samples covered its shard three periods in a row)."""
+    me = Identity.generate()
+    other = next(
+        i
+        for i in (Identity.generate() for _ in range(64))
+        if peer_bits(RUN, i.peer_id)[0] != peer_bits(RUN, me.peer_id)[0]
+    )
+    m, keys = member(me)
+    keys.records[keys.shard("")] = {split_subkey(other.peer_id): SPLIT_VALUE}
+    theirs = peer_bits(RUN, other.peer_id)[:1]
+    keys.records[keys.shard(theirs)] = {owner_subkey(other.peer_id): beat(other)}
+    asyncio.run(m.send_heartbeat())
+    asyncio.run(m.poll())
+    for _ in range(40):  # sampled until the other shard is read once
+        if m.is_alive(other.peer_id):
+            break
+        m.shards._last_sample = 0.0
+        asyncio.run(m.poll())
+    assert m.is_alive(other.peer_id)
+    third = next(
+        i
+        for i in (Identity.generate() for _ in range(64))
+        if peer_bits(RUN, i.peer_id)[:1] == theirs
+    )
+    keys.records[keys.shard(theirs)] = {owner_subkey(third.peer_id): beat(third)}
+    for _ in range(40):  # sampled until its shard is read without it, once
+        clock.skip(PERIOD / 10)
+        m.shards._last_sample = 0.0
+        asyncio.run(m.poll())
+        if m.is_alive(third.peer_id):
+            break
+    assert m.is_alive(third.peer_id) and m.is_alive(other.peer_id)  # not yet expired
+    m.shards._last_sample = float("inf")  # from now on only its own shard is read
+    polls(m, 4 * PERIOD, clock)
+    assert not m.is_alive(other.peer_id)
