@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from dht.grouping_shards import shard_codec
 from dht.grouping_wire import (
     MAX_COUNT,
     MAX_MEMBERS,
@@ -121,7 +122,7 @@ def _coded(tensors: tuple[torch.Tensor, ...]) -> tuple[str, bytes]:
     """The codec the tensors travel in and their bytes: bf16 when it holds every value
     exactly (half the bytes), else fp32."""
     flat = [_fp32(t).reshape(-1) for t in tensors]
-    if all(torch.equal(t.to(torch.bfloat16).to(torch.float32), t) for t in flat):
+    if all(shard_codec(t) == "bf16" for t in flat):
         return "bf16", b"".join(get_codec("bf16").encode(t) for t in flat)
     return "fp32", b"".join(get_codec("fp32").encode(t) for t in flat)
 
