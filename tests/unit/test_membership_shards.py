@@ -112,19 +112,28 @@ def test_a_new_node_that_also_writes_the_single_key_does_not_keep_us_writing_it(
     assert m.is_alive(new.peer_id) and not m.shards.compat
 
 
-def test_a_peer_in_another_shard_stays_alive_until_a_read_of_its_shard_misses_it(
-    clock: SkippedClock,
-) -> None:
-    me = Identity.generate()
-    other = next(
+def _one_in(shard: str) -> Identity:
+    """A fresh identity whose position starts with `shard` (one bit)."""
+    return next(
         i
         for i in (Identity.generate() for _ in range(64))
-        if peer_bits(RUN, i.peer_id)[0] != peer_bits(RUN, me.peer_id)[0]
+        if peer_bits(RUN, i.peer_id)[:1] == shard
     )
+
+
+def _seen_across_a_split(*, sent: bool) -> tuple[Membership, Keys, Identity, str]:
+    """A member in its own leaf after a split at the root that has read, by a sample, a peer
+    of the other leaf: (membership, keys, that peer, its shard). `sent`: a heartbeat stored
+    before the first poll."""
+    me = Identity.generate()
+    mine = peer_bits(RUN, me.peer_id)[:1]
+    theirs = "1" if mine == "0" else "0"
+    other = _one_in(theirs)
     m, keys = member(me)
     keys.records[keys.shard("")] = {split_subkey(other.peer_id): SPLIT_VALUE}  # split at root
-    mine, theirs = peer_bits(RUN, me.peer_id)[:1], peer_bits(RUN, other.peer_id)[:1]
     keys.records[keys.shard(theirs)] = {owner_subkey(other.peer_id): beat(other)}
+    if sent:
+        asyncio.run(m.send_heartbeat())
     asyncio.run(m.poll())  # walks down to its own leaf
     assert m.shards.cursor.prefix == mine
     for _ in range(40):  # sampled until the other shard is read once
@@ -133,15 +142,18 @@ def test_a_peer_in_another_shard_stays_alive_until_a_read_of_its_shard_misses_it
         m.shards._last_sample = 0.0
         asyncio.run(m.poll())
     assert m.is_alive(other.peer_id)
+    return m, keys, other, theirs
+
+
+def test_a_peer_in_another_shard_stays_alive_until_a_read_of_its_shard_misses_it(
+    clock: SkippedClock,
+) -> None:
+    m, keys, other, theirs = _seen_across_a_split(sent=False)
     keys.records[keys.shard(theirs)] = {}  # read no more: nothing proves it gone
     m.shards._last_sample = float("inf")
     polls(m, 6 * PERIOD, clock)
     assert m.is_alive(other.peer_id)
-    third = next(
-        i
-        for i in (Identity.generate() for _ in range(64))
-        if peer_bits(RUN, i.peer_id)[:1] == theirs
-    )
+    third = _one_in(theirs)
     for _ in range(20):  # its shard is read (sampled) and holds another peer, not it
         clock.skip(PERIOD / 2)
         keys.records[keys.shard(theirs)] = {owner_subkey(third.peer_id): beat(third)}
@@ -189,29 +201,8 @@ def test_a_peer_in_another_shard_that_one_read_missed_expires_without_more_sampl
     """One complete read of its shard without it is the proof; the reads after it that cover
     only this node's own shard do not hold it alive again (they did: a dead peer elsewhere
     stayed alive until samples covered its shard three periods in a row)."""
-    me = Identity.generate()
-    other = next(
-        i
-        for i in (Identity.generate() for _ in range(64))
-        if peer_bits(RUN, i.peer_id)[0] != peer_bits(RUN, me.peer_id)[0]
-    )
-    m, keys = member(me)
-    keys.records[keys.shard("")] = {split_subkey(other.peer_id): SPLIT_VALUE}
-    theirs = peer_bits(RUN, other.peer_id)[:1]
-    keys.records[keys.shard(theirs)] = {owner_subkey(other.peer_id): beat(other)}
-    asyncio.run(m.send_heartbeat())
-    asyncio.run(m.poll())
-    for _ in range(40):  # sampled until the other shard is read once
-        if m.is_alive(other.peer_id):
-            break
-        m.shards._last_sample = 0.0
-        asyncio.run(m.poll())
-    assert m.is_alive(other.peer_id)
-    third = next(
-        i
-        for i in (Identity.generate() for _ in range(64))
-        if peer_bits(RUN, i.peer_id)[:1] == theirs
-    )
+    m, keys, other, theirs = _seen_across_a_split(sent=True)
+    third = _one_in(theirs)
     keys.records[keys.shard(theirs)] = {owner_subkey(third.peer_id): beat(third)}
     for _ in range(40):  # sampled until its shard is read without it, once
         clock.skip(PERIOD / 10)
