@@ -326,53 +326,56 @@ class ContributionLedger:
 
         The budget is held by the members, which survive a regrouping (every group key changes
         when the split's bits do): each of the g co-signers is charged 1/(g M) of a round (a
-        solo learner's share in a swarm of g M), and the update is allowed what its (lower)
-        median co-signer's account allows. A group most of whose co-signers are fresh
-        (`in_cohort`) is held to the fresh cohort's budget as well, its fresh members' part of
-        the update charged there (`group_applied`): the cohort is counted in groups, one more
-        group's worth of all fresh keys, as a fresh solo key in a group run is (sized by the
-        groups' claims). A group of one learner (M = 1) is the swarm: allowed whole."""
+        solo learner's share in a swarm of g M), and the update is allowed what its median
+        co-signer's account allows (the upper median: held back only when most co-signers
+        are; a group of two, one of them a newcomer, is not held to the newcomer's cap). A
+        group most of whose co-signers are fresh (`in_cohort`) is held to the fresh cohort's
+        budget as well, charged there as one fresh solo author publishing 1/M of a round
+        (`group_applied`): fresh keys ground into one group buy no more than one fresh key,
+        whatever their number. A group of one learner (M = 1) is the swarm: allowed whole."""
         members = _members(cosigners)
         if self.config.max_share == 0 or not members or learners == 1:
             return 1.0
         each, tau = len(members) * learners, self.config.budget_rounds
         unit = 1.0 / each / _fair(each, tau)  # one member's charge, in its fair loads
         own = sorted(self._room(m, self.cap(m, each)) / unit for m in members)
-        allowed = own[(len(members) - 1) // 2]
-        fresh = self._fresh_members(members)
-        if 2 * len(fresh) > len(members):
+        allowed = own[len(members) // 2]
+        if 2 * len(self._fresh_members(members)) > len(members):
             cohort = self._room(FRESH, self.config.cohort_share * _fair(learners, tau))
-            allowed = min(allowed, cohort / (len(fresh) / each))
+            allowed = min(allowed, cohort * learners)
         return min(1.0, max(0.0, allowed))
 
     def group_applied(
         self, cosigners: Collection[str], learners: int, allowance: float, evidence: float = 1.0
     ) -> None:
         """A learner group's update sized by `learners`, co-signed by `cosigners`, was applied
-        with `allowance`: each co-signer credited 1/(g M) of a round times it (a record of
-        `allowance` times `evidence`, as `applied`), the fresh cohort charged its fresh
-        members' part when they are most of the group (`group_allowance`), the swarm's clock
-        advanced by its trusted members' part. Every member is credited against the clock as
+        with `allowance`: each co-signer's account charged 1/(g M) of a round times it, the
+        fresh cohort 1/M times it when most co-signers are fresh (`group_allowance`), the
+        swarm's clock advanced by its trusted members' part. Each established co-signer earns
+        `allowance` times `evidence` of record (as `applied`); the fresh ones share that much
+        (each 1/k of it, k of them): keys ground into a group earn their record together no
+        faster than one fresh solo key, and an honest newcomer beside established members
+        earns a whole update's record a round. Every member is credited against the clock as
         it was before the update, so the order of the co-signers changes nothing."""
         members = _members(cosigners)
         if not members:
             return
         each, tau = len(members) * learners, self.config.budget_rounds
         share, fair, loaded = 1.0 / each, _fair(each, tau), learners != 1
-        fresh = self._fresh_members(members)
+        fresh = set(self._fresh_members(members))
         anyone_trusted = any(self.is_trusted(a) for a in self._accounts)
         clocked = {m: loaded and (self.is_trusted(m) or not anyone_trusted) for m in members}
         total = self._total
         evidence = min(1.0, max(0.0, evidence)) if loaded else 0.0
         if loaded and 2 * len(fresh) > len(members):
             cohort = self._accounts.setdefault(FRESH, _Account())
-            part = share * len(fresh)
-            cohort.credit(part, allowance, total, tau, clocked=any(clocked[m] for m in fresh))
+            cohort.credit(1.0 / learners, allowance, total, tau, clocked=False)  # members clock
         for member in members:
             account = self._accounts.setdefault(member, _Account())
+            earned = evidence / len(fresh) if member in fresh else evidence
             account.credit(
                 share, allowance, total, tau,
-                clocked=clocked[member], loaded=loaded, evidence=evidence, fair=fair,
+                clocked=clocked[member], loaded=loaded, evidence=earned, fair=fair,
             )  # fmt: skip
         self._total += share * allowance * sum(clocked.values())
         while len(self) > MAX_AUTHORS:
