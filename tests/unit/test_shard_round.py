@@ -184,6 +184,7 @@ def _assert_alike(a: UpdatePipeline, b: UpdatePipeline) -> None:
             torch.testing.assert_close(sa[key], sb[key], rtol=1e-5, atol=1e-6)
     assert sa.get("progress") == sb.get("progress")
     assert a.learner_floor.state_dict() == b.learner_floor.state_dict()
+    assert a.ledger.state_dict() == b.ledger.state_dict()  # the co-signers' budgets
     wa, wb = a.robust.state_dict(), b.robust.state_dict()
     assert wa["authors"] == wb["authors"] and wa["rounds"] == wb["rounds"]
     for x, y in zip(wa["norms"], wb["norms"], strict=True):  # type: ignore[call-overload]
