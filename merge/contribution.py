@@ -44,6 +44,13 @@ are the author's word, but a receiver refuses an update dated more than the merg
 is chosen so a flooder cannot date itself alone while honest learners publish more often than
 every `alone_after_s - max_clock_skew_s` seconds.
 
+A learner group's update (merge.group_pipeline) is charged to its co-signers, not to its
+group key, which changes at every regrouping (`group_allowance`, `group_applied`): each of
+its g co-signers 1/(g M) of a round, a solo learner's share in a swarm of g M; the update is
+allowed what its median co-signer's account allows; a group most of whose co-signers are
+fresh also draws on the fresh cohort, as one fresh author, and its fresh co-signers share
+one update's record (docs/scale.md, session 21).
+
 Pure, deterministic and counted in credited shares of applied updates (no clocks): replicas
 that applied the same updates in the same order hold the same ledger; in another order they
 differ only for authors at their cap (a flood), whose allowances are what the order changed.

@@ -15,7 +15,10 @@ GroupVariants counts a second), and so alike on replicas that applied one set, b
 travels with the replica's state (a newcomer's download, a realignment, a checkpoint):
 `Replica.state_dict`'s "cosigned". A credit is taken when the id is recorded, whatever its
 robust weight (verdicts may differ between replicas; the applied set does not). A state
-without it (an older node's) loads an empty ledger. Thread-safe (its own lock: the swarm's
+without it (an older node's) loads an empty ledger. It also decides whether a group key
+votes on the learner floor on its own (`cosigners`: most of its co-signers counted in
+merge.contribution, merge.group_pipeline.floor_votes), and bounds a donor's accounts of
+members in a handover (merge.handover). Thread-safe (its own lock: the swarm's
 loop reads it while the merge's thread applies).
 """
 

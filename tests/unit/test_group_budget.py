@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import math
 import random
+from typing import Any
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from bench.group_budget import Replica, founded, groups_of, key
 from dht.grouping import group_key
 from merge.contribution import FRESH, BudgetConfig, ContributionLedger, _fair
+from merge.group_pipeline import floor_votes
 from merge.group_update import ContributionHeader, GroupReduction, GroupUpdate, RoundFields
 from merge.handover import HandoverError
 from merge.identity import Identity
@@ -150,8 +152,6 @@ def test_a_group_key_votes_while_most_of_its_cosigners_are_counted() -> None:
     members, ids, _ = founded(replica, 16, 3, 24, seed=11)
     replica.cosigned.credit(key("101010"), [members[0], members[1], "fresh"])
     replica.cosigned.credit(key("010101"), [members[2], "fresh1", "fresh2"])
-    from merge.group_pipeline import floor_votes
-
     votes, cohort = floor_votes(replica.ledger, replica.cosigned.cosigners)
     assert votes(key("101010")) and not votes(key("010101")) and not cohort
 
@@ -305,7 +305,7 @@ def test_a_donor_crediting_a_member_beyond_what_it_cosigned_is_refused() -> None
     donor = _pipeline()
     for update in _cut_history()[:6]:
         donor.submit_group(update, _everyone)
-    state = donor.transfer_state()
+    state: dict[str, Any] = donor.transfer_state()
     member = POOL[0].peer_id
     for row, error in ((4, "credits"), (0, "never applied")):
         forged = copy.deepcopy(state)
