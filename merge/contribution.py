@@ -388,6 +388,18 @@ class ContributionLedger:
         while len(self) > MAX_AUTHORS:
             self._forget_least_recorded()
 
+    def bound_record(self, author: str, limit: float) -> None:
+        """Cuts `author`'s record to `limit`: a learner group's update withdrawn as proven
+        equivocation (merge.group_pipeline) takes its co-signers' credit back in the co-sign
+        ledger, and their records here stay within what they applied and co-signed, as a
+        handover checks (merge.handover). Loads charged stay charged; an author left with
+        nothing applied or co-signed (`limit` 0) loses its account, as a stranger has none."""
+        account = self._accounts.get(author) if author != FRESH else None
+        if account is not None and limit <= 0:
+            del self._accounts[author]
+        elif account is not None:
+            account.record = min(account.record, limit)
+
     def _fresh_members(self, members: list[str]) -> list[str]:
         """The members whose updates count against the fresh cohort (`in_cohort`), whether
         anyone is established looked up once."""

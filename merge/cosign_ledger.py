@@ -62,6 +62,11 @@ class CosignLedger:
                     if not keys:
                         self._counts.pop(member, None)
 
+    def count(self, member: str) -> int:
+        """The applied group updates `member` co-signed, all keys together."""
+        with self._lock:
+            return sum(self._counts.get(member, {}).values())
+
     def cosigners(self, group_key: str) -> frozenset[str]:
         """The members that co-signed any applied update of `group_key` (what decides whether
         the key votes on the learner floor on its own: merge.group_pipeline.floor_votes)."""

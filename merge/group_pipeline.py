@@ -227,7 +227,12 @@ class GroupMerge:
         if update is not None:
             header = update.update_header(p.fingerprint, p.config.max_inner_steps)
             p.replica.withdraw(header, update.aggregate, entry.weight, entry.learners)
-        p.replica.cosigned.debit(uid[0], entry.variant.reducers())
+        reducers = entry.variant.reducers()
+        p.replica.cosigned.debit(uid[0], reducers)
+        applied = p.replica.applied  # a copy; a proof is rare
+        for member in set(reducers):  # records within what they applied and co-signed
+            limit = len(applied.get(member, ())) + p.replica.cosigned.count(member)
+            p.ledger.bound_record(member, limit)
         self.applied_variants.forget(uid)
 
     def _problem(self, update: GroupUpdate, in_group: Callable[[str], bool]) -> str | None:

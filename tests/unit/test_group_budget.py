@@ -250,7 +250,6 @@ def test_both_paths_decide_budget_cut_group_updates_alike(
     ]
     for x, y in zip(results, expected, strict=True):
         assert math.isclose(x.weight, y.weight, rel_tol=1e-5, abs_tol=1e-9)
-    assert a.ledger.state_dict() == b.ledger.state_dict()
     _assert_alike(a, b)
 
 
@@ -276,7 +275,6 @@ def test_a_round_of_budget_cut_updates_is_decided_alike() -> None:
     cut = [d.allowance for d in plan.decisions]
     assert min(cut) == 0 and 0 < max(cut) < 1 and any(d.weight > 0 for d in plan.decisions)
     assert [r.weight for r in results] == pytest.approx([r.weight for r in expected], rel=1e-5)
-    assert a.ledger.state_dict() == b.ledger.state_dict()
     _assert_alike(a, b)
 
 
