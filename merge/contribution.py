@@ -44,6 +44,13 @@ are the author's word, but a receiver refuses an update dated more than the merg
 is chosen so a flooder cannot date itself alone while honest learners publish more often than
 every `alone_after_s - max_clock_skew_s` seconds.
 
+A learner group's update (merge.group_pipeline) is charged to its co-signers, not to its
+group key, which changes at every regrouping (`group_allowance`, `group_applied`): each of
+its g co-signers 1/(g M) of a round, a solo learner's share in a swarm of g M; the update is
+allowed what its median co-signer's account allows; a group most of whose co-signers are
+fresh also draws on the fresh cohort, as one fresh author, and its fresh co-signers share
+one update's record (docs/scale.md, session 21).
+
 Pure, deterministic and counted in credited shares of applied updates (no clocks): replicas
 that applied the same updates in the same order hold the same ledger; in another order they
 differ only for authors at their cap (a flood), whose allowances are what the order changed.
@@ -56,7 +63,7 @@ Not thread-safe: the pipeline calls it under the replica lock.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 FRESH = ""
@@ -320,6 +327,86 @@ class ContributionLedger:
         if len(self) > MAX_AUTHORS:
             self._forget_least_recorded()
 
+    def group_allowance(self, cosigners: Collection[str], learners: int) -> float:
+        """The share in [0, 1] of a learner group's update sized by `learners` (groups) and
+        co-signed by `cosigners` that the group may still contribute; pure.
+
+        The budget is held by the members, which survive a regrouping (every group key changes
+        when the split's bits do): each of the g co-signers is charged 1/(g M) of a round (a
+        solo learner's share in a swarm of g M), and the update is allowed what its median
+        co-signer's account allows (the upper median: held back only when most co-signers
+        are; a group of two, one of them a newcomer, is not held to the newcomer's cap). A
+        group most of whose co-signers are fresh (`in_cohort`) is held to the fresh cohort's
+        budget as well, charged there as one fresh solo author publishing 1/M of a round
+        (`group_applied`): fresh keys ground into one group buy no more than one fresh key,
+        whatever their number. A group of one learner (M = 1) is the swarm: allowed whole."""
+        members = _members(cosigners)
+        if self.config.max_share == 0 or not members or learners == 1:
+            return 1.0
+        each, tau = len(members) * learners, self.config.budget_rounds
+        unit = 1.0 / each / _fair(each, tau)  # one member's charge, in its fair loads
+        own = sorted(self._room(m, self.cap(m, each)) / unit for m in members)
+        allowed = own[len(members) // 2]
+        if 2 * len(self._fresh_members(members)) > len(members):
+            cohort = self._room(FRESH, self.config.cohort_share * _fair(learners, tau))
+            allowed = min(allowed, cohort * learners)
+        return min(1.0, max(0.0, allowed))
+
+    def group_applied(
+        self, cosigners: Collection[str], learners: int, allowance: float, evidence: float = 1.0
+    ) -> None:
+        """A learner group's update sized by `learners`, co-signed by `cosigners`, was applied
+        with `allowance`: each co-signer's account charged 1/(g M) of a round times it, the
+        fresh cohort 1/M times it when most co-signers are fresh (`group_allowance`), the
+        swarm's clock advanced by its trusted members' part. Each established co-signer earns
+        `allowance` times `evidence` of record (as `applied`); the fresh ones share that much
+        (each 1/k of it, k of them): keys ground into a group earn their record together no
+        faster than one fresh solo key, and an honest newcomer beside established members
+        earns a whole update's record a round. Every member is credited against the clock as
+        it was before the update, so the order of the co-signers changes nothing."""
+        members = _members(cosigners)
+        if not members:
+            return
+        each, tau = len(members) * learners, self.config.budget_rounds
+        share, fair, loaded = 1.0 / each, _fair(each, tau), learners != 1
+        fresh = set(self._fresh_members(members))
+        anyone_trusted = any(self.is_trusted(a) for a in self._accounts)
+        clocked = {m: loaded and (self.is_trusted(m) or not anyone_trusted) for m in members}
+        total = self._total
+        evidence = min(1.0, max(0.0, evidence)) if loaded else 0.0
+        if loaded and 2 * len(fresh) > len(members):
+            cohort = self._accounts.setdefault(FRESH, _Account())
+            cohort.credit(1.0 / learners, allowance, total, tau, clocked=False)  # members clock
+        for member in members:
+            account = self._accounts.setdefault(member, _Account())
+            earned = evidence / len(fresh) if member in fresh else evidence
+            account.credit(
+                share, allowance, total, tau,
+                clocked=clocked[member], loaded=loaded, evidence=earned, fair=fair,
+            )  # fmt: skip
+        self._total += share * allowance * sum(clocked.values())
+        while len(self) > MAX_AUTHORS:
+            self._forget_least_recorded()
+
+    def bound_record(self, author: str, limit: float) -> None:
+        """Cuts `author`'s record to `limit`: a learner group's update withdrawn as proven
+        equivocation (merge.group_pipeline) takes its co-signers' credit back in the co-sign
+        ledger, and their records here stay within what they applied and co-signed, as a
+        handover checks (merge.handover). Loads charged stay charged; an author left with
+        nothing applied or co-signed (`limit` 0) loses its account, as a stranger has none."""
+        account = self._accounts.get(author) if author != FRESH else None
+        if account is not None and limit <= 0:
+            del self._accounts[author]
+        elif account is not None:
+            account.record = min(account.record, limit)
+
+    def _fresh_members(self, members: list[str]) -> list[str]:
+        """The members whose updates count against the fresh cohort (`in_cohort`), whether
+        anyone is established looked up once."""
+        if not self.any_established():
+            return []
+        return [m for m in members if not self.is_established(m) and not self.is_founder(m)]
+
     def _forget_least_recorded(self) -> None:
         authors = (a for a in self._accounts if a != FRESH)
         del self._accounts[min(authors, key=lambda a: (self._accounts[a].record, a))]
@@ -358,6 +445,25 @@ class ContributionLedger:
                 raise ValueError("contribution ledger account exceeds what it was credited.")
             accounts[row[0]] = _Account(load, clock, own, record, since, *seen_at)
         self._accounts, self._total = accounts, float(total)
+
+
+def budgeted(learners: int, weight: float, allowance: float, limit: int) -> tuple[int, float]:
+    """(learners, weight) that apply `allowance` of an update sized by `learners`: it moves
+    the replica by that share and advances the outer optimizer's round by no more (1/M' of a
+    round with M' = ceil(M / allowance)). Scaling the weight alone left each update of a flood
+    a whole 1/M of the round, folding the momentum every M updates. Below 1/`limit` of a
+    round: nothing (weight 0)."""
+    if allowance >= 1:
+        return learners, weight
+    if allowance <= learners / limit:
+        return learners, 0.0
+    stepped = math.ceil(learners / allowance)
+    return stepped, weight * allowance * stepped / learners
+
+
+def _members(cosigners: Collection[str]) -> list[str]:
+    """A group update's co-signers, each once, in one order on every replica."""
+    return sorted(set(cosigners) - {FRESH})
 
 
 def _fair(learners: int, tau: float) -> float:

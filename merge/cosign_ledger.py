@@ -15,7 +15,10 @@ GroupVariants counts a second), and so alike on replicas that applied one set, b
 travels with the replica's state (a newcomer's download, a realignment, a checkpoint):
 `Replica.state_dict`'s "cosigned". A credit is taken when the id is recorded, whatever its
 robust weight (verdicts may differ between replicas; the applied set does not). A state
-without it (an older node's) loads an empty ledger. Thread-safe (its own lock: the swarm's
+without it (an older node's) loads an empty ledger. It also decides whether a group key
+votes on the learner floor on its own (`cosigners`: most of its co-signers counted in
+merge.contribution, merge.group_pipeline.floor_votes), and bounds a donor's accounts of
+members in a handover (merge.handover). Thread-safe (its own lock: the swarm's
 loop reads it while the merge's thread applies).
 """
 
@@ -34,6 +37,8 @@ class CosignLedger:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts: Counts = {}
+        self._cosigners: dict[str, set[str]] = {}
+        """Per group key, the members with a count under it (`cosigners`)."""
 
     def credit(self, group_key: str, cosigners: Iterable[str]) -> None:
         """One applied update of `group_key`, co-signed by `cosigners` (each counted once)."""
@@ -41,6 +46,7 @@ class CosignLedger:
             for member in set(cosigners):
                 keys = self._counts.setdefault(member, {})
                 keys[group_key] = keys.get(group_key, 0) + 1
+                self._cosigners.setdefault(group_key, set()).add(member)
 
     def debit(self, group_key: str, cosigners: Iterable[str]) -> None:
         """Takes back `credit`'s count of one update of `group_key` (its variant withdrawn:
@@ -52,8 +58,27 @@ class CosignLedger:
                     keys[group_key] -= 1
                 else:
                     keys.pop(group_key, None)
+                    self._forget(group_key, member)
                     if not keys:
                         self._counts.pop(member, None)
+
+    def count(self, member: str) -> int:
+        """The applied group updates `member` co-signed, all keys together."""
+        with self._lock:
+            return sum(self._counts.get(member, {}).values())
+
+    def cosigners(self, group_key: str) -> frozenset[str]:
+        """The members that co-signed any applied update of `group_key` (what decides whether
+        the key votes on the learner floor on its own: merge.group_pipeline.floor_votes)."""
+        with self._lock:
+            return frozenset(self._cosigners.get(group_key, ()))
+
+    def _forget(self, group_key: str, member: str) -> None:
+        members = self._cosigners.get(group_key)
+        if members is not None:
+            members.discard(member)
+            if not members:
+                del self._cosigners[group_key]
 
     def counts(self) -> Counts:
         """A copy: per member, per group key, the applied updates it co-signed."""
@@ -64,6 +89,10 @@ class CosignLedger:
         """Replaces everything by `counts` (from `parse_cosigned`)."""
         with self._lock:
             self._counts = {member: dict(keys) for member, keys in counts.items()}
+            self._cosigners = {}
+            for member, keys in self._counts.items():
+                for key in keys:
+                    self._cosigners.setdefault(key, set()).add(member)
 
 
 def parse_cosigned(state: object, applied: Mapping[str, set[int]]) -> Counts:

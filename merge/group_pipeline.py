@@ -7,8 +7,10 @@ duplicate id is refused): every member's signature and co-signature checked
 its members signed (`sized`: a group of one adversary's keys signing learners = 1 counts as
 the other authors' claims say, not as a whole outer step), weighed by its staleness and its
 mean member's tokens, judged by the robust checks (clip and momentum checks) like any
-update. No contribution budget: a group key has no account in the ledger (docs/scale.md,
-session 20: per-key budgets stall the swarm when the groups change). The norm cap refuses it
+update, and let through as far as its co-signers' contribution budgets allow (`charge`:
+each member charged 1/(g M) of a round in the one ledger, the update allowed what its median
+co-signer's account allows; budgets held by group keys stalled the swarm at the first
+regrouping: docs/scale.md, sessions 20 and 21). The norm cap refuses it
 by its signed norm bound (`signed_norm_bound`: its members' signed norms, clipped as the
 reduction clips them), not by its aggregate's norm, so a group that decides a round from its
 members' per-part figures (merge.shard_round) refuses exactly what this refuses, whatever one
@@ -27,11 +29,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
 import torch
 
+from merge.contribution import ContributionLedger, budgeted
 from merge.envelope import UpdateHeader
 from merge.equivocation import Action, EquivocationBook, GroupVariants, UpdateId
 from merge.group_equivocation import (
@@ -41,12 +44,12 @@ from merge.group_equivocation import (
     GroupRun,
     GroupVariant,
 )
-from merge.group_update import GroupUpdate, ReductionConfig, signed_norm_bound
+from merge.group_update import GroupUpdate, ReductionConfig, is_group_author, signed_norm_bound
 from merge.learners import LearnerFloor
 from merge.rejections import RejectionLog
 from merge.replica import Replica
 from merge.result import MergeResult
-from merge.robust import RobustFilter, Verdict
+from merge.robust import RobustFilter, Verdict, substance
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +70,7 @@ class Pipeline(Protocol):
     rejections: Any
     rejection_log: RejectionLog
     learner_floor: LearnerFloor
+    ledger: ContributionLedger
 
     def floor_votes(self) -> tuple[Callable[[str], bool], bool]: ...
     def weight_of(self, header: UpdateHeader, learners: int | None = None) -> float: ...
@@ -122,21 +126,34 @@ class GroupMerge:
             if (reason := p._norm_reason(signed_norm_bound(update, self.reduction))) is not None:
                 return p._reject(header, reason)
             norm = float(torch.linalg.vector_norm(update.aggregate))
-            learners = sized(p, p.learner_floor, header.author, claim)
+            learners = sized(p.learner_floor, header.author, claim, p.floor_votes())
             weight = p.weight_of(header, learners)
             direction = p.replica.outer.momentum_parts()
             verdict = p.robust.judge(update.aggregate, direction, norm, voters=None)
             weight *= p._robust_scale(header, verdict)
+            cosigners = update.reducers()
+            allowance = p.ledger.group_allowance(cosigners, learners)
+            count_over_budget(p, header, allowance)
+            stepped, weight = budgeted(learners, weight, allowance, p.config.max_learners)
             clipped = p.robust.clipped(update.aggregate, direction, verdict)
             p.replica.apply(
-                header, clipped, weight, None, learners=learners, cosigners=update.reducers()
-            )
+                header, clipped, weight, None, learners=stepped, credited=allowance,
+                cosigners=cosigners,
+            )  # fmt: skip
             self.variants.applied(uid, *variant)
             head = update.head
             entry = AppliedVariant(
-                head.run_id, head.round, GroupVariant.of(update), weight, learners
+                head.run_id, head.round, GroupVariant.of(update), weight, stepped
             )
             self.applied_variants.applied(uid, entry)
+            charge(
+                p.ledger,
+                p.learner_floor,
+                cosigners,
+                (header.author, claim, learners),
+                allowance,
+                verdict,
+            )
             if weight > 0:  # what moved the replica votes on the floor (merge.pipeline)
                 p.robust.record(verdict, header.author)
                 p.learner_floor.applied(header.author, claim, None)
@@ -144,9 +161,10 @@ class GroupMerge:
             p.num_merged += 1
         for listener in self.on_applied:
             listener(update)
+        # Reported as sized by `learners`: weight / learners is the share of a round it moved.
         return MergeResult(
-            True, header.author, header.seq, header.staleness, weight, None, learners,
-            0, verdict.reason, header.inner_steps,
+            True, header.author, header.seq, header.staleness, weight * learners / stepped,
+            None, learners, 0, verdict.reason, header.inner_steps,
         )  # fmt: skip
 
     def evidence(self, update: GroupUpdate) -> GroupProof | None:
@@ -209,7 +227,12 @@ class GroupMerge:
         if update is not None:
             header = update.update_header(p.fingerprint, p.config.max_inner_steps)
             p.replica.withdraw(header, update.aggregate, entry.weight, entry.learners)
-        p.replica.cosigned.debit(uid[0], entry.variant.reducers())
+        reducers = entry.variant.reducers()
+        p.replica.cosigned.debit(uid[0], reducers)
+        applied = p.replica.applied  # a copy; a proof is rare
+        for member in set(reducers):  # records within what they applied and co-signed
+            limit = len(applied.get(member, ())) + p.replica.cosigned.count(member)
+            p.ledger.bound_record(member, limit)
         self.applied_variants.forget(uid)
 
     def _problem(self, update: GroupUpdate, in_group: Callable[[str], bool]) -> str | None:
@@ -225,13 +248,72 @@ class GroupMerge:
         return None if problem is None else f"group_{problem}"
 
 
-def sized(pipeline: Pipeline, floor: LearnerFloor, group_key: str, claim: int) -> int:
+def sized(
+    floor: LearnerFloor, group_key: str, claim: int, votes: tuple[Callable[[str], bool], bool]
+) -> int:
     """The learner count a group update claiming `claim` is sized by: the learner floor's
     (`floor`: the pipeline's, or the sharded round's copy of it), the group key as author,
-    voters as for solo updates (`Pipeline.floor_votes`). Every claim in the window votes:
-    members sign no time (docs/scale.md, wiring plan step 5)."""
-    voters, cohort = pipeline.floor_votes()
+    `votes` as for solo updates (`floor_votes`). Every claim in the window votes: members
+    sign no time (docs/scale.md, wiring plan step 5)."""
+    voters, cohort = votes
     return floor.effective(group_key, claim, voters, cohort, None)
+
+
+def floor_votes(
+    ledger: ContributionLedger, cosigners: Callable[[str], Collection[str]]
+) -> tuple[Callable[[str], bool], bool]:
+    """Whose learner claims vote on the floor on their own, and whether the fresh keys vote
+    together as one (merge.learners): a solo author as the ledger counts it
+    (`ContributionLedger.individually_counted`); a group key while most of the members that
+    co-signed its applied updates (`cosigners`: the co-sign ledger's, merge.cosign_ledger)
+    are counted on their own: fresh keys ground into group keys vote no more than fresh
+    solo keys, and an honest group's new key after a regrouping votes at once (its members
+    are the old groups'). While no author is established (a swarm's first rounds) every
+    group key votes on its own, as before budgets: members earn record in proportion to the
+    groups seen over the groups claimed, so in the first round the honest groups' members
+    fall short of a whole update's record while a liar claiming one learner has it at once
+    (a rule by records would hand the first rounds' floor to the liars). The fresh keys as
+    one cohort while no author is established."""
+    established = ledger.any_established()
+    counted = ledger.individually_counted()
+
+    def votes(author: str) -> bool:
+        if not is_group_author(author):
+            return counted(author)
+        if not established:
+            return True
+        members = cosigners(author)
+        return 2 * sum(1 for m in members if counted(m)) > len(members)
+
+    return votes, not established
+
+
+def charge(
+    ledger: ContributionLedger,
+    floor: LearnerFloor,
+    cosigners: Collection[str],
+    sizing: tuple[str, int, int],
+    allowance: float,
+    verdict: Verdict,
+) -> None:
+    """Charges an applied group update to its co-signers' accounts (`group_applied`), with
+    the record a solo update earns: in proportion to the authors seen over its claim and to
+    its substance (merge.pipeline). `sizing`: (group key, its claim, the count it was sized
+    by). Before the update enters the floor's window, as on the solo path; the one rule for
+    the whole path and the sharded round (each on its own ledger and floor)."""
+    group_key, claim, learners = sizing
+    evidence = min(1.0, floor.num_authors(group_key) / claim) * substance(verdict)
+    ledger.group_applied(cosigners, learners, allowance, evidence)
+
+
+def count_over_budget(pipeline: Pipeline, header: UpdateHeader, allowance: float) -> None:
+    """Counts and logs a group update its co-signers' budgets let through only in part."""
+    if allowance >= 1:
+        return
+    with pipeline._stats_lock:
+        pipeline.rejections["over_budget"] += 1
+    pipeline.rejection_log.count(header.author, "over_budget")
+    logger.info("%s#%d: over its members' budget; %.3g of it counts", *header.update_id, allowance)
 
 
 def variant_of(update: GroupUpdate) -> tuple[tuple[str, ...], tuple[str, ...]]:

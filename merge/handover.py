@@ -19,9 +19,11 @@ to what the applied set and the norm cap allow:
   (the pipeline refuses any update above the cap, so no applied update was recorded there;
   twice: the params' norm moved since the oldest entries were recorded);
 - robust windows' authors and the contribution ledger (merge.contribution): authors of the
-  applied set only, none credited with more updates than it applied (allowances are at most
-  one), no more rounds in all than updates applied. A donor can still overstate an author's
-  record up to its applied count (making it established sooner here) or understate it;
+  applied set, or members of learner groups the co-sign ledger (merge.cosign_ledger, checked
+  against the applied set) says co-signed applied group updates, none credited with more
+  updates than it applied or co-signed (allowances are at most one), no more rounds in all
+  than updates applied. A donor can still overstate an author's record up to that count
+  (making it established sooner here) or understate it;
 - proofs of equivocation: each checked (two valid signatures of this run, conflicting
   payloads); an id counts as settled only if the donor applied it.
 
@@ -53,10 +55,13 @@ def check_handover(
     *,
     norm_cap: float,
     window: int,
+    cosigned: Mapping[str, Mapping[str, int]] | None = None,
 ) -> None:
     """Raises HandoverError unless `merge` (a pipeline's state_dict, from a donor) fits the
-    replica it came with: `applied` its applied set, `norm_cap` the largest norm the pipeline
-    accepts against its params. Checks what the formats' own loaders cannot know."""
+    replica it came with: `applied` its applied set, `cosigned` its co-sign ledger's counts
+    (merge.cosign_ledger.parse_cosigned: already held to `applied`), `norm_cap` the largest
+    norm the pipeline accepts against its params. Checks what the formats' own loaders
+    cannot know."""
     if not isinstance(merge, Mapping):
         raise HandoverError("a donor's merge state must be a mapping.")
     floor = merge.get("learner_floor")
@@ -88,7 +93,7 @@ def check_handover(
                 f"a donor's robust window holds a norm that is not finite in [0, {bound:.4g}]."
             )
         _check_counts(state.get("authors", []), applied, "robust window")
-    _check_ledger(merge.get("ledger"), applied)
+    _check_ledger(merge.get("ledger"), applied, cosigned or {})
 
 
 def _check_counts(authors: object, applied: Mapping[str, Set[int]], what: str) -> None:
@@ -103,9 +108,13 @@ def _check_counts(authors: object, applied: Mapping[str, Set[int]], what: str) -
             raise HandoverError(f"a donor's {what} names {author!r} more often than it applied.")
 
 
-def _check_ledger(ledger: object, applied: Mapping[str, Set[int]]) -> None:
+def _check_ledger(
+    ledger: object, applied: Mapping[str, Set[int]], cosigned: Mapping[str, Mapping[str, int]]
+) -> None:
     """A donor's contribution ledger (merge.contribution) credits no author more updates than
-    it applied (allowances are at most one), and no more rounds in all than updates applied."""
+    it applied or co-signed (allowances are at most one: a group update credits each
+    co-signer at most one update's record), and no more rounds in all than updates applied
+    (a group update's members together advance the clock by at most its one share)."""
     if ledger is None:
         return  # a donor from before budgets: the newcomer starts without track records
     rows = ledger.get("accounts") if isinstance(ledger, Mapping) else None
@@ -125,9 +134,10 @@ def _check_ledger(ledger: object, applied: Mapping[str, Set[int]]) -> None:
                 "a donor's contribution ledger accounts must be [author, 5 or 6 numbers]."
             )
         author, record = row[0], row[4]
-        limit = num_applied if author == "" else len(applied.get(author, ()))
-        if not author == "" and author not in applied:
+        if author != "" and author not in applied and author not in cosigned:
             raise HandoverError("a donor's contribution ledger names an author it never applied.")
+        cosigned_count = sum(cosigned.get(author, {}).values())
+        limit = num_applied if author == "" else len(applied.get(author, ())) + cosigned_count
         if not isinstance(record, int | float) or not record <= limit:
             raise HandoverError(
                 f"a donor's contribution ledger credits {author!r} more than it applied."

@@ -53,8 +53,11 @@ group key as author, in the one window solo authors share: a round is a round wh
 publishes it, and a solo key in a group run is sized by the groups' claims. Their members
 sign no time, so their claims enter without one (voting on every update) and every claim
 votes on them; a group's claim is one number per epoch, signed alike by every member of
-every group. A group key has no track record in merge.contribution, so each votes on its own
-(merge.pipeline `floor_votes`); docs/scale.md, session 20, has the measurements.
+every group. A group key has no account of its own in merge.contribution (its members
+have: they survive a regrouping); it votes on its own while most of the members that
+co-signed its applied updates are counted on their own, and every group key does while no
+author is established (merge.group_pipeline `floor_votes`); docs/scale.md, sessions 20 and
+21, have the measurements.
 
 Only updates that moved the replica (weight > 0, merge.pipeline) enter the window: zeros and
 what a budget cut to nothing take no share of it, so a flood of valid zero updates does not

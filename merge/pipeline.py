@@ -24,8 +24,9 @@ import torch
 
 from merge.codec_base import DecodesInto
 from merge.codecs import CODECS, CodecError, get_codec
-from merge.contribution import ContributionLedger
+from merge.contribution import ContributionLedger, budgeted
 from merge.correction import CorrectionConfig, correct
+from merge.cosign_ledger import parse_cosigned
 from merge.envelope import (
     EnvelopeError,
     SignedHeader,
@@ -36,8 +37,8 @@ from merge.envelope import (
 )
 from merge.equivocation import Action, EquivocationBook, Proof, UpdateId
 from merge.group_equivocation import GroupProof, GroupRun, MemberCheck, decode_proof
-from merge.group_pipeline import GroupMerge
-from merge.group_update import GroupUpdate, is_group_author
+from merge.group_pipeline import GroupMerge, floor_votes
+from merge.group_update import GroupUpdate
 from merge.handover import check_handover, settled_in
 from merge.learners import LearnerFloor, credited_learners
 from merge.outer import OuterConfig
@@ -237,7 +238,9 @@ class UpdatePipeline:
             params_norm = float(torch.linalg.vector_norm(params, dtype=torch.float64))
             cap = self.config.max_update_norm_ratio * max(params_norm, _MIN_PARAMS_NORM)
             # On the state as sent: the floor's loader would cut an overlong window silently.
-            check_handover(merge, applied, norm_cap=cap, window=self.learner_floor.window)
+            cosigned = parse_cosigned(state.get("cosigned"), applied)
+            window = self.learner_floor.window
+            check_handover(merge, applied, norm_cap=cap, window=window, cosigned=cosigned)
             staged = UpdatePipeline(self.replica, self.config, self.fingerprint)
             staged.load_state_dict(merge)  # the formats; raises before anything changed
         book = EquivocationBook(self.equivocation.decode)
@@ -399,13 +402,10 @@ class UpdatePipeline:
 
     def floor_votes(self) -> tuple[Callable[[str], bool], bool]:
         """Whose learner claims vote on the floor on their own, and whether the fresh keys
-        vote together as one (merge.learners), for solo and group updates alike: the authors
-        the ledger counts individually (`ContributionLedger.individually_counted`) and every
-        learner group's key (docs/scale.md, wiring plan step 5: a group key has no account
-        in the ledger); the fresh keys as one cohort while no author is established. Called
+        vote together as one (merge.learners), for solo and group updates alike
+        (merge.group_pipeline.floor_votes: a group key by its co-signers' records). Called
         under the replica lock."""
-        counted = self.ledger.individually_counted()
-        return (lambda a: is_group_author(a) or counted(a)), not self.ledger.any_established()
+        return floor_votes(self.ledger, self.replica.cosigned.cosigners)
 
     def _credited(self) -> Callable[[str], bool] | None:
         """Whose learner claims and robust votes count: the authors with a track record, or
@@ -587,20 +587,6 @@ class UpdatePipeline:
 def learners_of(header: UpdateHeader) -> int:
     """The learner count an update is sized by; a v1 header (without one) counts as one."""
     return 1 if header.learners is None else header.learners
-
-
-def budgeted(learners: int, weight: float, allowance: float, limit: int) -> tuple[int, float]:
-    """(learners, weight) that apply `allowance` of an update sized by `learners`: it moves
-    the replica by that share and advances the outer optimizer's round by no more (1/M' of a
-    round with M' = ceil(M / allowance)). Scaling the weight alone left each update of a flood
-    a whole 1/M of the round, folding the momentum every M updates. Below 1/`limit` of a
-    round: nothing (weight 0)."""
-    if allowance >= 1:
-        return learners, weight
-    if allowance <= learners / limit:
-        return learners, 0.0
-    stepped = math.ceil(learners / allowance)
-    return stepped, weight * allowance * stepped / learners
 
 
 def staleness_of(header: UpdateHeader) -> int:

@@ -45,9 +45,10 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from merge.contribution import budgeted
 from merge.equivocation import GroupVariants
 from merge.group_equivocation import AppliedVariant
-from merge.group_pipeline import GroupMerge, sized
+from merge.group_pipeline import GroupMerge, charge, count_over_budget, floor_votes, sized
 from merge.group_update import NORM_BOUND_SLACK, signed_norm_bound
 from merge.replica import Replica
 from merge.result import MergeResult
@@ -243,33 +244,42 @@ class ShardRound:
         verdict = decision.verdict
         assert verdict is not None
         p._robust_scale(header, verdict)  # counted and logged as the sequential path does
-        learners = decision.learners
-        p.replica.apply(header, torch.empty(0), 0.0, learners=learners, cosigners=inc.cosigners)
+        learners, stepped, allowance = decision.learners, decision.stepped, decision.allowance
+        count_over_budget(p, header, allowance)
+        p.replica.apply(
+            header, torch.empty(0), 0.0, learners=stepped, credited=allowance,
+            cosigners=inc.cosigners,
+        )  # fmt: skip
         self.merge.variants.applied(inc.uid, *inc.variant)
         if inc.evidence is not None:  # a second variant of it then makes a proof here too
             round_ = inc.uid[1] - 1
-            entry = AppliedVariant(p.run_id or "", round_, inc.evidence, decision.weight, learners)
+            entry = AppliedVariant(p.run_id or "", round_, inc.evidence, decision.weight, stepped)
             self.merge.applied_variants.applied(inc.uid, entry)
+        sizing = (header.author, inc.learners, learners)
+        charge(p.ledger, p.learner_floor, inc.cosigners, sizing, allowance, verdict)
         if decision.weight > 0:
             p.robust.record(verdict, header.author)
             p.learner_floor.applied(header.author, inc.learners, None)
         with p._stats_lock:
             p.num_merged += 1
         return MergeResult(
-            True, header.author, header.seq, header.staleness, decision.weight, None,
-            learners, 0, verdict.reason, header.inner_steps,
+            True, header.author, header.seq, header.staleness,
+            decision.weight * learners / stepped, None, learners, 0, verdict.reason,
+            header.inner_steps,
         )  # fmt: skip
 
 
 class _Decider:
     """`GroupMerge.submit`'s decisions for the round's updates in id order, on copies of
-    what they read and change (the robust window, the learner floor, the variants, the applied
-    set)."""
+    what they read and change (the robust window, the learner floor, the contribution ledger,
+    the co-signers, the variants, the applied set)."""
 
     def __init__(self, merge: GroupMerge, replay: Replay, gram: npt.NDArray[np.float64]):
         self.merge, self.replay, self.gram = merge, replay, gram
         self.robust = copy.deepcopy(merge.pipeline.robust)
         self.floor = copy.deepcopy(merge.pipeline.learner_floor)
+        self.ledger = copy.deepcopy(merge.pipeline.ledger)
+        self.cosigned: dict[str, set[str]] = {}  # this round's; earlier ones: the replica's
         self.variants = GroupVariants()  # this round's applied ids; earlier ones: the merge's
         self.applied: set[tuple[str, int]] = set()
 
@@ -321,7 +331,8 @@ class _Decider:
 
     def _applied(self, inc: Incoming, vector: Vector, norm: float) -> Decision:
         p = self.merge.pipeline
-        learners = sized(p, self.floor, inc.header.author, inc.learners)
+        key = inc.header.author
+        learners = sized(self.floor, key, inc.learners, floor_votes(self.ledger, self.cosigners))
         weight = p.weight_of(inc.header, learners)
         parts = self.replay.momentum_parts()
         momentum = sum(parts, np.zeros(len(vector)))
@@ -333,14 +344,32 @@ class _Decider:
             vector = vector * (verdict.scale * verdict.recenter) + sum(
                 (part * pull for part in parts), np.zeros(len(vector))
             )
+        allowance = self.ledger.group_allowance(inc.cosigners, learners)
+        stepped, weight = budgeted(learners, weight, allowance, p.config.max_learners)
         if weight != 0:
-            self.replay.step(vector, weight, learners)
+            self.replay.step(vector, weight, stepped)
         self.applied.add(inc.uid)
         self.variants.applied(inc.uid, *inc.variant)
+        self.cosigned.setdefault(key, set()).update(inc.cosigners)
+        charge(
+            self.ledger,
+            self.floor,
+            inc.cosigners,
+            (key, inc.learners, learners),
+            allowance,
+            verdict,
+        )
         if weight > 0:
-            self.robust.record(verdict, inc.header.author)
-            self.floor.applied(inc.header.author, inc.learners, None)
-        return Decision(inc, None, verdict, weight, learners=learners)
+            self.robust.record(verdict, key)
+            self.floor.applied(key, inc.learners, None)
+        return Decision(
+            inc, None, verdict, weight, learners=learners, stepped=stepped, allowance=allowance
+        )
+
+    def cosigners(self, group_key: str) -> frozenset[str]:
+        """The co-signers of `group_key`'s applied updates, this round's decided ones too."""
+        known = self.merge.pipeline.replica.cosigned.cosigners(group_key)
+        return known | self.cosigned.get(group_key, set())
 
 
 def robust_scale(verdict: Verdict) -> float:

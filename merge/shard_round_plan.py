@@ -84,6 +84,11 @@ class Decision:
     learners: int = 0
     """The learner count an applied update is sized by (the learner floor's,
     merge.group_pipeline.sized); 0 for a refused one."""
+    stepped: int = 0
+    """The learner count its outer step is taken by: `learners` raised where its co-signers'
+    budgets let through only part of it (merge.contribution.budgeted)."""
+    allowance: float = 1.0
+    """The share of it its co-signers' budgets let through (`group_allowance`)."""
 
 
 @dataclass(frozen=True)

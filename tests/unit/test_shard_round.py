@@ -184,10 +184,25 @@ def _assert_alike(a: UpdatePipeline, b: UpdatePipeline) -> None:
             torch.testing.assert_close(sa[key], sb[key], rtol=1e-5, atol=1e-6)
     assert sa.get("progress") == sb.get("progress")
     assert a.learner_floor.state_dict() == b.learner_floor.state_dict()
+    assert_ledgers_alike(a, b)  # the co-signers' budgets
     wa, wb = a.robust.state_dict(), b.robust.state_dict()
     assert wa["authors"] == wb["authors"] and wa["rounds"] == wb["rounds"]
     for x, y in zip(wa["norms"], wb["norms"], strict=True):  # type: ignore[call-overload]
         assert math.isclose(x, y, rel_tol=1e-5)
+
+
+def assert_ledgers_alike(a: UpdatePipeline, b: UpdatePipeline) -> None:
+    """The contribution ledgers hold the same accounts in the same order, their amounts
+    equal up to float rounding (a record is earned by the update's substance, from its norm:
+    read from the Gram matrix on one path and from the tensor on the other)."""
+    la, lb = a.ledger.state_dict(), b.ledger.state_dict()
+    assert math.isclose(la["total"], lb["total"], rel_tol=1e-6, abs_tol=1e-9)  # type: ignore[arg-type]
+    rows_a, rows_b = la["accounts"], lb["accounts"]
+    assert isinstance(rows_a, list) and isinstance(rows_b, list)
+    assert [r[0] for r in rows_a] == [r[0] for r in rows_b]
+    for ra, rb in zip(rows_a, rows_b, strict=True):
+        for x, y in zip(ra[1:], rb[1:], strict=True):
+            assert math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-9)
 
 
 specs = st.builds(
