@@ -338,6 +338,8 @@ class _Decider:
         problem = self._header_problem(inc)
         if problem is not None:
             return Decision(inc, problem)
+        if p.equivocation.refuses(inc.uid, inc.variant):  # as `GroupMerge.submit`
+            return Decision(inc, "group_equivocation")
         if p.replica.has_applied(*inc.uid) or inc.uid in self.applied:
             known = self.variants if inc.uid in self.applied else self.merge.variants
             culprits = known.equivocators(inc.uid, *inc.variant)
