@@ -19,7 +19,10 @@ disjoint included sets share no member at all. Two complete variants are exactly
 replicas apart, and what a replica that holds both finds alike (`GroupProof.of`: canonical).
 
 What every replica then does is merge.equivocation's rule (withdraw / record / none), the
-proof kept and passed on with the solo ones (`decode_proof` tells the two apart).
+proof kept and passed on with the solo ones (`decode_proof` tells the two apart), unless
+one variant includes more members (`prevailing`, docs/scale.md Session 21): then nothing is
+voided, the lesser variant is withdrawn where it was applied and refused everywhere after,
+so a member completing a variant of its group's round alone silences nothing.
 Pure: no network, no replica.
 """
 
