@@ -318,3 +318,31 @@ def test_the_cap_bound_holds_what_the_whole_path_does(
         if result.accepted:
             header = update.update_header(whole.fingerprint, whole.config.max_inner_steps)
             bound.step(header, update.head.learners, norm_bound)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    kind=st.sampled_from(["nesterov", "delayed_nesterov"]),
+    step=st.one_of(st.floats(-0.4, -0.02), st.floats(0.02, 0.4)),
+    over=st.floats(0.7, 1.4),
+    liar=st.integers(0, 2),
+    factor=st.sampled_from([0.0, 0.3, 1.0]),
+    until_fold=st.booleans(),
+)
+def test_after_a_whole_step_both_paths_apply_the_same_set_whatever_a_member_reports(
+    kind: OuterKind, step: float, over: float, liar: int, factor: float, until_fold: bool
+) -> None:
+    """The case the cap bound is for, drawn: a first update claiming one learner that moves
+    the params along themselves by up to 40 % either way (a whole outer step), then one
+    0.7-1.4x the cap at the round's start, one member reporting its slices of both scaled
+    by `factor`. Both paths apply the same set (on the code before the bound, a liar at 0 or
+    0.3 made the round refuse what the whole path applied)."""
+    whole, parts = _pipeline(kind), _pipeline(kind)
+    params = whole.replica.params
+    first = _group_update([-step / 0.6 * params], group=0, learners=1)
+    cap = whole.config.max_update_norm_ratio * float(params.norm())
+    second = _group_update([torch.full((NUMEL,), cap * over / NUMEL**0.5)], group=6)
+    expected = _one_by_one(whole, [first, second])
+    results = _lied_round(parts, [first, second], liar, factor, until_fold)
+    assert _refusals(results) == _refusals(expected)
+    assert parts.replica.applied == whole.replica.applied
