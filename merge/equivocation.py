@@ -58,6 +58,18 @@ class Evidence(Protocol):
     def to_bytes(self) -> bytes: ...
 
 
+class Superseding(Protocol):
+    """A learner group's proof (merge.group_equivocation.GroupProof): two variants of which
+    one may prevail, the other then refused everywhere and nothing voided."""
+
+    @property
+    def superseded_key(self) -> VariantKey | None: ...
+
+
+VariantKey = tuple[tuple[str, ...], tuple[str, ...]]
+"""What tells two variants of one group id apart: shard digests and included members."""
+
+
 Decoder = Callable[[object, str | None], Evidence]
 """Proof bytes and the run fingerprint -> the checked proof (ProofError for anything else)."""
 
@@ -160,7 +172,17 @@ class EquivocationBook:
         return len(self._proofs)
 
     def is_equivocated(self, uid: UpdateId) -> bool:
-        return uid in self._proofs
+        """Proven and voided: no variant of the id counts (a superseding pair voids none)."""
+        return uid in self._proofs and _superseded(self._proofs[uid]) is None
+
+    def refuses(self, uid: UpdateId, variant: VariantKey) -> bool:
+        """Whether a group variant of `uid` is refused by what this book holds: every
+        variant of an equivocated id, the lesser variant of a superseding pair."""
+        proof = self._proofs.get(uid)
+        if proof is None:
+            return False
+        superseded = _superseded(proof)
+        return superseded is None or superseded == variant
 
     def proofs(self) -> list[Evidence]:
         return list(self._proofs.values())
@@ -190,14 +212,30 @@ class EquivocationBook:
         except ProofError:
             return None
 
-    def learn(self, proof: Evidence, *, applied: bool) -> Action:
+    def learn(
+        self, proof: Evidence, *, applied: bool, applied_variant: VariantKey | None = None
+    ) -> Action:
         """What this replica does on (possibly again) learning `proof`; `applied`: whether the
-        id is in its applied set now. The caller carries the action out, then calls `settled`."""
+        id is in its applied set now (`applied_variant`: the group variant applied under it,
+        where known). The caller carries the action out, then calls `settled`.
+
+        A learner group's pair of which one variant prevails (merge.group_equivocation
+        `prevailing`) voids nothing: the lesser variant is withdrawn where it was applied
+        (its id stays applied), the prevailing one kept, and the lesser refused from now on
+        (`refuses`); a replica that applied neither takes the prevailing one when it comes."""
         uid = proof.update_id
-        if uid in self._settled:
+        kept = self._proofs.get(uid)
+        before = None if kept is None else _superseded(kept)
+        voids = kept is not None and before is None
+        if uid in self._settled and (voids or _superseded(proof) is not None):
             return "none"
-        if uid not in self._proofs:
-            self._keep(proof)
+        if not voids:
+            self._keep(proof)  # a voiding pair replaces a superseding one, never back
+        superseded = _superseded(self._proofs[uid])
+        if superseded is not None:
+            return "withdraw" if applied and applied_variant == superseded else "none"
+        if applied and before is not None and applied_variant == before:
+            return "none"  # the lesser variant applied here is withdrawn already
         return "withdraw" if applied else "record"
 
     def _keep(self, proof: Evidence) -> None:
@@ -246,6 +284,12 @@ class EquivocationBook:
                     self._settled.add(uid)
 
 
+def _superseded(proof: Evidence) -> VariantKey | None:
+    """The variant a learner group's proof supersedes, or None (a voiding proof, solo ones)."""
+    key: VariantKey | None = getattr(proof, "superseded_key", None)
+    return key
+
+
 class GroupVariants:
     """Learner groups' updates applied here, by id (group key, round + 1): a second variant of
     one id, whose every signature holds too, is equivocation by the members that co-signed
@@ -268,6 +312,10 @@ class GroupVariants:
         self._applied.move_to_end(uid)
         while len(self._applied) > self._size:
             self._applied.popitem(last=False)
+
+    def key_of(self, uid: UpdateId) -> VariantKey | None:
+        """The variant applied under `uid` (recent ids), or None."""
+        return self._applied.get(uid)
 
     def equivocators(
         self, uid: UpdateId, shard_digests: tuple[str, ...], included: tuple[str, ...]

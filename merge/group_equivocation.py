@@ -19,7 +19,10 @@ disjoint included sets share no member at all. Two complete variants are exactly
 replicas apart, and what a replica that holds both finds alike (`GroupProof.of`: canonical).
 
 What every replica then does is merge.equivocation's rule (withdraw / record / none), the
-proof kept and passed on with the solo ones (`decode_proof` tells the two apart).
+proof kept and passed on with the solo ones (`decode_proof` tells the two apart), unless
+one variant includes more members (`prevailing`, docs/scale.md Session 21): then nothing is
+voided, the lesser variant is withdrawn where it was applied and refused everywhere after,
+so a member completing a variant of its group's round alone silences nothing.
 Pure: no network, no replica.
 """
 
@@ -32,7 +35,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from merge.equivocation import MAX_FIRST_SEEN, MAX_PROOF_BYTES, Proof, ProofError, UpdateId
+from merge.equivocation import (
+    MAX_FIRST_SEEN,
+    MAX_PROOF_BYTES,
+    Proof,
+    ProofError,
+    UpdateId,
+    VariantKey,
+)
 from merge.group_plan import ShardPlan, sharded_statement
 from merge.group_update import SIGNATURE_BYTES, GroupUpdate, included_statement
 from merge.identity import verify_signature
@@ -56,8 +66,6 @@ _PROOF_KEYS = {"run_id", "group_key", "round", "variants"}
 
 MemberCheck = Callable[[str], Callable[[str], bool]]
 """A group key -> whether a peer id belongs to that group (dht.grouping.member_check)."""
-VariantKey = tuple[tuple[str, ...], tuple[str, ...]]
-"""What tells two variants of one id apart: shard digests and included members."""
 
 
 @dataclass(frozen=True)
@@ -204,6 +212,19 @@ class GroupProof:
         return (self.group_key, self.round + 1)
 
     @property
+    def prevailing(self) -> GroupVariant | None:
+        """The variant every replica keeps (`prevailing`), or None: equivocation, voided."""
+        return prevailing(self.first, self.second)
+
+    @property
+    def superseded_key(self) -> VariantKey | None:
+        """The key of the variant the other prevails over (refused everywhere), or None."""
+        kept = self.prevailing
+        if kept is None:
+            return None
+        return (self.second if kept is self.first else self.first).key
+
+    @property
     def culprits(self) -> tuple[str, ...]:
         """Members that co-signed both variants (empty: two disjoint included sets)."""
         return tuple(sorted(set(self.first.reducers()) & set(self.second.reducers())))
@@ -278,6 +299,27 @@ class GroupProof:
             raise ProofError("not_canonical", "not the canonical encoding")
         proof.check(run)
         return proof
+
+
+def prevailing(a: GroupVariant, b: GroupVariant) -> GroupVariant | None:
+    """Of two complete variants of one group round, the one every replica keeps: the one
+    with more included members (co-signers of the included set), or None when both include
+    as many (equivocation: the round is voided, merge.equivocation's rule).
+
+    A variant below the group's quorum cannot void or replace an honest round: the honest
+    one includes at least a quorum of the epoch's members, more than the other. A member
+    alone can always complete a variant of its own (it contributes, reduces every shard and
+    co-signs them, over a member list of its choosing: `GroupUpdate.members` is signed by
+    the reducers only, so by it alone); before, any two variants voided the round, so one
+    member silenced its group every round. An honest retry (a round completed with 4
+    members, then again with 3 after one died) keeps the 4's everywhere. Decided from the
+    two variants' signed included sets alone: alike on every replica, in any order.
+    What is not bounded: a Sybil who grinds keys into the group's prefix includes as many
+    as it grinds (docs/scale.md, Session 21); in a group of two, one member against the
+    other ties (1 and 1) and voids, as before."""
+    if len(a.included) == len(b.included):
+        return None
+    return a if len(a.included) > len(b.included) else b
 
 
 def decode_proof(data: object, fingerprint: str | None, run: GroupRun | None) -> Proof | GroupProof:

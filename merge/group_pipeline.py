@@ -111,8 +111,8 @@ class GroupMerge:
             return p._reject(header, problem)
         with p.replica.lock:
             uid, variant = (header.author, header.seq), variant_of(update)
-            if p.equivocation.is_equivocated(uid):
-                return p._reject(header, "group_equivocation")  # proven: no variant counts
+            if p.equivocation.refuses(uid, variant):  # proven, or the lesser of a pair
+                return p._reject(header, "group_equivocation")
             if p.replica.has_applied(*uid):
                 culprits = self.variants.equivocators(uid, *variant)
                 if culprits is None:
@@ -188,7 +188,10 @@ class GroupMerge:
         if p.group_run is None or p.replica.layout is not None:
             return "none"  # groups off; a run with fragments takes no group updates
         with p.replica.lock:
-            action = p.equivocation.learn(proof, applied=p.replica.has_applied(*uid))
+            applied = p.replica.has_applied(*uid)
+            action = p.equivocation.learn(
+                proof, applied=applied, applied_variant=self.variants.key_of(uid)
+            )
             if action == "record":
                 p.replica.apply(self._recorded(uid), torch.empty(0), 0.0, credited=0.0)
             elif action == "withdraw":

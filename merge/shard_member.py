@@ -23,6 +23,7 @@ import torch
 from merge.group_plan import shard_bounds
 from merge.result import MergeResult
 from merge.shard_round import (
+    CapUndecided,
     Gram,
     Incoming,
     RoundPlan,
@@ -142,7 +143,10 @@ class MemberRound:
         if problem is not None:
             self._fail(problem)
             return None
-        self.plan = self.rounds.decide(self.incoming, gram, until_fold=self.until_fold)
+        try:
+            self.plan = self.rounds.decide(self.incoming, gram, until_fold=self.until_fold)
+        except CapUndecided:
+            self._fail("cap_undecided")
         return self.plan
 
     def sums(self) -> list[torch.Tensor] | None:

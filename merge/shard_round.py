@@ -53,6 +53,7 @@ from merge.group_update import NORM_BOUND_SLACK, signed_norm_bound
 from merge.replica import Replica
 from merge.result import MergeResult
 from merge.robust import Verdict
+from merge.shard_round_cap import CapBound, CapUndecided
 from merge.shard_round_checks import gram_problem, round_problem, sums_problem
 from merge.shard_round_plan import (
     Decision,
@@ -65,6 +66,7 @@ from merge.shard_round_plan import (
 from merge.shard_round_replay import Replay, combos_of, form_state, load_outer
 
 __all__ = [
+    "CapUndecided",
     "NORM_BOUND_SLACK",
     "PART_CHUNK",
     "Decision",
@@ -174,7 +176,11 @@ class ShardRound:
         ``until_fold``: stop after the update that completes a Delayed Nesterov round; the
         rest are `RoundPlan.deferred` to the next round. Then the round always gathers one
         sum (the params and the momentum move by multiples of the round's sum), where a fold
-        inside it takes two."""
+        inside it takes two.
+
+        `CapUndecided` (a ValueError) when the norm cap of an update is not decided by what
+        every member checks (merge.shard_round_cap): the round is then fetched whole and
+        applied one by one, the way no member's report moves."""
         ordered = self.order(incoming)
         replica = self.merge.pipeline.replica
         with replica.lock:
@@ -282,6 +288,8 @@ class _Decider:
         self.cosigned: dict[str, set[str]] = {}  # this round's; earlier ones: the replica's
         self.variants = GroupVariants()  # this round's applied ids; earlier ones: the merge's
         self.applied: set[tuple[str, int]] = set()
+        norms = [math.sqrt(max(0.0, float(gram[i, i]))) for i in range(replay.num_states)]
+        self.cap = CapBound(merge.pipeline, merge.pipeline.replica.outer, norms)
 
     def form(self, a: Vector, b: Vector) -> float:
         """<a, b> through the Gram matrix, correctly rounded (alike on every machine)."""
@@ -300,32 +308,62 @@ class _Decider:
     def run(self, ordered: Sequence[Incoming], until_fold: bool) -> list[Decision]:
         decisions = []
         for i, inc in enumerate(ordered):
-            decisions.append(self.one(i, inc))
+            decision = self.one(i, inc)
+            if decision is None:
+                raise CapUndecided(f"the norm cap of {inc.uid} after {i} updates")
+            decisions.append(decision)
             if until_fold and self.replay.folds:
+                self._deferred_caps(ordered[i + 1 :])
                 break
         return decisions
 
-    def one(self, index: int, inc: Incoming) -> Decision:
+    def _deferred_caps(self, deferred: Sequence[Incoming]) -> None:
+        """The caps of the updates deferred past the fold: applied after this round, on the
+        params its members' sums formed, so they too must be decided by what every member
+        checks (merge.shard_round_cap), else CapUndecided."""
+        seen = set(self.applied)
+        for inc in deferred:
+            if self._header_problem(inc) is not None or inc.uid in seen:
+                continue
+            if self.merge.pipeline.replica.has_applied(*inc.uid):
+                continue
+            cap = self.cap.decide(inc.norm_bound, _MIN_PARAMS_NORM)
+            if cap == "undecided":
+                raise CapUndecided(f"the norm cap of {inc.uid}, deferred past the fold")
+            if cap == "admit":
+                self.cap.step(inc.header, inc.learners, inc.norm_bound)
+                seen.add(inc.uid)
+
+    def _header_problem(self, inc: Incoming) -> str | None:
+        p = self.merge.pipeline
+        if inc.problem is None and not 1 <= inc.learners <= p.config.max_learners:
+            return "group_bad_learners"
+        if inc.problem is None and inc.header.staleness > p.config.max_staleness:
+            return "too_stale"
+        return inc.problem
+
+    def one(self, index: int, inc: Incoming) -> Decision | None:
         p = self.merge.pipeline
         header = inc.header
-        problem = inc.problem
-        if problem is None and not 1 <= inc.learners <= p.config.max_learners:
-            problem = "group_bad_learners"
-        if problem is None and header.staleness > p.config.max_staleness:
-            problem = "too_stale"
+        problem = self._header_problem(inc)
         if problem is not None:
             return Decision(inc, problem)
+        if p.equivocation.refuses(inc.uid, inc.variant):  # as `GroupMerge.submit`
+            return Decision(inc, "group_equivocation")
         if p.replica.has_applied(*inc.uid) or inc.uid in self.applied:
             known = self.variants if inc.uid in self.applied else self.merge.variants
             culprits = known.equivocators(inc.uid, *inc.variant)
             if culprits is None:
                 return Decision(inc, "duplicate")
             return Decision(inc, "group_equivocation", culprits=culprits)
-        # The cap by the signed bound, as `GroupMerge.submit`: a member's part cannot move it.
-        if inc.norm_bound > p.config.max_update_norm_ratio * max(
-            self.norm(self.replay.states[0]), _MIN_PARAMS_NORM
-        ):
+        # The cap by the signed bound, as `GroupMerge.submit`, for every params' norm the
+        # earlier updates leave possible (merge.shard_round_cap): no member's part moves it.
+        cap = self.cap.decide(inc.norm_bound, _MIN_PARAMS_NORM)
+        if cap == "undecided":
+            return None  # the round falls back to the whole fetch
+        if cap == "refuse":
             return Decision(inc, "norm_too_large")
+        self.cap.step(header, inc.learners, inc.norm_bound)
         vector = self.replay.update(index)
         return self._applied(inc, vector, self.norm(vector))
 

@@ -41,7 +41,10 @@ THE_RUN = GroupRun(RUN, functools.partial(member_check, RUN))
 DELAYED = dataclasses.replace(
     CONFIG, outer=OuterConfig(kind="delayed_nesterov", lr=0.5, momentum=0.5)
 )
-A, B = _update(IDS[:3]), _update(IDS[:2])  # one round, two included sets, both complete
+# One round, two included sets of three, both complete: neither prevails (equivocation).
+A, B = _update(IDS[:3]), _update([IDS[0], IDS[1], IDS[3]], scale=2.0)
+LESSER = _update(IDS[:2])
+"""A complete variant of A's round including fewer members (A prevails over it)."""
 UID = (A.head.group_key, A.seq)
 
 
@@ -163,7 +166,7 @@ def test_a_proof_signed_by_a_non_member_is_refused() -> None:
 def test_a_variant_not_every_reducer_cosigned_is_refused() -> None:
     """One member's second co-signature (as it makes when its round retries without a lost
     member) is not a variant: the others did not co-sign it, so it proves nothing."""
-    a, b = GroupVariant.of(A), GroupVariant.of(B)
+    a, b = GroupVariant.of(A), GroupVariant.of(LESSER)
     lone = dataclasses.replace(b, cosignatures=(b.cosignatures[0], b.cosignatures[0]))
     assert _reason(_unchecked(a, lone)) == "bad_cosignature"
     missing = dataclasses.replace(b, cosignatures=b.cosignatures[:1])

@@ -50,8 +50,10 @@ def _update(
     key: str = group_key(""),
     round_: int = 2,
     stale: list[tuple[int, int]] | None = None,
+    scale: float = 1.0,
 ) -> GroupUpdate:
-    """`stale`: each member's signed (base_applied, published_applied); the round's by default."""
+    """`stale`: each member's signed (base_applied, published_applied); the round's by default.
+    `scale`: of every member's pseudo-gradient."""
     reduction = GroupReduction(
         group_key=key, epoch=0, round=round_, members=[m.peer_id for m in members]
     )
@@ -61,7 +63,7 @@ def _update(
             run_id=RUN, group_key=key, epoch=0, round=round_, learners=2, base_applied=base,
             published_applied=published,
         )  # fmt: skip
-        tensor = torch.full((NUMEL,), 0.01 * (i + 1))
+        tensor = torch.full((NUMEL,), 0.01 * (i + 1) * scale)
         reduction.contribute(ContributionHeader.of(tensor, member, fields, 500), tensor)
     reduction.close()
     for member in sorted(members, key=lambda m: m.peer_id):

@@ -20,6 +20,7 @@ from tests.unit.test_shard_round import (
     _pipeline,
     _update,
 )
+from tests.unit.test_shard_round_cap import _whole_step_then_near_cap
 
 MEMBERS = sorted(identity.peer_id for identity in IDS[:3])
 
@@ -157,3 +158,18 @@ def test_a_slice_not_finite_fails_the_round() -> None:
     start, end = member.slice
     assert not member.fetched(0, torch.full((end - start,), float("nan")))
     assert member.failed == "slice_not_finite" and member.part() is None
+
+
+def test_a_round_whose_norm_cap_is_undecided_falls_back_at_every_member() -> None:
+    """A whole outer step, then an update near the cap (merge.shard_round_cap): every member
+    sets `failed` alike and applies nothing (the wiring then fetches the round whole)."""
+    members = [_pipeline("delayed_nesterov") for _ in range(3)]
+    updates = _whole_step_then_near_cap(members[0], 1.12)
+    rounds = _rounds(members, updates)
+    _fetch(rounds)
+    _exchange_parts(rounds)
+    before = [p.replica.params.clone() for p in members]
+    _exchange_sums(rounds)
+    assert [m.failed for m in rounds] == ["cap_undecided"] * 3
+    assert all(m.apply() is None for m in rounds)
+    assert all(torch.equal(p.replica.params, b) for p, b in zip(members, before, strict=True))

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
 
 from dht.grouping import group_key
 from merge.group_plan import shard_bounds
@@ -24,6 +25,7 @@ from merge.outer import OuterConfig, OuterKind, make_outer_optimizer
 from merge.pipeline import MergeConfig, UpdatePipeline
 from merge.replica import Replica
 from merge.shard_round import (
+    CapUndecided,
     Incoming,
     RoundPlan,
     ShardRound,
@@ -145,19 +147,31 @@ def _by_shards(
     updates: Sequence[GroupUpdate],
     members: int,
     until_fold: bool = False,
-) -> tuple[list, RoundPlan]:
+) -> tuple[list, RoundPlan | None]:
     """The round by parts; ``until_fold``: in as many rounds as its folds make, each taking
-    the one before's deferred updates (the results of all, the last round's plan)."""
+    the one before's deferred updates (the results of all, the last round's plan; None when
+    a round's norm cap was undecided and the rest was applied one by one)."""
     rounds, incoming = _ordered(pipeline, updates)
     results = []
     while True:
         gram = summed_gram(_grams(pipeline, incoming, members))
-        plan = rounds.decide(incoming, gram, until_fold=until_fold)
+        try:
+            plan = rounds.decide(incoming, gram, until_fold=until_fold)
+        except CapUndecided:  # the wiring's fall back: the round fetched whole, one by one
+            _note("cap undecided: fetched whole")
+            rest = [inc.update for inc in incoming if inc.update is not None]
+            return results + _one_by_one(pipeline, rest), None
         results += rounds.apply(plan, _gathered(plan, incoming, members))
         if not plan.deferred:
             return results, plan
         assert until_fold and len(plan.combos) == 1
         incoming = list(plan.deferred)
+
+
+def _note(name: str) -> None:
+    """A hypothesis event where a hypothesis test runs (its statistics count it)."""
+    if currently_in_test_context():
+        event(name)
 
 
 def _one_by_one(pipeline: UpdatePipeline, updates: Sequence[GroupUpdate]) -> list:
@@ -249,14 +263,14 @@ def test_a_round_applied_as_one_step_ends_as_applied_one_by_one(
     updates = [_update(spec, seed + 1, learners) for spec in batch]
     expected = _one_by_one(a, updates)
     results, plan = _by_shards(b, updates, members, until_fold)
-    if until_fold and kind == "delayed_nesterov":
+    if until_fold and kind == "delayed_nesterov" and plan is not None:
         assert len(plan.combos) <= 1
     assert [(r.accepted, r.reason, r.author, r.seq, r.learners) for r in results] == [
         (r.accepted, r.reason, r.author, r.seq, r.learners) for r in expected
     ]
     for x, y in zip(results, expected, strict=True):
         assert math.isclose(x.weight, y.weight, rel_tol=1e-5, abs_tol=1e-9)
-    assert len(plan.combos) <= 3  # two unless a batch completes two rounds
+    assert plan is None or len(plan.combos) <= 3  # two unless a batch completes two rounds
     _assert_alike(a, b)
 
 

@@ -1,0 +1,127 @@
+"""Two complete variants of one group round of which one includes more members
+(merge.group_equivocation `prevailing`, docs/scale.md Session 21): a member alone, or a retry
+without a lost member, completes a lesser variant; it voids nothing on any replica, in any
+order, and contributes nothing where the pair's proof has arrived; variants that include as
+many still void the round (merge.equivocation's rule)."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from merge.equivocation import EquivocationBook
+from merge.group_equivocation import GroupProof, GroupVariant, prevailing
+from merge.group_update import GroupUpdate, ReductionConfig
+from merge.pipeline import UpdatePipeline
+from merge.shard_round import Incoming, ShardRound, part_gram, state_tensors, summed_gram
+from tests.factories import FINGERPRINT
+from tests.unit.test_group_equivocation import THE_RUN, UID, _apply, _pipeline, _retained
+from tests.unit.test_group_merge import IDS, RUN, _update
+
+HONEST = _update(IDS[:3])
+"""A round of a group of four, three included (the quorum is two)."""
+LONE = _update([IDS[0]], scale=40.0)
+"""The same round as its member IDS[0] completes it alone: itself included, its own list."""
+RETRY_FIRST, RETRY_SECOND = _update(IDS[:4]), _update(IDS[:3])
+"""An honest round completed with four, then again with three after a member died."""
+PAIRS = {"lone": (HONEST, LONE), "retry": (RETRY_FIRST, RETRY_SECOND)}
+
+
+def _proof(a: GroupUpdate, b: GroupUpdate) -> GroupProof:
+    head = a.head
+    return GroupProof.of(
+        RUN, head.group_key, head.round, GroupVariant.of(a), GroupVariant.of(b), THE_RUN
+    )
+
+
+def test_the_variant_with_more_members_prevails_and_equal_ones_void() -> None:
+    honest, lone = GroupVariant.of(HONEST), GroupVariant.of(LONE)
+    assert len(lone.included) < ReductionConfig().quorum(4) <= len(honest.included)
+    assert prevailing(honest, lone) is honest and prevailing(lone, honest) is honest
+    proof = _proof(HONEST, LONE)
+    assert proof.prevailing == honest and proof.superseded_key == lone.key
+    other = GroupVariant.of(_update([IDS[1], IDS[2], IDS[3]], scale=3.0))
+    assert prevailing(honest, other) is None  # three and three: equivocation
+    assert _proof(HONEST, _update([IDS[1], IDS[2], IDS[3]], scale=3.0)).superseded_key is None
+
+
+EVENTS = st.permutations(["kept", "lesser", "proof"]).flatmap(
+    lambda order: st.lists(st.booleans(), min_size=3, max_size=3).map(
+        lambda keep: [e for e, k in zip(order, keep, strict=True) if k or e == "proof"]
+    )
+)
+
+
+def _alone(update: GroupUpdate | None) -> UpdatePipeline:
+    pipeline = _pipeline()
+    if update is not None:
+        assert _apply(pipeline, update)
+    return pipeline
+
+
+@settings(max_examples=40, deadline=None)
+@given(pair=st.sampled_from(sorted(PAIRS)), schedules=st.lists(EVENTS, min_size=3, max_size=3))
+def test_a_lesser_variant_voids_nothing_and_moves_no_replica_in_any_order(
+    pair: str, schedules: list[list[str]]
+) -> None:
+    """Each replica hears the prevailing variant, the lesser one (or neither) and the pair's
+    proof in its own order: none voids the round; each holds either the prevailing variant's
+    step (it applied it first, or after the proof) or none (it applied the lesser first: the
+    lesser is withdrawn, its co-signers uncredited); never the lesser's. Every replica ends
+    with the id applied once it applied either; the proof told again changes nothing."""
+    kept, lesser = PAIRS[pair]
+    proof = _proof(kept, lesser)
+    with_kept, untouched = _alone(kept), _alone(None)
+    for schedule in schedules:
+        pipeline, applied = _pipeline(), None
+        for event in schedule:
+            if event == "proof":
+                pipeline.learn_group_proof(proof, _retained(applied))
+                continue
+            update = kept if event == "kept" else lesser
+            if _apply(pipeline, update) and applied is None:
+                applied = update
+        assert pipeline.learn_group_proof(proof, _retained(applied)) == "none"
+        assert not pipeline.equivocation.is_equivocated(UID)
+        assert not _apply(pipeline, lesser)  # refused from the proof on
+        if applied is kept:
+            torch.testing.assert_close(pipeline.replica.params, with_kept.replica.params)
+            assert pipeline.replica.cosigned.counts() == with_kept.replica.cosigned.counts()
+        else:
+            torch.testing.assert_close(pipeline.replica.params, untouched.replica.params)
+            assert pipeline.replica.cosigned.counts() == {}
+            assert pipeline.replica.has_applied(*UID) == (applied is lesser)
+        if applied is None:  # it takes the prevailing variant when it comes
+            assert _apply(pipeline, kept)
+
+
+def test_a_lesser_variant_is_refused_alike_by_the_sharded_round_after_the_proof() -> None:
+    """Both paths refuse the lesser variant once the proof is known, and apply the
+    prevailing one."""
+    for update, accepted in ((LONE, False), (HONEST, True)):
+        whole, parts = _pipeline(), _pipeline()
+        for pipeline in (whole, parts):
+            assert pipeline.learn_group_proof(_proof(HONEST, LONE), _retained(None)) == "none"
+        expected = whole.submit_group(update, THE_RUN.members_of(UID[0]))
+        rounds = ShardRound(parts.groups)
+        incoming = rounds.order([Incoming.of(parts.groups, update, THE_RUN.members_of(UID[0]))])
+        states = state_tensors(parts.replica)
+        plan = rounds.decide(incoming, summed_gram([part_gram([*states, update.aggregate])]))
+        [result] = rounds.apply(plan, ShardRound.weighted_sums(plan, [update.aggregate]))
+        assert (result.accepted, result.reason) == (expected.accepted, expected.reason)
+        assert expected.accepted == accepted
+        assert parts.replica.applied_digest() == whole.replica.applied_digest()
+
+
+def test_a_superseding_proof_survives_a_checkpoint_and_a_voiding_one_replaces_it() -> None:
+    donor = _pipeline()
+    assert donor.learn_group_proof(_proof(HONEST, LONE), _retained(None)) == "none"
+    book = EquivocationBook(donor.equivocation.decode)
+    book.load_state_dict(donor.equivocation.state_dict(), FINGERPRINT)
+    assert not book.is_equivocated(UID)
+    assert book.refuses(UID, GroupVariant.of(LONE).key)
+    assert not book.refuses(UID, GroupVariant.of(HONEST).key)
+    tie = _proof(HONEST, _update([IDS[1], IDS[2], IDS[3]], scale=3.0))
+    assert book.learn(tie, applied=False) == "record"
+    assert book.is_equivocated(UID) and book.refuses(UID, GroupVariant.of(HONEST).key)
