@@ -121,6 +121,11 @@ class StateVerdict:
     + 1 (that author lies about its seq, or its heartbeat lags; the donor's own within
     `max_own_lead`)."""
 
+    agreed_by: str = ""
+    """How the peers reporting the state's applied set agreed with it: `nearest` (one within
+    max_drift), `spread` (no farther from them than they are from each other), "" (none
+    reports it)."""
+
     @property
     def num_unannounced(self) -> int:
         return sum(map(len, self.unannounced.values()))
@@ -188,8 +193,7 @@ def check_donor_state(
     voters = [h for h in others if h.peer_id in weights]
     same = [h for h in voters if h.applied_digest == applied_digest(applied)]
     spread = same_digest_spread(same, weights)
-    if same:
-        _check_same_digest(ours.settled, same, weights, spread, max_drift)
+    agreed_by = _check_same_digest(ours.settled, same, weights, spread, max_drift) if same else ""
     limit = max(max_distance, spread or 0.0)
     # Peers at genesis are left out: a donor long trained is far from them, honestly.
     trained = [h for h in voters if h.num_applied > 0]
@@ -203,7 +207,7 @@ def check_donor_state(
             check="distance",
             distances={"median": median, "limit": limit},
         )
-    return StateVerdict(unannounced)
+    return StateVerdict(unannounced, agreed_by)
 
 
 def _check_same_digest(
@@ -212,17 +216,18 @@ def _check_same_digest(
     weights: Mapping[str, int],
     spread: float | None,
     max_drift: float,
-) -> None:
+) -> str:
     """StateCheckError unless `settled` lies within `max_drift` of one peer in `same` (they
-    report the state's applied set) or no farther from them than they lie from each other."""
+    report the state's applied set: `nearest`) or no farther from them than they lie from
+    each other (`spread`)."""
     to_same = [(relative_distance(settled, h.sketch), weights[h.peer_id]) for h in same]
     known = [(d, w) for d, w in to_same if d is not None]
     nearest = min((d for d, _ in known), default=None)
     if nearest is not None and nearest <= max_drift:
-        return
+        return "nearest"
     central = weighted_lower_median(known)
     if spread is not None and central is not None and central <= spread:
-        return
+        return "spread"
     measured = {"nearest": nearest, "median": central, "spread": spread}
     raise StateCheckError(
         "the state's parameters differ from those of peers with the same applied set "

@@ -86,6 +86,8 @@ class TransferStats:
     unannounced: int = 0
     """Update ids in the loaded state above what their authors' heartbeats announced
     (dht.state_check.StateVerdict): kept, reported."""
+    agreed_by: str = ""
+    """How the peers at the state's applied set agreed with it (StateVerdict.agreed_by)."""
 
     @property
     def mb_per_s(self) -> float:
@@ -283,7 +285,7 @@ class StateTransfer:
                 {a: (s[0], s[-1], len(s)) for a, s in verdict.unannounced.items()},
             )
         elapsed = time.perf_counter() - started
-        return TransferStats(total, elapsed, peer_id, verdict.num_unannounced)
+        return TransferStats(total, elapsed, peer_id, verdict.num_unannounced, verdict.agreed_by)
 
     async def _check_state(self, state: dict[str, Any], donor: str) -> StateVerdict:
         return await check_with_fresh_heartbeats(

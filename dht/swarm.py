@@ -344,6 +344,7 @@ class Swarm:
             distance_before=round(decision.distance, 9),
             settle=decision.settle,
             gap=decision.gap,
+            agreed_by=stats.agreed_by,
             seconds=round(stats.seconds, 3),
             megabytes=round(stats.num_bytes / 1e6, 3),
             lacking=[list(uid) for uid in lacking[:MAX_LISTED]],

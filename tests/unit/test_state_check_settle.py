@@ -52,10 +52,11 @@ def the_settle(replicas: dict[str, torch.Tensor]) -> tuple[str, list[Heartbeat]]
     return donor, beats
 
 
-def check_on(realigner: str, donor: str, params: torch.Tensor, beats: list[Heartbeat]) -> None:
-    """What `realigner` runs on `donor`'s state: its live peers are everyone but itself."""
+def check_on(realigner: str, donor: str, params: torch.Tensor, beats: list[Heartbeat]) -> str:
+    """What `realigner` runs on `donor`'s state (its live peers are everyone but itself):
+    how the peers at the digest agreed with it."""
     peers = [h for h in beats if h.peer_id != realigner]
-    check_donor_state(donor_state(params, APPLIED), donor, peers, sketch_state)
+    return check_donor_state(donor_state(params, APPLIED), donor, peers, sketch_state).agreed_by
 
 
 @settings(max_examples=15, deadline=None)
@@ -75,7 +76,7 @@ def test_every_replica_accepts_the_settle_donor_of_a_far_spread_swarm(
     assert sorted(d for d in distances if d is not None)[len(distances) // 2] > MAX_DISTANCE
     for realigner in replicas:
         if realigner != donor:
-            check_on(realigner, donor, replicas[donor], beats)
+            assert check_on(realigner, donor, replicas[donor], beats) == "spread"
 
 
 @settings(max_examples=15, deadline=None)
@@ -113,7 +114,7 @@ def test_in_a_swarm_that_agrees_the_attacks_poisoned_donor_is_refused(seed: int)
     noise = torch.randn(PARAMS.numel(), generator=torch.Generator().manual_seed(seed + 1))
     poisoned = replicas[donor] + noise * float(PARAMS.norm()) / PARAMS.numel() ** 0.5
     realigner = next(p for p in replicas if p != donor)
-    check_on(realigner, donor, replicas[donor], beats)
+    assert check_on(realigner, donor, replicas[donor], beats) == "nearest"
     try:
         check_on(realigner, donor, poisoned, beats)
     except StateCheckError as exc:
