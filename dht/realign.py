@@ -208,23 +208,29 @@ class RealignPolicy(SettleAndGap):
         """Realign now, and from whom, or None: this node is not the donor, drifted more than
         the threshold from it at their two latest shared digests, seen a period apart or more,
         and neither the cooldown nor the cap forbids it."""
-        decision = self._gap(now) or self._candidate()
-        if decision is None or not self._may_attempt(now, settle=decision.settle):
-            return None
-        return decision
+        gap = self._gap(now)
+        for decision in [gap] if gap is not None else self._candidates():
+            if self._may_attempt(now, settle=decision.settle):
+                return decision
+        return None
 
-    def _candidate(self) -> Realign | None:
+    def _candidates(self) -> list[Realign]:
         mine = self._participants.get(self.self_id)
         if mine is None or not mine.sightings:
-            return None
+            return []
         if mine.sightings[-1].until - mine.sightings[-1].at >= self.config.period_s:
             return self._settle(mine.sightings)  # the applied set holds at one digest
+        drift = self._drift(mine.sightings)
+        return [] if drift is None else [drift]
+
+    def _drift(self, mine: list[Sighting]) -> Realign | None:
+        """Apart from the donor beyond the threshold at the two latest shared digests."""
         donor = self.donor()
         if donor is None or donor == self.self_id:
             return None
         theirs = self._participants[donor].sightings
         threshold, period = self.config.threshold, self.config.period_s
-        shared = shared_distances(mine.sightings, theirs)
+        shared = shared_distances(mine, theirs)
         if len(shared) < 2:
             return None
         (earlier, seen_first), (latest, seen_last) = shared[-2], shared[-1]

@@ -10,7 +10,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import blake3
@@ -86,10 +86,48 @@ class TransferStats:
     unannounced: int = 0
     """Update ids in the loaded state above what their authors' heartbeats announced
     (dht.state_check.StateVerdict): kept, reported."""
+    agreed_by: str = ""
+    """How the peers at the state's applied set agreed with it (StateVerdict.agreed_by)."""
 
     @property
     def mb_per_s(self) -> float:
         return self.num_bytes / 1e6 / max(self.seconds, 1e-9)
+
+
+@dataclass(frozen=True)
+class StateRefusal:
+    """Why a download loaded nothing (the `realign_refused` event carries it)."""
+
+    donor: str
+    reason: str
+    """`bad_state`: the donor sent a state to refuse (counted against it); `busy`: it serves
+    others; `unreachable`: no whole stream came (a dial failed, a stream broke or timed
+    out: the donor died, a link reset), counted against nobody and bounded by the caller's
+    attempts (dht.realign's cooldown and cap, `download`'s passes)."""
+    check: str
+    """The state check that refused it (dht.state_check.StateCheckError.check: `same_digest`,
+    `distance`, `momentum`, `own_seq`, `malformed`, `seal`), `transport`, or the failure."""
+    detail: str
+    distances: dict[str, float] = field(default_factory=dict)
+    """What the refusing check measured (relative distances)."""
+
+
+def classify_failure(donor: str, exc: Exception) -> StateRefusal:
+    """What a failed download from `donor` was: a lie (`bad_state`), or a donor busy or out
+    of reach, which costs it nothing."""
+    detail = str(exc) or type(exc).__name__
+    if isinstance(exc, StateCheckError):
+        return StateRefusal(donor, "bad_state", exc.check, detail, exc.distances)
+    if isinstance(exc, TransportError) and BUSY in detail:
+        return StateRefusal(donor, "busy", "busy", detail)
+    if isinstance(exc, StreamBroken | DialError | TimeoutError):
+        return StateRefusal(donor, "unreachable", type(exc).__name__, detail)
+    if isinstance(exc, TransportError):  # it sent what we will not read
+        return StateRefusal(donor, "bad_state", "transport", detail)
+    if isinstance(exc, OSError):
+        return StateRefusal(donor, "unreachable", type(exc).__name__, detail)
+    check = "malformed" if isinstance(exc, ValueError) else type(exc).__name__
+    return StateRefusal(donor, "bad_state", check, detail)
 
 
 class StateTransfer:
@@ -198,16 +236,10 @@ class StateTransfer:
             for donor in await self._donors():
                 try:
                     return await self._download_from(donor.peer_id)
-                except (DialError, StreamBroken) as exc:  # not a bad state: the next donor
-                    broken = True
-                    logger.info("no whole stream from donor %s: %s", donor.peer_id, exc)
-                except TransportError as exc:
-                    busy |= BUSY in str(exc)
-                    broken |= BUSY not in str(exc)
-                    if BUSY not in str(exc):
-                        self._reject("bad_state", donor.peer_id, str(exc))
                 except Exception as exc:  # an untrusted donor: try the next one
-                    self._reject("bad_state", donor.peer_id, str(exc))
+                    refusal = self._refused(donor.peer_id, exc)
+                    busy |= refusal.reason == "busy"
+                    broken |= refusal.reason == "unreachable" or refusal.check == "transport"
             # A connection that broke (a relayed one reset, a NAT's mapping changed) is worth
             # a few more passes; a donor that sent a bad state is not retried for that.
             broken_passes += broken
@@ -215,21 +247,24 @@ class StateTransfer:
                 return None
             await asyncio.sleep(1.0)  # every donor is serving others: bounded by the caller
 
-    async def realign(self, peer_id: str) -> TransferStats | None:
+    async def realign(self, peer_id: str) -> TransferStats | StateRefusal:
         """Replace the replica with `peer_id`'s (dht.realign chose it) through the newcomer's
-        path: sealed, checked against fresh heartbeats, adopted all or nothing. None when it
-        loaded nothing: a state to refuse is counted as `bad_state` against the donor, a busy
-        or broken stream is only logged; never raises for what the donor sent."""
+        path: sealed, checked against fresh heartbeats, adopted all or nothing. A StateRefusal
+        when it loaded nothing: a state to refuse is counted as `bad_state` against the donor,
+        a busy, broken or timed-out stream is only logged; never raises for what the donor
+        sent."""
         try:
             return await self._download_from(peer_id)
-        except TransportError as exc:
-            if BUSY not in str(exc) and not isinstance(exc, StreamBroken):
-                self._reject("bad_state", peer_id, str(exc))
-            logger.info("realigning to %s loaded nothing: %s", peer_id, exc)
         except Exception as exc:  # an untrusted donor: counted, never the node
-            self._reject("bad_state", peer_id, str(exc))
-            logger.info("realigning to %s: state refused: %s", peer_id, exc)
-        return None
+            return self._refused(peer_id, exc)
+
+    def _refused(self, peer_id: str, exc: Exception) -> StateRefusal:
+        refusal = classify_failure(peer_id, exc)
+        if refusal.reason == "bad_state":
+            self._reject("bad_state", peer_id, f"{refusal.check}: {refusal.detail}")
+        logger.info("state of %s loaded nothing (%s, %s): %s", peer_id, refusal.reason,
+                    refusal.check, refusal.detail)  # fmt: skip
+        return refusal
 
     async def _download_from(self, peer_id: str) -> TransferStats:
         """Bounded: a donor that stalls is cut after REQUEST_READ_TIMEOUT_S without a byte,
@@ -250,7 +285,7 @@ class StateTransfer:
                 {a: (s[0], s[-1], len(s)) for a, s in verdict.unannounced.items()},
             )
         elapsed = time.perf_counter() - started
-        return TransferStats(total, elapsed, peer_id, verdict.num_unannounced)
+        return TransferStats(total, elapsed, peer_id, verdict.num_unannounced, verdict.agreed_by)
 
     async def _check_state(self, state: dict[str, Any], donor: str) -> StateVerdict:
         return await check_with_fresh_heartbeats(
@@ -359,11 +394,13 @@ async def receive_state(
     try:
         blob = await receive_blob(reader, max_bytes=MAX_SEAL_BYTES, stall_timeout_s=read_timeout_s)
     except TransportError as exc:
-        raise StateCheckError(f"the state came without its donor's seal ({exc})") from None
+        raise StateCheckError(
+            f"the state came without its donor's seal ({exc})", check="seal"
+        ) from None
     seal = parse_state_seal(blob, donor=donor)
     state = join_tensors(manifest.tree, tensors)
     if not isinstance(state, dict):
-        raise StateCheckError("the state is not a mapping")
+        raise StateCheckError("the state is not a mapping", check="seal")
     total = len(head) + manifest.num_bytes
     check_seal(seal, state, fingerprint, total, hasher.hexdigest())
     return state, total
@@ -375,17 +412,21 @@ def check_seal(
     """StateCheckError unless the donor's seal covers the bytes received (`num_bytes`, their
     BLAKE3 `blake3_hex`) and the applied set the state holds, in this run."""
     if seal.fingerprint != fingerprint:
-        raise StateCheckError("the state is sealed for another run")
+        raise StateCheckError("the state is sealed for another run", check="seal")
     if (seal.num_bytes, seal.state_blake3) != (num_bytes, blake3_hex):
-        raise StateCheckError("the state's bytes do not hash to what its donor sealed")
+        raise StateCheckError(
+            "the state's bytes do not hash to what its donor sealed", check="seal"
+        )
     applied = state.get("applied")
     if not isinstance(applied, Mapping) or not all(
         isinstance(seqs, list) for seqs in applied.values()
     ):
-        raise StateCheckError("the state lacks its applied set")
+        raise StateCheckError("the state lacks its applied set", check="seal")
     sealed = (seal.num_applied, seal.applied_digest)
     if sealed != (state.get("num_applied"), applied_digest(applied)):
-        raise StateCheckError("the state's applied set is not the one its donor sealed")
+        raise StateCheckError(
+            "the state's applied set is not the one its donor sealed", check="seal"
+        )
 
 
 async def check_with_fresh_heartbeats(

@@ -30,7 +30,7 @@ from dht.network import SwarmNetwork
 from dht.reachability import PathKind, is_relayed
 from dht.realign import Realign, RealignConfig, RealignPolicy, lacking_retained, merge_retained
 from dht.rejections import Rejections
-from dht.state_transfer import StateTransfer, TransferStats
+from dht.state_transfer import StateRefusal, StateTransfer, TransferStats
 from dht.swarm_config import RunMismatchError, SwarmConfig, SwarmError
 from dht.transfer_progress import ProgressReport
 from merge.envelope import SignedUpdate
@@ -325,12 +325,13 @@ class Swarm:
             stats = await self.transfer.realign(decision.donor)
         finally:
             self._realigning = None
-        self.realignment.finished(loaded=stats is not None)
-        if stats is None:
+        self.realignment.finished(loaded=not isinstance(stats, StateRefusal))
+        if isinstance(stats, StateRefusal):  # why: the check that refused it, or the stream
             self.on_event(
                 "realign_refused", donor=decision.donor, distance=round(decision.distance, 9),
                 settle=decision.settle, gap=decision.gap,
-                num_refused=self.realignment.num_refused,
+                num_refused=self.realignment.num_refused, reason=stats.reason,
+                check=stats.check, detail=stats.detail[:300], distances=stats.distances,
             )  # fmt: skip
             return
         await asyncio.to_thread(self.on_realigned)
@@ -343,6 +344,7 @@ class Swarm:
             distance_before=round(decision.distance, 9),
             settle=decision.settle,
             gap=decision.gap,
+            agreed_by=stats.agreed_by,
             seconds=round(stats.seconds, 3),
             megabytes=round(stats.num_bytes / 1e6, 3),
             lacking=[list(uid) for uid in lacking[:MAX_LISTED]],

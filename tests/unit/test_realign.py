@@ -578,3 +578,39 @@ def test_realignments_while_training_do_not_spend_the_settle_and_a_refused_settl
             p.started(float(t), settle=True)
             p.finished(loaded=False)  # the donor was busy
     assert attempts == [305, 310, 315]  # 5 periods held, then every 5 periods, 3 at most
+
+
+def test_a_replica_far_from_the_settle_donor_settles_once_its_realignments_are_spent() -> None:
+    """node2 (0.13 apart: beyond the threshold) realigned three times while training, so the
+    realignments' cap is spent: at the held digest it settles to node0 under the settle's
+    own cap, from settle_periods on (before, it never tried again: bench.scale --sizes 16
+    ended 1.2 apart with one applied set)."""
+    p = policy("node2")
+    for t in (0.0, 100.0, 200.0):
+        p.started(t)
+        p.finished(loaded=True)
+    attempts = []
+    for t in range(300, 400):
+        feed(p, swarm(THREE, 0), float(t))
+        decision = p.decide(float(t))
+        if decision is not None:
+            assert decision.settle and decision.donor == "node0"
+            attempts.append(t)
+            p.started(float(t), settle=True)
+            p.finished(loaded=False)  # refused
+    assert attempts == [305, 310, 315]
+
+
+def test_a_far_replica_with_attempts_left_realigns_after_a_period_then_settles() -> None:
+    """With its realignments' cap unspent, the far replica first realigns after a period (as
+    at moving digests); refused, it settles once the settle is due, the settle first."""
+    p = policy("node2")
+    decisions = []
+    for t in range(0, 30):
+        feed(p, swarm(THREE, 0), float(t))
+        decision = p.decide(float(t))
+        if decision is not None:
+            decisions.append((t, decision.settle))
+            p.started(float(t), settle=decision.settle)
+            p.finished(loaded=False)
+    assert decisions[:2] == [(1, False), (6, True)]

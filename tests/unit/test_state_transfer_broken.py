@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
-from dht.state_transfer import StateTransfer
+from dht.p2pd import DialError
+from dht.state_check import StateCheckError
+from dht.state_transfer import BUSY, StateRefusal, StateTransfer
 from dht.transport import StreamBroken, TransportError
 
 
@@ -40,17 +42,48 @@ def transfer(failure: Exception) -> tuple[StateTransfer, list[tuple[str, str]]]:
     [
         StreamBroken("peer closed the state stream early"),
         StreamBroken("no progress in 3 attempts: peer closed the stream early"),
+        TimeoutError(),  # the whole transfer ran past its deadline (asyncio.timeout)
+        DialError("no address of the donor dialed"),
     ],
 )
-def test_a_broken_stream_is_tried_again_and_counted_against_nobody(failure: Exception) -> None:
+def test_a_broken_or_timed_out_stream_is_tried_again_and_counted_against_nobody(
+    failure: Exception,
+) -> None:
+    """Before, a realignment whose download timed out or whose dial failed was counted as
+    `bad_state` against the donor, like a lie: the events could not tell them apart."""
     node, rejected = transfer(failure)
     assert asyncio.run(node.download()) is None
-    assert asyncio.run(node.realign("donor")) is None
+    refusal = asyncio.run(node.realign("donor"))
+    assert isinstance(refusal, StateRefusal) and refusal.reason == "unreachable"
+    assert refusal.check == type(failure).__name__
+    assert rejected == []
+
+
+def test_a_busy_donor_is_counted_against_nobody() -> None:
+    node, rejected = transfer(TransportError(f"peer refused: {BUSY}"))
+    refusal = asyncio.run(node.realign("donor"))
+    assert isinstance(refusal, StateRefusal) and refusal.reason == "busy"
     assert rejected == []
 
 
 def test_a_donor_that_sent_what_we_will_not_read_is_counted() -> None:
     node, rejected = transfer(TransportError("peer sent more than the size it announced"))
     assert asyncio.run(node.download()) is None
-    assert asyncio.run(node.realign("donor")) is None
+    refusal = asyncio.run(node.realign("donor"))
+    assert isinstance(refusal, StateRefusal)
+    assert (refusal.reason, refusal.check) == ("bad_state", "transport")
     assert rejected and set(rejected) == {("bad_state", "donor")}
+
+
+def test_a_refused_state_says_which_check_refused_it_and_what_it_measured() -> None:
+    """What the `realign_refused` event reports."""
+    measured = {"nearest": 0.61, "median": 0.9, "spread": 0.7}
+    failure = StateCheckError(
+        "far from its digest's peers", check="same_digest", distances=measured
+    )
+    node, rejected = transfer(failure)
+    refusal = asyncio.run(node.realign("donor"))
+    assert isinstance(refusal, StateRefusal)
+    assert (refusal.reason, refusal.check) == ("bad_state", "same_digest")
+    assert refusal.distances == measured
+    assert rejected == [("bad_state", "donor")]
