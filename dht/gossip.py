@@ -80,6 +80,7 @@ class Gossip:
             retain=self.announcements.retain,
             retain_group=self.retain_group,
         )
+        self.evidence.on_superseded = self.fetcher.fetch_awaited_later
         ctx.catchup.is_fresh = self.fetcher.is_fresh  # fresh authors' fetches come last, capped
         self.repair = Repair(ctx)
         # The stream handlers register() serves (attributes: a bench adversary swaps one).

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from dht.budget import StreamLimits
@@ -35,6 +36,9 @@ class Evidence:
         run_id = context.config.run_id
         self._run = GroupRun(run_id, functools.partial(member_check, run_id))
         """What a group's proof is checked against (the merge checks it again, by its own)."""
+        self.on_superseded: Callable[[UpdateId, str | None], None] = lambda uid, sender: None
+        """Told of a group round whose lesser variant a proof withdrew here, and the proof's
+        sender: the prevailing variant is fetched (dht.gossip_fetch `fetch_awaited_later`)."""
 
     def on_evidence(self, proof: Proof | GroupProof | None, sender: str | None = None) -> None:
         """Settle a proof off the loop (it may withdraw an applied update), then pass it on."""
@@ -54,6 +58,8 @@ class Evidence:
         else:
             action = await ctx.off_loop(ctx.merge.learn_proof, proof, self._retained_update)
         ctx.catchup.fetched(proof.update_id)
+        if action == "withdraw" and isinstance(proof, GroupProof) and proof.superseded_key:
+            self.on_superseded(proof.update_id, sender)
         if action == "none":
             return
         author, seq = proof.update_id

@@ -20,7 +20,7 @@ from dht.state_transfer import TransferStats
 from dht.swarm_config import REQUEST_READ_TIMEOUT_S
 from dht.transport import TooLargeError, TransportError
 from merge.envelope import EnvelopeError, SignedUpdate
-from merge.equivocation import Proof
+from merge.equivocation import Proof, UpdateId
 from merge.group_equivocation import GroupProof
 from merge.group_update import GroupUpdate
 from merge.result import MergeResult
@@ -30,6 +30,9 @@ MAX_AUTHORS_JUDGED = 4096
 """Authors whose freshness the fetcher remembers (the most recently merged)."""
 MAX_PENDING_JUDGEMENTS = 64
 """Authors whose freshness is being asked of the merge's ledger at once (off the loop)."""
+MAX_AWAITED_SOURCES = 8
+"""Peers asked in turn for the prevailing variant of a round whose lesser one was withdrawn
+here (each serves its retained variant: the lesser one from a replica that applied it)."""
 
 
 class Fetcher:
@@ -155,6 +158,46 @@ class Fetcher:
         if result.accepted:
             await self._retain_group(parsed, data)
         ctx.kick()
+
+    def fetch_awaited_later(self, uid: UpdateId, sender: str | None) -> None:
+        """`fetch_awaited` off the caller: a proof just withdrew the lesser variant of `uid`
+        here (dht.gossip_evidence)."""
+        if self._ctx.active:
+            peers = [sender, *self._ctx.push_targets(exclude=sender)]
+            sources = [p for p in peers if p is not None][:MAX_AWAITED_SOURCES]
+            self._ctx.network.spawn(self._fetch_awaited(uid, sources))
+
+    async def _fetch_awaited(self, uid: UpdateId, sources: list[str]) -> None:
+        if not await self.fetch_awaited(uid, sources):
+            logger.warning("group update %s#%d: its prevailing variant not found", *uid)
+
+    async def fetch_awaited(self, uid: UpdateId, sources: list[str]) -> bool:
+        """Fetches the prevailing variant of the group round `uid` whose lesser variant this
+        replica withdrew, and merges it in that variant's slot (merge.group_pipeline). Catch-up
+        wants no id in the applied set, and the withdrawn one stays there, so without this
+        the replica would miss the round's step for good. `sources`, asked in turn: the
+        proof's sender, then the peers a proof goes to (`fetch_awaited_later`); a peer serving
+        the lesser variant is refused by the merge (no fault of the peer: it applied that one
+        first), one serving bytes that do not parse is counted. True when the prevailing
+        variant was merged here."""
+        ctx = self._ctx
+        in_group = member_check(ctx.config.run_id, uid[0])
+        for peer in sources:
+            data = await self._fetch_from(peer, *uid)
+            parsed = None if data is None else parse_fetched(data, uid, ctx.replica.numel)
+            if isinstance(parsed, str):
+                ctx.reject(parsed, peer, "served a bad group update", update=False)
+            if data is None or parsed is None or isinstance(parsed, str):
+                continue
+            result = await ctx.off_loop(ctx.merge.submit_group, parsed, in_group)
+            if result.reason == "duplicate":
+                return False  # stepped here already (it came before the proof, or was pushed)
+            if result.accepted:
+                ctx.on_merge(result)
+                await self._retain_group(parsed, data)
+                ctx.kick()
+                return True
+        return False
 
     def _failed(self, fetch: Fetch) -> None:
         """Tells catch-up the fetch failed, and whether the peer refused (does not hold it)."""

@@ -65,6 +65,9 @@ class Superseding(Protocol):
     @property
     def superseded_key(self) -> VariantKey | None: ...
 
+    @property
+    def prevailing_key(self) -> VariantKey | None: ...
+
 
 VariantKey = tuple[tuple[str, ...], tuple[str, ...]]
 """What tells two variants of one group id apart: shard digests and included members."""
@@ -166,6 +169,9 @@ class EquivocationBook:
         self._proofs: OrderedDict[UpdateId, Evidence] = OrderedDict()
         self._bytes = 0
         self._settled: set[UpdateId] = set()
+        self._awaiting: set[UpdateId] = set()
+        """Ids whose lesser variant this replica applied and withdrew, and whose prevailing
+        variant it has not stepped with yet (`withdrew`, `awaits`, `replaced`)."""
         self._first: OrderedDict[UpdateId, tuple[SignedHeader, float, int]] = OrderedDict()
 
     def __len__(self) -> int:
@@ -183,6 +189,29 @@ class EquivocationBook:
             return False
         superseded = _superseded(proof)
         return superseded is None or superseded == variant
+
+    def withdrew(self, uid: UpdateId) -> None:
+        """The lesser variant of a superseding pair was withdrawn here: the id stays applied,
+        and the prevailing variant is stepped with when it comes (`awaits`)."""
+        proof = self._proofs.get(uid)
+        if proof is not None and _superseded(proof) is not None:
+            self._awaiting.add(uid)
+
+    def awaits(self, uid: UpdateId, variant: VariantKey) -> bool:
+        """Whether `variant` of the applied id `uid` is to be stepped with in place of the
+        lesser variant withdrawn here (Replica.restep), not refused as a duplicate."""
+        proof = self._proofs.get(uid)
+        if uid not in self._awaiting or proof is None:
+            return False
+        return _prevailing(proof) == variant
+
+    def replaced(self, uid: UpdateId) -> None:
+        """The prevailing variant of `uid` now holds the id's step here."""
+        self._awaiting.discard(uid)
+
+    def awaiting(self) -> list[UpdateId]:
+        """The ids whose prevailing variant this replica still lacks (to fetch: dht)."""
+        return sorted(self._awaiting)
 
     def proofs(self) -> list[Evidence]:
         return list(self._proofs.values())
@@ -232,6 +261,8 @@ class EquivocationBook:
         if not voids:
             self._keep(proof)  # a voiding pair replaces a superseding one, never back
         superseded = _superseded(self._proofs[uid])
+        if superseded is None:
+            self._awaiting.discard(uid)  # voided: no variant of it steps any more
         if superseded is not None:
             return "withdraw" if applied and applied_variant == superseded else "none"
         if applied and before is not None and applied_variant == before:
@@ -248,6 +279,7 @@ class EquivocationBook:
             old, dropped = self._proofs.popitem(last=False)
             self._bytes -= len(dropped.to_bytes())
             self._settled.discard(old)
+            self._awaiting.discard(old)
 
     def settled(self, uid: UpdateId) -> None:
         """The id's contribution is gone from this replica (withdrawn, or recorded as none)."""
@@ -259,6 +291,7 @@ class EquivocationBook:
         return {
             "proofs": [p.to_bytes() for p in self._proofs.values()],
             "settled": sorted([a, s] for a, s in self._settled),
+            "awaiting": [[a, s] for a, s in sorted(self._awaiting)],
         }
 
     def load_state_dict(self, state: object, fingerprint: str | None = None) -> None:
@@ -267,9 +300,11 @@ class EquivocationBook:
         self._proofs.clear()
         self._bytes = 0
         self._settled.clear()
+        self._awaiting.clear()
         if not isinstance(state, dict):
             return
         proofs, settled = state.get("proofs"), state.get("settled")
+        awaiting = state.get("awaiting")
         for blob in (proofs if isinstance(proofs, list) else [])[-MAX_PROOFS:]:
             try:  # hex: a state transfer's JSON tree (merge.pipeline.transfer_state)
                 raw = bytes.fromhex(blob) if isinstance(blob, str) else blob
@@ -282,11 +317,20 @@ class EquivocationBook:
                 uid = (str(entry[0]), entry[1])
                 if uid in self._proofs:
                     self._settled.add(uid)
+        for entry in awaiting if isinstance(awaiting, list) else []:  # absent: none (before)
+            if isinstance(entry, list | tuple) and len(entry) == 2 and type(entry[1]) is int:
+                self.withdrew((str(entry[0]), entry[1]))
 
 
 def _superseded(proof: Evidence) -> VariantKey | None:
     """The variant a learner group's proof supersedes, or None (a voiding proof, solo ones)."""
     key: VariantKey | None = getattr(proof, "superseded_key", None)
+    return key
+
+
+def _prevailing(proof: Evidence) -> VariantKey | None:
+    """The variant a learner group's proof keeps, or None (a voiding proof, solo ones)."""
+    key: VariantKey | None = getattr(proof, "prevailing_key", None)
     return key
 
 

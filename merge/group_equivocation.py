@@ -217,6 +217,12 @@ class GroupProof:
         return prevailing(self.first, self.second)
 
     @property
+    def prevailing_key(self) -> VariantKey | None:
+        """The key of the variant that prevails (`prevailing`), or None."""
+        kept = self.prevailing
+        return None if kept is None else kept.key
+
+    @property
     def superseded_key(self) -> VariantKey | None:
         """The key of the variant the other prevails over (refused everywhere), or None."""
         kept = self.prevailing

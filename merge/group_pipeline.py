@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
@@ -52,6 +53,9 @@ from merge.result import MergeResult
 from merge.robust import RobustFilter, Verdict, substance
 
 logger = logging.getLogger(__name__)
+MAX_PENDING = 4
+"""Refused second variants held for the proof that would make them prevail (each holds a
+whole aggregate: a few only)."""
 
 
 class Pipeline(Protocol):
@@ -91,6 +95,11 @@ class GroupMerge:
         self.applied_variants = AppliedVariants()
         """What a second variant makes a proof with, and what a proof withdraws (this path's
         applied ids; merge.shard_round records `variants` only)."""
+        self.pending: OrderedDict[UpdateId, tuple[GroupUpdate, Callable[[str], bool]]] = (
+            OrderedDict()
+        )
+        """Second variants refused here that would prevail over the applied one, until the
+        pair's proof comes (`learn_proof` then steps with it); the newest MAX_PENDING."""
         self.reduction = ReductionConfig()
         """The run's group reduction settings (the run fingerprint holds them): its clip
         bound sizes `signed_norm_bound`. Set by the node when groups are on; every replica of
@@ -113,13 +122,15 @@ class GroupMerge:
             uid, variant = (header.author, header.seq), variant_of(update)
             if p.equivocation.refuses(uid, variant):  # proven, or the lesser of a pair
                 return p._reject(header, "group_equivocation")
-            if p.replica.has_applied(*uid):
+            replaces = p.equivocation.awaits(uid, variant)  # steps where the lesser was
+            if p.replica.has_applied(*uid) and not replaces:
                 culprits = self.variants.equivocators(uid, *variant)
                 if culprits is None:
                     return p._reject(header, "duplicate")
                 logger.warning(
                     "group update %s#%d: a second variant, co-signed by %s", *uid, culprits
                 )
+                self._hold(uid, update, in_group)
                 return p._reject(header, "group_equivocation")
             # The cap by the signed bound, never the aggregate's own norm: the same refusal
             # as a group that decides the round from its members' per-part figures.
@@ -136,10 +147,15 @@ class GroupMerge:
             count_over_budget(p, header, allowance)
             stepped, weight = budgeted(learners, weight, allowance, p.config.max_learners)
             clipped = p.robust.clipped(update.aggregate, direction, verdict)
-            p.replica.apply(
-                header, clipped, weight, None, learners=stepped, credited=allowance,
-                cosigners=cosigners,
-            )  # fmt: skip
+            if replaces:
+                p.replica.restep(header, clipped, weight, learners=stepped, cosigners=cosigners)
+                p.equivocation.replaced(uid)
+                self.pending.pop(uid, None)
+            else:
+                p.replica.apply(
+                    header, clipped, weight, None, learners=stepped, credited=allowance,
+                    cosigners=cosigners,
+                )  # fmt: skip
             self.variants.applied(uid, *variant)
             head = update.head
             entry = AppliedVariant(
@@ -194,9 +210,12 @@ class GroupMerge:
             )
             if action == "record":
                 p.replica.apply(self._recorded(uid), torch.empty(0), 0.0, credited=0.0)
-            elif action == "withdraw":
-                self._withdraw(uid, applied_group)
+            elif action == "withdraw" and self._withdraw(uid, applied_group, proof):
+                p.equivocation.withdrew(uid)  # superseded: the prevailing one steps when it comes
             p.equivocation.settled(uid)
+            held = self._held(uid)
+        if held is not None:  # the prevailing variant came before the proof
+            self.submit(*held)
         if action != "none":
             with p._stats_lock:
                 p.rejections["group_equivocation"] += 1
@@ -216,20 +235,47 @@ class GroupMerge:
             payload_sha256="0" * 64, codec="fp32", numel=p.replica.numel, created_at=0.0,
         )  # fmt: skip
 
+    def _hold(self, uid: UpdateId, update: GroupUpdate, in_group: Callable[[str], bool]) -> None:
+        """Keeps a refused second variant that includes more members than the applied one:
+        where the pair's proof comes after it, it steps in place of the withdrawn lesser one
+        (`_held`) rather than wait to be fetched again."""
+        known = self.variants.key_of(uid)
+        if known is None or len(update.contributions) <= len(known[1]):
+            return
+        self.pending[uid] = (update, in_group)
+        self.pending.move_to_end(uid)
+        while len(self.pending) > MAX_PENDING:
+            self.pending.popitem(last=False)
+
+    def _held(self, uid: UpdateId) -> tuple[GroupUpdate, Callable[[str], bool]] | None:
+        """The held variant of `uid` this replica now awaits (`EquivocationBook.awaits`)."""
+        held = self.pending.get(uid)
+        if held is None or not self.pipeline.equivocation.awaits(uid, variant_of(held[0])):
+            return None
+        return held
+
     def _withdraw(
-        self, uid: UpdateId, applied_group: Callable[[UpdateId], GroupUpdate | None]
-    ) -> None:
+        self,
+        uid: UpdateId,
+        applied_group: Callable[[UpdateId], GroupUpdate | None],
+        proof: GroupProof,
+    ) -> bool:
+        """Takes back the applied variant's step and co-signer credit; False where it cannot
+        (then it is kept, and no other variant steps in its place)."""
         p, entry = self.pipeline, self.applied_variants.get(uid)
         if entry is None:
             logger.warning("group update %s#%d: applied too long ago (or by shards); kept", *uid)
-            return
+            return False
         update = applied_group(uid) if entry.weight != 0 else None
         if entry.weight != 0 and (update is None or variant_of(update) != entry.variant.key):
             logger.warning("group update %s#%d: its applied aggregate is gone; kept", *uid)
-            return
+            return False
         if update is not None:
             header = update.update_header(p.fingerprint, p.config.max_inner_steps)
-            p.replica.withdraw(header, update.aggregate, entry.weight, entry.learners)
+            slot = proof.superseded_key is not None  # the prevailing variant steps in its slot
+            p.replica.withdraw(
+                header, update.aggregate, entry.weight, entry.learners, slot=slot
+            )  # fmt: skip
         reducers = entry.variant.reducers()
         p.replica.cosigned.debit(uid[0], reducers)
         applied = p.replica.applied  # a copy; a proof is rare
@@ -237,6 +283,7 @@ class GroupMerge:
             limit = len(applied.get(member, ())) + p.replica.cosigned.count(member)
             p.ledger.bound_record(member, limit)
         self.applied_variants.forget(uid)
+        return True
 
     def _problem(self, update: GroupUpdate, in_group: Callable[[str], bool]) -> str | None:
         """Why every replica refuses `update` (counted as `group_<reason>`), or None."""

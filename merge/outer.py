@@ -177,6 +177,27 @@ class OuterOptimizer(ABC):
         self._check_step(params, pseudo_gradient, weight, learners)
         params.add_(pseudo_gradient, alpha=self.lr * weight / learners)
 
+    def take_back(
+        self, params: torch.Tensor, pseudo_gradient: torch.Tensor, weight: float, learners: int = 1
+    ) -> None:
+        """Takes back every term of :meth:`step` that is linear in ``g`` (the plain share, and
+        what ``g`` added to an optimizer state), leaving its slot: the momentum's decay and
+        look-ahead, the round's progress. A superseded group variant's step is taken back so,
+        for :meth:`put_in` to step the prevailing one in its slot (merge.equivocation). The
+        step no longer counts as taken: a momentum it alone made is none again, as on a
+        replica that never applied it (the robust judge checks no cosine against none)."""
+        self.withdraw(params, pseudo_gradient, weight, learners)
+        self._count = max(0, self._count - 1)
+
+    def put_in(
+        self, params: torch.Tensor, pseudo_gradient: torch.Tensor, weight: float, learners: int = 1
+    ) -> None:
+        """Adds every term of :meth:`step` linear in ``g`` into the slot :meth:`take_back`
+        left: with it, the update stepped as if it had been applied there in the first place."""
+        self._check_step(params, pseudo_gradient, weight, learners)
+        params.add_(pseudo_gradient, alpha=-self.lr * weight / learners)
+        self._count += 1
+
     def _check_step(
         self, params: torch.Tensor, pseudo_gradient: torch.Tensor, weight: float, learners: int
     ) -> None:
@@ -246,6 +267,27 @@ class NesterovSGD(OuterOptimizer):
         params.add_(pseudo_gradient, alpha=self.lr * weight * c.grad)
         self._buf.add_(pseudo_gradient, alpha=-weight * c.gain)
 
+    def take_back(
+        self, params: torch.Tensor, pseudo_gradient: torch.Tensor, weight: float, learners: int = 1
+    ) -> None:
+        """As :meth:`withdraw`, the momentum's gain subtracted as the rounded product the
+        step's fused add produced: a momentum that was zero before the step is zero again
+        (a remainder of float rounding would give the next update a random cosine)."""
+        self._check_step(params, pseudo_gradient, weight, learners)
+        c = NesterovShares.of(self.momentum, learners)
+        params.add_(pseudo_gradient, alpha=self.lr * weight * c.grad)
+        self._buf.sub_((pseudo_gradient * weight).mul_(c.gain))
+        self._count = max(0, self._count - 1)
+
+    def put_in(
+        self, params: torch.Tensor, pseudo_gradient: torch.Tensor, weight: float, learners: int = 1
+    ) -> None:
+        self._check_step(params, pseudo_gradient, weight, learners)
+        c = NesterovShares.of(self.momentum, learners)
+        params.add_(pseudo_gradient, alpha=-self.lr * weight * c.grad)
+        self._buf.add_(pseudo_gradient, alpha=weight * c.gain)
+        self._count += 1
+
 
 class DelayedNesterov(OuterOptimizer):
     """Plain steps lr*g/M on every update; once per round of M updates, the momentum on them.
@@ -292,6 +334,26 @@ class DelayedNesterov(OuterOptimizer):
         stays (the other updates of the round complete it)."""
         self._check_step(params, pseudo_gradient, weight, learners)
         params.add_(pseudo_gradient, alpha=self.lr * weight / (self.delay or learners))
+
+    def take_back(
+        self, params: torch.Tensor, pseudo_gradient: torch.Tensor, weight: float, learners: int = 1
+    ) -> None:
+        """The plain step and its share of the round's sum (folded already or not: the sum's
+        share then goes into the next fold negated, and the settled point loses it all)."""
+        self.withdraw(params, pseudo_gradient, weight, learners)
+        self._acc.sub_(pseudo_gradient * (weight / (self.delay or learners)))  # as Nesterov's
+        self._count = max(0, self._count - 1)
+
+    def put_in(
+        self, params: torch.Tensor, pseudo_gradient: torch.Tensor, weight: float, learners: int = 1
+    ) -> None:
+        """The plain step and the share of the round's sum; the round's progress stays (the
+        slot's share counted when the id was first applied)."""
+        self._check_step(params, pseudo_gradient, weight, learners)
+        share = 1.0 / (self.delay or learners)
+        self._acc.add_(pseudo_gradient, alpha=weight * share)
+        params.add_(pseudo_gradient, alpha=-self.lr * weight * share)
+        self._count += 1
 
     def momentum_direction(self) -> torch.Tensor | None:
         """The momentum plus the updates not yet folded into it (_acc holds scaled shares).

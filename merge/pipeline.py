@@ -220,7 +220,11 @@ class UpdatePipeline:
             book = self.equivocation.state_dict()
         proofs = book["proofs"]
         assert isinstance(proofs, list)
-        state["equivocation"] = {"proofs": [p.hex() for p in proofs], "settled": book["settled"]}
+        state["equivocation"] = {
+            "proofs": [p.hex() for p in proofs],
+            "settled": book["settled"],
+            "awaiting": book["awaiting"],  # withdrawn lesser variants (merge.equivocation)
+        }
         return state
 
     def adopt(self, state: dict[str, Any]) -> None:
@@ -246,7 +250,11 @@ class UpdatePipeline:
         book = EquivocationBook(self.equivocation.decode)
         proofs = state.get("equivocation")
         if isinstance(proofs, dict):
-            proofs = {**proofs, "settled": settled_in(proofs.get("settled"), applied)}
+            proofs = {
+                **proofs,
+                "settled": settled_in(proofs.get("settled"), applied),
+                "awaiting": settled_in(proofs.get("awaiting"), applied),
+            }
             book.load_state_dict(proofs, self.fingerprint)
         with self.replica.lock:
             self.replica.load_state_dict(state)  # validates before it changes anything

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -206,24 +206,74 @@ class Replica:
             if cosigners:
                 self.cosigned.credit(header.author, cosigners)
 
+    def restep(
+        self,
+        header: UpdateHeader,
+        pseudo_gradient: torch.Tensor,
+        weight: float,
+        norm: float | None = None,
+        *,
+        learners: int,
+        cosigners: Sequence[str] = (),
+    ) -> None:
+        """Steps with another variant of an applied id whose own step was withdrawn (a learner
+        group's prevailing variant in place of a lesser one: merge.equivocation), as `apply`
+        would step with it; the applied set and the progress stay as they are (the id is
+        applied and counted once). The caller checks that the id's step was withdrawn."""
+        with self.lock:
+            if not self.has_applied(header.author, header.seq):
+                raise ValueError(f"update {header.update_id} has not been applied.")
+            if (header.fragment is None) != (self.layout is None):
+                raise ValueError(
+                    f"update {header.update_id} does not fit this replica's fragments."
+                )
+            if weight != 0:
+                outer = self.outer_for(header.fragment)
+                self._in_place(header, outer.plain_step if header.flush else outer.put_in,
+                               pseudo_gradient, weight, learners)  # fmt: skip
+                self._norm_bounds = None
+            if cosigners:
+                self.cosigned.credit(header.author, cosigners)
+
     def withdraw(
-        self, header: UpdateHeader, pseudo_gradient: torch.Tensor, weight: float, learners: int
+        self,
+        header: UpdateHeader,
+        pseudo_gradient: torch.Tensor,
+        weight: float,
+        learners: int,
+        *,
+        slot: bool = False,
     ) -> None:
         """Takes back the outer step of an applied update, applied with `weight` and sized by
-        `learners` (merge.equivocation); its id stays applied."""
+        `learners` (merge.equivocation); its id stays applied. ``slot``: every term of the
+        step linear in the update (OuterOptimizer.take_back), for another variant to step in
+        its place (`restep`); else its plain share only (a voided id)."""
         with self.lock:
             if not self.has_applied(header.author, header.seq):
                 raise ValueError(f"update {header.update_id} has not been applied.")
             if weight == 0:
                 return
             outer = self.outer_for(header.fragment)
-            withdraw = outer.withdraw_plain if header.flush else outer.withdraw
-            if header.fragment is None or self.layout is None:
-                withdraw(self.params, pseudo_gradient, weight, learners)
-                return
-            params = self.layout.gather(self.params, header.fragment)
-            withdraw(params, pseudo_gradient, weight, learners)
-            self.layout.scatter(self.params, header.fragment, params)
+            withdraw = outer.take_back if slot else outer.withdraw
+            withdraw = outer.withdraw_plain if header.flush else withdraw
+            self._in_place(header, withdraw, pseudo_gradient, weight, learners)
+            self._norm_bounds = None
+
+    def _in_place(
+        self,
+        header: UpdateHeader,
+        op: Callable[[torch.Tensor, torch.Tensor, float, int], object],
+        pseudo_gradient: torch.Tensor,
+        weight: float,
+        learners: int,
+    ) -> None:
+        """`op` on the params `header`'s update steps (its fragment's, gathered and back)."""
+        if header.fragment is None or self.layout is None:
+            op(self.params, pseudo_gradient, weight, learners)
+            return
+        params = self.layout.gather(self.params, header.fragment)
+        op(params, pseudo_gradient, weight, learners)
+        self.layout.scatter(self.params, header.fragment, params)
 
     def _step(
         self, header: UpdateHeader, pseudo_gradient: torch.Tensor, weight: float, learners: int

@@ -66,6 +66,7 @@ from merge.shard_round_plan import (
 from merge.shard_round_replay import Replay, combos_of, form_state, load_outer
 
 __all__ = [
+    "AwaitedVariant",
     "CapUndecided",
     "NORM_BOUND_SLACK",
     "PART_CHUNK",
@@ -152,6 +153,15 @@ def part_problem(part: object, states: Sequence[torch.Tensor], num_updates: int)
             if abs(part[i][j] - own[i][j]) > slack:
                 return "gram_wrong_state"
     return None
+
+
+class AwaitedVariant(CapUndecided):
+    """A round holding the prevailing variant of an id whose lesser variant this replica
+    applied and withdrew (merge.equivocation `awaits`): it steps in that variant's slot
+    (Replica.restep: no share of a round, no fold), which the round's replay of fresh steps
+    does not model, so the round is fetched whole and applied one by one, as for a cap the
+    members' reports leave undecided (a CapUndecided: `MemberRound.failed` reads
+    "cap_undecided"). Rare: one replica, one id, once."""
 
 
 class ShardRound:
@@ -326,13 +336,19 @@ class _Decider:
             if self._header_problem(inc) is not None or inc.uid in seen:
                 continue
             if self.merge.pipeline.replica.has_applied(*inc.uid):
-                continue
+                continue  # an awaited variant among them fails the next round (AwaitedVariant)
             cap = self.cap.decide(inc.norm_bound, _MIN_PARAMS_NORM)
             if cap == "undecided":
                 raise CapUndecided(f"the norm cap of {inc.uid}, deferred past the fold")
             if cap == "admit":
                 self.cap.step(inc.header, inc.learners, inc.norm_bound)
                 seen.add(inc.uid)
+
+    def _awaited(self, inc: Incoming) -> bool:
+        """Whether `inc` is the prevailing variant of an id whose lesser variant this replica
+        applied and withdrew: it steps in that variant's slot (`GroupMerge.submit`)."""
+        p = self.merge.pipeline
+        return p.replica.has_applied(*inc.uid) and p.equivocation.awaits(inc.uid, inc.variant)
 
     def _header_problem(self, inc: Incoming) -> str | None:
         p = self.merge.pipeline
@@ -350,6 +366,8 @@ class _Decider:
             return Decision(inc, problem)
         if p.equivocation.refuses(inc.uid, inc.variant):  # as `GroupMerge.submit`
             return Decision(inc, "group_equivocation")
+        if inc.uid not in self.applied and self._awaited(inc):
+            raise AwaitedVariant(f"{inc.uid} steps in the slot of a withdrawn variant here")
         if p.replica.has_applied(*inc.uid) or inc.uid in self.applied:
             known = self.variants if inc.uid in self.applied else self.merge.variants
             culprits = known.equivocators(inc.uid, *inc.variant)

@@ -23,7 +23,7 @@ from dht.messages import holder_subkey
 from dht.rejections import Rejections
 from dht.retention import RetainedUpdates
 from dht.swarm_config import SwarmConfig
-from merge.group_equivocation import GroupProof
+from merge.group_equivocation import GroupProof, GroupVariant
 from merge.group_update import GroupUpdate
 from merge.pipeline import UpdatePipeline
 from merge.result import MergeResult
@@ -184,3 +184,69 @@ def test_a_fetched_second_variant_becomes_a_proof_not_a_lie_of_its_holder() -> N
     assert not end["rejections"]
     [proof] = end["evidence"]
     assert isinstance(proof, GroupProof) and proof.update_id == group_update_id(first)
+
+
+def test_the_prevailing_variant_is_fetched_where_a_proof_withdrew_the_lesser_one() -> None:
+    """A replica applied a member's lone variant, then the pair's proof withdrew it: catch-up
+    wants nothing (the id stays applied), so the fetcher asks the proof's sender and the
+    others in turn (`fetch_awaited`). A peer serving the lesser variant (it applied that one
+    first) is passed over uncounted; the prevailing variant steps in the lesser's slot, and
+    the replica ends as one that merged the prevailing variant alone."""
+    kept, lesser = _update(IDS[:3]), _update([IDS[0]], scale=40.0)
+    pipeline, alone = _pipeline(), _pipeline()
+    for replica in (pipeline, alone):
+        replica.enable_groups(RUN, lambda key: lambda peer: True)
+    assert pipeline.submit_group(lesser, lambda peer: True).accepted
+    assert alone.submit_group(kept, lambda peer: True).accepted
+    run = pipeline.group_run
+    assert run is not None
+    head = kept.head
+    proof = GroupProof.of(
+        RUN, head.group_key, head.round, GroupVariant.of(kept), GroupVariant.of(lesser), run
+    )
+    uid = group_update_id(kept)
+    assert pipeline.learn_group_proof(proof, lambda u: lesser if u == uid else None) == "withdraw"
+    assert pipeline.equivocation.awaiting() == [uid]
+    holders = {"a-lesser": _holding(lesser), "b-kept": _holding(kept)}
+    end = asyncio.run(_awaited(uid, holders, pipeline))
+    assert end["found"] and not end["rejections"]
+    assert [r.accepted for r in end["merged"]] == [True]
+    assert pipeline.equivocation.awaiting() == []
+    torch.testing.assert_close(pipeline.replica.params, alone.replica.params)
+    assert pipeline.replica.applied == alone.replica.applied
+    again = asyncio.run(_awaited(uid, holders, pipeline))  # once: a duplicate now
+    assert not again["found"] and not again["merged"]
+
+
+async def _awaited(
+    uid: tuple[str, int], holders: dict[str, RetainedUpdates], pipeline: UpdatePipeline
+) -> dict[str, Any]:
+    network = LoopbackNetwork()
+    for peer_id, retained in holders.items():
+        await network.serve(peer_id, retained)
+    merged: list[MergeResult] = []
+    ctx = GossipContext(
+        network=network,  # type: ignore[arg-type]
+        membership=None,  # type: ignore[arg-type]  # the sources are given: no heartbeats
+        merge=pipeline,
+        catchup=CatchUp(CatchUpConfig(retry_s=0.0), network.peer_id, pipeline.replica),
+        retained=RetainedUpdates(per_author=16, budget_bytes=1 << 24),
+        merge_pool=ThreadPoolExecutor(1),
+        reject=Rejections(merged.append),
+        on_merge=merged.append,
+        on_event=lambda *a, **k: None,
+        active=True,
+    )
+    announcements = Announcements(ctx, lambda header: None)
+
+    async def retain_group(group: GroupUpdate, blob: bytes) -> None:
+        await announcements.retain_blob(group_update_id(group), blob)
+
+    fetcher = Fetcher(ctx, on_evidence=lambda p: None, retain=announcements.retain,
+                      retain_group=retain_group)  # fmt: skip
+    found = await fetcher.fetch_awaited(uid, sorted(holders))
+    await asyncio.sleep(0.05)  # the holder record's write (in the background)
+    for server in network.servers:
+        server.close()
+    ctx.merge_pool.shutdown()  # type: ignore[attr-defined]
+    return {"found": found, "merged": merged, "rejections": ctx.reject.counts}

@@ -13,11 +13,25 @@ from hypothesis import strategies as st
 from merge.equivocation import EquivocationBook
 from merge.group_equivocation import GroupProof, GroupVariant, prevailing
 from merge.group_update import GroupUpdate, ReductionConfig
-from merge.pipeline import UpdatePipeline
-from merge.shard_round import Incoming, ShardRound, part_gram, state_tensors, summed_gram
+from merge.pipeline import MergeConfig, UpdatePipeline
+from merge.shard_round import (
+    AwaitedVariant,
+    Incoming,
+    ShardRound,
+    part_gram,
+    state_tensors,
+    summed_gram,
+)
 from tests.factories import FINGERPRINT
-from tests.unit.test_group_equivocation import THE_RUN, UID, _apply, _pipeline, _retained
-from tests.unit.test_group_merge import IDS, RUN, _update
+from tests.unit.test_group_equivocation import (
+    DELAYED,
+    THE_RUN,
+    UID,
+    _apply,
+    _pipeline,
+    _retained,
+)
+from tests.unit.test_group_merge import CONFIG, IDS, RUN, _update
 
 HONEST = _update(IDS[:3])
 """A round of a group of four, three included (the quorum is two)."""
@@ -53,47 +67,100 @@ EVENTS = st.permutations(["kept", "lesser", "proof"]).flatmap(
 )
 
 
-def _alone(update: GroupUpdate | None) -> UpdatePipeline:
-    pipeline = _pipeline()
+def _alone(update: GroupUpdate | None, config: MergeConfig = DELAYED) -> UpdatePipeline:
+    pipeline = _pipeline(config)
     if update is not None:
         assert _apply(pipeline, update)
     return pipeline
 
 
-@settings(max_examples=40, deadline=None)
-@given(pair=st.sampled_from(sorted(PAIRS)), schedules=st.lists(EVENTS, min_size=3, max_size=3))
-def test_a_lesser_variant_voids_nothing_and_moves_no_replica_in_any_order(
-    pair: str, schedules: list[list[str]]
+def _apply_parts(pipeline: UpdatePipeline, update: GroupUpdate) -> bool:
+    """`update` merged by the sharded round (a round of one incoming update); a round that
+    holds an awaited variant is fetched whole and merged one by one, as the wiring does."""
+    rounds = ShardRound(pipeline.groups)
+    in_group = THE_RUN.members_of(update.head.group_key)
+    incoming = rounds.order([Incoming.of(pipeline.groups, update, in_group)])
+    states = state_tensors(pipeline.replica)
+    gram = summed_gram([part_gram([*states, update.aggregate])])
+    try:
+        plan = rounds.decide(incoming, gram)
+    except AwaitedVariant:
+        assert pipeline.equivocation.awaiting() == [UID]
+        return _apply(pipeline, update)
+    [result] = rounds.apply(plan, ShardRound.weighted_sums(plan, [update.aggregate]))
+    return result.accepted
+
+
+def _deliver(pipeline: UpdatePipeline, update: GroupUpdate, sharded: bool) -> bool:
+    return _apply_parts(pipeline, update) if sharded else _apply(pipeline, update)
+
+
+def _settle(pipeline: UpdatePipeline, kept: GroupUpdate, sharded: bool) -> None:
+    """What the wiring does for an id whose prevailing variant a replica awaits: it fetches
+    that variant again (dht.gossip_fetch `fetch_awaited`) and merges it."""
+    for uid in pipeline.equivocation.awaiting():
+        assert uid == UID
+        assert _deliver(pipeline, kept, sharded)
+
+
+def _replay(
+    schedule: list[str], pair: str, sharded: bool, config: MergeConfig = DELAYED
+) -> tuple[UpdatePipeline, GroupUpdate | None]:
+    """A replica that hears `schedule` (each delivery on either path), then settles."""
+    kept, lesser = PAIRS[pair]
+    proof, pipeline, applied = _proof(kept, lesser), _pipeline(config), None
+    for event in schedule:
+        if event == "proof":
+            pipeline.learn_group_proof(proof, _retained(applied))
+            continue
+        update = kept if event == "kept" else lesser
+        if _deliver(pipeline, update, sharded) and applied is None:
+            applied = update
+    _settle(pipeline, kept, sharded)
+    return pipeline, applied
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    pair=st.sampled_from(sorted(PAIRS)),
+    schedules=st.lists(EVENTS, min_size=3, max_size=3),
+    paths=st.lists(st.booleans(), min_size=3, max_size=3),
+    config=st.sampled_from([DELAYED, CONFIG]),
+)
+def test_every_replica_ends_with_the_prevailing_step_once_in_any_order(
+    pair: str, schedules: list[list[str]], paths: list[bool], config: MergeConfig
 ) -> None:
-    """Each replica hears the prevailing variant, the lesser one (or neither) and the pair's
-    proof in its own order: none voids the round; each holds either the prevailing variant's
-    step (it applied it first, or after the proof) or none (it applied the lesser first: the
-    lesser is withdrawn, its co-signers uncredited); never the lesser's. Every replica ends
-    with the id applied once it applied either; the proof told again changes nothing."""
+    """Three replicas each hear the prevailing variant, the lesser one (or neither) and the
+    pair's proof in their own order, each on the whole path or the sharded round; the wiring
+    then delivers the prevailing variant to any that awaits it. None voids the round; every
+    replica that heard the prevailing variant (or applied the lesser and was then served the
+    prevailing one) ends with exactly its step, the params and the co-signer credit of a
+    replica that applied it alone, and the same applied set; one that heard only the lesser
+    ends unmoved by it; the proof told again, or either variant again, changes nothing."""
     kept, lesser = PAIRS[pair]
     proof = _proof(kept, lesser)
-    with_kept, untouched = _alone(kept), _alone(None)
-    for schedule in schedules:
-        pipeline, applied = _pipeline(), None
-        for event in schedule:
-            if event == "proof":
-                pipeline.learn_group_proof(proof, _retained(applied))
-                continue
-            update = kept if event == "kept" else lesser
-            if _apply(pipeline, update) and applied is None:
-                applied = update
+    with_kept, untouched = _alone(kept, config), _alone(None, config)
+    for schedule, sharded in zip(schedules, paths, strict=True):
+        pipeline, applied = _replay(schedule, pair, sharded, config)
         assert pipeline.learn_group_proof(proof, _retained(applied)) == "none"
         assert not pipeline.equivocation.is_equivocated(UID)
-        assert not _apply(pipeline, lesser)  # refused from the proof on
-        if applied is kept:
+        assert not _deliver(pipeline, lesser, sharded)  # refused from the proof on
+        assert pipeline.equivocation.awaiting() == []
+        if "kept" in schedule or applied is lesser:
             torch.testing.assert_close(pipeline.replica.params, with_kept.replica.params)
+            torch.testing.assert_close(
+                pipeline.replica.outer.state_tensors(), with_kept.replica.outer.state_tensors()
+            )
             assert pipeline.replica.cosigned.counts() == with_kept.replica.cosigned.counts()
+            assert pipeline.replica.applied == with_kept.replica.applied
         else:
             torch.testing.assert_close(pipeline.replica.params, untouched.replica.params)
+            torch.testing.assert_close(
+                pipeline.replica.outer.state_tensors(), untouched.replica.outer.state_tensors()
+            )
             assert pipeline.replica.cosigned.counts() == {}
-            assert pipeline.replica.has_applied(*UID) == (applied is lesser)
-        if applied is None:  # it takes the prevailing variant when it comes
-            assert _apply(pipeline, kept)
+            assert _apply(pipeline, kept)  # it takes the prevailing variant when it comes
+        assert not _deliver(pipeline, kept, sharded)  # once: a duplicate now
 
 
 def test_a_lesser_variant_is_refused_alike_by_the_sharded_round_after_the_proof() -> None:
@@ -125,3 +192,66 @@ def test_a_superseding_proof_survives_a_checkpoint_and_a_voiding_one_replaces_it
     tie = _proof(HONEST, _update([IDS[1], IDS[2], IDS[3]], scale=3.0))
     assert book.learn(tie, applied=False) == "record"
     assert book.is_equivocated(UID) and book.refuses(UID, GroupVariant.of(HONEST).key)
+
+
+def _awaiting() -> UpdatePipeline:
+    """A replica that applied the lone variant, then learned the pair's proof."""
+    pipeline = _pipeline()
+    assert _apply(pipeline, LONE)
+    assert pipeline.learn_group_proof(_proof(HONEST, LONE), _retained(LONE)) == "withdraw"
+    assert pipeline.equivocation.awaiting() == [UID]
+    return pipeline
+
+
+def test_a_prevailing_variant_refused_before_the_proof_steps_when_the_proof_comes() -> None:
+    """Lesser, prevailing, proof on the whole path: the prevailing variant, refused as a
+    second variant, is held and steps in the lesser's slot as the proof withdraws it, with
+    no fetch; a lesser variant that came second is not held."""
+    pipeline = _pipeline()
+    assert _apply(pipeline, LONE) and not _apply(pipeline, HONEST)
+    assert pipeline.learn_group_proof(_proof(HONEST, LONE), _retained(LONE)) == "withdraw"
+    assert pipeline.equivocation.awaiting() == [] and not pipeline.groups.pending
+    torch.testing.assert_close(pipeline.replica.params, _alone(HONEST).replica.params)
+    other = _pipeline()
+    assert _apply(other, HONEST) and not _apply(other, LONE)
+    assert not other.groups.pending  # fewer members than the applied one: nothing to hold
+
+
+def test_the_awaited_step_survives_a_checkpoint_and_a_handover() -> None:
+    """A replica that awaits the prevailing variant, restored from its checkpoint (the
+    replica's, the pipeline's and the book's state, as node.persistence saves them) or
+    handed over to a newcomer (transfer_state / adopt), steps it once when it comes, and
+    ends as a replica that applied it alone; a book from before (no "awaiting") awaits
+    nothing and refuses it as a duplicate, as before."""
+    donor = _awaiting()
+    restored = _pipeline()
+    restored.replica.load_state_dict(donor.replica.state_dict())
+    restored.load_state_dict(donor.state_dict())
+    restored.equivocation.load_state_dict(donor.equivocation.state_dict(), FINGERPRINT)
+    newcomer = _pipeline()
+    newcomer.adopt(donor.transfer_state())
+    alone = _alone(HONEST)
+    for pipeline in (restored, newcomer):
+        assert pipeline.equivocation.awaiting() == [UID]
+        assert not _apply(pipeline, LONE) and _apply(pipeline, HONEST)
+        assert not _apply(pipeline, HONEST)
+        torch.testing.assert_close(pipeline.replica.params, alone.replica.params)
+        assert pipeline.replica.applied == alone.replica.applied
+    old = _pipeline()
+    old.replica.load_state_dict(donor.replica.state_dict())
+    state = donor.equivocation.state_dict()
+    del state["awaiting"]
+    old.equivocation.load_state_dict(state, FINGERPRINT)
+    assert old.equivocation.awaiting() == [] and not _apply(old, HONEST)
+
+
+def test_a_voiding_proof_after_the_prevailing_step_withdraws_it() -> None:
+    """Equal counts void the round whatever came before: a replica that stepped the
+    prevailing variant in the lesser's slot withdraws it like one that applied it first."""
+    pipeline = _awaiting()
+    assert _apply(pipeline, HONEST)
+    tie = _proof(HONEST, _update([IDS[1], IDS[2], IDS[3]], scale=3.0))
+    assert pipeline.learn_group_proof(tie, _retained(HONEST)) == "withdraw"
+    assert pipeline.equivocation.is_equivocated(UID) and pipeline.equivocation.awaiting() == []
+    untouched = _alone(None)
+    torch.testing.assert_close(pipeline.replica.params, untouched.replica.params)
