@@ -357,13 +357,14 @@ def charge(
 
 
 def count_over_budget(pipeline: Pipeline, header: UpdateHeader, allowance: float) -> None:
-    """Counts and logs a group update its co-signers' budgets let through only in part."""
+    """Counts and logs an update its budget lets through only in part (a solo author's own,
+    a group update's co-signers': merge.contribution)."""
     if allowance >= 1:
         return
     with pipeline._stats_lock:
         pipeline.rejections["over_budget"] += 1
     pipeline.rejection_log.count(header.author, "over_budget")
-    logger.info("%s#%d: over its members' budget; %.3g of it counts", *header.update_id, allowance)
+    logger.info("%s#%d: over its budget; %.3g of it counts", *header.update_id, allowance)
 
 
 def variant_of(update: GroupUpdate) -> tuple[tuple[str, ...], tuple[str, ...]]:

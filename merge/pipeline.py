@@ -37,7 +37,7 @@ from merge.envelope import (
 )
 from merge.equivocation import Action, EquivocationBook, Proof, UpdateId
 from merge.group_equivocation import GroupProof, GroupRun, MemberCheck, decode_proof
-from merge.group_pipeline import GroupMerge, floor_votes
+from merge.group_pipeline import GroupMerge, count_over_budget, floor_votes
 from merge.group_update import GroupUpdate
 from merge.handover import check_handover, settled_in
 from merge.learners import LearnerFloor, credited_learners
@@ -437,11 +437,7 @@ class UpdatePipeline:
     def _allowance(self, header: UpdateHeader, learners: int) -> float:
         """The share of the update its author's contribution budget lets through, counted."""
         allowance = self.ledger.allowance(header.author, learners, header.created_at)
-        if allowance < 1:
-            with self._stats_lock:
-                self.rejections["over_budget"] += 1
-            self.rejection_log.count(header.author, "over_budget")
-            logger.info("%s#%d: over its budget; %.3g of it counts", *header.update_id, allowance)
+        count_over_budget(self, header, allowance)
         return allowance
 
     def _trust_reason(self, h: UpdateHeader) -> str | None:
