@@ -10,7 +10,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import blake3
@@ -27,7 +27,6 @@ from dht.messages import (
     parse_state_seal,
 )
 from dht.network import SwarmNetwork
-from dht.p2pd import DialError
 from dht.reachability import path_rank
 from dht.rejections import Rejections
 from dht.resumable import PART_BYTES, fetch_resumable, parse_offset, part_answer
@@ -39,6 +38,7 @@ from dht.state_check import (
     rank_donors,
 )
 from dht.state_parts import SerializedStates, parse_transfer_id, serialized_state
+from dht.state_refusal import BUSY, StateRefusal, classify_failure
 from dht.swarm_config import MIN_LINK_BYTES_PER_S, REQUEST_READ_TIMEOUT_S
 from dht.tensor_stream import (
     DTYPES,
@@ -51,7 +51,6 @@ from dht.tensor_stream import (
 )
 from dht.transfer_progress import ProgressReport, TransferProgress
 from dht.transport import (
-    StreamBroken,
     TransportError,
     decode_request,
     receive_blob,
@@ -62,7 +61,6 @@ from merge.identity import Identity
 from merge.sketch import ReplicaSketch, StateSketch
 
 logger = logging.getLogger(__name__)
-BUSY = "busy serving other newcomers"
 TRANSFER_PASSES = 3
 """Passes over the donors while downloads break mid-way (within a donor's STATE_BURST)."""
 STATE_RATE_PER_S = 0.1
@@ -92,42 +90,6 @@ class TransferStats:
     @property
     def mb_per_s(self) -> float:
         return self.num_bytes / 1e6 / max(self.seconds, 1e-9)
-
-
-@dataclass(frozen=True)
-class StateRefusal:
-    """Why a download loaded nothing (the `realign_refused` event carries it)."""
-
-    donor: str
-    reason: str
-    """`bad_state`: the donor sent a state to refuse (counted against it); `busy`: it serves
-    others; `unreachable`: no whole stream came (a dial failed, a stream broke or timed
-    out: the donor died, a link reset), counted against nobody and bounded by the caller's
-    attempts (dht.realign's cooldown and cap, `download`'s passes)."""
-    check: str
-    """The state check that refused it (dht.state_check.StateCheckError.check: `same_digest`,
-    `distance`, `momentum`, `own_seq`, `malformed`, `seal`), `transport`, or the failure."""
-    detail: str
-    distances: dict[str, float] = field(default_factory=dict)
-    """What the refusing check measured (relative distances)."""
-
-
-def classify_failure(donor: str, exc: Exception) -> StateRefusal:
-    """What a failed download from `donor` was: a lie (`bad_state`), or a donor busy or out
-    of reach, which costs it nothing."""
-    detail = str(exc) or type(exc).__name__
-    if isinstance(exc, StateCheckError):
-        return StateRefusal(donor, "bad_state", exc.check, detail, exc.distances)
-    if isinstance(exc, TransportError) and BUSY in detail:
-        return StateRefusal(donor, "busy", "busy", detail)
-    if isinstance(exc, StreamBroken | DialError | TimeoutError):
-        return StateRefusal(donor, "unreachable", type(exc).__name__, detail)
-    if isinstance(exc, TransportError):  # it sent what we will not read
-        return StateRefusal(donor, "bad_state", "transport", detail)
-    if isinstance(exc, OSError):
-        return StateRefusal(donor, "unreachable", type(exc).__name__, detail)
-    check = "malformed" if isinstance(exc, ValueError) else type(exc).__name__
-    return StateRefusal(donor, "bad_state", check, detail)
 
 
 class StateTransfer:

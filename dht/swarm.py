@@ -30,7 +30,8 @@ from dht.network import SwarmNetwork
 from dht.reachability import PathKind, is_relayed
 from dht.realign import Realign, RealignConfig, RealignPolicy, lacking_retained, merge_retained
 from dht.rejections import Rejections
-from dht.state_transfer import StateRefusal, StateTransfer, TransferStats
+from dht.state_refusal import StateRefusal
+from dht.state_transfer import StateTransfer, TransferStats
 from dht.swarm_config import RunMismatchError, SwarmConfig, SwarmError
 from dht.transfer_progress import ProgressReport
 from merge.envelope import SignedUpdate

@@ -15,7 +15,8 @@ import pytest
 
 from dht.p2pd import DialError
 from dht.state_check import StateCheckError
-from dht.state_transfer import BUSY, StateRefusal, StateTransfer
+from dht.state_refusal import BUSY, StateRefusal
+from dht.state_transfer import StateTransfer
 from dht.transport import StreamBroken, TransportError
 
 
