@@ -564,19 +564,7 @@ def test_replicas_apart_from_the_donor_settle_two_at_a_time() -> None:
 
 
 def test_realignments_while_training_do_not_spend_the_settle_and_a_refused_settle_retries() -> None:
-    p = policy("node1")
-    for t in (0.0, 100.0, 200.0):  # three realignments while training: the cap is spent
-        p.started(t)
-        p.finished(loaded=True)
-    attempts = []
-    for t in range(300, 400):
-        feed(p, swarm(THREE, 0), float(t))
-        decision = p.decide(float(t))
-        if decision is not None:
-            assert decision.settle and decision.donor == "node0"
-            attempts.append(t)
-            p.started(float(t), settle=True)
-            p.finished(loaded=False)  # the donor was busy
+    attempts = _settles_after_spent_realignments("node1")  # the donor was busy each time
     assert attempts == [305, 310, 315]  # 5 periods held, then every 5 periods, 3 at most
 
 
@@ -585,20 +573,7 @@ def test_a_replica_far_from_the_settle_donor_settles_once_its_realignments_are_s
     realignments' cap is spent: at the held digest it settles to node0 under the settle's
     own cap, from settle_periods on (before, it never tried again: bench.scale --sizes 16
     ended 1.2 apart with one applied set)."""
-    p = policy("node2")
-    for t in (0.0, 100.0, 200.0):
-        p.started(t)
-        p.finished(loaded=True)
-    attempts = []
-    for t in range(300, 400):
-        feed(p, swarm(THREE, 0), float(t))
-        decision = p.decide(float(t))
-        if decision is not None:
-            assert decision.settle and decision.donor == "node0"
-            attempts.append(t)
-            p.started(float(t), settle=True)
-            p.finished(loaded=False)  # refused
-    assert attempts == [305, 310, 315]
+    assert _settles_after_spent_realignments("node2") == [305, 310, 315]  # each refused
 
 
 def test_a_far_replica_with_attempts_left_realigns_after_a_period_then_settles() -> None:
@@ -614,3 +589,22 @@ def test_a_far_replica_with_attempts_left_realigns_after_a_period_then_settles()
             p.started(float(t), settle=decision.settle)
             p.finished(loaded=False)
     assert decisions[:2] == [(1, False), (6, True)]
+
+
+def _settles_after_spent_realignments(me: str) -> list[int]:
+    """`me` realigned three times while training (the realignments' cap spent), then holds
+    THREE's digest from t = 300 to 400: when it settled, each settle to node0 loading nothing."""
+    p = policy(me)
+    for t in (0.0, 100.0, 200.0):
+        p.started(t)
+        p.finished(loaded=True)
+    attempts = []
+    for t in range(300, 400):
+        feed(p, swarm(THREE, 0), float(t))
+        decision = p.decide(float(t))
+        if decision is not None:
+            assert decision.settle and decision.donor == "node0"
+            attempts.append(t)
+            p.started(float(t), settle=True)
+            p.finished(loaded=False)
+    return attempts
