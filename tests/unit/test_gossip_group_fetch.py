@@ -7,6 +7,7 @@ is a recorder of stores (reading them back through hivemind is tests/swarm's).""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -77,25 +78,22 @@ def _holding(update: GroupUpdate, blob: bytes | None = None) -> RetainedUpdates:
     return retained
 
 
-async def _catch_up(
-    update: GroupUpdate,
+async def _fetching(
     holders: dict[str, RetainedUpdates],
-    pipeline: UpdatePipeline | None = None,
-    applied_meanwhile: GroupUpdate | None = None,
-) -> dict[str, Any]:
-    """`applied_meanwhile`: a variant of the id merged (from a push) after catch-up wanted it."""
+    pipeline: UpdatePipeline,
+    on_evidence: Callable[[Any], None],
+) -> tuple[LoopbackNetwork, GossipContext, Fetcher, list[MergeResult]]:
+    """A Fetcher merging into `pipeline` over loopback TCP from `holders` (each serving what
+    it retains), with what it merged and rejected."""
     network = LoopbackNetwork()
     for peer_id, retained in holders.items():
         await network.serve(peer_id, retained)
-    pipeline = _pipeline() if pipeline is None else pipeline
     merged: list[MergeResult] = []
-    evidence: list[object] = []
-    catchup = CatchUp(CatchUpConfig(retry_s=0.0), network.peer_id, pipeline.replica)
     ctx = GossipContext(
         network=network,  # type: ignore[arg-type]
         membership=None,  # type: ignore[arg-type]  # a fetch reads no heartbeats
         merge=pipeline,
-        catchup=catchup,
+        catchup=CatchUp(CatchUpConfig(retry_s=0.0), network.peer_id, pipeline.replica),
         retained=RetainedUpdates(per_author=16, budget_bytes=1 << 24),
         merge_pool=ThreadPoolExecutor(1),
         reject=Rejections(merged.append),
@@ -109,11 +107,29 @@ async def _catch_up(
         await announcements.retain_blob(group_update_id(group), blob)
 
     fetcher = Fetcher(
-        ctx,
-        on_evidence=evidence.append,
-        retain=announcements.retain,
-        retain_group=retain_group,
+        ctx, on_evidence=on_evidence, retain=announcements.retain, retain_group=retain_group
     )
+    return network, ctx, fetcher, merged
+
+
+async def _closed(network: LoopbackNetwork, ctx: GossipContext) -> None:
+    await asyncio.sleep(0.05)  # the holder record's write (in the background)
+    for server in network.servers:
+        server.close()
+    ctx.merge_pool.shutdown()  # type: ignore[attr-defined]
+
+
+async def _catch_up(
+    update: GroupUpdate,
+    holders: dict[str, RetainedUpdates],
+    pipeline: UpdatePipeline | None = None,
+    applied_meanwhile: GroupUpdate | None = None,
+) -> dict[str, Any]:
+    """`applied_meanwhile`: a variant of the id merged (from a push) after catch-up wanted it."""
+    pipeline = _pipeline() if pipeline is None else pipeline
+    evidence: list[object] = []
+    network, ctx, fetcher, merged = await _fetching(holders, pipeline, evidence.append)
+    catchup = ctx.catchup
     key, seq = group_update_id(update)
     ranges = {key: [(seq, seq)]}
     for peer_id in holders:  # each holder's summary names it (applied and retained)
@@ -125,10 +141,7 @@ async def _catch_up(
                 assert pipeline.submit_group(applied_meanwhile, lambda peer: True).accepted
             fetched_from.append(fetch.peer_id)
             await fetcher.fetch_and_merge(fetch)
-    await asyncio.sleep(0.05)  # the holder record's write (in the background)
-    for server in network.servers:
-        server.close()
-    ctx.merge_pool.shutdown()  # type: ignore[attr-defined]
+    await _closed(network, ctx)
     return {
         "pipeline": pipeline,
         "merged": merged,
@@ -221,32 +234,7 @@ def test_the_prevailing_variant_is_fetched_where_a_proof_withdrew_the_lesser_one
 async def _awaited(
     uid: tuple[str, int], holders: dict[str, RetainedUpdates], pipeline: UpdatePipeline
 ) -> dict[str, Any]:
-    network = LoopbackNetwork()
-    for peer_id, retained in holders.items():
-        await network.serve(peer_id, retained)
-    merged: list[MergeResult] = []
-    ctx = GossipContext(
-        network=network,  # type: ignore[arg-type]
-        membership=None,  # type: ignore[arg-type]  # the sources are given: no heartbeats
-        merge=pipeline,
-        catchup=CatchUp(CatchUpConfig(retry_s=0.0), network.peer_id, pipeline.replica),
-        retained=RetainedUpdates(per_author=16, budget_bytes=1 << 24),
-        merge_pool=ThreadPoolExecutor(1),
-        reject=Rejections(merged.append),
-        on_merge=merged.append,
-        on_event=lambda *a, **k: None,
-        active=True,
-    )
-    announcements = Announcements(ctx, lambda header: None)
-
-    async def retain_group(group: GroupUpdate, blob: bytes) -> None:
-        await announcements.retain_blob(group_update_id(group), blob)
-
-    fetcher = Fetcher(ctx, on_evidence=lambda p: None, retain=announcements.retain,
-                      retain_group=retain_group)  # fmt: skip
+    network, ctx, fetcher, merged = await _fetching(holders, pipeline, lambda proof: None)
     found = await fetcher.fetch_awaited(uid, sorted(holders))
-    await asyncio.sleep(0.05)  # the holder record's write (in the background)
-    for server in network.servers:
-        server.close()
-    ctx.merge_pool.shutdown()  # type: ignore[attr-defined]
+    await _closed(network, ctx)
     return {"found": found, "merged": merged, "rejections": ctx.reject.counts}
