@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import functools
 import logging
 import math
@@ -17,7 +16,6 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -25,7 +23,7 @@ import torch
 from merge.codec_base import DecodesInto
 from merge.codecs import CODECS, CodecError, get_codec
 from merge.contribution import ContributionLedger, budgeted
-from merge.correction import CorrectionConfig, correct
+from merge.correction import correct
 from merge.cosign_ledger import parse_cosigned
 from merge.envelope import (
     EnvelopeError,
@@ -41,12 +39,12 @@ from merge.group_pipeline import GroupMerge, count_over_budget, floor_votes
 from merge.group_update import GroupUpdate
 from merge.handover import check_handover, settled_in
 from merge.learners import LearnerFloor, credited_learners
-from merge.outer import OuterConfig
+from merge.merge_config import MergeConfig
 from merge.rejections import RejectionLog
 from merge.replica import Replica, parse_applied
 from merge.result import MergeResult
-from merge.robust import RobustConfig, RobustFilter, Verdict, round_share, substance
-from merge.weighting import StalenessConfig, TokenWeightConfig, staleness_weight, token_weight
+from merge.robust import RobustFilter, Verdict, round_share, substance
+from merge.weighting import staleness_weight, token_weight
 
 logger = logging.getLogger(__name__)
 
@@ -58,54 +56,6 @@ _NO_GRADIENT = torch.empty(0)  # what a weight-0 apply is given: it reads none
 ALONE_AFTER_SKEWS = 3.0
 """An author is alone (merge.contribution) once every other author's latest update is signed
 this many `max_clock_skew_s` before its own."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class MergeConfig:
-    """How updates are validated, weighted and applied; part of the run fingerprint."""
-
-    outer: OuterConfig = field(default_factory=OuterConfig)
-    """The outer optimizer applied to each accepted update."""
-    staleness: StalenessConfig = field(default_factory=StalenessConfig)
-    """How staleness down-weights an update."""
-    token_weight: TokenWeightConfig
-    """How the tokens behind an update weigh it."""
-    max_inner_steps: int
-    """Updates claiming more inner steps than this are rejected."""
-    max_tokens_per_step: int
-    """Updates claiming more than inner_steps * this many tokens are rejected."""
-    max_staleness: int = 1000
-    """Updates staler than this are rejected."""
-    max_update_norm_ratio: float = 1.0
-    """Updates whose pseudo-gradient norm exceeds this times the params norm are rejected."""
-    max_learners: int = 1024
-    """Updates whose header claims more live learners than this are rejected."""
-    correction: CorrectionConfig = field(default_factory=CorrectionConfig)
-    """Correction of stale updates against the outer momentum before they are applied."""
-    robust: RobustConfig = field(default_factory=RobustConfig)
-    """Norm bound relative to the median accepted norm; cosine bound to the outer momentum."""
-    max_clock_skew_s: float = 600.0
-    """Updates sealed more than this many seconds in the future (by our clock) are rejected."""
-    max_seq_jump: int = 1_000_000
-    """Updates whose seq is this far beyond the author's last applied seq are rejected."""
-
-    def __post_init__(self) -> None:
-        for name in ("max_inner_steps", "max_tokens_per_step", "max_learners"):
-            value = getattr(self, name)
-            if type(value) is not int or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
-        if type(self.max_staleness) is not int or self.max_staleness < 0:
-            raise ValueError(f"max_staleness must be an integer >= 0, got {self.max_staleness!r}.")
-        ratio = self.max_update_norm_ratio
-        if not isinstance(ratio, int | float) or not (math.isfinite(ratio) and ratio > 0):
-            raise ValueError(f"max_update_norm_ratio must be a finite number > 0, got {ratio!r}.")
-        skew = self.max_clock_skew_s
-        if not isinstance(skew, int | float) or not (math.isfinite(skew) and skew > 0):
-            raise ValueError(f"max_clock_skew_s must be a finite number > 0, got {skew!r}.")
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain JSON types only."""
-        return dataclasses.asdict(self)
 
 
 class _Rejected(Exception):
