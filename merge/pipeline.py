@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from merge.codec_base import DecodesInto
-from merge.codecs import CODECS, CodecError, get_codec
+from merge.codecs import CODECS
 from merge.contribution import ContributionLedger, budgeted
 from merge.correction import correct
 from merge.cosign_ledger import parse_cosigned
@@ -30,7 +30,6 @@ from merge.envelope import (
     SignedHeader,
     SignedUpdate,
     UpdateHeader,
-    payload_matches,
     verify_header,
 )
 from merge.equivocation import Action, EquivocationBook, Proof, UpdateId
@@ -40,6 +39,7 @@ from merge.group_update import GroupUpdate
 from merge.handover import check_handover, settled_in
 from merge.learners import LearnerFloor, credited_learners
 from merge.merge_config import MergeConfig
+from merge.payload import Rejected, decode_payload, raise_if
 from merge.rejections import RejectionLog
 from merge.replica import Replica, parse_applied
 from merge.result import MergeResult
@@ -56,12 +56,6 @@ _NO_GRADIENT = torch.empty(0)  # what a weight-0 apply is given: it reads none
 ALONE_AFTER_SKEWS = 3.0
 """An author is alone (merge.contribution) once every other author's latest update is signed
 this many `max_clock_skew_s` before its own."""
-
-
-class _Rejected(Exception):
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 class UpdatePipeline:
@@ -240,7 +234,7 @@ class UpdatePipeline:
         header = update.header
         try:
             weight, blocks_corrected, robust, learners = self._merge(update)
-        except _Rejected as rejected:
+        except Rejected as rejected:
             return self._reject(header, rejected.reason)
         with self._stats_lock:
             self.num_merged += 1
@@ -258,9 +252,9 @@ class UpdatePipeline:
 
     def _merge(self, update: SignedUpdate) -> tuple[float, int, str | None, int]:
         header = update.header
-        _raise_if(self.check_header(update.signed_header))
+        raise_if(self.check_header(update.signed_header))
         with self._decode_buffer(header.codec, header.numel) as out:
-            pseudo_gradient, update_norm = _decode_payload(update, out)
+            pseudo_gradient, update_norm = decode_payload(update, out)
             return self._apply(update.signed_header, pseudo_gradient, update_norm)
 
     @contextlib.contextmanager
@@ -285,7 +279,7 @@ class UpdatePipeline:
     ) -> tuple[float, int, str | None, int]:
         header = signed.header
         with self.replica.lock:
-            _raise_if(self._trust_reason(header) or self._novelty_reason(header))
+            raise_if(self._trust_reason(header) or self._novelty_reason(header))
             author, established = header.author, self._credited()
             # Sized by the floor with fresh keys as one cohort (in a swarm's first rounds too:
             # 40 Sybils claiming 1,024 must not size the founders' updates as 1/43 of a round).
@@ -295,7 +289,7 @@ class UpdatePipeline:
                 author, claim, voters, cohort, header.created_at
             )
             weight = self.weight_of(header, learners)
-            _raise_if(self._norm_reason(update_norm))
+            raise_if(self._norm_reason(update_norm))
             outer = self.replica.outer_for(header.fragment)  # a fragment's: its own momentum
             momentum = outer.momentum_buffer
             staleness = staleness_of(header)
@@ -455,7 +449,7 @@ class UpdatePipeline:
             if weight != 0:
                 logger.warning("update %s#%d: its applied payload is gone; kept", *uid)
             return
-        pseudo_gradient, _ = _decode_payload(update)
+        pseudo_gradient, _ = decode_payload(update)
         self.replica.withdraw(header, pseudo_gradient, weight, learners)
 
     def _robust_scale(self, header: UpdateHeader, verdict: Verdict) -> float:
@@ -550,32 +544,3 @@ def staleness_of(header: UpdateHeader) -> int:
     So a fragment is weighed and corrected like a whole update in the same swarm would be.
     """
     return header.staleness // (header.fragments or 1)
-
-
-def _decode_payload(
-    update: SignedUpdate, out: torch.Tensor | None = None
-) -> tuple[torch.Tensor, float]:
-    """The pseudo-gradient (possibly aliasing the payload or ``out``: read-only) and its finite
-    norm. The payload is hashed on torch's threads: the rest of the path runs on them too."""
-    header = update.header
-    if not payload_matches(header, update.payload, max_threads=torch.get_num_threads()):
-        raise _Rejected("payload_hash_mismatch")
-    codec = get_codec(header.codec)
-    try:
-        if out is not None and isinstance(codec, DecodesInto):
-            pseudo_gradient = codec.decode_into(update.payload, header.numel, out)
-        else:
-            pseudo_gradient = codec.decode_view(update.payload, header.numel)
-    except CodecError:
-        raise _Rejected("malformed") from None
-    # One pass: a NaN or infinity anywhere makes the norm non-finite.
-    update_norm = float(torch.linalg.vector_norm(pseudo_gradient))
-    if not math.isfinite(update_norm):
-        finite = bool(torch.isfinite(pseudo_gradient).all())
-        raise _Rejected("norm_too_large" if finite else "non_finite")
-    return pseudo_gradient, update_norm
-
-
-def _raise_if(reason: str | None) -> None:
-    if reason is not None:
-        raise _Rejected(reason)
