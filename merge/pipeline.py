@@ -11,7 +11,6 @@ import collections
 import contextlib
 import functools
 import logging
-import math
 import re
 import threading
 import time
@@ -25,13 +24,7 @@ from merge.codecs import CODECS
 from merge.contribution import ContributionLedger, budgeted
 from merge.correction import correct
 from merge.cosign_ledger import parse_cosigned
-from merge.envelope import (
-    EnvelopeError,
-    SignedHeader,
-    SignedUpdate,
-    UpdateHeader,
-    verify_header,
-)
+from merge.envelope import SignedHeader, SignedUpdate, UpdateHeader
 from merge.equivocation import Action, EquivocationBook, Proof, UpdateId
 from merge.group_equivocation import GroupProof, GroupRun, MemberCheck, decode_proof
 from merge.group_pipeline import GroupMerge, count_over_budget, floor_votes
@@ -44,13 +37,13 @@ from merge.rejections import RejectionLog
 from merge.replica import Replica, parse_applied
 from merge.result import MergeResult
 from merge.robust import RobustFilter, Verdict, round_share, substance
+from merge.update_checks import MIN_PARAMS_NORM, UpdateChecks, learners_of, staleness_of
 from merge.weighting import staleness_weight, token_weight
 
 logger = logging.getLogger(__name__)
 
 # Reasons that an honest, up-to-date peer can produce; everything else suggests a bug or abuse.
 _BENIGN_REASONS = frozenset({"duplicate", "replay", "too_stale", "wrong_run"})
-_MIN_PARAMS_NORM = 1e-12
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _NO_GRADIENT = torch.empty(0)  # what a weight-0 apply is given: it reads none
 ALONE_AFTER_SKEWS = 3.0
@@ -58,7 +51,7 @@ ALONE_AFTER_SKEWS = 3.0
 this many `max_clock_skew_s` before its own."""
 
 
-class UpdatePipeline:
+class UpdatePipeline(UpdateChecks):
     """Validates untrusted updates and applies the good ones to a replica; thread-safe.
 
     It is what dht/ calls through its merge port (dht.merge_port.MergePort, satisfied
@@ -184,7 +177,7 @@ class UpdatePipeline:
         merge = state.get("merge")
         if merge is not None:
             params_norm = float(torch.linalg.vector_norm(params, dtype=torch.float64))
-            cap = self.config.max_update_norm_ratio * max(params_norm, _MIN_PARAMS_NORM)
+            cap = self.config.max_update_norm_ratio * max(params_norm, MIN_PARAMS_NORM)
             # On the state as sent: the floor's loader would cut an overlong window silently.
             cosigned = parse_cosigned(state.get("cosigned"), applied)
             window = self.learner_floor.window
@@ -205,18 +198,6 @@ class UpdatePipeline:
             if merge is not None:
                 self.load_state_dict(staged.state_dict())
             self.equivocation = book
-
-    def check_header(self, signed: SignedHeader) -> str | None:
-        """The rejection reason a header alone earns, or None; usable before fetching a payload.
-
-        Pure: it neither counts nor logs, so callers may poll announcements with it.
-        """
-        try:
-            verify_header(signed)
-        except EnvelopeError as e:
-            return e.reason
-        h = signed.header
-        return self._claims_reason(h) or self._trust_reason(h) or self._novelty_reason(h)
 
     def weight_of(self, header: UpdateHeader, learners: int | None = None) -> float:
         """The update's weight: staleness weight times token weight, from the header (and the
@@ -384,21 +365,6 @@ class UpdatePipeline:
         count_over_budget(self, header, allowance)
         return allowance
 
-    def _trust_reason(self, h: UpdateHeader) -> str | None:
-        """Who may contribute, clocks and counters no honest peer produces, equivocation."""
-        if self.admit is not None and not self.admit(h.author):
-            return "not_allowed"
-        if h.created_at > self.clock() + self.config.max_clock_skew_s:
-            return "future_timestamp"
-        if h.seq > max(self.replica.last_seq(h.author), 0) + self.config.max_seq_jump:
-            return "seq_too_far"
-        if self.equivocation.is_equivocated(h.update_id):
-            return "equivocation"  # proven: no variant of it is applied here any more
-        applied = self.equivocation.applied_variant(h.update_id)
-        if applied is not None and applied[0].header.payload_digest != h.payload_digest:
-            return "equivocation"  # the same id with another payload: never applied twice
-        return None
-
     def evidence(self, signed: SignedHeader) -> Proof | None:
         """The proof of equivocation that `signed` makes with the variant applied here."""
         with self.replica.lock:
@@ -473,56 +439,6 @@ class UpdatePipeline:
             return 0.0
         return 1.0 if verdict.recenter is not None else verdict.scale  # recentered: in the tensor
 
-    def _claims_reason(self, h: UpdateHeader) -> str | None:
-        limits = self.config
-        if h.fingerprint != self.fingerprint:
-            return "wrong_run"
-        if h.codec not in CODECS:
-            return "unknown_codec"
-        run_fragments = self.replica.num_fragments
-        if h.fragments != (None if run_fragments == 1 else run_fragments):
-            return "bad_fragment"  # a whole update in a run with fragments, or the reverse
-        if h.numel != self.replica.update_numel(h.fragment):
-            return "wrong_size"  # for a fragment: not the size of that fragment of the model
-        if h.seq < 0 or h.base_applied < 0 or h.base_applied > h.published_applied:
-            return "bad_counters"
-        if not 1 <= h.inner_steps <= limits.max_inner_steps:
-            return "bad_steps"
-        if not 0 < h.tokens <= h.inner_steps * limits.max_tokens_per_step:
-            return "bad_tokens"
-        if not 1 <= learners_of(h) <= limits.max_learners:
-            return "bad_learners"
-        if not math.isfinite(h.loss):
-            return "non_finite"
-        if staleness_of(h) > limits.max_staleness:
-            return "too_stale"
-        return None
-
-    def _novelty_reason(self, h: UpdateHeader) -> str | None:
-        with self.replica.lock:
-            if self.replica.has_applied(h.author, h.seq):
-                return "duplicate"
-        # No "seq <= last applied" rule: an update that arrives late or after a later one of
-        # its author is still applied; membership in the applied set is what counts.
-        return None
-
-    def _norm_reason(self, update_norm: float) -> str | None:
-        # Against the whole model's norm, a fragment's too: a fragment's own tensors can be
-        # small at genesis (an honest early fragment outgrows them); the per-fragment robust
-        # filter bounds a fragment against its own history.
-        ratio = self.config.max_update_norm_ratio
-        bounds = self.replica.params_norm_bounds()
-        if bounds is not None:  # the verdict of the exact norm, when the bounds settle it
-            # x -> ratio * max(x, tiny) is monotone in floats, so lo <= norm <= hi carries over.
-            if update_norm <= ratio * max(bounds[0], _MIN_PARAMS_NORM):
-                return None
-            if update_norm > ratio * max(bounds[1], _MIN_PARAMS_NORM):
-                return "norm_too_large"
-        params_norm = self.replica.params_norm()
-        if update_norm > ratio * max(params_norm, _MIN_PARAMS_NORM):
-            return "norm_too_large"
-        return None
-
     def _reject(self, header: UpdateHeader, reason: str) -> MergeResult:
         with self._stats_lock:
             self.rejections[reason] += 1
@@ -530,17 +446,3 @@ class UpdatePipeline:
         level = logging.INFO if reason in _BENIGN_REASONS else logging.WARNING
         logger.log(level, "rejected update %s#%d: %s", header.author, header.seq, reason)
         return MergeResult(False, header.author, header.seq, staleness_of(header), 0.0, reason)
-
-
-def learners_of(header: UpdateHeader) -> int:
-    """The learner count an update is sized by; a v1 header (without one) counts as one."""
-    return 1 if header.learners is None else header.learners
-
-
-def staleness_of(header: UpdateHeader) -> int:
-    """Staleness in updates of the same share of the model: a fragment update (1 of P) counts
-    the updates applied during its round over P, as P fragments of each round were applied.
-
-    So a fragment is weighed and corrected like a whole update in the same swarm would be.
-    """
-    return header.staleness // (header.fragments or 1)
