@@ -21,7 +21,7 @@ import torch
 
 from merge.codec_base import DecodesInto
 from merge.codecs import CODECS
-from merge.contribution import ContributionLedger, budgeted
+from merge.contribution import budgeted
 from merge.correction import correct
 from merge.cosign_ledger import parse_cosigned
 from merge.envelope import SignedHeader, SignedUpdate, UpdateHeader
@@ -33,6 +33,7 @@ from merge.handover import check_handover, settled_in
 from merge.learners import LearnerFloor, credited_learners
 from merge.merge_config import MergeConfig
 from merge.payload import Rejected, decode_payload, raise_if
+from merge.pipeline_state import PipelineState
 from merge.rejections import RejectionLog
 from merge.replica import Replica, parse_applied
 from merge.result import MergeResult
@@ -46,12 +47,9 @@ logger = logging.getLogger(__name__)
 _BENIGN_REASONS = frozenset({"duplicate", "replay", "too_stale", "wrong_run"})
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _NO_GRADIENT = torch.empty(0)  # what a weight-0 apply is given: it reads none
-ALONE_AFTER_SKEWS = 3.0
-"""An author is alone (merge.contribution) once every other author's latest update is signed
-this many `max_clock_skew_s` before its own."""
 
 
-class UpdatePipeline(UpdateChecks):
+class UpdatePipeline(UpdateChecks, PipelineState):
     """Validates untrusted updates and applies the good ones to a replica; thread-safe.
 
     It is what dht/ calls through its merge port (dht.merge_port.MergePort, satisfied
@@ -103,66 +101,6 @@ class UpdatePipeline(UpdateChecks):
         equivocation are checked by (merge.group_equivocation), persisted ones included."""
         self.run_id, self.group_run = run_id, GroupRun(run_id, members_of)
         self.equivocation.decode = functools.partial(decode_proof, run=self.group_run)
-
-    def state_dict(self) -> dict[str, object]:
-        """What the pipeline decides by besides the replica: the robust filters' windows and
-        the learner floor. Checkpointed with the replica: a node restarted without them judged
-        and sized updates unlike its peers, and their replicas stayed apart for good."""
-        with self.replica.lock:
-            return {
-                "robust": [robust.state_dict() for robust in self._robust],
-                "learner_floor": self.learner_floor.state_dict(),
-                "ledger": self.ledger.state_dict(),
-            }
-
-    def load_state_dict(self, state: object) -> None:
-        """Restores what state_dict saved (None: a checkpoint from before it, left as is)."""
-        if state is None:
-            return
-        parts = state if isinstance(state, dict) else {}
-        robust = parts.get("robust")
-        if not isinstance(robust, list) or len(robust) != len(self._robust):
-            raise ValueError(f"merge state must hold {len(self._robust)} robust filter states.")
-        if not all(isinstance(r, dict) for r in robust):
-            raise ValueError("merge state's robust filter states must be mappings.")
-        ledger = self._new_ledger()
-        if parts.get("ledger") is not None:  # checkpoints before budgets lack it: none earned
-            ledger.load_state_dict(parts["ledger"])
-        with self.replica.lock:
-            self.learner_floor.load_state_dict(parts.get("learner_floor"))
-            self.ledger = ledger
-            for robust_filter, robust_state in zip(self._robust, robust, strict=True):
-                robust_filter.load_state_dict(robust_state)
-
-    def _new_ledger(self) -> ContributionLedger:
-        # Alone after 3x the clock skew a receiver tolerates: a flooder dating its updates
-        # ahead cannot look alone while honest learners publish every 2x that skew or faster.
-        alone_after_s = ALONE_AFTER_SKEWS * self.config.max_clock_skew_s
-        return ContributionLedger(self.config.robust.budget, alone_after_s=alone_after_s)
-
-    def window_sizes(self) -> dict[str, int]:
-        """How much history the decisions stand on: accepted norms in the (first) robust
-        window, updates in the learner floor's window."""
-        with self.replica.lock:
-            return {"robust_norms": len(self.robust), "floor_updates": len(self.learner_floor)}
-
-    def transfer_state(self) -> dict[str, object]:
-        """What a newcomer loads (dht.state_transfer): the replica's state_dict with this
-        pipeline's state ("merge") and its proofs of equivocation ("equivocation", hex), taken
-        at one moment, so the newcomer judges and sizes the next updates as this replica
-        does (merge.handover)."""
-        with self.replica.lock:
-            state = self.replica.state_dict()
-            state["merge"] = self.state_dict()
-            book = self.equivocation.state_dict()
-        proofs = book["proofs"]
-        assert isinstance(proofs, list)
-        state["equivocation"] = {
-            "proofs": [p.hex() for p in proofs],
-            "settled": book["settled"],
-            "awaiting": book["awaiting"],  # withdrawn lesser variants (merge.equivocation)
-        }
-        return state
 
     def adopt(self, state: dict[str, Any]) -> None:
         """Loads a donor's transfer_state in place of this replica and what judged its
