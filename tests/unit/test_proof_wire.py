@@ -5,7 +5,9 @@ refused with the same reason and message as before."""
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -39,45 +41,45 @@ def test_a_group_proof_made_before_parses_the_same_and_encodes_back() -> None:
     assert parsed.culprits == (MEMBERS[0].peer_id,)  # the member in both included sets
 
 
+SOLO_DECODE = functools.partial(Proof.from_bytes, fingerprint=FINGERPRINT)
+GROUP_DECODE = functools.partial(GroupProof.from_bytes, run=GROUP_RUN)
+
+
 @pytest.mark.parametrize(
-    ("data", "reason", "message"),
+    ("decode", "data", "reason", "message"),
     [
-        ("not bytes", "malformed", "malformed: a proof is bytes"),
+        (SOLO_DECODE, "not bytes", "malformed", "malformed: a proof is bytes"),
         (
-            b"x" * (MAX_PROOF_BYTES + 1), "too_large",
+            SOLO_DECODE, b"x" * (MAX_PROOF_BYTES + 1), "too_large",
             f"too_large: proof of {MAX_PROOF_BYTES + 1} bytes",
         ),
-        (b"DLX1" + SOLO[4:], "malformed", "malformed: not a proof of equivocation"),
-        (PROOF_MAGIC + b"\0\0", "malformed", "malformed: truncated"),
-        (SOLO + b"\0", "malformed", "malformed: trailing bytes"),
-    ],
-    ids=["not_bytes", "too_large", "wrong_magic", "truncated", "trailing"],
-)  # fmt: skip
-def test_what_is_no_solo_proof_is_refused_as_before(
-    data: object, reason: str, message: str
-) -> None:
-    with pytest.raises(ProofError) as refused:
-        Proof.from_bytes(data, FINGERPRINT)
-    assert (refused.value.reason, str(refused.value)) == (reason, message)
-
-
-@pytest.mark.parametrize(
-    ("data", "reason", "message"),
-    [
-        (None, "malformed", "malformed: a proof is bytes"),
+        (SOLO_DECODE, b"DLX1" + SOLO[4:], "malformed", "malformed: not a proof of equivocation"),
+        (SOLO_DECODE, PROOF_MAGIC + b"\0\0", "malformed", "malformed: truncated"),
+        (SOLO_DECODE, SOLO + b"\0", "malformed", "malformed: trailing bytes"),
+        (GROUP_DECODE, None, "malformed", "malformed: a proof is bytes"),
         (
-            GROUP_PROOF_MAGIC + b" " * MAX_GROUP_PROOF_BYTES, "too_large",
+            GROUP_DECODE, GROUP_PROOF_MAGIC + b" " * MAX_GROUP_PROOF_BYTES, "too_large",
             f"too_large: group proof of {MAX_GROUP_PROOF_BYTES + len(GROUP_PROOF_MAGIC)} bytes",
         ),
-        (b"DLX1" + GROUP[4:], "malformed", "malformed: not a proof of a group's equivocation"),
-        (GROUP_PROOF_MAGIC + b"{", "malformed", "malformed: not JSON"),
-        (GROUP[:-1] + b" }", "not_canonical", "not_canonical: not the canonical encoding"),
+        (
+            GROUP_DECODE, b"DLX1" + GROUP[4:], "malformed",
+            "malformed: not a proof of a group's equivocation",
+        ),
+        (GROUP_DECODE, GROUP_PROOF_MAGIC + b"{", "malformed", "malformed: not JSON"),
+        (
+            GROUP_DECODE, GROUP[:-1] + b" }", "not_canonical",
+            "not_canonical: not the canonical encoding",
+        ),
     ],
-    ids=["not_bytes", "too_large", "wrong_magic", "not_json", "not_canonical"],
+    ids=[
+        "solo_not_bytes", "solo_too_large", "solo_wrong_magic", "solo_truncated", "solo_trailing",
+        "group_not_bytes", "group_too_large", "group_wrong_magic", "group_not_json",
+        "group_not_canonical",
+    ],
 )  # fmt: skip
-def test_what_is_no_group_proof_is_refused_as_before(
-    data: object, reason: str, message: str
+def test_what_is_no_proof_is_refused_as_before(
+    decode: Callable[[object], object], data: object, reason: str, message: str
 ) -> None:
     with pytest.raises(ProofError) as refused:
-        GroupProof.from_bytes(data, GROUP_RUN)
+        decode(data)
     assert (refused.value.reason, str(refused.value)) == (reason, message)
