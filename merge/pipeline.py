@@ -38,6 +38,7 @@ from merge.rejections import RejectionLog
 from merge.replica import Replica, parse_applied
 from merge.result import MergeResult
 from merge.robust import RobustFilter, Verdict, round_share, substance
+from merge.settle import settle
 from merge.update_checks import MIN_PARAMS_NORM, UpdateChecks, learners_of, staleness_of
 from merge.weighting import staleness_weight, token_weight
 
@@ -46,7 +47,6 @@ logger = logging.getLogger(__name__)
 # Reasons that an honest, up-to-date peer can produce; everything else suggests a bug or abuse.
 _BENIGN_REASONS = frozenset({"duplicate", "replay", "too_stale", "wrong_run"})
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-_NO_GRADIENT = torch.empty(0)  # what a weight-0 apply is given: it reads none
 
 
 class UpdatePipeline(UpdateChecks, PipelineState):
@@ -316,12 +316,11 @@ class UpdatePipeline(UpdateChecks, PipelineState):
         applied (its retained copy), whose outer step is withdrawn."""
         uid = proof.update_id
         with self.replica.lock:
-            action = self.equivocation.learn(proof, applied=self.replica.has_applied(*uid))
-            if action == "record":
-                self.replica.apply(proof.first.header, _NO_GRADIENT, 0.0, credited=0.0)
-            elif action == "withdraw":
-                self._withdraw(uid, applied_update)
-            self.equivocation.settled(uid)
+            action = settle(
+                self.equivocation, self.replica, proof,
+                recorded=lambda: proof.first.header,
+                withdraw=lambda: self._withdraw(uid, applied_update),
+            )  # fmt: skip
         if action != "none":
             with self._stats_lock:
                 self.rejections["equivocation"] += 1
