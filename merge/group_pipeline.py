@@ -215,9 +215,7 @@ class GroupMerge:
         if held is not None:  # the prevailing variant came before the proof
             self.submit(*held)
         if action != "none":
-            with p._stats_lock:
-                p.rejections["group_equivocation"] += 1
-            p.rejection_log.count(uid[0], "group_equivocation")
+            count_rejection(p, uid[0], "group_equivocation")
             logger.warning(
                 "group update %s#%d: equivocation proven (co-signed both: %s); %s",
                 *uid, proof.culprits, action,
@@ -355,14 +353,20 @@ def charge(
     ledger.group_applied(cosigners, learners, allowance, evidence)
 
 
+def count_rejection(pipeline: Pipeline, author: str, reason: str) -> None:
+    """Counts an update of `author` refused, cut or voided for `reason`: in the pipeline's
+    totals and in its per-peer log (merge.rejections), solo and group paths alike."""
+    with pipeline._stats_lock:
+        pipeline.rejections[reason] += 1
+    pipeline.rejection_log.count(author, reason)
+
+
 def count_over_budget(pipeline: Pipeline, header: UpdateHeader, allowance: float) -> None:
     """Counts and logs an update its budget lets through only in part (a solo author's own,
     a group update's co-signers': merge.contribution)."""
     if allowance >= 1:
         return
-    with pipeline._stats_lock:
-        pipeline.rejections["over_budget"] += 1
-    pipeline.rejection_log.count(header.author, "over_budget")
+    count_rejection(pipeline, header.author, "over_budget")
     logger.info("%s#%d: over its budget; %.3g of it counts", *header.update_id, allowance)
 
 

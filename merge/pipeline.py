@@ -27,7 +27,7 @@ from merge.cosign_ledger import parse_cosigned
 from merge.envelope import SignedHeader, SignedUpdate, UpdateHeader
 from merge.equivocation import Action, EquivocationBook, Proof, UpdateId
 from merge.group_equivocation import GroupProof, GroupRun, MemberCheck, decode_proof
-from merge.group_pipeline import GroupMerge, count_over_budget, floor_votes
+from merge.group_pipeline import GroupMerge, count_over_budget, count_rejection, floor_votes
 from merge.group_update import GroupUpdate
 from merge.handover import check_handover, settled_in
 from merge.learners import LearnerFloor, credited_learners
@@ -322,9 +322,7 @@ class UpdatePipeline(UpdateChecks, PipelineState):
                 withdraw=lambda: self._withdraw(uid, applied_update),
             )  # fmt: skip
         if action != "none":
-            with self._stats_lock:
-                self.rejections["equivocation"] += 1
-            self.rejection_log.count(uid[0], "equivocation")
+            count_rejection(self, uid[0], "equivocation")
             logger.warning("update %s#%d: equivocation proven; %s", uid[0], uid[1], action)
         return action
 
@@ -359,9 +357,7 @@ class UpdatePipeline(UpdateChecks, PipelineState):
         """The share of the update's contribution the robust checks let through, in [0, 1]."""
         if verdict.reason is None:
             return 1.0
-        with self._stats_lock:
-            self.rejections[verdict.reason] += 1
-        self.rejection_log.count(header.author, verdict.reason)
+        count_rejection(self, header.author, verdict.reason)
         logger.warning(
             "%s#%d: %s (norm %.4g, median %s, cosine %s); its contribution is %s",
             header.author,
@@ -377,9 +373,7 @@ class UpdatePipeline(UpdateChecks, PipelineState):
         return 1.0 if verdict.recenter is not None else verdict.scale  # recentered: in the tensor
 
     def _reject(self, header: UpdateHeader, reason: str) -> MergeResult:
-        with self._stats_lock:
-            self.rejections[reason] += 1
-        self.rejection_log.count(header.author, reason)
+        count_rejection(self, header.author, reason)
         level = logging.INFO if reason in _BENIGN_REASONS else logging.WARNING
         logger.log(level, "rejected update %s#%d: %s", header.author, header.seq, reason)
         return MergeResult(False, header.author, header.seq, staleness_of(header), 0.0, reason)
