@@ -313,7 +313,7 @@ class EquivocationBook:
         proofs, settled = state.get("proofs"), state.get("settled")
         awaiting = state.get("awaiting")
         for blob in (proofs if isinstance(proofs, list) else [])[-MAX_PROOFS:]:
-            try:  # hex: a state transfer's JSON tree (merge.pipeline.transfer_state)
+            try:  # hex: a state transfer's JSON tree (merge.pipeline_state.transfer_state)
                 raw = bytes.fromhex(blob) if isinstance(blob, str) else blob
                 proof = self.decode(raw, fingerprint)
             except (ProofError, ValueError):
