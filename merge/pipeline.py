@@ -3,6 +3,11 @@
 Updates arrive from untrusted peers: a bad one costs a counter increment and a log line,
 never an exception. The weight is a pure function of the signed header, so every replica
 weighs an update the same whatever order updates arrive in.
+
+Beside it: its settings (merge.merge_config), the reasons a header is refused for
+(merge.update_checks) and what it saves and hands to newcomers (merge.pipeline_state), both
+mixins of UpdatePipeline; payload decoding (merge.payload); learner groups' updates
+(merge.group_pipeline); what a learned proof of equivocation does (merge.settle).
 """
 
 from __future__ import annotations
