@@ -64,97 +64,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+
+from merge.budget_account import Account
+from merge.budget_config import BudgetConfig
 
 FRESH = ""
 """The key of the fresh cohort's budget (no author's id is empty)."""
 MAX_AUTHORS = 4096
 """Authors the ledger tracks; beyond, those with the least record are forgotten first."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class BudgetConfig:
-    """How much of a round an author may contribute; part of the robust config."""
-
-    max_share: float = 4.0
-    """An author's cap, in fair shares of a round (0: no budget). Above 1: honest learners
-    differ in speed: a learner publishing 4x as often as the others keeps its whole share
-    (tests/unit/test_contribution.py), an established attacker gets at most this much."""
-    budget_rounds: float = 4.0
-    """Time constant, in rounds of the others' progress, over which contributions decay."""
-    fresh_share: float = 1.5
-    """The cap of each author until it has a track record, in fair shares of a round
-    (above 1: one honest newcomer keeps its whole share)."""
-    cohort_share: float = 1.5
-    """The cap of all fresh authors together once any author is established, in fair shares
-    (above 1: one honest newcomer keeps its whole share; one fair share of one more learner,
-    tried before, cut it to 0.89-0.93x, by amounts that depended on the arrival order)."""
-    min_record: float = 8.0
-    """Credited updates after which an author is established (its own budget, its learner
-    count credited, its robust vote counted)."""
-    min_tenure: float = 4.0
-    """Rounds of the others' progress since its first credited update before an author can
-    be established: publishing fast in a swarm's first rounds earns no record sooner."""
-    trust_rounds: float = 32.0
-    """Rounds of the others' progress since an author's first credited update over which
-    its cap grows linearly from one fair share to `max_share` (trust built from history:
-    publishing faster does not earn it sooner)."""
-
-    def __post_init__(self) -> None:
-        names = ("max_share", "fresh_share", "cohort_share", "min_record", "min_tenure")
-        for name in (*names, "trust_rounds"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}.")
-        tau = self.budget_rounds
-        if not isinstance(tau, int | float) or not (math.isfinite(tau) and tau > 0):
-            raise ValueError(f"budget_rounds must be a finite number > 0, got {tau!r}.")
-
-
-@dataclass
-class _Account:
-    load: float = 0.0
-    """Credited shares, decayed up to `clock`."""
-    clock: float = 0.0
-    """The others' progress (total - own) when `load` was last brought up to date."""
-    own: float = 0.0
-    """Its credited shares that advanced the swarm's clock (rounds)."""
-    record: float = 0.0
-    """Credited updates in all."""
-    since: float = 0.0
-    """The others' progress when its first update was credited."""
-    seen_at: float = 0.0
-    """The latest signed time (created_at) of its applied updates."""
-
-    def load_at(self, total: float, tau: float) -> float:
-        elapsed = max(0.0, total - self.own - self.clock)
-        return self.load * math.exp(-elapsed / tau)
-
-    def tenure(self, total: float) -> float:
-        """Rounds of the others' progress since its first credited update."""
-        return max(0.0, total - self.own - self.since)
-
-    def credit(
-        self,
-        share: float,
-        allowance: float,
-        total: float,
-        tau: float,
-        *,
-        clocked: bool,
-        loaded: bool = True,
-        evidence: float = 1.0,
-        fair: float = 1.0,
-    ) -> None:
-        """`total`: the swarm's clock before this update; `clocked`: whether it advances it;
-        `loaded`: whether it counts against the budget (not when its author is alone); `fair`:
-        the steady load of one author at its share of each round, the unit of `load`."""
-        if self.record == 0 and self.own == 0:
-            self.since = total - self.own
-        self.load = self.load_at(total, tau) + (share * allowance / fair if loaded else 0.0)
-        self.clock = total - self.own
-        self.own += share * allowance if clocked else 0.0
-        self.record += allowance * evidence
 
 
 class ContributionLedger:
@@ -168,7 +85,7 @@ class ContributionLedger:
             raise ValueError(f"alone_after_s must be > 0, got {alone_after_s!r}.")
         self.alone_after_s = alone_after_s
         """Signed seconds of every other author's silence after which an author is alone."""
-        self._accounts: dict[str, _Account] = {}
+        self._accounts: dict[str, Account] = {}
         self._total = 0.0
         """The swarm's clock: credited shares of trusted authors' updates (rounds)."""
 
@@ -310,9 +227,9 @@ class ContributionLedger:
         loaded = not self.is_alone(author, learners, created_at)
         clocked = loaded and self._clocks(author)  # alone, it is not the others' time either
         if loaded and self.in_cohort(author):
-            account = self._accounts.setdefault(FRESH, _Account())
+            account = self._accounts.setdefault(FRESH, Account())
             account.credit(share, allowance, self._total, tau, clocked=clocked)
-        account = self._accounts.setdefault(author, _Account())
+        account = self._accounts.setdefault(author, Account())
         evidence = min(1.0, max(0.0, evidence))
         # Alone, there is no one to earn trust from: a stranger that publishes before anyone
         # else (sized by one learner) must not be established when the founders arrive.
@@ -375,10 +292,10 @@ class ContributionLedger:
         total = self._total
         evidence = min(1.0, max(0.0, evidence)) if loaded else 0.0
         if loaded and 2 * len(fresh) > len(members):
-            cohort = self._accounts.setdefault(FRESH, _Account())
+            cohort = self._accounts.setdefault(FRESH, Account())
             cohort.credit(1.0 / learners, allowance, total, tau, clocked=False)  # members clock
         for member in members:
-            account = self._accounts.setdefault(member, _Account())
+            account = self._accounts.setdefault(member, Account())
             earned = evidence / len(fresh) if member in fresh else evidence
             account.credit(
                 share, allowance, total, tau,
@@ -429,7 +346,7 @@ class ContributionLedger:
             raise ValueError("contribution ledger state must hold a finite total >= 0.")
         if not isinstance(rows, list) or len(rows) > MAX_AUTHORS + 1:
             raise ValueError(f"contribution ledger state must list at most {MAX_AUTHORS} accounts.")
-        accounts: dict[str, _Account] = {}
+        accounts: dict[str, Account] = {}
         for row in rows:
             # Six columns: a state from before seen_at (its authors count as long silent).
             if not (
@@ -443,7 +360,7 @@ class ContributionLedger:
             # its author's budget and earns no record (merge.robust.substance).
             if max(clock, own, since) > total + 1e-9:
                 raise ValueError("contribution ledger account exceeds what it was credited.")
-            accounts[row[0]] = _Account(load, clock, own, record, since, *seen_at)
+            accounts[row[0]] = Account(load, clock, own, record, since, *seen_at)
         self._accounts, self._total = accounts, float(total)
 
 

@@ -85,6 +85,18 @@ class ProofError(ValueError):
         self.reason = reason
 
 
+def proof_bytes(data: object, magic: bytes, max_bytes: int, kind: str, of: str) -> bytes:
+    """`data` as bytes where it may be a proof of either kind (`kind`, a proof of `of`): bytes
+    of at most `max_bytes` that start with its `magic`; ProofError for anything else."""
+    if not isinstance(data, bytes | bytearray):
+        raise ProofError("malformed", "a proof is bytes")
+    if len(data) > max_bytes:
+        raise ProofError("too_large", f"{kind} of {len(data)} bytes")
+    if not data.startswith(magic):
+        raise ProofError("malformed", f"not a proof of {of}")
+    return bytes(data)
+
+
 @dataclass(frozen=True)
 class Proof:
     """Two signed headers of one author under one id with different payloads.
@@ -130,13 +142,8 @@ class Proof:
     @classmethod
     def from_bytes(cls, data: object, fingerprint: str | None = None) -> Proof:
         """A proof as received, checked; raises ProofError for anything else."""
-        if not isinstance(data, bytes | bytearray):
-            raise ProofError("malformed", "a proof is bytes")
-        if len(data) > MAX_PROOF_BYTES:
-            raise ProofError("too_large", f"proof of {len(data)} bytes")
-        if not data.startswith(PROOF_MAGIC):
-            raise ProofError("malformed", "not a proof of equivocation")
-        view, offset, headers = bytes(data), len(PROOF_MAGIC), []
+        view = proof_bytes(data, PROOF_MAGIC, MAX_PROOF_BYTES, "proof", "equivocation")
+        offset, headers = len(PROOF_MAGIC), []
         for _ in range(2):
             if offset + 4 > len(view):
                 raise ProofError("malformed", "truncated")
@@ -306,7 +313,7 @@ class EquivocationBook:
         proofs, settled = state.get("proofs"), state.get("settled")
         awaiting = state.get("awaiting")
         for blob in (proofs if isinstance(proofs, list) else [])[-MAX_PROOFS:]:
-            try:  # hex: a state transfer's JSON tree (merge.pipeline.transfer_state)
+            try:  # hex: a state transfer's JSON tree (merge.pipeline_state.transfer_state)
                 raw = bytes.fromhex(blob) if isinstance(blob, str) else blob
                 proof = self.decode(raw, fingerprint)
             except (ProofError, ValueError):

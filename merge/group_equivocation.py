@@ -42,6 +42,7 @@ from merge.equivocation import (
     ProofError,
     UpdateId,
     VariantKey,
+    proof_bytes,
 )
 from merge.group_plan import ShardPlan, sharded_statement
 from merge.group_update import SIGNATURE_BYTES, GroupUpdate, included_statement
@@ -280,14 +281,11 @@ class GroupProof:
     def from_bytes(cls, data: object, run: GroupRun) -> GroupProof:
         """A proof as received, checked; raises ProofError for anything else (bytes that are
         not exactly what `to_bytes` makes of it are refused: one proof, one encoding)."""
-        if not isinstance(data, bytes | bytearray):
-            raise ProofError("malformed", "a proof is bytes")
-        if len(data) > MAX_GROUP_PROOF_BYTES:
-            raise ProofError("too_large", f"group proof of {len(data)} bytes")
-        if not data.startswith(GROUP_PROOF_MAGIC):
-            raise ProofError("malformed", "not a proof of a group's equivocation")
+        view = proof_bytes(
+            data, GROUP_PROOF_MAGIC, MAX_GROUP_PROOF_BYTES, "group proof", "a group's equivocation"
+        )
         try:
-            body = json.loads(bytes(data[len(GROUP_PROOF_MAGIC) :]))
+            body = json.loads(view[len(GROUP_PROOF_MAGIC) :])
         except (ValueError, RecursionError):
             raise ProofError("malformed", "not JSON") from None
         if not isinstance(body, dict) or set(body) != _PROOF_KEYS:
@@ -301,7 +299,7 @@ class GroupProof:
             raise ProofError("malformed", "a proof holds two variants")
         first, second = (GroupVariant.from_json(v) for v in variants)
         proof = cls(run_id, key, round_, first, second)
-        if proof.to_bytes() != bytes(data):
+        if proof.to_bytes() != view:
             raise ProofError("not_canonical", "not the canonical encoding")
         proof.check(run)
         return proof

@@ -51,6 +51,7 @@ from merge.rejections import RejectionLog
 from merge.replica import Replica
 from merge.result import MergeResult
 from merge.robust import RobustFilter, Verdict, substance
+from merge.settle import settle
 
 logger = logging.getLogger(__name__)
 MAX_PENDING = 4
@@ -204,22 +205,17 @@ class GroupMerge:
         if p.group_run is None or p.replica.layout is not None:
             return "none"  # groups off; a run with fragments takes no group updates
         with p.replica.lock:
-            applied = p.replica.has_applied(*uid)
-            action = p.equivocation.learn(
-                proof, applied=applied, applied_variant=self.variants.key_of(uid)
-            )
-            if action == "record":
-                p.replica.apply(self._recorded(uid), torch.empty(0), 0.0, credited=0.0)
-            elif action == "withdraw" and self._withdraw(uid, applied_group, proof):
-                p.equivocation.withdrew(uid)  # superseded: the prevailing one steps when it comes
-            p.equivocation.settled(uid)
+            action = settle(
+                p.equivocation, p.replica, proof,
+                recorded=lambda: self._recorded(uid),
+                withdraw=lambda: self._withdraw(uid, applied_group, proof),
+                applied_variant=self.variants.key_of(uid),
+            )  # fmt: skip
             held = self._held(uid)
         if held is not None:  # the prevailing variant came before the proof
             self.submit(*held)
         if action != "none":
-            with p._stats_lock:
-                p.rejections["group_equivocation"] += 1
-            p.rejection_log.count(uid[0], "group_equivocation")
+            count_rejection(p, uid[0], "group_equivocation")
             logger.warning(
                 "group update %s#%d: equivocation proven (co-signed both: %s); %s",
                 *uid, proof.culprits, action,
@@ -259,17 +255,18 @@ class GroupMerge:
         uid: UpdateId,
         applied_group: Callable[[UpdateId], GroupUpdate | None],
         proof: GroupProof,
-    ) -> bool:
-        """Takes back the applied variant's step and co-signer credit; False where it cannot
-        (then it is kept, and no other variant steps in its place)."""
+    ) -> None:
+        """Takes back the applied variant's step and co-signer credit, the id then withdrawn
+        here (`EquivocationBook.withdrew`); where it cannot, the variant is kept and no other
+        variant steps in its place."""
         p, entry = self.pipeline, self.applied_variants.get(uid)
         if entry is None:
             logger.warning("group update %s#%d: applied too long ago (or by shards); kept", *uid)
-            return False
+            return
         update = applied_group(uid) if entry.weight != 0 else None
         if entry.weight != 0 and (update is None or variant_of(update) != entry.variant.key):
             logger.warning("group update %s#%d: its applied aggregate is gone; kept", *uid)
-            return False
+            return
         if update is not None:
             header = update.update_header(p.fingerprint, p.config.max_inner_steps)
             slot = proof.superseded_key is not None  # the prevailing variant steps in its slot
@@ -283,7 +280,7 @@ class GroupMerge:
             limit = len(applied.get(member, ())) + p.replica.cosigned.count(member)
             p.ledger.bound_record(member, limit)
         self.applied_variants.forget(uid)
-        return True
+        p.equivocation.withdrew(uid)  # superseded: the prevailing one steps when it comes
 
     def _problem(self, update: GroupUpdate, in_group: Callable[[str], bool]) -> str | None:
         """Why every replica refuses `update` (counted as `group_<reason>`), or None."""
@@ -356,14 +353,20 @@ def charge(
     ledger.group_applied(cosigners, learners, allowance, evidence)
 
 
+def count_rejection(pipeline: Pipeline, author: str, reason: str) -> None:
+    """Counts an update of `author` refused, cut or voided for `reason`: in the pipeline's
+    totals and in its per-peer log (merge.rejections), solo and group paths alike."""
+    with pipeline._stats_lock:
+        pipeline.rejections[reason] += 1
+    pipeline.rejection_log.count(author, reason)
+
+
 def count_over_budget(pipeline: Pipeline, header: UpdateHeader, allowance: float) -> None:
     """Counts and logs an update its budget lets through only in part (a solo author's own,
     a group update's co-signers': merge.contribution)."""
     if allowance >= 1:
         return
-    with pipeline._stats_lock:
-        pipeline.rejections["over_budget"] += 1
-    pipeline.rejection_log.count(header.author, "over_budget")
+    count_rejection(pipeline, header.author, "over_budget")
     logger.info("%s#%d: over its budget; %.3g of it counts", *header.update_id, allowance)
 
 

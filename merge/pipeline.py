@@ -3,118 +3,58 @@
 Updates arrive from untrusted peers: a bad one costs a counter increment and a log line,
 never an exception. The weight is a pure function of the signed header, so every replica
 weighs an update the same whatever order updates arrive in.
+
+Beside it: its settings (merge.merge_config), the reasons a header is refused for
+(merge.update_checks) and what it saves and hands to newcomers (merge.pipeline_state), both
+mixins of UpdatePipeline; payload decoding (merge.payload); learner groups' updates
+(merge.group_pipeline); what a learned proof of equivocation does (merge.settle).
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import functools
 import logging
-import math
 import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from merge.codec_base import DecodesInto
-from merge.codecs import CODECS, CodecError, get_codec
-from merge.contribution import ContributionLedger, budgeted
-from merge.correction import CorrectionConfig, correct
+from merge.codecs import CODECS
+from merge.contribution import budgeted
+from merge.correction import correct
 from merge.cosign_ledger import parse_cosigned
-from merge.envelope import (
-    EnvelopeError,
-    SignedHeader,
-    SignedUpdate,
-    UpdateHeader,
-    payload_matches,
-    verify_header,
-)
+from merge.envelope import SignedHeader, SignedUpdate, UpdateHeader
 from merge.equivocation import Action, EquivocationBook, Proof, UpdateId
 from merge.group_equivocation import GroupProof, GroupRun, MemberCheck, decode_proof
-from merge.group_pipeline import GroupMerge, count_over_budget, floor_votes
+from merge.group_pipeline import GroupMerge, count_over_budget, count_rejection, floor_votes
 from merge.group_update import GroupUpdate
 from merge.handover import check_handover, settled_in
 from merge.learners import LearnerFloor, credited_learners
-from merge.outer import OuterConfig
+from merge.merge_config import MergeConfig
+from merge.payload import Rejected, decode_payload, raise_if
+from merge.pipeline_state import PipelineState
 from merge.rejections import RejectionLog
 from merge.replica import Replica, parse_applied
 from merge.result import MergeResult
-from merge.robust import RobustConfig, RobustFilter, Verdict, round_share, substance
-from merge.weighting import StalenessConfig, TokenWeightConfig, staleness_weight, token_weight
+from merge.robust import RobustFilter, Verdict, round_share, substance
+from merge.settle import settle
+from merge.update_checks import MIN_PARAMS_NORM, UpdateChecks, learners_of, staleness_of
+from merge.weighting import staleness_weight, token_weight
 
 logger = logging.getLogger(__name__)
 
 # Reasons that an honest, up-to-date peer can produce; everything else suggests a bug or abuse.
 _BENIGN_REASONS = frozenset({"duplicate", "replay", "too_stale", "wrong_run"})
-_MIN_PARAMS_NORM = 1e-12
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-_NO_GRADIENT = torch.empty(0)  # what a weight-0 apply is given: it reads none
-ALONE_AFTER_SKEWS = 3.0
-"""An author is alone (merge.contribution) once every other author's latest update is signed
-this many `max_clock_skew_s` before its own."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class MergeConfig:
-    """How updates are validated, weighted and applied; part of the run fingerprint."""
-
-    outer: OuterConfig = field(default_factory=OuterConfig)
-    """The outer optimizer applied to each accepted update."""
-    staleness: StalenessConfig = field(default_factory=StalenessConfig)
-    """How staleness down-weights an update."""
-    token_weight: TokenWeightConfig
-    """How the tokens behind an update weigh it."""
-    max_inner_steps: int
-    """Updates claiming more inner steps than this are rejected."""
-    max_tokens_per_step: int
-    """Updates claiming more than inner_steps * this many tokens are rejected."""
-    max_staleness: int = 1000
-    """Updates staler than this are rejected."""
-    max_update_norm_ratio: float = 1.0
-    """Updates whose pseudo-gradient norm exceeds this times the params norm are rejected."""
-    max_learners: int = 1024
-    """Updates whose header claims more live learners than this are rejected."""
-    correction: CorrectionConfig = field(default_factory=CorrectionConfig)
-    """Correction of stale updates against the outer momentum before they are applied."""
-    robust: RobustConfig = field(default_factory=RobustConfig)
-    """Norm bound relative to the median accepted norm; cosine bound to the outer momentum."""
-    max_clock_skew_s: float = 600.0
-    """Updates sealed more than this many seconds in the future (by our clock) are rejected."""
-    max_seq_jump: int = 1_000_000
-    """Updates whose seq is this far beyond the author's last applied seq are rejected."""
-
-    def __post_init__(self) -> None:
-        for name in ("max_inner_steps", "max_tokens_per_step", "max_learners"):
-            value = getattr(self, name)
-            if type(value) is not int or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
-        if type(self.max_staleness) is not int or self.max_staleness < 0:
-            raise ValueError(f"max_staleness must be an integer >= 0, got {self.max_staleness!r}.")
-        ratio = self.max_update_norm_ratio
-        if not isinstance(ratio, int | float) or not (math.isfinite(ratio) and ratio > 0):
-            raise ValueError(f"max_update_norm_ratio must be a finite number > 0, got {ratio!r}.")
-        skew = self.max_clock_skew_s
-        if not isinstance(skew, int | float) or not (math.isfinite(skew) and skew > 0):
-            raise ValueError(f"max_clock_skew_s must be a finite number > 0, got {skew!r}.")
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain JSON types only."""
-        return dataclasses.asdict(self)
-
-
-class _Rejected(Exception):
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class UpdatePipeline:
+class UpdatePipeline(UpdateChecks, PipelineState):
     """Validates untrusted updates and applies the good ones to a replica; thread-safe.
 
     It is what dht/ calls through its merge port (dht.merge_port.MergePort, satisfied
@@ -167,66 +107,6 @@ class UpdatePipeline:
         self.run_id, self.group_run = run_id, GroupRun(run_id, members_of)
         self.equivocation.decode = functools.partial(decode_proof, run=self.group_run)
 
-    def state_dict(self) -> dict[str, object]:
-        """What the pipeline decides by besides the replica: the robust filters' windows and
-        the learner floor. Checkpointed with the replica: a node restarted without them judged
-        and sized updates unlike its peers, and their replicas stayed apart for good."""
-        with self.replica.lock:
-            return {
-                "robust": [robust.state_dict() for robust in self._robust],
-                "learner_floor": self.learner_floor.state_dict(),
-                "ledger": self.ledger.state_dict(),
-            }
-
-    def load_state_dict(self, state: object) -> None:
-        """Restores what state_dict saved (None: a checkpoint from before it, left as is)."""
-        if state is None:
-            return
-        parts = state if isinstance(state, dict) else {}
-        robust = parts.get("robust")
-        if not isinstance(robust, list) or len(robust) != len(self._robust):
-            raise ValueError(f"merge state must hold {len(self._robust)} robust filter states.")
-        if not all(isinstance(r, dict) for r in robust):
-            raise ValueError("merge state's robust filter states must be mappings.")
-        ledger = self._new_ledger()
-        if parts.get("ledger") is not None:  # checkpoints before budgets lack it: none earned
-            ledger.load_state_dict(parts["ledger"])
-        with self.replica.lock:
-            self.learner_floor.load_state_dict(parts.get("learner_floor"))
-            self.ledger = ledger
-            for robust_filter, robust_state in zip(self._robust, robust, strict=True):
-                robust_filter.load_state_dict(robust_state)
-
-    def _new_ledger(self) -> ContributionLedger:
-        # Alone after 3x the clock skew a receiver tolerates: a flooder dating its updates
-        # ahead cannot look alone while honest learners publish every 2x that skew or faster.
-        alone_after_s = ALONE_AFTER_SKEWS * self.config.max_clock_skew_s
-        return ContributionLedger(self.config.robust.budget, alone_after_s=alone_after_s)
-
-    def window_sizes(self) -> dict[str, int]:
-        """How much history the decisions stand on: accepted norms in the (first) robust
-        window, updates in the learner floor's window."""
-        with self.replica.lock:
-            return {"robust_norms": len(self.robust), "floor_updates": len(self.learner_floor)}
-
-    def transfer_state(self) -> dict[str, object]:
-        """What a newcomer loads (dht.state_transfer): the replica's state_dict with this
-        pipeline's state ("merge") and its proofs of equivocation ("equivocation", hex), taken
-        at one moment, so the newcomer judges and sizes the next updates as this replica
-        does (merge.handover)."""
-        with self.replica.lock:
-            state = self.replica.state_dict()
-            state["merge"] = self.state_dict()
-            book = self.equivocation.state_dict()
-        proofs = book["proofs"]
-        assert isinstance(proofs, list)
-        state["equivocation"] = {
-            "proofs": [p.hex() for p in proofs],
-            "settled": book["settled"],
-            "awaiting": book["awaiting"],  # withdrawn lesser variants (merge.equivocation)
-        }
-        return state
-
     def adopt(self, state: dict[str, Any]) -> None:
         """Loads a donor's transfer_state in place of this replica and what judged its
         updates, all or nothing (ValueError, nothing changed). The merge state is checked
@@ -240,7 +120,7 @@ class UpdatePipeline:
         merge = state.get("merge")
         if merge is not None:
             params_norm = float(torch.linalg.vector_norm(params, dtype=torch.float64))
-            cap = self.config.max_update_norm_ratio * max(params_norm, _MIN_PARAMS_NORM)
+            cap = self.config.max_update_norm_ratio * max(params_norm, MIN_PARAMS_NORM)
             # On the state as sent: the floor's loader would cut an overlong window silently.
             cosigned = parse_cosigned(state.get("cosigned"), applied)
             window = self.learner_floor.window
@@ -262,18 +142,6 @@ class UpdatePipeline:
                 self.load_state_dict(staged.state_dict())
             self.equivocation = book
 
-    def check_header(self, signed: SignedHeader) -> str | None:
-        """The rejection reason a header alone earns, or None; usable before fetching a payload.
-
-        Pure: it neither counts nor logs, so callers may poll announcements with it.
-        """
-        try:
-            verify_header(signed)
-        except EnvelopeError as e:
-            return e.reason
-        h = signed.header
-        return self._claims_reason(h) or self._trust_reason(h) or self._novelty_reason(h)
-
     def weight_of(self, header: UpdateHeader, learners: int | None = None) -> float:
         """The update's weight: staleness weight times token weight, from the header (and the
         learner count it is sized by, its signed one unless given).
@@ -290,7 +158,7 @@ class UpdatePipeline:
         header = update.header
         try:
             weight, blocks_corrected, robust, learners = self._merge(update)
-        except _Rejected as rejected:
+        except Rejected as rejected:
             return self._reject(header, rejected.reason)
         with self._stats_lock:
             self.num_merged += 1
@@ -308,9 +176,9 @@ class UpdatePipeline:
 
     def _merge(self, update: SignedUpdate) -> tuple[float, int, str | None, int]:
         header = update.header
-        _raise_if(self.check_header(update.signed_header))
+        raise_if(self.check_header(update.signed_header))
         with self._decode_buffer(header.codec, header.numel) as out:
-            pseudo_gradient, update_norm = _decode_payload(update, out)
+            pseudo_gradient, update_norm = decode_payload(update, out)
             return self._apply(update.signed_header, pseudo_gradient, update_norm)
 
     @contextlib.contextmanager
@@ -335,7 +203,7 @@ class UpdatePipeline:
     ) -> tuple[float, int, str | None, int]:
         header = signed.header
         with self.replica.lock:
-            _raise_if(self._trust_reason(header) or self._novelty_reason(header))
+            raise_if(self._trust_reason(header) or self._novelty_reason(header))
             author, established = header.author, self._credited()
             # Sized by the floor with fresh keys as one cohort (in a swarm's first rounds too:
             # 40 Sybils claiming 1,024 must not size the founders' updates as 1/43 of a round).
@@ -345,7 +213,7 @@ class UpdatePipeline:
                 author, claim, voters, cohort, header.created_at
             )
             weight = self.weight_of(header, learners)
-            _raise_if(self._norm_reason(update_norm))
+            raise_if(self._norm_reason(update_norm))
             outer = self.replica.outer_for(header.fragment)  # a fragment's: its own momentum
             momentum = outer.momentum_buffer
             staleness = staleness_of(header)
@@ -440,21 +308,6 @@ class UpdatePipeline:
         count_over_budget(self, header, allowance)
         return allowance
 
-    def _trust_reason(self, h: UpdateHeader) -> str | None:
-        """Who may contribute, clocks and counters no honest peer produces, equivocation."""
-        if self.admit is not None and not self.admit(h.author):
-            return "not_allowed"
-        if h.created_at > self.clock() + self.config.max_clock_skew_s:
-            return "future_timestamp"
-        if h.seq > max(self.replica.last_seq(h.author), 0) + self.config.max_seq_jump:
-            return "seq_too_far"
-        if self.equivocation.is_equivocated(h.update_id):
-            return "equivocation"  # proven: no variant of it is applied here any more
-        applied = self.equivocation.applied_variant(h.update_id)
-        if applied is not None and applied[0].header.payload_digest != h.payload_digest:
-            return "equivocation"  # the same id with another payload: never applied twice
-        return None
-
     def evidence(self, signed: SignedHeader) -> Proof | None:
         """The proof of equivocation that `signed` makes with the variant applied here."""
         with self.replica.lock:
@@ -468,16 +321,13 @@ class UpdatePipeline:
         applied (its retained copy), whose outer step is withdrawn."""
         uid = proof.update_id
         with self.replica.lock:
-            action = self.equivocation.learn(proof, applied=self.replica.has_applied(*uid))
-            if action == "record":
-                self.replica.apply(proof.first.header, _NO_GRADIENT, 0.0, credited=0.0)
-            elif action == "withdraw":
-                self._withdraw(uid, applied_update)
-            self.equivocation.settled(uid)
+            action = settle(
+                self.equivocation, self.replica, proof,
+                recorded=lambda: proof.first.header,
+                withdraw=lambda: self._withdraw(uid, applied_update),
+            )  # fmt: skip
         if action != "none":
-            with self._stats_lock:
-                self.rejections["equivocation"] += 1
-            self.rejection_log.count(uid[0], "equivocation")
+            count_rejection(self, uid[0], "equivocation")
             logger.warning("update %s#%d: equivocation proven; %s", uid[0], uid[1], action)
         return action
 
@@ -505,16 +355,14 @@ class UpdatePipeline:
             if weight != 0:
                 logger.warning("update %s#%d: its applied payload is gone; kept", *uid)
             return
-        pseudo_gradient, _ = _decode_payload(update)
+        pseudo_gradient, _ = decode_payload(update)
         self.replica.withdraw(header, pseudo_gradient, weight, learners)
 
     def _robust_scale(self, header: UpdateHeader, verdict: Verdict) -> float:
         """The share of the update's contribution the robust checks let through, in [0, 1]."""
         if verdict.reason is None:
             return 1.0
-        with self._stats_lock:
-            self.rejections[verdict.reason] += 1
-        self.rejection_log.count(header.author, verdict.reason)
+        count_rejection(self, header.author, verdict.reason)
         logger.warning(
             "%s#%d: %s (norm %.4g, median %s, cosine %s); its contribution is %s",
             header.author,
@@ -529,103 +377,8 @@ class UpdatePipeline:
             return 0.0
         return 1.0 if verdict.recenter is not None else verdict.scale  # recentered: in the tensor
 
-    def _claims_reason(self, h: UpdateHeader) -> str | None:
-        limits = self.config
-        if h.fingerprint != self.fingerprint:
-            return "wrong_run"
-        if h.codec not in CODECS:
-            return "unknown_codec"
-        run_fragments = self.replica.num_fragments
-        if h.fragments != (None if run_fragments == 1 else run_fragments):
-            return "bad_fragment"  # a whole update in a run with fragments, or the reverse
-        if h.numel != self.replica.update_numel(h.fragment):
-            return "wrong_size"  # for a fragment: not the size of that fragment of the model
-        if h.seq < 0 or h.base_applied < 0 or h.base_applied > h.published_applied:
-            return "bad_counters"
-        if not 1 <= h.inner_steps <= limits.max_inner_steps:
-            return "bad_steps"
-        if not 0 < h.tokens <= h.inner_steps * limits.max_tokens_per_step:
-            return "bad_tokens"
-        if not 1 <= learners_of(h) <= limits.max_learners:
-            return "bad_learners"
-        if not math.isfinite(h.loss):
-            return "non_finite"
-        if staleness_of(h) > limits.max_staleness:
-            return "too_stale"
-        return None
-
-    def _novelty_reason(self, h: UpdateHeader) -> str | None:
-        with self.replica.lock:
-            if self.replica.has_applied(h.author, h.seq):
-                return "duplicate"
-        # No "seq <= last applied" rule: an update that arrives late or after a later one of
-        # its author is still applied; membership in the applied set is what counts.
-        return None
-
-    def _norm_reason(self, update_norm: float) -> str | None:
-        # Against the whole model's norm, a fragment's too: a fragment's own tensors can be
-        # small at genesis (an honest early fragment outgrows them); the per-fragment robust
-        # filter bounds a fragment against its own history.
-        ratio = self.config.max_update_norm_ratio
-        bounds = self.replica.params_norm_bounds()
-        if bounds is not None:  # the verdict of the exact norm, when the bounds settle it
-            # x -> ratio * max(x, tiny) is monotone in floats, so lo <= norm <= hi carries over.
-            if update_norm <= ratio * max(bounds[0], _MIN_PARAMS_NORM):
-                return None
-            if update_norm > ratio * max(bounds[1], _MIN_PARAMS_NORM):
-                return "norm_too_large"
-        params_norm = self.replica.params_norm()
-        if update_norm > ratio * max(params_norm, _MIN_PARAMS_NORM):
-            return "norm_too_large"
-        return None
-
     def _reject(self, header: UpdateHeader, reason: str) -> MergeResult:
-        with self._stats_lock:
-            self.rejections[reason] += 1
-        self.rejection_log.count(header.author, reason)
+        count_rejection(self, header.author, reason)
         level = logging.INFO if reason in _BENIGN_REASONS else logging.WARNING
         logger.log(level, "rejected update %s#%d: %s", header.author, header.seq, reason)
         return MergeResult(False, header.author, header.seq, staleness_of(header), 0.0, reason)
-
-
-def learners_of(header: UpdateHeader) -> int:
-    """The learner count an update is sized by; a v1 header (without one) counts as one."""
-    return 1 if header.learners is None else header.learners
-
-
-def staleness_of(header: UpdateHeader) -> int:
-    """Staleness in updates of the same share of the model: a fragment update (1 of P) counts
-    the updates applied during its round over P, as P fragments of each round were applied.
-
-    So a fragment is weighed and corrected like a whole update in the same swarm would be.
-    """
-    return header.staleness // (header.fragments or 1)
-
-
-def _decode_payload(
-    update: SignedUpdate, out: torch.Tensor | None = None
-) -> tuple[torch.Tensor, float]:
-    """The pseudo-gradient (possibly aliasing the payload or ``out``: read-only) and its finite
-    norm. The payload is hashed on torch's threads: the rest of the path runs on them too."""
-    header = update.header
-    if not payload_matches(header, update.payload, max_threads=torch.get_num_threads()):
-        raise _Rejected("payload_hash_mismatch")
-    codec = get_codec(header.codec)
-    try:
-        if out is not None and isinstance(codec, DecodesInto):
-            pseudo_gradient = codec.decode_into(update.payload, header.numel, out)
-        else:
-            pseudo_gradient = codec.decode_view(update.payload, header.numel)
-    except CodecError:
-        raise _Rejected("malformed") from None
-    # One pass: a NaN or infinity anywhere makes the norm non-finite.
-    update_norm = float(torch.linalg.vector_norm(pseudo_gradient))
-    if not math.isfinite(update_norm):
-        finite = bool(torch.isfinite(pseudo_gradient).all())
-        raise _Rejected("norm_too_large" if finite else "non_finite")
-    return pseudo_gradient, update_norm
-
-
-def _raise_if(reason: str | None) -> None:
-    if reason is not None:
-        raise _Rejected(reason)
