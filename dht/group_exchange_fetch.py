@@ -24,7 +24,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -34,6 +34,7 @@ from dht.group_exchange_candidates import FetchCandidates
 from dht.group_exchange_slices import SLICE_LIMITS, SliceExchange
 from dht.grouping import member_check
 from dht.grouping_wire import GroupMessageError, RoundId
+from dht.realign_class import ClassRealign
 from dht.shard_fetch_inbox import Fallback, Inbox
 from dht.shard_fetch_wire import (
     FetchMessage,
@@ -142,6 +143,12 @@ class FetchExchange(FetchCandidates, SliceExchange):
         self.num_state_differs = 0
         """Fetch rounds that fell back because members' replicas were at other states (at
         the proposals, or at the part or sums checks): nobody's fault, no refusal counted."""
+        self.class_realign = ClassRealign(self.identity.peer_id)
+        """When this member, left out of its group's class, takes a class member's state
+        (dht.realign_class)."""
+        self.realign: Callable[[str], Awaitable[bool]] | None = None
+        """Loads a peer's state as a realignment does (dht.swarm `realign_from_class`):
+        whether it loaded. None: this member never realigns from its class."""
 
     async def register_fetch(self) -> None:
         if self.shard_fetch:
@@ -228,6 +235,7 @@ class FetchExchange(FetchCandidates, SliceExchange):
                 candidates=inbox.proposed, seconds=round(time.monotonic() - started, 3),
                 state_gap=inbox.state_gap, fallback_in_order=in_order,
                 slices_reused=self.num_slices_reused - reused,
+                realigned_from=inbox.realigned_from, realign_loaded=inbox.realign_loaded,
             )  # fmt: skip
 
     async def _run_fetch(
@@ -239,7 +247,10 @@ class FetchExchange(FetchCandidates, SliceExchange):
         wait_s, me = self.fetch_wait_s, self.identity.peer_id
         others = [m for m in members if m != me]
         await self._until(lambda: self._applied((rid[0], update.seq)), wait_s, "own_not_applied")
+        realigning = self._realign_from_class(members, inbox)
         await self._collect(update.seq, wait_s / 2)
+        if realigning is not None:
+            await self._realigned(realigning, inbox, wait_s / 2)
         loop = asyncio.get_running_loop()
         base, states = await loop.run_in_executor(None, self._state, len(members))
         proposal = self._proposal(base, states)
@@ -256,7 +267,9 @@ class FetchExchange(FetchCandidates, SliceExchange):
         out = left_out(composition, proposals, me)
         if out is not None:  # the round runs without this member: it falls back alone
             self.num_state_differs += out == "left_out_state"
+            self.class_realign.left_out(composition.members, members, out)  # at the next round
             raise Fallback(out)
+        self.class_realign.aligned()
         if not composition.ids:
             return 0, 0
         inbox.agreed, inbox.holders = composition.ids, dict(composition.holders)
@@ -272,6 +285,31 @@ class FetchExchange(FetchCandidates, SliceExchange):
         deferred = [inc.uid for inc in member.plan.deferred] if member.plan is not None else []
         inbox.in_order = await self._apply_in_order(deferred, composition.holders)
         return len(composition.ids), sum(r.accepted for r in results)
+
+    def _realign_from_class(self, members: list[str], inbox: Inbox) -> asyncio.Task[bool] | None:
+        """Left out of the last round's class (dht.realign_class): a class member's state,
+        downloaded while the round collects (the task), so this round has this member back."""
+        if self.realign is None:
+            return None
+        decision = self.class_realign.decide(members, time.monotonic())
+        if decision is None:
+            return None
+        inbox.realigned_from = decision[0]
+        logger.info("left out of %s's class (%s): realigning", members, decision[1].reason)
+        return asyncio.ensure_future(self.realign(decision[0]))
+
+    async def _realigned(self, task: asyncio.Task[bool], inbox: Inbox, bound_s: float) -> None:
+        """The realignment done, waited for at most `bound_s`: past it this member proposes
+        from the state it holds (the others run without it, as before; falling back here
+        would abort their round) and the download lands when it does (the transfer's
+        deadline bounds it), the retained updates offered again as after any realignment."""
+        done, _ = await asyncio.wait({task}, timeout=bound_s)
+        if not done:
+            self._spawn(task)  # kept referenced until it ends
+            return
+        loaded = not task.cancelled() and task.exception() is None and task.result()
+        inbox.realign_loaded = loaded
+        self.class_realign.finished(loaded=loaded)
 
     async def _abort(self, rid: RoundId, others: list[str], reason: str) -> None:
         with contextlib.suppress(Fallback):

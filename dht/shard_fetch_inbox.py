@@ -33,6 +33,11 @@ class Inbox:
         """How far the members' replicas lay apart (merge.shard_fetch `state_gap`)."""
         self.in_order = 0
         """Updates this round applied whole in id order (deferred past its fold)."""
+        self.realigned_from: str | None = None
+        """The class member whose state this member took before proposing (left out of the
+        last round's class: dht.realign_class), for the `shard_round` event."""
+        self.realign_loaded: bool | None = None
+        """Whether that download loaded (None: none, or not done before the proposal)."""
 
     def put(self, message: FetchMessage) -> None:
         self.messages.setdefault(message.kind, {}).setdefault(message.sender, message)
