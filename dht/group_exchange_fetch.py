@@ -34,7 +34,7 @@ from dht.group_exchange_candidates import FetchCandidates
 from dht.group_exchange_slices import SLICE_LIMITS, SliceExchange
 from dht.grouping import member_check
 from dht.grouping_wire import GroupMessageError, RoundId
-from dht.realign_class import ClassRealign
+from dht.realign_class import REASONS, ClassRealign
 from dht.shard_fetch_inbox import Fallback, Inbox
 from dht.shard_fetch_wire import (
     FetchMessage,
@@ -227,7 +227,10 @@ class FetchExchange(FetchCandidates, SliceExchange):
             if outcome not in ("alone", "aborted"):  # the others stop waiting for this one
                 others = [m for m in members if m != self.identity.peer_id]
                 self._spawn(self._abort(rid, others, outcome))
-            in_order = await self._fall_back(inbox.agreed, inbox.holders)
+            if self._waits_for_class(outcome):
+                inbox.waits_for_class = True  # its ids stay candidates (handed over in time)
+            else:
+                in_order = await self._fall_back(inbox.agreed, inbox.holders)
         if self._on_event is not None:
             self._on_event(
                 "shard_round", group_key=rid[0], epoch=rid[1], round=rid[2],
@@ -236,6 +239,7 @@ class FetchExchange(FetchCandidates, SliceExchange):
                 state_gap=inbox.state_gap, fallback_in_order=in_order,
                 slices_reused=self.num_slices_reused - reused,
                 realigned_from=inbox.realigned_from, realign_loaded=inbox.realign_loaded,
+                waits_for_class=inbox.waits_for_class,
             )  # fmt: skip
 
     async def _run_fetch(
@@ -285,6 +289,18 @@ class FetchExchange(FetchCandidates, SliceExchange):
         deferred = [inc.uid for inc in member.plan.deferred] if member.plan is not None else []
         inbox.in_order = await self._apply_in_order(deferred, composition.holders)
         return len(composition.ids), sum(r.accepted for r in results)
+
+    def _waits_for_class(self, outcome: str) -> bool:
+        """Left out of a class it will take the state of at its next round (dht.realign_class
+        `due`): this member fetches nothing whole now, since the donor's state will hold the
+        round's updates (fetched whole and applied, they would be bytes spent for a state
+        then replaced). What the realignment does not bring is handed to the gossip by the
+        candidates' own timer (`FALLBACK_ROUNDS` group waits after the notice)."""
+        return (
+            self.realign is not None
+            and outcome in REASONS
+            and self.class_realign.due(time.monotonic())
+        )
 
     def _realign_from_class(self, members: list[str], inbox: Inbox) -> asyncio.Task[bool] | None:
         """Left out of the last round's class (dht.realign_class): a class member's state,

@@ -114,6 +114,16 @@ class ClassRealign:
     def pending(self) -> LeftOut | None:
         return self._left
 
+    def due(self, now: float) -> bool:
+        """Whether the note taken last (`left_out`) will be acted on at the next round if
+        its class is still there: a majority class, a donor in it, and the cap and the
+        cooldown allow one at `now` (and so at any later time). The left-out member then
+        fetches none of the round's updates whole: the class's state brings them."""
+        left = self._left
+        if left is None or donor_for(left, self.self_id, left.members) is None:
+            return False
+        return self._may_attempt(now)
+
     def decide(self, members: Sequence[str], now: float) -> tuple[str, LeftOut] | None:
         """At the start of a fetch round among `members`: (donor, the class left out of) when
         this node downloads a class member's state now, else None. The note is spent either

@@ -38,6 +38,9 @@ class Inbox:
         last round's class: dht.realign_class), for the `shard_round` event."""
         self.realign_loaded: bool | None = None
         """Whether that download loaded (None: none, or not done before the proposal)."""
+        self.waits_for_class = False
+        """Left out of this round's class, this member fetched nothing whole: the class
+        member's state it takes at its next round holds the round's updates."""
 
     def put(self, message: FetchMessage) -> None:
         self.messages.setdefault(message.kind, {}).setdefault(message.sender, message)

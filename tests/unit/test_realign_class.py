@@ -6,6 +6,7 @@ state downloads."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -189,3 +190,69 @@ def test_the_fetch_round_takes_a_class_members_state_before_proposing() -> None:
     assert len(asked) == 1 and asked[0] in ("a", "b", "c")
     assert first.realigned_from == asked[0] and first.realign_loaded is True
     assert second.realigned_from is None  # one download for one left-out
+
+
+def test_due_says_whether_the_next_round_will_realign() -> None:
+    r = realign(max_attempts=1, window_s=100.0)
+    assert not r.due(0.0)  # no note
+    r.left_out(["m0", "m1"], MEMBERS, "left_out_state")
+    assert not r.due(0.0)  # a tie: no majority
+    r.left_out(["m0", "m1", "m2"], MEMBERS, "left_out_state")
+    assert r.due(0.0) and r.decide(MEMBERS, 1.0) is not None
+    r.left_out(["m0", "m1", "m2"], MEMBERS, "left_out_state")
+    assert not r.due(2.0)  # the cap is spent: this left-out fetches whole as before
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(st.floats(min_value=0.0, max_value=40.0), st.integers(0, 4)),
+        min_size=1,
+        max_size=30,
+    ),
+    cooldown_s=st.floats(min_value=0.0, max_value=60.0),
+)
+def test_a_due_note_is_acted_on_at_any_later_next_round(
+    steps: list[tuple[float, int]], cooldown_s: float
+) -> None:
+    """What `due` promised when the member skipped its whole fetch, `decide` keeps at the
+    next round however late it comes (the class still there)."""
+    r = realign(max_attempts=2, window_s=120.0, cooldown_s=cooldown_s)
+    now = 0.0
+    for gap, later in steps:
+        now += gap
+        r.left_out(["m0", "m1", "m2"], MEMBERS, "left_out_state")
+        if r.due(now):
+            assert r.decide(MEMBERS, now + later * 30.0) is not None
+            now += later * 30.0
+        else:
+            r.decide(MEMBERS, now)
+
+
+def test_a_member_that_will_realign_fetches_nothing_whole_and_one_that_will_not_does() -> None:
+    """The wiring: left out with a download due, the round's ids are not fetched whole
+    (the class's state brings them); without a way to realign, or past the cap, they are."""
+    from tests.unit.test_shard_fetch_fallback import _exchange
+
+    async def realign_ok(donor: str) -> bool:
+        return True
+
+    async def run() -> list[bool]:
+        exchange = _exchange(set(), [], [])
+        me = exchange.identity.peer_id
+        members = sorted(["a", "b", "c", me])
+        exchange.class_realign.left_out(["a", "b", "c"], members, "left_out_state")
+        found = [exchange._waits_for_class("left_out_state")]  # no `realign` wired
+        exchange.realign = realign_ok
+        found += [
+            exchange._waits_for_class("left_out_state"),
+            exchange._waits_for_class("state_differs"),
+        ]
+        exchange.class_realign.config = ClassRealignConfig(max_attempts=1)
+        exchange.class_realign._attempts.append(time.monotonic())
+        found.append(exchange._waits_for_class("left_out_state"))
+        for task in list(exchange._tasks):
+            task.cancel()
+        return found
+
+    assert asyncio.run(run()) == [False, True, False, False]
