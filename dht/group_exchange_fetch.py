@@ -239,7 +239,8 @@ class FetchExchange(FetchCandidates, SliceExchange):
                 state_gap=inbox.state_gap, fallback_in_order=in_order,
                 slices_reused=self.num_slices_reused - reused,
                 realigned_from=inbox.realigned_from, realign_loaded=inbox.realign_loaded,
-                waits_for_class=inbox.waits_for_class,
+                waits_for_class=inbox.waits_for_class, num_bases=inbox.num_bases,
+                class_size=inbox.class_size,
             )  # fmt: skip
 
     async def _run_fetch(
@@ -264,7 +265,9 @@ class FetchExchange(FetchCandidates, SliceExchange):
         proposals = {me: proposal} | {s: self._parsed(proposal_of, m) for s, m in got.items()}
         inbox.agreed, inbox.holders = agreed(proposals)
         inbox.state_gap = state_gap([proposals[m].states for m in sorted(members)])
+        inbox.num_bases = len({p.base for p in proposals.values()})
         composition = compose(proposals, members)
+        inbox.class_size = 0 if isinstance(composition, str) else len(composition.members)
         if isinstance(composition, str):
             self.num_state_differs += composition == "state_differs"
             raise Fallback(composition)
