@@ -24,17 +24,17 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from dht.budget import StreamLimits
 from dht.group_exchange_candidates import FetchCandidates
+from dht.group_exchange_realign import ClassRealignment
 from dht.group_exchange_slices import SLICE_LIMITS, SliceExchange
 from dht.grouping import member_check
 from dht.grouping_wire import GroupMessageError, RoundId
-from dht.realign_class import REASONS, ClassRealign
 from dht.shard_fetch_inbox import Fallback, Inbox
 from dht.shard_fetch_wire import (
     FetchMessage,
@@ -80,7 +80,7 @@ liar: counted as a state that differs (`num_state_differs`), never against the p
 T = TypeVar("T")
 
 
-class FetchExchange(FetchCandidates, SliceExchange):
+class FetchExchange(FetchCandidates, SliceExchange, ClassRealignment):
     """GroupExchange's shard fetch (see the module's docstring)."""
 
     if TYPE_CHECKING:  # what GroupExchange provides
@@ -143,12 +143,7 @@ class FetchExchange(FetchCandidates, SliceExchange):
         self.num_state_differs = 0
         """Fetch rounds that fell back because members' replicas were at other states (at
         the proposals, or at the part or sums checks): nobody's fault, no refusal counted."""
-        self.class_realign = ClassRealign(self.identity.peer_id)
-        """When this member, left out of its group's class, takes a class member's state
-        (dht.realign_class)."""
-        self.realign: Callable[[str], Awaitable[bool]] | None = None
-        """Loads a peer's state as a realignment does (dht.swarm `realign_from_class`):
-        whether it loaded. None: this member never realigns from its class."""
+        self._init_realign()
 
     async def register_fetch(self) -> None:
         if self.shard_fetch:
@@ -292,43 +287,6 @@ class FetchExchange(FetchCandidates, SliceExchange):
         deferred = [inc.uid for inc in member.plan.deferred] if member.plan is not None else []
         inbox.in_order = await self._apply_in_order(deferred, composition.holders)
         return len(composition.ids), sum(r.accepted for r in results)
-
-    def _waits_for_class(self, outcome: str) -> bool:
-        """Left out of a class it will take the state of at its next round (dht.realign_class
-        `due`): this member fetches nothing whole now, since the donor's state will hold the
-        round's updates (fetched whole and applied, they would be bytes spent for a state
-        then replaced). What the realignment does not bring is handed to the gossip by the
-        candidates' own timer (`FALLBACK_ROUNDS` group waits after the notice)."""
-        return (
-            self.realign is not None
-            and outcome in REASONS
-            and self.class_realign.due(time.monotonic())
-        )
-
-    def _realign_from_class(self, members: list[str], inbox: Inbox) -> asyncio.Task[bool] | None:
-        """Left out of the last round's class (dht.realign_class): a class member's state,
-        downloaded while the round collects (the task), so this round has this member back."""
-        if self.realign is None:
-            return None
-        decision = self.class_realign.decide(members, time.monotonic())
-        if decision is None:
-            return None
-        inbox.realigned_from = decision[0]
-        logger.info("left out of %s's class (%s): realigning", members, decision[1].reason)
-        return asyncio.ensure_future(self.realign(decision[0]))
-
-    async def _realigned(self, task: asyncio.Task[bool], inbox: Inbox, bound_s: float) -> None:
-        """The realignment done, waited for at most `bound_s`: past it this member proposes
-        from the state it holds (the others run without it, as before; falling back here
-        would abort their round) and the download lands when it does (the transfer's
-        deadline bounds it), the retained updates offered again as after any realignment."""
-        done, _ = await asyncio.wait({task}, timeout=bound_s)
-        if not done:
-            self._spawn(task)  # kept referenced until it ends
-            return
-        loaded = not task.cancelled() and task.exception() is None and task.result()
-        inbox.realign_loaded = loaded
-        self.class_realign.finished(loaded=loaded)
 
     async def _abort(self, rid: RoundId, others: list[str], reason: str) -> None:
         with contextlib.suppress(Fallback):
