@@ -3,7 +3,8 @@
 (merge.shard_member `MemberRound`, driven from signed messages: dht.shard_fetch_wire). A mixin
 of dht.group_exchange.GroupExchange, which holds the streams' plumbing; the candidates and
 their fallback are dht.group_exchange_candidates', the slices dht.group_exchange_slices', a
-round's inbox dht.shard_fetch_inbox's.
+round's inbox dht.shard_fetch_inbox's, a left-out member's realignment from its group's class
+dht.group_exchange_realign's (docs/scale.md, Session 22).
 
 A member whose group round completed with it included runs a fetch round with the round's
 other included members once its group's update is applied here: each proposes the other
