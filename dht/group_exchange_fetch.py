@@ -3,7 +3,8 @@
 (merge.shard_member `MemberRound`, driven from signed messages: dht.shard_fetch_wire). A mixin
 of dht.group_exchange.GroupExchange, which holds the streams' plumbing; the candidates and
 their fallback are dht.group_exchange_candidates', the slices dht.group_exchange_slices', a
-round's inbox dht.shard_fetch_inbox's.
+round's inbox dht.shard_fetch_inbox's, a left-out member's realignment from its group's class
+dht.group_exchange_realign's (docs/scale.md, Session 22).
 
 A member whose group round completed with it included runs a fetch round with the round's
 other included members once its group's update is applied here: each proposes the other
@@ -31,6 +32,7 @@ import torch
 
 from dht.budget import StreamLimits
 from dht.group_exchange_candidates import FetchCandidates
+from dht.group_exchange_realign import ClassRealignment
 from dht.group_exchange_slices import SLICE_LIMITS, SliceExchange
 from dht.grouping import member_check
 from dht.grouping_wire import GroupMessageError, RoundId
@@ -79,7 +81,7 @@ liar: counted as a state that differs (`num_state_differs`), never against the p
 T = TypeVar("T")
 
 
-class FetchExchange(FetchCandidates, SliceExchange):
+class FetchExchange(FetchCandidates, SliceExchange, ClassRealignment):
     """GroupExchange's shard fetch (see the module's docstring)."""
 
     if TYPE_CHECKING:  # what GroupExchange provides
@@ -142,6 +144,7 @@ class FetchExchange(FetchCandidates, SliceExchange):
         self.num_state_differs = 0
         """Fetch rounds that fell back because members' replicas were at other states (at
         the proposals, or at the part or sums checks): nobody's fault, no refusal counted."""
+        self._init_realign()
 
     async def register_fetch(self) -> None:
         if self.shard_fetch:
@@ -220,7 +223,10 @@ class FetchExchange(FetchCandidates, SliceExchange):
             if outcome not in ("alone", "aborted"):  # the others stop waiting for this one
                 others = [m for m in members if m != self.identity.peer_id]
                 self._spawn(self._abort(rid, others, outcome))
-            in_order = await self._fall_back(inbox.agreed, inbox.holders)
+            if self._waits_for_class(outcome):
+                inbox.waits_for_class = True  # its ids stay candidates (handed over in time)
+            else:
+                in_order = await self._fall_back(inbox.agreed, inbox.holders)
         if self._on_event is not None:
             self._on_event(
                 "shard_round", group_key=rid[0], epoch=rid[1], round=rid[2],
@@ -228,6 +234,9 @@ class FetchExchange(FetchCandidates, SliceExchange):
                 candidates=inbox.proposed, seconds=round(time.monotonic() - started, 3),
                 state_gap=inbox.state_gap, fallback_in_order=in_order,
                 slices_reused=self.num_slices_reused - reused,
+                realigned_from=inbox.realigned_from, realign_loaded=inbox.realign_loaded,
+                waits_for_class=inbox.waits_for_class, num_bases=inbox.num_bases,
+                class_size=inbox.class_size,
             )  # fmt: skip
 
     async def _run_fetch(
@@ -239,7 +248,10 @@ class FetchExchange(FetchCandidates, SliceExchange):
         wait_s, me = self.fetch_wait_s, self.identity.peer_id
         others = [m for m in members if m != me]
         await self._until(lambda: self._applied((rid[0], update.seq)), wait_s, "own_not_applied")
+        realigning = self._realign_from_class(members, inbox)
         await self._collect(update.seq, wait_s / 2)
+        if realigning is not None:
+            await self._realigned(realigning, inbox, wait_s / 2)
         loop = asyncio.get_running_loop()
         base, states = await loop.run_in_executor(None, self._state, len(members))
         proposal = self._proposal(base, states)
@@ -249,14 +261,18 @@ class FetchExchange(FetchCandidates, SliceExchange):
         proposals = {me: proposal} | {s: self._parsed(proposal_of, m) for s, m in got.items()}
         inbox.agreed, inbox.holders = agreed(proposals)
         inbox.state_gap = state_gap([proposals[m].states for m in sorted(members)])
+        inbox.num_bases = len({p.base for p in proposals.values()})
         composition = compose(proposals, members)
+        inbox.class_size = 0 if isinstance(composition, str) else len(composition.members)
         if isinstance(composition, str):
             self.num_state_differs += composition == "state_differs"
             raise Fallback(composition)
         out = left_out(composition, proposals, me)
         if out is not None:  # the round runs without this member: it falls back alone
             self.num_state_differs += out == "left_out_state"
+            self.class_realign.left_out(composition.members, members, out)  # at the next round
             raise Fallback(out)
+        self.class_realign.aligned()
         if not composition.ids:
             return 0, 0
         inbox.agreed, inbox.holders = composition.ids, dict(composition.holders)

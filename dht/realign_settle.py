@@ -62,6 +62,9 @@ class Realign:
     """Chosen at a held digest (settle_donor), the drift within the threshold."""
     gap: int = 0
     """Chosen for updates lost here that the donor applied (`note_gap`): how many it named."""
+    group: bool = False
+    """Chosen by dht.realign_class: this member was left out of its group's fetch round, and
+    the donor is a member of the class that round ran among."""
 
 
 @dataclass

@@ -33,6 +33,18 @@ class Inbox:
         """How far the members' replicas lay apart (merge.shard_fetch `state_gap`)."""
         self.in_order = 0
         """Updates this round applied whole in id order (deferred past its fold)."""
+        self.realigned_from: str | None = None
+        """The class member whose state this member took before proposing (left out of the
+        last round's class: dht.realign_class), for the `shard_round` event."""
+        self.realign_loaded: bool | None = None
+        """Whether that download loaded (None: none, or not done before the proposal)."""
+        self.num_bases = 0
+        self.class_size = 0
+        """Distinct bases among the members' proposals, and the members of the class the
+        round ran among (0: none), for the `shard_round` event: why a round had no class."""
+        self.waits_for_class = False
+        """Left out of this round's class, this member fetched nothing whole: the class
+        member's state it takes at its next round holds the round's updates."""
 
     def put(self, message: FetchMessage) -> None:
         self.messages.setdefault(message.kind, {}).setdefault(message.sender, message)

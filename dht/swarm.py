@@ -308,11 +308,42 @@ class Swarm:
             self.realignment.started(now, settle=decision.settle)
             self._realigning = self.network.spawn(self._realign(decision))
 
-    async def _realign(self, decision: Realign) -> None:
+    async def realign_from_class(self, donor: str) -> bool:
+        """Load `donor`'s state now, as `_realign` does, unless a realignment runs: a group
+        member left out of its group's fetch round takes a class member's state
+        (dht.realign_class decided it and bounds how often). Whether it loaded; returns once
+        the retained updates were offered again the first time."""
+        if self._realigning is not None:
+            return False
+        loaded: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._realigning = self.network.spawn(
+            self._realign(Realign(donor, 0.0, group=True), loaded)
+        )
+        return await loaded
+
+    async def _realign(self, decision: Realign, loaded: asyncio.Future[bool] | None = None) -> None:
         """Load the donor's state beside training (dht.state_transfer: the newcomer's checks),
         then offer the retained updates again: those the donor had not applied yet, this
-        node's own among them, end up applied here too."""
-        if decision.gap:
+        node's own among them, end up applied here too. `loaded` (when given) is told whether
+        it loaded, once the retained updates were offered the first time."""
+        ok = False
+        try:
+            ok = await self._load(decision)
+        finally:
+            if loaded is not None and not loaded.done():
+                loaded.set_result(ok)
+        if not ok:
+            return
+        await asyncio.sleep(RESUBMIT_AGAIN_PERIODS * self.config.heartbeat_period_s)
+        if again := await self.resubmit_retained():
+            self.on_event("realign_resubmitted", donor=decision.donor, resubmitted=again)
+
+    async def _load(self, decision: Realign) -> bool:
+        """`_realign`'s download, its events and the first offer of the retained updates."""
+        if decision.group:
+            logger.info("left out of my group's fetch round: taking class member %s's state",
+                        decision.donor)  # fmt: skip
+        elif decision.gap:
             logger.info(
                 "%d update(s) lost here were applied by %s, which no longer holds them: "
                 "taking its state", decision.gap, decision.donor,
@@ -330,11 +361,11 @@ class Swarm:
         if isinstance(stats, StateRefusal):  # why: the check that refused it, or the stream
             self.on_event(
                 "realign_refused", donor=decision.donor, distance=round(decision.distance, 9),
-                settle=decision.settle, gap=decision.gap,
+                settle=decision.settle, gap=decision.gap, group=decision.group,
                 num_refused=self.realignment.num_refused, reason=stats.reason,
                 check=stats.check, detail=stats.detail[:300], distances=stats.distances,
             )  # fmt: skip
-            return
+            return False
         await asyncio.to_thread(self.on_realigned)
         lacking = await asyncio.get_running_loop().run_in_executor(
             self._merge_pool, lacking_retained, self.gossip.retained, self.replica
@@ -345,6 +376,7 @@ class Swarm:
             distance_before=round(decision.distance, 9),
             settle=decision.settle,
             gap=decision.gap,
+            group=decision.group,
             agreed_by=stats.agreed_by,
             seconds=round(stats.seconds, 3),
             megabytes=round(stats.num_bytes / 1e6, 3),
@@ -353,9 +385,7 @@ class Swarm:
             num_realigned=self.realignment.num_realigned,
         )
         await self.resubmit_retained()
-        await asyncio.sleep(RESUBMIT_AGAIN_PERIODS * self.config.heartbeat_period_s)
-        if again := await self.resubmit_retained():
-            self.on_event("realign_resubmitted", donor=decision.donor, resubmitted=again)
+        return True
 
     async def resubmit_retained(self) -> int:
         """Merge the retained updates this replica lacks (after it adopted a donor's state),

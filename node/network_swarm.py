@@ -90,6 +90,7 @@ class NetworkSwarm:
                 on_merged=report_merge,
             )
             swarm.gossip.catchup.held_back = self._groups.held_back
+            self._groups.realign = swarm.realign_from_class  # left out of a fetch round's class
 
     def _group_update(self, update: GroupUpdate) -> bool:
         """Another group's update (or one of this node's group it was left out of), pushed by
