@@ -99,7 +99,7 @@ class Repair:
         serves_state = view is not None and view.heartbeat.serves_state  # the gap's donor
         now = time.monotonic()
         learned = ctx.catchup.summary(peer_id, applied, retained, now, serves_state=serves_state)
-        self.on_unreachable(peer_id, learned.num_unreachable, time.monotonic())
+        self.on_unreachable(peer_id, learned.num_unreachable, now)
         if over_cap or learned.num_capped:
             detail = f"{over_cap + learned.num_capped} ids over its caps"
             ctx.reject("summary_over_cap", peer_id, detail, update=False)
