@@ -5,7 +5,9 @@ per-author summaries, failed fetches) and asks it what to do next. Updates are i
 (author, seq) and judged by membership in the replica's applied set, never by "seq <= last":
 an update that arrives late, out of order or twice is applied exactly once. An update this
 node wants but that no live peer holds for `lost_after_s` is declared lost (and counted by
-the caller); it is wanted again if a holder shows up later.
+the caller); it is wanted again if a holder shows up later. One that a live peer serving its
+state named applied within `lost_after_s` is not lost but waits for a state
+(dht.catchup_state). The config lives in dht.catchup_config.
 """
 
 from __future__ import annotations
@@ -13,104 +15,19 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Container, Iterable, KeysView, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
 
+from dht.catchup_config import CatchUpConfig
+from dht.catchup_state import AppliedSet, StateWants
 from dht.fetch_order import FetchOrder
 from dht.ranges import Ranges, UpdateId, iter_ids
+
+__all__ = ["AppliedSet", "CatchUp", "CatchUpConfig", "Fetch", "Learned", "StateWants"]
 
 RELAYED_RANK = 1
 """source_rank of a peer on a relayed connection (dht.reachability.path_rank)."""
 SMALL_RANGE = 64
 """A holder record's range shorter than this is walked seq by seq; a longer one through the
 author's wanted seqs."""
-
-
-class AppliedSet(Protocol):
-    def has_applied(self, author: str, seq: int) -> bool: ...
-
-
-@dataclass(frozen=True, kw_only=True)
-class CatchUpConfig:
-    lost_after_s: float = 30.0
-    """How long an update no live peer offers is waited for before it is counted lost."""
-    retry_s: float = 2.0
-    """How long after a failed fetch the same source may be asked again (if it claims it)."""
-    author_retries: int = 6
-    """Failed fetches in a row (not refusals) after which an update's author is no longer
-    asked for it. Until then the author stays a source, asked again after retry_s, doubled
-    after each failure up to max_retry_s: it holds its recent updates, and a fetch over a
-    relayed connection that flaps fails now and then (tests/swarm/test_nat.py lost every update
-    of a live home whose one failed fetch had dropped it as their only source)."""
-    max_retry_s: float = 16.0
-    """The longest wait before an author is asked again for an update after failures."""
-    relay_patience_s: float = 8.0
-    """How long an update whose best ready source is on a relayed connection waits,
-    from when it became wanted, while a live peer on a direct connection does not offer it
-    yet: behind NAT that peer is the public node, which fetches every home's update once and
-    then serves it over its own link, where a fetch through the relay takes the home's thin
-    uplink a second time (bench.chaos --topology nat, session 15: 27 of the cone home's 114
-    MB went up twice, to the symmetric home and to the other cone home through the relay,
-    while the public node's fetches from that uplink ran at 0.1 MB/s). A source with no
-    connection yet (rank 2) does not wait: a dial may find it direct (a public swarm). 0:
-    never waits."""
-    mismatch_grace_s: float = 2.0
-    """How long applied digests must differ before summaries are exchanged with that peer."""
-    summary_period_s: float = 5.0
-    """Least time between two summary exchanges with the same peer."""
-    max_in_flight: int = 4
-    """Fetches running at once."""
-    max_summaries: int = 4
-    """Summary exchanges started per poll (the others wait for a later poll): a thousand
-    peers with other digests cost a few streams at a time, not a thousand."""
-    max_wants: int = 1 << 14
-    """Updates wanted at once; what peers announce beyond that is ignored until some are
-    fetched or lost (a peer's summary can name a million ids: memory stays bounded)."""
-    max_wants_per_peer: int = 4096
-    """Updates wanted at once because one peer's summaries named them: one peer cannot fill
-    the table (max_wants) that every other peer's repairs need room in."""
-    max_fresh_wants: int = 512
-    """Updates of fresh authors (no track record here) wanted at once: minutes of their fetch
-    cap (dht.fetch_order). A flood announced faster than it is fetched cannot fill the table
-    that established authors' updates need room in, and the table the pump walks on every
-    announcement stays small. One over it is passed over (noted in `newly_deferred`) and
-    learned again from a later announcement lookup or summary."""
-    max_lost: int = 1 << 14
-    """Lost updates remembered (the oldest forgotten first): a flood of ids no live peer
-    holds cannot grow the table without bound. A forgotten one may be wanted (and counted
-    lost) again if it is announced again."""
-    max_deferred_remembered: int = 1 << 14
-    """Fresh updates passed over that are remembered as counted (newly_deferred): one heard
-    again (by push, by an announcement lookup, in a summary) is not counted again."""
-
-    def __post_init__(self) -> None:
-        for name in (
-            "lost_after_s",
-            "retry_s",
-            "max_retry_s",
-            "relay_patience_s",
-            "mismatch_grace_s",
-            "summary_period_s",
-        ):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}.")
-        if self.author_retries < 1:
-            raise ValueError(f"author_retries must be >= 1, got {self.author_retries!r}.")
-        if self.max_in_flight < 1:
-            raise ValueError(f"max_in_flight must be >= 1, got {self.max_in_flight!r}.")
-        if self.max_summaries < 1:
-            raise ValueError(f"max_summaries must be >= 1, got {self.max_summaries!r}.")
-        if self.max_wants < 1:
-            raise ValueError(f"max_wants must be >= 1, got {self.max_wants!r}.")
-        if self.max_wants_per_peer < 1:
-            raise ValueError(f"max_wants_per_peer must be >= 1, got {self.max_wants_per_peer!r}.")
-        if self.max_fresh_wants < 1:
-            raise ValueError(f"max_fresh_wants must be >= 1, got {self.max_fresh_wants!r}.")
-        if self.max_lost < 1:
-            raise ValueError(f"max_lost must be >= 1, got {self.max_lost!r}.")
-        if self.max_deferred_remembered < 1:
-            raise ValueError(
-                f"max_deferred_remembered must be >= 1, got {self.max_deferred_remembered!r}."
-            )
 
 
 @dataclass(frozen=True)
@@ -141,6 +58,8 @@ class _Want:
     """Its author was fresh when it became wanted (counted in max_fresh_wants)."""
     wanted_at: float = 0.0
     """When it became wanted (relay_patience_s counts from here)."""
+    applied_named_at: float | None = None
+    """When a live peer that serves state last named it applied without holding it."""
 
 
 @dataclass(frozen=True)
@@ -152,8 +71,8 @@ class Learned:
     num_capped: int
     """Updates not wanted because the peer's share of wants (max_wants_per_peer) was full."""
     num_unreachable: int = 0
-    """Updates the peer applied that this node declared lost and the peer does not hold:
-    no fetch can bring them, only the peer's state (dht.realign's gap)."""
+    """Updates the peer applied that this node declared lost or waits a state for and the peer
+    does not hold: no fetch can bring them, only the peer's state (dht.realign's gap)."""
 
 
 class CatchUp:
@@ -188,6 +107,10 @@ class CatchUp:
         """Updates fetched and refused for good, oldest first (bounded by max_wants)."""
         self._lost: dict[UpdateId, None] = {}
         """Lost updates, oldest first (at most max_lost)."""
+        self.state_wants = StateWants(config.max_lost)
+        """Updates no live peer serves that a live peer serving state applied (not lost)."""
+        self.newly_need_state: list[UpdateId] = []
+        """Wanted updates moved to state_wants, for the caller to report and clear."""
         self._deferred: dict[UpdateId, None] = {}
         """Fresh updates counted as passed over (newly_deferred), oldest first."""
         self.num_recovered = 0
@@ -232,18 +155,29 @@ class CatchUp:
             for seq in seqs:
                 self._want((author, seq), [holder], now, None, create=False)
 
-    def summary(self, peer_id: str, applied: Ranges, retained: Ranges, now: float) -> Learned:
+    def summary(
+        self,
+        peer_id: str,
+        applied: Ranges,
+        retained: Ranges,
+        now: float,
+        *,
+        serves_state: bool = True,
+    ) -> Learned:
         """A peer's applied and retained ranges (walked id by id: dht.summary_bounds bounds
-        them first); at most max_wants_per_peer of the updates wanted are this peer's."""
+        them first); at most max_wants_per_peer of the updates wanted are this peer's. What a
+        peer that `serves_state` applied and does not hold, its state brings: not lost."""
         held = set(iter_ids(retained))
         num_new = num_capped = num_unreachable = 0
         for uid in iter_ids(applied):
-            num_unreachable += uid in self._lost and uid not in held
             if self._named_by.get(peer_id, 0) >= self.config.max_wants_per_peer:
                 num_capped += not self.knows(uid)
-                continue
-            sources = [peer_id] if uid in held else []
-            num_new += self._want(uid, sources, now, None, revive=uid in held, named_by=peer_id)
+            else:
+                sources = [peer_id] if uid in held else []
+                num_new += self._want(uid, sources, now, None, revive=uid in held, named_by=peer_id)
+            if serves_state and uid not in held:
+                self._named_applied(uid, now)
+            num_unreachable += (uid in self._lost or uid in self.state_wants) and uid not in held
         for uid in held:
             self._want(uid, [peer_id], now, None, create=False, revive=True)
         self._last_summary[peer_id] = now
@@ -279,11 +213,13 @@ class CatchUp:
             want.sourceless_since = now
 
     def knows(self, uid: UpdateId) -> bool:
-        """True when `uid` is wanted, applied, settled or lost: nothing new to learn about it."""
+        """True when `uid` is wanted, applied, settled, lost or waits a state: nothing new to
+        learn about it."""
         return (
             uid in self._wants
             or uid in self._settled
             or uid in self._lost
+            or uid in self.state_wants
             or self._applied.has_applied(*uid)
         )
 
@@ -311,6 +247,8 @@ class CatchUp:
             len(self._wants)
             + len(self._settled)
             + len(self._lost)
+            + len(self.state_wants)
+            + len(self.newly_need_state)
             + len(self._deferred)
             + len(self._max_seen)
             + len(self._mismatch_since)
@@ -365,8 +303,13 @@ class CatchUp:
         return fetches
 
     def declare_lost(self, now: float, alive: set[str]) -> list[UpdateId]:
-        """Wanted updates that no live peer has offered for lost_after_s; no longer wanted."""
-        lost: list[UpdateId] = []
+        """Wanted updates that no live peer has offered for lost_after_s, and that no live peer
+        serving state named applied for as long; no longer wanted. Those one did wait for a
+        state (`newly_need_state`); those waiting whose namers went silent are lost now."""
+        config = self.config
+        lost = self.state_wants.sweep(now, self._applied, config.lost_after_s)
+        for uid in lost:
+            self._remember_lost(uid)
         for uid, want in list(self._wants.items()):
             if self._applied.has_applied(*uid):
                 self._drop(uid)
@@ -376,13 +319,21 @@ class CatchUp:
                 continue
             if want.sourceless_since is None:
                 want.sourceless_since = now
-            elif now - want.sourceless_since >= self.config.lost_after_s:
+            elif now - want.sourceless_since >= config.lost_after_s:
                 self._drop(uid)
-                self._lost[uid] = None
-                if len(self._lost) > self.config.max_lost:  # forget the oldest
-                    del self._lost[next(iter(self._lost))]
+                named_at = want.applied_named_at
+                if named_at is not None and now - named_at < config.lost_after_s:
+                    self.state_wants.note(uid, named_at)
+                    self.newly_need_state.append(uid)
+                    continue
+                self._remember_lost(uid)
                 lost.append(uid)
         return lost
+
+    @property
+    def num_need_state(self) -> int:
+        """Wanted updates that only a live peer's state brings (not lost)."""
+        return len(self.state_wants)
 
     def holder_lookups(self, now: float, alive: set[str]) -> list[str]:
         """Authors whose wanted updates have no live source: look up their holder records."""
@@ -454,9 +405,10 @@ class CatchUp:
             return False
         want = self._wants.get(uid)
         if want is None:
-            if uid in self._lost and not (revive and fresh):
+            given_up = uid in self._lost or uid in self.state_wants
+            if given_up and not (revive and fresh):
                 return False
-            if not create and uid not in self._lost:
+            if not create and not given_up:
                 return False
             if len(self._wants) >= self.config.max_wants:
                 return False
@@ -467,6 +419,7 @@ class CatchUp:
             if uid in self._lost:
                 del self._lost[uid]
                 self.num_recovered += 1
+            self.state_wants.discard(uid)
             author = uid[0]
             maybe = {author} if author != self.self_id else set()
             since = None if fresh | maybe else now
@@ -481,6 +434,22 @@ class CatchUp:
         if header is not None and want.header is None:
             want.header = header
         return False
+
+    def _named_applied(self, uid: UpdateId, now: float) -> None:
+        """A live peer that serves state applied `uid` and does not hold it: a wanted one waits
+        for a state once no peer offers it; a lost one does now (its state brings it)."""
+        want = self._wants.get(uid)
+        if want is not None:
+            want.applied_named_at = now
+        elif not self.state_wants.named(uid, now) and uid in self._lost:
+            del self._lost[uid]
+            self.state_wants.note(uid, now)
+            self.newly_need_state.append(uid)
+
+    def _remember_lost(self, uid: UpdateId) -> None:
+        self._lost[uid] = None
+        if len(self._lost) > self.config.max_lost:  # forget the oldest
+            del self._lost[next(iter(self._lost))]
 
     def _note_deferred(self, uid: UpdateId) -> None:
         """A fresh update passed over (at max_fresh_wants or by its fetch cap), noted once however

@@ -112,6 +112,11 @@ class Gossip:
         """Updates this node knows exist but that no live peer could give it."""
         return len(self._ctx.catchup.lost)
 
+    @property
+    def num_need_state(self) -> int:
+        """Updates no live peer serves that a live peer's state brings (not lost)."""
+        return self._ctx.catchup.num_need_state
+
     # ---- what the swarm calls -----------------------------------------------------------------
 
     async def register(self) -> None:
@@ -198,6 +203,12 @@ class Gossip:
         for author, seq in ctx.catchup.declare_lost(now, alive):
             ctx.on_event("update_lost", author=author, seq=seq, num_lost=self.num_lost)
             logger.warning("update %s#%d is lost: no live peer holds it", author, seq)
+        for author, seq in ctx.catchup.newly_need_state:
+            ctx.on_event("update_needs_state", author=author, seq=seq, num=self.num_need_state)
+            logger.info(
+                "update %s#%d: no live peer holds it, a peer's state brings it", author, seq
+            )
+        ctx.catchup.newly_need_state.clear()
         for author in ctx.catchup.holder_lookups(now, alive):
             self.announcements.look_up_holders(author)
         for fetch in ctx.catchup.next_fetches(now, alive):

@@ -95,8 +95,11 @@ class Repair:
             detail = f"{num_named - granted} ids over its budget per second"
             ctx.reject("summary_over_budget", peer_id, detail, update=False)
             applied = take_ids(applied, granted)
-        learned = ctx.catchup.summary(peer_id, applied, retained, time.monotonic())
-        self.on_unreachable(peer_id, learned.num_unreachable, time.monotonic())
+        view = ctx.membership.peers.get(peer_id)
+        serves_state = view is not None and view.heartbeat.serves_state  # the gap's donor
+        now = time.monotonic()
+        learned = ctx.catchup.summary(peer_id, applied, retained, now, serves_state=serves_state)
+        self.on_unreachable(peer_id, learned.num_unreachable, now)
         if over_cap or learned.num_capped:
             detail = f"{over_cap + learned.num_capped} ids over its caps"
             ctx.reject("summary_over_cap", peer_id, detail, update=False)

@@ -13,14 +13,14 @@ replica holds one point, drift 0.0. They settle two at a time (`settle_wave`: th
 serves two downloads at once and refuses more), ranked alike by peer id. The cooldown, the
 cap, the records and the state check hold for the settle as for any realignment.
 
-The gap: an update this node declared lost (no live peer held it for the gap wait,
-dht.catchup) that a live peer applied and no longer holds can never be fetched, so this
-replica's applied set never equals the swarm's and neither the drift nor the settle (both
-at shared digests) can act: at bench.scale N = 16, 15 replicas ended at one applied set of
-204 and one at 201, three updates short, after a stall of its own. Summaries name such
-updates (`note_gap`); once one has been named for `gap_periods`, this node downloads the
-state of a peer that named one (the heaviest record first), under the realignment's cooldown
-and cap, and its retained updates are merged again after it.
+The gap: an update this node declared lost or waits a state for (no live peer held it for
+the gap wait, dht.catchup) that a live peer applied and no longer holds can never be
+fetched, so this replica's applied set never equals the swarm's and neither the drift nor
+the settle (both at shared digests) can act: at bench.scale N = 16, 15 replicas ended at one
+applied set of 204 and one at 201, three updates short, after a stall of its own. Summaries
+name such updates (`note_gap`); once one has been named for `gap_periods`, this node
+downloads the state of a peer that named one (the heaviest record first), under the
+realignment's cooldown and cap, and its retained updates are merged again after it.
 
 Pure: no network, no clock (the caller passes `now`).
 """
@@ -147,7 +147,8 @@ class SettleAndGap:
 
     def note_gap(self, peer_id: str, num_unreachable: int, now: float) -> None:
         """`peer_id`'s summary named `num_unreachable` updates it applied that this node
-        declared lost and that it does not hold (dht.catchup's Learned); 0 clears it."""
+        declared lost or waits a state for and that it does not hold (dht.catchup's Learned);
+        0 clears it."""
         if num_unreachable <= 0 or peer_id == self.self_id:
             self._gaps.pop(peer_id, None)
             return

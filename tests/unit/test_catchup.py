@@ -105,6 +105,9 @@ def test_a_partition_that_heals_ends_in_equal_applied_sets() -> None:
 
 
 def test_a_partition_longer_than_the_retention_loses_updates_and_says_so() -> None:
+    """What no peer retains waits for a state while a live peer names it applied; once one
+    side took the other's state (dht.realign's gap), what only it had applied is lost, and the
+    other side says so when no live peer names it any more."""
     schedule = Schedule(partition=({"a"}, 0.0, 30.0), retain_limit=2)
     swarm = SimSwarm(["a", "b"], schedule)
     publish_all(swarm, range(1, 6))
@@ -112,8 +115,14 @@ def test_a_partition_longer_than_the_retention_loses_updates_and_says_so() -> No
     a, b = swarm.nodes["a"], swarm.nodes["b"]
     missing_at_a = {("b", s) for s in range(1, 6)} - a.applied
     assert missing_at_a == {("b", 1), ("b", 2), ("b", 3)}
-    assert a.catchup.lost == missing_at_a, "what no peer retains is counted lost, not dropped"
-    assert b.catchup.lost == {("a", 1), ("a", 2), ("a", 3)}
+    assert set(a.catchup.state_wants) == missing_at_a, "not dropped: b's state brings them"
+    assert set(b.catchup.state_wants) == {("a", 1), ("a", 2), ("a", 3)}
+    assert not a.catchup.lost and not b.catchup.lost and not swarm.lost_events
+    a.applied = set(b.applied)  # a takes b's state: a/1-3 are nowhere now
+    swarm.run(swarm.now + SETTLE_S)
+    assert not a.catchup.state_wants and a.catchup.state_wants.num_brought == 3
+    assert b.catchup.lost == {("a", 1), ("a", 2), ("a", 3)}, "a real loss is still declared"
+    assert sorted(swarm.lost_events) == [("b", ("a", s)) for s in (1, 2, 3)]
 
 
 def test_a_holder_showing_up_later_recovers_a_lost_update() -> None:

@@ -1,0 +1,81 @@
+"""A restarted node that missed updates its peers applied and no longer retain takes a state for
+them: it never counts them lost (session 21's 16-node run: 103 false `update_lost` events of
+one restarted node, which then reached the swarm's applied set by a state download)."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+
+import pytest
+
+from tests.swarm.conftest import NodeProcess
+from tests.timeouts import EXIT_S, MERGE_S, START_S, covering
+
+pytestmark = pytest.mark.swarm
+Launch = Callable[..., NodeProcess]
+RETAIN = 2
+"""Updates each node retains per author: a few rounds after the kill, the early ones are gone."""
+RUN = ["--model", "tiny", "--threads", "1", "--inner-steps", "10", "--eval-batches", "0",
+       "--heartbeat-period", "1", "--gap-wait", "3", "--retain-updates", str(RETAIN),
+       "--max-rounds", "24", "--linger", "120", "--linger-until-done"]  # fmt: skip
+SILENT_S = 4.0
+"""Heartbeat periods of silence after which peers are no longer alive (3 periods of 1 s)."""
+SETTLE_S = 240
+"""The restarted node's remaining rounds, the gap's state download and the linger's end."""
+
+
+def last_merged_seq(node: NodeProcess, author: str) -> int:
+    return max((e["seq"] for e in node.of("update_merged") if e["author"] == author), default=0)
+
+
+def wait_merged(node: NodeProcess, author: str, after_seq: int) -> None:
+    node.wait_for(
+        lambda e: (
+            e.get("event") == "update_merged" and e["author"] == author and e["seq"] > after_seq
+        ),
+        MERGE_S,
+        f"{node.name} merging an update of {author} after seq {after_seq}",
+    )
+
+
+@pytest.mark.timeout(covering(4 * START_S, 6 * MERGE_S, 3 * SETTLE_S, 3 * EXIT_S))
+def test_a_restarted_node_takes_a_state_for_updates_no_peer_retains_and_loses_none(
+    launch: Launch,
+) -> None:
+    a = launch(*RUN, name="a")
+    join = ("--peers", a.wait_listening(START_S)[0])
+    b, c = launch(*RUN, *join, name="b"), launch(*RUN, *join, name="c")
+    wait_merged(c, a.peer_id, 0)
+    wait_merged(c, b.peer_id, 0)
+    c.crash()  # kill -9 of its whole process group
+    # Its peers go on until neither retains an update of the other that c had not merged.
+    wait_merged(a, b.peer_id, last_merged_seq(c, b.peer_id) + RETAIN + 1)
+    wait_merged(b, a.peer_id, last_merged_seq(c, a.peer_id) + RETAIN + 1)
+    # Their learners stall (the DHT processes serve on): the restarted node finds no live
+    # donor when it joins, as a restart on a loaded machine did, and catches up by gossip.
+    for peer in (a, b):
+        peer.signal(signal.SIGSTOP)
+    try:
+        time.sleep(SILENT_S)  # the silence itself is the fault under test
+        restarted = launch(*RUN, *join, name="c")
+        restarted.wait_for(lambda e: e.get("name") == "state_check", START_S, "its join")
+    finally:
+        for peer in (a, b):
+            peer.signal(signal.SIGCONT)
+    assert not restarted.of("state_downloaded"), "it joined with no live donor"
+
+    nodes = (a, b, restarted)
+    for node in nodes:
+        node.wait_event("stopped", SETTLE_S)
+    for node in nodes:
+        node.wait_exit(EXIT_S)
+    lost = [(n.name, e["author"][-6:], e["seq"]) for n in nodes for e in n.of("update_lost")]
+    assert lost == [], "updates the swarm applied are not lost"
+    digests = {n.of("stopped")[-1]["applied_digest"] for n in nodes}
+    assert len(digests) == 1, "one applied set on every replica"
+    needed = restarted.of("update_needs_state")
+    assert needed, "the restarted node wanted updates no live peer retains"
+    gaps = [e for e in restarted.of("realigned") if e.get("gap")]
+    assert gaps, "it took the state of a peer that applied them"
