@@ -22,7 +22,8 @@ nodes' signed heartbeats (read through a DHT observer every second) and their JS
   last end of training to realign (dht.realign's settle), and when it reached 0.0;
 - rss_mb: resident memory of each node's main process (mean of per-node peaks, and max);
 - mb_received_per_round: update and state payload megabytes one node fetched per round it
-  trained (DHT records and heartbeats excluded), and the same divided by N - 1;
+  trained, realignments' states included since session 22 (DHT records and heartbeats
+  excluded), and the same divided by N - 1;
 - lost: updates declared lost (no live holder), summed over the last heartbeats;
 - sized_differently: update ids the nodes' last processes merged with different weights
   (learner counts) or robust verdicts: what drift with one applied set is made of;
@@ -371,6 +372,12 @@ class Sampler(BackgroundSampler):
                 return
 
 
+RECEIVED_EVENTS = ("update_fetched", "state_downloaded", "realigned", "group_received")
+"""Events whose `megabytes` a node received: updates, a joiner's state, a realignment's state
+(counted since session 22: a settle's or a left-out member's download is bytes too) and a
+group's in-group traffic."""
+
+
 def _agree(beats: list[Any]) -> bool:
     return len({h.applied_digest for h in beats}) == 1
 
@@ -387,11 +394,7 @@ def _figures(
     for slot in slots:
         slot_events = [e for child in slot.children for e in child.events]
         rounds = sum(e.get("event") == "round_done" for e in slot_events)
-        received = sum(
-            e["megabytes"]
-            for e in slot_events
-            if e.get("event") in ("update_fetched", "state_downloaded", "group_received")
-        )
+        received = sum(e["megabytes"] for e in slot_events if e.get("event") in RECEIVED_EVENTS)
         if rounds:
             per_round.append(received / rounds)
     fetched = [e["megabytes"] for e in events if e.get("event") == "update_fetched"]
