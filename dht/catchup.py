@@ -323,8 +323,7 @@ class CatchUp:
                 self._drop(uid)
                 named_at = want.applied_named_at
                 if named_at is not None and now - named_at < config.lost_after_s:
-                    self.state_wants.note(uid, named_at)
-                    self.newly_need_state.append(uid)
+                    self._await_state(uid, named_at)
                     continue
                 self._remember_lost(uid)
                 lost.append(uid)
@@ -443,8 +442,12 @@ class CatchUp:
             want.applied_named_at = now
         elif not self.state_wants.named(uid, now) and uid in self._lost:
             del self._lost[uid]
-            self.state_wants.note(uid, now)
-            self.newly_need_state.append(uid)
+            self._await_state(uid, now)
+
+    def _await_state(self, uid: UpdateId, named_at: float) -> None:
+        """`uid` waits for a state (last named applied at `named_at`), reported to the caller."""
+        self.state_wants.note(uid, named_at)
+        self.newly_need_state.append(uid)
 
     def _remember_lost(self, uid: UpdateId) -> None:
         self._lost[uid] = None
