@@ -93,6 +93,10 @@ class GroupMerge:
         self.pipeline = pipeline
         self.on_applied: list[Callable[[GroupUpdate], object]] = []
         """Told of each group update applied here (after it is, outside the replica's lock)."""
+        self.on_superseded: list[Callable[[UpdateId, GroupUpdate | None], object]] = []
+        """Told, outside the replica's lock, when the variant applied under an id changes: a
+        withdrawn one (None: nothing of the id is applied here to serve), the prevailing one
+        stepped in its place (dht.retention replaces the copy it serves)."""
         self.variants = GroupVariants()
         """The variant applied under each recent group id (a second one is equivocation)."""
         self.applied_variants = AppliedVariants()
@@ -183,6 +187,8 @@ class GroupMerge:
             p.num_merged += 1
         for listener in self.on_applied:
             listener(update)
+        if replaces:
+            self._superseded(uid, update)
         # Reported as sized by `learners`: weight / learners is the share of a round it moved.
         return MergeResult(
             True, header.author, header.seq, header.staleness, weight * learners / stepped,
@@ -217,6 +223,8 @@ class GroupMerge:
                 applied_variant=self.variants.key_of(uid),
             )  # fmt: skip
             held = self._held(uid)
+        if action == "withdraw":
+            self._superseded(uid, None)
         if held is not None:  # the prevailing variant came before the proof
             self.submit(*held)
         if action != "none":
@@ -226,6 +234,10 @@ class GroupMerge:
                 *uid, proof.culprits, action,
             )  # fmt: skip
         return action
+
+    def _superseded(self, uid: UpdateId, update: GroupUpdate | None) -> None:
+        for listener in self.on_superseded:
+            listener(uid, update)
 
     def _recorded(self, uid: UpdateId) -> UpdateHeader:
         """The header a proven id is recorded under where no variant of it was applied."""
