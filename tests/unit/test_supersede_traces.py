@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from merge.budget_config import BudgetConfig
@@ -123,22 +123,27 @@ def test_lesser_then_prevailing_holds_the_state_of_prevailing_alone(
     proof = _proof(kept, lesser)
     history = _History()
     before, after = history.updates(prefix), history.updates(suffix)
-    lesser_first, fresh = _pipeline(config), _pipeline(config)
-    _feed(lesser_first, before)
-    _feed(fresh, before)
-    _feed(lesser_first, [lesser] + ([kept] if held else []))
-    applied = lesser if lesser_first.replica.has_applied(*UID) else None
-    lesser_first.learn_group_proof(proof, _retained(applied))
-    if lesser_first.equivocation.awaiting():
-        _feed(lesser_first, [kept])
+    lesser_first, fresh, untraced = _pipeline(config), _pipeline(config), _pipeline(config)
+    untraced.weighing.attach()  # journals nothing: the lesser's records stay (as before)
+    for pipeline in (lesser_first, fresh, untraced):
+        _feed(pipeline, before)
+    for pipeline in (lesser_first, untraced):
+        _feed(pipeline, [lesser] + ([kept] if held else []))
+        applied = lesser if pipeline.replica.has_applied(*UID) else None
+        pipeline.learn_group_proof(proof, _retained(applied))
+        if pipeline.equivocation.awaiting():
+            _feed(pipeline, [kept])
     if proof_first:
         fresh.learn_group_proof(proof, _retained(None))
     _feed(fresh, [kept])
     if not proof_first:
         fresh.learn_group_proof(proof, _retained(kept))
     assert _weighing(lesser_first) == _weighing(fresh)
-    assert _feed(lesser_first, after) == _feed(fresh, after)
+    decided = _feed(fresh, after)
+    assert _feed(lesser_first, after) == decided
     assert _weighing(lesser_first) == _weighing(fresh)
+    # How often the lesser's records, had they stayed, would have mattered (statistics).
+    event(f"records kept would change a later decision: {_feed(untraced, after) != decided}")
     # The params: the same settled point (drift's measure). The prevailing variant's step
     # sits in the lesser's slot, so where that slot's round folded already it reaches the
     # momentum at the next fold (merge.outer take_back): a momentum tail, as arrival order.
