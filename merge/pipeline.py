@@ -99,10 +99,10 @@ class UpdatePipeline(UpdateChecks, PipelineState):
         """What a proof of a group's equivocation is checked against (`enable_groups`; None:
         group proofs are refused)."""
         self.groups = GroupMerge(self)
+        """Learner groups' updates (merge.group_pipeline)."""
         self.weighing = WeighingJournal()
         """The mutations of what weighs later updates, so that a superseded group variant's
         can be taken back (merge.weighing_journal); attached where groups are on."""
-        """Learner groups' updates (merge.group_pipeline)."""
 
     def enable_groups(self, run_id: str, members_of: MemberCheck) -> None:
         """Learner groups are on: their updates name `run_id`, and `members_of(group key)`
@@ -145,7 +145,7 @@ class UpdatePipeline(UpdateChecks, PipelineState):
             self.replica.load_state_dict(state)  # validates before it changes anything
             if merge is not None:
                 self.load_state_dict(staged.state_dict())
-            self.attach_weighing()  # the staged pipeline took the replica's credit over
+            self.attach_weighing()  # journaled from the adopted state on
             self.equivocation = book
 
     def weight_of(self, header: UpdateHeader, learners: int | None = None) -> float:
