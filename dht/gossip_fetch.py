@@ -14,6 +14,7 @@ from dht.catchup import Fetch
 from dht.gossip_context import GossipContext
 from dht.gossip_groups import is_group_key, parse_fetched
 from dht.grouping import member_check
+from dht.lesser_served import LesserServed
 from dht.reachability import path_rank
 from dht.resumable import fetch_resumable, is_refusal
 from dht.state_transfer import TransferStats
@@ -57,6 +58,8 @@ class Fetcher:
         """Per author, whether the merge found it fresh after its latest update merged here."""
         self._refused: set[tuple[str, int]] = set()
         """Fetches in progress whose peer refused (not held): CatchUp asks it no more."""
+        self.lesser_served = LesserServed()
+        """Holders that served a group round's lesser variant where it is wanted here."""
         self._judging: set[str] = set()
         """Authors whose freshness the merge's ledger is being asked (MAX_PENDING_JUDGEMENTS)."""
         context.catchup.source_rank = self.source_rank  # direct holders before relayed ones
@@ -140,6 +143,18 @@ class Fetcher:
             return
         in_group = member_check(ctx.config.run_id, fetch.author)
         result = await ctx.off_loop(ctx.merge.submit_group, parsed, in_group)
+        if result.reason == "group_equivocation" and not await ctx.off_loop(
+            ctx.replica.has_applied, *uid
+        ):  # the lesser of a pair whose proof is known here: another holder may serve the other
+            retry = self.lesser_served.served(uid)
+            ctx.on_event("group_lesser_served", author=uid[0], seq=uid[1], peer=fetch.peer_id)
+            if retry:
+                ctx.catchup.failed(uid, fetch.peer_id, time.monotonic(), refused=True)
+            else:
+                logger.warning("group update %s#%d: only its lesser variant served", *uid)
+                ctx.catchup.fetched(uid)
+            ctx.kick()
+            return
         if result.reason == "group_equivocation":  # a valid second variant: its proof goes on
             ctx.catchup.fetched(uid)
             self._on_evidence(await ctx.off_loop(ctx.merge.group_evidence, parsed))

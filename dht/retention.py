@@ -11,6 +11,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
+from dht.grouping_wire import encode_update
+from merge.group_pipeline import GroupMerge
+
 logger = logging.getLogger(__name__)
 UpdateId = tuple[str, int]
 FRESH_MEMORY_SHARE = 1 / 32
@@ -64,6 +67,18 @@ class RetainedUpdates:
             while len(seqs) > self.per_author:
                 self._drop((uid[0], seqs.pop(0)))
             self._spill_over_budget()
+
+    def supersede(self, uid: UpdateId, data: bytes | None) -> None:
+        """The variant applied here under `uid` changed (merge.group_pipeline
+        `on_superseded`): what is held under it goes, and `data` (a learner group's prevailing
+        variant, stepped in place of the lesser one) is held instead; None: nothing is served
+        under the id (its variant withdrawn here, superseded or voided). `put` keeps the first
+        bytes under an id: the one variant a merge accepts, but for this."""
+        with self._lock:
+            self._drop(uid)
+            self._forget_seq(uid)
+        if data is not None:
+            self.put(uid, data)
 
     def get(self, uid: UpdateId) -> bytes | None:
         with self._lock:
@@ -149,3 +164,15 @@ class RetainedUpdates:
             self._dir = Path(tempfile.mkdtemp(prefix="diloco-spill-", dir=root))
         safe_author = "".join(c if c.isalnum() else "_" for c in uid[0])[:128]
         return self._dir / f"{safe_author}-{uid[1]}.update"
+
+
+def serve_superseded(merge: object, retained: RetainedUpdates) -> None:
+    """Keeps `retained` serving the variant `merge` (a pipeline with learner groups) holds
+    applied under each id: the prevailing one once it stepped in, none once withdrawn."""
+    groups = getattr(merge, "groups", None)
+    if isinstance(groups, GroupMerge):
+        groups.on_superseded.append(
+            lambda uid, update: retained.supersede(
+                uid, None if update is None else encode_update(update)
+            )
+        )

@@ -30,6 +30,7 @@ from dht.network import SwarmNetwork
 from dht.reachability import PathKind, is_relayed
 from dht.realign import Realign, RealignConfig, RealignPolicy, lacking_retained, merge_retained
 from dht.rejections import Rejections
+from dht.retention import serve_superseded
 from dht.state_refusal import StateRefusal
 from dht.state_transfer import StateTransfer, TransferStats
 from dht.swarm_config import RunMismatchError, SwarmConfig, SwarmError
@@ -106,6 +107,7 @@ class Swarm:
             on_event=on_event,
         )
         self.gossip.retained.is_fresh = pipeline.is_fresh_author  # they share a budget
+        serve_superseded(pipeline, self.gossip.retained)  # a group id's variant, once replaced
         self.membership.on_left = self.gossip.forget_peer
         self.membership.has_record = lambda peer_id: replica.last_seq(peer_id) >= 1
         self._publishing: set[concurrent.futures.Future[None]] = set()

@@ -67,6 +67,7 @@ from collections.abc import Callable, Collection
 
 from merge.budget_account import Account
 from merge.budget_config import BudgetConfig
+from merge.weighing_journal import Journaled
 
 FRESH = ""
 """The key of the fresh cohort's budget (no author's id is empty)."""
@@ -74,7 +75,7 @@ MAX_AUTHORS = 4096
 """Authors the ledger tracks; beyond, those with the least record are forgotten first."""
 
 
-class ContributionLedger:
+class ContributionLedger(Journaled):
     """Per-author budgets and track records, from the updates this replica applied."""
 
     def __init__(
@@ -220,6 +221,7 @@ class ContributionLedger:
         `allowance`. `evidence` in [0, 1]: the share of its learner claim the replica bears
         out (the learner floor over the claim): a key claiming 1,024 learners where a few
         authors are seen makes each update cheap for its budget, and earns as little record."""
+        self._journal("applied", author, learners, allowance, created_at, evidence)
         if author == FRESH:
             return
         share, tau = 1.0 / learners, self.config.budget_rounds
@@ -281,6 +283,7 @@ class ContributionLedger:
         faster than one fresh solo key, and an honest newcomer beside established members
         earns a whole update's record a round. Every member is credited against the clock as
         it was before the update, so the order of the co-signers changes nothing."""
+        self._journal("group_applied", tuple(cosigners), learners, allowance, evidence)
         members = _members(cosigners)
         if not members:
             return
@@ -311,6 +314,7 @@ class ContributionLedger:
         ledger, and their records here stay within what they applied and co-signed, as a
         handover checks (merge.handover). Loads charged stay charged; an author left with
         nothing applied or co-signed (`limit` 0) loses its account, as a stranger has none."""
+        self._journal("bound_record", author, limit)
         account = self._accounts.get(author) if author != FRESH else None
         if account is not None and limit <= 0:
             del self._accounts[author]
@@ -362,6 +366,7 @@ class ContributionLedger:
                 raise ValueError("contribution ledger account exceeds what it was credited.")
             accounts[row[0]] = Account(load, clock, own, record, since, *seen_at)
         self._accounts, self._total = accounts, float(total)
+        self._journal_reset()
 
 
 def budgeted(learners: int, weight: float, allowance: float, limit: int) -> tuple[int, float]:

@@ -347,6 +347,8 @@ class AppliedVariant:
     variant: GroupVariant
     weight: float
     learners: int
+    credited: float = 1.0
+    """The share of it the replica's progress counted (its co-signers' allowance)."""
 
 
 class AppliedVariants:

@@ -52,6 +52,7 @@ from merge.replica import Replica
 from merge.result import MergeResult
 from merge.robust import RobustFilter, Verdict, substance
 from merge.settle import settle
+from merge.weighing_journal import WeighingJournal
 
 logger = logging.getLogger(__name__)
 MAX_PENDING = 4
@@ -76,6 +77,7 @@ class Pipeline(Protocol):
     rejection_log: RejectionLog
     learner_floor: LearnerFloor
     ledger: ContributionLedger
+    weighing: WeighingJournal
 
     def floor_votes(self) -> tuple[Callable[[str], bool], bool]: ...
     def weight_of(self, header: UpdateHeader, learners: int | None = None) -> float: ...
@@ -91,6 +93,10 @@ class GroupMerge:
         self.pipeline = pipeline
         self.on_applied: list[Callable[[GroupUpdate], object]] = []
         """Told of each group update applied here (after it is, outside the replica's lock)."""
+        self.on_superseded: list[Callable[[UpdateId, GroupUpdate | None], object]] = []
+        """Told, outside the replica's lock, when the variant applied under an id changes: a
+        withdrawn one (None: nothing of the id is applied here to serve), the prevailing one
+        stepped in its place (dht.retention replaces the copy it serves)."""
         self.variants = GroupVariants()
         """The variant applied under each recent group id (a second one is equivocation)."""
         self.applied_variants = AppliedVariants()
@@ -149,7 +155,10 @@ class GroupMerge:
             stepped, weight = budgeted(learners, weight, allowance, p.config.max_learners)
             clipped = p.robust.clipped(update.aggregate, direction, verdict)
             if replaces:
-                p.replica.restep(header, clipped, weight, learners=stepped, cosigners=cosigners)
+                p.replica.restep(
+                    header, clipped, weight, learners=stepped, credited=allowance,
+                    cosigners=cosigners,
+                )  # fmt: skip
                 p.equivocation.replaced(uid)
                 self.pending.pop(uid, None)
             else:
@@ -160,7 +169,7 @@ class GroupMerge:
             self.variants.applied(uid, *variant)
             head = update.head
             entry = AppliedVariant(
-                head.run_id, head.round, GroupVariant.of(update), weight, stepped
+                head.run_id, head.round, GroupVariant.of(update), weight, stepped, allowance
             )
             self.applied_variants.applied(uid, entry)
             charge(
@@ -178,6 +187,8 @@ class GroupMerge:
             p.num_merged += 1
         for listener in self.on_applied:
             listener(update)
+        if replaces:
+            self._superseded(uid, update)
         # Reported as sized by `learners`: weight / learners is the share of a round it moved.
         return MergeResult(
             True, header.author, header.seq, header.staleness, weight * learners / stepped,
@@ -212,6 +223,8 @@ class GroupMerge:
                 applied_variant=self.variants.key_of(uid),
             )  # fmt: skip
             held = self._held(uid)
+        if action == "withdraw":
+            self._superseded(uid, None)
         if held is not None:  # the prevailing variant came before the proof
             self.submit(*held)
         if action != "none":
@@ -221,6 +234,10 @@ class GroupMerge:
                 *uid, proof.culprits, action,
             )  # fmt: skip
         return action
+
+    def _superseded(self, uid: UpdateId, update: GroupUpdate | None) -> None:
+        for listener in self.on_superseded:
+            listener(uid, update)
 
     def _recorded(self, uid: UpdateId) -> UpdateHeader:
         """The header a proven id is recorded under where no variant of it was applied."""
@@ -260,6 +277,7 @@ class GroupMerge:
         here (`EquivocationBook.withdrew`); where it cannot, the variant is kept and no other
         variant steps in its place."""
         p, entry = self.pipeline, self.applied_variants.get(uid)
+        p.weighing.tag = None  # what follows is no update's to take back
         if entry is None:
             logger.warning("group update %s#%d: applied too long ago (or by shards); kept", *uid)
             return
@@ -275,10 +293,8 @@ class GroupMerge:
             )  # fmt: skip
         reducers = entry.variant.reducers()
         p.replica.cosigned.debit(uid[0], reducers)
-        applied = p.replica.applied  # a copy; a proof is rare
-        for member in set(reducers):  # records within what they applied and co-signed
-            limit = len(applied.get(member, ())) + p.replica.cosigned.count(member)
-            p.ledger.bound_record(member, limit)
+        if not p.weighing.take_back(uid):  # journaled no longer: kept, but counted once
+            untraced(p, uid, entry.credited, reducers)
         self.applied_variants.forget(uid)
         p.equivocation.withdrew(uid)  # superseded: the prevailing one steps when it comes
 
@@ -293,6 +309,21 @@ class GroupMerge:
         if problem is None and p.run_id not in (None, update.head.run_id):
             problem = "wrong_run"
         return None if problem is None else f"group_{problem}"
+
+
+def untraced(pipeline: Pipeline, uid: UpdateId, credited: float, reducers: Collection[str]) -> None:
+    """A withdrawn variant whose records the weighing journal no longer holds (applied long
+    ago, or before a restart): its norm, claim and charge stay where they are, as before the
+    journal; its credited share comes off the progress (a variant steps in its place with
+    its own), and its co-signers' records stay within what they applied and co-signed."""
+    p = pipeline
+    logger.warning("group update %s#%d: its records are no longer journaled; kept", *uid)
+    count_rejection(p, uid[0], "group_traces_kept")
+    p.replica.credit.add(-min(credited, p.replica.credit.total))
+    applied = p.replica.applied  # a copy; a proof is rare
+    for member in set(reducers):
+        limit = len(applied.get(member, ())) + p.replica.cosigned.count(member)
+        p.ledger.bound_record(member, limit)
 
 
 def sized(

@@ -74,11 +74,13 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable
 
+from merge.weighing_journal import Journaled
+
 DEFAULT_WINDOW = 256
 """Applied updates the floor looks back over (several rounds of a large swarm)."""
 
 
-class LearnerFloor:
+class LearnerFloor(Journaled):
     """The last `window` applied updates' authors and learner claims."""
 
     def __init__(self, window: int = DEFAULT_WINDOW) -> None:
@@ -150,6 +152,7 @@ class LearnerFloor:
     def applied(self, author: str, claimed: int, signed_at: float | None = None) -> None:
         """An update of `author` claiming `claimed` learners, signed at `signed_at`, was
         applied."""
+        self._journal("applied", author, claimed, signed_at)
         self._recent.append((author, claimed, signed_at))
         self._claims.setdefault(author, deque()).append((signed_at, claimed))
         while len(self._recent) > self.window:
@@ -191,6 +194,7 @@ class LearnerFloor:
         for author, claim, signed_at in entries[-self.window :]:
             fresh.applied(author, claim, signed_at)
         self._recent, self._claims = fresh._recent, fresh._claims
+        self._journal_reset()
 
 
 def credited_learners(

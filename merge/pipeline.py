@@ -45,6 +45,7 @@ from merge.result import MergeResult
 from merge.robust import RobustFilter, Verdict, round_share, substance
 from merge.settle import settle
 from merge.update_checks import MIN_PARAMS_NORM, UpdateChecks, learners_of, staleness_of
+from merge.weighing_journal import WeighingJournal
 from merge.weighting import staleness_weight, token_weight
 
 logger = logging.getLogger(__name__)
@@ -99,6 +100,9 @@ class UpdatePipeline(UpdateChecks, PipelineState):
         group proofs are refused)."""
         self.groups = GroupMerge(self)
         """Learner groups' updates (merge.group_pipeline)."""
+        self.weighing = WeighingJournal()
+        """The mutations of what weighs later updates, so that a superseded group variant's
+        can be taken back (merge.weighing_journal); attached where groups are on."""
 
     def enable_groups(self, run_id: str, members_of: MemberCheck) -> None:
         """Learner groups are on: their updates name `run_id`, and `members_of(group key)`
@@ -106,6 +110,7 @@ class UpdatePipeline(UpdateChecks, PipelineState):
         equivocation are checked by (merge.group_equivocation), persisted ones included."""
         self.run_id, self.group_run = run_id, GroupRun(run_id, members_of)
         self.equivocation.decode = functools.partial(decode_proof, run=self.group_run)
+        self.attach_weighing()
 
     def adopt(self, state: dict[str, Any]) -> None:
         """Loads a donor's transfer_state in place of this replica and what judged its
@@ -140,6 +145,7 @@ class UpdatePipeline(UpdateChecks, PipelineState):
             self.replica.load_state_dict(state)  # validates before it changes anything
             if merge is not None:
                 self.load_state_dict(staged.state_dict())
+            self.attach_weighing()  # journaled from the adopted state on
             self.equivocation = book
 
     def weight_of(self, header: UpdateHeader, learners: int | None = None) -> float:

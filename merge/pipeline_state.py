@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from merge.contribution import ContributionLedger
 from merge.equivocation import EquivocationBook
+from merge.group_equivocation import GroupRun
 from merge.learners import LearnerFloor
 from merge.merge_config import MergeConfig
 from merge.replica import Replica
 from merge.robust import RobustFilter
+from merge.weighing_journal import WeighingJournal
 
 ALONE_AFTER_SKEWS = 3.0
 """An author is alone (merge.contribution) once every other author's latest update is signed
@@ -26,6 +28,8 @@ class PipelineState:
     learner_floor: LearnerFloor
     ledger: ContributionLedger
     equivocation: EquivocationBook
+    weighing: WeighingJournal
+    group_run: GroupRun | None
 
     def state_dict(self) -> dict[str, object]:
         """What the pipeline decides by besides the replica: the robust filters' windows and
@@ -56,6 +60,17 @@ class PipelineState:
             self.ledger = ledger
             for robust_filter, robust_state in zip(self._robust, robust, strict=True):
                 robust_filter.load_state_dict(robust_state)
+            self.attach_weighing()
+
+    def attach_weighing(self) -> None:
+        """Journals what weighs later updates from its state now (merge.weighing_journal),
+        where learner groups are on (their superseded variants are what it takes back)."""
+        if self.group_run is None:
+            return
+        with self.replica.lock:
+            self.weighing.attach(
+                self.replica.credit, *self._robust, self.learner_floor, self.ledger
+            )  # fmt: skip
 
     def _new_ledger(self) -> ContributionLedger:
         # Alone after 3x the clock skew a receiver tolerates: a flooder dating its updates

@@ -18,6 +18,8 @@ from merge.cosign_ledger import CosignLedger, parse_cosigned
 from merge.envelope import UpdateHeader
 from merge.fragments import FragmentLayout
 from merge.outer import OuterOptimizer
+from merge.replica_state import parse_applied, settled
+from merge.weighing_journal import CreditedSum
 
 NORM_SLACK = 0.05
 """Relative widening of the params-norm bounds at each step they are carried through. They
@@ -69,9 +71,10 @@ class Replica:
         self._applied: dict[str, set[int]] = {}
         self._last_seq: dict[str, int] = {}
         self._num_applied = 0
-        self._credited = 0.0
+        self.credit = CreditedSum()
         """Applied updates, each counted by the share its author's budget let through
-        (merge.contribution): the progress an author's header counts staleness in."""
+        (merge.contribution): the progress an author's header counts staleness in. Journaled
+        with what weighs later updates (merge.weighing_journal: the pipeline attaches it)."""
         self._version = 0
         """Bumped whenever the applied set changes: the cached digest is for one version."""
         self._digest: tuple[int, str] | None = None
@@ -129,7 +132,7 @@ class Replica:
             return self._progress()
 
     def _progress(self) -> int:
-        return math.floor(self._credited + 1e-9)
+        return math.floor(self.credit.total + 1e-9)
 
     @property
     def applied(self) -> dict[str, list[int]]:
@@ -195,6 +198,7 @@ class Replica:
                 raise ValueError(
                     f"update {header.update_id} does not fit this replica's fragments."
                 )
+            self._tag(header)
             if weight != 0:
                 if learners is None:
                     learners = 1 if header.learners is None else header.learners
@@ -202,7 +206,7 @@ class Replica:
                 moved = self._step(header, pseudo_gradient, weight, learners)
                 self._carry_norm_bounds(bounds, moved, norm)
             self._record(header.author, header.seq)
-            self._credited += min(1.0, max(0.0, credited))
+            self.credit.add(min(1.0, max(0.0, credited)))
             if cosigners:
                 self.cosigned.credit(header.author, cosigners)
 
@@ -214,12 +218,14 @@ class Replica:
         norm: float | None = None,
         *,
         learners: int,
+        credited: float = 0.0,
         cosigners: Sequence[str] = (),
     ) -> None:
         """Steps with another variant of an applied id whose own step was withdrawn (a learner
         group's prevailing variant in place of a lesser one: merge.equivocation), as `apply`
-        would step with it; the applied set and the progress stay as they are (the id is
-        applied and counted once). The caller checks that the id's step was withdrawn."""
+        would step with it; the applied set stays as it is (the id is applied once), the
+        progress grows by `credited` (the lesser's share, taken back with its records: the
+        pipeline's weighing journal). The caller checks that the id's step was withdrawn."""
         with self.lock:
             if not self.has_applied(header.author, header.seq):
                 raise ValueError(f"update {header.update_id} has not been applied.")
@@ -227,13 +233,21 @@ class Replica:
                 raise ValueError(
                     f"update {header.update_id} does not fit this replica's fragments."
                 )
+            self._tag(header)
             if weight != 0:
                 outer = self.outer_for(header.fragment)
                 self._in_place(header, outer.plain_step if header.flush else outer.put_in,
                                pseudo_gradient, weight, learners)  # fmt: skip
                 self._norm_bounds = None
+            self.credit.add(min(1.0, max(0.0, credited)))
             if cosigners:
                 self.cosigned.credit(header.author, cosigners)
+
+    def _tag(self, header: UpdateHeader) -> None:
+        """What the pipeline's weighing journal files the mutations that follow under: this
+        update's id (taken back together: merge.weighing_journal)."""
+        if self.credit.journal is not None:
+            self.credit.journal.tag = header.update_id
 
     def withdraw(
         self,
@@ -322,7 +336,7 @@ class Replica:
         if state is None:
             with self.lock:
                 terms = [outer.rest_terms() for outer in self.outers]
-                return _settled(self.params, terms, self.layout, index)
+                return settled(self.params, terms, self.layout, index)
         params = state.get("params")
         outer = state.get("outer")
         if not isinstance(params, torch.Tensor) or params.shape != self.params.shape:
@@ -335,7 +349,7 @@ class Replica:
         if not all(isinstance(s, Mapping) for s in states):
             raise ValueError("replica state's fragment outer states must be mappings.")
         terms = [o.rest_terms(s) for o, s in zip(self.outers, states, strict=True)]
-        return _settled(params, terms, self.layout, index)
+        return settled(params, terms, self.layout, index)
 
     def snapshot(self) -> tuple[torch.Tensor, int]:
         """A copy of the params and the :attr:`progress` they include, taken atomically."""
@@ -364,7 +378,7 @@ class Replica:
                 "outer": self._outer_state(),
                 "applied": self.applied,
                 "num_applied": self._num_applied,
-                "num_credited": self._credited,
+                "num_credited": self.credit.total,
                 "cosigned": self.cosigned.counts(),
             }
 
@@ -393,7 +407,8 @@ class Replica:
             for author, seqs in applied.items():
                 for seq in seqs:
                     self._record(author, seq)
-            self._credited = float(credited)  # type: ignore[arg-type]
+            self.credit.total = float(credited)  # type: ignore[arg-type]
+            self.credit._journal_reset()
             self.cosigned.load(cosigned)
 
     def _outer_state(self) -> dict[str, object]:
@@ -434,36 +449,3 @@ def _tensor_version(tensor: torch.Tensor) -> int | None:
         return tensor._version
     except RuntimeError:
         return None
-
-
-def parse_applied(applied: object) -> dict[str, set[int]]:
-    """A state_dict's applied set, checked (ValueError): authors to distinct seqs >= 0."""
-    if not isinstance(applied, Mapping):
-        raise ValueError("replica state 'applied' must map authors to lists of seqs.")
-    parsed: dict[str, set[int]] = {}
-    for author, seqs in applied.items():
-        if not isinstance(author, str) or not isinstance(seqs, list | tuple):
-            raise ValueError("replica state 'applied' must map authors to lists of seqs.")
-        if not all(type(seq) is int and seq >= 0 for seq in seqs) or len(set(seqs)) != len(seqs):
-            raise ValueError(f"replica state 'applied' has invalid seqs for {author}.")
-        parsed[author] = set(seqs)
-    return parsed
-
-
-def _settled(
-    params: torch.Tensor,
-    terms: list[list[tuple[float, torch.Tensor]]],
-    layout: FragmentLayout | None,
-    index: torch.Tensor,
-) -> torch.Tensor:
-    values = params.reshape(-1)[index].to(torch.float64)
-    if layout is None:
-        for coefficient, buffer in terms[0]:
-            values += coefficient * buffer[index].to(torch.float64)
-        return values
-    fragment, local = layout.locate(index)
-    for p, fragment_terms in enumerate(terms):
-        mask = fragment == p
-        for coefficient, buffer in fragment_terms:
-            values[mask] += coefficient * buffer[local[mask]].to(torch.float64)
-    return values

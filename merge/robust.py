@@ -52,6 +52,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from merge.contribution import BudgetConfig
+from merge.weighing_journal import Journaled
 
 REASONS = ("norm_outlier", "against_momentum", "off_center")
 MAX_AUTHORS = 256
@@ -113,7 +114,7 @@ class Verdict:
     """The coefficient of the momentum in the center (reference norm / momentum norm)."""
 
 
-class RobustFilter:
+class RobustFilter(Journaled):
     """Each author's recent accepted norms; callers hold the replica's lock around it.
 
     The reference norm is the median over authors of each author's median norm: an author
@@ -215,6 +216,10 @@ class RobustFilter:
 
     def accepted(self, verdict: Verdict, author: str = "") -> None:
         """Records the norm of an update that was applied."""
+        self._journal("accepted", verdict, author)
+        self._accept(verdict, author)
+
+    def _accept(self, verdict: Verdict, author: str) -> None:
         norms = self._norms.pop(author, None) or deque(maxlen=self.config.window)
         self._norms[author] = norms  # the most recently recorded author last
         norms.append(verdict.norm)
@@ -232,6 +237,7 @@ class RobustFilter:
     def flushed(self, author: str) -> None:
         """An applied flush of `author` sent its residual: its next flush spans only the
         rounds after this one (called for every applied flush, whatever it moved)."""
+        self._journal("flushed", author)
         self._rounds.pop(author, None)
 
     def record(self, verdict: Verdict, author: str = "", *, flush: bool = False) -> None:
@@ -252,12 +258,13 @@ class RobustFilter:
         A round (not a ``flush``) also counts as one more round its author's next flush
         spans (`spans`); a flush's norm enters the window as a round's does.
         """
+        self._journal("record", verdict, author, flush=flush)
         if verdict.reason == "against_momentum":
             return
         norm, k = verdict.norm, self.config.max_norm_to_median
         if verdict.median_norm is not None and k > 0:
             norm = min(max(norm, verdict.median_norm / k), verdict.median_norm * k)
-        self.accepted(replace(verdict, norm=norm), author)
+        self._accept(replace(verdict, norm=norm), author)
         if not flush:  # a round: one more that its author's next flush spans
             self._rounds[author] = min(self._rounds.get(author, 0) + 1, self.config.window)
 
@@ -300,6 +307,7 @@ class RobustFilter:
             fresh.accepted(Verdict(None, norm, None, None), author)
         fresh._rounds = self._loaded_rounds(state, set(fresh._norms))
         self._norms, self._medians, self._rounds = fresh._norms, fresh._medians, fresh._rounds
+        self._journal_reset()
 
     def _loaded_rounds(self, state: dict[str, object], authors: set[str]) -> dict[str, int]:
         """The rounds since each author's last flush from a state (none in a state saved

@@ -238,3 +238,47 @@ async def _awaited(
     found = await fetcher.fetch_awaited(uid, sorted(holders))
     await _closed(network, ctx)
     return {"found": found, "merged": merged, "rejections": ctx.reject.counts}
+
+
+def _proof_first() -> tuple[UpdatePipeline, GroupUpdate, GroupUpdate]:
+    """A replica that learned the pair's proof (a member's lone variant against the honest
+    round) and applied neither variant."""
+    kept, lesser = _update(IDS[:3]), _update([IDS[0]], scale=40.0)
+    pipeline = _pipeline()
+    pipeline.enable_groups(RUN, lambda key: lambda peer: True)
+    run = pipeline.group_run
+    assert run is not None
+    head = kept.head
+    proof = GroupProof.of(
+        RUN, head.group_key, head.round, GroupVariant.of(kept), GroupVariant.of(lesser), run
+    )
+    assert pipeline.learn_group_proof(proof, lambda uid: None) == "none"
+    return pipeline, kept, lesser
+
+
+def test_a_replica_that_knows_the_proof_asks_another_holder_for_the_prevailing_variant() -> None:
+    """The first holder serves the lesser variant (it applied that one first): the merge
+    refuses it, the holder is not counted, and catch-up asks the next holder instead of
+    settling the id; the prevailing variant is merged from it. Before, the id was settled
+    as fetched on the first holder and the replica never took the round's step."""
+    pipeline, kept, lesser = _proof_first()
+    holders = {"a-lesser": _holding(lesser), "b-kept": _holding(kept)}
+    end = asyncio.run(_catch_up(kept, holders, pipeline))
+    assert end["fetched_from"] == ["a-lesser", "b-kept"] and end["wanted"] == 0
+    assert not end["rejections"] and not end["evidence"]
+    assert pipeline.replica.applied == {kept.head.group_key: [kept.seq]}
+    alone = _pipeline()
+    assert alone.submit_group(kept, lambda peer: True).accepted
+    torch.testing.assert_close(pipeline.replica.params, alone.replica.params)
+    assert end["retained"].get(group_update_id(kept)) == encode_update(kept)
+
+
+def test_holders_that_all_serve_the_lesser_variant_never_settle_the_round_on_it() -> None:
+    """Every holder serves the lesser variant: each is asked once, none counted, the id is
+    never applied with it (still wanted, sourceless: catch-up's lost rule decides)."""
+    pipeline, kept, lesser = _proof_first()
+    holders = {f"{c}-lesser": _holding(lesser) for c in "abc"}
+    end = asyncio.run(_catch_up(kept, holders, pipeline))
+    assert end["fetched_from"] == ["a-lesser", "b-lesser", "c-lesser"]
+    assert not end["rejections"] and not pipeline.replica.has_applied(*group_update_id(kept))
+    assert end["wanted"] == 1

@@ -10,7 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from merge.equivocation import EquivocationBook
+from dht.grouping_wire import decode_update, encode_update
+from dht.retention import RetainedUpdates, serve_superseded
+from merge.equivocation import EquivocationBook, UpdateId
 from merge.group_equivocation import GroupProof, GroupVariant, prevailing
 from merge.group_update import GroupUpdate, ReductionConfig
 from merge.pipeline import MergeConfig, UpdatePipeline
@@ -31,7 +33,7 @@ from tests.unit.test_group_equivocation import (
     _pipeline,
     _retained,
 )
-from tests.unit.test_group_merge import CONFIG, IDS, RUN, _update
+from tests.unit.test_group_merge import CONFIG, IDS, NUMEL, RUN, _update
 
 HONEST = _update(IDS[:3])
 """A round of a group of four, three included (the quorum is two)."""
@@ -255,3 +257,29 @@ def test_a_voiding_proof_after_the_prevailing_step_withdraws_it() -> None:
     assert pipeline.equivocation.is_equivocated(UID) and pipeline.equivocation.awaiting() == []
     untouched = _alone(None)
     torch.testing.assert_close(pipeline.replica.params, untouched.replica.params)
+
+
+def test_the_copy_served_is_the_variant_applied_here() -> None:
+    """The retained copy follows the merge (dht.retention `serve_superseded`): a replica that
+    applied the lone variant and stepped the prevailing one in its place serves the
+    prevailing one, and a later voiding proof finds the aggregate it applied there (before,
+    the lone one's bytes stayed, and the voiding proof kept the step: "its applied aggregate
+    is gone"); voided, nothing is served under the id."""
+    pipeline, retained = _pipeline(), RetainedUpdates(per_author=4, budget_bytes=1 << 20)
+    serve_superseded(pipeline, retained)
+
+    def served(uid: UpdateId) -> GroupUpdate | None:
+        data = retained.get(uid)
+        return None if data is None else decode_update(data, NUMEL)
+
+    assert _apply(pipeline, LONE)
+    retained.put(UID, encode_update(LONE))  # as the wiring retains what it merged
+    assert pipeline.learn_group_proof(_proof(HONEST, LONE), served) == "withdraw"
+    assert UID not in retained  # the lesser is no longer served
+    assert _apply(pipeline, HONEST)
+    retained.put(UID, encode_update(HONEST))  # what fetch_awaited does after the merge
+    assert retained.get(UID) == encode_update(HONEST)
+    tie = _proof(HONEST, _update([IDS[1], IDS[2], IDS[3]], scale=3.0))
+    assert pipeline.learn_group_proof(tie, served) == "withdraw"
+    torch.testing.assert_close(pipeline.replica.params, _alone(None).replica.params)
+    assert UID not in retained

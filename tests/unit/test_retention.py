@@ -52,3 +52,22 @@ def test_fresh_authors_hold_a_32nd_of_the_memory_budget_together(tmp_path: Path)
     assert retained.memory_bytes + retained.disk_bytes == 2_000 + 160 * 100
     retained.close()
     assert retained.fresh_bytes == retained.memory_bytes == 0
+
+
+def test_a_superseding_variant_replaces_the_bytes_held_and_a_withdrawn_one_goes(
+    tmp_path: Path,
+) -> None:
+    """`put` keeps the first bytes under an id; `supersede` replaces them, in memory or on
+    disk, with the accounting and the author's seqs kept right; None forgets the id."""
+    for budget in (1000, 0):  # in memory, spilled to disk
+        retained = RetainedUpdates(per_author=4, budget_bytes=budget, spill_dir=tmp_path)
+        retained.put(("g", 3), b"lesser")
+        retained.put(("g", 3), b"prevailing")
+        assert retained.get(("g", 3)) == b"lesser"
+        retained.supersede(("g", 3), b"prevailing")
+        assert retained.get(("g", 3)) == b"prevailing" and retained.seqs("g") == [3]
+        assert retained.memory_bytes + retained.disk_bytes == len(b"prevailing")
+        retained.supersede(("g", 3), None)
+        assert retained.get(("g", 3)) is None and ("g", 3) not in retained
+        assert retained.seqs("g") == [] and retained.memory_bytes + retained.disk_bytes == 0
+        retained.close()
