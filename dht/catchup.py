@@ -13,7 +13,7 @@ state named applied within `lost_after_s` is not lost but waits for a state
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Container, Iterable, KeysView, Mapping
+from collections.abc import Callable, Container, Iterable, KeysView, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dht.catchup_config import CatchUpConfig
@@ -35,6 +35,8 @@ class Fetch:
     author: str
     seq: int
     peer_id: str
+    cause: str = "catchup"
+    """Why this node wanted it (its want's origin: `_Want.origin`), for update_fetched."""
 
     @property
     def update_id(self) -> UpdateId:
@@ -60,6 +62,10 @@ class _Want:
     """When it became wanted (relay_patience_s counts from here)."""
     applied_named_at: float | None = None
     """When a live peer that serves state last named it applied without holding it."""
+    origin: str = "announced"
+    """How it became wanted, for the update_fetched event's `cause`: "announced" (a header
+    pushed or looked up), "summary" (a peer's summary: repair), or the cause a caller named
+    (`announced(cause=...)`: a group update handed over by the shard fetch, say)."""
 
 
 @dataclass(frozen=True)
@@ -95,10 +101,10 @@ class CatchUp:
         self.source_rank: Callable[[str], int] = lambda peer_id: 0
         """How good this node's connection to a source is, lower first (set by the fetcher
         from dht.reachability.path_rank: direct or hole-punched 0, relayed 1, none 2)."""
-        self.held_back: Callable[[UpdateId], bool] = lambda uid: False
-        """Whether a wanted update waits for another path (set by the group exchange with
-        --group-shard-fetch: other groups' updates a fetch round may merge by slices,
-        dht.group_exchange_candidates); it is fetched here once that says no more."""
+        self.held_back: Callable[[UpdateId, Sequence[str]], bool] = lambda uid, sources: False
+        """Whether a wanted update waits for another path, given its live sources (set by the
+        group exchange with --group-shard-fetch: other groups' updates a fetch round may merge
+        by slices, dht.group_exchange_candidates); it is fetched here once that says no more."""
         self.newly_deferred: list[UpdateId] = []
         """Fresh authors' updates passed over (by their fetch cap, for the first time, or
         because max_fresh_wants were wanted), for the caller to count and clear."""
@@ -130,11 +136,22 @@ class CatchUp:
     # ---- what the node hears ------------------------------------------------------------------
 
     def announced(
-        self, author: str, seq: int, header: object | None, now: float, holder: str | None = None
+        self,
+        author: str,
+        seq: int,
+        header: object | None,
+        now: float,
+        holder: str | None = None,
+        cause: str | None = None,
     ) -> bool:
-        """An update exists and `holder` (the author when None) holds it; True when newly wanted."""
+        """An update exists and `holder` (the author when None) holds it; True when newly wanted.
+        `cause`: why (the want's origin from now on; "announced" when None)."""
         self._max_seen[author] = max(seq, self._max_seen.get(author, 0))
-        return self._want((author, seq), [holder or author], now, header)
+        new = self._want((author, seq), [holder or author], now, header, origin=cause)
+        want = self._wants.get((author, seq))
+        if cause is not None and want is not None:
+            want.origin = cause
+        return new
 
     def holders(self, author: str, seq: int, peer_ids: Iterable[str], now: float) -> None:
         """Peers that hold (author, seq), from a holder record."""
@@ -174,7 +191,9 @@ class CatchUp:
                 num_capped += not self.knows(uid)
             else:
                 sources = [peer_id] if uid in held else []
-                num_new += self._want(uid, sources, now, None, revive=uid in held, named_by=peer_id)
+                num_new += self._want(
+                    uid, sources, now, None, revive=uid in held, named_by=peer_id, origin="summary"
+                )
             if serves_state and uid not in held:
                 self._named_applied(uid, now)
             num_unreachable += (uid in self._lost or uid in self.state_wants) and uid not in held
@@ -284,12 +303,12 @@ class CatchUp:
         for uid in self.fetch_order.order(self._wants, self.is_fresh, with_fresh=with_fresh):
             if budget <= 0:
                 break
-            if self.held_back(uid):
+            want = self._wants[uid]
+            if self.held_back(uid, self._live_sources(want, alive)):
                 continue
             peer_id = self._pick_source(uid, now, alive, direct)
             if peer_id is None:
                 continue
-            want = self._wants[uid]
             fresh = self.is_fresh(uid[0])
             if fresh and not self.fetch_order.admit(uid[0], now, fresh_in_flight):
                 if not want.deferred:
@@ -297,7 +316,7 @@ class CatchUp:
                     self._note_deferred(uid)
                 continue
             want.in_flight = peer_id
-            fetches.append(Fetch(uid[0], uid[1], peer_id))
+            fetches.append(Fetch(uid[0], uid[1], peer_id, want.origin))
             fresh_in_flight += fresh
             budget -= 1
         return fetches
@@ -396,6 +415,7 @@ class CatchUp:
         create: bool = True,
         revive: bool = False,
         named_by: str | None = None,
+        origin: str | None = None,
     ) -> bool:
         """Only a summary revives a lost update: it lists what a live peer holds right now,
         where announcements and holder records may be older than an eviction."""
@@ -423,7 +443,13 @@ class CatchUp:
             maybe = {author} if author != self.self_id else set()
             since = None if fresh | maybe else now
             self._wants[uid] = _Want(
-                header, fresh | maybe, since, named_by=named_by, fresh=fresh_author, wanted_at=now
+                header,
+                fresh | maybe,
+                since,
+                named_by=named_by,
+                fresh=fresh_author,
+                wanted_at=now,
+                origin=origin or "announced",
             )
             self._num_fresh_wants += fresh_author
             if named_by is not None:

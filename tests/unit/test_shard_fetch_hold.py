@@ -20,7 +20,7 @@ from tests.unit.test_shard_round import _pipeline
 def test_a_held_back_update_is_not_fetched_until_released() -> None:
     catchup = CatchUp(CatchUpConfig(max_in_flight=4), "b", SimNode("b"))
     held = {("groups.0b1", 2)}
-    catchup.held_back = lambda uid: uid in held
+    catchup.held_back = lambda uid, sources: uid in held
     for seq in (1, 2):
         catchup.announced("groups.0b1", seq, None, 0.0, holder="a")
     assert [f.seq for f in catchup.next_fetches(0.0, {"a"})] == [1]
@@ -35,7 +35,7 @@ def _exchange(offers: list[tuple[str, int, str]]) -> GroupExchange:
         numel=8,
         reject=lambda *_: None,
         is_alive=lambda _: True,
-        offer=lambda key, seq, holder: offers.append((key, seq, holder)),
+        offer=lambda key, seq, holder, cause="": offers.append((key, seq, holder)),
         shard_fetch=_pipeline("delayed_nesterov").groups,
     )
 
