@@ -96,8 +96,11 @@ class HoldBook:
         self._holds.pop(uid, None)
 
     def release(self, uid: UpdateId, now: float, cause: str) -> None:
-        """`uid` goes to the gossip now, for `cause`."""
+        """`uid` goes to the gossip now, for `cause` (once: a second hand-over keeps the first's
+        time and cause)."""
         self._holds.pop(uid, None)
+        if uid in self._released:
+            return
         self._released[uid] = (cause, now)
         self._released.move_to_end(uid)
         while len(self._released) > MAX_TRACKED:
@@ -116,9 +119,9 @@ class HoldBook:
         hold = self._holds.get(uid)
         if hold is None:
             hold = self._track(uid, _Hold(now + UNNOTICED_ROUNDS * wait_s, False, now))
-        if now >= hold.due:
-            self.release(uid, now, self.cause_due(uid))
-            return Verdict(self._in_round_hold(now, now, wait_s))
+        if now >= hold.due:  # released as of its hand-over time, however late asked
+            self.release(uid, hold.due, self.cause_due(uid))
+            return Verdict(self._in_round_hold(hold.due, now, wait_s))
         return Verdict(True, adopt=not hold.noticed and bool(sources))
 
     def due(self, uid: UpdateId) -> float | None:
