@@ -35,7 +35,7 @@ class Fetch:
     author: str
     seq: int
     peer_id: str
-    cause: str = "catchup"
+    cause: str = field(default="catchup", compare=False)
     """Why this node wanted it (its want's origin: `_Want.origin`), for update_fetched."""
 
     @property
