@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Container, Iterable, KeysView, Mapping, Sequence
-from dataclasses import dataclass, field
 
 from dht.catchup_config import CatchUpConfig
 from dht.catchup_state import AppliedSet, StateWants
+from dht.catchup_wants import Fetch, Learned, Want
 from dht.fetch_order import FetchOrder
 from dht.ranges import Ranges, UpdateId, iter_ids
 
@@ -28,57 +28,6 @@ RELAYED_RANK = 1
 SMALL_RANGE = 64
 """A holder record's range shorter than this is walked seq by seq; a longer one through the
 author's wanted seqs."""
-
-
-@dataclass(frozen=True)
-class Fetch:
-    author: str
-    seq: int
-    peer_id: str
-    cause: str = field(default="catchup", compare=False)
-    """Why this node wanted it (its want's origin: `_Want.origin`), for update_fetched."""
-
-    @property
-    def update_id(self) -> UpdateId:
-        return (self.author, self.seq)
-
-
-@dataclass
-class _Want:
-    header: object | None
-    sources: set[str]
-    sourceless_since: float | None
-    failed_at: dict[str, float] = field(default_factory=dict)
-    author_failures: int = 0
-    """Fetches from the author that failed in a row (its retry waits double with each)."""
-    in_flight: str | None = None
-    named_by: str | None = None
-    """The peer whose summary made this update wanted (its max_wants_per_peer share)."""
-    deferred: bool = False
-    """Passed over at least once by the fresh authors' fetch cap (dht.fetch_order)."""
-    fresh: bool = False
-    """Its author was fresh when it became wanted (counted in max_fresh_wants)."""
-    wanted_at: float = 0.0
-    """When it became wanted (relay_patience_s counts from here)."""
-    applied_named_at: float | None = None
-    """When a live peer that serves state last named it applied without holding it."""
-    origin: str = "announced"
-    """How it became wanted, for the update_fetched event's `cause`: "announced" (a header
-    pushed or looked up), "summary" (a peer's summary: repair), or the cause a caller named
-    (`announced(cause=...)`: a group update handed over by the shard fetch, say)."""
-
-
-@dataclass(frozen=True)
-class Learned:
-    """What one peer's summary did."""
-
-    num_new: int
-    """Updates newly wanted."""
-    num_capped: int
-    """Updates not wanted because the peer's share of wants (max_wants_per_peer) was full."""
-    num_unreachable: int = 0
-    """Updates the peer applied that this node declared lost or waits a state for and the peer
-    does not hold: no fetch can bring them, only the peer's state (dht.realign's gap)."""
 
 
 class CatchUp:
@@ -108,7 +57,7 @@ class CatchUp:
         self.newly_deferred: list[UpdateId] = []
         """Fresh authors' updates passed over (by their fetch cap, for the first time, or
         because max_fresh_wants were wanted), for the caller to count and clear."""
-        self._wants: dict[UpdateId, _Want] = {}
+        self._wants: dict[UpdateId, Want] = {}
         self._settled: dict[UpdateId, None] = {}
         """Updates fetched and refused for good, oldest first (bounded by max_wants)."""
         self._lost: dict[UpdateId, None] = {}
@@ -442,7 +391,7 @@ class CatchUp:
             author = uid[0]
             maybe = {author} if author != self.self_id else set()
             since = None if fresh | maybe else now
-            self._wants[uid] = _Want(
+            self._wants[uid] = Want(
                 header,
                 fresh | maybe,
                 since,
@@ -503,10 +452,10 @@ class CatchUp:
             else:
                 self._named_by.pop(want.named_by, None)
 
-    def _live_sources(self, want: _Want, alive: set[str]) -> list[str]:
+    def _live_sources(self, want: Want, alive: set[str]) -> list[str]:
         return sorted(s for s in want.sources if s in alive)
 
-    def _retry_wait_s(self, uid: UpdateId, source: str, want: _Want) -> float:
+    def _retry_wait_s(self, uid: UpdateId, source: str, want: Want) -> float:
         """How long after its last failure `source` may be asked for `uid` again."""
         if source != uid[0] or want.author_failures <= 1:
             return self.config.retry_s
@@ -545,7 +494,7 @@ class CatchUp:
             return set()
         return {p for p in alive if p != self.self_id and self.source_rank(p) == 0}
 
-    def _direct_peer_may_offer(self, want: _Want, now: float, direct: set[str]) -> bool:
+    def _direct_peer_may_offer(self, want: Want, now: float, direct: set[str]) -> bool:
         """Within relay_patience_s of `want`, whether a live peer on a direct connection that
         neither offers it yet nor failed to deliver it may (it fetches it, then serves it over
         its own link)."""
