@@ -13,11 +13,11 @@ state named applied within `lost_after_s` is not lost but waits for a state
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Container, Iterable, KeysView, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Container, Iterable, KeysView, Mapping, Sequence
 
 from dht.catchup_config import CatchUpConfig
 from dht.catchup_state import AppliedSet, StateWants
+from dht.catchup_wants import Fetch, Learned, Want
 from dht.fetch_order import FetchOrder
 from dht.ranges import Ranges, UpdateId, iter_ids
 
@@ -28,51 +28,6 @@ RELAYED_RANK = 1
 SMALL_RANGE = 64
 """A holder record's range shorter than this is walked seq by seq; a longer one through the
 author's wanted seqs."""
-
-
-@dataclass(frozen=True)
-class Fetch:
-    author: str
-    seq: int
-    peer_id: str
-
-    @property
-    def update_id(self) -> UpdateId:
-        return (self.author, self.seq)
-
-
-@dataclass
-class _Want:
-    header: object | None
-    sources: set[str]
-    sourceless_since: float | None
-    failed_at: dict[str, float] = field(default_factory=dict)
-    author_failures: int = 0
-    """Fetches from the author that failed in a row (its retry waits double with each)."""
-    in_flight: str | None = None
-    named_by: str | None = None
-    """The peer whose summary made this update wanted (its max_wants_per_peer share)."""
-    deferred: bool = False
-    """Passed over at least once by the fresh authors' fetch cap (dht.fetch_order)."""
-    fresh: bool = False
-    """Its author was fresh when it became wanted (counted in max_fresh_wants)."""
-    wanted_at: float = 0.0
-    """When it became wanted (relay_patience_s counts from here)."""
-    applied_named_at: float | None = None
-    """When a live peer that serves state last named it applied without holding it."""
-
-
-@dataclass(frozen=True)
-class Learned:
-    """What one peer's summary did."""
-
-    num_new: int
-    """Updates newly wanted."""
-    num_capped: int
-    """Updates not wanted because the peer's share of wants (max_wants_per_peer) was full."""
-    num_unreachable: int = 0
-    """Updates the peer applied that this node declared lost or waits a state for and the peer
-    does not hold: no fetch can bring them, only the peer's state (dht.realign's gap)."""
 
 
 class CatchUp:
@@ -95,14 +50,14 @@ class CatchUp:
         self.source_rank: Callable[[str], int] = lambda peer_id: 0
         """How good this node's connection to a source is, lower first (set by the fetcher
         from dht.reachability.path_rank: direct or hole-punched 0, relayed 1, none 2)."""
-        self.held_back: Callable[[UpdateId], bool] = lambda uid: False
-        """Whether a wanted update waits for another path (set by the group exchange with
-        --group-shard-fetch: other groups' updates a fetch round may merge by slices,
-        dht.group_exchange_candidates); it is fetched here once that says no more."""
+        self.held_back: Callable[[UpdateId, Sequence[str]], bool] = lambda uid, sources: False
+        """Whether a wanted update waits for another path, given its live sources (set by the
+        group exchange with --group-shard-fetch: other groups' updates a fetch round may merge
+        by slices, dht.group_exchange_candidates); it is fetched here once that says no more."""
         self.newly_deferred: list[UpdateId] = []
         """Fresh authors' updates passed over (by their fetch cap, for the first time, or
         because max_fresh_wants were wanted), for the caller to count and clear."""
-        self._wants: dict[UpdateId, _Want] = {}
+        self._wants: dict[UpdateId, Want] = {}
         self._settled: dict[UpdateId, None] = {}
         """Updates fetched and refused for good, oldest first (bounded by max_wants)."""
         self._lost: dict[UpdateId, None] = {}
@@ -130,11 +85,22 @@ class CatchUp:
     # ---- what the node hears ------------------------------------------------------------------
 
     def announced(
-        self, author: str, seq: int, header: object | None, now: float, holder: str | None = None
+        self,
+        author: str,
+        seq: int,
+        header: object | None,
+        now: float,
+        holder: str | None = None,
+        cause: str | None = None,
     ) -> bool:
-        """An update exists and `holder` (the author when None) holds it; True when newly wanted."""
+        """An update exists and `holder` (the author when None) holds it; True when newly wanted.
+        `cause`: why (the want's origin from now on; "announced" when None)."""
         self._max_seen[author] = max(seq, self._max_seen.get(author, 0))
-        return self._want((author, seq), [holder or author], now, header)
+        new = self._want((author, seq), [holder or author], now, header, origin=cause)
+        want = self._wants.get((author, seq))
+        if cause is not None and want is not None:
+            want.origin = cause
+        return new
 
     def holders(self, author: str, seq: int, peer_ids: Iterable[str], now: float) -> None:
         """Peers that hold (author, seq), from a holder record."""
@@ -174,7 +140,9 @@ class CatchUp:
                 num_capped += not self.knows(uid)
             else:
                 sources = [peer_id] if uid in held else []
-                num_new += self._want(uid, sources, now, None, revive=uid in held, named_by=peer_id)
+                num_new += self._want(
+                    uid, sources, now, None, revive=uid in held, named_by=peer_id, origin="summary"
+                )
             if serves_state and uid not in held:
                 self._named_applied(uid, now)
             num_unreachable += (uid in self._lost or uid in self.state_wants) and uid not in held
@@ -284,12 +252,12 @@ class CatchUp:
         for uid in self.fetch_order.order(self._wants, self.is_fresh, with_fresh=with_fresh):
             if budget <= 0:
                 break
-            if self.held_back(uid):
+            want = self._wants[uid]
+            if self.held_back(uid, self._live_sources(want, alive)):
                 continue
             peer_id = self._pick_source(uid, now, alive, direct)
             if peer_id is None:
                 continue
-            want = self._wants[uid]
             fresh = self.is_fresh(uid[0])
             if fresh and not self.fetch_order.admit(uid[0], now, fresh_in_flight):
                 if not want.deferred:
@@ -297,7 +265,7 @@ class CatchUp:
                     self._note_deferred(uid)
                 continue
             want.in_flight = peer_id
-            fetches.append(Fetch(uid[0], uid[1], peer_id))
+            fetches.append(Fetch(uid[0], uid[1], peer_id, want.origin))
             fresh_in_flight += fresh
             budget -= 1
         return fetches
@@ -396,6 +364,7 @@ class CatchUp:
         create: bool = True,
         revive: bool = False,
         named_by: str | None = None,
+        origin: str | None = None,
     ) -> bool:
         """Only a summary revives a lost update: it lists what a live peer holds right now,
         where announcements and holder records may be older than an eviction."""
@@ -422,8 +391,14 @@ class CatchUp:
             author = uid[0]
             maybe = {author} if author != self.self_id else set()
             since = None if fresh | maybe else now
-            self._wants[uid] = _Want(
-                header, fresh | maybe, since, named_by=named_by, fresh=fresh_author, wanted_at=now
+            self._wants[uid] = Want(
+                header,
+                fresh | maybe,
+                since,
+                named_by=named_by,
+                fresh=fresh_author,
+                wanted_at=now,
+                origin=origin or "announced",
             )
             self._num_fresh_wants += fresh_author
             if named_by is not None:
@@ -477,10 +452,10 @@ class CatchUp:
             else:
                 self._named_by.pop(want.named_by, None)
 
-    def _live_sources(self, want: _Want, alive: set[str]) -> list[str]:
+    def _live_sources(self, want: Want, alive: set[str]) -> list[str]:
         return sorted(s for s in want.sources if s in alive)
 
-    def _retry_wait_s(self, uid: UpdateId, source: str, want: _Want) -> float:
+    def _retry_wait_s(self, uid: UpdateId, source: str, want: Want) -> float:
         """How long after its last failure `source` may be asked for `uid` again."""
         if source != uid[0] or want.author_failures <= 1:
             return self.config.retry_s
@@ -519,7 +494,7 @@ class CatchUp:
             return set()
         return {p for p in alive if p != self.self_id and self.source_rank(p) == 0}
 
-    def _direct_peer_may_offer(self, want: _Want, now: float, direct: set[str]) -> bool:
+    def _direct_peer_may_offer(self, want: Want, now: float, direct: set[str]) -> bool:
         """Within relay_patience_s of `want`, whether a live peer on a direct connection that
         neither offers it yet nor failed to deliver it may (it fetches it, then serves it over
         its own link)."""

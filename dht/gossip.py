@@ -159,24 +159,29 @@ class Gossip:
         blob = encode_update(update) if blob is None else blob
         await self.announcements.retain_blob(group_update_id(update), blob)
 
-    def offer_group(self, author: str, seq: int, holder: str) -> bool:
+    def offer_group(self, author: str, seq: int, holder: str, cause: str = "notice") -> bool:
         """A learner group's update `holder` completed (its group-done notice): wanted from it,
         fetched once by catch-up and merged as one unit (dht.gossip_fetch), unless applied or
-        wanted already; False (counted) for a seq past what this node knows + slack."""
+        wanted already; False (counted) for a seq past what this node knows + slack.
+        `cause`: why it is offered (the update_fetched event's; the shard fetch's hand-over
+        names its reason, dht.group_exchange_candidates)."""
         ctx = self._ctx
         known = ctx.catchup.seen_seqs()
         known[author] = max(known.get(author, 0), ctx.replica.last_seq(author))
         if not offer_in_bounds(known, author, seq):
             ctx.reject("group_done_too_far", holder, f"{author}/{seq}", update=False)
             return False
-        if ctx.catchup.announced(author, seq, None, time.monotonic(), holder=holder):
+        if ctx.catchup.announced(author, seq, None, time.monotonic(), holder=holder, cause=cause):
             ctx.kick()
         return True
 
-    async def fetch_group(self, peer_id: str, author: str, seq: int) -> bytes | None:
+    async def fetch_group(
+        self, peer_id: str, author: str, seq: int, cause: str = "adopt"
+    ) -> bytes | None:
         """A learner group's update's wire bytes from `peer_id` (its member that completed it),
-        or None (counted in update_fetched as any fetch)."""
-        return await self.fetcher.fetch_bytes(peer_id, author, seq)
+        or None (counted in update_fetched as any fetch, with `cause`: a member adopting its
+        own round's update, or the shard fetch's in-order fallback names its reason)."""
+        return await self.fetcher.fetch_bytes(peer_id, author, seq, cause)
 
     async def announced_seq(self, author: str) -> int:
         """The highest seq `author` announced that the DHT still holds (0 if none)."""

@@ -134,7 +134,7 @@ class Fetcher:
         against the peer that served it), merged as one unit (every member's signature and
         co-signature checked), retained and announced by this node's holder record."""
         ctx, uid = self._ctx, fetch.update_id
-        data = await self._fetch_from(fetch.peer_id, fetch.author, fetch.seq)
+        data = await self._fetch_from(fetch.peer_id, fetch.author, fetch.seq, fetch.cause)
         parsed = None if data is None else parse_fetched(data, uid, ctx.replica.numel)
         if isinstance(parsed, str):
             ctx.reject(parsed, fetch.peer_id, "served a bad group update", update=False)
@@ -198,7 +198,7 @@ class Fetcher:
         ctx = self._ctx
         in_group = member_check(ctx.config.run_id, uid[0])
         for peer in sources:
-            data = await self._fetch_from(peer, *uid)
+            data = await self._fetch_from(peer, *uid, "superseded")
             parsed = None if data is None else parse_fetched(data, uid, ctx.replica.numel)
             if isinstance(parsed, str):
                 ctx.reject(parsed, peer, "served a bad group update", update=False)
@@ -234,7 +234,7 @@ class Fetcher:
 
     async def _fetch_update(self, fetch: Fetch) -> SignedUpdate | None:
         """The update from `fetch.peer_id`, or None when it could not or would not give it."""
-        data = await self._fetch_from(fetch.peer_id, fetch.author, fetch.seq)
+        data = await self._fetch_from(fetch.peer_id, fetch.author, fetch.seq, fetch.cause)
         if data is None:
             return None
         try:
@@ -247,11 +247,16 @@ class Fetcher:
             return None
         return update
 
-    async def fetch_bytes(self, peer_id: str, author: str, seq: int) -> bytes | None:
-        """The wire bytes of (author, seq) from `peer_id`, unchecked, or None."""
-        return await self._fetch_from(peer_id, author, seq)
+    async def fetch_bytes(
+        self, peer_id: str, author: str, seq: int, cause: str = "direct"
+    ) -> bytes | None:
+        """The wire bytes of (author, seq) from `peer_id`, unchecked, or None; `cause`: why
+        (the update_fetched event's)."""
+        return await self._fetch_from(peer_id, author, seq, cause)
 
-    async def _fetch_from(self, peer_id: str, author: str, seq: int) -> bytes | None:
+    async def _fetch_from(
+        self, peer_id: str, author: str, seq: int, cause: str = "catchup"
+    ) -> bytes | None:
         ctx = self._ctx
         if peer_id == ctx.peer_id:
             return None
@@ -277,11 +282,17 @@ class Fetcher:
             return None
         stats = TransferStats(len(data), time.perf_counter() - started, peer_id)
         path = await ctx.network.path_to(peer_id)  # the connection the fetch just used
-        self._report(stats, author, seq, num_attempts, path)
+        self._report(stats, author, seq, num_attempts, path, cause)
         return data
 
     def _report(
-        self, stats: TransferStats, author: str, seq: int, num_attempts: int, path: str | None
+        self,
+        stats: TransferStats,
+        author: str,
+        seq: int,
+        num_attempts: int,
+        path: str | None,
+        cause: str,
     ) -> None:
         self.fetches.append(stats)
         self._ctx.on_event(
@@ -294,4 +305,5 @@ class Fetcher:
             mb_per_s=round(stats.mb_per_s, 2),
             num_attempts=num_attempts,
             path=path,
+            cause=cause,
         )

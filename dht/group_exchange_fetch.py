@@ -12,9 +12,10 @@ groups' updates it was told of (`group-done` notices: candidates, no longer hand
 gossip at once), the round merges those all proposed (merge.shard_fetch `compose`), each
 member fetches the shards its slice needs from a holder (`group-slice`), and the members
 exchange part matrices and slices of the weighted sums; every member applies the round as
-one step. Anything wrong ends the round with nothing applied and hands every candidate to the
-gossip (the whole fetch); a candidate not applied `FALLBACK_ROUNDS` x the group wait after
-its notice is handed over whatever happened. Every refusal is counted
+one step. Anything wrong ends the round with nothing applied: every member fetches the ids
+all proposed whole (the gossip's stream) and applies them in id order; a candidate not applied
+`FALLBACK_ROUNDS` x the group wait after its notice is handed over whatever happened
+(dht.shard_fetch_hold). Every refusal is counted
 (`group_fetch_<reason>`), never raised.
 """
 
@@ -36,6 +37,7 @@ from dht.group_exchange_realign import ClassRealignment
 from dht.group_exchange_slices import SLICE_LIMITS, SliceExchange
 from dht.grouping import member_check
 from dht.grouping_wire import GroupMessageError, RoundId
+from dht.shard_fetch_hold import HoldBook
 from dht.shard_fetch_inbox import Fallback, Inbox
 from dht.shard_fetch_wire import (
     FetchMessage,
@@ -116,20 +118,17 @@ class FetchExchange(FetchCandidates, SliceExchange, ClassRealignment):
         self._merge = merge
         self._on_event = on_event
         self._on_merged = on_merged
-        self._holds_back = self.shard_fetch
-        """Whether other groups' updates wait for fetch rounds (until `stop_holding`)."""
+        self._holdbook = HoldBook()
+        """Which other groups' updates wait for fetch rounds, and why each one goes."""
+        self._holdbook.holding = self.shard_fetch  # until `stop_holding`
+        self._timers: set[UpdateId] = set()
+        """Candidates whose hand-over is timed (`_hand_over_when_due`)."""
         self.fetch_wait_s = 30.0
         """The group wait of this node's last round: a fetch round's deadlines."""
         self._candidates: OrderedDict[UpdateId, tuple[str, ...]] = OrderedDict()
         self._keys: OrderedDict[str, None] = OrderedDict()
         """Other group keys a notice was heard from (what a round's collection waits for)."""
         self._kept: OrderedDict[UpdateId, GroupUpdate] = OrderedDict()
-        self._first_wanted: OrderedDict[UpdateId, float] = OrderedDict()
-        """When the gossip first wanted each other group's update (`held_back`)."""
-        self._released: OrderedDict[UpdateId, None] = OrderedDict()
-        """Updates handed to the gossip's whole fetch (a fallback, or their time out)."""
-        self._own_keys: OrderedDict[str, None] = OrderedDict()
-        """This node's group keys (its rounds'): their updates are never held back."""
         self._inboxes: dict[RoundId, Inbox] = {}
         self._held_inboxes: OrderedDict[RoundId, Inbox] = OrderedDict()
         self._one_round = asyncio.Lock()
@@ -201,7 +200,11 @@ class FetchExchange(FetchCandidates, SliceExchange, ClassRealignment):
         self._inboxes[rid] = inbox
         try:
             async with self._one_round:
-                await self._one_fetch_round(rid, update, members, inbox)
+                self._holdbook.round_opened(time.monotonic())
+                try:
+                    await self._one_fetch_round(rid, update, members, inbox)
+                finally:
+                    self._holdbook.round_closed()
         finally:
             self._inboxes.pop(rid, None)
 
@@ -226,7 +229,7 @@ class FetchExchange(FetchCandidates, SliceExchange, ClassRealignment):
             if self._waits_for_class(outcome):
                 inbox.waits_for_class = True  # its ids stay candidates (handed over in time)
             else:
-                in_order = await self._fall_back(inbox.agreed, inbox.holders)
+                in_order = await self._fall_back(inbox.agreed, inbox.holders, outcome)
         if self._on_event is not None:
             self._on_event(
                 "shard_round", group_key=rid[0], epoch=rid[1], round=rid[2],
@@ -284,7 +287,7 @@ class FetchExchange(FetchCandidates, SliceExchange, ClassRealignment):
             if self._on_merged is not None:
                 self._on_merged(result)
         for decision in member.plan.decisions if member.plan is not None else ():
-            self._candidates.pop(decision.incoming.uid, None)
+            self._taken(decision.incoming.uid)
         deferred = [inc.uid for inc in member.plan.deferred] if member.plan is not None else []
         inbox.in_order = await self._apply_in_order(deferred, composition.holders)
         return len(composition.ids), sum(r.accepted for r in results)

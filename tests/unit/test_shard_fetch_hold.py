@@ -12,6 +12,7 @@ import pytest
 from dht import group_exchange_candidates
 from dht.catchup import CatchUp, CatchUpConfig
 from dht.group_exchange import GroupExchange
+from dht.grouping import member_check
 from merge.identity import Identity
 from tests.unit.catchup_sim import SimNode
 from tests.unit.test_shard_round import _pipeline
@@ -20,7 +21,7 @@ from tests.unit.test_shard_round import _pipeline
 def test_a_held_back_update_is_not_fetched_until_released() -> None:
     catchup = CatchUp(CatchUpConfig(max_in_flight=4), "b", SimNode("b"))
     held = {("groups.0b1", 2)}
-    catchup.held_back = lambda uid: uid in held
+    catchup.held_back = lambda uid, sources: uid in held
     for seq in (1, 2):
         catchup.announced("groups.0b1", seq, None, 0.0, holder="a")
     assert [f.seq for f in catchup.next_fetches(0.0, {"a"})] == [1]
@@ -35,7 +36,7 @@ def _exchange(offers: list[tuple[str, int, str]]) -> GroupExchange:
         numel=8,
         reject=lambda *_: None,
         is_alive=lambda _: True,
-        offer=lambda key, seq, holder: offers.append((key, seq, holder)),
+        offer=lambda key, seq, holder, cause="": offers.append((key, seq, holder)),
         shard_fetch=_pipeline("delayed_nesterov").groups,
     )
 
@@ -96,3 +97,43 @@ def test_an_update_no_notice_named_is_held_one_group_wait_only(
         assert not exchange.held_back(("groups.0b1", 3))
 
     asyncio.run(run())
+
+
+def test_an_update_the_gossip_wants_becomes_a_candidate_with_its_groups_members_only() -> None:
+    """Session 22: 77 notices refused as too far left ids no round could take; fetched whole
+    after one wait, they reached members at moments of their own. Now the gossip's live
+    sources of it that are members of its group (they kept it: they serve its slices) make
+    it a candidate of the next round; a source outside the group is no holder of a slice."""
+
+    async def run() -> None:
+        exchange = _exchange([])
+        exchange.fetch_wait_s = 10.0
+        inside = member_check("r", "groups.0b1")
+        peers = [f"12D3KooWpeer{i}" for i in range(64)]
+        member = next(p for p in peers if inside(p))
+        outsider = next(p for p in peers if not inside(p))
+        assert exchange.held_back(("groups.0b1", 7), [outsider])  # held, no candidate
+        assert ("groups.0b1", 7) not in exchange._candidates
+        assert exchange.held_back(("groups.0b1", 7), [outsider, member])
+        assert exchange._candidates[("groups.0b1", 7)] == (member,)
+
+    asyncio.run(run())
+
+
+def test_each_fetch_names_why_it_was_wanted() -> None:
+    """The update_fetched event's `cause`: a header heard, a peer's summary, or the reason a
+    caller named (the shard fetch's hand-over), the latest naming winning."""
+    from dht.ranges import Ranges
+
+    catchup = CatchUp(CatchUpConfig(max_in_flight=8), "b", SimNode("b"))
+    catchup.announced("a", 1, None, 0.0)
+    held: Ranges = {"a": [(2, 2)]}
+    catchup.summary("c", held, held, 0.0)
+    catchup.announced("groups.0b1", 4, None, 0.0, holder="c")
+    catchup.announced("groups.0b1", 4, None, 0.0, holder="c", cause="handed_over_timer")
+    causes = {(f.author, f.seq): f.cause for f in catchup.next_fetches(0.0, {"a", "c"})}
+    assert causes == {
+        ("a", 1): "announced",
+        ("a", 2): "summary",
+        ("groups.0b1", 4): "handed_over_timer",
+    }
