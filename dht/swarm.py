@@ -30,6 +30,7 @@ from dht.network import SwarmNetwork
 from dht.reachability import PathKind, is_relayed
 from dht.realign import Realign, RealignConfig, RealignPolicy, lacking_retained, merge_retained
 from dht.rejections import Rejections
+from dht.state_donors import Skipped
 from dht.state_refusal import StateRefusal
 from dht.state_transfer import StateTransfer, TransferStats
 from dht.swarm_config import RunMismatchError, SwarmConfig, SwarmError
@@ -215,8 +216,9 @@ class Swarm:
         """Begin fetching and merging peers' updates in the background."""
         self.network.call(self._start_gossip(), timeout_s)
 
-    def download_state(self, timeout_s: float = 300.0) -> TransferStats | None:
-        """Replace the replica with the most advanced live peer's, if any peer is ahead."""
+    def download_state(self, timeout_s: float = 300.0) -> TransferStats | Skipped:
+        """Replace the replica with the most advanced live peer's, if any peer is ahead; else
+        why not (dht.state_donors)."""
         return self.network.call(self.transfer.download(), timeout_s)
 
     def announced_seq(self) -> int:
