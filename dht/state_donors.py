@@ -9,8 +9,8 @@ donors' dials failed for a few seconds caught up by gossip instead, its log full
 - live donors ahead (serving state, more applied than this replica) are tried, best first
   (dht.state_check.rank_donors); a donor that sent a state to refuse is not tried again, one
   that was busy or out of reach is, every pass, until `patience_s` after the first look;
-- no live peer yet, though bootstrap peers were given: wait up to `first_peers_s` for a first
-  heartbeat (two periods and two seconds, as before);
+- no live peer yet, though bootstrap peers were given: wait for a first heartbeat for two
+  periods and two seconds (as before) and at least FIRST_LOOKS looks (polls, each bounded);
 - peers whose heartbeats went silent (not alive) claim more than this replica: wait up to
   `silent_periods` periods for one to beat again (a heartbeat late under load, not a death);
 - otherwise give up, with the reason (`SKIP_REASONS`) and the numbers seen, which the node
@@ -40,6 +40,10 @@ JOIN_PATIENCE_S = 60.0
 slot a few seconds from ready, a donor serving others): at least this, or 12 periods."""
 SILENT_PERIODS = 4
 """Periods a joining node waits for silent peers that claimed to be ahead to beat again."""
+FIRST_LOOKS = 4
+"""Looks (the first, then one after each poll) before a node given bootstrap peers decides that
+no peer is alive: on a loaded machine one poll of the heartbeat shards can outlast the two
+periods and two seconds it waits by the clock."""
 MAX_PAUSE_S = 8.0
 """Longest pause between two passes over busy or unreachable donors (1 s doubling)."""
 
@@ -128,7 +132,8 @@ class JoinDownload:
         """`expects_peers`: bootstrap peers were given (a first node waits for nobody)."""
         self.started_at = started_at
         self.period_s = period_s
-        self.first_peers_until = started_at + 2 * period_s + 2 if expects_peers else started_at
+        self.expects_peers = expects_peers
+        self.first_peers_until = started_at + 2 * period_s + 2
         patience = max(JOIN_PATIENCE_S, 12 * period_s) if patience_s is None else patience_s
         self.until = started_at + patience
         self.silent_until = min(self.until, started_at + 2 + SILENT_PERIODS * period_s)
@@ -136,6 +141,8 @@ class JoinDownload:
         """Donors that sent a state to refuse: never tried again in this join."""
         self.refusals: Counter[str] = Counter()
         self.num_passes = 0
+        self.num_looks = 0
+        """Looks that found no donor (each after a poll of the heartbeats but the first)."""
         self._last: DonorLook | None = None
 
     def next(self, seen: DonorLook, now: float) -> TryDonors | Wait | Skipped:
@@ -148,7 +155,12 @@ class JoinDownload:
             return TryDonors(donors)
         if self.num_passes:  # donors ahead were tried; none is left to try
             return self.skip("all_refused", now)
-        if seen.num_live == 0 and now < self.first_peers_until:
+        self.num_looks += 1
+        if (
+            seen.num_live == 0
+            and self.expects_peers
+            and (now < self.first_peers_until or self.num_looks < FIRST_LOOKS)
+        ):
             return Wait(0.2)
         if seen.num_silent_ahead and now < self.silent_until:
             return Wait(min(1.0, self.period_s))

@@ -61,10 +61,19 @@ def test_a_first_node_skips_at_once_and_says_no_live_peers() -> None:
 
 def test_a_joining_node_waits_for_a_first_heartbeat_then_says_no_live_peers() -> None:
     joining = plan()
-    assert isinstance(joining.next(seen(), 1.0), Wait)
-    step = joining.next(seen(), 4.5)  # past two periods and two seconds
+    steps = [joining.next(seen(), now) for now in (1.0, 2.0, 3.0, 3.5, 4.5)]
+    assert all(isinstance(step, Wait) for step in steps[:-1])
+    step = steps[-1]  # past two periods and two seconds, and four looks
     assert isinstance(step, Skipped) and step.reason == "no_live_peers"
     assert step.waited_s == 4.5
+
+
+def test_a_poll_slower_than_the_wait_still_gets_its_looks() -> None:
+    """On a loaded machine one read of the heartbeat shards outlasted the whole wait."""
+    joining = plan()
+    assert isinstance(joining.next(seen(), 0.0), Wait)
+    assert isinstance(joining.next(seen(), 9.0), Wait)  # the first poll returned empty, late
+    assert joining.next(seen(("a",), best=9), 12.0) == TryDonors(("a",))
 
 
 def test_live_peers_none_ahead_say_no_donor_ahead_with_the_numbers() -> None:
