@@ -3,6 +3,9 @@ the donor order that prefers its own learner group (dht.state_check.rank_donors)
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +25,7 @@ from dht.state_donors import (
     spread_key,
 )
 from dht.state_refusal import StateRefusal
+from dht.state_transfer import StateTransfer
 
 RUN = "run"
 
@@ -228,3 +232,28 @@ def test_joining_nodes_spread_over_equally_fit_donors() -> None:
         for me in (f"joiner{i}" for i in range(40))
     }
     assert firsts == {"d", "e"}
+
+
+def test_the_join_download_asks_its_own_group_first() -> None:
+    """StateTransfer's donors (its network and membership replaced): a member of this node's
+    group comes first although another group's member is further ahead."""
+    me = "joiner"
+    prefix = peer_bits(RUN, me)[:1]
+    (member,), (other,) = ids_in(prefix, 1), ids_in(prefix, 1, outside=True)
+    alive = [beat(other, 30, bits=1, epoch=3), beat(member, 20, bits=1, epoch=3)]
+
+    async def read_paths() -> None:
+        return None
+
+    node = object.__new__(StateTransfer)
+    node.network = SimpleNamespace(  # type: ignore[assignment]
+        identity=SimpleNamespace(peer_id=me),
+        read_paths=read_paths,
+        paths=SimpleNamespace(path=lambda peer: None),
+    )
+    node.config = SimpleNamespace(run_id=RUN)  # type: ignore[assignment]
+    node.replica = SimpleNamespace(num_applied=5)  # type: ignore[assignment]
+    donors = asyncio.run(node._donors(alive))
+    assert [h.peer_id for h in donors] == [member, other]
+    ungrouped = [beat(other, 30), beat(member, 20)]
+    assert [h.peer_id for h in asyncio.run(node._donors(ungrouped))] == [other, member]
