@@ -89,22 +89,25 @@ def test_a_newcomer_whose_bootstrap_dht_stalls_at_its_first_ping_joins_once_it_a
     bootstrap = launch(*RUN, name="boot")
     boot_maddr = bootstrap.wait_listening(START_S)[0]
     wait_peers_alive(bootstrap, 0, START_S)  # its first round: its DHT is up and serving
-    dht = _dht_process(bootstrap)
-    dht.suspend()
+    forks = _forked_children(bootstrap)
+    assert forks, "the bootstrap's DHT process"
+    for fork in forks:
+        fork.suspend()
     try:
         newcomer = launch(*RUN, "--peers", boot_maddr, name="newcomer")
         _wait_stderr(newcomer, "no bootstrap peer's DHT answered a ping", START_S)
     finally:
-        dht.resume()
+        for fork in forks:
+            fork.resume()
     newcomer.wait_listening(START_S)
     wait_peers_alive(newcomer, 1, START_S)
 
 
-def _dht_process(node: NodeProcess) -> psutil.Process:
-    """The node's forked DHT process (its python child; p2pd is the other child)."""
-    children = psutil.Process(node.pid).children()
-    (dht,) = [c for c in children if "p2pd" not in c.name()]
-    return dht
+def _forked_children(node: NodeProcess) -> list[psutil.Process]:
+    """The node's forked children (its DHT's process): those whose command line is the node's
+    (the others are p2pd and the orphan reaper, `python -m dht.reaper`)."""
+    main = psutil.Process(node.pid)
+    return [c for c in main.children() if c.cmdline() == main.cmdline()]
 
 
 def _wait_stderr(node: NodeProcess, text: str, timeout_s: float) -> None:
