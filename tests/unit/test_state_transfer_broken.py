@@ -25,7 +25,7 @@ def transfer(failure: Exception) -> tuple[StateTransfer, list[tuple[str, str]]]:
     rejected: list[tuple[str, str]] = []
     node = object.__new__(StateTransfer)
     node.config = SimpleNamespace(heartbeat_period_s=0.01, initial_peers=[])  # type: ignore[assignment]
-    node.join_patience_s = 0.05
+    node.join_patience_s = 0.5  # several passes even on a loaded machine
     node._reject = lambda reason, peer, detail: rejected.append((reason, peer))  # type: ignore[assignment,misc]
 
     async def poll() -> None:
