@@ -170,8 +170,9 @@ class SwarmNetwork(NetworkPaths, NetworkStreams):
                 await_ready=False,  # finish_start waits, off the thread that forked
                 client_mode=self.config.client_mode,
                 shutdown_timeout=3,
-                # a known member starts alone and dials its peers later (dht.bootstrap_rejoin)
-                ensure_bootstrap_success=not self.config.rejoin_peers,
+                # a known member starts alone and dials its peers later (dht.bootstrap_rejoin);
+                # a newcomer dials them again for a bound (dht.bootstrap_newcomer)
+                ensure_bootstrap_success=False,
                 wait_timeout=self.dht_wait_timeout_s,  # per request to one DHT member
                 # [owner:PEER_ID] subkeys (heartbeats) only their owner can write
                 record_validators=[OwnerValidator(self.identity, self.dht_refusals)],

@@ -73,7 +73,9 @@ class SwarmObserver:
         self._reaper.start()
         try:
             self._dht = _start_dht(initial_peers, timeout_s)
-        except (P2PDaemonError, TimeoutError) as exc:
+        # RuntimeError: hivemind's "DHTNode bootstrap failed: none of the initial_peers
+        # responded to a ping" (a bootstrap whose p2pd answers but whose DHT is slow or stalled)
+        except (P2PDaemonError, TimeoutError, RuntimeError) as exc:
             self._reaper.close()
             reason = str(exc).splitlines()[-1] if str(exc) else type(exc).__name__
             raise SwarmError(

@@ -261,7 +261,12 @@ def same_digest_spread(same: list[Heartbeat], weights: Mapping[str, int]) -> flo
 
 
 def rank_donors(
-    alive: list[Heartbeat], num_applied: int, path_rank: Callable[[str], int] | None = None
+    alive: list[Heartbeat],
+    num_applied: int,
+    path_rank: Callable[[str], int] | None = None,
+    *,
+    prefer: Callable[[str], bool] | None = None,
+    spread: Callable[[str], int] | None = None,
 ) -> list[Heartbeat]:
     """Live peers to download a state from, best first: those that serve state and applied
     more than this replica's `num_applied`. A donor whose (num_applied, applied_digest) another
@@ -272,7 +277,15 @@ def rank_donors(
     and fresh keys echoing its claim place it after donors that established authors echo.
     With `path_rank` (peer id -> lower is reachable sooner, dht.reachability.path_rank), each
     of those three groups tries its best-connected donors first: behind NAT a donor with no
-    live connection may not be dialable at all."""
+    live connection may not be dialable at all.
+
+    `prefer` (a learner group's membership, dht.state_donors.in_group): donors it accepts come
+    before all others, ranked among themselves as above: a member that takes another group's
+    state leaves its group's one class (docs/scale.md). Their state is checked as any other's
+    (check_donor_state), so a liar that ground a key into the group costs one refused download.
+    `spread` (donor id -> a number that differs from node to node,
+    dht.state_donors.spread_key) breaks ties between equally ranked donors, so joining nodes
+    spread over them."""
     ahead = [h for h in alive if h.serves_state and h.num_applied > num_applied]
     echoes: dict[tuple[int, str], list[str]] = {}
     for h in alive:
@@ -283,10 +296,12 @@ def rank_donors(
         claim = echoes[(donor.num_applied, donor.applied_digest)]
         others = [p for p in claim if p != donor.peer_id]
         weight = sum(reports.record(p) for p in others)
+        preferred = int(prefer is not None and prefer(donor.peer_id))
+        tie = -spread(donor.peer_id) if spread is not None else 0
         if path_rank is None:
-            return (weight, len(claim) > 1, donor.num_applied)
+            return (preferred, weight, len(claim) > 1, donor.num_applied, tie)
         group = 2 if weight > 0 else int(len(claim) > 1)
-        return (group, -path_rank(donor.peer_id), weight, donor.num_applied)
+        return (preferred, group, -path_rank(donor.peer_id), weight, donor.num_applied, tie)
 
     return sorted(ahead, key=corroboration, reverse=True)
 

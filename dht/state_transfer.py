@@ -37,6 +37,16 @@ from dht.state_check import (
     check_donor_state,
     rank_donors,
 )
+from dht.state_donors import (
+    DonorLook,
+    JoinDownload,
+    Skipped,
+    Wait,
+    in_group,
+    look,
+    own_group,
+    spread_key,
+)
 from dht.state_parts import SerializedStates, parse_transfer_id, serialized_state
 from dht.state_refusal import BUSY, StateRefusal, classify_failure
 from dht.swarm_config import MIN_LINK_BYTES_PER_S, REQUEST_READ_TIMEOUT_S
@@ -61,8 +71,6 @@ from merge.identity import Identity
 from merge.sketch import ReplicaSketch, StateSketch
 
 logger = logging.getLogger(__name__)
-TRANSFER_PASSES = 3
-"""Passes over the donors while downloads break mid-way (within a donor's STATE_BURST)."""
 STATE_RATE_PER_S = 0.1
 """State downloads a peer may start per second (an honest newcomer asks once)."""
 STATE_BURST = 3.0
@@ -117,6 +125,8 @@ class StateTransfer:
         self._reject = reject
         self._num_serving = 0
         self._sketch = ReplicaSketch(replica.numel, network.config.fingerprint)
+        self.join_patience_s: float | None = None
+        """How long a join keeps trying donors busy or out of reach (None: JoinDownload's)."""
         self._states = SerializedStates(network.config.max_state_streams)
         """Sealed states being downloaded in parts (dht.state_parts)."""
 
@@ -184,30 +194,41 @@ class StateTransfer:
         state = await asyncio.get_running_loop().run_in_executor(None, self.pipeline.transfer_state)
         return await send_state(writer, state, self.network.identity, self.config.fingerprint)
 
-    async def download(self) -> TransferStats | None:
-        """Replace the replica with the most advanced live peer's, if any peer is ahead."""
-        deadline = time.monotonic() + 2 * self.config.heartbeat_period_s + 2
-        while (
-            not self.membership.peers and self.config.initial_peers and time.monotonic() < deadline
-        ):
-            await self.membership.poll()
-            await asyncio.sleep(0.2)
-        broken_passes = 0
+    async def download(self) -> TransferStats | Skipped:
+        """Replace the replica with the most advanced live peer's, if any peer is ahead;
+        donors busy or out of reach are tried again for a bounded time, and a download that
+        does not happen says why (dht.state_donors.JoinDownload)."""
+        plan = JoinDownload(
+            started_at=time.monotonic(),
+            period_s=self.config.heartbeat_period_s,
+            expects_peers=bool(self.config.initial_peers),
+            patience_s=self.join_patience_s,
+        )
         while True:
-            busy = broken = False
-            for donor in await self._donors():
+            step = plan.next(await self._look(), time.monotonic())
+            if isinstance(step, Skipped):
+                logger.info("%s", step.line)
+                return step
+            if isinstance(step, Wait):
+                await asyncio.sleep(step.seconds)
+                await self.membership.poll()
+                continue
+            for donor in step.donors:
                 try:
-                    return await self._download_from(donor.peer_id)
+                    return await self._download_from(donor)
                 except Exception as exc:  # an untrusted donor: try the next one
-                    refusal = self._refused(donor.peer_id, exc)
-                    busy |= refusal.reason == "busy"
-                    broken |= refusal.reason == "unreachable" or refusal.check == "transport"
-            # A connection that broke (a relayed one reset, a NAT's mapping changed) is worth
-            # a few more passes; a donor that sent a bad state is not retried for that.
-            broken_passes += broken
-            if not busy and not (broken and broken_passes < TRANSFER_PASSES):
-                return None
-            await asyncio.sleep(1.0)  # every donor is serving others: bounded by the caller
+                    plan.failed(self._refused(donor, exc))
+            await asyncio.sleep(plan.pause_s())  # every donor failed: bounded by the plan
+            await self.membership.poll()
+
+    async def _look(self) -> DonorLook:
+        """What the peers' heartbeats say now, for JoinDownload."""
+        alive = self.membership.alive_peers()
+        live = {h.peer_id for h in alive}
+        silent = [v.heartbeat for v in list(self.membership.peers.values())]
+        silent = [h for h in silent if h.peer_id not in live]
+        donors = await self._donors(alive)
+        return look(alive, silent, self.replica.num_applied, lambda _: donors)
 
     async def realign(self, peer_id: str) -> TransferStats | StateRefusal:
         """Replace the replica with `peer_id`'s (dht.realign chose it) through the newcomer's
@@ -293,14 +314,18 @@ class StateTransfer:
             max_state_bytes=self.config.max_state_bytes,
         )
 
-    async def _donors(self) -> list[Heartbeat]:
-        """Peers ahead of us that serve state, corroborated first, and within that those this
-        node holds a direct connection to, then a relayed one (dht.state_check.rank_donors)."""
+    async def _donors(self, alive: list[Heartbeat]) -> list[Heartbeat]:
+        """Peers ahead of us that serve state: members of this node's learner group first
+        (when groups are on), then corroborated, and within that those this node holds a
+        direct connection to, then a relayed one (dht.state_check.rank_donors)."""
         await self.network.read_paths()  # p2pd's connections now, not a heartbeat period ago
+        me, run_id = self.network.identity.peer_id, self.config.run_id
         return rank_donors(
-            self.membership.alive_peers(),
+            alive,
             self.replica.num_applied,
             path_rank=lambda peer: path_rank(self.network.paths.path(peer)),
+            prefer=in_group(run_id, own_group(run_id, me, alive)),
+            spread=lambda donor: spread_key(me, donor),
         )
 
 

@@ -19,6 +19,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from dht.bootstrap_newcomer import NEWCOMER_DHT_WAIT_S, await_first_peer
 from dht.bootstrap_rejoin import REJOIN_TICK_S, Rejoiner
 from dht.gossip import Gossip
 from dht.heartbeat import Heartbeat
@@ -31,6 +32,7 @@ from dht.reachability import PathKind, is_relayed
 from dht.realign import Realign, RealignConfig, RealignPolicy, lacking_retained, merge_retained
 from dht.rejections import Rejections
 from dht.retention import serve_superseded
+from dht.state_donors import Skipped
 from dht.state_refusal import StateRefusal
 from dht.state_transfer import StateTransfer, TransferStats
 from dht.swarm_config import RunMismatchError, SwarmConfig, SwarmError
@@ -206,10 +208,12 @@ class Swarm:
         self.on_event("startup_phase", name="p2pd")  # p2pd and the DHT's process
         self.network.call(self._register_handlers(), timeout_s)
         maddrs = self.network.read_visible_maddrs()
+        if self.config.rejoin_peers or self.config.bootstrap_peers:  # lost them? dial again
+            # a newcomer whose bootstrap's DHT was slow to answer dials it again, for a bound,
+            # before the run check (which reads the swarm's DHT)
+            self.network.call(self._start_rejoining(), timeout_s + NEWCOMER_DHT_WAIT_S)
         self.network.call(self.membership.check_run(), timeout_s)
         self.network.call(self._start_heartbeats(), timeout_s)
-        if self.config.rejoin_peers or self.config.bootstrap_peers:  # lost them? dial again
-            self.network.call(self._start_rejoining(), timeout_s)
         self.on_event("startup_phase", name="dht_bootstrap")  # the run check, a heartbeat
         return maddrs
 
@@ -217,8 +221,9 @@ class Swarm:
         """Begin fetching and merging peers' updates in the background."""
         self.network.call(self._start_gossip(), timeout_s)
 
-    def download_state(self, timeout_s: float = 300.0) -> TransferStats | None:
-        """Replace the replica with the most advanced live peer's, if any peer is ahead."""
+    def download_state(self, timeout_s: float = 300.0) -> TransferStats | Skipped:
+        """Replace the replica with the most advanced live peer's, if any peer is ahead; else
+        why not (dht.state_donors)."""
         return self.network.call(self.transfer.download(), timeout_s)
 
     def announced_seq(self) -> int:
@@ -287,6 +292,8 @@ class Swarm:
         # a known member (it has a checkpoint) found nobody: it trains, and dials them later
         if config.rejoin_peers and await rejoiner.check_start():
             self.on_event("alone", known_peers=len(rejoiner.peers))
+        elif not config.rejoin_peers:  # a newcomer: a bootstrap peer's DHT, or exit
+            await await_first_peer(rejoiner, self.network.dht_peer_count)
         self.network.every(REJOIN_TICK_S, rejoiner.tick)
 
     async def _start_gossip(self) -> None:

@@ -286,7 +286,11 @@ def discover_runs(peers: list[str]) -> list[SwarmRun]:
                     runs.append(swarm_run(run_id, [snap.run_summary for snap in live]))
             return runs
     except SwarmError as exc:
-        logger.info("could not list the swarm's runs: %s", exc)
+        logger.warning(
+            "could not list the swarm's runs (%s); joining with the flags given (--run-id "
+            "names a run)",
+            exc,
+        )
         return []
 
 

@@ -19,6 +19,7 @@ from dht.group_exchange import GroupExchange
 from dht.grouping import member_check
 from dht.heartbeat import Heartbeat, count_learners
 from dht.reachability import PathKind
+from dht.state_donors import Skipped
 from dht.swarm import RunMismatchError, Swarm
 from dht.transfer_progress import ProgressReport
 from merge.envelope import SignedUpdate
@@ -202,7 +203,15 @@ class NetworkSwarm:
 
     def _download_state(self) -> None:
         stats = self.swarm.download_state()
-        if stats is None:
+        if isinstance(stats, Skipped):  # why, with what it saw (dht.state_donors)
+            self._events.emit(
+                "state_download_skipped",
+                reason=stats.reason,
+                refusals=stats.refusals,
+                waited_s=stats.waited_s,
+                line=stats.line,
+                **stats.numbers,
+            )
             return
         self._events.emit(
             "state_downloaded",

@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from collections.abc import Callable
 
+import psutil
 import pytest
 
 from dht.known_peers import KNOWN_PEERS_FILE, load_known_peers
@@ -73,6 +75,46 @@ def test_a_known_member_whose_peers_are_all_down_trains_alone_and_rejoins_when_o
         "merging the returned peer's update",
     )
     wait_peers_alive(again, 1, START_S)
+
+
+@pytest.mark.timeout(covering(5 * START_S, EXIT_S))
+def test_a_newcomer_whose_bootstrap_dht_stalls_at_its_first_ping_joins_once_it_answers(
+    launch: Launch,
+) -> None:
+    """The bootstrap's p2pd answers (the preflight's probe and p2pd's connect succeed) but its
+    DHT's process is frozen: the newcomer's first DHT ping goes unanswered. It used to exit
+    at once ("DHTNode bootstrap failed: none of the initial_peers responded to a ping", a
+    restart in tests/swarm/test_restart_lost.py whose peers were stalled); now it dials the
+    bootstrap again for a bound (dht.bootstrap_newcomer) and joins once the DHT answers."""
+    bootstrap = launch(*RUN, name="boot")
+    boot_maddr = bootstrap.wait_listening(START_S)[0]
+    wait_peers_alive(bootstrap, 0, START_S)  # its first round: its DHT is up and serving
+    forks = _forked_children(bootstrap)
+    assert forks, "the bootstrap's DHT process"
+    for fork in forks:
+        fork.suspend()
+    try:
+        newcomer = launch(*RUN, "--peers", boot_maddr, name="newcomer")
+        _wait_stderr(newcomer, "no bootstrap peer's DHT answered a ping", START_S)
+    finally:
+        for fork in forks:
+            fork.resume()
+    newcomer.wait_listening(START_S)
+    wait_peers_alive(newcomer, 1, START_S)
+
+
+def _forked_children(node: NodeProcess) -> list[psutil.Process]:
+    """The node's forked children (its DHT's process): those whose command line is the node's
+    (the others are p2pd and the orphan reaper, `python -m dht.reaper`)."""
+    main = psutil.Process(node.pid)
+    return [c for c in main.children() if c.cmdline() == main.cmdline()]
+
+
+def _wait_stderr(node: NodeProcess, text: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not any(text in line for line in list(node.stderr)):
+        assert node.alive() and time.monotonic() < deadline, node.stderr_tail()
+        time.sleep(0.2)
 
 
 def _free_port() -> int:

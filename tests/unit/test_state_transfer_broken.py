@@ -15,6 +15,7 @@ import pytest
 
 from dht.p2pd import DialError
 from dht.state_check import StateCheckError
+from dht.state_donors import Skipped
 from dht.state_refusal import BUSY, StateRefusal
 from dht.state_transfer import StateTransfer
 from dht.transport import StreamBroken, TransportError
@@ -24,11 +25,17 @@ def transfer(failure: Exception) -> tuple[StateTransfer, list[tuple[str, str]]]:
     rejected: list[tuple[str, str]] = []
     node = object.__new__(StateTransfer)
     node.config = SimpleNamespace(heartbeat_period_s=0.01, initial_peers=[])  # type: ignore[assignment]
-    node.membership = SimpleNamespace(peers={"donor": None})  # type: ignore[assignment]
+    node.join_patience_s = 0.5  # several passes even on a loaded machine
     node._reject = lambda reason, peer, detail: rejected.append((reason, peer))  # type: ignore[assignment,misc]
 
-    async def donors() -> list[Any]:
-        return [SimpleNamespace(peer_id="donor")]
+    async def poll() -> None:
+        return None
+
+    node.membership = SimpleNamespace(peers={}, poll=poll, alive_peers=lambda: [])  # type: ignore[assignment]
+    node.replica = SimpleNamespace(num_applied=0)  # type: ignore[assignment]
+
+    async def donors(alive: list[Any]) -> list[Any]:
+        return [SimpleNamespace(peer_id="donor", num_applied=5, serves_state=True)]
 
     async def download_from(peer_id: str) -> None:
         raise failure
@@ -53,7 +60,9 @@ def test_a_broken_or_timed_out_stream_is_tried_again_and_counted_against_nobody(
     """Before, a realignment whose download timed out or whose dial failed was counted as
     `bad_state` against the donor, like a lie: the events could not tell them apart."""
     node, rejected = transfer(failure)
-    assert asyncio.run(node.download()) is None
+    skipped = asyncio.run(node.download())
+    assert isinstance(skipped, Skipped) and skipped.reason == "timed_out"
+    assert skipped.refusals["unreachable"] >= 2  # tried again within the join's patience
     refusal = asyncio.run(node.realign("donor"))
     assert isinstance(refusal, StateRefusal) and refusal.reason == "unreachable"
     assert refusal.check == type(failure).__name__
@@ -69,7 +78,9 @@ def test_a_busy_donor_is_counted_against_nobody() -> None:
 
 def test_a_donor_that_sent_what_we_will_not_read_is_counted() -> None:
     node, rejected = transfer(TransportError("peer sent more than the size it announced"))
-    assert asyncio.run(node.download()) is None
+    skipped = asyncio.run(node.download())
+    assert isinstance(skipped, Skipped) and skipped.reason == "all_refused"
+    assert skipped.refusals == {"bad_state": 1}  # a liar is not asked twice
     refusal = asyncio.run(node.realign("donor"))
     assert isinstance(refusal, StateRefusal)
     assert (refusal.reason, refusal.check) == ("bad_state", "transport")
