@@ -24,7 +24,9 @@ nodes' signed heartbeats (read through a DHT observer every second) and their JS
 - mb_received_per_round: update and state payload megabytes one node fetched per round it
   trained, realignments' states included since session 22 (DHT records and heartbeats
   excluded), and the same divided by N - 1;
-- lost: updates declared lost (no live holder), summed over the last heartbeats;
+- lost: updates declared lost (no live holder), summed over the last heartbeats; need_state:
+  those waiting for a state to bring them instead (no live holder, applied by a live
+  state-serving peer), likewise, and need_state_events: every `update_needs_state` of the run;
 - sized_differently: update ids the nodes' last processes merged with different weights
   (learner counts) or robust verdicts: what drift with one applied set is made of;
 - exit_*, converged_at_exit: the replicas as the nodes left them, from each node's own last
@@ -421,6 +423,8 @@ def _figures(
         "mb_received_per_round": round(mb_per_round, 3),
         "mb_received_per_round_per_peer": round(mb_per_round / max(n - 1, 1), 4),
         "lost": sum(h.num_lost for h in last_beats),
+        "need_state": sum(h.num_need_state for h in last_beats),
+        "need_state_events": sum(e.get("event") == "update_needs_state" for e in events),
         "final_num_applied": sorted(h.num_applied for h in last_beats),
         "final_digests": len({h.applied_digest for h in last_beats}),
         "sized_differently": sized_differently([s.current.events for s in slots]),

@@ -274,3 +274,52 @@ def test_page_pages_through_the_peers_with_the_swarm_summary_above(browser: Any)
         save_screenshot(browser, "dashboard-pages.png")
     finally:
         server.stop()
+
+
+def test_page_shows_updates_lost_and_waiting_for_a_state(browser: Any) -> None:
+    """A peer that waits for a state to bring 85 updates (session 22: not lost) and one of the
+    last release: the tile sums them over live peers, each row shows its own."""
+    import time
+
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from dashboard.app import create_app
+    from dashboard.history import History
+    from dashboard.server import DashboardServer
+    from dashboard.settings import DashboardSettings
+    from dashboard.standalone import StandaloneSource
+    from dht.heartbeat import Heartbeat
+    from merge.identity import Identity
+    from tests.dashboard.conftest import FakeObserver
+
+    waiting, old = Identity.generate(), Identity.generate()
+    observer = FakeObserver()
+    for identity, counts in ((waiting, {"num_lost": 3, "num_need_state": 85}), (old, {})):
+        beat = Heartbeat(
+            peer_id=identity.peer_id, sent_at=time.time(), heartbeat_period_s=60.0, **counts
+        )
+        observer.publish(beat, identity)
+    settings = DashboardSettings(port=0)
+    source = StandaloneSource(observer, "run", settings, History(settings))
+    server = DashboardServer(create_app(source, settings), "127.0.0.1", 0)
+    url = server.start()
+
+    def shown(driver: Any) -> Any:
+        return driver.execute_script(
+            """
+            return {lost: document.getElementById('updates-lost').textContent,
+              sub: document.getElementById('updates-lost-sub').textContent,
+              rows: Object.fromEntries(
+                [...document.querySelectorAll('#peers tbody tr[data-peer-id]')]
+                  .map(r => [r.dataset.peerId, r.querySelector('td.lost').textContent]))};
+            """
+        )
+
+    try:
+        browser.get(url)
+        WebDriverWait(browser, PAGE_S, poll_frequency=0.2).until(lambda d: shown(d)["rows"])
+        page = shown(browser)
+        assert page["lost"] == "3" and page["sub"].startswith("85 waiting for a state · 1 peer")
+        assert page["rows"] == {waiting.peer_id: "3 +85", old.peer_id: "0"}
+    finally:
+        server.stop()
