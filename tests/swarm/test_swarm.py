@@ -146,7 +146,7 @@ def test_three_nodes_train_together_a_straggler_delays_nobody_and_they_survive_t
     )  # fmt: skip
     assert status.returncode == 0, status.stderr
     assert f"nodes on this machine: {nodes[1].peer_id}" in status.stderr
-    (run,) = json.loads(status.stdout)["runs"]
+    run = json.loads(status.stdout)["runs"][0]
     peers = run["peers"]
     assert {p["peer_id"] for p in peers} == {n.peer_id for n in nodes}
     assert all(p["state"] == "training" and p["applied"] > 0 for p in peers)
