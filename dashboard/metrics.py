@@ -24,6 +24,11 @@ PEER_GAUGES: dict[str, tuple[str, str]] = {
     "staleness_mean": ("diloco_peer_staleness_mean", "Mean staleness of the peer's merges"),
     "drift": ("diloco_peer_drift", "Relative distance to peers' replicas of the same set"),
     "last_seen_s": ("diloco_peer_last_seen_seconds", "Seconds since the peer's last heartbeat"),
+    "num_lost": ("diloco_peer_updates_lost", "Updates the peer declared lost (no live holder)"),
+    "num_need_state": (
+        "diloco_peer_updates_need_state",
+        "Updates the peer waits for a state download to bring (not lost)",
+    ),
 }
 
 
@@ -43,6 +48,13 @@ class SwarmCollector(Collector):
         yield _gauge("diloco_updates_merged", "Updates every live replica holds", t.updates_merged)
         yield _gauge("diloco_bytes_sent", "Bytes live peers sent to peers", t.bytes_sent)
         yield _gauge("diloco_bytes_received", "Bytes live peers received", t.bytes_received)
+        s = swarm.summary
+        yield _gauge("diloco_updates_lost", "Updates live peers declared lost", s.lost)
+        yield _gauge(
+            "diloco_updates_need_state",
+            "Updates live peers wait for a state download to bring (not lost)",
+            s.need_state,
+        )
         if t.goodput is not None:
             yield _gauge("diloco_goodput_ratio", "Merged everywhere / published", t.goodput)
         if t.drift is not None:

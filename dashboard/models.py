@@ -61,6 +61,11 @@ class PeerOut(_Model):
     uplink_bytes_per_s: float | None = None
     """Its uplink as measured from its own sends, bytes per second; null until measured or
     when not reported."""
+    num_lost: int = 0
+    """Updates it declared lost: published, but no live peer could give it them."""
+    num_need_state: int = 0
+    """Updates it wants that no live peer offers but a live peer's state holds: they wait for a
+    state download, not lost (0 from a peer that does not report it)."""
 
 
 class Totals(_Model):
@@ -145,6 +150,12 @@ class SummaryOut(_Model):
     rounds: QuantilesOut | None
     shards: dict[str, int]
     """Heartbeat shard prefix -> heartbeats read there (standalone; empty embedded)."""
+    lost: int = 0
+    """Updates the live peers declared lost, summed over their heartbeats."""
+    need_state: int = 0
+    """Updates the live peers wait for a state download to bring (not lost), summed."""
+    peers_need_state: int = 0
+    """Live peers waiting for a state for at least one update."""
 
 
 class RejectionOut(_Model):

@@ -98,6 +98,9 @@ def summary_out(state: SwarmState) -> SummaryOut:
         val_loss=_quantiles_out(s.val_loss),
         rounds=_quantiles_out(s.rounds),
         shards=s.shards,
+        lost=s.lost,
+        need_state=s.need_state,
+        peers_need_state=s.peers_need_state,
     )
 
 
@@ -162,6 +165,8 @@ def peer_out(record: PeerRecord) -> PeerOut:
         codec=h.codec,
         codec_auto=h.codec_auto,
         uplink_bytes_per_s=h.uplink_bytes_per_s,
+        num_lost=h.num_lost,
+        num_need_state=h.num_need_state,
     )
 
 

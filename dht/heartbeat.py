@@ -45,6 +45,10 @@ OMITTED_WHEN_NONE = ("group_bits", "group_epoch", "codec", "codec_auto", "uplink
 while unset, so a node with groups off sends what older nodes accept, byte for byte. A run
 with groups on has its own fingerprint, which older nodes do not join. The codec's fields
 likewise: a heartbeat without them (an older node's) parses, and shows them as unknown."""
+OMITTED_WHEN_ZERO = ("num_need_state",)
+"""Counts added after strict parsing shipped, left out of the signed body while 0: a node with
+nothing to report sends what older nodes accept, byte for byte, and a heartbeat without them
+(an older node's) parses as 0."""
 MAX_UPLINK = 1e12
 """Uplinks above this (bytes per second) are refused: a terabyte a second is no home link."""
 REASONS = ("malformed", "bad_signature", "wrong_peer", "too_large", "not_allowed")
@@ -137,6 +141,10 @@ class Heartbeat:
     """The peers whose input this node rejected most: peer -> reason -> count."""
     num_lost: Count = 0
     """Updates this node knows were published but no live peer could give it."""
+    num_need_state: Count = 0
+    """Updates this node wants that no live peer offers but a live state-serving peer named
+    applied: they wait for a state download (dht.catchup_state), not counted lost. Sent only
+    when not 0 (OMITTED_WHEN_ZERO)."""
     num_realigned: Count = 0
     """Times this node replaced its parameters by a peer's because they had drifted apart at
     one applied set (dht.realign): peers forget what they saw of its earlier parameters."""
@@ -168,6 +176,9 @@ class Heartbeat:
         fields = dataclasses.asdict(self)
         for name in OMITTED_WHEN_NONE:  # an older node's strict parser refuses them
             if fields[name] is None:
+                del fields[name]
+        for name in OMITTED_WHEN_ZERO:
+            if fields[name] == 0:
                 del fields[name]
         return sign_fields(fields, identity)
 

@@ -163,6 +163,11 @@ class Swarm:
         """Updates this node knows exist but that no live peer could give it."""
         return self.gossip.num_lost
 
+    @property
+    def num_need_state(self) -> int:
+        """Updates this node wants that only a live peer's state brings (not lost)."""
+        return self.gossip.num_need_state
+
     def alive_peers(self) -> list[Heartbeat]:
         return self.membership.alive_peers()
 

@@ -56,6 +56,13 @@ class SwarmSummary:
     rounds: Quantiles | None
     shards: dict[str, int] = field(default_factory=dict)
     """Shard prefix -> heartbeats read there (the directory the observer walked)."""
+    lost: int = 0
+    """Updates the peers declared lost (no live holder), summed over their heartbeats."""
+    need_state: int = 0
+    """Updates the peers wait for a state to bring (no live holder, applied by a live
+    state-serving peer: not lost), summed over their heartbeats."""
+    peers_need_state: int = 0
+    """Peers waiting for a state for at least one update."""
 
 
 def summarize(
@@ -75,4 +82,7 @@ def summarize(
         val_loss=Quantiles.of(h.val_loss for h in heartbeats if h.val_loss is not None),
         rounds=Quantiles.of(float(h.round) for h in heartbeats),
         shards=dict(sorted((shards or {}).items())),
+        lost=sum(h.num_lost for h in heartbeats),
+        need_state=sum(h.num_need_state for h in heartbeats),
+        peers_need_state=sum(h.num_need_state > 0 for h in heartbeats),
     )

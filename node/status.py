@@ -26,6 +26,7 @@ def peer_row(peer: PeerStatus) -> dict[str, Any]:
         "val_loss": h.val_loss,
         "applied": h.num_applied,
         "lost": h.num_lost,
+        "need_state": h.num_need_state,
         "paths": dict(h.paths),
         "codec": h.codec,
         "codec_auto": h.codec_auto,
@@ -92,6 +93,9 @@ def summary_document(summary: SwarmSummary) -> dict[str, Any]:
         "val_loss": quantiles_out(summary.val_loss),
         "rounds": quantiles_out(summary.rounds),
         "shards": summary.shards,
+        "lost": summary.lost,
+        "need_state": summary.need_state,
+        "peers_need_state": summary.peers_need_state,
     }
 
 
@@ -132,9 +136,23 @@ def summary_line(summary: SwarmSummary) -> str:
         which = "val loss" if summary.val_loss is not None else "loss"
         v = loss.values
         parts.append(f"{which} p10/median/p90 {v[0.1]:.4f}/{v[0.5]:.4f}/{v[0.9]:.4f}")
+    parts.append(missing_label(summary.lost, summary.need_state, summary.peers_need_state))
     if summary.shards:
         parts.append(f"heartbeats in {len(summary.shards)} shards")
     return " · ".join(p for p in parts if p)
+
+
+def missing_label(lost: int, need_state: int, peers: int) -> str:
+    """Updates the swarm misses: "3 updates lost, 85 waiting for a state (on 1 peer)"."""
+    label = f"{lost} update{'' if lost == 1 else 's'} lost"
+    if need_state:
+        label += f", {need_state} waiting for a state (on {peers} peer{'' if peers == 1 else 's'})"
+    return label
+
+
+def lost_cell(lost: int, need_state: int) -> str:
+    """A peer's row: "3" lost, "3 +85" with 85 more waiting for a state."""
+    return f"{lost} +{need_state}" if need_state else str(lost)
 
 
 def print_status(
@@ -169,6 +187,7 @@ def print_status(
             "tokens/s",
             "loss",
             "applied",
+            "lost +wait",
             "paths",
             "codec",
             "seen",
@@ -185,11 +204,14 @@ def print_status(
                 f"{row['tokens_per_s']:,.0f}",
                 "-" if loss is None else f"{loss:.4f}",
                 str(row["applied"]),
+                lost_cell(row["lost"], row["need_state"]),
                 paths_label(row["paths"]),
                 codec_label(row["codec"], row["codec_auto"], row["uplink_bytes_per_s"]),
                 f"{row['last_seen_s']:.0f}s ago",
             )
         console.print(table)
+        if any(p.heartbeat.num_need_state for p in peers):
+            console.print("lost +wait: +N updates wait for a state download (not lost)")
         if shown.number < shown.pages:
             console.print(f"next: --page {shown.number + 1} (--page-size {shown.size})")
         _print_rejections(console, peers)

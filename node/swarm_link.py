@@ -131,6 +131,9 @@ class SwarmLink(Protocol):
 
     def num_lost(self) -> int: ...
 
+    def num_need_state(self) -> int:
+        """Wanted updates no live peer offers that wait for a state download (not lost)."""
+
     def fresh_peers_set_aside(self) -> int:
         """Live peers without an applied record here that `alive_peers` left out at its
         last call (dht.membership.established_view): fresh keys beyond the bound."""
@@ -196,6 +199,9 @@ class OfflineSwarm:
         """Nothing to leave."""
 
     def num_lost(self) -> int:
+        return 0
+
+    def num_need_state(self) -> int:
         return 0
 
     def fresh_peers_set_aside(self) -> int:

@@ -182,6 +182,10 @@ class StartingSwarm:
     def num_lost(self) -> int:
         return self._now.num_lost()
 
+    def num_need_state(self) -> int:
+        network = self.network  # dht.Swarm counts them; NetworkSwarm would only pass it on
+        return 0 if network is None else network.num_need_state
+
     def fresh_peers_set_aside(self) -> int:
         return self._now.fresh_peers_set_aside()
 

@@ -255,6 +255,7 @@ class Telemetry:
             peers_alive=len(self.swarm.alive_peers()),
             fresh_peers_set_aside=self.swarm.fresh_peers_set_aside(),  # at that same call
             lost=self.swarm.num_lost(),
+            need_state=self.swarm.num_need_state(),
             codec=self._codec,
             update_bytes=r.update_bytes,
             bytes_sent=bytes_sent,
@@ -316,6 +317,7 @@ class Telemetry:
             staleness_histogram=list(s.staleness_counts),
             heartbeat_period_s=self.config.heartbeat_period,
             num_lost=self.swarm.num_lost(),
+            num_need_state=self.swarm.num_need_state(),
             num_realigned=s.num_realigned,
             paths=self.swarm.paths(),
             rejected_peers=self.pipeline.rejection_log.top(

@@ -255,6 +255,10 @@ function renderKpis(swarm, history) {
   $("learners").textContent = String(s.learners);
   $("learners-sub").textContent = `${s.groups} learner group${s.groups === 1 ? "" : "s"} of peers`
     + (Object.keys(s.shards).length ? ` · ${Object.keys(s.shards).length} shards` : "");
+  $("updates-lost").textContent = fmtCount(s.lost);
+  $("updates-lost-sub").textContent = s.need_state
+    ? `${fmtCount(s.need_state)} waiting for a state · ${s.peers_need_state} peer${s.peers_need_state === 1 ? "" : "s"}`
+    : "summed over live peers";
   const q = s.val_loss || s.loss;
   $("loss-spread").textContent = q ? fmtNum(q.median, 4) : "–";
   $("loss-spread-sub").textContent = q
@@ -344,7 +348,7 @@ function renderPeers(swarm) {
   const peers = [...swarm.peers].sort(peerOrder);
   if (!peers.length) {
     const row = el("tr", { class: "empty-row" });
-    row.append(el("td", { colspan: "14" }, "no peer has sent a heartbeat yet"));
+    row.append(el("td", { colspan: "15" }, "no peer has sent a heartbeat yet"));
     body.append(row);
   }
   for (const p of peers) {
@@ -366,6 +370,8 @@ function renderPeers(swarm) {
       el("td", { class: "num" }, fmtCount(p.updates_merged)),
       el("td", { class: "num" }, fmtNum(p.staleness_mean, 2)),
       el("td", { class: "num" }, fmtDrift(p.drift)),
+      el("td", { class: "num lost", title: "updates lost; +N waiting for a state download (not lost)" },
+        p.num_need_state ? `${p.num_lost} +${p.num_need_state}` : String(p.num_lost)),
       el("td", { class: "paths", title: "connected peers: direct, hole-punched, relayed" },
         fmtPaths(p.paths)),
       el("td", { class: "codec", title: "the codec it sends with (auto: picked from its measured uplink) · its uplink" },

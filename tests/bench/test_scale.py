@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from bench.scale import exit_figures, sized_differently
+from bench.scale_figures import exit_figures, sized_differently
 
 
 def merged(author: str, seq: int, weight: float, learners: int, robust: str | None = None) -> Any:

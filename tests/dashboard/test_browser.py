@@ -153,16 +153,26 @@ def test_page_shows_two_live_peers_learning_then_one_dead(
     assert dashboard.leftover_processes() == [], "its DHT process and p2pd must not outlive it"
 
 
-def test_page_shows_who_refused_whom_and_why(browser: Any) -> None:
-    """Two peers report what they refused from a third (signed heartbeats, as the DHT hands
-    them out): the page sums them per offender and reason and names both reporters."""
-    import time
-
+def serve(observer: Any) -> tuple[Any, str]:
+    """A standalone dashboard over the fake DHT (signed heartbeats as the DHT hands them out),
+    served on a free port: the server (stop it) and its URL."""
     from dashboard.app import create_app
     from dashboard.history import History
     from dashboard.server import DashboardServer
     from dashboard.settings import DashboardSettings
     from dashboard.standalone import StandaloneSource
+
+    settings = DashboardSettings(port=0)
+    source = StandaloneSource(observer, "run", settings, History(settings))
+    server = DashboardServer(create_app(source, settings), "127.0.0.1", 0)
+    return server, server.start()
+
+
+def test_page_shows_who_refused_whom_and_why(browser: Any) -> None:
+    """Two peers report what they refused from a third (signed heartbeats, as the DHT hands
+    them out): the page sums them per offender and reason and names both reporters."""
+    import time
+
     from dht.heartbeat import Heartbeat
     from merge.identity import Identity
     from tests.dashboard.conftest import FakeObserver
@@ -182,10 +192,7 @@ def test_page_shows_who_refused_whom_and_why(browser: Any) -> None:
             rejected_peers={mallory.peer_id: reasons},
         )
         observer.publish(beat, identity)
-    settings = DashboardSettings(port=0)
-    source = StandaloneSource(observer, "run", settings, History(settings))
-    server = DashboardServer(create_app(source, settings), "127.0.0.1", 0)
-    url = server.start()
+    server, url = serve(observer)
     try:
         browser.get(url)
         from selenium.webdriver.support.ui import WebDriverWait
@@ -219,11 +226,6 @@ def test_page_pages_through_the_peers_with_the_swarm_summary_above(browser: Any)
 
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from dashboard.app import create_app
-    from dashboard.history import History
-    from dashboard.server import DashboardServer
-    from dashboard.settings import DashboardSettings
-    from dashboard.standalone import StandaloneSource
     from dht.heartbeat import Heartbeat
     from merge.identity import Identity
     from tests.dashboard.conftest import FakeObserver
@@ -235,10 +237,7 @@ def test_page_pages_through_the_peers_with_the_swarm_summary_above(browser: Any)
             peer_id=identity.peer_id, sent_at=time.time(), heartbeat_period_s=60.0, loss=i / 10
         )
         observer.publish(beat, identity)
-    settings = DashboardSettings(port=0)
-    source = StandaloneSource(observer, "run", settings, History(settings))
-    server = DashboardServer(create_app(source, settings), "127.0.0.1", 0)
-    url = server.start()
+    server, url = serve(observer)
 
     def shown(driver: Any) -> Any:
         return driver.execute_script(
@@ -272,5 +271,46 @@ def test_page_pages_through_the_peers_with_the_swarm_summary_above(browser: Any)
         assert len({*first["rows"], *middle, *last["rows"]}) == 120
         browser.execute_script("window.scrollTo(0, 0)")
         save_screenshot(browser, "dashboard-pages.png")
+    finally:
+        server.stop()
+
+
+def test_page_shows_updates_lost_and_waiting_for_a_state(browser: Any) -> None:
+    """A peer that waits for a state to bring 85 updates (session 22: not lost) and one of the
+    last release: the tile sums them over live peers, each row shows its own."""
+    import time
+
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from dht.heartbeat import Heartbeat
+    from merge.identity import Identity
+    from tests.dashboard.conftest import FakeObserver
+
+    waiting, old = Identity.generate(), Identity.generate()
+    observer = FakeObserver()
+    for identity, counts in ((waiting, {"num_lost": 3, "num_need_state": 85}), (old, {})):
+        beat = Heartbeat(
+            peer_id=identity.peer_id, sent_at=time.time(), heartbeat_period_s=60.0, **counts
+        )
+        observer.publish(beat, identity)
+    server, url = serve(observer)
+
+    def shown(driver: Any) -> Any:
+        return driver.execute_script(
+            """
+            return {lost: document.getElementById('updates-lost').textContent,
+              sub: document.getElementById('updates-lost-sub').textContent,
+              rows: Object.fromEntries(
+                [...document.querySelectorAll('#peers tbody tr[data-peer-id]')]
+                  .map(r => [r.dataset.peerId, r.querySelector('td.lost').textContent]))};
+            """
+        )
+
+    try:
+        browser.get(url)
+        WebDriverWait(browser, PAGE_S, poll_frequency=0.2).until(lambda d: shown(d)["rows"])
+        page = shown(browser)
+        assert page["lost"] == "3" and page["sub"].startswith("85 waiting for a state · 1 peer")
+        assert page["rows"] == {waiting.peer_id: "3 +85", old.peer_id: "0"}
     finally:
         server.stop()

@@ -146,9 +146,12 @@ def test_three_nodes_train_together_a_straggler_delays_nobody_and_they_survive_t
     )  # fmt: skip
     assert status.returncode == 0, status.stderr
     assert f"nodes on this machine: {nodes[1].peer_id}" in status.stderr
-    peers = json.loads(status.stdout)["runs"][0]["peers"]
+    run = json.loads(status.stdout)["runs"][0]
+    peers = run["peers"]
     assert {p["peer_id"] for p in peers} == {n.peer_id for n in nodes}
     assert all(p["state"] == "training" and p["applied"] > 0 for p in peers)
+    for count in ("lost", "need_state"):  # each peer's heartbeat, and the swarm's sum of them
+        assert run["summary"][count] == sum(p[count] for p in peers), (count, run["summary"])
 
     straggler_delays_nobody(*nodes)
 

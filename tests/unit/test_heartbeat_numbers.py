@@ -59,8 +59,8 @@ SETTERS = _setters()
 def test_every_numeric_field_is_covered() -> None:
     expected = {"memory_gb", "loss", "sent_at", "sketch[0]", "merged_by_author.k", "num_lost"}
     expected |= {"paths.relayed", "num_realigned", "group_bits", "group_epoch"}
-    expected |= {"uplink_bytes_per_s"}
-    assert expected <= set(SETTERS) and len(SETTERS) == 28
+    expected |= {"uplink_bytes_per_s", "num_need_state"}
+    assert expected <= set(SETTERS) and len(SETTERS) == 29
 
 
 def hostile_blob(where: str, value: object) -> bytes:
