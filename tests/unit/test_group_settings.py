@@ -15,7 +15,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dht.heartbeat import MAGIC, OMITTED_WHEN_NONE, Heartbeat, HeartbeatError, sign_fields
+from dht.heartbeat import (
+    MAGIC,
+    OMITTED_WHEN_NONE,
+    OMITTED_WHEN_ZERO,
+    Heartbeat,
+    HeartbeatError,
+    sign_fields,
+)
 from merge.identity import Identity
 from node.builders import build_run_spec, fingerprint_spec
 from node.cli import build_parser
@@ -112,7 +119,8 @@ def test_a_heartbeat_with_groups_off_holds_only_the_fields_older_nodes_accept() 
     """Older nodes parse heartbeats strictly (extra="forbid"): a key they do not know is a
     malformed heartbeat. Groups off, the body holds exactly the fields of before."""
     blob = Heartbeat(peer_id=IDENTITY.peer_id, round=3).sign(IDENTITY)
-    older = {f.name for f in dataclasses.fields(Heartbeat)} - set(OMITTED_WHEN_NONE)
+    newer = set(OMITTED_WHEN_NONE) | set(OMITTED_WHEN_ZERO)  # left out at their defaults
+    older = {f.name for f in dataclasses.fields(Heartbeat)} - newer
     assert set(_body(blob)) == older
     parsed = Heartbeat.verify(blob, IDENTITY.peer_id)
     assert (parsed.group_bits, parsed.group_epoch) == (None, None)
