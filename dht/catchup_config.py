@@ -70,21 +70,15 @@ class CatchUpConfig:
         ):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}.")
-        if self.author_retries < 1:
-            raise ValueError(f"author_retries must be >= 1, got {self.author_retries!r}.")
-        if self.max_in_flight < 1:
-            raise ValueError(f"max_in_flight must be >= 1, got {self.max_in_flight!r}.")
-        if self.max_summaries < 1:
-            raise ValueError(f"max_summaries must be >= 1, got {self.max_summaries!r}.")
-        if self.max_wants < 1:
-            raise ValueError(f"max_wants must be >= 1, got {self.max_wants!r}.")
-        if self.max_wants_per_peer < 1:
-            raise ValueError(f"max_wants_per_peer must be >= 1, got {self.max_wants_per_peer!r}.")
-        if self.max_fresh_wants < 1:
-            raise ValueError(f"max_fresh_wants must be >= 1, got {self.max_fresh_wants!r}.")
-        if self.max_lost < 1:
-            raise ValueError(f"max_lost must be >= 1, got {self.max_lost!r}.")
-        if self.max_deferred_remembered < 1:
-            raise ValueError(
-                f"max_deferred_remembered must be >= 1, got {self.max_deferred_remembered!r}."
-            )
+        for name in (
+            "author_retries",
+            "max_in_flight",
+            "max_summaries",
+            "max_wants",
+            "max_wants_per_peer",
+            "max_fresh_wants",
+            "max_lost",
+            "max_deferred_remembered",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}.")
