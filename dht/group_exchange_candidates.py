@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dht.gossip_groups import parse_fetched
+from dht.gossip_groups import is_group_key, parse_fetched
 from dht.grouping import member_check
 from dht.shard_fetch_hold import FALLBACK_ROUNDS, UNNOTICED_ROUNDS, HoldBook
 from merge.group_pipeline import GroupMerge
@@ -112,7 +112,7 @@ class FetchCandidates:
         their own and a fetch round's members stand on other states."""
         now = time.monotonic()
         was_held = self._holdbook.due(uid) is not None
-        in_group = member_check(self.run_id, uid[0]) if uid[0].startswith("groups.") else None
+        in_group = member_check(self.run_id, uid[0]) if is_group_key(uid[0]) else None
         # a fetch round asks holders for slices of what they completed: its group's members
         members = [s for s in sources if in_group is not None and in_group(s)]
         verdict = self._holdbook.verdict(uid, members, now, self.fetch_wait_s)

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from dht.grouping import key_prefix
 from merge.shard_fetch import MAX_CANDIDATES, UpdateId
 
 FALLBACK_ROUNDS = 3.0
@@ -35,7 +36,6 @@ notices are refused publishes faster than three waits of retention allow)."""
 IN_ROUND_WAITS = 1.0
 """Group waits an update handed over while a fetch round is open here waits for it to end."""
 MAX_TRACKED = 16 * MAX_CANDIDATES
-GROUP_KEY_PREFIX = "groups."
 
 
 @dataclass
@@ -111,7 +111,7 @@ class HoldBook:
     def verdict(self, uid: UpdateId, sources: tuple[str, ...] | list[str], now: float,
                 wait_s: float) -> Verdict:  # fmt: skip
         """Whether the gossip waits before fetching `uid` whole (see the module's docstring)."""
-        if not self.holding or not uid[0].startswith(GROUP_KEY_PREFIX) or uid[0] in self._own_keys:
+        if not self.holding or key_prefix(uid[0]) is None or uid[0] in self._own_keys:
             return Verdict(False)
         released = self._released.get(uid)
         if released is not None:
