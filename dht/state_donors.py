@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from dht.grouping import peer_bits
@@ -68,10 +68,10 @@ def look(
     alive: list[Heartbeat],
     silent: Iterable[Heartbeat],
     num_applied: int,
-    ranked: Callable[[list[Heartbeat]], list[Heartbeat]],
+    ranked: Sequence[Heartbeat],
 ) -> DonorLook:
     """The look at `alive` (live peers) and `silent` (known, not alive) for a replica that
-    applied `num_applied`; `ranked` orders the donors ahead (rank_donors, with its paths)."""
+    applied `num_applied`; `ranked`: the donors ahead in order (rank_donors, with its paths)."""
     ahead = [h for h in alive if h.num_applied > num_applied]
     return DonorLook(
         num_applied=num_applied,
@@ -79,7 +79,7 @@ def look(
         num_silent_ahead=sum(h.num_applied > num_applied for h in silent),
         best_applied=max((h.num_applied for h in alive), default=0),
         num_ahead_not_serving=sum(not h.serves_state for h in ahead),
-        donors=tuple(h.peer_id for h in ranked(alive)),
+        donors=tuple(h.peer_id for h in ranked),
     )
 
 

@@ -227,8 +227,7 @@ class StateTransfer:
         live = {h.peer_id for h in alive}
         silent = [v.heartbeat for v in list(self.membership.peers.values())]
         silent = [h for h in silent if h.peer_id not in live]
-        donors = await self._donors(alive)
-        return look(alive, silent, self.replica.num_applied, lambda _: donors)
+        return look(alive, silent, self.replica.num_applied, await self._donors(alive))
 
     async def realign(self, peer_id: str) -> TransferStats | StateRefusal:
         """Replace the replica with `peer_id`'s (dht.realign chose it) through the newcomer's

@@ -166,7 +166,7 @@ def test_every_join_ends_in_a_bounded_time_with_a_reason(
 
 def test_look_counts_what_it_saw() -> None:
     alive = [beat("a", 9), beat("b", 2), beat("c", 7, serves=False)]
-    found = look(alive, [beat("d", 12), beat("e", 1)], 3, lambda peers: rank_donors(peers, 3))
+    found = look(alive, [beat("d", 12), beat("e", 1)], 3, rank_donors(alive, 3))
     assert found.donors == ("a",)
     assert (found.num_live, found.best_applied, found.num_ahead_not_serving) == (3, 9, 1)
     assert found.num_silent_ahead == 1
