@@ -207,7 +207,9 @@ class StateTransfer:
         while True:
             step = plan.next(await self._look(), time.monotonic())
             if isinstance(step, Skipped):
-                logger.info("%s", step.line)
+                # a first node (no peers given) downloads from nobody by design: said in the
+                # event only, not in a line that reads like a failure on a founder's screen
+                logger.log(logging.INFO if plan.expects_peers else logging.DEBUG, "%s", step.line)
                 return step
             if isinstance(step, Wait):
                 await asyncio.sleep(step.seconds)
