@@ -140,3 +140,35 @@ def variant_of(included: list[str]) -> GroupVariant:
     """A variant as `prevailing` reads it (its included set; signatures are checked before,
     by GroupProof: tests/unit/test_group_supersede.py)."""
     return GroupVariant(0, tuple(included), (), tuple(f"d{i}" for i in included), ())
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    members=st.frozensets(st.integers(0, 3000), min_size=6, max_size=60),
+    size=st.sampled_from([3, 4]),
+    missed=st.floats(0.05, 0.5),
+    seed=st.integers(0, 1000),
+)
+def test_a_census_that_missed_peers_takes_the_full_censuss_groups_once_it_reads_them(
+    members: frozenset[int], size: int, missed: float, seed: int
+) -> None:
+    """A replica whose epoch started from a census missing some peers (a group merged for
+    want of them, or a small group missed whole, so its sibling was not merged) holds the
+    full census's groups from the round it reads them, within the epoch; a later census
+    that misses peers again moves nothing until the next epoch."""
+    config = GroupingConfig(min_group_size=size, max_bits=4)
+    peers = sorted(peer_id(i) for i in members)
+    rng = random.Random(seed)
+    me = rng.choice(peers)
+    partial = [p for p in peers if p == me or rng.random() >= missed]
+    full = EpochGrouping(RUN, 10, config, me="observer")
+    whole = full.decide(0, peers)
+    assert whole is not None
+    announced = dict.fromkeys(peers, whole.bits)  # every peer holds the full census's split
+    late = EpochGrouping(RUN, 10, config, me=me)
+    late.decide(0, partial, announced)
+    after = late.decide(1, peers, announced)
+    assert after is not None and after.bits == whole.bits
+    assert set(after.members) == set(whole.members)
+    again = late.decide(2, partial, announced)  # a flap within the epoch
+    assert again is not None and set(again.members) == set(whole.members)
