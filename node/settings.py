@@ -235,8 +235,8 @@ class GroupSettings:
     group_size: GroupSize = 0
     """Learner groups: fewest peers a group holds on average (groups split in two as the swarm
     grows, at most 2^--group-max-bits of them); 0: off, every node publishes its own update.
-    No group holds fewer than 3 peers (a smaller one joins its sibling); 2 is refused, 1 is a
-    node alone as its own group.
+    No group of a split holds fewer than 3 peers (a smaller one joins its sibling); 2 is
+    refused, 1 is a node alone as its own group.
     Experimental: a group's members exchange, reduce and co-sign their contributions; other
     peers fetch each group update once from a holder (or by catch-up, as any update), so
     bytes per node grow with the number of groups, not of peers (docs/scale.md)."""
