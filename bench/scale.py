@@ -99,6 +99,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.shard_fetch and not (args.group_size and args.scatter):
         parser.error("--shard-fetch needs --group-size and --scatter")
+    if args.group_size == 2:  # join refuses it: a group of two voids itself (docs/trust.md)
+        parser.error("--group-size 2 is refused by join; use 3 or more")
     if args.sim:
         _simulate(parser, args)
         return

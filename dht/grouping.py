@@ -4,10 +4,14 @@ A peer's group is the first ``bits`` bits of BLAKE2b(run id, peer id), keyed lik
 averaging buckets (``groups.0b0110``). So membership in a group is checkable from a peer id
 alone; only ``bits`` needs agreeing, and it is a pure function of the epoch's membership
 view and the previous epoch's bits (with hysteresis, so churn near a threshold does not flip
-it). A join or a leave changes no other peer's group; a change of bits splits every group
-into its two children (or merges two siblings), never moving a peer to an unrelated group.
-The learner count that sizes the outer step is the number of non-empty groups. Pure: no
-network; docs/scale.md has the design.
+it). A join or a leave changes no other peer's group unless it takes a group across
+`MIN_MEMBERS`; a change of bits splits every group into its two children (or merges two
+siblings), never moving a peer to an unrelated group.
+The learner count that sizes the outer step is the number of non-empty groups. No group of
+a split holds fewer than `MIN_MEMBERS` peers of the view: a smaller one is merged with its
+sibling (their parent prefix), so the groups are a cut of the prefix tree whose keys may be
+shallower than `bits` (docs/trust.md: in a group of two one member voids the other's every
+round). Pure: no network; docs/scale.md has the design.
 """
 
 from __future__ import annotations
@@ -17,6 +21,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 GROUP_KEY_PREFIX = "groups"
+MIN_MEMBERS = 3
+"""Fewest peers of the view a group of a split holds (a view smaller than this is one
+group). Of two complete variants of a group's round the one with more co-signers prevails,
+equal counts void it (merge.group_equivocation.prevailing): in a group of two, one member
+alone ties the other's round every time; in a group of three or more with all live, the
+honest members' round includes at least two to its one."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,9 +156,32 @@ class GroupingPolicy:
         return self.at_bits(view, self.bits_for(len(view.peers), previous_bits))
 
     def at_bits(self, view: MembershipView, bits: int) -> Grouping:
-        """The view's groups at a split already agreed (dht.grouping_split)."""
+        """The view's groups at a split already agreed (dht.grouping_split): the peers by
+        their first `bits` bits, each group under `MIN_MEMBERS` merged into its parent prefix
+        (`merged_prefixes`). A function of the view's set and `bits` alone."""
+        prefixes = merged_prefixes([self.prefix_of(p, bits) for p in view.peers], MIN_MEMBERS)
         members: dict[str, list[str]] = {}
         for peer in sorted(view.peers):
-            members.setdefault(self.key_of(peer, bits), []).append(peer)
+            position = peer_bits(self.run_id, peer)
+            prefix = next(q for q in prefixes if position.startswith(q))
+            members.setdefault(group_key(prefix), []).append(peer)
         ordered = {key: tuple(members[key]) for key in sorted(members)}
         return Grouping(view.epoch, bits, ordered)
+
+
+def merged_prefixes(positions: Iterable[str], min_members: int) -> list[str]:
+    """The group prefixes of peers at `positions` (each its prefix at the split, all one
+    length): a prefix with fewer than `min_members` peers is replaced, with every prefix
+    under its parent, by the parent, deepest (then smallest) first, until none is left but
+    the root. Prefix-free and covering every position; the same for the same multiset of
+    positions in any order."""
+    counts: dict[str, int] = {}
+    for position in positions:
+        counts[position] = counts.get(position, 0) + 1
+    while True:
+        small = [q for q, n in counts.items() if q and n < min_members]
+        if not small:
+            return sorted(counts)
+        parent = min(small, key=lambda q: (-len(q), q))[:-1]
+        under = [q for q in counts if q.startswith(parent)]
+        counts[parent] = sum(counts.pop(q) for q in under)

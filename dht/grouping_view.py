@@ -19,7 +19,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from dht.grouping import Grouping, GroupingConfig, GroupingPolicy, MembershipView, peer_bits
+from dht.grouping import (
+    Grouping,
+    GroupingConfig,
+    GroupingPolicy,
+    MembershipView,
+    key_prefix,
+    peer_bits,
+)
 from dht.grouping_split import PATIENCE_ROUNDS, SplitRule, SplitState
 from dht.shards import ShardConfig
 
@@ -70,7 +77,8 @@ class EpochGrouping:
         node included) and the splits live peers announce in their heartbeats (peer id ->
         bits); None while this node waits for its census to bear the split its peers hold
         (a newcomer, at most `patience` rounds). Within an epoch the first decision's list
-        stands unless the split moves (session 14: one split on every replica)."""
+        stands unless the split moves (session 14: one split on every replica) or peers read
+        since change which groups are merged (`_recut`)."""
         epoch = self.epoch_of(round_)
         view = MembershipView.of(epoch, peers)
         new_epoch = self.due(round_)
@@ -83,7 +91,29 @@ class EpochGrouping:
         current = self.current
         if current is None or new_epoch or current.bits != bits:
             current = self.current = self.policy.at_bits(view, bits)
+        else:
+            current = self.current = self._recut(current, view, bits)
         return current
+
+    def _recut(self, current: Grouping, view: MembershipView, bits: int) -> Grouping:
+        """Within an epoch: the grouping of every peer listed or read since its start, where
+        newly read peers change which groups are merged (dht.grouping.MIN_MEMBERS); else the
+        grouping as decided. A census that missed some peers at the epoch's start (a group
+        merged for want of them, or one of them missed whole) takes the full census's groups
+        once it reads them; a census that misses peers later moves nothing (lists only grow
+        within an epoch). Without a merge on either side the first decision stands."""
+        listed = frozenset(p for group in current.members.values() for p in group)
+        if view.peers <= listed:
+            return current
+        recut = self.policy.at_bits(MembershipView(current.epoch, listed | view.peers), bits)
+        if set(recut.members) == set(current.members):
+            return current
+        return recut if merged(recut) or merged(current) else current
+
+
+def merged(grouping: Grouping) -> bool:
+    """Whether some group of `grouping` is merged above its split (its key is shallower)."""
+    return any(len(key_prefix(k) or "") < grouping.bits for k in grouping.members)
 
 
 def group_prefix(run_id: str, peer_id: str, bits: int) -> str:

@@ -108,6 +108,10 @@ class GroupVariant:
             return self.included
         return ShardPlan(self.members).reducers(self.included)
 
+    def signers(self) -> set[str]:
+        """Every key that signed this variant: its included members and its reducers."""
+        return set(self.included) | set(self.reducers())
+
     def statement(self, run_id: str, group_key: str, round_: int, shard: int) -> bytes:
         """What the reducer of `shard` co-signed (merge.group_update.GroupUpdate.statement)."""
         fields = (run_id, group_key, self.epoch, round_)
@@ -268,6 +272,10 @@ class GroupProof:
             if problem is not None:
                 raise ProofError(problem, f"a variant of {self.group_key} round {self.round}")
 
+    def signers(self) -> set[str]:
+        """Every key that signed either variant (a permissioned run's list must hold each)."""
+        return self.first.signers() | self.second.signers()
+
     def to_bytes(self) -> bytes:
         body = {
             "run_id": self.run_id,
@@ -318,9 +326,12 @@ def prevailing(a: GroupVariant, b: GroupVariant) -> GroupVariant | None:
     member silenced its group every round. An honest retry (a round completed with 4
     members, then again with 3 after one died) keeps the 4's everywhere. Decided from the
     two variants' signed included sets alone: alike on every replica, in any order.
+    No group holds fewer than three members since session 24 (dht.grouping.MIN_MEMBERS:
+    in a group of two, one member against the other tied 1 and 1 and voided every round).
     What is not bounded: a Sybil who grinds keys into the group's prefix includes as many
-    as it grinds (docs/scale.md, Session 21); in a group of two, one member against the
-    other ties (1 and 1) and voids, as before."""
+    as it grinds; no count that tells ground keys apart (a co-signer's standing in the
+    contribution ledger) is decided alike on every replica at the moment it holds both
+    variants (docs/trust.md, "A group round's two variants")."""
     if len(a.included) == len(b.included):
         return None
     return a if len(a.included) > len(b.included) else b

@@ -78,6 +78,7 @@ class Pipeline(Protocol):
     learner_floor: LearnerFloor
     ledger: ContributionLedger
     weighing: WeighingJournal
+    admit: Callable[[str], bool] | None
 
     def floor_votes(self) -> tuple[Callable[[str], bool], bool]: ...
     def weight_of(self, header: UpdateHeader, learners: int | None = None) -> float: ...
@@ -215,6 +216,9 @@ class GroupMerge:
         p, uid = self.pipeline, proof.update_id
         if p.group_run is None or p.replica.layout is not None:
             return "none"  # groups off; a run with fragments takes no group updates
+        if p.admit is not None and not all(map(p.admit, proof.signers())):
+            count_rejection(p, uid[0], "group_not_allowed")  # neither settled nor passed on
+            return "none"  # a permissioned run: a variant of keys off the list is nobody's
         with p.replica.lock:
             action = settle(
                 p.equivocation, p.replica, proof,
@@ -308,6 +312,11 @@ class GroupMerge:
             problem = "wrong_size"  # a whole-model aggregate; runs with fragments have none
         if problem is None and p.run_id not in (None, update.head.run_id):
             problem = "wrong_run"
+        # a permissioned run: every key that signed it is on the list, so keys ground into
+        # the group's prefix neither join a variant nor make one prevail (docs/trust.md)
+        admit = p.admit
+        if problem is None and admit is not None:
+            problem = None if all(map(admit, GroupVariant.of(update).signers())) else "not_allowed"
         return None if problem is None else f"group_{problem}"
 
 

@@ -216,6 +216,14 @@ GroupBits = Annotated[
     int, check(lambda v: 0 <= v <= 16, "{flag} must be an integer in [0, 16], got {value}")
 ]
 Share = Annotated[float, check(lambda v: 0 < v <= 1, "{flag} must be in (0, 1], got {value}")]
+GroupSize = Annotated[
+    NonNegativeInt,
+    check(
+        lambda v: v != 2,
+        "{flag} 2 is refused: in a group of two either member voids the other's every round"
+        " (docs/trust.md); use 3 or more",
+    ),
+]
 
 
 @dataclass(kw_only=True, config=FLAGS)
@@ -224,9 +232,11 @@ class GroupSettings:
     their pseudo-gradients at a round's end, and the swarm sees one update per group. Off by
     default (--group-size 0: every node is its own learner, updates go all-to-all)."""
 
-    group_size: NonNegativeInt = 0
+    group_size: GroupSize = 0
     """Learner groups: fewest peers a group holds on average (groups split in two as the swarm
     grows, at most 2^--group-max-bits of them); 0: off, every node publishes its own update.
+    No group of a split holds fewer than 3 peers (a smaller one joins its sibling); 2 is
+    refused, 1 is a node alone as its own group.
     Experimental: a group's members exchange, reduce and co-sign their contributions; other
     peers fetch each group update once from a holder (or by catch-up, as any update), so
     bytes per node grow with the number of groups, not of peers (docs/scale.md)."""

@@ -272,5 +272,5 @@ def test_a_named_codec_is_never_picked_over_and_auto_is_the_default_but_bf16_wit
     # what a user gets without --codec; fragments and groups keep the codec they start with
     assert JoinConfig().codec == "auto"
     assert _config(tmp_path, "x", codec="auto", fragments=2, inner_steps=4).codec == "bf16"
-    assert _config(tmp_path, "y", codec="auto", group_size=2).codec == "bf16"
+    assert _config(tmp_path, "y", codec="auto", group_size=3).codec == "bf16"
     assert _config(tmp_path, "z", codec="int8", fragments=2, inner_steps=4).codec == "int8"

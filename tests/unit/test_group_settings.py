@@ -94,6 +94,11 @@ def test_help_shows_the_group_flags_under_their_title(capsys: pytest.CaptureFixt
     ("argv", "message"),
     [
         (["--group-size", "-1"], "--group-size must not be negative, got -1"),
+        (
+            ["--group-size", "2"],
+            "--group-size 2 is refused: in a group of two either member voids the other's"
+            " every round (docs/trust.md); use 3 or more",
+        ),
         (["--group-max-bits", "17"], "--group-max-bits must be an integer in [0, 16], got 17"),
         (["--group-quorum", "0"], "--group-quorum must be in (0, 1], got 0.0"),
         (["--group-quorum", "1.5"], "--group-quorum must be in (0, 1], got 1.5"),
