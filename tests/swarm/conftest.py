@@ -110,13 +110,18 @@ def _keep_events(nodes: list[NodeProcess], test_name: str) -> None:
 def launch(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., NodeProcess]]:
     """`launch(*args, name="node0")` starts a node with HOME tmp_path/name; every node is reaped
     in teardown, and a process of theirs that survives fails the test. Relaunching a name reuses
-    its HOME (identity and checkpoints), as a restarted node would."""
+    its HOME (identity and checkpoints), as a restarted node would. `launch.child(process)`
+    starts another ChildProcess (an adversary peer) the same way: reaped, its events kept."""
     nodes: list[NodeProcess] = []
 
-    def _launch(*args: str, name: str = "node0", home: Path | None = None) -> NodeProcess:
-        node = node_process(name, *args, home=home or tmp_path / "homes" / name)
+    def _child(node: NodeProcess) -> NodeProcess:
         nodes.append(node)
         return node.start()
+
+    def _launch(*args: str, name: str = "node0", home: Path | None = None) -> NodeProcess:
+        return _child(node_process(name, *args, home=home or tmp_path / "homes" / name))
+
+    _launch.child = _child  # type: ignore[attr-defined]
 
     try:
         yield _launch
