@@ -61,6 +61,8 @@ from bench.quality_setup import Evaluator, QualityConfig
 from node.config import add_config_arguments, config_from_args
 from node.model import build_model
 
+logger = logging.getLogger(__name__)
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -6,7 +6,6 @@ bench/quality.py unchanged (session 24).
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +18,6 @@ from bench.procs import ChildProcess, cli_flags, python_module, reap_all
 from bench.quality_setup import Evaluator, QualityConfig
 from node.checkpoint import read_checkpoint
 
-logger = logging.getLogger(__name__)
 RUN_TIMEOUT_S = 900.0
 """Bound on any one training run."""
 
