@@ -15,11 +15,14 @@ merge.codecs' bf16 codec) plus the signed headers; the all-to-all figure of the 
 is computed beside them. Simplifications (docs/scale.md): the members of a group share one
 replica object (after the all-gather they hold the same state); a group update is verified
 once, its verdict being a pure function of its bytes.
+
+Simulation's parts (session 24, methods moved unchanged): the reductions are
+bench.scale_sim_reduce.Reducing, publishing, fetching, applying and catch-up
+bench.scale_sim_deliver.Delivering; churn, grouping, accounting and the row stay here.
 """
 
 from __future__ import annotations
 
-import heapq
 import random
 import statistics
 from collections import Counter
@@ -27,33 +30,25 @@ from typing import Any
 
 import torch
 
-from bench.scale_sim_state import Published, SimConfig, SimNode, SimReplica, catch_up_id
+from bench.scale_sim_deliver import Delivering
+from bench.scale_sim_reduce import RUN_ID, Reducing
+from bench.scale_sim_state import Published, SimConfig, SimNode, SimReplica
 from dht.grouping import Grouping, GroupingPolicy, MembershipView
 from dht.ranges import UpdateId
 from dht.shards import ShardConfig, ShardTree
 from merge.codecs import get_codec
-from merge.group_plan import shard_bounds, spread
-from merge.group_shards import ShardedReduction, sharded_contribution
 from merge.group_update import (
     SIGNATURE_BYTES,
-    ContributionHeader,
-    GroupReduction,
-    GroupUpdate,
-    Phase,
-    RoundFields,
 )
 from merge.identity import Identity
-from merge.shard_round import overlapping
-from merge.weighting import StalenessConfig, TokenWeightConfig, staleness_weight, token_weight
+from merge.weighting import TokenWeightConfig
 
-RUN_ID = "scale-sim"
-HOLDERS_PER_GROUP = 3
 """Holder records a group keeps per update (its first members): bounded, as in the DHT."""
 CODEC = "bf16"
 MB = 1e6
 
 
-class Simulation:
+class Simulation(Reducing, Delivering):
     """One swarm of ``nodes`` peers run for the configured rounds."""
 
     def __init__(self, nodes: int, config: SimConfig, update_bytes: int) -> None:
@@ -213,309 +208,6 @@ class Simulation:
         self._deliver(float("inf"))
         return self._row()
 
-    def _reduce_all(
-        self, r: int, base: dict[str, int], fates: dict[str, str], deadline: float
-    ) -> None:
-        assert self.grouping is not None
-        by_id = {n.peer_id: n for n in self.nodes}
-        num_live, num_contributions = len(self._live(deadline - self.config.round_s)), 0
-        for key, peers in self.grouping.members.items():
-            replica = self.replicas.get(key)
-            if replica is None:
-                continue
-            fields = RoundFields(
-                run_id=RUN_ID,
-                group_key=key,
-                epoch=self.grouping.epoch,
-                round=r,
-                learners=self.grouping.num_learners,
-                base_applied=base.get(key, 0),
-                published_applied=len(replica.applied),
-            )
-            contributors = [
-                by_id[p] for p in peers if by_id[p].alive and by_id[p].replica is replica
-            ]
-            num_contributions += len(contributors)
-            update = self._reduce(key, peers, fields, contributors, fates, replica)
-            if update is not None:
-                self._publish(update, deadline, contributors)
-        self.all_to_all_bytes += (
-            num_contributions * max(num_live - 1, 0) * (self.update_bytes + self._header_bytes)
-        )
-
-    def _reduce(
-        self,
-        key: str,
-        peers: tuple[str, ...],
-        fields: RoundFields,
-        contributors: list[SimNode],
-        fates: dict[str, str],
-        replica: SimReplica,
-    ) -> GroupUpdate | None:
-        if self.config.scatter:
-            return self._reduce_sharded(key, peers, fields, contributors, fates, replica)
-        reduction = GroupReduction(
-            group_key=key,
-            epoch=fields.epoch,
-            round=fields.round,
-            members=peers,
-            config=self.config.reduction,
-        )
-        header_bytes = []
-        for node in contributors:
-            pseudo_gradient = self._pseudo_gradient(replica)
-            if node.dishonest:
-                pseudo_gradient = -20 * pseudo_gradient
-            header = ContributionHeader.of(
-                pseudo_gradient, node.identity, fields, self.config.tokens_per_round
-            )
-            reduction.contribute(header, pseudo_gradient)
-            header_bytes.append(header.wire_bytes())
-        self._header_bytes = statistics.mean(header_bytes) if header_bytes else self._header_bytes
-        reduction.close()
-        attempts = 1
-        for node in contributors:
-            fate = fates.get(node.peer_id, "")
-            if fate.endswith("_while_reducing"):
-                before = reduction.retries
-                reduction.lose(node.peer_id)
-                attempts += reduction.retries - before
-                self._strike(node, fate, fields.round * self.config.round_s)
-        for member in reduction.included if reduction.phase is Phase.REDUCING else ():
-            signer = next(n for n in contributors if n.peer_id == member).identity
-            reduction.cosign(member, signer.sign(reduction.statement(member)))
-        self._account_reduction(
-            contributors, len(reduction.included) or len(contributors), attempts
-        )
-        outcome = reduction.outcome
-        if not isinstance(outcome, GroupUpdate):
-            self.counters["abandoned"] += 1
-            return None
-        prefix = key.split("0b", 1)[1]
-        problem = outcome.problem(lambda p: self.policy.prefix_of(p, len(prefix)) == prefix)
-        if problem is not None:
-            self.counters[f"rejected_{problem}"] += 1
-            return None
-        return outcome
-
-    def _reduce_sharded(
-        self,
-        key: str,
-        peers: tuple[str, ...],
-        fields: RoundFields,
-        contributors: list[SimNode],
-        fates: dict[str, str],
-        replica: SimReplica,
-    ) -> GroupUpdate | None:
-        """The round by reduce-scatter (merge.group_shards), every message's bytes counted at
-        its receiver: pieces to their shards' members, re-sends to the reducers of shards
-        whose member is not included, reduced shards with co-signatures to every included
-        member (once per attempt: an attempt lost to a dying reducer costs its all-gather)."""
-        view = ShardedReduction(
-            group_key=key,
-            epoch=fields.epoch,
-            round=fields.round,
-            members=peers,
-            numel=self.config.dim,
-            config=self.config.reduction,
-        )
-        plan, by_id = view.plan, {n.peer_id: n for n in self.nodes}
-        piece_bytes = [
-            self.codec.payload_bytes(e - s) for s, e in shard_bounds(self.numel, len(peers))
-        ]
-        meta = 16 + 65 * plan.num_shards
-        header_bytes: list[int] = []
-        delivered: set[tuple[str, int, str]] = set()
-
-        def receive(peer: str, num_bytes: float) -> None:
-            if by_id[peer].alive:
-                by_id[peer].received += num_bytes
-
-        def send_pieces(author: str, included: tuple[str, ...] | None) -> None:
-            for shard, reducer in plan.sends(author, included):
-                if (author, shard, reducer) not in delivered:
-                    delivered.add((author, shard, reducer))
-                    receive(reducer, piece_bytes[shard] + meta + header_bytes[-1])
-
-        def all_gather() -> None:
-            included = view.included
-            cosign = SIGNATURE_BYTES + 64 + sum(len(m) + 3 for m in included)
-            for j, reducer in enumerate(view.reducers):
-                for member in included:
-                    if member != reducer:
-                        receive(member, piece_bytes[j] + cosign)
-
-        for node in contributors:
-            pseudo_gradient = self._pseudo_gradient(replica)
-            if node.dishonest:
-                pseudo_gradient = -20 * pseudo_gradient
-            header, digests = sharded_contribution(
-                pseudo_gradient, node.identity, fields, self.config.tokens_per_round, len(peers)
-            )
-            view.contribute(header, digests)
-            for j, piece in enumerate(torch.tensor_split(pseudo_gradient, len(peers))):
-                view.take_piece(node.peer_id, j, piece)
-            header_bytes.append(header.wire_bytes())
-            send_pieces(node.peer_id, None)
-        self._header_bytes = statistics.mean(header_bytes) if header_bytes else self._header_bytes
-        view.close()
-        for author in view.included:
-            send_pieces(author, view.included)
-        for node in contributors:
-            fate = fates.get(node.peer_id, "")
-            if fate.endswith("_while_reducing") and view.phase is Phase.REDUCING:
-                all_gather()  # the attempt's shards went out (an upper bound), then it died
-                view.lose(node.peer_id)
-                self._strike(node, fate, fields.round * self.config.round_s)
-                for author in view.included if view.phase is Phase.REDUCING else ():
-                    send_pieces(author, view.included)
-            elif fate.endswith("_while_reducing"):
-                self._strike(node, fate, fields.round * self.config.round_s)
-        if view.phase is Phase.REDUCING:
-            all_gather()
-            for j, reducer in enumerate(view.reducers):
-                shard = view.reduce(j)
-                view.take_reduced(j, shard, by_id[reducer].identity.sign(view.statement(j, shard)))
-        outcome = view.outcome
-        if not isinstance(outcome, GroupUpdate):
-            self.counters["abandoned"] += 1
-            return None
-        prefix = key.split("0b", 1)[1]
-        problem = outcome.problem(lambda p: self.policy.prefix_of(p, len(prefix)) == prefix)
-        if problem is not None:
-            self.counters[f"rejected_{problem}"] += 1
-            return None
-        return outcome
-
-    def _pseudo_gradient(self, replica: SimReplica) -> torch.Tensor:
-        """theta_base - theta_local after H inner steps on a noisy quadratic."""
-        noise = torch.randn(self.config.dim, generator=self.noise)
-        return 0.05 * (replica.params - self.optimum) + 0.02 * noise
-
-    def _publish(self, update: GroupUpdate, deadline: float, contributors: list[SimNode]) -> None:
-        k = len(update.contributions)
-        slowest = min(n.down_bps for n in contributors)
-        at = deadline + 2 * (k - 1) / k * self.update_bytes / slowest + 2 * self.config.latency_s
-        self.published[update.update_id] = Published(update, at, deadline, update.header_bytes())
-        self.counters["published"] += 1
-        members, alive = self._members(at), self._alive_ids(at)
-        uid = catch_up_id(update)
-        self.uids[uid] = update.update_id
-        included = [h.author for h in update.contributions]
-        for key, replica in self.replicas.items():
-            here = members.get(id(replica), [])
-            if key == update.head.group_key:  # its own group holds it once reduced
-                self._schedule(replica, update.update_id, at, key, here)
-                continue
-            replica.catch_up.announced(*uid, None, at, holder=included[0])
-            replica.catch_up.holders(*uid, included, at)
-            self._fetch(replica, key, at, here, alive)
-
-    def _alive_ids(self, now: float) -> set[str]:
-        return {n.peer_id for n in self._live(now)}
-
-    def _fetch(
-        self, replica: SimReplica, key: str, now: float, members: list[SimNode], alive: set[str]
-    ) -> None:
-        """Starts the fetches the replica's catch-up decides on."""
-        for fetch in replica.catch_up.next_fetches(now, alive):
-            self._schedule(replica, self.uids[fetch.update_id], now, key, members)
-
-    def _schedule(
-        self, replica: SimReplica, update_id: str, now: float, key: str, members: list[SimNode]
-    ) -> None:
-        """The group fetches the update split over its live members, then all-gathers it."""
-        if update_id in replica.applied or update_id in replica.inflight:
-            return
-        if not members:
-            return
-        published = self.published[update_id]
-        own = published.update.head.group_key == key
-        g = len(members)
-        if not own and self.config.scatter and not self.config.wired:
-            self._fetch_shards(published.update, members, published.header_bytes)
-        elif not own:
-            share = self.update_bytes if self.config.wired else self.update_bytes / g
-            for node in members:
-                node.received += share + published.header_bytes
-        slowest = min(n.down_bps for n in members)
-        delay = (
-            0.0 if own else self.config.latency_s + (2 * g - 1) / g * self.update_bytes / slowest
-        )
-        replica.inflight.add(update_id)
-        self._ids[id(replica)] = replica
-        heapq.heappush(self.arrivals, (now + delay, len(self.arrivals), update_id, id(replica)))
-
-    def _fetch_shards(self, update: GroupUpdate, members: list[SimNode], header_bytes: int) -> None:
-        """Each live member fetches its shards of another group's update (its signed headers
-        with them, to check the shards' co-signatures), split as its members split it."""
-        shards = len(update.members) or len(update.contributions)
-        sizes = [self.codec.payload_bytes(e - s) for s, e in shard_bounds(self.numel, shards)]
-        by_id = {n.peer_id: n for n in members}
-        for node in members:
-            node.received += header_bytes
-        if self.config.shard_round_sums and not self.config.shard_round_aligned:
-            bounds = shard_bounds(self.numel, shards)
-            ranked = sorted(by_id)
-            for (start, end), peer in zip(
-                shard_bounds(self.numel, len(ranked)), ranked, strict=True
-            ):
-                by_id[peer].received += sum(sizes[k] for k in overlapping(bounds, start, end))
-            return
-        for k, fetcher in enumerate(spread(shards, by_id)):
-            by_id[fetcher].received += sizes[k]
-
-    def _deliver(self, until: float) -> None:
-        while self.arrivals and self.arrivals[0][0] <= until:
-            at, _, update_id, replica_id = heapq.heappop(self.arrivals)
-            replica = self._ids[replica_id]
-            replica.inflight.discard(update_id)
-            update = self.published[update_id].update
-            if update_id not in replica.applied:
-                self._apply(replica, update, at)
-            replica.catch_up.fetched(catch_up_id(update))
-
-    def _apply(self, replica: SimReplica, update: GroupUpdate, at: float) -> None:
-        """The project's weighting, robust checks and outer step, as a replica runs them."""
-        head = update.head
-        staleness = max(0, head.published_applied - head.base_applied)
-        weight = staleness_weight(StalenessConfig(), staleness, head.learners) * token_weight(
-            self.token_config, update.tokens
-        )
-        pseudo_gradient = update.aggregate
-        verdict = replica.robust.judge(pseudo_gradient, replica.outer.momentum_parts())
-        if verdict.reason == "against_momentum":
-            weight = 0.0
-        elif verdict.reason == "norm_outlier" and verdict.median_norm is not None:
-            bound = replica.robust.config.max_norm_to_median * verdict.median_norm
-            pseudo_gradient = pseudo_gradient * (bound / verdict.norm)
-        replica.robust.record(verdict)
-        if verdict.reason is not None:
-            self.counters[f"robust_{verdict.reason}"] += 1
-        if weight:
-            replica.outer.step(replica.params, pseudo_gradient, weight, head.learners)
-        replica.applied[update.update_id] = at
-        replica.applied_ids.add(catch_up_id(update))
-
-    def _catch_up(self, now: float) -> None:
-        """Anti-entropy through dht.catchup: each group hears every published update and its
-        live holders (a bounded few per group), fetches what it lacks, counts what is lost."""
-        members, alive = self._members(now), self._alive_ids(now)
-        holders: dict[UpdateId, list[str]] = {}
-        for replica in {id(r): r for r in self.replicas.values()}.values():
-            first = [n.peer_id for n in members.get(id(replica), [])[:HOLDERS_PER_GROUP]]
-            for uid in replica.applied_ids:
-                holders.setdefault(uid, []).extend(first)
-        for key, replica in self.replicas.items():
-            catch_up = replica.catch_up
-            for uid in self.uids:
-                if not catch_up.knows(uid):
-                    catch_up.announced(*uid, None, now, holder=(holders.get(uid) or [uid[0]])[0])
-                if uid in holders and not replica.has_applied(*uid):
-                    catch_up.holders(*uid, holders[uid], now)
-            self._fetch(replica, key, now, members.get(id(replica), []), alive)
-            self.counters["declared_lost"] += len(catch_up.declare_lost(now, alive))
-
     # -- accounting -------------------------------------------------------------------------
 
     def _account_round(self, now: float) -> None:
@@ -558,16 +250,6 @@ class Simulation:
         gram = 8 * basis * (basis + 1) / 2 + SIGNATURE_BYTES
         extra_sums = (c.shard_round_sums - 1) * (g - 1) / g * self.update_bytes
         return (g - 1) * gram + extra_sums
-
-    def _account_reduction(self, contributors: list[SimNode], included: int, attempts: int) -> None:
-        k = len(contributors)
-        if k == 0:
-            return
-        if self.config.scatter:
-            return  # counted message by message (_reduce_sharded)
-        parts = (k - 1) if self.config.wired else attempts * (k - 1) / k  # whole or a shard
-        for node in contributors:
-            node.received += parts * self.update_bytes + (k - 1) * self._header_bytes
 
     def _row(self) -> dict[str, Any]:
         assert self.grouping is not None

@@ -24,6 +24,10 @@ counters: what really crossed it, headers included) and their share of the link'
 updates merged per node and how long one took from its author's own merge (publishing) to
 the node's update_merged.
 The final line is JSON.
+
+Split in session 24 (code moved unchanged): the settings and one row's nodes are
+bench.slowlink_swarm (SlowlinkConfig re-exported here), the terminal tables
+bench.slowlink_report; the rows, the probe and the command stay here.
 """
 
 from __future__ import annotations
@@ -31,10 +35,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import re
 import shutil
 import signal
-import subprocess
 import tempfile
 import time
 from dataclasses import asdict
@@ -42,203 +44,14 @@ from pathlib import Path
 from statistics import mean
 from types import FrameType
 
-import pydantic.dataclasses
-
 from bench import netns
-from bench.procs import ChildProcess, Event, cli_flags, python_module, reap_all
-from merge.codecs import CODECS
+from bench.slowlink_report import format_probe, format_table
+from bench.slowlink_swarm import SlowlinkConfig, Swarm, join_supports
 from node.config import add_config_arguments, config_from_args
-from node.settings import FLAGS
 
 logger = logging.getLogger(__name__)
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results" / "slowlink"
-START_TIMEOUT_S = 240.0
-"""Bounded wait for a node to start training (3 nodes start slowly on a loaded 2-core box)."""
-STOP_TIMEOUT_S = 20.0
-"""How long the nodes get to stop cleanly after a row before their groups are killed."""
-BOOTSTRAP_PORT = 31337
-"""TCP port of the bootstrap peer on the bridge."""
-POLL_S = 0.5
-"""How often a row checks whether every node has reached the target."""
-
-
-@pydantic.dataclasses.dataclass(kw_only=True, config=FLAGS)
-class SlowlinkConfig:
-    """A slow-link comparison: the swarm, the link, the codecs and the target."""
-
-    nodes: int = 3
-    """Nodes, one network namespace each."""
-    link_mbit: float = 2.0
-    """Rate of every node's link, each way, in Mbit/s (tc tbf)."""
-    codecs: str = "bf16,int8,int4,sparse"
-    """Codecs to compare, comma-separated; bf16 is the baseline of the ratios."""
-    fragments: str = "1,4"
-    """Fragment counts P, comma-separated (1: whole updates); P > 1 rows run only when
-    `join --fragments` exists in this build."""
-    model: str = "tiny"
-    """Model preset of every node."""
-    inner_steps: int = 10
-    """H: inner steps per round."""
-    step_s: float = 0.8
-    """Every inner step is paced to last this long (--emulated-step-s), so compute is equal
-    in every row whatever the machine's load; must exceed a step's real duration."""
-    target_loss: float = 2.8
-    """Validation loss every node's replica must reach."""
-    budget_s: float = 240.0
-    """A row that has not reached the target this long after the links were limited stops
-    (reported as not reached)."""
-    eval_batches: int = 4
-    """Validation batches each node evaluates after every round."""
-    heartbeat_period: float = 2.0
-    """Heartbeat period of the nodes."""
-    probe_bytes: int = 500_000
-    """Bytes of the TCP transfer that checks the limit (0 skips the check)."""
-    seed: int = 0
-    """Genesis seed of every row."""
-    reference: bool = True
-    """First run bf16 on unlimited links: what the limit costs bf16 (the reference row)."""
-    keep_logs: bool = True
-    """Write every node's events under bench/results/slowlink/RATEmbit-CODEC-pP/."""
-
-    def __post_init__(self) -> None:
-        if self.nodes < 2:
-            raise ValueError("--nodes must be at least 2")
-        for name in ("link_mbit", "step_s", "target_loss", "budget_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be positive")
-        if not self.codec_list or not self.fragment_list:
-            raise ValueError("--codecs and --fragments must each name at least one value")
-        if any(p < 1 for p in self.fragment_list):
-            raise ValueError("--fragments takes counts of at least 1")
-        unknown = set(self.codec_list) - set(CODECS)
-        if unknown:
-            raise ValueError(f"unknown codec {', '.join(sorted(unknown))}; use {', '.join(CODECS)}")
-
-    @property
-    def codec_list(self) -> list[str]:
-        return [c for c in self.codecs.split(",") if c]
-
-    @property
-    def fragment_list(self) -> list[int]:
-        try:
-            return [int(p) for p in self.fragments.split(",") if p]
-        except ValueError:
-            raise ValueError(f"--fragments takes counts such as 1,4: {self.fragments!r}") from None
-
-
-def join_supports(flag: str) -> bool:
-    """Whether this build's `python -m node join` has `flag` (read from its --help)."""
-    result = subprocess.run(
-        python_module("node", "join", "--help"), capture_output=True, text=True, timeout=120
-    )
-    return flag in result.stdout
-
-
-class Swarm:
-    """One row's nodes, each in its namespace of `lab`; reaped by `stop()` whatever happens."""
-
-    def __init__(self, config: SlowlinkConfig, lab: netns.NetnsLab, home: Path, extra: list[str]):
-        self.config = config
-        self.lab = lab
-        self.home = home
-        self.extra = extra
-        self.run_id = f"slowlink-{int(time.time())}"
-        self.children: list[ChildProcess] = []
-        """The bootstrap peer, then the nodes."""
-        self.t0 = 0.0
-        """When the links were limited and the clock started."""
-
-    @property
-    def nodes(self) -> list[ChildProcess]:
-        return [c for c in self.children if c.name.startswith("node")]
-
-    def command(self, node: int, peers: list[str]) -> list[str]:
-        c = self.config
-        flags = cli_flags(
-            run_id=self.run_id,
-            model=c.model,
-            seed=c.seed,
-            inner_steps=c.inner_steps,
-            emulated_step_s=c.step_s,
-            eval_batches=c.eval_batches,
-            heartbeat_period=c.heartbeat_period,
-            checkpoint_every=1000,
-            threads=1,
-            log_format="json",
-            host=self.lab.address(node),
-            port=0,
-        )
-        flags += ["--peers", *peers] if peers else []
-        return python_module("node", "join", *flags, *self.extra)
-
-    def launch(self, node: int, peers: list[str]) -> ChildProcess:
-        child = ChildProcess(
-            f"node{node}",
-            self.command(node, peers),
-            home=self.home / f"node{node}",
-            prefix=self.lab.exec_prefix(node),
-        )
-        self.children.append(child)
-        return child.start()
-
-    def start(self) -> None:
-        """A bootstrap peer on the bridge, then every node at once, joining through it; returns
-        when every node trains. (Started one after another through node 0, node 0 would train
-        alone for the others' start-up time, a head start that differs from row to row.)"""
-        bootstrap = self.start_bootstrap()
-        for node in range(self.config.nodes):
-            self.launch(node, [bootstrap])
-        for child in self.nodes:
-            child.wait_event("started", START_TIMEOUT_S)
-
-    def start_bootstrap(self) -> str:
-        """hivemind's own DHT peer (`hivemind-dht`) in the hub namespace; its multiaddr."""
-        host = self.lab.bridge_address()
-        argv = python_module("hivemind.hivemind_cli.run_dht", "--no_relay", "--host_maddrs")
-        child = ChildProcess(
-            "bootstrap",
-            [*argv, f"/ip4/{host}/tcp/{BOOTSTRAP_PORT}"],
-            home=self.home / "bootstrap",
-            prefix=self.lab.hub_prefix(),
-        )
-        self.children.append(child)
-        child.start()
-        pattern = re.compile(rf"/ip4/{re.escape(host)}/tcp/{BOOTSTRAP_PORT}/p2p/\w+")
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline and child.alive():
-            found = [m.group(0) for line in list(child.stderr) if (m := pattern.search(line))]
-            if found:
-                return found[0]
-            time.sleep(0.2)
-        raise RuntimeError(f"the bootstrap peer did not start\n{child.stderr_tail()}")
-
-    def stop(self) -> list[str]:
-        for child in self.children:
-            child.interrupt()
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        for child in self.children:
-            child.finish(max(0.1, deadline - time.monotonic()))
-        return reap_all(self.children)
-
-    def reached_at(self, node: int) -> Event | None:
-        """The first round_done of `node` since t0 whose val_loss is at or below the target."""
-        for event in self.nodes[node].of("round_done"):
-            loss = event.get("val_loss")
-            if event["time"] >= self.t0 and loss is not None and loss <= self.config.target_loss:
-                return event
-        return None
-
-    def wait_target(self) -> None:
-        """Until every node has reached the target or the budget is spent."""
-        self.t0 = time.time()
-        while time.time() - self.t0 < self.config.budget_s:
-            if all(self.reached_at(n) for n in range(self.config.nodes)):
-                return
-            for child in self.children:
-                if not child.alive():
-                    raise RuntimeError(f"{child.name} exited during the run\n{child.stderr_tail()}")
-            time.sleep(POLL_S)
 
 
 def node_figures(swarm: Swarm, node: int, t0: float) -> dict:
@@ -415,78 +228,6 @@ def run_slowlink(config: SlowlinkConfig) -> dict:
         "probe": probe,
         "config": asdict(config),
     }
-
-
-COLUMNS = (
-    ("codec", "<8"),
-    ("P", ">3"),
-    ("link", ">6"),
-    ("to target s", ">12"),
-    ("x bf16", ">8"),
-    ("update KB", ">10"),
-    ("MB sent/node", ">13"),
-    ("wire MB", ">8"),
-    ("link use", ">9"),
-    ("merged", ">7"),
-    ("delay s", ">8"),
-    ("fetch s", ">8"),
-    ("final val", ">10"),
-)
-
-
-def format_table(report: dict) -> str:
-    lines = ["".join(f"{title:{align}}" for title, align in COLUMNS)]
-    for r in report["rows"]:
-        if not r["ran"]:
-            lines.append(f"{r['codec']:<8}{r['fragments']:>3}  {r['note']}")
-            continue
-        cells = (
-            r["codec"],
-            r["fragments"],
-            "none" if r["link_mbit"] is None else f"{r['link_mbit']:g}",
-            f"{r['time_to_target_s']:.1f}" if r["reached"] else f">{r['elapsed_s']:.0f}",
-            _ratio_cell(r),
-            _fmt(_kb(r["update_bytes"]), 0),
-            _fmt(_mb(r["bytes_sent_per_node"]), 2),
-            _fmt(_mb(r["wire_bytes_sent_per_node"]), 2),
-            _fmt(r["link_use"], 2),
-            _fmt(r["peer_updates_merged"], 1),
-            _fmt(r["merge_delay_s"], 1),
-            _fmt(r["fetch_s"], 1),
-            _fmt(r["final_val_loss"], 3),
-        )
-        lines.append("".join(f"{c:{align}}" for c, (_, align) in zip(cells, COLUMNS, strict=True)))
-    return "\n".join(lines)
-
-
-def _ratio_cell(row: dict) -> str:
-    below = row.get("ratio_vs_bf16_below")
-    if row["ratio_vs_bf16"] is None and below:
-        return f"<{below:.2f}"
-    return _fmt(row["ratio_vs_bf16"], 2)
-
-
-def _kb(num_bytes: int | None) -> float | None:
-    return num_bytes / 1e3 if num_bytes is not None else None
-
-
-def _mb(num_bytes: int | None) -> float | None:
-    return num_bytes / 1e6 if num_bytes is not None else None
-
-
-def _fmt(value: float | None, digits: int) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
-def format_probe(report: dict) -> str:
-    probe = report["probe"]
-    if not probe:
-        return "link check skipped (--probe-bytes 0)"
-    return (
-        f"link {report['link_mbit']} Mbit/s (tbf): a TCP transfer measured "
-        f"{probe['limited_mbit']:.2f} Mbit/s ({probe['limited_mbit_reverse']:.2f} the other way), "
-        f"{probe['unlimited_mbit']:.0f} Mbit/s unlimited"
-    )
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:

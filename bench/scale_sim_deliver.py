@@ -1,0 +1,166 @@
+"""bench.scale_sim's deliveries: a group update published, fetched by each group (split over
+its live members, or by shards), applied with the project's weighting, robust checks and
+outer step, and caught up through dht.catchup. A part of :class:`bench.scale_sim.Simulation`
+(a mixin: the same methods, moved out of bench/scale_sim.py unchanged in session 24; they read
+the simulation's state)."""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Callable
+
+from bench.scale_sim_state import Published, SimConfig, SimNode, SimReplica, catch_up_id
+from dht.ranges import UpdateId
+from merge.codecs import Codec
+from merge.group_plan import shard_bounds, spread
+from merge.group_update import GroupUpdate
+from merge.shard_round import overlapping
+from merge.weighting import StalenessConfig, TokenWeightConfig, staleness_weight, token_weight
+
+HOLDERS_PER_GROUP = 3
+
+
+class Delivering:
+    """Simulation's publishing, fetching, applying and catch-up."""
+
+    # what it reads of Simulation (bench.scale_sim), which sets or defines each
+    config: SimConfig
+    codec: Codec
+    numel: int
+    update_bytes: int
+    replicas: dict[str, SimReplica]
+    published: dict[str, Published]
+    uids: dict[UpdateId, str]
+    arrivals: list[tuple[float, int, str, int]]
+    counters: Counter[str]
+    token_config: TokenWeightConfig
+    _ids: dict[int, SimReplica]
+    _live: Callable[[float], list[SimNode]]
+    _members: Callable[[float], dict[int, list[SimNode]]]
+
+    # -- delivery -----------------------------------------------------------------------
+
+    def _publish(self, update: GroupUpdate, deadline: float, contributors: list[SimNode]) -> None:
+        k = len(update.contributions)
+        slowest = min(n.down_bps for n in contributors)
+        at = deadline + 2 * (k - 1) / k * self.update_bytes / slowest + 2 * self.config.latency_s
+        self.published[update.update_id] = Published(update, at, deadline, update.header_bytes())
+        self.counters["published"] += 1
+        members, alive = self._members(at), self._alive_ids(at)
+        uid = catch_up_id(update)
+        self.uids[uid] = update.update_id
+        included = [h.author for h in update.contributions]
+        for key, replica in self.replicas.items():
+            here = members.get(id(replica), [])
+            if key == update.head.group_key:  # its own group holds it once reduced
+                self._schedule(replica, update.update_id, at, key, here)
+                continue
+            replica.catch_up.announced(*uid, None, at, holder=included[0])
+            replica.catch_up.holders(*uid, included, at)
+            self._fetch(replica, key, at, here, alive)
+
+    def _alive_ids(self, now: float) -> set[str]:
+        return {n.peer_id for n in self._live(now)}
+
+    def _fetch(
+        self, replica: SimReplica, key: str, now: float, members: list[SimNode], alive: set[str]
+    ) -> None:
+        """Starts the fetches the replica's catch-up decides on."""
+        for fetch in replica.catch_up.next_fetches(now, alive):
+            self._schedule(replica, self.uids[fetch.update_id], now, key, members)
+
+    def _schedule(
+        self, replica: SimReplica, update_id: str, now: float, key: str, members: list[SimNode]
+    ) -> None:
+        """The group fetches the update split over its live members, then all-gathers it."""
+        if update_id in replica.applied or update_id in replica.inflight:
+            return
+        if not members:
+            return
+        published = self.published[update_id]
+        own = published.update.head.group_key == key
+        g = len(members)
+        if not own and self.config.scatter and not self.config.wired:
+            self._fetch_shards(published.update, members, published.header_bytes)
+        elif not own:
+            share = self.update_bytes if self.config.wired else self.update_bytes / g
+            for node in members:
+                node.received += share + published.header_bytes
+        slowest = min(n.down_bps for n in members)
+        delay = (
+            0.0 if own else self.config.latency_s + (2 * g - 1) / g * self.update_bytes / slowest
+        )
+        replica.inflight.add(update_id)
+        self._ids[id(replica)] = replica
+        heapq.heappush(self.arrivals, (now + delay, len(self.arrivals), update_id, id(replica)))
+
+    def _fetch_shards(self, update: GroupUpdate, members: list[SimNode], header_bytes: int) -> None:
+        """Each live member fetches its shards of another group's update (its signed headers
+        with them, to check the shards' co-signatures), split as its members split it."""
+        shards = len(update.members) or len(update.contributions)
+        sizes = [self.codec.payload_bytes(e - s) for s, e in shard_bounds(self.numel, shards)]
+        by_id = {n.peer_id: n for n in members}
+        for node in members:
+            node.received += header_bytes
+        if self.config.shard_round_sums and not self.config.shard_round_aligned:
+            bounds = shard_bounds(self.numel, shards)
+            ranked = sorted(by_id)
+            for (start, end), peer in zip(
+                shard_bounds(self.numel, len(ranked)), ranked, strict=True
+            ):
+                by_id[peer].received += sum(sizes[k] for k in overlapping(bounds, start, end))
+            return
+        for k, fetcher in enumerate(spread(shards, by_id)):
+            by_id[fetcher].received += sizes[k]
+
+    def _deliver(self, until: float) -> None:
+        while self.arrivals and self.arrivals[0][0] <= until:
+            at, _, update_id, replica_id = heapq.heappop(self.arrivals)
+            replica = self._ids[replica_id]
+            replica.inflight.discard(update_id)
+            update = self.published[update_id].update
+            if update_id not in replica.applied:
+                self._apply(replica, update, at)
+            replica.catch_up.fetched(catch_up_id(update))
+
+    def _apply(self, replica: SimReplica, update: GroupUpdate, at: float) -> None:
+        """The project's weighting, robust checks and outer step, as a replica runs them."""
+        head = update.head
+        staleness = max(0, head.published_applied - head.base_applied)
+        weight = staleness_weight(StalenessConfig(), staleness, head.learners) * token_weight(
+            self.token_config, update.tokens
+        )
+        pseudo_gradient = update.aggregate
+        verdict = replica.robust.judge(pseudo_gradient, replica.outer.momentum_parts())
+        if verdict.reason == "against_momentum":
+            weight = 0.0
+        elif verdict.reason == "norm_outlier" and verdict.median_norm is not None:
+            bound = replica.robust.config.max_norm_to_median * verdict.median_norm
+            pseudo_gradient = pseudo_gradient * (bound / verdict.norm)
+        replica.robust.record(verdict)
+        if verdict.reason is not None:
+            self.counters[f"robust_{verdict.reason}"] += 1
+        if weight:
+            replica.outer.step(replica.params, pseudo_gradient, weight, head.learners)
+        replica.applied[update.update_id] = at
+        replica.applied_ids.add(catch_up_id(update))
+
+    def _catch_up(self, now: float) -> None:
+        """Anti-entropy through dht.catchup: each group hears every published update and its
+        live holders (a bounded few per group), fetches what it lacks, counts what is lost."""
+        members, alive = self._members(now), self._alive_ids(now)
+        holders: dict[UpdateId, list[str]] = {}
+        for replica in {id(r): r for r in self.replicas.values()}.values():
+            first = [n.peer_id for n in members.get(id(replica), [])[:HOLDERS_PER_GROUP]]
+            for uid in replica.applied_ids:
+                holders.setdefault(uid, []).extend(first)
+        for key, replica in self.replicas.items():
+            catch_up = replica.catch_up
+            for uid in self.uids:
+                if not catch_up.knows(uid):
+                    catch_up.announced(*uid, None, now, holder=(holders.get(uid) or [uid[0]])[0])
+                if uid in holders and not replica.has_applied(*uid):
+                    catch_up.holders(*uid, holders[uid], now)
+            self._fetch(replica, key, now, members.get(id(replica), []), alive)
+            self.counters["declared_lost"] += len(catch_up.declare_lost(now, alive))
