@@ -157,13 +157,20 @@ class MemberRound:
         return mine
 
     def sums_from(self, member: str, sums: Sequence[torch.Tensor]) -> bool:
-        """Another member's slices of the sums; False when they fail their checks."""
+        """Another member's slices of the sums; False when they fail their checks, or when
+        this replica moved since the round's base ("replica_moved", nobody's fault: they are
+        checked against this replica's state, which no longer is the one the member's part
+        was; session 24's bench blamed two honest members for a whole fetch applied here
+        mid-round)."""
         if self.plan is None or member not in self._parts or self.failed is not None:
             return False
         if member in self._sums:
             return False
         part = self._parts[member]
-        problem = sums_problem(self.plan, part, list(sums), self._states(member))
+        with self.rounds.merge.pipeline.replica.lock:
+            if self._moved():
+                return False
+            problem = sums_problem(self.plan, part, list(sums), self._states(member))
         if problem is not None:
             return self._fail(f"{problem} from {member}")
         self._sums[member] = list(sums)

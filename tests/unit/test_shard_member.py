@@ -180,6 +180,24 @@ def test_slices_that_fail_their_checks_make_the_others_fall_back() -> None:
     assert rounds[2].failed is None
 
 
+def test_sums_checked_after_this_replica_moved_fail_it_as_moved_not_the_sender() -> None:
+    """Session 24's bench: a whole fetch applied here between the plan and a member's sums
+    made its honest sums fail `sums_direction` (checked against the moved state), counted
+    against it. Now the round fails as "replica_moved": nobody's fault."""
+    members, _, updates = _setup(False)
+    rounds = _rounds(members, updates)
+    _fetch(rounds)
+    _exchange_parts(rounds)
+    for member in rounds:
+        member.decide()
+    honest = rounds[1].sums()
+    assert honest is not None
+    members[0].submit_group(_update(Spec(4, 3, "honest", 0, 0), 9, 16), _everyone)
+    assert not rounds[0].sums_from(MEMBERS[1], honest)
+    assert rounds[0].failed == "replica_moved"
+    assert rounds[0].apply() is None
+
+
 def test_a_slice_not_finite_fails_the_round() -> None:
     members, _, updates = _setup(False)
     member = _rounds(members, updates)[0]
