@@ -6,6 +6,8 @@ set, makes the others fall back (nothing applied), never crash."""
 from __future__ import annotations
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dht.realign_config import SETTLE_TOLERANCE
 from merge.pipeline import UpdatePipeline
@@ -148,6 +150,23 @@ def test_groups_applying_a_set_in_other_rounds_end_within_the_settle_tolerance()
     two16 = _group(updates, [[0, 1], [2, 3, 4]], bf16=True)
     assert _settled_apart(one16, two16) > 10 * tolerance
     assert _settled_apart(one16, reference) > 10 * tolerance
+
+
+@settings(max_examples=12, deadline=None)
+@given(cuts=st.sets(st.integers(1, 4)))
+def test_any_split_into_rounds_ends_within_the_settle_tolerance_of_one_by_one(
+    cuts: set[int],
+) -> None:
+    """Whatever rounds a group cuts the five updates into (consecutive in id order, as
+    fetch rounds take them), with fp32 sums its replica ends within the settle's tolerance
+    of a replica that applied them one by one."""
+    _, reference, updates = _setup(False)
+    updates = sorted(updates, key=lambda u: (u.head.group_key, u.seq))
+    bounds = [0, *sorted(cuts), len(updates)]
+    rounds_of = [list(range(a, b)) for a, b in zip(bounds, bounds[1:], strict=False)]
+    group = _group(updates, rounds_of)
+    _one_by_one(reference, updates)
+    assert _settled_apart(group, reference) <= SETTLE_TOLERANCE
 
 
 def test_a_member_on_another_applied_set_makes_the_others_fall_back() -> None:
