@@ -10,14 +10,14 @@ round, kind, body, the tensors' SHA-256), checked against the stream's sender:
   (session 18): merge.shard_fetch `Proposal`;
 - `part`: its part Gram matrix (merge.shard_member `MemberRound.part`) and the digest of each
   fetched update's variant (`variant_digest`), in the round's id order;
-- `sums`: its slices of the plan's weighted sums (rounded to bf16 by the member: session 20);
+- `sums`: its slices of the plan's weighted sums (fp32: session 24; bf16 in sessions 20-23);
 - `abort`: the sender fell back (its reason): the others stop waiting for it (session 18).
 
 `group-slice` asks a holder for some shards of an update: the answer is the update's fields
 (headers, digests, co-signatures: dht.grouping_wire `update_meta`) and those shards.
 A message's tensors travel in bf16 when every value of every one of them is a bf16 value (a
-group update's aggregate of bf16 parts, a member's rounded sums: exact, half the bytes),
-else in fp32 (`codec` in the framing; signatures cover the fp32 values either way).
+group update's aggregate of bf16 parts: exact, half the bytes), else in fp32 (`codec` in the
+framing; signatures cover the fp32 values either way).
 Everything is read within a bound before it is parsed; what does not parse is a
 GroupMessageError (its reason counted against the sender by the caller).
 """

@@ -12,11 +12,11 @@ import torch
 from merge.shard_round_plan import Gram, Incoming, RoundPlan
 
 _SCHWARZ_SLACK = 1e-9
-SUMS_SLACK = 1e-5 + 2.0**-8
+SUMS_SLACK = 1e-5
 """A member's slices of a sum may be off what its part says by this share of the sum's
-reach: float32 rounding of the sum (1e-5), plus the bf16 rounding a member applies to its
-slices before it sends them (each value within 2^-8 of itself, so the slice within 2^-8 of
-its norm; merge.shard_member `sums_in_bf16`)."""
+reach: float32 rounding of the sum. (Session 20 sent the sums in bf16 and widened this by
+2^-8, letting a member lean its slice by up to 0.4 %; session 24 sends them in fp32 again,
+merge.shard_member `sums`.)"""
 
 
 def gram_problem(gram: object, size: int) -> str | None:
@@ -66,11 +66,10 @@ def sums_problem(
     (checked before the decisions were taken, `gram_problem`), or None; `states`: the
     receiver's own slices of its state tensors over that member's part. Each slice's norm and
     its dot product with each state tensor's slice must be what `part` says of that combo of
-    the member's shards (within `SUMS_SLACK` of the sum's reach: float32 rounding of the sum,
-    and bf16 rounding of the slices on the wire): a member cannot send a slice
-    larger than, or leaning along the momentum or the params more than, the shards it
-    reported; what is left to it is the direction orthogonal to the receiver's state, within
-    the reported norm (docs/scale.md, Session 16: trust)."""
+    the member's shards (within `SUMS_SLACK` of the sum's reach: float32 rounding of the sum):
+    a member cannot send a slice larger than, or leaning along the momentum or the params
+    more than, the shards it reported; what is left to it is the direction orthogonal to the
+    receiver's state, within the reported norm (docs/scale.md, Session 16: trust)."""
     num_states = len(states)
     gram = np.array(part)
     if len(sums) != len(plan.combos) or gram.shape != (num_states + plan.size,) * 2:
