@@ -1,10 +1,9 @@
 """The shard fetch's candidates (dht.group_exchange_fetch; docs/scale.md, Sessions 17-18):
 other groups' updates a `group-done` notice named, held back from the gossip's whole fetch
 until a fetch round applies them, and the fallback path for those it does not: handed to the
-gossip (`FALLBACK_ROUNDS` x the group wait after the notice, `NO_ROUND_WAITS` more when no
-fetch round opened here meanwhile: dht.shard_fetch_hold), or, when a round's members fall
-back alike, fetched whole and applied in id order. A mixin of dht.group_exchange.GroupExchange
-(through dht.group_exchange_fetch.FetchExchange).
+gossip (`FALLBACK_ROUNDS` x the group wait after the notice at the latest), or, when a
+round's members fall back alike, fetched whole and applied in id order. A mixin of
+dht.group_exchange.GroupExchange (through dht.group_exchange_fetch.FetchExchange).
 """
 
 from __future__ import annotations

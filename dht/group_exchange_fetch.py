@@ -14,9 +14,9 @@ member fetches the shards its slice needs from a holder (`group-slice`), and the
 exchange part matrices and slices of the weighted sums; every member applies the round as
 one step. Anything wrong ends the round with nothing applied: every member fetches the ids
 all proposed whole (the gossip's stream) and applies them in id order; a candidate not applied
-`FALLBACK_ROUNDS` x the group wait after its notice (`NO_ROUND_WAITS` more if no fetch round
-opened here meanwhile) is handed over whatever happened (dht.shard_fetch_hold). Every refusal
-is counted (`group_fetch_<reason>`), never raised.
+`FALLBACK_ROUNDS` x the group wait after its notice is handed over whatever happened
+(dht.shard_fetch_hold). Every refusal is counted
+(`group_fetch_<reason>`), never raised.
 """
 
 from __future__ import annotations

@@ -41,8 +41,7 @@ class ClassRealignment:
         `due`): this member fetches nothing whole now, since the donor's state will hold the
         round's updates (fetched whole and applied, they would be bytes spent for a state
         then replaced). What the realignment does not bring is handed to the gossip by the
-        candidates' own timer (dht.shard_fetch_hold: `FALLBACK_ROUNDS` group waits after the
-        notice, or `NO_ROUND_WAITS` more)."""
+        candidates' own timer (`FALLBACK_ROUNDS` group waits after the notice)."""
         return (
             self.realign is not None
             and outcome in REASONS

@@ -11,8 +11,7 @@ on other states at the next round, `state_differs`, and every later round falls 
   session 22's 77 notices refused as too far left ids no round could take);
 - a candidate waits for a round until its hand-over time (`FALLBACK_ROUNDS` group waits
   after its notice, `UNNOTICED_ROUNDS` after the gossip first wanted it if no notice named
-  it; `NO_ROUND_WAITS` more when no fetch round opened here in that time: its group's rounds
-  failing, session 24), then goes to the gossip's whole fetch: nothing wanted is dropped;
+  it), then goes to the gossip's whole fetch: nothing wanted is dropped;
 - one a round left (not every member proposed it) stays a candidate of the next round
   rather than going to the gossip at once;
 - one handed over while a fetch round is open here waits until that round ends, at most
@@ -22,7 +21,7 @@ on other states at the next round, `state_differs`, and every later round falls 
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from dht.grouping import key_prefix
@@ -34,12 +33,6 @@ after its notice."""
 UNNOTICED_ROUNDS = 1.0
 """Group waits an update no notice named waits for a round (session 18: a group ahead whose
 notices are refused publishes faster than three waits of retention allow)."""
-NO_ROUND_WAITS = 2.0
-"""More group waits a candidate waits when no fetch round opened here between when it was
-wanted and its hand-over time: its group's rounds were failing (cosign_timeout, below_quorum,
-late), and every member that fetches it whole at a moment of its own leaves the group's next
-round on other states (`state_differs`). Session 23's runs: of the whole fetches handed over
-so, 54 % and 50 % had a fetch round here within 60 s after (docs/scale.md, Session 24)."""
 IN_ROUND_WAITS = 1.0
 """Group waits an update handed over while a fetch round is open here waits for it to end."""
 MAX_TRACKED = 16 * MAX_CANDIDATES
@@ -48,12 +41,10 @@ MAX_TRACKED = 16 * MAX_CANDIDATES
 @dataclass
 class _Hold:
     due: float
-    """When it goes to the gossip if no round applied it and one opened here since `since`."""
+    """When it goes to the gossip if no round applied it."""
     noticed: bool
     """A `group-done` notice named it (else the gossip wanted it first)."""
     since: float
-    grace: float
-    """How much later it goes when no round opened here from `since` to `due`."""
 
 
 @dataclass(frozen=True)
@@ -75,8 +66,6 @@ class HoldBook:
         self._released: OrderedDict[UpdateId, tuple[str, float]] = OrderedDict()
         self._round_open_since: float | None = None
         self._last_round_at: float | None = None
-        self._opened: deque[float] = deque(maxlen=64)
-        """When the latest fetch rounds opened here (oldest first)."""
 
     # ---- what the exchange tells it ---------------------------------------------------------
 
@@ -93,13 +82,11 @@ class HoldBook:
             return
         if hold is None or not hold.noticed:
             since = now if hold is None else hold.since
-            due = now + FALLBACK_ROUNDS * wait_s
-            self._track(uid, _Hold(due, True, since, NO_ROUND_WAITS * wait_s))
+            self._track(uid, _Hold(now + FALLBACK_ROUNDS * wait_s, True, since))
 
     def round_opened(self, now: float) -> None:
         self._round_open_since = now
         self._last_round_at = now
-        self._opened.append(now)
 
     def round_closed(self) -> None:
         self._round_open_since = None
@@ -131,18 +118,16 @@ class HoldBook:
             return Verdict(self._in_round_hold(released[1], now, wait_s))
         hold = self._holds.get(uid)
         if hold is None:
-            due = now + UNNOTICED_ROUNDS * wait_s
-            hold = self._track(uid, _Hold(due, False, now, NO_ROUND_WAITS * wait_s))
-        due = self._due(hold)
-        if now >= due:  # released as of its hand-over time, however late asked
-            self.release(uid, due, self.cause_due(uid))
-            return Verdict(self._in_round_hold(due, now, wait_s))
+            hold = self._track(uid, _Hold(now + UNNOTICED_ROUNDS * wait_s, False, now))
+        if now >= hold.due:  # released as of its hand-over time, however late asked
+            self.release(uid, hold.due, self.cause_due(uid))
+            return Verdict(self._in_round_hold(hold.due, now, wait_s))
         return Verdict(True, adopt=not hold.noticed and bool(sources))
 
     def due(self, uid: UpdateId) -> float | None:
         """When `uid` goes to the gossip (None: not held)."""
         hold = self._holds.get(uid)
-        return None if hold is None else self._due(hold)
+        return None if hold is None else hold.due
 
     def cause_due(self, uid: UpdateId) -> str:
         """Why `uid`, past its hand-over time, goes: `timer` (a fetch round ran here since it
@@ -162,13 +147,6 @@ class HoldBook:
         return len(self._holds) + len(self._released) + len(self._own_keys)
 
     # ---- internals ----------------------------------------------------------------------------
-
-    def _due(self, hold: _Hold) -> float:
-        """Its hand-over time: `due`, or `grace` later when no fetch round opened here from
-        when it was wanted to `due` (a pure function of the hold and the rounds opened)."""
-        if any(hold.since <= t <= hold.due for t in self._opened):
-            return hold.due
-        return hold.due + hold.grace
 
     def _in_round_hold(self, released_at: float, now: float, wait_s: float) -> bool:
         opened = self._round_open_since

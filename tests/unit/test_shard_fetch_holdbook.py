@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from dht.shard_fetch_hold import (
     FALLBACK_ROUNDS,
     IN_ROUND_WAITS,
-    NO_ROUND_WAITS,
     UNNOTICED_ROUNDS,
     HoldBook,
 )
@@ -26,33 +25,9 @@ def test_an_update_no_notice_named_is_adopted_with_sources_and_goes_after_one_wa
     uid = IDS[0]
     assert book.verdict(uid, [], 0.0, WAIT_S).held  # no source: held, not adopted
     assert book.verdict(uid, ["m1"], 1.0, WAIT_S).adopt
-    book.round_opened(2.0)
-    book.round_closed()
     assert book.verdict(uid, ["m1"], UNNOTICED_ROUNDS * WAIT_S - 0.1, WAIT_S).held
     late = book.verdict(uid, ["m1"], UNNOTICED_ROUNDS * WAIT_S, WAIT_S)
-    assert not late.held and book.cause(uid) == "unnoticed_timer"
-
-
-def test_with_no_round_here_it_waits_no_round_waits_more_for_the_next() -> None:
-    """Session 24: its group's rounds failing, no fetch round opened here since it was
-    wanted: it waits NO_ROUND_WAITS more group waits for one (a round opening then takes it)
-    before it goes whole, named `timer_no_round` if none opened, `timer` if one did."""
-    book = HoldBook()
-    noticed, unnoticed = IDS[0], IDS[1]
-    book.noticed(noticed, 0.0, WAIT_S)
-    assert book.verdict(unnoticed, ["m1"], 0.0, WAIT_S).adopt
-    assert book.due(noticed) == (FALLBACK_ROUNDS + NO_ROUND_WAITS) * WAIT_S
-    assert book.due(unnoticed) == (UNNOTICED_ROUNDS + NO_ROUND_WAITS) * WAIT_S
-    assert book.verdict(noticed, [], FALLBACK_ROUNDS * WAIT_S, WAIT_S).held
-    assert book.verdict(unnoticed, [], UNNOTICED_ROUNDS * WAIT_S, WAIT_S).held
-    end = (UNNOTICED_ROUNDS + NO_ROUND_WAITS) * WAIT_S
-    assert not book.verdict(unnoticed, [], end, WAIT_S).held
-    assert book.cause(unnoticed) == "unnoticed_timer_no_round"
-    book.round_opened(end + 1.0)  # a round in the grace: its candidate, not applied by it
-    book.round_closed()
-    assert book.due(noticed) == (FALLBACK_ROUNDS + NO_ROUND_WAITS) * WAIT_S  # no earlier
-    assert not book.verdict(noticed, [], (FALLBACK_ROUNDS + NO_ROUND_WAITS) * WAIT_S, WAIT_S).held
-    assert book.cause(noticed) == "timer"
+    assert not late.held and book.cause(uid) == "unnoticed_timer_no_round"
 
 
 def test_a_notice_holds_it_three_waits_and_a_round_since_names_the_timer() -> None:
@@ -105,14 +80,10 @@ def test_never_fetched_whole_while_held_and_nothing_wanted_is_dropped(events: li
     closing, rounds applying ids and hand-overs: (1) while an id's hold stands (`due` not
     reached) every ask holds it; (2) one handed over is held only while a round is open,
     and at most IN_ROUND_WAITS group waits after its hand-over; (3) every id asked goes by
-    its first ask or notice + FALLBACK_ROUNDS + NO_ROUND_WAITS + IN_ROUND_WAITS group waits,
-    whatever follows; (4) one that goes with no round opened here since it was first wanted
-    went no earlier than its first ask or notice + NO_ROUND_WAITS more group waits than
-    UNNOTICED_ROUNDS (the shortest hold)."""
+    its first ask or notice + FALLBACK_ROUNDS + IN_ROUND_WAITS group waits, whatever follows."""
     book, now = HoldBook(), 0.0
     first: dict[tuple[str, int], float] = {}
     released_at: dict[tuple[str, int], float] = {}
-    opened: list[float] = []
     round_open = False
     for kind, uid, step in events:
         now += step
@@ -122,7 +93,6 @@ def test_never_fetched_whole_while_held_and_nothing_wanted_is_dropped(events: li
             book.noticed(uid, now, WAIT_S)
         elif kind == "open":
             book.round_opened(now)
-            opened.append(now)
             round_open = True
         elif kind == "close":
             book.round_closed()
@@ -140,11 +110,8 @@ def test_never_fetched_whole_while_held_and_nothing_wanted_is_dropped(events: li
             if uid in released_at and verdict.held:
                 assert round_open and now - released_at[uid] < IN_ROUND_WAITS * WAIT_S  # (2)
             if not verdict.held:
-                if uid not in released_at and not any(t >= first[uid] for t in opened):
-                    shortest = (UNNOTICED_ROUNDS + NO_ROUND_WAITS) * WAIT_S
-                    assert now >= first[uid] + shortest  # (4)
                 released_at.setdefault(uid, now)
     for uid in first:  # (3): asked now, gone within the longest hold, whatever round is open
         book.verdict(uid, ["m"], now, WAIT_S)
-        end = now + (FALLBACK_ROUNDS + NO_ROUND_WAITS + IN_ROUND_WAITS) * WAIT_S + 1e-6
+        end = now + (FALLBACK_ROUNDS + IN_ROUND_WAITS) * WAIT_S
         assert not book.verdict(uid, ["m"], end, WAIT_S).held
