@@ -1,8 +1,9 @@
-"""The shard fetch in real processes (docs/scale.md, Session 17): five nodes with
---group-size 2 --group-scatter --group-shard-fetch form two groups, of three and two
-(identities picked so: five peers bear one split at that size, four may keep one group);
+"""The shard fetch in real processes (docs/scale.md, Session 17): six nodes with
+--group-size 3 --group-scatter --group-shard-fetch form two groups of three (identities
+picked so each half of the id space holds three; no group holds fewer than three since
+session 24, so the five nodes at --group-size 2 this test started before are refused);
 each member fetches its slice of the other group's updates and the members apply them as one
-step. At least one round is applied by shards (a `shard_round` event), and the five
+step. At least one round is applied by shards (a `shard_round` event), and the six
 replicas end with one applied set and the same settled parameters once the settle has run,
 whichever rounds fell back to the whole fetch."""
 
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.swarm
 
 RUN = "shard-fetch-test"
 ROUNDS = 6
-"""Group rounds every node takes part in before all five are asked to finish together
+"""Group rounds every node takes part in before all six are asked to finish together
 (FINISH_SIGNAL: end the round in progress, linger, leave). With `--max-rounds 6` alone the
 bootstrap, started first, finished first and its fixed linger ended before its group's last
 round existed (session 18: one replica short of it, 2 runs of 2)."""
@@ -39,17 +40,17 @@ which Delayed Nesterov's folds turn into params apart by more than rounding; the
 (docs/consistency.md) brings the replicas to one point once their applied set has held for
 5 heartbeat periods."""
 RUN_S = 120
-"""Every node's ROUNDS group rounds (all five started)."""
+"""Every node's ROUNDS group rounds (all six started)."""
 ARGS = (
     "--run-id", RUN, "--model", "tiny", "--inner-steps", "6", "--threads", "1",
-    "--eval-batches", "0", "--heartbeat-period", "2", "--group-size", "2",
+    "--eval-batches", "0", "--heartbeat-period", "2", "--group-size", "3",
     "--group-epoch-rounds", "10", "--group-wait", str(WAIT_S), "--max-rounds", str(MAX_ROUNDS),
     "--linger", str(LINGER_S), "--speed-factor", "2",
     "--emulated-step-s", "0.2", "--no-dashboard", "--group-scatter", "--group-shard-fetch",
 )  # fmt: skip
 
 
-NODES = 5
+NODES = 6
 
 
 def _group_rounds(node: NodeProcess, count: int, timeout_s: float) -> None:
