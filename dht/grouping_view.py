@@ -97,18 +97,23 @@ class EpochGrouping:
 
     def _recut(self, current: Grouping, view: MembershipView, bits: int) -> Grouping:
         """Within an epoch: the grouping of every peer listed or read since its start, where
-        newly read peers change which groups are merged (dht.grouping.MIN_MEMBERS); else the
-        grouping as decided. A census that missed some peers at the epoch's start (a group
-        merged for want of them, or one of them missed whole) takes the full census's groups
-        once it reads them; a census that misses peers later moves nothing (lists only grow
-        within an epoch). Without a merge on either side the first decision stands."""
+        newly read peers grow the groups as decided or change which groups are merged
+        (dht.grouping.MIN_MEMBERS). A census that missed some peers at the epoch's start (a
+        member read a few seconds late, a group merged for want of them, or one missed
+        whole) takes the full census's groups once it reads them; a census that misses peers
+        later moves nothing (lists only grow within an epoch). Session 24: two members whose
+        first censuses missed each other never heal by the senders alone (neither sends to
+        the other), so the census grows the lists too. A group new to this replica without a
+        merge on either side stays out of its grouping (the learner count stays the epoch's)
+        while the groups it holds grow."""
         listed = frozenset(p for group in current.members.values() for p in group)
         if view.peers <= listed:
             return current
         recut = self.policy.at_bits(MembershipView(current.epoch, listed | view.peers), bits)
-        if set(recut.members) == set(current.members):
-            return current
-        return recut if merged(recut) or merged(current) else current
+        if merged(recut) or merged(current):
+            return recut
+        grown = {key: recut.members[key] for key in current.members}  # unmerged: all there
+        return current if grown == current.members else Grouping(current.epoch, bits, grown)
 
 
 def merged(grouping: Grouping) -> bool:

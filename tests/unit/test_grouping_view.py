@@ -61,12 +61,20 @@ def test_replicas_fed_the_same_views_agree_and_groups_change_only_between_epochs
         assert decided == b.decide(round_, list(reversed(peers)))  # order does not matter
         assert decided.epoch == round_ // epoch_rounds
         if not was_due and last is not None and decided.bits == last.bits:
-            # within an epoch the first decision stands, unless peers read since change
-            # which groups are merged (dht.grouping.MIN_MEMBERS): then every peer seen counts
+            # within an epoch the first decision stands, unless peers read since grow its
+            # groups or change which are merged (dht.grouping.MIN_MEMBERS); lists only grow
             if decided is not last:
                 listed = {p for ps in last.members.values() for p in ps}
-                assert set(peers) - listed and (merged(decided) or merged(last))
-                assert {p for ps in decided.members.values() for p in ps} == listed | set(peers)
+                assert set(peers) - listed
+                now = {p for ps in decided.members.values() for p in ps}
+                if merged(decided) or merged(last):
+                    assert now == listed | set(peers)
+                else:  # the same groups, each grown by the peers of it read since
+                    assert set(decided.members) == set(last.members)
+                    for key, group in last.members.items():
+                        prefix = key.removeprefix("groups.0b")
+                        grown = {p for p in set(peers) if peer_bits(RUN, p).startswith(prefix)}
+                        assert set(decided.members[key]) == set(group) | grown
         elif not was_due and last is not None:  # ... unless the census grew past a split
             assert decided.bits > last.bits
         else:  # a new epoch: decided from this view
