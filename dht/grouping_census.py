@@ -15,7 +15,9 @@ this node such a part, and `healed_members` is the list a node runs its next rou
 its decided list joined by those senders. After one exchange, two members i and j hold the
 same list whenever, for every member k, one of i and k and one of j and k listed the other
 (`test_one_exchange_heals_lists_that_differ_by_late_or_partial_censuses`): a newcomer lists
-everyone and is heard by everyone; a node whose census missed k is sent to by k. Within an
+everyone and is heard by everyone; a node whose census missed k is sent to by k. Two members
+that each missed the other are sent to by neither: their decided lists grow with the peers a
+later census reads (dht.grouping_view.EpochGrouping._recut, session 24). Within an
 epoch a list only grows (a member that dies stays listed, and is left out as any member
 missing the deadline: below quorum then means members really missing), so lists that agree
 stay agreed; the next epoch decides afresh from the census.
