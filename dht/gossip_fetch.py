@@ -247,16 +247,12 @@ class Fetcher:
             return None
         return update
 
-    async def fetch_bytes(
-        self, peer_id: str, author: str, seq: int, cause: str = "direct"
-    ) -> bytes | None:
+    async def fetch_bytes(self, peer_id: str, author: str, seq: int, cause: str) -> bytes | None:
         """The wire bytes of (author, seq) from `peer_id`, unchecked, or None; `cause`: why
-        (the update_fetched event's)."""
+        (the update_fetched event's; no default: an unnamed cause would mislabel the fetch)."""
         return await self._fetch_from(peer_id, author, seq, cause)
 
-    async def _fetch_from(
-        self, peer_id: str, author: str, seq: int, cause: str = "catchup"
-    ) -> bytes | None:
+    async def _fetch_from(self, peer_id: str, author: str, seq: int, cause: str) -> bytes | None:
         ctx = self._ctx
         if peer_id == ctx.peer_id:
             return None

@@ -64,6 +64,7 @@ from merge.shard_round_plan import (
     Vector,
 )
 from merge.shard_round_replay import Replay, combos_of, form_state, load_outer
+from merge.update_checks import MIN_PARAMS_NORM
 
 __all__ = [
     "AwaitedVariant",
@@ -92,7 +93,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_MIN_PARAMS_NORM = 1e-12  # merge.pipeline's floor under the params norm
 PART_CHUNK = 1 << 16
 """Elements of a slice `part_gram` copies to float64 at once (per basis vector)."""
 STATE_SLACK = 1e-5
@@ -337,7 +337,7 @@ class _Decider:
                 continue
             if self.merge.pipeline.replica.has_applied(*inc.uid):
                 continue  # an awaited variant among them fails the next round (AwaitedVariant)
-            cap = self.cap.decide(inc.norm_bound, _MIN_PARAMS_NORM)
+            cap = self.cap.decide(inc.norm_bound, MIN_PARAMS_NORM)
             if cap == "undecided":
                 raise CapUndecided(f"the norm cap of {inc.uid}, deferred past the fold")
             if cap == "admit":
@@ -376,7 +376,7 @@ class _Decider:
             return Decision(inc, "group_equivocation", culprits=culprits)
         # The cap by the signed bound, as `GroupMerge.submit`, for every params' norm the
         # earlier updates leave possible (merge.shard_round_cap): no member's part moves it.
-        cap = self.cap.decide(inc.norm_bound, _MIN_PARAMS_NORM)
+        cap = self.cap.decide(inc.norm_bound, MIN_PARAMS_NORM)
         if cap == "undecided":
             return None  # the round falls back to the whole fetch
         if cap == "refuse":

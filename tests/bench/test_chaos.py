@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 from bench.chaos import ChaosConfig, Fault, Phase
 from bench.chaos_accounting import account
-from bench.procs import ChildProcess
+from bench.procs import ChildProcess, save_events
 from node.checkpoint import read_checkpoint
 
 pytestmark = pytest.mark.swarm
@@ -68,6 +69,10 @@ def test_a_killed_node_loses_no_merged_update_and_contributes_again(tmp_path: Pa
         t1 = time.time()
     finally:
         phase.stop_all()  # kills whatever outlived a node, torch_shm_manager included
+        if folder := os.environ.get("DILOCO_TEST_EVENTS_DIR"):  # as the swarm tests'
+            children = [c for incarnations in phase.children for c in incarnations]
+            (Path(folder) / "chaos" / phase.method).mkdir(parents=True, exist_ok=True)
+            save_events(children, Path(folder) / "chaos")  # chaos/async/node0.jsonl, ...
     leftovers = [p for children in phase.children for c in children for p in c.leftovers()]
     assert leftovers == [], leftovers
     before_kill = merged_by_a_peer(phase, killed_at)
