@@ -33,6 +33,7 @@ from dht.grouping import member_check
 from dht.grouping_done import Done
 from dht.grouping_wire import GroupMessageError, decode_update, encode_update
 from merge.group_update import ContributionHeader, GroupReduction, GroupUpdate, RoundFields
+from merge.identity import Identity
 
 POLL_S = 0.25
 NOTICE_TIMEOUT_S = 5.0
@@ -40,7 +41,7 @@ UpdateId = tuple[str, int]
 
 
 def lone_variant(
-    identity: object,
+    identity: Identity,
     run_id: str,
     honest: GroupUpdate,
     round_: int,
@@ -52,16 +53,16 @@ def lone_variant(
     (its own member list, its own reducer, its own co-signature), with the learner count and
     tokens of the honest round before it."""
     head = honest.head
-    me = identity.peer_id  # type: ignore[attr-defined]
+    me = identity.peer_id
     fields = RoundFields(
         run_id=run_id, group_key=head.group_key, epoch=epoch, round=round_,
         learners=head.learners, base_applied=base_applied, published_applied=base_applied,
     )  # fmt: skip
-    header = ContributionHeader.of(tensor, identity, fields, max(head.tokens, 1))  # type: ignore[arg-type]
+    header = ContributionHeader.of(tensor, identity, fields, max(head.tokens, 1))
     reduction = GroupReduction(group_key=head.group_key, epoch=epoch, round=round_, members=[me])
     reduction.contribute(header, tensor)
     reduction.close()
-    reduction.cosign(me, identity.sign(reduction.statement(me)))  # type: ignore[attr-defined]
+    reduction.cosign(me, identity.sign(reduction.statement(me)))
     outcome = reduction.outcome
     if not isinstance(outcome, GroupUpdate):
         raise RuntimeError(f"the lone variant did not complete: {outcome}")
