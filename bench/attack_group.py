@@ -14,7 +14,9 @@ the adversary read after its class:
 - `proofs`: `equivocation_proven` events per honest node and action; `lesser_served`:
   `group_lesser_served` events (a holder served the lesser variant after the proof);
 - `rejected`: what the honest nodes counted (heartbeat rejection counters' growth);
-- `one_applied_set`: every honest node's applied digest alike at the end; `drift`;
+- `one_applied_set`: every honest node's applied digest alike when it stopped (its
+  `stopped` event, SETTLE_S after the last lingers); `sketch_spread`: the largest difference
+  of two nodes' params sketches then; `drift`: as the adversary read it;
 - `honest_rounds`: group rounds each honest member completed with the honest members.
 
 passed: no lone variant kept, one applied set, every honest node finished its rounds.
@@ -41,6 +43,7 @@ GROUP_RUN = ["--model", "tiny", "--threads", "1", "--inner-steps", "5", "--eval-
 """--group-wait 3: a member waits 3 s for the adversary's part, which never comes."""
 HONEST = 3
 START_S = 180.0
+SETTLE_S = 10.0
 
 
 def run_group_attack(workdir: Path, attack: str, rounds: int, pace_s: float) -> dict[str, Any]:
@@ -66,7 +69,7 @@ def run_group_attack(workdir: Path, attack: str, rounds: int, pace_s: float) -> 
             "bench.adversary", "--peers", maddr, "--home", str(home), "--attacks", attack,
             "--honest", str(HONEST), "--min-applied", "2", "--sybils", "8", "--settle", "15",
             "--duration", str(rounds * 5 * max(pace_s, 0.5) * 4 + 120),
-            "--until-round", str(rounds), "--", *GROUP_RUN,
+            "--until-round", str(rounds - 1), "--", *GROUP_RUN,
         )  # fmt: skip
         adversary = ChildProcess("adversary", argv, home=home)
         children.append(adversary)
@@ -76,6 +79,9 @@ def run_group_attack(workdir: Path, attack: str, rounds: int, pace_s: float) -> 
         for node in honest:
             with contextlib.suppress(WaitError):
                 node.wait_event("lingering", 120)
+        time.sleep(SETTLE_S)  # the last round's update reaches every node
+        for node in honest:  # the `stopped` event: the applied set and sketch it leaves with
+            node.stop(30)
         return group_row(attack, honest, adversary, time.time() - started)
     finally:
         reap_all(children)
@@ -116,7 +122,13 @@ def group_row(
             for e in rounds
             if e.get("outcome") == "completed" and adv_id not in (e.get("included") or [])
         )
-    digests = {p: d for p, d in (event.get("digests") or {}).items() if p in ids.values()}
+    stopped = {n.name: n.of("stopped")[-1] for n in honest if n.of("stopped")}
+    digests = {name: e.get("applied_digest") for name, e in stopped.items()}
+    sketches = [e.get("sketch") or [] for e in stopped.values()]
+    spread = max(
+        (abs(a - b) for x in sketches for y in sketches for a, b in zip(x, y, strict=False)),
+        default=None,
+    )
     finished = all(n.of("lingering") for n in honest)
     one_set = len(set(digests.values())) == 1 and len(digests) == len(honest)
     lone_kept = sum(map(len, kept.values()))
@@ -129,7 +141,8 @@ def group_row(
         "lesser_served": lesser,
         "rejected": event.get("rejected", {}),
         "one_applied_set": one_set,
-        "applied": {p: n for p, n in (event.get("applied") or {}).items() if p in ids.values()},
+        "applied": {name: e.get("num_applied") for name, e in stopped.items()},
+        "sketch_spread": spread,
         "drift": {p: d for p, d in (event.get("drift") or {}).items() if p in ids.values()},
         "honest_rounds": honest_rounds,
         "finished": finished,
