@@ -41,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from bench.adversary_group import GroupAttacks
 from bench.adversary_patient import PatientAttacks
 from bench.adversary_peer import build_node
 from dht.heartbeat import Heartbeat, sign_fields
@@ -61,7 +62,7 @@ SYBIL_VOUCHERS = 8
 UpdateId = tuple[str, int]
 
 
-class Adversary(PatientAttacks):
+class Adversary(PatientAttacks, GroupAttacks):
     """Attacks on the honest nodes of a swarm, one class (a method) at a time."""
 
     # ---- the attacks ---------------------------------------------------------------------------
@@ -344,12 +345,15 @@ ATTACKS = (
     "equivocation", "oversized", "notify_flood", "bad_heartbeats", "far_future",
     "mixed_subkeys", "poisoned_state", "sybil",
     "zero_flood", "summary_flood", "sideways", "sybil_learners", "sybil_vouchers",
+    "group_lone_variant",
 )  # fmt: skip
 """Every attack class, in the order they run by default (the swarm-wide ones last)."""
 PATIENT = ("zero_flood", "summary_flood", "sideways", "sybil_learners", "sybil_vouchers")
 """The classes of issue 20: updates and messages that pass every check, kept up."""
 NEWCOMER_CLASSES = ("poisoned_state", "sybil_vouchers")
 """Classes that need a newcomer joining (started by the harness on `poison_ready`)."""
+GROUP_CLASSES = ("group_lone_variant",)
+"""Classes run against a learner-group run (bench.attack_group: --group-size 3)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -383,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         node, events.emit, sybils, accomplice, duration_s=args.duration,
         until_round=args.until_round,
     )  # fmt: skip
+    adversary.member = any(a in GROUP_CLASSES for a in attacks)
     try:
         node.join_swarm()
         honest = adversary.wait_honest(args.honest, args.min_applied, 180.0)

@@ -240,6 +240,8 @@ class AdversaryPeer:
         """Idle (it is no learner the honest nodes size their steps by); when poisoning, it
         claims far more progress than anyone so that a newcomer picks it as donor."""
         own = self.node.heartbeat()
+        if getattr(self, "member", False):  # group_lone_variant: in the honest groups' census
+            return dataclasses.replace(own, state="training")
         if not self.poison:
             return dataclasses.replace(own, state="idle")
         num, digest = self._claim

@@ -50,7 +50,7 @@ from typing import Any
 
 import psutil
 
-from bench.adversary import ATTACKS, NEWCOMER_CLASSES, PATIENT
+from bench.adversary import ATTACKS, GROUP_CLASSES, NEWCOMER_CLASSES, PATIENT
 from bench.attack_rows import (
     RunFigures,
     class_row,
@@ -78,7 +78,7 @@ TAIL_ROUNDS = 8
 LAST_EVALUATION_S = 60.0
 """How long a lingering node may take to evaluate its last round before it is read as is."""
 TRACEBACK = "Traceback (most recent call last)"
-CLASS_GROUPS = {"all": ATTACKS, "new": PATIENT}
+CLASS_GROUPS = {"all": tuple(c for c in ATTACKS if c not in GROUP_CLASSES), "new": PATIENT}
 
 
 class TracebackCounter(deque[str]):
@@ -483,6 +483,11 @@ def malloc_spec(value: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if set(args.classes) & set(GROUP_CLASSES):  # a learner-group run (bench.attack_group)
+        from bench.attack_group import main as group_main
+
+        extra = ["--events-dir", str(args.events_dir)] if args.events_dir else []
+        return group_main(["--classes", ",".join(args.classes), "--pace", str(args.pace), *extra])
     if args.rounds < 4 or args.repeats < 1:
         build_parser().error("--rounds must be at least 4 and --repeats at least 1")
     if args.malloc is not None:  # every node the bench starts reads it (node.allocator)
