@@ -207,9 +207,14 @@ class GroupReduction:
         other's update, which every included member co-signed, is this round's outcome.
         Only a complete, valid update of this round whose headers match the contributions
         this member holds is taken, before the outcome is set, never after. It may leave this
-        member out (its part came late to the others): the caller checks `included`."""
+        member out (its part came late to the others): the caller checks `included`. One that
+        includes fewer than this round's quorum is refused: no honest completer reduces below
+        it (`_start_reducing` abandons there), and a lone member's variant of the round, all its
+        own signatures, would otherwise end an honest member's round (session 24, rogue24)."""
         this_round = f"{self.group_key}/{self.epoch}/{self.round}"
         if self.outcome is not None or update.update_id != this_round:
+            return False
+        if len(update.contributions) < self.quorum:
             return False
         theirs = {h.author: h for h in update.contributions}
         if any(theirs[a] != h for a, (h, _) in self._contributions.items() if a in theirs):

@@ -5,7 +5,6 @@ after it (merge.group_equivocation `prevailing`)."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from bench.adversary_group import lone_variant
@@ -54,16 +53,15 @@ def test_the_honest_round_prevails_over_the_lone_variant_and_refuses_it_after() 
     assert refused.submit_group(honest, in_group).accepted
 
 
-@pytest.mark.xfail(strict=True, reason="GroupReduction.adopt takes a complete update below quorum")
 def test_an_honest_member_still_collecting_does_not_adopt_the_lone_variant() -> None:
     """An honest member's round of four (the rogue counted in its census) with two parts in:
     a group-done notice of the lone variant names another included set, so the member fetches
     it and `adopt`s it (dht.grouping_done `done_action`). The lone variant includes one
     member, below the round's quorum (two of four), which no honest completer reduces
-    (`GroupReduction._start_reducing` abandons there), yet `adopt` checks only the id, the
-    headers this member holds and the signatures: the member's round ends with the rogue's
-    update and its own part is carried. Strict xfail: passes once `adopt` asks the quorum
-    (merge/group_update.py, rounds24's file)."""
+    (`GroupReduction._start_reducing` abandons there); `adopt` checked only the id, the
+    headers this member holds and the signatures, so the member's round ended with the rogue's
+    update and its own part is carried. Fixed in session 24: `adopt` refuses an update below
+    the round's quorum (this test failed before)."""
     _, lone = _lone()
     key = lone.head.group_key
     members = [m.peer_id for m in IDS[:3]] + [ROGUE.peer_id]
