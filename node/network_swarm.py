@@ -263,9 +263,11 @@ class NetworkSwarm:
         # A peer's heartbeat says idle one period after it published its last update at most.
         settle_s = 2 * self.swarm.config.heartbeat_period_s
         while not stop.wait(min(settle_s, max(deadline - time.monotonic(), 0.0))):
-            own = len(self._replica.applied.get(self._peer_id, ()))
+            with self._replica.lock:
+                merged = {author: len(seqs) for author, seqs in self._replica.applied.items()}
+            own = merged.get(self._peer_id, 0)
             swarm_done = until_done and peers_finished(
-                self.swarm.alive_peers(), self._replica.last_seq, self._peer_id, own
+                self.swarm.alive_peers(), self._replica.last_seq, self._peer_id, own, merged
             )
             if swarm_done or time.monotonic() >= deadline:
                 break

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -227,15 +227,27 @@ class OfflineSwarm:
 
 
 def peers_finished(
-    peers: list[Heartbeat], last_seq: Callable[[str], int], own_id: str, own_updates: int
+    peers: list[Heartbeat],
+    last_seq: Callable[[str], int],
+    own_id: str,
+    own_updates: int,
+    merged_here: Mapping[str, int] | None = None,
 ) -> bool:
     """Whether every peer has stopped training (idle), its last update is applied here and,
     by its heartbeat, our ``own_updates`` updates are applied there. A peer that published
     no update of its own (latest seq 0: a learner-group member, whose group's updates are
-    under the group key) has none to wait for."""
+    under the group key) has none to wait for. With ``merged_here`` (this replica's count of
+    applied updates per author), also none of the authors a peer's heartbeat lists as merged
+    there has fewer here: a learner group's last update, completed by some members as the
+    others finished, reaches every member before they leave (session 24: in test_groups two
+    of four survivors left without their group's last update, which the other two applied)."""
     return all(
         h.state == "idle"
         and (h.latest_seq == 0 or last_seq(h.peer_id) >= h.latest_seq)
         and h.merged_by_author.get(own_id, 0) >= own_updates
+        and (
+            merged_here is None
+            or all(merged_here.get(a, 0) >= n for a, n in h.merged_by_author.items())
+        )
         for h in peers
     )
