@@ -18,7 +18,7 @@ import torch
 
 from dht.grouping_round import GroupRound
 from dht.grouping_shards import ShardedRound
-from dht.heartbeat import Heartbeat
+from dht.heartbeat import MAX_AUTHORS, Heartbeat
 from dht.reachability import PathKind
 from dht.transfer_progress import ProgressReport
 from merge.envelope import SignedUpdate
@@ -238,16 +238,24 @@ def peers_finished(
     no update of its own (latest seq 0: a learner-group member, whose group's updates are
     under the group key) has none to wait for. With ``merged_here`` (this replica's count of
     applied updates per author), also none of the authors a peer's heartbeat lists as merged
-    there has fewer here: a learner group's last update, completed by some members as the
-    others finished, reaches every member before they leave (session 24: in test_groups two
-    of four survivors left without their group's last update, which the other two applied)."""
+    there has fewer here, nor the reverse (`same_merged`): a learner group's last update,
+    completed by some members as the others finished, reaches every member before they leave
+    (session 24: in test_groups survivors left without their group's last update, which the
+    others applied; the one behind must still find a live holder). Bounded by --linger."""
     return all(
         h.state == "idle"
         and (h.latest_seq == 0 or last_seq(h.peer_id) >= h.latest_seq)
         and h.merged_by_author.get(own_id, 0) >= own_updates
-        and (
-            merged_here is None
-            or all(merged_here.get(a, 0) >= n for a, n in h.merged_by_author.items())
-        )
+        and (merged_here is None or same_merged(h, merged_here))
         for h in peers
     )
+
+
+def same_merged(peer: Heartbeat, merged_here: Mapping[str, int]) -> bool:
+    """Whether `peer`'s heartbeat lists no author with more updates merged than this replica
+    holds and, when its list is whole (under MAX_AUTHORS), none with fewer: neither side
+    leaves the other short (the one ahead stays to serve it)."""
+    theirs = peer.merged_by_author
+    if any(merged_here.get(a, 0) < n for a, n in theirs.items()):
+        return False
+    return len(theirs) >= MAX_AUTHORS or all(theirs.get(a, 0) >= n for a, n in merged_here.items())

@@ -109,7 +109,8 @@ def test_lingering_ends_once_every_peer_finished_and_the_last_updates_crossed() 
 def test_lingering_waits_for_a_group_update_a_peer_merged_that_is_not_here_yet() -> None:
     """A learner group's last update, completed by two members while the other two were
     already lingering, is under the group key (no member's latest seq names it): a member
-    that has not merged it does not leave while an idle peer's heartbeat lists it merged."""
+    that has not merged it does not leave while an idle peer's heartbeat lists it merged, and
+    one that has does not leave while a peer lacks it (it may be the last holder)."""
 
     def beat(merged: dict[str, int]) -> Heartbeat:
         return Heartbeat(peer_id="a", state="idle", latest_seq=0, merged_by_author=merged)
@@ -118,7 +119,9 @@ def test_lingering_waits_for_a_group_update_a_peer_merged_that_is_not_here_yet()
     ahead = beat({"groups.0b": 6, "groups.0b1": 3})
     assert not peers_finished([ahead], lambda peer: -1, "me", 0, here)
     assert peers_finished([ahead], lambda peer: -1, "me", 0, {**here, "groups.0b": 6})
-    assert peers_finished([beat({"groups.0b": 4})], lambda peer: -1, "me", 0, here)
+    behind = beat({"groups.0b": 4, "groups.0b1": 3})  # it lacks one we hold: we stay to serve
+    assert not peers_finished([behind], lambda peer: -1, "me", 0, here)
+    assert peers_finished([beat(dict(here))], lambda peer: -1, "me", 0, here)
 
 
 def test_look_ahead_starts_rounds_ahead_of_the_replica_along_its_momentum(
