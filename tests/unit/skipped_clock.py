@@ -6,7 +6,7 @@ from __future__ import annotations
 
 
 class SkippedClock:
-    """time.time() as the wall clock plus the seconds the test skipped (`skip`); the fixture
+    """time.time() as the wall clock at the test's start plus the seconds the test skipped (`skip`); the fixture
     `clock` (tests/unit/conftest.py) puts it in place for one test."""
 
     def __init__(self) -> None:

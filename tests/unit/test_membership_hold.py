@@ -102,12 +102,20 @@ class SlowReads(Reads):
     """Every read takes `delay_s` (a peers record that ~1,000 Sybil heartbeats fill) and finds
     a fresh heartbeat of each of `live`."""
 
-    def __init__(self, config: SwarmConfig, live: list[Identity], delay_s: float) -> None:
+    def __init__(
+        self,
+        config: SwarmConfig,
+        live: list[Identity],
+        delay_s: float,
+        clock: SkippedClock | None = None,
+    ) -> None:
         super().__init__(config, [{}])
-        self.live, self.delay_s = live, delay_s
+        self.live, self.delay_s, self.clock = live, delay_s, clock
 
     async def dht_get(self, key: str) -> dict[Any, Any]:
         await asyncio.sleep(self.delay_s)
+        if self.clock is not None:  # the test's clock, frozen otherwise, moves by the delay
+            self.clock.skip(self.delay_s)
         return {
             owner_subkey(i.peer_id): Heartbeat(peer_id=i.peer_id, sent_at=time.time()).sign(i)
             for i in self.live
@@ -151,7 +159,7 @@ def test_a_slow_read_that_misses_a_peer_proves_it_gone_only_after_it_returns(
     asyncio.run(m.send_heartbeat())
     asyncio.run(m.poll())
     clock.skip(PERIOD)
-    use(m, SlowReads(m.config, [me], 3 * PERIOD))
+    use(m, SlowReads(m.config, [me], 3 * PERIOD, clock))
 
     async def one_read() -> tuple[bool, bool]:
         read = asyncio.ensure_future(m.poll())
