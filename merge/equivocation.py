@@ -163,6 +163,28 @@ class Proof:
         return proof
 
 
+def signers_of(proof: Evidence) -> set[str]:
+    """Every key that signed what `proof` holds: a group proof's members and reducers
+    (merge.group_equivocation), a solo proof's author."""
+    signers = getattr(proof, "signers", None)
+    if signers is not None:
+        return set(signers())
+    return {proof.first.header.author} if isinstance(proof, Proof) else set()
+
+
+def admitted_only(decode: Decoder, admit: Callable[[str], bool]) -> Decoder:
+    """`decode`, refusing (ProofError "not_allowed") a proof with a signer `admit` refuses: a
+    permissioned run's donor hands over no proof of keys off the run's list."""
+
+    def checked(raw: object, fingerprint: str | None) -> Evidence:
+        proof = decode(raw, fingerprint)
+        if not all(map(admit, signers_of(proof))):
+            raise ProofError("not_allowed", "a signer is not on the run's allow list")
+        return proof
+
+    return checked
+
+
 class EquivocationBook:
     """Proofs known to this replica (an author's, and a learner group's where groups are on:
     merge.group_equivocation), the ids it has settled, and the first signed header of each

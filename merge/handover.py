@@ -25,7 +25,8 @@ to what the applied set and the norm cap allow:
   than updates applied. A donor can still overstate an author's record up to that count
   (making it established sooner here) or understate it;
 - proofs of equivocation: each checked (two valid signatures of this run, conflicting
-  payloads); an id counts as settled only if the donor applied it.
+  payloads; in a permissioned run every signer on the run's list, merge.equivocation
+  .admitted_only); an id counts as settled only if the donor applied it.
 
 What a corroborated donor can still lie about is bounded: false norms inside the cap loosen or
 tighten the newcomer's relative bound until half the window is its own applied updates (16 of

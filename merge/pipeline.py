@@ -30,7 +30,7 @@ from merge.contribution import budgeted
 from merge.correction import correct
 from merge.cosign_ledger import parse_cosigned
 from merge.envelope import SignedHeader, SignedUpdate, UpdateHeader
-from merge.equivocation import Action, EquivocationBook, Proof, UpdateId
+from merge.equivocation import Action, EquivocationBook, Proof, UpdateId, admitted_only
 from merge.group_equivocation import GroupProof, GroupRun, MemberCheck, decode_proof
 from merge.group_pipeline import GroupMerge, count_over_budget, count_rejection, floor_votes
 from merge.group_update import GroupUpdate
@@ -132,7 +132,10 @@ class UpdatePipeline(UpdateChecks, PipelineState):
             check_handover(merge, applied, norm_cap=cap, window=window, cosigned=cosigned)
             staged = UpdatePipeline(self.replica, self.config, self.fingerprint)
             staged.load_state_dict(merge)  # the formats; raises before anything changed
-        book = EquivocationBook(self.equivocation.decode)
+        decode = self.equivocation.decode
+        if self.admit is not None:  # a permissioned run: no proof of keys off its list
+            decode = admitted_only(decode, self.admit)
+        book = EquivocationBook(decode)
         proofs = state.get("equivocation")
         if isinstance(proofs, dict):
             proofs = {

@@ -114,6 +114,31 @@ def test_proofs_of_equivocation_come_along_and_settle_what_the_donor_applied() -
     assert len(newcomer.equivocation) == 2
 
 
+def test_a_permissioned_newcomer_takes_no_proof_of_a_key_off_its_list() -> None:
+    """A donor's state is untrusted: in a permissioned run a proof whose signer is off the
+    list is dropped (its updates are refused there anyway), the listed author's kept."""
+    donor = make_pipeline()
+    a = make_update(ALICE, DELTA, seq=3, learners=2)
+    b = make_update(ALICE, [0.25, 0.5, 0.0, 0.5], seq=3, learners=2)
+    c = make_update(CAROL, DELTA, seq=0, learners=2)
+    d = make_update(CAROL, [0.25, 0.5, 0.0, 0.5], seq=0, learners=2)
+    for proof in (
+        Proof.of(a.signed_header, b.signed_header),
+        Proof.of(c.signed_header, d.signed_header),
+    ):
+        assert donor.learn_proof(proof, lambda h: None) == "record"
+    listed = {ALICE.peer_id, BOB.peer_id}
+    permissioned, open_run = make_pipeline(), make_pipeline()
+    permissioned.admit = listed.__contains__
+
+    for newcomer in (permissioned, open_run):
+        newcomer.adopt(over_the_wire(donor.transfer_state()))
+
+    assert len(open_run.equivocation) == 2 and len(permissioned.equivocation) == 1
+    assert permissioned.equivocation.is_equivocated((ALICE.peer_id, 3))
+    assert not permissioned.equivocation.is_equivocated((CAROL.peer_id, 0))
+
+
 def test_a_donor_of_an_earlier_version_hands_over_its_replica_alone() -> None:
     donor, newcomer = make_pipeline(), make_pipeline()
     for seq in range(5):
