@@ -6,8 +6,8 @@ from __future__ import annotations
 
 
 class SkippedClock:
-    """time.time() as the wall clock at the test's start plus the seconds the test skipped (`skip`); the fixture
-    `clock` (tests/unit/conftest.py) puts it in place for one test."""
+    """time.time() as the wall clock at the test's start plus the seconds the test skipped
+    (`skip`); the fixture `clock` (tests/unit/conftest.py) puts it in place for one test."""
 
     def __init__(self) -> None:
         self.skipped = 0.0
