@@ -73,7 +73,7 @@ import torch
 from dht.heartbeat import Heartbeat
 from dht.vouchers import Reports, voucher_weights, weighted_lower_median
 from merge.cosign_ledger import parse_cosigned
-from merge.replica import parse_applied
+from merge.replica_state import parse_applied
 from merge.sketch import StateSketch, relative_distance
 
 MAX_DRIFT = 0.05

@@ -40,7 +40,8 @@ from merge.merge_config import MergeConfig
 from merge.payload import Rejected, decode_payload, raise_if
 from merge.pipeline_state import PipelineState
 from merge.rejections import RejectionLog
-from merge.replica import Replica, parse_applied
+from merge.replica import Replica
+from merge.replica_state import parse_applied
 from merge.result import MergeResult
 from merge.robust import RobustFilter, Verdict, round_share, substance
 from merge.settle import settle

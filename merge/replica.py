@@ -3,6 +3,8 @@
 A run with fragments (merge.fragments, P > 1) has one outer optimizer per fragment, sized to
 it: a fragment update steps that fragment's parameters and momentum only, and its 1/M share
 of a round counts towards that fragment's round (Delayed Nesterov folds per fragment).
+The params norm and its bounds live in merge.replica_norm, the state_dict, its loading and the
+settled params in merge.replica_saved (mixins Replica inherits).
 """
 
 from __future__ import annotations
@@ -10,27 +12,20 @@ from __future__ import annotations
 import hashlib
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from merge.cosign_ledger import CosignLedger, parse_cosigned
+from merge.cosign_ledger import CosignLedger
 from merge.envelope import UpdateHeader
 from merge.fragments import FragmentLayout
 from merge.outer import OuterOptimizer
-from merge.replica_state import parse_applied, settled
+from merge.replica_norm import NormBounds
+from merge.replica_saved import Saved
 from merge.weighing_journal import CreditedSum
 
-NORM_SLACK = 0.05
-"""Relative widening of the params-norm bounds at each step they are carried through. They
-must hold what ``float(torch.linalg.vector_norm(params))`` would return, and torch's fp32 norm
-is off the exact one by ~4e-4 at 10M elements (measured), so they are kept far wider: only an
-update within ~5 % of the norm limit needs the exact params norm."""
-NORM_MAX_CHAIN = 32
-"""Steps the bounds are carried through before the params norm is computed again."""
 
-
-class Replica:
+class Replica(NormBounds, Saved):
     """The global model as this node has merged it; every access goes through ``lock``.
 
     The replica owns ``params``: the caller must not modify the tensor it passes in. Readers
@@ -148,28 +143,6 @@ class Replica:
     def has_applied(self, author: str, seq: int) -> bool:
         with self.lock:
             return seq in self._applied.get(author, ())
-
-    def params_norm(self) -> float:
-        """``float(torch.linalg.vector_norm(params))``: one pass over the params, after which
-        :meth:`params_norm_bounds` is exact until the next step."""
-        with self.lock:
-            norm = float(torch.linalg.vector_norm(self.params))
-            version = _tensor_version(self.params)
-            self._norm_bounds = None
-            if version is not None and math.isfinite(norm):
-                self._norm_bounds = (version, norm, norm, 0)
-            return norm
-
-    def params_norm_bounds(self) -> tuple[float, float] | None:
-        """(lo, hi) around what :meth:`params_norm` would return now, without reading the
-        params: carried from the last exact norm through the steps since, each of which moved
-        the params by at most |a| times the applied vector's norm. None when unknown (any
-        other change to the params, a momentum term, a fragment, no norm given to apply)."""
-        with self.lock:
-            bounds = self._norm_bounds
-            if bounds is None or bounds[0] != _tensor_version(self.params):
-                return None
-            return bounds[1], bounds[2]
 
     def apply(
         self,
@@ -303,54 +276,6 @@ class Replica:
         self.layout.scatter(self.params, fragment, params)
         return None
 
-    def _carry_norm_bounds(
-        self, before: tuple[float, float] | None, moved: float | None, norm: float | None
-    ) -> None:
-        """Bounds after a step of |a| = ``moved`` along a vector of ``norm``: the params norm
-        changed by at most |a| * norm (triangle inequality), widened by NORM_SLACK for the
-        float error of the norms and of the step."""
-        chain = 0 if self._norm_bounds is None else self._norm_bounds[3] + 1
-        version = _tensor_version(self.params)
-        self._norm_bounds = None
-        if before is None or moved is None or norm is None or version is None:
-            return
-        if chain > NORM_MAX_CHAIN or not (math.isfinite(norm) and norm >= 0):
-            return
-        lo, hi = before
-        shift = moved * norm * (1.0 + NORM_SLACK)
-        lo, hi = max(0.0, (lo - shift) * (1.0 - NORM_SLACK)), (hi + shift) * (1.0 + NORM_SLACK)
-        if math.isfinite(hi):
-            self._norm_bounds = (version, lo, hi, chain)
-
-    def settled_at(
-        self, index: torch.Tensor, state: Mapping[str, object] | None = None
-    ) -> torch.Tensor:
-        """The params at flat positions ``index`` (int64) once the outer momentum has played
-        out with no further update, in float64 (of ``state``, a state_dict of a replica like
-        this one, when given: ValueError if it is malformed).
-
-        A function of the applied set alone: replicas that applied the same updates in
-        different orders hold params apart by their momentum tail, but settle to the same
-        point (OuterOptimizer.rest_terms), which is what drift compares.
-        """
-        if state is None:
-            with self.lock:
-                terms = [outer.rest_terms() for outer in self.outers]
-                return settled(self.params, terms, self.layout, index)
-        params = state.get("params")
-        outer = state.get("outer")
-        if not isinstance(params, torch.Tensor) or params.shape != self.params.shape:
-            raise ValueError(f"replica state must hold params of shape {tuple(self.params.shape)}.")
-        if params.dtype != torch.float32 or not isinstance(outer, Mapping):
-            raise ValueError("replica state must hold fp32 params and an outer optimizer state.")
-        states = [outer] if self.layout is None else outer.get("fragments")
-        if not isinstance(states, list) or len(states) != len(self.outers):
-            raise ValueError(f"replica state must hold {len(self.outers)} fragment outer states.")
-        if not all(isinstance(s, Mapping) for s in states):
-            raise ValueError("replica state's fragment outer states must be mappings.")
-        terms = [o.rest_terms(s) for o, s in zip(self.outers, states, strict=True)]
-        return settled(params, terms, self.layout, index)
-
     def snapshot(self) -> tuple[torch.Tensor, int]:
         """A copy of the params and the :attr:`progress` they include, taken atomically."""
         with self.lock:
@@ -370,82 +295,8 @@ class Replica:
             self._digest = (version, digest)
         return digest
 
-    def state_dict(self) -> dict[str, object]:
-        """Copies of everything; loadable with torch.load(weights_only=True)."""
-        with self.lock:
-            return {
-                "params": self.params.clone(),
-                "outer": self._outer_state(),
-                "applied": self.applied,
-                "num_applied": self._num_applied,
-                "num_credited": self.credit.total,
-                "cosigned": self.cosigned.counts(),
-            }
-
-    def load_state_dict(self, state: Mapping[str, object]) -> None:
-        params = state.get("params")
-        if not isinstance(params, torch.Tensor) or params.shape != self.params.shape:
-            raise ValueError(f"replica state must hold params of shape {tuple(self.params.shape)}.")
-        if params.dtype != torch.float32:
-            raise ValueError(f"replica state params must be fp32, got {params.dtype}.")
-        outer = state.get("outer")
-        if not isinstance(outer, Mapping):
-            raise ValueError("replica state lacks the outer optimizer state.")
-        applied = parse_applied(state.get("applied"))
-        num_applied = state.get("num_applied")
-        if type(num_applied) is not int or num_applied != sum(map(len, applied.values())):
-            raise ValueError("replica state num_applied does not match its applied set.")
-        credited = state.get("num_credited", num_applied)  # a state from before: all whole
-        if type(credited) not in (int, float) or not 0 <= credited <= num_applied:  # type: ignore[operator]
-            raise ValueError("replica state num_credited must be a number in [0, num_applied].")
-        cosigned = parse_cosigned(state.get("cosigned"), applied)
-        with self.lock:
-            self._load_outer_state(outer)
-            self.params.copy_(params)
-            self._applied, self._last_seq, self._num_applied = {}, {}, 0
-            self._version += 1
-            for author, seqs in applied.items():
-                for seq in seqs:
-                    self._record(author, seq)
-            self.credit.total = float(credited)  # type: ignore[arg-type]
-            self.credit._journal_reset()
-            self.cosigned.load(cosigned)
-
-    def _outer_state(self) -> dict[str, object]:
-        """The optimizer's state; with fragments, {"fragments": [one state per fragment]}."""
-        if self.layout is None:
-            return self.outers[0].state_dict()
-        return {"fragments": [outer.state_dict() for outer in self.outers]}
-
-    def _load_outer_state(self, state: Mapping[str, object]) -> None:
-        if self.layout is None:
-            self.outers[0].load_state_dict(state)
-            return
-        states = state.get("fragments")
-        if not isinstance(states, list) or len(states) != len(self.outers):
-            raise ValueError(f"replica state must hold {len(self.outers)} fragment outer states.")
-        if not all(isinstance(s, Mapping) for s in states):
-            raise ValueError("replica state's fragment outer states must be mappings.")
-        backups = [outer.state_dict() for outer in self.outers]
-        try:
-            for outer, fragment_state in zip(self.outers, states, strict=True):
-                outer.load_state_dict(fragment_state)
-        except ValueError:  # all or nothing: a bad fragment state leaves the others as they were
-            for outer, backup in zip(self.outers, backups, strict=True):
-                outer.load_state_dict(backup)
-            raise
-
     def _record(self, author: str, seq: int) -> None:
         self._applied.setdefault(author, set()).add(seq)
         self._version += 1
         self._last_seq[author] = max(seq, self._last_seq.get(author, -1))
         self._num_applied += 1
-
-
-def _tensor_version(tensor: torch.Tensor) -> int | None:
-    """Torch's in-place version counter of ``tensor`` (bumped by every in-place op on it or a
-    view of it); None for an inference tensor, which has none."""
-    try:
-        return tensor._version
-    except RuntimeError:
-        return None

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.goodput_sim import AsyncCosts, SimConfig, async_costs, restart_recovery_s, simulate
+from bench.goodput_config import AsyncCosts, SimConfig, async_costs, restart_recovery_s
+from bench.goodput_sim import simulate
 
 SETTINGS = [("dp", 1), ("dp_elastic", 1), ("sync_diloco", 8), ("async", 8)]
 

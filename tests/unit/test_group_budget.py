@@ -30,7 +30,7 @@ from merge.replica import Replica as ModelReplica
 from merge.robust import RobustConfig
 from merge.weighting import StalenessConfig, TokenWeightConfig
 from tests.factories import FINGERPRINT
-from tests.unit.test_shard_round import (
+from tests.unit.shard_round_paths import (
     DIRECTION,
     NUMEL,
     RUN,

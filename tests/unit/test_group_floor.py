@@ -25,8 +25,7 @@ from merge.identity import Identity
 from merge.pipeline import UpdatePipeline
 from merge.result import MergeResult
 from tests.factories import identity
-from tests.unit.test_merge_pipeline import make_update
-from tests.unit.test_shard_round import (
+from tests.unit.shard_round_paths import (
     NUMEL,
     RUN,
     Spec,
@@ -35,6 +34,7 @@ from tests.unit.test_shard_round import (
     _pipeline,
     _tensor,
 )
+from tests.unit.test_merge_pipeline import make_update
 
 MEMBERS = [Identity.generate() for _ in range(9)]
 

@@ -40,8 +40,8 @@ from merge.shard_fetch import (
 )
 from merge.shard_member import MemberRound
 from merge.shard_round import ShardRound
+from tests.unit.shard_round_paths import NUMEL, RUN, _assert_alike, _everyone, _one_by_one
 from tests.unit.test_shard_member import MEMBERS, _exchange_parts, _exchange_sums, _setup
-from tests.unit.test_shard_round import NUMEL, RUN, _assert_alike, _everyone, _one_by_one
 
 ME = Identity.generate()
 BASE = (7, "ab" * 32)

@@ -20,8 +20,8 @@ from dht.shard_fetch_inbox import Fallback, Inbox
 from dht.shard_fetch_wire import FetchMessage, decode_fetch
 from merge.group_update import GroupUpdate
 from merge.identity import Identity
+from tests.unit.shard_round_paths import NUMEL, Spec, _everyone, _pipeline, _update
 from tests.unit.test_shard_member import _fetch, _rounds, _setup
-from tests.unit.test_shard_round import NUMEL, Spec, _everyone, _pipeline, _update
 
 UPDATES = [_update(Spec(1, r, "honest", 0, 0), 3, 2) for r in range(4)]
 """Group 0b1's updates of rounds 0-3 (seqs 1-4), two learners: a fold every two."""

@@ -15,7 +15,7 @@ from dht.group_exchange import GroupExchange
 from dht.grouping import member_check
 from merge.identity import Identity
 from tests.unit.catchup_sim import SimNode
-from tests.unit.test_shard_round import _pipeline
+from tests.unit.shard_round_paths import _pipeline
 
 
 def test_a_held_back_update_is_not_fetched_until_released() -> None:

@@ -23,8 +23,8 @@ from merge.identity import Identity
 from merge.pipeline import UpdatePipeline
 from merge.shard_fetch import Proposal, compose, left_out, state_blocks, states_problem
 from merge.shard_round import STATE_SLACK, state_tensors
+from tests.unit.shard_round_paths import Spec, _everyone, _pipeline, _update
 from tests.unit.test_shard_member import MEMBERS, _fetch, _rounds, _setup
-from tests.unit.test_shard_round import Spec, _everyone, _pipeline, _update
 
 BASE = (7, "ab" * 32)
 UID = ("groups.0b1", 3)

@@ -14,7 +14,7 @@ from merge.pipeline import UpdatePipeline
 from merge.shard_member import MemberRound
 from merge.shard_round import Incoming, ShardRound
 from merge.sketch import ReplicaSketch, relative_distance
-from tests.unit.test_shard_round import (
+from tests.unit.shard_round_paths import (
     IDS,
     Spec,
     _assert_alike,

@@ -31,7 +31,7 @@ from merge.pipeline import UpdatePipeline
 from merge.result import MergeResult
 from merge.shard_round import CapUndecided, ShardRound, part_gram, state_tensors, summed_gram
 from merge.shard_round_cap import CapBound
-from tests.unit.test_shard_round import (
+from tests.unit.shard_round_paths import (
     NUMEL,
     RUN,
     Spec,
