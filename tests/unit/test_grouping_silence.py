@@ -8,11 +8,15 @@ all epoch. Lists only grew within an epoch, so nothing healed them."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dht.grouping import Grouping
 from dht.grouping_census import QUIET_ROUNDS, SenderBook, audible_members, healed_members
+from node.group_publishing import GroupPublishing
+from tests.node.test_runtime import offline_node
 from tests.unit.test_grouping_census import _exchange_node, _grouped, _header
 
 KEY, EPOCH = "groups.0b1", 0
@@ -180,3 +184,25 @@ def test_the_exchange_notes_a_booked_senders_later_rounds() -> None:
     node._book(later)
     node._book(_header(dead, key))
     assert node.senders.rounds(key, first.epoch) == {peer.peer_id: first.round + 3}
+
+
+def test_a_node_runs_its_round_without_a_listed_member_silent_past_quiet_rounds(
+    tmp_path: Path,
+) -> None:
+    """Wiring (node.group_publishing): the round's list drops a decided member that is in
+    no census and sent nothing, once QUIET_ROUNDS rounds of the epoch have passed, and
+    keeps one in the census."""
+    node = offline_node(tmp_path, group_size=1, codec="fp32")
+    publishing = node.parts.publishing
+    assert isinstance(publishing, GroupPublishing)
+    me, rounds = publishing.me, publishing.groups.group_epoch_rounds
+    assert rounds > QUIET_ROUNDS
+    key = "groups.0b"
+    grouping = Grouping(1, 0, {key: tuple(sorted([me, "dead", "beating"]))})
+    first = rounds  # epoch 1's first round
+
+    def members(round_: int) -> tuple[str, ...]:
+        return publishing._members(grouping, key, 1, round_, [me, "beating"])
+
+    assert members(first + QUIET_ROUNDS - 1) == grouping.members[key]
+    assert members(first + QUIET_ROUNDS) == tuple(sorted([me, "beating"]))
