@@ -213,15 +213,16 @@ class GroupExchange(ShardedExchange, FetchExchange, DoneExchange):
 
     def _book(self, header: ContributionHeader) -> None:
         """Books the sender of a part or piece (dht.grouping_census) when it is alive, inside
-        its header's group and signed it: once per (group, epoch, sender), whether or not
-        the round takes it (a sender outside this node's list is refused there)."""
+        its header's group and signed it, once per (group, epoch, sender) taken or not; then
+        its rounds (the transport named the sender, `own_message`): what keeps it listed."""
         key, epoch, author = header.group_key, header.epoch, header.author
         if author == self.identity.peer_id or self.senders.knows(key, epoch, author):
+            self.senders.heard(key, epoch, author, header.round)
             return
         if not member_check(self.run_id, key)(author) or not self._is_alive(author):
             return
         if header.verified():
-            self.senders.add(key, epoch, author)
+            self.senders.add(key, epoch, author, header.round)
 
     def _holding(self, store: OrderedDict[RoundId, dict[Any, Any]], rid: RoundId) -> dict[Any, Any]:
         """What `store` holds for a round that has not opened here (parts or pieces), made

@@ -33,7 +33,7 @@ from dataclasses import replace
 import torch
 
 from dht.grouping import Grouping, member_check
-from dht.grouping_census import healed_members
+from dht.grouping_census import audible_members, healed_members
 from dht.grouping_view import EpochGrouping
 from dht.grouping_wire import coded
 from merge.codec_base import CodecError
@@ -210,7 +210,7 @@ class GroupPublishing:
             key = grouping.group_of(self.me) or key
             round_ = max(round_, self._group_round(key))
         epoch = self.grouping.epoch_of(round_)
-        members = self._members(grouping, key, epoch)
+        members = self._members(grouping, key, epoch, round_, census)
         fields = RoundFields(
             run_id=self.run_id,
             group_key=key,
@@ -250,12 +250,19 @@ class GroupPublishing:
         decided its next epoch without it and so never sent it one)."""
         return max(self.publisher.swarm.group_round(key), self.replica.last_seq(key))
 
-    def _members(self, grouping: Grouping, key: str, epoch: int) -> tuple[str, ...]:
+    def _members(
+        self, grouping: Grouping, key: str, epoch: int, round_: int, census: list[str]
+    ) -> tuple[str, ...]:
         """The round's member list: the epoch's decided list joined by the live peers inside
-        the group that sent this node a signed part for the epoch (dht.grouping_census), so a
-        list that differs from the other members' heals within one round."""
-        senders = self.publisher.swarm.group_senders(key, epoch) if grouping.epoch == epoch else ()
-        return healed_members(grouping.members[key], senders, member_check(self.run_id, key))
+        the group that sent this node a signed part for the epoch, so a list that differs
+        from the other members' heals within one round, less the members silent here on
+        both channels (no heartbeat in the census, nothing sent for `QUIET_ROUNDS` rounds:
+        a dead member leaves every member's list alike; dht.grouping_census)."""
+        swarm = self.publisher.swarm
+        senders = swarm.group_senders(key, epoch) if grouping.epoch == epoch else {}
+        healed = healed_members(grouping.members[key], senders, member_check(self.run_id, key))
+        first = epoch * self.grouping.epoch_rounds
+        return audible_members(healed, self.me, census, senders, round_, first)
 
     def _report(
         self, contribution: GroupContribution, outcome: GroupUpdate | Abandoned, seconds: float

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from dht.addresses import join_hint
@@ -120,9 +120,9 @@ class NetworkSwarm:
     def group_round(self, group_key: str) -> int:
         return -1 if self._groups is None else self._groups.highest_round.get(group_key, -1)
 
-    def group_senders(self, group_key: str, epoch: int) -> frozenset[str]:
+    def group_senders(self, group_key: str, epoch: int) -> Mapping[str, int]:
         groups = self._groups
-        return frozenset() if groups is None else groups.senders.senders(group_key, epoch)
+        return {} if groups is None else groups.senders.rounds(group_key, epoch)
 
     def _realigned(self) -> None:
         """The replica took a donor's parameters (dht.realign): its new sketch, then the count,

@@ -119,9 +119,10 @@ class SwarmLink(Protocol):
         """The highest round a member of `group_key` was seen contributing to (-1: none), so
         a node behind its group (a newcomer, a restart) joins the group's current round."""
 
-    def group_senders(self, group_key: str, epoch: int) -> frozenset[str]:
+    def group_senders(self, group_key: str, epoch: int) -> Mapping[str, int]:
         """The live peers inside `group_key` that sent this node a verified part or piece for
-        `epoch` (dht.grouping_census): what this node's member list heals from."""
+        `epoch` (dht.grouping_census): what this node's member list heals from, each with the
+        highest round it sent one of (what keeps it listed)."""
 
     def linger(self, seconds: float, until_done: bool, stop: threading.Event) -> None:
         """Keep serving and merging after the last round (--linger)."""
@@ -189,8 +190,8 @@ class OfflineSwarm:
     def group_round(self, group_key: str) -> int:
         return -1
 
-    def group_senders(self, group_key: str, epoch: int) -> frozenset[str]:
-        return frozenset()
+    def group_senders(self, group_key: str, epoch: int) -> Mapping[str, int]:
+        return {}
 
     def linger(self, seconds: float, until_done: bool, stop: threading.Event) -> None:
         """Nobody to wait for."""

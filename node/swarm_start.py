@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from dht.heartbeat import Heartbeat
@@ -172,7 +172,7 @@ class StartingSwarm:
     def group_round(self, group_key: str) -> int:
         return self._now.group_round(group_key)
 
-    def group_senders(self, group_key: str, epoch: int) -> frozenset[str]:
+    def group_senders(self, group_key: str, epoch: int) -> Mapping[str, int]:
         return self._now.group_senders(group_key, epoch)
 
     def linger(self, seconds: float, until_done: bool, stop: threading.Event) -> None:
