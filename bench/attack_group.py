@@ -14,8 +14,12 @@ heartbeats the adversary read after its class:
 
 - `lone_published`, `lone_pushed`: lone variants the adversary completed and announced, and
   pushed whole to its group's honest members (one per round);
-- `lone_first`: per honest node, the seqs it merged from the adversary (fetched there), and
-  `lone_kept`: those no `equivocation_proven` (withdraw) of that node took back;
+- `lone_first`: per honest node, the seqs it merged from the adversary (fetched there, not to
+  adopt); `lone_held_s`: how long it held each until an `equivocation_proven` (withdraw) or a
+  realignment (`realigned`: its params replaced by a donor's) ended it; `lone_kept`: those
+  neither ended;
+- `variants_met`: per honest node, the second variants its merge refused as
+  `group_equivocation` (it held one variant and was given the other: a proof is formed);
 - `lone_adopted`: honest `group_round` events whose included set is the adversary alone (an
   honest member took the lone variant as its round's outcome);
 - `proofs`: `equivocation_proven` events per honest node and action; `lesser_served`:
@@ -128,17 +132,37 @@ def run_group_attack(
         save_events(children, workdir / "events")
 
 
-def lone_first(node: ChildProcess, adv_id: str | None) -> list[tuple[str, int]]:
-    """The group updates `node` merged as fetched from the adversary (its lone variants)."""
-    source: dict[tuple[str, int], str] = {}
-    merged = []
+def lone_first(node: ChildProcess, adv_id: str | None) -> dict[tuple[str, int], float]:
+    """The group updates `node` merged as fetched from the adversary (its lone variants: a
+    member's fetch to adopt, which its round refuses, is not one), and when."""
+    source: dict[tuple[str, int], tuple[str, str]] = {}
+    merged = {}
     for e in node.of():
         uid = (str(e.get("author")), int(e.get("seq") or 0))
         if e.get("event") == "update_fetched":
-            source[uid] = str(e.get("peer_id"))
-        elif e.get("event") == "update_merged" and adv_id and source.get(uid) == adv_id:
-            merged.append(uid)
+            source[uid] = (str(e.get("peer_id")), str(e.get("cause")))
+        elif e.get("event") == "update_merged" and source.get(uid, ("", "")) != ("", ""):
+            peer, cause = source[uid]
+            if adv_id and peer == adv_id and cause != "adopt":
+                merged[uid] = float(e["time"])
     return merged
+
+
+def held_until(node: ChildProcess, merged: dict[tuple[str, int], float]) -> dict[int, float]:
+    """For each lone variant `node` merged: seconds until a proof withdrew it or the node's
+    replica was realigned to a donor's (dht.realign: its params replaced), or None (kept)."""
+    withdrawn = {
+        (e["author"], e["seq"]): float(e["time"])
+        for e in node.of("equivocation_proven")
+        if e.get("action") == "withdraw"
+    }
+    realigned = sorted(float(e["time"]) for e in node.of("realigned"))
+    held: dict[int, float] = {}
+    for uid, at in merged.items():
+        ends = [t for t in [withdrawn.get(uid), *realigned] if t is not None and t >= at]
+        if ends:
+            held[uid[1]] = round(min(ends) - at, 1)
+    return held
 
 
 def group_row(
@@ -153,16 +177,13 @@ def group_row(
     adopted: dict[str, list[int]] = {}
     first: dict[str, list[int]] = {}
     kept: dict[str, list[int]] = {}
+    held: dict[str, dict[int, float]] = {}
+    formed: dict[str, int] = {}
     proofs: dict[str, dict[str, int]] = {}
     lesser: dict[str, int] = {}
     honest_rounds: dict[str, int] = {}
     groups: dict[str, str | None] = {}
     for node in honest:
-        withdrawn = {
-            (e["author"], e["seq"])
-            for e in node.of("equivocation_proven")
-            if e.get("action") == "withdraw"
-        }
         proofs[node.name] = dict(
             Counter(str(e.get("action")) for e in node.of("equivocation_proven"))
         )
@@ -170,9 +191,13 @@ def group_row(
         rounds = node.of("group_round")
         alone = [e for e in rounds if adv_id is not None and e.get("included") == [adv_id]]
         adopted[node.name] = [e["round"] for e in alone]
-        merged = [uid for uid in lone_first(node, adv_id) if uid in published]
+        merged = {u: t for u, t in lone_first(node, adv_id).items() if u in published}
         first[node.name] = [seq for _, seq in merged]
-        kept[node.name] = [seq for uid in merged if uid not in withdrawn for seq in [uid[1]]]
+        held[node.name] = held_until(node, merged)
+        kept[node.name] = [seq for _, seq in merged if seq not in held[node.name]]
+        formed[node.name] = sum(
+            e.get("reason") == "group_equivocation" for e in node.of("update_rejected")
+        )
         honest_rounds[node.name] = sum(
             1
             for e in rounds
@@ -196,7 +221,9 @@ def group_row(
         "lone_pushed": len(pushed),
         "lone_adopted": adopted,
         "lone_first": first,
+        "lone_held_s": held,
         "lone_kept": kept,
+        "variants_met": formed,
         "proofs": proofs,
         "lesser_served": lesser,
         "rejected": event.get("rejected", {}),
