@@ -371,6 +371,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--until-round", type=int, help="a patient class stops once every honest node is here"
     )
+    parser.add_argument(
+        "--no-lone-push", action="store_true",
+        help="group_lone_variant: notices only, its variant never pushed whole to the members",
+    )  # fmt: skip
     parser.add_argument("run_args", nargs="*")
     args = parser.parse_args(argv)
     attacks = [a for a in args.attacks.split(",") if a]
@@ -388,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         until_round=args.until_round,
     )  # fmt: skip
     adversary.member = any(a in GROUP_CLASSES for a in attacks)
+    adversary.push_members = not args.no_lone_push
     try:
         node.join_swarm()
         honest = adversary.wait_honest(args.honest, args.min_applied, 180.0)

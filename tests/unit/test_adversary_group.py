@@ -5,6 +5,7 @@ after it (merge.group_equivocation `prevailing`)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from bench.adversary_group import lone_variant
@@ -75,3 +76,27 @@ def test_an_honest_member_still_collecting_does_not_adopt_the_lone_variant() -> 
         reduction.contribute(ContributionHeader.of(tensor, member, fields, 500), tensor)
     assert len(lone.contributions) < reduction.quorum
     assert not reduction.adopt(lone)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="rogue25: a proof formed beside the prevailing variant is not passed on",
+)
+def test_a_replica_that_forms_the_proof_from_the_prevailing_variant_passes_it_on() -> None:
+    """bench.attack_group (rogue25, run 1): every honest member held its group's round when
+    the rogue pushed its lone variant of the same id; each merge refused it as
+    `group_equivocation` and made the proof (merge.pipeline `group_evidence`), but
+    `EquivocationBook.learn` answers "none" for a superseding proof whose prevailing variant
+    is applied here (nothing to change) and dht.gossip_evidence `_settle` returns on "none"
+    before it passes the proof on: a replica that applied the lone variant first (a node done
+    training, or another group's) never learns it and keeps the rogue's step until the
+    parameter anti-entropy realigns it. Passing it on needs an answer other than "none" the
+    first time a replica learns the proof."""
+    honest, lone = _lone()
+    in_group = member_check(RUN, honest.head.group_key)
+    pipeline = _pipeline()
+    assert pipeline.submit_group(honest, in_group).accepted
+    assert pipeline.submit_group(lone, in_group).reason == "group_equivocation"
+    proof = pipeline.group_evidence(lone)
+    assert proof is not None and proof.superseded_key == GroupVariant.of(lone).key
+    assert pipeline.learn_group_proof(proof, lambda uid: honest) != "none"
