@@ -10,7 +10,10 @@ rule, the same on every replica whatever it received and in whichever order:
   contributes nothing: a replica that applied a variant withdraws it ("withdraw"), one that
   did not records the id with no contribution ("record");
 - the proof is passed on to peers, so every replica learns it; a replica that learns it again
-  does nothing ("none").
+  does nothing ("none"). A learner group's proof whose prevailing variant this replica holds
+  (or that it applied neither variant of) changes nothing here but is still passed on
+  ("keep"): rogue25's run had replicas that applied a rogue member's lone variant first
+  never learn the proof its group's members formed.
 
 What is withdrawn is the variant's own outer step (the plain share merge.outer applied); what
 the momentum already folded in decays like any update's tail, the drift the consistency model
@@ -34,7 +37,7 @@ from merge.envelope import (
 )
 
 UpdateId = tuple[str, int]
-Action = Literal["withdraw", "record", "none"]
+Action = Literal["withdraw", "record", "keep", "none"]
 PROOF_MAGIC = b"DLE1"
 MAX_HEADER_BLOB = 8 + MAX_HEADER_JSON_BYTES + SIGNATURE_BYTES
 MAX_PROOF_BYTES = len(PROOF_MAGIC) + 2 * (4 + MAX_HEADER_BLOB)
@@ -293,7 +296,7 @@ class EquivocationBook:
         if superseded is None:
             self._awaiting.discard(uid)  # voided: no variant of it steps any more
         if superseded is not None:
-            return "withdraw" if applied and applied_variant == superseded else "none"
+            return "withdraw" if applied and applied_variant == superseded else "keep"
         if applied and before is not None and applied_variant == before:
             return "none"  # the lesser variant applied here is withdrawn already
         return "withdraw" if applied else "record"

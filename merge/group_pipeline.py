@@ -231,7 +231,7 @@ class GroupMerge:
             self._superseded(uid, None)
         if held is not None:  # the prevailing variant came before the proof
             self.submit(*held)
-        if action != "none":
+        if action in ("withdraw", "record"):
             count_rejection(p, uid[0], "group_equivocation")
             logger.warning(
                 "group update %s#%d: equivocation proven (co-signed both: %s); %s",

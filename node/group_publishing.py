@@ -305,6 +305,8 @@ class GroupPublishing:
         if isinstance(outcome, GroupUpdate):
             pipeline = self.publisher.pipeline
             result = pipeline.submit_group(outcome, member_check(self.run_id, header.group_key))
+            if result.reason == "group_equivocation":  # a variant of this round came first
+                self.publisher.swarm.pass_on_evidence(outcome)  # rogue25: no proof went out
             self.publisher.report_merge(result)
             return result if included else MergeResult(
                 False, header.group_key, header.round + 1, 0, 0.0, "group_left_out"

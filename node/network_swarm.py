@@ -100,9 +100,12 @@ class NetworkSwarm:
         key = update.head.group_key
         result = self._pipeline.submit_group(update, member_check(self._run_id, key))
         if result.reason == "group_equivocation":  # a valid second variant: its proof goes on
-            self.swarm.gossip.evidence.from_thread(self._pipeline.group_evidence(update))
+            self.pass_on_evidence(update)
         self._report_merge(result)
         return result.accepted
+
+    def pass_on_evidence(self, update: GroupUpdate) -> None:
+        self.swarm.gossip.evidence.from_thread(self._pipeline.group_evidence(update))
 
     def contribute(self, contribution: GroupContribution) -> GroupUpdate | Abandoned:
         if self._groups is None:

@@ -115,6 +115,11 @@ class SwarmLink(Protocol):
         other members until the deadline, reduced and co-signed (dht.group_exchange); the
         group's update, or Abandoned. Blocks until the round has an outcome (bounded)."""
 
+    def pass_on_evidence(self, update: GroupUpdate) -> None:
+        """A valid second variant of a group round this node applied a variant of (its own
+        group's outcome refused as `group_equivocation`): the proof the two make goes to the
+        swarm, as for one pushed by a peer (dht.gossip_evidence)."""
+
     def group_round(self, group_key: str) -> int:
         """The highest round a member of `group_key` was seen contributing to (-1: none), so
         a node behind its group (a newcomer, a restart) joins the group's current round."""
@@ -186,6 +191,9 @@ class OfflineSwarm:
 
     def contribute(self, contribution: GroupContribution) -> GroupUpdate | Abandoned:
         return run_alone(contribution)
+
+    def pass_on_evidence(self, update: GroupUpdate) -> None:
+        """Nobody to tell."""
 
     def group_round(self, group_key: str) -> int:
         return -1

@@ -169,6 +169,9 @@ class StartingSwarm:
     def contribute(self, contribution: GroupContribution) -> GroupUpdate | Abandoned:
         return self._now.contribute(contribution)
 
+    def pass_on_evidence(self, update: GroupUpdate) -> None:
+        self._now.pass_on_evidence(update)
+
     def group_round(self, group_key: str) -> int:
         return self._now.group_round(group_key)
 

@@ -5,7 +5,6 @@ after it (merge.group_equivocation `prevailing`)."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from bench.adversary_group import lone_variant
@@ -78,20 +77,15 @@ def test_an_honest_member_still_collecting_does_not_adopt_the_lone_variant() -> 
     assert not reduction.adopt(lone)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rogue25: a proof formed beside the prevailing variant is not passed on",
-)
 def test_a_replica_that_forms_the_proof_from_the_prevailing_variant_passes_it_on() -> None:
     """bench.attack_group (rogue25, run 1): every honest member held its group's round when
     the rogue pushed its lone variant of the same id; each merge refused it as
     `group_equivocation` and made the proof (merge.pipeline `group_evidence`), but
     `EquivocationBook.learn` answers "none" for a superseding proof whose prevailing variant
-    is applied here (nothing to change) and dht.gossip_evidence `_settle` returns on "none"
-    before it passes the proof on: a replica that applied the lone variant first (a node done
-    training, or another group's) never learns it and keeps the rogue's step until the
-    parameter anti-entropy realigns it. Passing it on needs an answer other than "none" the
-    first time a replica learns the proof."""
+    is applied here (nothing to change) and dht.gossip_evidence `_settle` returned on "none"
+    before it passed the proof on: a replica that applied the lone variant first (a node done
+    training, or another group's) never learnt it and kept the rogue's step until the
+    parameter anti-entropy realigned it. The first learning now answers "keep" (passed on)."""
     honest, lone = _lone()
     in_group = member_check(RUN, honest.head.group_key)
     pipeline = _pipeline()
@@ -99,4 +93,5 @@ def test_a_replica_that_forms_the_proof_from_the_prevailing_variant_passes_it_on
     assert pipeline.submit_group(lone, in_group).reason == "group_equivocation"
     proof = pipeline.group_evidence(lone)
     assert proof is not None and proof.superseded_key == GroupVariant.of(lone).key
-    assert pipeline.learn_group_proof(proof, lambda uid: honest) != "none"
+    assert pipeline.learn_group_proof(proof, lambda uid: honest) == "keep"
+    assert pipeline.learn_group_proof(proof, lambda uid: honest) == "none"  # once: no echo

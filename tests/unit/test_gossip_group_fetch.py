@@ -252,7 +252,7 @@ def _proof_first() -> tuple[UpdatePipeline, GroupUpdate, GroupUpdate]:
     proof = GroupProof.of(
         RUN, head.group_key, head.round, GroupVariant.of(kept), GroupVariant.of(lesser), run
     )
-    assert pipeline.learn_group_proof(proof, lambda uid: None) == "none"
+    assert pipeline.learn_group_proof(proof, lambda uid: None) == "keep"
     return pipeline, kept, lesser
 
 

@@ -4,16 +4,18 @@ through the same Trainer, with nothing left in its error feedback."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
-from dht.grouping import group_key
+from dht.grouping import group_key, member_check
 from dht.heartbeat import Heartbeat
+from merge.group_update import Abandoned, GroupUpdate
 from merge.identity import Identity
 from node.group_publishing import GroupPublishing
-from node.swarm_link import OfflineSwarm, peers_finished
+from node.swarm_link import GroupContribution, OfflineSwarm, peers_finished, run_alone
 from tests.node.test_runtime import offline_node
 
 
@@ -108,3 +110,64 @@ def test_a_node_behind_its_group_contributes_to_the_round_after_the_last_it_appl
     assert contribution is not None
     assert (contribution.header.round, contribution.header.epoch) == (rounds + 2, 1)
     assert publishing.announced() == (0, 1)
+
+
+class Telling(OfflineSwarm):
+    """An empty swarm that keeps each group update its node's rounds completed and each it
+    was asked to pass a proof of on."""
+
+    def __init__(self, meanwhile: Callable[[], None] = lambda: None) -> None:
+        self.meanwhile = meanwhile
+        """What reaches the node while its round collects (a pushed variant of it)."""
+        self.outcomes: list[GroupUpdate | Abandoned] = []
+        self.told: list[GroupUpdate] = []
+
+    def contribute(self, contribution: GroupContribution) -> GroupUpdate | Abandoned:
+        self.meanwhile()
+        self.outcomes.append(run_alone(contribution))
+        return self.outcomes[-1]
+
+    def pass_on_evidence(self, update: GroupUpdate) -> None:
+        self.told.append(update)
+
+
+def test_a_members_own_round_refused_as_a_second_variant_sends_its_proof_on(
+    tmp_path: Path,
+) -> None:
+    """rogue25 (bench.attack_group): a rogue member pushed its lone variant of a round to the
+    honest members, which applied it before their own round completed; each then refused its
+    group's update as `group_equivocation` and made no proof, so replicas that had applied the
+    lone variant never learnt it. The node's own refused outcome now goes to the swarm's
+    evidence path, as a pushed second variant always did."""
+    key = Identity.generate()  # one key, two nodes: two variants of one group round
+    nodes = []
+    for name, lr in (("first", 1e-3), ("second", 3e-3)):
+        (tmp_path / name).mkdir()
+        key.save(tmp_path / name / "id.key")
+        nodes.append(offline_node(tmp_path / name, group_size=1, codec="fp32", inner_lr=lr))
+    publishing = nodes[1].parts.publishing
+    assert isinstance(publishing, GroupPublishing)
+    pipeline = publishing.publisher.pipeline
+    swarms = [Telling()]
+
+    def pushed() -> None:  # the first node's variant of the round, applied while collecting
+        [first] = swarms[0].outcomes
+        assert isinstance(first, GroupUpdate)
+        check = member_check(publishing.run_id, first.head.group_key)
+        assert pipeline.submit_group(first, check).accepted
+
+    swarms.append(Telling(pushed))
+    for node, swarm in zip(nodes, swarms, strict=True):
+        node.parts.publishing.publisher.swarm = swarm  # type: ignore[attr-defined]
+    assert nodes[0].run_round() is not None
+    [first] = swarms[0].outcomes
+    assert isinstance(first, GroupUpdate)
+
+    result = nodes[1].run_round()
+
+    [second] = swarms[1].outcomes
+    assert isinstance(second, GroupUpdate) and second.seq == first.seq
+    assert result is not None and not result.accepted
+    assert swarms[1].told == [second]
+    assert pipeline.group_evidence(second) is not None
+    assert swarms[0].told == []

@@ -171,7 +171,7 @@ def test_a_lesser_variant_is_refused_alike_by_the_sharded_round_after_the_proof(
     for update, accepted in ((LONE, False), (HONEST, True)):
         whole, parts = _pipeline(), _pipeline()
         for pipeline in (whole, parts):
-            assert pipeline.learn_group_proof(_proof(HONEST, LONE), _retained(None)) == "none"
+            assert pipeline.learn_group_proof(_proof(HONEST, LONE), _retained(None)) == "keep"
         expected = whole.submit_group(update, THE_RUN.members_of(UID[0]))
         rounds = ShardRound(parts.groups)
         incoming = rounds.order([Incoming.of(parts.groups, update, THE_RUN.members_of(UID[0]))])
@@ -185,7 +185,7 @@ def test_a_lesser_variant_is_refused_alike_by_the_sharded_round_after_the_proof(
 
 def test_a_superseding_proof_survives_a_checkpoint_and_a_voiding_one_replaces_it() -> None:
     donor = _pipeline()
-    assert donor.learn_group_proof(_proof(HONEST, LONE), _retained(None)) == "none"
+    assert donor.learn_group_proof(_proof(HONEST, LONE), _retained(None)) == "keep"
     book = EquivocationBook(donor.equivocation.decode)
     book.load_state_dict(donor.equivocation.state_dict(), FINGERPRINT)
     assert not book.is_equivocated(UID)
