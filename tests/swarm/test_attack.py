@@ -20,8 +20,10 @@ import pytest
 
 from bench.procs import ChildProcess, python_module
 from dht.observer import SwarmObserver
+from merge.identity import Identity
 from node.signals import FINISH_SIGNAL
 from tests.swarm.conftest import NodeProcess, observed_heartbeats
+from tests.swarm.together import bootstrap_address, unused_port
 from tests.timeouts import covering
 
 pytestmark = pytest.mark.swarm
@@ -94,15 +96,20 @@ def test_honest_nodes_count_each_attack_keep_training_and_agree(
     honest nodes train throughout and end with the same applied set."""
     # No --max-time: they train until the adversary is done, then are asked to finish.
     honest_args = [*RUN, "--linger", str(LINGER_S)]
-    a = launch(*honest_args, name="honest0")
-    maddr = a.wait_listening(START_S)[0]
+    # All three start at once (tests/swarm/together.py): honest0's address is known before it
+    # listens, and the others dial it with the product's backoff until it does; the adversary
+    # waits for both honest nodes, each with 4 updates applied.
+    key, port = tmp_path / "honest0.key", unused_port()
+    Identity.generate().save(key)
+    maddr = bootstrap_address(str(key), port)
+    a = launch(*honest_args, "--identity", str(key), "--port", str(port), name="honest0")
     b = launch(*honest_args, "--peers", maddr, name="honest1")
-    # started beside the second honest node: it waits for both, each with 4 updates applied
     classes = [*ATTACKS, *PATIENT, "poisoned_state"]
     adversary = start_adversary(
         launch, tmp_path / "adversary", maddr, classes, "--sybils", str(SYBILS), "--duration",
         str(PATIENT_S),
     )  # fmt: skip
+    assert maddr in a.wait_listening(START_S), "honest0 listens where the others were sent"
     b.wait_listening(START_S)
     ready = adversary.wait_event("ready", START_S)
     mallory = ready["peer_id"]

@@ -21,6 +21,7 @@ import pytest
 from bench.nat import Home, NatLab, missing
 from bench.procs import NODE_COMMAND, ChildProcess, python_module, save_events
 from dht.doctor import is_public_maddr
+from merge.identity import Identity
 from tests.conftest import REPO
 from tests.swarm.test_swarm import RUN, START_S, wait_merged
 from tests.timeouts import covering
@@ -74,12 +75,33 @@ def in_namespace(tmp_path: Path) -> Iterator[Launch]:
 
 
 def public_node(lab: NatLab, launch: Launch, *args: str) -> tuple[ChildProcess, str]:
+    node = launch_public_node(lab, launch, *args)
+    return node, public_maddr(lab, node)
+
+
+def launch_public_node(lab: NatLab, launch: Launch, *args: str) -> ChildProcess:
+    """The training node on public machine 0, started (not yet listening)."""
     address = f"/ip4/{lab.public_address(0)}/tcp/{PUBLIC_PORT}"
-    node = launch(
+    return launch(
         lab.public(0), *RUN, "--port", str(PUBLIC_PORT), "--announce", address, *args, name="pub"
     )
-    maddr = next(m for m in node.wait_listening(START_S) if m.startswith(address))
-    return node, maddr
+
+
+def public_maddr(lab: NatLab, node: ChildProcess) -> str:
+    """The full address of public node `node`, once it listens."""
+    address = f"/ip4/{lab.public_address(0)}/tcp/{PUBLIC_PORT}"
+    return next(m for m in node.wait_listening(START_S) if m.startswith(address))
+
+
+def known_address(keys: Path, name: str, lab: NatLab, i: int) -> tuple[Path, str]:
+    """A new identity file `name`.key in `keys` and the full address a node (or bootstrap)
+    with it on public machine `i`, port PUBLIC_PORT, will have (tests/swarm/together.py): the
+    homes can be launched beside it and dial it with their own backoff until it listens."""
+    keys.mkdir(parents=True, exist_ok=True)
+    key = keys / f"{name}.key"
+    identity = Identity.generate()
+    identity.save(key)
+    return key, f"/ip4/{lab.public_address(i)}/tcp/{PUBLIC_PORT}/p2p/{identity.peer_id}"
 
 
 def bootstrap(
@@ -93,14 +115,20 @@ def bootstrap(
 def start_homes(lab: NatLab, in_namespace: Launch, maddr: str) -> list[ChildProcess]:
     """A node behind each NAT (cone, then symmetric), joined through `maddr` with
     --auto-relay, each listening."""
-    homes = [
-        in_namespace(lab.host(r), *RUN, "--port", "0", "--auto-relay", "--peers", maddr,
-                     name=f"home{r}")
-        for r in (0, 1)
-    ]  # fmt: skip
+    homes = launch_homes(lab, in_namespace, maddr)
     for node in homes:
         node.wait_listening(START_S)
     return homes
+
+
+def launch_homes(lab: NatLab, in_namespace: Launch, *maddrs: str) -> list[ChildProcess]:
+    """A node behind each NAT (cone, then symmetric), joined through `maddrs` with
+    --auto-relay, started (not yet listening)."""
+    return [
+        in_namespace(lab.host(r), *RUN, "--port", "0", "--auto-relay", "--peers", *maddrs,
+                     name=f"home{r}")
+        for r in (0, 1)
+    ]  # fmt: skip
 
 
 def started_bootstrap(
@@ -245,16 +273,21 @@ def two_relay_lab() -> Iterator[NatLab]:
 
 @pytest.mark.timeout(covering(3 * START_S, 2 * NAT_MERGE_S, FAILOVER_S))
 def test_homes_keep_merging_after_the_relay_they_reserved_with_is_killed(
-    two_relay_lab: NatLab, in_namespace: Launch
+    two_relay_lab: NatLab, in_namespace: Launch, tmp_path: Path
 ) -> None:
     lab, launch_child = two_relay_lab, in_namespace.child  # type: ignore[attr-defined]
-    (relay0, maddr0), (_, maddr1) = (started_bootstrap(lab, launch_child, i) for i in (0, 1))
-    homes = [
-        in_namespace(lab.host(r), *RUN, "--port", "0", "--auto-relay", "--peers", maddr0, maddr1,
-                     name=f"home{r}")
-        for r in (0, 1)
-    ]  # fmt: skip
+    # The two bootstraps and the two homes start at once: the bootstraps' addresses are known
+    # from their identity files, and the homes dial them with backoff until they listen.
+    known = [known_address(tmp_path / "keys", f"bootstrap{i}", lab, i) for i in (0, 1)]
+    relays = [
+        launch_bootstrap(lab, launch_child, i, "--identity", str(known[i][0])) for i in (0, 1)
+    ]
+    maddr0, maddr1 = (maddr for _, maddr in known)
+    homes = launch_homes(lab, in_namespace, maddr0, maddr1)
     cone, symmetric = homes
+    for i, relay in enumerate(relays):
+        assert bootstrap_maddr(relay, lab, i)[1] == known[i][1], "it listens where homes dial"
+    relay0 = relays[0]
     for node in homes:
         node.wait_listening(START_S)
     wait_merged(cone, symmetric.peer_id, timeout_s=NAT_MERGE_S)
@@ -282,16 +315,22 @@ theirs), reserved a slot with it again and merges the other home's updates withi
 
 @pytest.mark.timeout(covering(4 * START_S, 2 * NAT_MERGE_S, 2 * SLOT_S, DOCTOR_S, 6 * REFOUND_S))
 def test_doctor_tells_nodes_apart_and_homes_find_the_public_node_again_after_it_restarts(
-    lab: NatLab, in_namespace: Launch
+    lab: NatLab, in_namespace: Launch, tmp_path: Path
 ) -> None:
     """The doctors run while the homes join (one public node's start for both: each doctor
     waits on the network most of its time, the homes on their relay reservations)."""
-    public, maddr = public_node(lab, in_namespace)
+    # The homes start beside the public node (its address known from its identity file; they
+    # dial it with backoff until it listens), the doctors once it listens.
+    key, maddr = known_address(tmp_path / "keys", "pub", lab, 0)
+    public = launch_public_node(lab, in_namespace, "--identity", str(key))
+    homes = launch_homes(lab, in_namespace, maddr)
+    cone, symmetric = homes
+    assert public_maddr(lab, public) == maddr, "it listens where the homes dial"
     relay = maddr.rsplit("/p2p/", 1)[1]
     with ThreadPoolExecutor(1) as pool:
         diagnosed = pool.submit(diagnose, lab, maddr)
-        homes = start_homes(lab, in_namespace, maddr)
-        cone, symmetric = homes
+        for node in homes:
+            node.wait_listening(START_S)
         slot = f"behind a NAT, reachable through relay {relay}"
         for node, other in ((cone, symmetric), (symmetric, cone)):
             wait_merged(node, other.peer_id, timeout_s=NAT_MERGE_S)
@@ -303,7 +342,7 @@ def test_doctor_tells_nodes_apart_and_homes_find_the_public_node_again_after_it_
     public.crash()  # kill -9 of the node, its DHT and its p2pd; same home, port and identity
     killed_at = time.time()
     published = {node.peer_id: last_seq(node) for node in homes}
-    again, _ = public_node(lab, in_namespace)
+    again, _ = public_node(lab, in_namespace, "--identity", str(key))
     assert again.peer_id == relay
     for home in homes:  # the homes dialled it: it hears of their updates again
         wait_merged(again, home.peer_id, after_seq=published[home.peer_id], timeout_s=REFOUND_S)

@@ -51,9 +51,12 @@ def test_kill_9_mid_round_loses_at_most_a_few_seconds_of_steps(
 
     restarted = launch(*run)
     resumed = restarted.wait_event("resumed", START_S)
-    assert (resumed["round"], resumed["step"]) == (0, last["step"])
+    # From the last save we saw, or a later one: a save writes its file before it prints its
+    # event, and the kill can land between the two (CI of session 25: resumed at step 35, the
+    # last event read said 22). An older save, or none, fails here.
+    assert resumed["round"] == 0 and last["step"] <= resumed["step"] < 300, (resumed, last)
     first_step = restarted.wait_event("progress", START_S)  # the first one comes at once
-    assert (first_step["round"], first_step["step"]) == (1, last["step"] + 1)
+    assert (first_step["round"], first_step["step"]) == (1, resumed["step"] + 1)
 
 
 @pytest.mark.timeout(covering(START_S, 5 * ROUND_S))

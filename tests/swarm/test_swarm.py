@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from dht.observer import SwarmObserver
+from merge.identity import Identity
 from tests.conftest import REPO
 from tests.swarm.conftest import NodeProcess, observed_heartbeats
+from tests.swarm.together import bootstrap_address, unused_port
 from tests.timeouts import EXIT_S, MERGE_S, START_S, covering
 
 pytestmark = pytest.mark.swarm
@@ -86,10 +88,17 @@ def _evaluated(e: dict, *, at: int) -> bool:
     return e.get("event") == "evaluated" and e["round"] >= at
 
 
-def start_swarm(launch: Launch, count: int, *extra: str) -> list[NodeProcess]:
-    first = launch(*RUN, *extra, name="node0")
-    maddr = first.wait_listening(START_S)[0]
+def start_swarm(launch: Launch, keys: Path, count: int, *extra: str) -> list[NodeProcess]:
+    """`count` nodes launched at once (tests/swarm/together.py): node0's identity file (made in
+    `keys`) and a port picked here give its address before it listens, and the others dial it
+    with their own backoff until it does."""
+    keys.mkdir(parents=True)
+    key, port = keys / "node0.key", unused_port()
+    Identity.generate().save(key)
+    maddr = bootstrap_address(str(key), port)
+    first = launch(*RUN, *extra, "--identity", str(key), "--port", str(port), name="node0")
     rest = [launch(*RUN, *extra, "--peers", maddr, name=f"node{i}") for i in range(1, count)]
+    assert maddr in first.wait_listening(START_S), "node0 listens where the others were sent"
     for node in rest:
         node.wait_listening(START_S)
     return [first, *rest]
@@ -97,12 +106,12 @@ def start_swarm(launch: Launch, count: int, *extra: str) -> list[NodeProcess]:
 
 @pytest.mark.timeout(covering(4 * START_S, 18 * MERGE_S, EVAL_S, STATUS_S, 3 * REALIGN_S))
 def test_three_nodes_train_together_a_straggler_delays_nobody_and_they_survive_the_bootstrap_dying(
-    launch: Launch,
+    launch: Launch, tmp_path: Path
 ) -> None:
     """One swarm of three for three facts, one after another: they train together (and their
     replicas settle), a paused node delays nobody and its late updates weigh less, and the two
     left train on and take in a newcomer once the bootstrap is killed."""
-    nodes = start_swarm(launch, 3)
+    nodes = start_swarm(launch, tmp_path / "keys", 3)
     for node in nodes:
         for other in nodes:
             if other is not node:
@@ -177,11 +186,11 @@ def test_three_nodes_train_together_a_straggler_delays_nobody_and_they_survive_t
 
 @pytest.mark.timeout(covering(6 * START_S, 3 * MERGE_S))
 def test_a_node_frozen_past_the_gap_wait_comes_back_to_the_same_applied_set(
-    launch: Launch,
+    launch: Launch, tmp_path: Path
 ) -> None:
     gap_wait_s, frozen_s = 3, 6  # frozen twice the gap wait
-    nodes = start_swarm(launch, 3, "--gap-wait", str(gap_wait_s), "--max-rounds", "6",
-                        "--linger", "90")  # fmt: skip
+    nodes = start_swarm(launch, tmp_path / "keys", 3, "--gap-wait", str(gap_wait_s),
+                        "--max-rounds", "6", "--linger", "90")  # fmt: skip
     a, b, c = nodes
     wait_merged(c, a.peer_id)
     wait_merged(c, b.peer_id)
