@@ -34,7 +34,7 @@ import torch
 
 from dht.grouping import Grouping, member_check
 from dht.grouping_census import audible_members, healed_members
-from dht.grouping_mode import RoundMode, round_mode
+from dht.grouping_mode import RoundMode, forms_group, round_mode
 from dht.grouping_view import EpochGrouping
 from dht.grouping_wire import coded
 from merge.codec_base import CodecError
@@ -102,6 +102,9 @@ class GroupPublishing:
         self.mode = RoundMode.GROUP
         """What the last grouping decision chose (dht.grouping_mode): SOLO publishes the
         round as this node's own update, as with groups off."""
+        self._small_census = False
+        """Whether the last decision's census was too small for a group (a node goes SOLO
+        from the second such decision in a row)."""
 
     @property
     def me(self) -> str:
@@ -228,7 +231,10 @@ class GroupPublishing:
         census = [self.me, *(h.peer_id for h in alive)]
         if self.grouping.due(round_):  # too few for a group: its own update, or wait
             grouped = sum(1 for h in alive if h.group_bits is not None)
-            self.mode = round_mode(len(census), self.groups.group_size, grouped)
+            small_before = self._small_census
+            self._small_census = not forms_group(len(census), self.groups.group_size)
+            size = self.groups.group_size
+            self.mode = round_mode(len(census), size, grouped, small_before)
             if self.mode is not RoundMode.GROUP:
                 self.grouping.leave()  # announces no grouping while it has none
                 return None

@@ -27,24 +27,26 @@ from tests.node.test_runtime import offline_node
     num_peers=st.integers(1, 40),
     group_size=st.sampled_from([1, 3, 4, 8]),
     num_grouped=st.integers(0, 39),
+    small_before=st.booleans(),
 )
 def test_groups_form_only_where_no_member_can_void_one(
-    num_peers: int, group_size: int, num_grouped: int
+    num_peers: int, group_size: int, num_grouped: int, small_before: bool
 ) -> None:
     """A group forms from a census of at least max(--group-size, MIN_MEMBERS), or of a node
     alone at --group-size 1; never from two; a census of two or more below that publishes
-    each node's own update unless a peer in it announces a grouping."""
+    each node's own update when the previous decision's was too small as well and no peer
+    in it announces a grouping."""
     num_grouped = min(num_grouped, num_peers - 1)
-    mode = round_mode(num_peers, group_size, num_grouped)
+    mode = round_mode(num_peers, group_size, num_grouped, small_before)
     if num_peers == 2:
         assert mode is not RoundMode.GROUP
     if mode is RoundMode.GROUP:
         assert num_peers >= max(group_size, MIN_MEMBERS) or num_peers == group_size == 1
-    elif num_peers >= 2 and num_grouped == 0:
+    elif num_peers >= 2 and num_grouped == 0 and small_before:
         assert mode is RoundMode.SOLO
     else:
         assert mode is RoundMode.WAIT
-        assert num_grouped > 0 or num_peers == 1
+        assert num_grouped > 0 or num_peers == 1 or not small_before
 
 
 def test_two_peers_publish_their_own_at_any_group_size() -> None:
@@ -55,6 +57,7 @@ def test_two_peers_publish_their_own_at_any_group_size() -> None:
     assert round_mode(1, 3, 0) is RoundMode.WAIT  # a founder alone waits for peers
     assert round_mode(1, 1, 0) is RoundMode.GROUP  # a group of one: nobody to void it
     assert round_mode(2, 3, 1) is RoundMode.WAIT  # its census is short of a swarm of groups
+    assert round_mode(2, 3, 0, small_before=False) is RoundMode.WAIT  # a first read, a dip
 
 
 class OnePeer(OfflineSwarm):
@@ -88,11 +91,16 @@ def _round(publishing: GroupPublishing) -> None:
 def test_a_node_with_one_peer_publishes_its_own_update_and_forms_no_group(
     tmp_path: Path,
 ) -> None:
-    """Wiring (node.group_publishing): at --group-size 3 and 1 a census of two applies this
-    node's own update (seq 1, 2 under its own id) and announces no grouping; before session
-    25 --group-size 3 applied nothing and --group-size 1 formed a group of two."""
+    """Wiring (node.group_publishing): at --group-size 3 and 1 a census of two waits one
+    round (its first decision: the census may be a first read), then applies this node's
+    own update carrying both rounds (seq 1, then 2, under its own id) and announces no
+    grouping; before session 25 --group-size 3 applied nothing and --group-size 1 formed a
+    group of two."""
     for group_size in (3, 1):
         publishing = _paired(tmp_path / str(group_size), group_size)
+        _round(publishing)
+        (published,) = publishing.published
+        assert not published.result.accepted and publishing.replica.applied == {}
         for seq in (1, 2):
             _round(publishing)
             (published,) = publishing.published
