@@ -70,6 +70,11 @@ class EpochGrouping:
         decided yet (a replica that started mid-epoch decides at once)."""
         return self.current is None or self.current.epoch != self.epoch_of(round_)
 
+    def leave(self) -> None:
+        """No grouping in force (a census too small for one, dht.grouping_mode): nothing
+        announced, and the next round decides afresh. The split's state is kept."""
+        self.current = None
+
     def decide(
         self, round_: int, peers: Iterable[str], announced: Mapping[str, object] | None = None
     ) -> Grouping | None:

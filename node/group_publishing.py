@@ -34,6 +34,7 @@ import torch
 
 from dht.grouping import Grouping, member_check
 from dht.grouping_census import audible_members, healed_members
+from dht.grouping_mode import RoundMode, forms_group, round_mode
 from dht.grouping_view import EpochGrouping
 from dht.grouping_wire import coded
 from merge.codec_base import CodecError
@@ -98,6 +99,12 @@ class GroupPublishing:
         publisher.pipeline.groups.reduction = groups.reduction_config()
         self.next_round = 0
         """The round this node contributes to next (unless its group is ahead)."""
+        self.mode = RoundMode.GROUP
+        """What the last grouping decision chose (dht.grouping_mode): SOLO publishes the
+        round as this node's own update, as with groups off."""
+        self._small_census = False
+        """Whether the last decision's census was too small for a group (a node goes SOLO
+        from the second such decision in a row)."""
 
     @property
     def me(self) -> str:
@@ -137,6 +144,9 @@ class GroupPublishing:
         sent, payload = self.coded(total)
         contribution = self.contribution(sent, stats.tokens, base.base_applied, payload)
         t_sealed = time.perf_counter()
+        if contribution is None and self.mode is RoundMode.SOLO:  # too few for a group
+            self.published.append(self._publish_own(total, sent, payload, base, stats))
+            return
         if contribution is None:  # no group formed yet: what it trained waits for one
             self.compressor.residual = total.detach().clone()
             reason = "group_swarm_below_group_size"
@@ -166,6 +176,27 @@ class GroupPublishing:
         except CodecError:
             return total, None
 
+    def _publish_own(
+        self,
+        total: torch.Tensor,
+        sent: torch.Tensor,
+        payload: bytes | None,
+        base: RoundProgress,
+        stats: RoundStats,
+    ) -> Published:
+        """The round as this node's own signed update (a swarm too small for a group:
+        dht.grouping_mode), in the part codec; what it rounded off, or all of `total` when
+        the merge refused it, stays in the residual."""
+        codec = get_codec(self.part_codec if payload is not None else "fp32")
+        encoded = payload if payload is not None else codec.encode(sent)
+        work = (stats.num_steps, stats.tokens, stats.loss)
+        published = self.publisher.publish(
+            sent, lambda _: encoded, base.base_applied, work, codec=codec
+        )
+        kept = total - sent if published.result.accepted else total
+        self.compressor.residual = kept.detach().clone()
+        return published
+
     def _take_back_owed(self) -> None:
         """Out of the residual: what it carried that an update applied since included."""
         owed = self.carried.take_owed()
@@ -180,9 +211,11 @@ class GroupPublishing:
         payload: bytes | None = None,
     ) -> GroupContribution | None:
         """This node's signed contribution to its group's next round; None while the swarm
-        it sees, at a grouping's decision, is smaller than one group (--group-size): a node
-        alone (a founder, a node that has not read its peers' heartbeats yet) forms no group
-        of its own whose update the peers joining next would never get."""
+        it sees, at a grouping's decision, is smaller than one group (`self.mode`,
+        dht.grouping_mode: a node alone, a founder or one that has not read its peers'
+        heartbeats yet, forms no group of its own whose update the peers joining next would
+        never get; two peers form no group either member could void: each publishes its
+        own update)."""
         swarm = self.publisher.swarm
         alive = [
             s.heartbeat
@@ -196,8 +229,15 @@ class GroupPublishing:
         if previous is not None:
             round_ = max(round_, swarm.group_round(previous.group_of(self.me) or ""))
         census = [self.me, *(h.peer_id for h in alive)]
-        if self.grouping.due(round_) and len(census) < self.groups.group_size:
-            return None
+        if self.grouping.due(round_):  # too few for a group: its own update, or wait
+            grouped = sum(1 for h in alive if h.group_bits is not None)
+            small_before = self._small_census
+            self._small_census = not forms_group(len(census), self.groups.group_size)
+            size = self.groups.group_size
+            self.mode = round_mode(len(census), size, grouped, small_before)
+            if self.mode is not RoundMode.GROUP:
+                self.grouping.leave()  # announces no grouping while it has none
+                return None
         announced = {h.peer_id: h.group_bits for h in alive if h.group_bits is not None}
         grouping = self.grouping.decide(round_, census, announced)
         if grouping is None:  # its census does not bear its peers' split yet (grouping_split)

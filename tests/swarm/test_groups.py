@@ -109,3 +109,36 @@ def test_two_groups_lose_a_member_each_and_the_live_replicas_end_as_one(
         assert replica["applied"] == applied
         # One settled point (the raw params differ by the momentum tail of other orders).
         assert torch.allclose(settled_params(replica), settled, atol=1e-5)
+
+
+PAIR_ROUNDS = 4
+PAIR_S = 60
+"""Two nodes' start, their PAIR_ROUNDS rounds and their linger, to their exit."""
+
+
+@pytest.mark.timeout(covering(START_S, PAIR_S, EXIT_S))
+def test_two_nodes_below_one_group_train_one_model(
+    launch: Callable[..., NodeProcess], tmp_path: Path
+) -> None:
+    """A group-mode swarm of two (under dht.grouping.MIN_MEMBERS, so no group forms: a group
+    of two could be voided by either member): each node publishes its own updates, as with
+    groups off, and both replicas apply both nodes' updates and end as one. Before session 25
+    neither applied anything: each trained alone on its residual, two models."""
+    keys = alternating_keys(tmp_path / "keys", RUN, 2)
+    args = (
+        *ARGS[: ARGS.index("--max-rounds")], "--max-rounds", str(PAIR_ROUNDS),
+        "--linger", "20", "--linger-until-done", "--speed-factor", "2",
+        "--emulated-step-s", "0.2", "--no-dashboard", "--group-scatter",
+    )  # fmt: skip
+    port = unused_port()
+    boot = launch(*args, "--identity", str(keys[0]), "--port", str(port), name="node0")
+    join = ("--peers", bootstrap_address(str(keys[0]), port))
+    other = launch(*args, *join, "--identity", str(keys[1]), name="node1")
+    for node in (boot, other):
+        assert node.wait_exit(covering(START_S, PAIR_S)) == 0, node.stderr_tail()
+    ids = [Identity.load(k).peer_id for k in keys]
+    replicas = [saved_replica(tmp_path / "homes" / f"node{i}") for i in range(2)]
+    applied = replicas[0]["applied"]
+    assert set(ids) <= set(applied), f"both nodes' updates applied: {sorted(applied)}"
+    assert replicas[1]["applied"] == applied
+    assert torch.allclose(settled_params(replicas[1]), settled_params(replicas[0]), atol=1e-5)
