@@ -269,9 +269,11 @@ class NetworkSwarm:
             with self._replica.lock:
                 merged = {author: len(seqs) for author, seqs in self._replica.applied.items()}
             own = merged.get(self._peer_id, 0)
+            view = self._stats.snapshot().replica
             swarm_done = until_done and peers_finished(
-                self.swarm.alive_peers(), self._replica.last_seq, self._peer_id, own, merged
-            )
+                self.swarm.alive_peers(), self._replica.last_seq, self._peer_id, own, merged,
+                (view.applied_digest, view.sketch),
+            )  # fmt: skip
             if swarm_done or time.monotonic() >= deadline:
                 break
         self._events.emit("lingered", seconds=round(time.monotonic() - started, 2))

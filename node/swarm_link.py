@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -20,10 +20,12 @@ from dht.grouping_round import GroupRound
 from dht.grouping_shards import ShardedRound
 from dht.heartbeat import MAX_AUTHORS, Heartbeat
 from dht.reachability import PathKind
+from dht.realign_config import SETTLE_TOLERANCE
 from dht.transfer_progress import ProgressReport
 from merge.envelope import SignedUpdate
 from merge.group_update import Abandoned, ContributionHeader, GroupUpdate, ReductionConfig
 from merge.identity import Identity
+from merge.sketch import relative_distance
 from node.snapshot import PeerSighting
 
 DRAIN_TIMEOUT_S = 15.0
@@ -241,6 +243,7 @@ def peers_finished(
     own_id: str,
     own_updates: int,
     merged_here: Mapping[str, int] | None = None,
+    settled_here: tuple[str, Sequence[float]] | None = None,
 ) -> bool:
     """Whether every peer has stopped training (idle), its last update is applied here and,
     by its heartbeat, our ``own_updates`` updates are applied there. A peer that published
@@ -250,14 +253,30 @@ def peers_finished(
     there has fewer here, nor the reverse (`same_merged`): a learner group's last update,
     completed by some members as the others finished, reaches every member before they leave
     (session 24: in test_groups survivors left without their group's last update, which the
-    others applied; the one behind must still find a live holder). Bounded by --linger."""
+    others applied; the one behind must still find a live holder). With ``settled_here``
+    (this replica's applied digest and settled sketch), also no peer at that digest whose
+    sketch lies apart beyond float rounding (`same_point`): replicas of one applied set that
+    hold different points stay until the settle (dht.realign_settle) made them one (CI,
+    session 25: test_groups' survivors left at one applied set, one of them 1.4e-2 apart, two
+    variants of a root-group round each applied on a side). Bounded by --linger."""
     return all(
         h.state == "idle"
         and (h.latest_seq == 0 or last_seq(h.peer_id) >= h.latest_seq)
         and h.merged_by_author.get(own_id, 0) >= own_updates
         and (merged_here is None or same_merged(h, merged_here))
+        and (settled_here is None or same_point(h, *settled_here))
         for h in peers
     )
+
+
+def same_point(peer: Heartbeat, digest: str, sketch: Sequence[float]) -> bool:
+    """Whether `peer`, when its heartbeat shows this replica's applied `digest`, holds this
+    replica's settled point up to float rounding (its sketch within SETTLE_TOLERANCE); a
+    peer elsewhere, or one whose sketch cannot be compared, says nothing against it."""
+    if not digest or peer.applied_digest != digest:
+        return True
+    distance = relative_distance(list(peer.sketch), list(sketch))
+    return distance is None or distance <= SETTLE_TOLERANCE
 
 
 def same_merged(peer: Heartbeat, merged_here: Mapping[str, int]) -> bool:

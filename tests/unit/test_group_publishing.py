@@ -171,3 +171,26 @@ def test_a_members_own_round_refused_as_a_second_variant_sends_its_proof_on(
     assert swarms[1].told == [second]
     assert pipeline.group_evidence(second) is not None
     assert swarms[0].told == []
+
+
+D0, D1 = "0" * 64, "1" * 64
+
+
+def test_lingering_ends_only_once_peers_at_this_applied_set_hold_its_point() -> None:
+    """CI (session 25): test_groups' survivors left at one applied set, one replica 1.4e-2
+    apart (two variants of a root-group round, each applied on one side); the settle makes
+    such replicas one point, and now they stay until it has."""
+    sketch = [1.0, 2.0, 3.0]
+
+    def idle(digest: str, values: list[float]) -> Heartbeat:
+        return Heartbeat(
+            peer_id="peer", state="idle", latest_seq=0, applied_digest=digest, sketch=values
+        )
+
+    def done(peer: Heartbeat) -> bool:
+        return peers_finished([peer], lambda p: -1, "me", 0, {}, (D1, sketch))
+
+    assert not done(idle(D1, [1.0, 2.0, 3.1]))  # one applied set, two points
+    assert done(idle(D1, [1.0, 2.0, 3.0 + 1e-9]))  # one point, up to float rounding
+    assert done(idle(D0, [9.0, 9.0, 9.0]))  # elsewhere: same_merged's to judge
+    assert done(idle(D1, []))  # no sketch: nothing to compare
