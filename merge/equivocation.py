@@ -58,6 +58,8 @@ class Evidence(Protocol):
     @property
     def update_id(self) -> UpdateId: ...
 
+    def signers(self) -> set[str]: ...
+
     def to_bytes(self) -> bytes: ...
 
 
@@ -138,6 +140,11 @@ class Proof:
             except EnvelopeError as exc:
                 raise ProofError(exc.reason, str(exc)) from None
 
+    def signers(self) -> set[str]:
+        """The key that signed both headers: the author (a permissioned run's list must hold
+        it)."""
+        return {self.first.header.author}
+
     def to_bytes(self) -> bytes:
         parts = [self.first.to_bytes(), self.second.to_bytes()]
         return PROOF_MAGIC + b"".join(struct.pack(">I", len(p)) + p for p in parts)
@@ -166,22 +173,13 @@ class Proof:
         return proof
 
 
-def signers_of(proof: Evidence) -> set[str]:
-    """Every key that signed what `proof` holds: a group proof's members and reducers
-    (merge.group_equivocation), a solo proof's author."""
-    signers = getattr(proof, "signers", None)
-    if signers is not None:
-        return set(signers())
-    return {proof.first.header.author} if isinstance(proof, Proof) else set()
-
-
 def admitted_only(decode: Decoder, admit: Callable[[str], bool]) -> Decoder:
     """`decode`, refusing (ProofError "not_allowed") a proof with a signer `admit` refuses: a
     permissioned run's donor hands over no proof of keys off the run's list."""
 
     def checked(raw: object, fingerprint: str | None) -> Evidence:
         proof = decode(raw, fingerprint)
-        if not all(map(admit, signers_of(proof))):
+        if not all(map(admit, proof.signers())):
             raise ProofError("not_allowed", "a signer is not on the run's allow list")
         return proof
 
