@@ -12,11 +12,15 @@ by itself (`done_action`: another included set, or co-signatures late) and adopt
 peer outside the group hands the id to the gossip (`offer`), whose catch-up fetches it once
 from one holder and merges it. Since session 14 the notice is signed by its notifier and what
 one may make this node want is bounded (dht.group_notice); an unsigned one is refused, counted.
+Since session 26 a notice names its variant: a node that holds another variant of the round
+fetches the named one from the notifier, once, and merges it, so the two variants meet and
+the proof forms (`_watch_variant`, dht.variant_fetches).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
@@ -29,6 +33,8 @@ from dht.grouping_done import Done, done_action
 from dht.grouping_round import GroupRound
 from dht.grouping_shards import ShardedRound
 from dht.grouping_wire import GroupMessageError, RoundId, decode_update
+from dht.variant_fetches import VARIANT_POLL_S, VARIANT_WAIT_S, VariantFetches, served_refusal
+from merge.group_equivocation import GroupVariant
 from merge.group_update import GroupUpdate
 
 T = TypeVar("T")
@@ -55,8 +61,12 @@ class DoneExchange:
         _on_notice: set[RoundId]
         _reject: Callable[[str, str, str], None]
         _offer: Callable[[str, int, str], object] | None
-        _fetch: Callable[[str, str, int], Awaitable[bytes | None]] | None
+        _fetch: Callable[..., Awaitable[bytes | None]] | None
         _applied_seq: Callable[[str], int] | None
+        _on_update: Callable[[GroupUpdate], bool] | None
+        _on_event: Callable[..., None] | None
+
+        async def _hold(self, update: GroupUpdate) -> None: ...
 
         async def _take(
             self,
@@ -69,6 +79,15 @@ class DoneExchange:
         ) -> T | None: ...
         def _spawn(self, coro: Any) -> None: ...
         def candidate(self, group_key: str, seq: int, holder: str) -> None: ...
+
+    applied_variant: Callable[[str, int], str | None] | None = None
+    """(group key, seq) -> the digest of the variant this replica applied under that id, or
+    None (set by the node: merge.group_pipeline's variants)."""
+
+    @functools.cached_property
+    def variant_fetches(self) -> VariantFetches:
+        """The variants of rounds this node fetched because a notice named them."""
+        return VariantFetches()
 
     async def rpc_done(self, info: Any, reader: Any, writer: Any) -> None:
         """A member's signed notice that it completed a round (dht.group_notice: refused and
@@ -83,7 +102,7 @@ class DoneExchange:
         if notice is None:
             return
         done = notice.done
-        if done.round_id in self._on_notice:
+        if done.round_id in self._on_notice and done.variant is None:
             return  # another member's notice of the round is being acted on
         reason = notice_refusal(
             notice,
@@ -96,6 +115,10 @@ class DoneExchange:
         if reason is not None:
             self._reject(f"group_done_{reason}", sender, f"{done.round_id}")
             return
+        if done.variant is not None:
+            self._watch_variant(sender, done)
+        if done.round_id in self._on_notice:
+            return  # another member's notice of the round is being acted on
         self._on_notice.add(done.round_id)  # at most one per round this node runs or ran
         self._spawn(self._on_done(sender, done))  # a wait and a fetch outlast the stream
 
@@ -143,6 +166,68 @@ class DoneExchange:
                 self._wakes[rid].set()
             else:
                 self._reject("group_update_refused", sender, "an update this round cannot take")
+
+    def _watch_variant(self, sender: str, done: Done) -> None:
+        """Compares the variant a notice names with the one this node holds of the round (its
+        own round's update, or the one its replica applied), once it holds one, and fetches
+        the named one where they differ (dht.variant_fetches: bounded, counted)."""
+        assert done.variant is not None
+        watch = self.variant_fetches.watch(done.round_id, done.variant)
+        if watch == "capped":
+            self._reject("group_done_variants_capped", sender, f"{done.round_id}")
+        if watch == "ok":
+            self._spawn(self._check_variant(sender, done, done.variant))
+
+    async def _check_variant(self, sender: str, done: Done, named: str) -> None:
+        rid, book = done.round_id, self.variant_fetches
+        try:
+            until = time.monotonic() + VARIANT_WAIT_S
+            while (decision := book.decide(rid, self._held_variant(rid), named)) == "wait":
+                if time.monotonic() >= until:
+                    return
+                await asyncio.sleep(VARIANT_POLL_S)
+            if decision == "capped":
+                self._reject("group_done_variants_capped", sender, f"{rid}")
+            if decision == "fetch":
+                await self._fetch_variant(sender, done, named)
+        finally:
+            book.unwatch(rid, named)
+
+    def _held_variant(self, rid: RoundId) -> str | None:
+        """The digest of the variant of `rid` this node holds: its own round's update while
+        the round is here, else the one its replica applied (None: none yet)."""
+        member = self._rounds.get(rid)
+        if member is not None and member.done and isinstance(member.outcome, GroupUpdate):
+            return GroupVariant.of(member.outcome).digest
+        if self.applied_variant is None:
+            return None
+        return self.applied_variant(rid[0], rid[2] + 1)
+
+    async def _fetch_variant(self, sender: str, done: Done, named: str) -> None:
+        """Another variant of a round this node holds one of, from the notifier that named
+        it: merged as any replica's (the merge refuses it as a second variant and makes the
+        proof, which goes on: node.network_swarm), or counted against the notifier."""
+        if self._fetch is None or self._on_update is None:
+            return
+        data = await self._fetch(sender, done.group_key, done.seq, cause="variant")
+        if data is None:
+            return
+        try:
+            update = decode_update(data, self.numel)
+        except GroupMessageError as exc:
+            self._reject(f"group_update_{exc.reason}", sender, str(exc))
+            return
+        served = GroupVariant.of(update).digest
+        reason = served_refusal(done.round_id, named, _round_id(update), served)
+        if reason is not None:
+            self._reject(reason, sender, f"{done.round_id} named {named}, served {served}")
+            return
+        if self._on_event is not None:
+            self._on_event("group_variant_fetched", author=done.group_key, seq=done.seq,
+                           peer_id=sender, variant=named)  # fmt: skip
+        loop = asyncio.get_running_loop()
+        if await loop.run_in_executor(None, self._on_update, update):
+            await self._hold(update)  # applied here after all (nothing was, in the meantime)
 
 
 def push_targets(

@@ -23,6 +23,13 @@ gossip's catch-up, which wanted it from the notifier and counted it lost when no
   member cannot walk it up one notice at a time; an update its group co-signed does. What a
   notice can make a peer want is then one id of a round its group may really have
   completed; what is fetched is checked as every update is.
+- **Naming its variant** (session 26, `variant`: merge.group_equivocation.variant_digest):
+  a receiver that holds another variant of the round fetches this one from the notifier
+  once, so the two meet and the proof forms (dht.variant_fetches). The digest travels beside
+  the signed statement, not in it: a node of session 25 still verifies a new notice (and
+  ignores the field), and a notice without it still parses. It is the sender's word all the
+  same (the signer must be the stream's sender, whose peer id the transport authenticates),
+  and the worst a false one does is one bounded fetch from that sender, counted.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from dataclasses import dataclass
 
 from dht.grouping_done import Done as Done
 from dht.grouping_wire import MAX_COUNT, MAX_MEMBERS, MAX_TEXT, GroupMessageError, names_a_round
+from dht.variant_fetches import is_digest
 from merge.group_update import SIGNATURE_BYTES
 from merge.identity import Identity, verify_signature
 
@@ -70,6 +78,8 @@ class SignedDone:
             "signer": self.signer,
             "signature": self.signature.hex(),
         }
+        if d.variant is not None:  # outside the signed statement (see the module's docstring)
+            fields["variant"] = d.variant
         return NOTICE_MAGIC + json.dumps(fields, separators=(",", ":")).encode()
 
 
@@ -93,7 +103,8 @@ def decode_notice(blob: object) -> SignedDone:
     try:
         f = json.loads(blob[4:])
         included = f["included"]
-        done = Done(f["group_key"], f["epoch"], f["round"], tuple(included))
+        variant = f.get("variant")  # absent in a notice of session 25 or older
+        done = Done(f["group_key"], f["epoch"], f["round"], tuple(included), variant)
         notice = SignedDone(f["run_id"], done, f["signer"], bytes.fromhex(f["signature"]))
     except (ValueError, RecursionError, KeyError, TypeError, AttributeError):
         raise GroupMessageError("malformed", "a group-done notice that does not parse") from None
@@ -102,6 +113,7 @@ def decode_notice(blob: object) -> SignedDone:
         and all(type(v) is int and 0 <= v < MAX_COUNT for v in (done.epoch, done.round))
         and all(_text(v) for v in (notice.run_id, notice.signer))
         and len(notice.signature) == SIGNATURE_BYTES
+        and (variant is None or is_digest(variant))
     )
     if not ok:
         raise GroupMessageError("malformed", "a group-done notice with fields out of range")

@@ -4,7 +4,9 @@ itself: dht.grouping_round; dht/group_exchange.py does the network):
 - `group-done`: a small notice that a member completed a round (its id and included set),
   sent instead of the whole update: a member still waiting fetches the update from the
   notifier only when it needs it (`done_action`), a peer outside the group fetches it once
-  from one holder (the gossip's catch-up), not once per pushing member.
+  from one holder (the gossip's catch-up), not once per pushing member. Since session 26 it
+  names its variant (`variant`, merge.group_equivocation.variant_digest): a node that holds
+  another variant of the round fetches this one to form the proof (dht.variant_fetches).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from dht.grouping_wire import (
     RoundId,
     names_a_round,
 )
+from dht.variant_fetches import is_digest
+from merge.group_equivocation import GroupVariant
 from merge.group_update import (
     Abandoned,
     GroupUpdate,
@@ -39,6 +43,9 @@ class Done:
     epoch: int
     round: int
     included: tuple[str, ...]
+    variant: str | None = None
+    """The digest of the completed variant (merge.group_equivocation.variant_digest); None in
+    a notice of session 25 or older."""
 
     @property
     def round_id(self) -> RoundId:
@@ -56,14 +63,16 @@ class Done:
             "round": self.round,
             "included": list(self.included),
         }
+        if self.variant is not None:
+            fields["variant"] = self.variant
         return DONE_MAGIC + json.dumps(fields, separators=(",", ":")).encode()
 
     @classmethod
     def of(cls, update: GroupUpdate) -> Done:
         head = update.head
-        return cls(
-            head.group_key, head.epoch, head.round, tuple(h.author for h in update.contributions)
-        )
+        included = tuple(h.author for h in update.contributions)
+        variant = GroupVariant.of(update).digest
+        return cls(head.group_key, head.epoch, head.round, included, variant)
 
 
 def done_max_bytes() -> int:
@@ -77,11 +86,16 @@ def decode_done(blob: object) -> Done:
     try:
         fields = json.loads(blob[4:])
         included = fields["included"]
-        done = Done(fields["group_key"], fields["epoch"], fields["round"], tuple(included))
+        done = Done(
+            fields["group_key"], fields["epoch"], fields["round"], tuple(included),
+            fields.get("variant"),
+        )  # fmt: skip
     except (ValueError, RecursionError, KeyError, TypeError, AttributeError):
         raise GroupMessageError("malformed", "a group-done notice that does not parse") from None
-    ok = names_a_round(done.group_key, included) and all(
-        type(v) is int and 0 <= v < MAX_COUNT for v in (done.epoch, done.round)
+    ok = (
+        names_a_round(done.group_key, included)
+        and all(type(v) is int and 0 <= v < MAX_COUNT for v in (done.epoch, done.round))
+        and (done.variant is None or is_digest(done.variant))
     )
     if not ok:
         raise GroupMessageError("malformed", "a group-done notice with fields out of range")

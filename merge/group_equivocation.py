@@ -28,6 +28,7 @@ Pure: no network, no replica.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections import OrderedDict
@@ -102,6 +103,11 @@ class GroupVariant:
     @property
     def key(self) -> VariantKey:
         return self.shard_digests, self.included
+
+    @property
+    def digest(self) -> str:
+        """This variant's short name (`variant_digest`): what a group-done notice carries."""
+        return variant_digest(self.key)
 
     def reducers(self) -> tuple[str, ...]:
         if not self.members:
@@ -311,6 +317,19 @@ class GroupProof:
             raise ProofError("not_canonical", "not the canonical encoding")
         proof.check(run)
         return proof
+
+
+VARIANT_DIGEST_CHARS = 16
+"""A variant digest's length in hex characters (64 bits)."""
+
+
+def variant_digest(key: VariantKey) -> str:
+    """A short hash of a variant's co-signed content (its shard digests and included set):
+    equal for two copies of one variant, different for two variants of one round (their
+    keys differ). Named in a `group-done` notice so a replica that holds another variant of
+    the round fetches this one (dht.variant_fetches); a collision only costs that fetch."""
+    digest = hashlib.sha256(_canonical([list(key[0]), list(key[1])])).hexdigest()
+    return digest[:VARIANT_DIGEST_CHARS]
 
 
 def prevailing(a: GroupVariant, b: GroupVariant) -> GroupVariant | None:

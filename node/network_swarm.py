@@ -23,6 +23,7 @@ from dht.state_donors import Skipped
 from dht.swarm import RunMismatchError, Swarm
 from dht.transfer_progress import ProgressReport
 from merge.envelope import SignedUpdate
+from merge.group_equivocation import variant_digest
 from merge.group_update import Abandoned, GroupUpdate
 from merge.pipeline import UpdatePipeline
 from merge.replica import Replica
@@ -92,6 +93,7 @@ class NetworkSwarm:
             )
             swarm.gossip.catchup.held_back = self._groups.held_back
             self._groups.realign = swarm.realign_from_class  # left out of a fetch round's class
+            self._groups.applied_variant = self._applied_variant  # notices name their variant
 
     def _group_update(self, update: GroupUpdate) -> bool:
         """Another group's update (or one of this node's group it was left out of), pushed by
@@ -103,6 +105,12 @@ class NetworkSwarm:
             self.pass_on_evidence(update)
         self._report_merge(result)
         return result.accepted
+
+    def _applied_variant(self, group_key: str, seq: int) -> str | None:
+        """The digest of the group variant the replica applied under (group key, seq), or
+        None (read on the network's loop: one dict lookup, no lock)."""
+        key = self._pipeline.groups.variants.key_of((group_key, seq))
+        return None if key is None else variant_digest(key)
 
     def pass_on_evidence(self, update: GroupUpdate) -> None:
         self.swarm.gossip.evidence.from_thread(self._pipeline.group_evidence(update))
