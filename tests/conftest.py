@@ -69,7 +69,7 @@ def run_cli(
 # - "single": the other tests outside tests/unit (CLI runs, a lone node, the dashboard app,
 #   the benches' wiring, the docs), on the other worker first, at normal priority;
 # - "beside": light two-node swarm tests (the `beside` marker) whose assertions were shown to
-#   hold with another swarm test running (docs/testing.md, session 25), on that worker after
+#   hold with another swarm test running (docs/testing.md, sessions 25-26), on that worker after
 #   the single ones, at normal priority: the swarm worker is the suite's wall time, the other
 #   one idled its last ~270 s (CI of session 24);
 # - "unit": the unit tests, on that worker after them, which then lowers its own priority to
