@@ -11,11 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from merge.identity import Identity
 from node.persistence import PARTIAL_SAVE_S
 from tests.swarm.conftest import NodeProcess
 from tests.swarm.replicas import saved_replica, settled_params
-from tests.swarm.together import bootstrap_address, unused_port
 from tests.timeouts import covering
 
 pytestmark = pytest.mark.swarm
@@ -67,15 +65,9 @@ def test_a_restarted_node_trains_first_catches_up_beside_and_ends_with_its_peers
 ) -> None:
     run = ("--model", "tiny", "--inner-steps", "10", "--threads", "1", "--eval-batches", "2")
     # The peer serves (lingers) after its rounds until stopped, the node restarts meanwhile.
-    # Both start at once (tests/swarm/together.py): the peer's address is known before it
-    # listens, and the node dials it with the product's backoff until it does.
-    key, port = tmp_path / "peer.key", unused_port()
-    Identity.generate().save(key)
-    join = ("--peers", bootstrap_address(str(key), port))
-    peer = launch(*run, "--identity", str(key), "--port", str(port), "--max-rounds", "4",
-                  "--linger", "400", name="peer")  # fmt: skip
+    peer = launch(*run, "--max-rounds", "4", "--linger", "400", name="peer")
+    join = ("--peers", peer.wait_listening(START_S)[0])
     node = launch(*run, *join, "--max-rounds", "1", name="node")
-    assert join[1] in peer.wait_listening(START_S), "the peer listens where the node was sent"
     assert node.wait_exit(ROUND_S) == 0
 
     until_done = ("--linger", "150", "--linger-until-done")  # our updates merged there too
