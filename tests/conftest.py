@@ -68,6 +68,10 @@ def run_cli(
 #   without xdist, so no two swarms ever share the machine; they are the suite's wall time;
 # - "single": the other tests outside tests/unit (CLI runs, a lone node, the dashboard app,
 #   the benches' wiring, the docs), on the other worker first, at normal priority;
+# - "beside": light two-node swarm tests (the `beside` marker) whose assertions were shown to
+#   hold with another swarm test running (docs/testing.md, sessions 25-26), on that worker after
+#   the single ones, at normal priority: the swarm worker is the suite's wall time, the other
+#   one idled its last ~270 s (CI of session 24);
 # - "unit": the unit tests, on that worker after them, which then lowers its own priority to
 #   the lowest, so they take only the CPU the node processes leave idle (waits for timers,
 #   paced steps) and never slow a real-process test's timing.
@@ -77,8 +81,9 @@ def run_cli(
 # on their worker (a niceness is only ever raised, which needs no privilege).
 PROCESS_GROUP = "processes"
 SINGLE_GROUP = "single"
+BESIDE_GROUP = "beside"
 UNIT_GROUP = "unit"
-GROUP_ORDER = (SINGLE_GROUP, PROCESS_GROUP, UNIT_GROUP)
+GROUP_ORDER = (SINGLE_GROUP, PROCESS_GROUP, BESIDE_GROUP, UNIT_GROUP)
 UNIT_TESTS = REPO / "tests" / "unit"
 SWARM_TESTS = REPO / "tests" / "swarm"
 UNIT_NICENESS = 19
@@ -90,6 +95,8 @@ def group_of(item: pytest.Item) -> str:
         return UNIT_GROUP
     if item.get_closest_marker("lone"):
         return SINGLE_GROUP
+    if item.get_closest_marker("beside"):
+        return BESIDE_GROUP
     if SWARM_TESTS in item.path.parents or item.get_closest_marker("swarm"):
         return PROCESS_GROUP
     return SINGLE_GROUP

@@ -18,7 +18,7 @@ from bench.procs import node_process
 from tests.conftest import REPO
 from tests.swarm.conftest import NodeProcess, _reap_all
 
-pytestmark = pytest.mark.swarm
+pytestmark = [pytest.mark.swarm, pytest.mark.beside]  # no timing window: beside the swarm tests
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")

@@ -19,7 +19,7 @@ import pytest
 from bench.procs import ChildProcess, python_module
 from tests.timeouts import EXIT_S, START_S, covering
 
-pytestmark = pytest.mark.swarm
+pytestmark = [pytest.mark.swarm, pytest.mark.beside]  # light: runs beside the swarm tests
 SAID = "bootstrap and relay at "
 REAPED_S = 15.0
 """dht.reaper's watchdog ends p2pd and the DHT process of a killed bootstrap (~2.5 s idle)."""

@@ -13,7 +13,7 @@ from dht.state_check import applied_digest
 from tests.swarm.conftest import NodeProcess, observed_heartbeats
 from tests.timeouts import MERGE_S, START_S, covering
 
-pytestmark = pytest.mark.swarm
+pytestmark = [pytest.mark.swarm, pytest.mark.beside]  # light: runs beside the swarm tests
 Launch = Callable[..., NodeProcess]
 RUN = ["--model", "tiny", "--threads", "1", "--inner-steps", "10", "--eval-batches", "1",
        "--heartbeat-period", "1", "--fragments", "2"]  # fmt: skip

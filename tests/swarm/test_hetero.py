@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
+from merge.identity import Identity
 from merge.weighting import rounds_stale
 from tests.swarm.conftest import NodeProcess
+from tests.swarm.together import bootstrap_address, unused_port
 from tests.timeouts import SLOW_MERGE_S, START_S, covering
 
 pytestmark = pytest.mark.swarm
@@ -42,12 +45,17 @@ def wait_merged_count(node: NodeProcess, author: str, count: int) -> list[dict]:
 @pytest.mark.parametrize("sizing", SIZING)
 @pytest.mark.timeout(covering(2 * START_S, 5 * SLOW_MERGE_S, EVAL_S))  # 3 rounds reported
 def test_a_three_times_slower_node_keeps_contributing_at_its_own_pace(
-    launch: Launch, sizing: str
+    launch: Launch, tmp_path: Path, sizing: str
 ) -> None:
     run = [*RUN, *SIZING[sizing]]
-    fast = launch(*run, name="fast")
-    slow = launch(*run, "--speed-factor", "3", "--peers", fast.wait_listening(START_S)[0],
-                  name="slow")  # fmt: skip
+    # Both start at once (tests/swarm/together.py): the fast node's address is known before
+    # it listens, and the slow one dials it with the product's backoff until it does.
+    key, port = tmp_path / "fast.key", unused_port()
+    Identity.generate().save(key)
+    maddr = bootstrap_address(str(key), port)
+    fast = launch(*run, "--identity", str(key), "--port", str(port), name="fast")
+    slow = launch(*run, "--speed-factor", "3", "--peers", maddr, name="slow")
+    assert maddr in fast.wait_listening(START_S), "fast listens where slow was sent"
     slow.wait_listening(START_S)
 
     from_slow = wait_merged_count(fast, slow.peer_id, 3)
@@ -81,8 +89,8 @@ def test_a_three_times_slower_node_keeps_contributing_at_its_own_pace(
         assert slow.of("round_done")[-1]["planned_steps"] < INNER_STEPS
         assert fast.of("round_done")[-1]["steps_per_s"] > slow.of("round_done")[-1]["steps_per_s"]
     # ... and the swarm learns: both replicas, each with the other's updates merged in, beat the
-    # untrained model the fast node started from. (The slow node joined from the fast one's
-    # state, so its own first evaluation is of an already trained replica: two evaluation
+    # untrained model the fast node started from. (The slow node may join from the fast one's
+    # state, so its own first evaluation may be of an already trained replica: two evaluation
     # batches later it may read a little higher by noise alone.) The newest evaluation of
     # each: they run beside training.
     untrained = fast.wait_event("evaluated", EVAL_S)["val_loss"]

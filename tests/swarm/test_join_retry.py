@@ -7,12 +7,15 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 import pytest
 
 from dht.known_peers import KNOWN_PEERS_FILE, load_known_peers
+from merge.identity import Identity
 from tests.swarm.conftest import NodeProcess
+from tests.swarm.together import bootstrap_address, unused_port
 from tests.timeouts import EXIT_S, START_S, covering
 
 pytestmark = pytest.mark.swarm
@@ -31,12 +34,16 @@ def wait_peers_alive(node: NodeProcess, count: int, timeout_s: float) -> None:
 
 @pytest.mark.timeout(covering(5 * START_S, EXIT_S))  # EXIT_S: the clean stop
 def test_a_restarted_node_joins_through_known_peers_after_its_bootstrap_died(
-    launch: Launch,
+    launch: Launch, tmp_path: Path
 ) -> None:
-    bootstrap = launch(*RUN, name="boot")
-    boot_maddr = bootstrap.wait_listening(START_S)[0]
+    # All three start at once (tests/swarm/together.py): the bootstrap's address is known
+    # before it listens, and the two others dial it with the product's backoff until it does.
+    key, port = _identity(tmp_path / "boot.key"), unused_port()
+    boot_maddr = bootstrap_address(str(key), port)
+    bootstrap = launch(*RUN, "--identity", str(key), "--port", str(port), name="boot")
     member = launch(*RUN, "--peers", boot_maddr, name="member")
     returning = launch(*RUN, "--peers", boot_maddr, name="returning")
+    assert boot_maddr in bootstrap.wait_listening(START_S)
     member.wait_listening(START_S)
     wait_peers_alive(returning, 2, START_S)
 
@@ -53,21 +60,23 @@ def test_a_restarted_node_joins_through_known_peers_after_its_bootstrap_died(
 
 @pytest.mark.timeout(covering(7 * START_S, EXIT_S))  # EXIT_S: the clean stop
 def test_a_known_member_whose_peers_are_all_down_trains_alone_and_rejoins_when_one_returns(
-    launch: Launch,
+    launch: Launch, tmp_path: Path
 ) -> None:
     """Its only peer is down: it trains on its checkpoint at once (no exit, no minute of
     retries), dials in the background, and merges the peer's updates once it is back."""
-    port = _free_port()
-    peer = launch(*RUN, "--port", str(port), name="peer")
-    peer_maddr = peer.wait_listening(START_S)[0]
+    # Both start at once: the peer's address is known before it listens (together.py).
+    key, port = _identity(tmp_path / "peer.key"), unused_port()
+    peer_maddr = bootstrap_address(str(key), port)
+    peer = launch(*RUN, "--identity", str(key), "--port", str(port), name="peer")
     member = launch(*RUN, "--peers", peer_maddr, name="member")
+    assert peer_maddr in peer.wait_listening(START_S)
     wait_peers_alive(member, 1, START_S)
     member.stop()  # its checkpoint: a known member now
     peer.crash()
 
     again = launch(*RUN, "--peers", peer_maddr, name="member")
     wait_training_alone(again)
-    back = launch(*RUN, "--port", str(port), name="peer")  # same identity, same address
+    back = launch(*RUN, "--identity", str(key), "--port", str(port), name="peer")  # same address
     assert back.wait_listening(START_S)[0] == peer_maddr
     again.wait_for(
         lambda e: e.get("event") == "update_merged" and e["author"] == peer.peer_id,
@@ -117,10 +126,9 @@ def _wait_stderr(node: NodeProcess, text: str, timeout_s: float) -> None:
         time.sleep(0.2)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _identity(path: Path) -> Path:
+    Identity.generate().save(path)
+    return path
 
 
 @pytest.mark.lone  # one node at a time: beside the swarm tests

@@ -7,7 +7,7 @@ import pytest
 from tests.swarm.test_swarm import RUN, Launch, wait_merged
 from tests.timeouts import EXIT_S, MERGE_S, START_S, covering
 
-pytestmark = pytest.mark.swarm
+pytestmark = [pytest.mark.swarm, pytest.mark.beside]  # light: runs beside the swarm tests
 
 
 @pytest.mark.timeout(covering(2 * START_S, 3 * MERGE_S, EXIT_S, 5))

@@ -18,7 +18,7 @@ from hivemind.utils import MSGPackSerializer, get_dht_time
 from dht.records import OwnerValidator, RefusalCounts, owner_subkey, subkey_owner
 from merge.identity import Identity
 
-pytestmark = pytest.mark.swarm
+pytestmark = [pytest.mark.swarm, pytest.mark.beside]  # light: runs beside the swarm tests
 KEY = "diloco/test/peers"
 
 

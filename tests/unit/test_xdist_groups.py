@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.conftest import (
+    BESIDE_GROUP,
     GROUP_ORDER,
     PROCESS_GROUP,
     REPO,
@@ -37,7 +38,9 @@ class FakeItem:
         ("tests/unit/test_wait_budget.py", {"swarm"}, UNIT_GROUP),
         ("tests/swarm/test_groups.py", {"swarm"}, PROCESS_GROUP),
         ("tests/swarm/test_harness.py", {"swarm", "lone"}, SINGLE_GROUP),
-        ("tests/dashboard/test_browser.py", {"swarm"}, PROCESS_GROUP),
+        ("tests/swarm/test_fragments.py", {"swarm", "beside"}, BESIDE_GROUP),
+        ("tests/dashboard/test_browser.py", {"swarm", "beside"}, BESIDE_GROUP),
+        ("tests/swarm/test_hetero.py", {"swarm"}, PROCESS_GROUP),
         ("tests/node/test_cli.py", set(), SINGLE_GROUP),
         ("tests/test_docs.py", set(), SINGLE_GROUP),
     ],
@@ -50,8 +53,11 @@ def test_each_test_runs_in_the_group_of_what_it_starts(
 
 def test_the_single_tests_come_first_then_the_swarm_tests_then_the_unit_tests() -> None:
     # loadgroup's own queue, by size: the swarm tests would start only once a worker is free
-    assert next_group([UNIT_GROUP, SINGLE_GROUP, PROCESS_GROUP]) == SINGLE_GROUP
-    assert next_group([UNIT_GROUP, PROCESS_GROUP]) == PROCESS_GROUP
+    assert next_group([UNIT_GROUP, SINGLE_GROUP, PROCESS_GROUP, BESIDE_GROUP]) == SINGLE_GROUP
+    assert next_group([UNIT_GROUP, BESIDE_GROUP, PROCESS_GROUP]) == PROCESS_GROUP
+    # the light swarm tests before the unit tests: once a worker is niced it stays so, and
+    # their nodes would inherit it
+    assert next_group([UNIT_GROUP, BESIDE_GROUP]) == BESIDE_GROUP
     assert next_group([UNIT_GROUP]) == UNIT_GROUP
     assert next_group([]) is None
 
