@@ -39,6 +39,7 @@ from dht.group_exchange_shards import (
 from dht.group_notice import SignedDone
 from dht.grouping_census import SenderBook
 from dht.grouping_done import Done
+from dht.grouping_follow import Follower
 from dht.grouping_patience import grace_s, joins_in_time
 from dht.grouping_round import Cosign, GroupRound, cosign_max_bytes, decode_cosign
 from dht.grouping_shards import Piece, ShardedRound
@@ -148,6 +149,8 @@ class GroupExchange(EarlyExchange, ShardedExchange, FetchExchange, DoneExchange)
         self.highest_round: dict[str, int] = {}
         """Group key -> the highest round a member's verified part was seen for: a member
         that is behind (a newcomer, a restart) joins its group's round (node.group_publishing)."""
+        self.follower = Follower(self.identity.peer_id)
+        """The groups whose last round this member ended alone (dht.grouping_follow)."""
         self.senders = SenderBook()
         """The live peers inside a group's prefix that sent this node a verified part or piece,
         per (group key, epoch): what a member list that differs heals from
@@ -238,7 +241,7 @@ class GroupExchange(EarlyExchange, ShardedExchange, FetchExchange, DoneExchange)
         was here, and a grace for parts in flight: dht.grouping_patience.grace_s), then
         co-signatures until `cosign_s` past the join window; the outcome."""
         rid = (header.group_key, header.epoch, header.round)
-        opened_at = self._opened_at(rid, self._held, wait_s)
+        opened_at = await self._opened_at(rid, self._held, wait_s)
         if opened_at is None:
             return Abandoned("late")
         member = GroupRound(
@@ -270,19 +273,22 @@ class GroupExchange(EarlyExchange, ShardedExchange, FetchExchange, DoneExchange)
                     await until_due(wake, member)
             return await self._finish(rid, member)
 
-    def _opened_at(
+    async def _opened_at(
         self, rid: RoundId, held: OrderedDict[RoundId, dict[Any, Any]], wait_s: float
     ) -> float | None:
-        """When this member's round opened: when its first part or piece was here, or now;
-        None when that was `wait_s` or more ago (dht.grouping_patience.joins_in_time: the
+        """When this member's round opened, after following its group if its last round there
+        ended alone (dht.grouping_follow, `_follow`): when its first part or piece was here, or
+        now; None when that was `wait_s` or more ago (dht.grouping_patience.joins_in_time: the
         group's join window is over; late, its part kept for its next round, and what was held
         for it dropped). The round then collects for a grace past `wait_s`, so parts sent
         within the window reach every member before it closes (session 18)."""
+        await self._follow(rid, wait_s)
         now = time.monotonic()
         if not joins_in_time(now, self._held_since.get(rid), wait_s):
             held.pop(rid, None)
             self._held_since.pop(rid, None)
             self._settle(rid, False)
+            self.follower.ended(rid, "late", frozenset())
             return None
         return min(now, self._held_since.pop(rid, now))
 
@@ -312,6 +318,8 @@ class GroupExchange(EarlyExchange, ShardedExchange, FetchExchange, DoneExchange)
         outcome = member.outcome
         assert outcome is not None
         self._settle(rid, isinstance(outcome, GroupUpdate))  # applied here either way
+        reason = outcome.reason if isinstance(outcome, Abandoned) else None
+        self.follower.ended(rid, reason, member.reduction.contributors)
         if isinstance(outcome, GroupUpdate):
             await self._hold(outcome)
             self.keep(outcome)  # --group-shard-fetch: its slices served, its fetch round run

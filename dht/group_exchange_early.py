@@ -2,7 +2,8 @@
 stream, the parts held (bounded: the newest `MAX_HELD_ROUNDS` rounds, one part per member
 each) until the round opens here, and the senders booked from them (dht.grouping_census). A
 mixin of dht.group_exchange.GroupExchange, which holds the state it uses; split out of it in
-session 26 (moves, not rewrites).
+session 26 (moves, not rewrites). And `_follow`, the wait for another member's first part of a
+round before opening it (dht.grouping_follow: a member whose last round there ended alone).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 
 from dht.group_exchange_shards import new_refusal, own_message
 from dht.grouping import member_check
+from dht.grouping_follow import FOLLOW_TICK_S, Follower
 from dht.grouping_shards import ShardedRound
 from dht.grouping_wire import RoundId, decode_part, part_max_bytes
 from merge.group_update import ContributionHeader
@@ -41,6 +43,8 @@ class EarlyExchange:
         run_id: str
         numel: int
         senders: SenderBook
+        follower: Follower
+        _on_event: Callable[..., None] | None
         highest_round: dict[str, int]
         _rounds: dict[RoundId, GroupRound | ShardedRound]
         _wakes: dict[RoundId, asyncio.Event]
@@ -128,3 +132,24 @@ class EarlyExchange:
     def _note_round(self, header: ContributionHeader) -> None:
         key = header.group_key
         self.highest_round[key] = max(self.highest_round.get(key, -1), header.round)
+
+    async def _follow(self, rid: RoundId, wait_s: float) -> None:
+        """Before this member opens round `rid`: when its last round of the group ended alone,
+        wait (bounded) for another member's first part or piece of `rid`, which it then joins
+        (dht.grouping_follow); `group_followed` says how long and what ended the wait."""
+        key, epoch, round_ = rid
+        wait = self.follower.wait(rid, time.monotonic(), self._held_since.get(rid), wait_s)
+        if wait is None:
+            return
+        while True:
+            now = time.monotonic()
+            ended = wait.ended(now, self._held_since.get(rid), self.highest_round.get(key, -1))
+            if ended is not None:
+                break
+            await asyncio.sleep(min(FOLLOW_TICK_S, max(wait.until - now, 0.0)))
+        if self._on_event is not None:
+            waited_s = round(now - wait.since, 3)
+            self._on_event(
+                "group_followed", group_key=key, epoch=epoch, round=round_, waited_s=waited_s,
+                ended=ended,
+            )  # fmt: skip
