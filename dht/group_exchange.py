@@ -150,7 +150,7 @@ class GroupExchange(EarlyExchange, ShardedExchange, FetchExchange, DoneExchange)
         """Group key -> the highest round a member's verified part was seen for: a member
         that is behind (a newcomer, a restart) joins its group's round (node.group_publishing)."""
         self.follower = Follower(self.identity.peer_id)
-        """The groups whose last round this member ended alone (dht.grouping_follow)."""
+        """Whether this member's last round ended alone, and where (dht.grouping_follow)."""
         self.senders = SenderBook()
         """The live peers inside a group's prefix that sent this node a verified part or piece,
         per (group key, epoch): what a member list that differs heals from

@@ -134,7 +134,7 @@ class EarlyExchange:
         self.highest_round[key] = max(self.highest_round.get(key, -1), header.round)
 
     async def _follow(self, rid: RoundId, wait_s: float) -> None:
-        """Before this member opens round `rid`: when its last round of the group ended alone,
+        """Before this member opens round `rid`: when its last round ended alone in the same group,
         wait (bounded) for another member's first part or piece of `rid`, which it then joins
         (dht.grouping_follow); `group_followed` says how long and what ended the wait."""
         key, epoch, round_ = rid

@@ -1,12 +1,12 @@
-"""Follow the group: a member whose last round of a group ended alone waits, bounded, for
-its group's next round instead of opening it; pure (dht/group_exchange.py runs it).
+"""Follow the group: a member whose last round ended alone waits, bounded, for its group's
+next round instead of opening it; pure (dht/group_exchange.py runs it).
 
 Session 25 (docs/scale.md, phase25 (c)): after a restart or a long round one member can be
 out of step with its group, opening each round alone ahead of the others (`below_quorum`
 with nobody else's part, for it; `late` at once, for them, their window already run from its
 part). Each such round closes only about a join window of the offset. Instead, a member
-whose last round of the group ended `below_quorum` with no other member's contribution does
-not open its next round there at once: it waits up to `FOLLOW_WINDOWS` join windows for the
+whose last round ended `below_quorum` with no other member's contribution does not open its
+next round of that group at once: it waits up to `FOLLOW_WINDOWS` join windows for the
 first part or piece of that round from another member (then it joins it, in the others'
 window), and opens as before when none comes, or as soon as a part of a later round of the
 group shows it is behind, not ahead. No new wire input, and no change to who completes a
@@ -15,7 +15,6 @@ round: the round opens as it would have had this member's part come later.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 
 from dht.grouping_wire import RoundId
@@ -24,8 +23,6 @@ FOLLOW_WINDOWS = 2.0
 """How many join windows a member that ended its last round alone waits for its group."""
 FOLLOW_TICK_S = 0.05
 """How often a waiting member looks for its group's first part (a dict look-up)."""
-MAX_FOLLOWED_GROUPS = 64
-"""Groups whose last round's ending is remembered (the least recent dropped first)."""
 
 
 def follow_s(wait_s: float) -> float:
@@ -55,30 +52,27 @@ class FollowWait:
 
 
 class Follower:
-    """Which groups this member ended its last round of alone, and so waits in next."""
+    """Whether this member's last round (of any group) ended alone, and so which group's next
+    round it waits in."""
 
     def __init__(self, me: str) -> None:
         self.me = me
-        self._alone: OrderedDict[str, RoundId] = OrderedDict()
-        """Group key -> the round this member last ended there alone (its last round)."""
+        self.alone: RoundId | None = None
+        """This member's last round when it ended alone; None after any other ending."""
 
     def ended(self, rid: RoundId, reason: str | None, contributors: frozenset[str]) -> None:
-        """Round `rid` ended here: abandoned for `reason` (None: completed, or it never opened
-        here) with `contributors` in. Alone means `below_quorum` with nobody else's part."""
-        key = rid[0]
-        self._alone.pop(key, None)
-        if reason == "below_quorum" and contributors <= {self.me}:
-            self._alone[key] = rid
-            if len(self._alone) > MAX_FOLLOWED_GROUPS:
-                self._alone.popitem(last=False)
+        """Round `rid` ended here: abandoned for `reason` (None: completed) with
+        `contributors` in. Alone means `below_quorum` with nobody else's part."""
+        lone = reason == "below_quorum" and contributors <= {self.me}
+        self.alone = rid if lone else None
 
     def wait(
         self, rid: RoundId, now: float, first_seen: float | None, wait_s: float
     ) -> FollowWait | None:
         """The wait before this member opens round `rid` (None: open at once): only when its
-        last round of that group, an earlier one, ended alone, and nothing of `rid` from
+        last round ended alone, in the same group and earlier, and nothing of `rid` from
         another member is here yet (`first_seen`)."""
-        last = self._alone.get(rid[0])
-        if last is None or rid[1:] <= last[1:] or first_seen is not None:
+        last = self.alone
+        if last is None or last[0] != rid[0] or rid[1:] <= last[1:] or first_seen is not None:
             return None
         return FollowWait(rid, now, now + follow_s(wait_s))

@@ -97,6 +97,9 @@ def test_members_in_step_never_wait(
     assert follower.wait(("groups.0b1", 0, 4), 0.0, None, wait_s) is None  # another group
     follower.ended((KEY, 0, 4), None, frozenset({ME}))  # it completed the next one
     assert follower.wait((KEY, 0, 5), 0.0, None, wait_s) is None
+    follower.ended((KEY, 0, 5), "below_quorum", frozenset({ME}))
+    follower.ended(("groups.0b1", 1, 6), reason, frozenset(others))  # a round elsewhere since
+    assert follower.wait((KEY, 2, 7), 0.0, None, wait_s) is None
 
 
 def test_a_new_epoch_of_the_group_still_follows() -> None:
