@@ -6,9 +6,8 @@ the node's existing stream handlers (dht/network.py's `add_handler`, each within
 per-peer `StreamLimits`, as `notify` is): what a peer sends is untrusted and read within a
 bound (`part_max_bytes`: the replica's fp32 size and a 4 KiB header); every refusal is
 counted against the sender (`group_part_<reason>`, ...), never raised. Parts for a round this
-node has not opened yet are held, bounded (the newest `MAX_HELD_ROUNDS` rounds, one part per
-member each), and fed to the round when it opens: a member that finished training first
-does not lose the others' parts.
+node has not opened yet are held, bounded, and fed to the round when it opens: a member that
+finished training first does not lose the others' parts (dht.group_exchange_early).
 
 `group-done`, the notice a member that completed its round sends instead of the update, and
 what a node does with one: dht.group_exchange_done. `group-update` (a pushed whole update)
@@ -29,28 +28,25 @@ import torch
 
 from dht.budget import StreamLimits
 from dht.group_exchange_done import DONE_LIMITS, DoneExchange, _round_id, push_targets
+from dht.group_exchange_early import EarlyExchange
 from dht.group_exchange_fetch import FetchExchange
 from dht.group_exchange_shards import (
     PIECE_LIMITS,
     SHARD_LIMITS,
     ShardedExchange,
-    new_refusal,
-    own_message,
     until_due,
 )
 from dht.group_notice import SignedDone
-from dht.grouping import member_check
 from dht.grouping_census import SenderBook
 from dht.grouping_done import Done
+from dht.grouping_follow import Follower
 from dht.grouping_patience import grace_s, joins_in_time
 from dht.grouping_round import Cosign, GroupRound, cosign_max_bytes, decode_cosign
 from dht.grouping_shards import Piece, ShardedRound
 from dht.grouping_wire import (
     RoundId,
-    decode_part,
     decode_update,
     encode_part,
-    part_max_bytes,
     update_max_bytes,
 )
 from dht.swarm_config import REQUEST_READ_TIMEOUT_S
@@ -79,15 +75,13 @@ UPDATE_LIMITS = StreamLimits(rate_per_s=2.0, burst=8.0, max_in_flight=2, deadlin
 """Complete group updates a peer may push: one per round from each member that completed."""
 MAX_SETTLED_ROUNDS = 64
 """Rounds this node ran whose ending (with the update or without) it remembers."""
-MAX_HELD_ROUNDS = 4
-"""Rounds whose parts are held before this node opens them (the oldest dropped first)."""
 SEND_TIMEOUT_S = 30.0
 
 Reject = Callable[[str, str, str], None]
 """(reason, peer id, detail): a counted rejection of a peer's input."""
 
 
-class GroupExchange(ShardedExchange, FetchExchange, DoneExchange):
+class GroupExchange(EarlyExchange, ShardedExchange, FetchExchange, DoneExchange):
     """This node's group rounds over the network; one round per (group, epoch, round)."""
 
     def __init__(
@@ -155,6 +149,8 @@ class GroupExchange(ShardedExchange, FetchExchange, DoneExchange):
         self.highest_round: dict[str, int] = {}
         """Group key -> the highest round a member's verified part was seen for: a member
         that is behind (a newcomer, a restart) joins its group's round (node.group_publishing)."""
+        self.follower = Follower(self.identity.peer_id)
+        """Whether this member's last round ended alone, and where (dht.grouping_follow)."""
         self.senders = SenderBook()
         """The live peers inside a group's prefix that sent this node a verified part or piece,
         per (group key, epoch): what a member list that differs heals from
@@ -170,76 +166,6 @@ class GroupExchange(ShardedExchange, FetchExchange, DoneExchange):
         await self.register_fetch()
 
     # ---- serving ----------------------------------------------------------------------------
-
-    async def rpc_part(self, info: Any, reader: Any, writer: Any) -> None:
-        sender = str(info.peer_id)
-
-        def decode(blob: bytes) -> tuple[ContributionHeader, torch.Tensor]:
-            header, tensor = decode_part(blob, self.numel)
-            own_message(header, sender, self.run_id, "a part")
-            return header, tensor
-
-        part = await self._take("group_part", sender, reader, part_max_bytes(self.numel), decode)
-        if part is None:
-            return
-        header, tensor = part
-        self._book(header)
-        self._take_part(header, tensor)
-
-    def _take_part(self, header: ContributionHeader, tensor: torch.Tensor) -> None:
-        rid = (header.group_key, header.epoch, header.round)
-        member = self._rounds.get(rid)
-        if isinstance(member, ShardedRound):
-            self._reject("group_part_not_sharded", header.author, "a whole part, pieces expected")
-            return
-        if member is not None:
-            before = dict(member.reduction.rejected)
-            if member.on_part(header, tensor):
-                self._note_round(header)
-            else:  # after_deadline (a late member), duplicate, wrong_round, headers_disagree...
-                reason = new_refusal(before, member.reduction.rejected)
-                self._reject(f"group_part_{reason}", header.author, "a part this round refused")
-            self._wakes[rid].set()
-            return
-        if not (member_check(self.run_id, header.group_key)(header.author)):
-            self._reject("group_part_not_a_member", header.author, "a part for another group")
-            return
-        if not self._is_alive(header.author):
-            return  # held only for live peers: a fresh key's parts take no memory here
-        held = self._holding(self._held, rid)
-        if header.author not in held:  # one per author and round: a resend changes nothing
-            held[header.author] = (header, tensor)
-            self._note_round(header)
-
-    def _book(self, header: ContributionHeader) -> None:
-        """Books the sender of a part or piece (dht.grouping_census) when it is alive, inside
-        its header's group and signed it, once per (group, epoch, sender) taken or not; then
-        its rounds (the transport named the sender, `own_message`): what keeps it listed."""
-        key, epoch, author = header.group_key, header.epoch, header.author
-        if author == self.identity.peer_id or self.senders.knows(key, epoch, author):
-            self.senders.heard(key, epoch, author, header.round)
-            return
-        if not member_check(self.run_id, key)(author) or not self._is_alive(author):
-            return
-        if header.verified():
-            self.senders.add(key, epoch, author, header.round)
-
-    def _holding(self, store: OrderedDict[RoundId, dict[Any, Any]], rid: RoundId) -> dict[Any, Any]:
-        """What `store` holds for a round that has not opened here (parts or pieces), made
-        empty the first time, the oldest round dropped past MAX_HELD_ROUNDS; `_held_since`
-        keeps when the round's first message was here."""
-        held = store.get(rid)
-        if held is None:
-            if len(store) >= MAX_HELD_ROUNDS:
-                oldest, _ = store.popitem(last=False)
-                self._held_since.pop(oldest, None)
-            held = store[rid] = {}
-            self._held_since.setdefault(rid, time.monotonic())
-        return held
-
-    def _note_round(self, header: ContributionHeader) -> None:
-        key = header.group_key
-        self.highest_round[key] = max(self.highest_round.get(key, -1), header.round)
 
     async def rpc_cosign(self, info: Any, reader: Any, writer: Any) -> None:
         sender = str(info.peer_id)
@@ -315,7 +241,7 @@ class GroupExchange(ShardedExchange, FetchExchange, DoneExchange):
         was here, and a grace for parts in flight: dht.grouping_patience.grace_s), then
         co-signatures until `cosign_s` past the join window; the outcome."""
         rid = (header.group_key, header.epoch, header.round)
-        opened_at = self._opened_at(rid, self._held, wait_s)
+        opened_at = await self._opened_at(rid, self._held, wait_s)
         if opened_at is None:
             return Abandoned("late")
         member = GroupRound(
@@ -347,19 +273,22 @@ class GroupExchange(ShardedExchange, FetchExchange, DoneExchange):
                     await until_due(wake, member)
             return await self._finish(rid, member)
 
-    def _opened_at(
+    async def _opened_at(
         self, rid: RoundId, held: OrderedDict[RoundId, dict[Any, Any]], wait_s: float
     ) -> float | None:
-        """When this member's round opened: when its first part or piece was here, or now;
-        None when that was `wait_s` or more ago (dht.grouping_patience.joins_in_time: the
+        """When this member's round opened, after following its group if its last round there
+        ended alone (dht.grouping_follow, `_follow`): when its first part or piece was here, or
+        now; None when that was `wait_s` or more ago (dht.grouping_patience.joins_in_time: the
         group's join window is over; late, its part kept for its next round, and what was held
         for it dropped). The round then collects for a grace past `wait_s`, so parts sent
         within the window reach every member before it closes (session 18)."""
+        await self._follow(rid, wait_s)
         now = time.monotonic()
         if not joins_in_time(now, self._held_since.get(rid), wait_s):
             held.pop(rid, None)
             self._held_since.pop(rid, None)
             self._settle(rid, False)
+            self.follower.ended(rid, "late", frozenset())
             return None
         return min(now, self._held_since.pop(rid, now))
 
@@ -389,6 +318,8 @@ class GroupExchange(ShardedExchange, FetchExchange, DoneExchange):
         outcome = member.outcome
         assert outcome is not None
         self._settle(rid, isinstance(outcome, GroupUpdate))  # applied here either way
+        reason = outcome.reason if isinstance(outcome, Abandoned) else None
+        self.follower.ended(rid, reason, member.reduction.contributors)
         if isinstance(outcome, GroupUpdate):
             await self._hold(outcome)
             self.keep(outcome)  # --group-shard-fetch: its slices served, its fetch round run

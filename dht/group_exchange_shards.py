@@ -98,7 +98,7 @@ class ShardedExchange:
         def _holding(
             self, store: OrderedDict[RoundId, dict[Any, Any]], rid: RoundId
         ) -> dict[Any, Any]: ...
-        def _opened_at(
+        async def _opened_at(
             self, rid: RoundId, held: OrderedDict[RoundId, dict[Any, Any]], wait_s: float
         ) -> float | None: ...
         def _running(
@@ -210,7 +210,7 @@ class ShardedExchange:
         decodes (bf16 and fp32 slices re-encode exactly; any other codec's pieces go fp32)."""
         rid = (header.group_key, header.epoch, header.round)
         self.fetch_wait_s = wait_s  # the fetch round's deadlines (dht.group_exchange_fetch)
-        opened_at = self._opened_at(rid, self._held_pieces, wait_s)
+        opened_at = await self._opened_at(rid, self._held_pieces, wait_s)
         if opened_at is None:
             return Abandoned("late")
         member = ShardedRound(

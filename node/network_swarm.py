@@ -17,6 +17,7 @@ from typing import Any
 from dht.addresses import join_hint
 from dht.group_exchange import GroupExchange
 from dht.grouping import member_check
+from dht.grouping_follow import follow_s
 from dht.heartbeat import Heartbeat, count_learners
 from dht.reachability import PathKind
 from dht.state_donors import Skipped
@@ -126,7 +127,8 @@ class NetworkSwarm:
             c.header, c.digests, c.pseudo_gradient, c.members, wait_s=c.wait_s,
             cosign_s=c.cosign_s, config=c.config, codec=c.codec,
         )  # fmt: skip
-        return self.swarm.network.call(run, c.wait_s + c.cosign_s + GROUP_ROUND_SLACK_S)
+        timeout_s = c.wait_s + c.cosign_s + follow_s(c.wait_s) + GROUP_ROUND_SLACK_S
+        return self.swarm.network.call(run, timeout_s)  # follow_s: dht.grouping_follow
 
     def group_round(self, group_key: str) -> int:
         return -1 if self._groups is None else self._groups.highest_round.get(group_key, -1)
