@@ -92,7 +92,8 @@ def main() -> None:
         "--balanced",
         action="store_true",
         help="with --group-size: identities that give every group N / G members "
-        "(bench.scale_keys), so that rows of one command are like for like",
+        "(bench.scale_keys), so that rows of one command are like for like; --sim: the "
+        "first nodes' identities alike",
     )
     parser.add_argument(
         "--shard-fetch",
@@ -146,6 +147,7 @@ def _simulate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
         wired=args.wired,
         scatter=args.scatter,
         group_size=args.group_size,
+        balanced=args.balanced,
         shard_round_aligned=args.aligned,
         sums_width=2 if args.bf16_sums else 4,
     )

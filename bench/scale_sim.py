@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from bench import scale_sim_wire as wire
+from bench.scale_keys import balanced_identities
 from bench.scale_sim_deliver import Delivering
 from bench.scale_sim_reduce import RUN_ID, Reducing
 from bench.scale_sim_state import Published, SimConfig, SimNode, SimReplica
@@ -78,13 +79,26 @@ class Simulation(Reducing, Delivering):
         """Mean wire bytes of the contribution headers signed so far."""
         self.token_config = TokenWeightConfig(reference_tokens=config.tokens_per_round)
         genesis = SimReplica.fresh(config.dim)
+        self._initial: list[Identity] = []
+        if config.balanced:  # as `bench.scale --balanced` starts its real nodes
+            size = config.group_size or GroupingConfig().min_group_size
+            self._initial = balanced_identities(
+                RUN_ID,
+                nodes,
+                size,
+                lambda: Identity.from_private_bytes(self.hostile_rng.randbytes(32)),
+            )[::-1]
         for _ in range(nodes):
             self._join(genesis, 0.0)
 
     # -- churn ------------------------------------------------------------------------------
 
     def _join(self, replica: SimReplica, now: float) -> SimNode:
-        identity = Identity.from_private_bytes(self.hostile_rng.randbytes(32))  # seeded ids
+        identity = (
+            self._initial.pop()
+            if self._initial
+            else Identity.from_private_bytes(self.hostile_rng.randbytes(32))  # seeded ids
+        )
         node = SimNode(identity, self.rng.uniform(12.5e6, 125e6), replica, now)
         node.dishonest = self.hostile_rng.random() < self.config.dishonest_share
         self.nodes.append(node)

@@ -68,6 +68,9 @@ class SimConfig:
     group_size: int = 0
     """The grouping policy's target group size (dht.grouping `GroupingConfig.min_group_size`,
     as join's --group-size sets it); 0: the policy's default (8)."""
+    balanced: bool = False
+    """The first nodes' identities spread evenly over the groups (bench.scale_keys, as
+    `bench.scale --balanced` gives real nodes), so a row is like for like with a real run."""
 
     def __post_init__(self) -> None:
         if self.sums_width not in (2, 4):
