@@ -268,8 +268,9 @@ class Simulation(Reducing, Delivering):
             self._receive(node, "propose", (g - 1) * propose)
             self._receive(node, "part", (g - 1) * part)
             if k:
-                others = self.numel - wire.slice_values(self.numel, g, rank)
-                sums = (g - 1) * wire.sums_bytes(0, 1) + self.config.sums_width * others
+                sizes = [wire.slice_values(self.numel, g, j) for j in range(g) if j != rank]
+                sums = sum(wire.sums_bytes(n, 1) - wire.SUMS_WIDTH * n for n in sizes)
+                sums += self.config.sums_width * sum(sizes)
                 self._receive(node, "sums", sums)
 
     def _receive(self, node: SimNode, kind: str, num_bytes: float) -> None:

@@ -90,5 +90,7 @@ def part_bytes(num_incoming: int) -> int:
 
 @functools.cache
 def sums_bytes(num_values: int, num_sums: int) -> int:
-    """One member's slice (`num_values`) of each of the round's `num_sums` sums, fp32."""
-    return message_bytes("sums", {}, num_sums * num_values)
+    """One member's slice (`num_values`) of each of the round's `num_sums` sums, fp32 (the
+    JSON's "sizes" list names each slice's length)."""
+    sizes = num_sums * len(str(num_values)) + max(0, num_sums - 1)
+    return message_bytes("sums", {}, num_sums * num_values) + sizes
