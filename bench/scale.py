@@ -68,7 +68,11 @@ def main() -> None:
         "--events-dir", type=Path, help="keep every process's JSON events here (nN/, a file each)"
     )
     parser.add_argument(
-        "--group-size", type=int, default=0, help="learner groups (join --group-size; 0: off)"
+        "--group-size",
+        type=int,
+        default=0,
+        help="learner groups (join --group-size; 0: off); --sim: the grouping's target group "
+        "size, as join's --group-size sets it (0: the policy's default, 8)",
     )
     parser.add_argument("--sim", action="store_true", help="simulate learner groups instead")
     parser.add_argument("--nodes", default="8,64,1000", help="--sim: comma-separated swarm sizes")
@@ -88,13 +92,25 @@ def main() -> None:
         "--balanced",
         action="store_true",
         help="with --group-size: identities that give every group N / G members "
-        "(bench.scale_keys), so that rows of one command are like for like",
+        "(bench.scale_keys), so that rows of one command are like for like; --sim: the "
+        "first nodes' identities alike",
     )
     parser.add_argument(
         "--shard-fetch",
         action="store_true",
         help="with --group-size and --scatter: join --group-shard-fetch (each member fetches "
         "its slice of other groups' updates; docs/scale.md, Session 17)",
+    )
+    parser.add_argument(
+        "--aligned",
+        action="store_true",
+        help="--sim --scatter: count exact slices (merge.group_chunks, not wired) instead of "
+        "the overlapping whole shards real nodes fetch",
+    )
+    parser.add_argument(
+        "--bf16-sums",
+        action="store_true",
+        help="--sim --scatter: count the fetch round's sums in bf16 instead of fp32",
     )
     args = parser.parse_args()
     if args.shard_fetch and not (args.group_size and args.scatter):
@@ -126,7 +142,16 @@ def _simulate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
         sizes = parse_sizes(args.nodes)
     except ValueError as e:
         parser.error(str(e))
-    result = run(sizes, SimConfig(seed=args.seed, wired=args.wired, scatter=args.scatter))
+    config = SimConfig(
+        seed=args.seed,
+        wired=args.wired,
+        scatter=args.scatter,
+        group_size=args.group_size,
+        balanced=args.balanced,
+        shard_round_aligned=args.aligned,
+        sums_width=2 if args.bf16_sums else 4,
+    )
+    result = run(sizes, config)
     for row in result["rows"]:
         all_to_all = row["all_to_all_mb_per_node_per_round"]
         print(

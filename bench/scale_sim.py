@@ -25,21 +25,20 @@ from __future__ import annotations
 
 import random
 import statistics
-from collections import Counter
+from collections import Counter, defaultdict
 from typing import Any
 
 import torch
 
+from bench import scale_sim_wire as wire
+from bench.scale_keys import balanced_identities
 from bench.scale_sim_deliver import Delivering
 from bench.scale_sim_reduce import RUN_ID, Reducing
 from bench.scale_sim_state import Published, SimConfig, SimNode, SimReplica
-from dht.grouping import Grouping, GroupingPolicy, MembershipView
+from dht.grouping import Grouping, GroupingConfig, GroupingPolicy, MembershipView
 from dht.ranges import UpdateId
 from dht.shards import ShardConfig, ShardTree
 from merge.codecs import get_codec
-from merge.group_update import (
-    SIGNATURE_BYTES,
-)
 from merge.identity import Identity
 from merge.weighting import TokenWeightConfig
 
@@ -58,7 +57,8 @@ class Simulation(Reducing, Delivering):
         """Parameters of the model whose bytes are counted (tiny's)."""
         self.rng = random.Random(config.seed * 1_000_003 + nodes)
         self.hostile_rng = random.Random(config.seed * 1_000_003 + nodes + 1)
-        self.policy = GroupingPolicy(RUN_ID)
+        grouping = GroupingConfig(min_group_size=config.group_size) if config.group_size else None
+        self.policy = GroupingPolicy(RUN_ID, grouping)
         self.shards = ShardTree(RUN_ID, ShardConfig())
         self.optimum = torch.randn(config.dim, generator=torch.Generator().manual_seed(1))
         self.noise = torch.Generator().manual_seed(config.seed * 1_000_003 + nodes)
@@ -70,6 +70,8 @@ class Simulation(Reducing, Delivering):
         """Catch-up's ids, (group key, round), to update ids."""
         self.arrivals: list[tuple[float, int, str, int]] = []
         self.counters: Counter[str] = Counter()
+        self.by_kind: defaultdict[str, float] = defaultdict(float)
+        """Bytes received by all nodes, by message kind (the row's breakdown)."""
         self.all_to_all_bytes = 0.0
         self.node_rounds = 0
         self._ids: dict[int, SimReplica] = {}
@@ -77,13 +79,26 @@ class Simulation(Reducing, Delivering):
         """Mean wire bytes of the contribution headers signed so far."""
         self.token_config = TokenWeightConfig(reference_tokens=config.tokens_per_round)
         genesis = SimReplica.fresh(config.dim)
+        self._initial: list[Identity] = []
+        if config.balanced:  # as `bench.scale --balanced` starts its real nodes
+            size = config.group_size or GroupingConfig().min_group_size
+            self._initial = balanced_identities(
+                RUN_ID,
+                nodes,
+                size,
+                lambda: Identity.from_private_bytes(self.hostile_rng.randbytes(32)),
+            )[::-1]
         for _ in range(nodes):
             self._join(genesis, 0.0)
 
     # -- churn ------------------------------------------------------------------------------
 
     def _join(self, replica: SimReplica, now: float) -> SimNode:
-        identity = Identity.from_private_bytes(self.hostile_rng.randbytes(32))  # seeded ids
+        identity = (
+            self._initial.pop()
+            if self._initial
+            else Identity.from_private_bytes(self.hostile_rng.randbytes(32))  # seeded ids
+        )
         node = SimNode(identity, self.rng.uniform(12.5e6, 125e6), replica, now)
         node.dishonest = self.hostile_rng.random() < self.config.dishonest_share
         self.nodes.append(node)
@@ -150,7 +165,7 @@ class Simulation(Reducing, Delivering):
 
     def _download_state(self, node: SimNode) -> None:
         """A state transfer: fp32 params and outer momentum of tiny."""
-        node.received += 2 * 4 * self.update_bytes / get_codec(CODEC).payload_bytes(1)
+        self._receive(node, "state", 2 * 4 * self.update_bytes / get_codec(CODEC).payload_bytes(1))
         self.counters["state_downloads"] += 1
 
     # -- groups -----------------------------------------------------------------------------
@@ -212,7 +227,8 @@ class Simulation(Reducing, Delivering):
 
     def _account_round(self, now: float) -> None:
         """Heartbeat reads: the shards covering one's group and a bounded sample, each period;
-        the shard directory once per epoch. And one all-gather of the round's reduced shards."""
+        the shard directory once per epoch. Then the round's bytes beside its reduction: the
+        design's all-gather of the reduced shards, or with `scatter` the shard fetch round."""
         assert self.grouping is not None
         c = self.config
         periods = c.round_s / c.heartbeat_period_s
@@ -225,31 +241,41 @@ class Simulation(Reducing, Delivering):
             members = by_replica.get(id(replica), [])
             if not members:
                 continue
+            g = len(members)
             for node in members:
                 sample = self.shards.sample(self.rng, c.sample_shards)
                 node.records_read += (
                     periods * (group_records + sum(leaves[s] for s in sample)) + directory
                 )
                 node.live_s += c.round_s
-                # the all-gather of the reduced shards (design) or, with scatter, of the
-                # weighted incoming shards (the own group's are counted as they are sent)
-                if not c.wired and not (c.scatter and self.grouping.num_learners == 1):
-                    node.received += (len(members) - 1) / len(members) * self.update_bytes
-                    node.received += self._shard_round_bytes(len(members))
+                if not c.wired and not c.scatter:  # the design's all-gather of the round
+                    self._receive(node, "all_gather", (g - 1) / g * self.update_bytes)
+            if c.scatter and not c.wired:
+                self._account_fetch_round(members)
             self.node_rounds += len(members)
 
-    def _shard_round_bytes(self, g: int) -> float:
-        """What session 16's linear merge adds per member a round (SimConfig
-        `shard_round_sums`): the other members' part Gram matrices, and the weighted sums
-        beyond the first."""
-        c = self.config
+    def _account_fetch_round(self, members: list[SimNode]) -> None:
+        """A fetch round's messages among a group's g live members, as the real wire sizes
+        them (bench.scale_sim_wire): from each other member a proposal, and with K >= 1 other
+        groups' updates a part and its slices of the one weighted sum a round gathers (the
+        updates past a fold are deferred: `_deferred`); the slices in `_fetch_shards`."""
         assert self.grouping is not None
-        if not (c.scatter and c.shard_round_sums) or c.wired:
-            return 0.0
-        basis = 3 + self.grouping.num_learners - 1  # params, momentum, round sum; incoming
-        gram = 8 * basis * (basis + 1) / 2 + SIGNATURE_BYTES
-        extra_sums = (c.shard_round_sums - 1) * (g - 1) / g * self.update_bytes
-        return (g - 1) * gram + extra_sums
+        g, k = len(members), self.grouping.num_learners - 1
+        if g < 2:
+            return
+        propose, part = wire.propose_bytes(k, g), wire.part_bytes(k) if k else 0
+        for rank, node in enumerate(sorted(members, key=lambda n: n.peer_id)):
+            self._receive(node, "propose", (g - 1) * propose)
+            self._receive(node, "part", (g - 1) * part)
+            if k:
+                sizes = [wire.slice_values(self.numel, g, j) for j in range(g) if j != rank]
+                sums = sum(wire.sums_bytes(n, 1) - wire.SUMS_WIDTH * n for n in sizes)
+                sums += self.config.sums_width * sum(sizes)
+                self._receive(node, "sums", sums)
+
+    def _receive(self, node: SimNode, kind: str, num_bytes: float) -> None:
+        node.received += num_bytes
+        self.by_kind[kind] += num_bytes
 
     def _row(self) -> dict[str, Any]:
         assert self.grouping is not None
@@ -283,6 +309,10 @@ class Simulation(Reducing, Delivering):
             "all_to_all_mb_per_node_per_round": round(
                 self.all_to_all_bytes / self.node_rounds / MB, 3
             ),
+            "mb_per_node_per_round_by_kind": {
+                kind: round(b / self.node_rounds / MB, 3)
+                for kind, b in sorted(self.by_kind.items())
+            },
             **{k: v for k, v in sorted(self.counters.items())},
         }
 

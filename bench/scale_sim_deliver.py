@@ -10,12 +10,11 @@ import heapq
 from collections import Counter
 from collections.abc import Callable
 
+from bench import scale_sim_wire as wire
 from bench.scale_sim_state import Published, SimConfig, SimNode, SimReplica, catch_up_id
 from dht.ranges import UpdateId
 from merge.codecs import Codec
-from merge.group_plan import shard_bounds, spread
 from merge.group_update import GroupUpdate
-from merge.shard_round import overlapping
 from merge.weighting import StalenessConfig, TokenWeightConfig, staleness_weight, token_weight
 
 HOLDERS_PER_GROUP = 3
@@ -34,6 +33,7 @@ class Delivering:
     uids: dict[UpdateId, str]
     arrivals: list[tuple[float, int, str, int]]
     counters: Counter[str]
+    _receive: Callable[[SimNode, str, float], None]
     token_config: TokenWeightConfig
     _ids: dict[int, SimReplica]
     _live: Callable[[float], list[SimNode]]
@@ -86,7 +86,7 @@ class Delivering:
         elif not own:
             share = self.update_bytes if self.config.wired else self.update_bytes / g
             for node in members:
-                node.received += share + published.header_bytes
+                self._receive(node, "whole_fetch", share + published.header_bytes)
         slowest = min(n.down_bps for n in members)
         delay = (
             0.0 if own else self.config.latency_s + (2 * g - 1) / g * self.update_bytes / slowest
@@ -96,23 +96,17 @@ class Delivering:
         heapq.heappush(self.arrivals, (now + delay, len(self.arrivals), update_id, id(replica)))
 
     def _fetch_shards(self, update: GroupUpdate, members: list[SimNode], header_bytes: int) -> None:
-        """Each live member fetches its shards of another group's update (its signed headers
-        with them, to check the shards' co-signatures), split as its members split it."""
-        shards = len(update.members) or len(update.contributions)
-        sizes = [self.codec.payload_bytes(e - s) for s, e in shard_bounds(self.numel, shards)]
-        by_id = {n.peer_id: n for n in members}
-        for node in members:
-            node.received += header_bytes
-        if self.config.shard_round_sums and not self.config.shard_round_aligned:
-            bounds = shard_bounds(self.numel, shards)
-            ranked = sorted(by_id)
-            for (start, end), peer in zip(
-                shard_bounds(self.numel, len(ranked)), ranked, strict=True
-            ):
-                by_id[peer].received += sum(sizes[k] for k in overlapping(bounds, start, end))
-            return
-        for k, fetcher in enumerate(spread(shards, by_id)):
-            by_id[fetcher].received += sizes[k]
+        """Each live member's `group-slice` answer for another group's update, as real nodes
+        (--group-shard-fetch) cut it: the update's fields and every shard overlapping the
+        member's slice of the model (its rank in the sorted live members), whole; exactly its
+        slice with `shard_round_aligned` (bench.scale_sim_wire)."""
+        shards = update.num_shards
+        meta, g = wire.slice_meta(update), len(members)
+        for rank, node in enumerate(sorted(members, key=lambda n: n.peer_id)):
+            payload = wire.slice_payload(
+                self.codec, self.numel, shards, g, rank, self.config.shard_round_aligned
+            )
+            self._receive(node, "slices", meta + payload)
 
     def _deliver(self, until: float) -> None:
         while self.arrivals and self.arrivals[0][0] <= until:
@@ -141,10 +135,37 @@ class Delivering:
         replica.robust.record(verdict)
         if verdict.reason is not None:
             self.counters[f"robust_{verdict.reason}"] += 1
+        deferred = self._deferred(replica, update, at)
         if weight:
-            replica.outer.step(replica.params, pseudo_gradient, weight, head.learners)
+            folded = replica.outer.step(replica.params, pseudo_gradient, weight, head.learners)
+            if folded is None and not deferred:
+                replica.fold_window = self._window(replica, update, at)
         replica.applied[update.update_id] = at
         replica.applied_ids.add(catch_up_id(update))
+
+    def _window(self, replica: SimReplica, update: GroupUpdate, at: float) -> int | None:
+        """The fetch round an incoming update is applied in (the round window its arrival
+        falls in), or None when no shard-fetch round takes it (own, wired, one group)."""
+        own = self.replicas.get(update.head.group_key) is replica
+        if own or not self.config.scatter or self.config.wired or update.head.learners < 2:
+            return None
+        return int(at // self.config.round_s)
+
+    def _deferred(self, replica: SimReplica, update: GroupUpdate, at: float) -> bool:
+        """Whether a real fetch round defers this update past its Delayed Nesterov fold
+        (merge.shard_round `decide(until_fold=True)`: one sum a round; the updates after the
+        fold fetched whole and applied in order, dht.group_exchange_candidates
+        `_apply_in_order`): an incoming update applied in a window where an earlier one
+        folded. Counted: its whole bf16 update and headers at every live member, on top of the
+        slice each fetched for the round."""
+        window = self._window(replica, update, at)
+        if window is None or window != replica.fold_window:
+            return False
+        published = self.published[update.update_id]
+        for node in self._members(at).get(id(replica), []):
+            self._receive(node, "deferred_whole", self.update_bytes + published.header_bytes)
+        self.counters["deferred_past_fold"] += 1
+        return True
 
     def _catch_up(self, now: float) -> None:
         """Anti-entropy through dht.catchup: each group hears every published update and its

@@ -43,6 +43,7 @@ class Reducing:
     nodes: list[SimNode]
     replicas: dict[str, SimReplica]
     counters: Counter[str]
+    _receive: Callable[[SimNode, str, float], None]
     all_to_all_bytes: float
     _header_bytes: float
     _live: Callable[[float], list[SimNode]]
@@ -167,7 +168,7 @@ class Reducing:
 
         def receive(peer: str, num_bytes: float) -> None:
             if by_id[peer].alive:
-                by_id[peer].received += num_bytes
+                self._receive(by_id[peer], "group_round", num_bytes)
 
         def send_pieces(author: str, included: tuple[str, ...] | None) -> None:
             for shard, reducer in plan.sends(author, included):
@@ -238,4 +239,6 @@ class Reducing:
             return  # counted message by message (_reduce_sharded)
         parts = (k - 1) if self.config.wired else attempts * (k - 1) / k  # whole or a shard
         for node in contributors:
-            node.received += parts * self.update_bytes + (k - 1) * self._header_bytes
+            self._receive(
+                node, "group_round", parts * self.update_bytes + (k - 1) * self._header_bytes
+            )

@@ -48,24 +48,35 @@ class SimConfig:
     scatter: bool = False
     """Count in-group bytes message by message from merge.group_shards' reduce-scatter (the
     pieces each member sends its shards' reducers, re-sends after a loss, the reduced shards
-    all-gathered with their co-signatures); without `wired`, each other group's update is
-    fetched by shards (merge.group_plan.spread: each live member its shards, with the
-    update's signed headers) and the weighted incoming shards all-gathered once a round."""
+    all-gathered with their co-signatures); without `wired`, other groups' updates come by
+    the shard fetch as real nodes with --group-shard-fetch run it, each message sized by the
+    real wire (bench.scale_sim_wire: proposals, parts, slices, fp32 sums; session 26)."""
     wired: bool = False
     """Count bytes as real nodes move them as of session 11 (docs/scale.md): each member sends
     its whole part (bf16) to every other member, and every node fetches each other group's
     whole update once (bf16), with no all-gather. False: the design's reduce-scatter, shard
     fetches and all-gather. Only the bytes differ; timings are the design's either way."""
-    shard_round_sums: int = 0
-    """With `scatter` (not `wired`): 0 counts one weighted sum all-gathered a round (session
-    12); k >= 1 counts session 16's merge of the incoming updates as one linear step
-    (merge.shard_round): each member also all-gathers its part's Gram matrix (the upper
-    triangle over 3 state tensors and the round's incoming updates, float64, signed), and k
-    weighted sums (2: a Delayed Nesterov fold inside every round, the most it gathers)."""
-    shard_round_aligned: bool = True
-    """With `shard_round_sums`: True counts one slice of each incoming update per member
-    (chunk digests let a member fetch exactly its slice); False counts what a member fetches
-    with today's digests: every shard of the update that overlaps its slice, whole."""
+    shard_round_aligned: bool = False
+    """With `scatter` (not `wired`): False counts what a member fetches of each incoming
+    update as real nodes cut it (every shard of the update that overlaps its slice, whole:
+    up to twice its slice when the other group's split differs); True counts exactly its
+    slice (merge.group_chunks' aligned chunks, not wired: an option, not today's wire)."""
+    sums_width: int = 4
+    """With `scatter` (not `wired`): bytes per value of the fetch round's weighted sums, 4 as
+    real nodes send them (fp32, session 24); 2 counts bf16 sums (the option session 24 left:
+    groups ~4e-4 apart, a state download each at the end)."""
+    group_size: int = 0
+    """The grouping policy's target group size (dht.grouping `GroupingConfig.min_group_size`,
+    as join's --group-size sets it); 0: the policy's default (8)."""
+    balanced: bool = False
+    """The first nodes' identities spread evenly over the groups (bench.scale_keys, as
+    `bench.scale --balanced` gives real nodes), so a row is like for like with a real run."""
+
+    def __post_init__(self) -> None:
+        if self.sums_width not in (2, 4):
+            raise ValueError(f"sums_width is 2 (bf16) or 4 (fp32), got {self.sums_width!r}.")
+        if self.group_size < 0 or self.group_size == 2:
+            raise ValueError(f"group_size is 0, 1 or >= 3 (join refuses 2), got {self.group_size}.")
 
 
 @dataclass(eq=False)
@@ -79,6 +90,8 @@ class SimReplica:
     applied_ids: set[UpdateId] = field(default_factory=set)
     """The applied set as dht.catchup counts it: (group key, round)."""
     inflight: set[str] = field(default_factory=set)
+    fold_window: int | None = None
+    """The last round window a fetch round folded in (bench.scale_sim_deliver `_deferred`)."""
     catch_up: CatchUp = field(init=False)
     """The project's catch-up decisions (what to fetch, from whom, what is lost)."""
 

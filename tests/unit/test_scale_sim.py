@@ -120,3 +120,136 @@ def test_the_scatter_count_is_below_the_wired_one_and_agrees() -> None:
     for s, w in zip(scatter, wired, strict=True):
         assert s["mb_per_node_per_round"] < w["mb_per_node_per_round"] / 2
         assert s["agreement"] == 1.0 and s["lost"] == 0
+
+
+# ---- session 26 (calib26): the shard fetch counted as real nodes move it ----------------------
+
+
+def _calm_row(**kwargs: object) -> tuple[Simulation, dict[str, object]]:
+    config = dataclasses.replace(CALM, scatter=True, group_size=4, balanced=True, **kwargs)
+    sim = Simulation(16, config, tiny_update_bytes())
+    return sim, sim.run()
+
+
+def test_a_fixed_group_size_with_balanced_ids_gives_four_groups_of_four() -> None:
+    sim, row = _calm_row()
+    assert row["learners"] == 4
+    assert sim.grouping is not None
+    assert sorted(len(m) for m in sim.grouping.members.values()) == [4, 4, 4, 4]
+
+
+def test_the_sums_are_counted_in_fp32_one_slice_from_each_other_member() -> None:
+    """A member receives, each round with other groups' updates, one `sums` message from each
+    of the other g - 1 members: its slice of the round's one weighted sum in fp32 (4 bytes a
+    value), not the codec's 2 (main counted (g - 1) / g x the bf16 update)."""
+    from bench import scale_sim_wire as wire
+
+    sim, _ = _calm_row()
+    g = 4
+    sizes = [wire.slice_values(sim.numel, g, rank) for rank in range(g)]
+    # each member receives the others' messages: each slice's message reaches g - 1 members
+    per_round = (g - 1) * sum(wire.sums_bytes(n, 1) for n in sizes)
+    assert sim.by_kind["sums"] == pytest.approx(CALM.rounds * 4 * per_round)
+    bf16 = dataclasses.replace(CALM, scatter=True, group_size=4, balanced=True, sums_width=2)
+    half = Simulation(16, bf16, tiny_update_bytes())
+    half.run()
+    assert half.by_kind["sums"] < 0.51 * sim.by_kind["sums"]
+
+
+def test_the_sums_message_is_sized_as_the_real_encoder_writes_it() -> None:
+    import torch
+
+    from bench import scale_sim_wire as wire
+    from dht.shard_fetch_wire import FetchMessage
+
+    values = torch.randn(1000) / 3  # not bf16 values: the sums travel in fp32
+    message = FetchMessage("scale-sim", ("group:0b01", 1, 1), "sums", "", {}, (values,))
+    real = len(message.signed(wire._SENDER).to_bytes())
+    assert wire.sums_bytes(1000, 1) == real
+
+
+@pytest.mark.parametrize("g", [3, 4, 5, 7])
+def test_a_slice_answer_is_counted_as_the_real_encoder_cuts_it(g: int) -> None:
+    """Each member's `group-slice` answer: the update's fields and every shard overlapping its
+    slice, whole (an update of 4 shards cut by a group of g: up to twice the slice)."""
+    from bench import scale_sim_wire as wire
+    from dht.shard_fetch_wire import slice_answer
+    from merge.codecs import get_codec
+    from merge.group_plan import shard_bounds
+
+    sim, _ = _calm_row()
+    update = next(iter(sim.published.values())).update
+    numel = update.aggregate.numel()
+    fp32 = get_codec("fp32")  # the simulated aggregate's values are not bf16 ones
+    for rank, (start, end) in enumerate(shard_bounds(numel, g)):
+        real = len(slice_answer(update, start, end))
+        counted = wire.slice_meta(update) + wire.slice_payload(
+            fp32, numel, update.num_shards, g, rank, aligned=False
+        )
+        assert abs(counted - real) <= 8  # the answer's "sizes" list: a few digits
+        if g != update.num_shards:
+            aligned = wire.slice_payload(fp32, numel, update.num_shards, g, rank, aligned=True)
+            assert aligned <= counted - wire.slice_meta(update)
+
+
+def test_parts_and_proposals_are_sized_as_the_real_encoder_writes_them() -> None:
+    """A part is a (3 + K)^2 Gram matrix in JSON floats (not 8 bytes a value of the upper
+    triangle); a proposal names K ids with holders and g state blocks."""
+    import torch
+
+    from bench import scale_sim_wire as wire
+    from dht.shard_fetch_wire import FetchMessage, part_body
+    from merge.shard_round import part_gram
+
+    k = 5
+    gram = part_gram([torch.randn(4096) for _ in range(3 + k)])
+    body = part_body(gram, ["0" * 64] * k)
+    real = len(FetchMessage("scale-sim", ("group:0b01", 1, 1), "part", "", body, ()).to_bytes())
+    real += 2 * 64 + len(wire._SENDER.peer_id)  # signature (hex) and sender once signed
+    assert wire.part_bytes(k) == pytest.approx(real, rel=0.1)
+    assert wire.part_bytes(k) > 8 * (3 + k) * (4 + k) / 2
+    assert wire.propose_bytes(k, 4) > wire.propose_bytes(0, 4) + k * 4 * 50
+
+
+def test_the_fetch_round_replaces_the_designs_all_gather() -> None:
+    """With shard fetches a round gathers the sums, not the weighted incoming shards (main
+    counted both), and the slices and sums together cost more than exact slices in bf16."""
+    sim, row = _calm_row()
+    kinds = row["mb_per_node_per_round_by_kind"]
+    assert isinstance(kinds, dict)
+    assert "all_gather" not in kinds and "whole_fetch" not in kinds
+    assert {"propose", "part", "slices", "sums"} <= set(kinds)
+    _, aligned = _calm_row(shard_round_aligned=True)
+    assert aligned["mb_per_node_per_round"] <= row["mb_per_node_per_round"]
+
+
+def test_an_update_past_the_rounds_fold_is_fetched_whole_by_every_member() -> None:
+    """A real fetch round stops at its Delayed Nesterov fold (`decide(until_fold=True)`): the
+    updates after it in the same round are fetched whole, on top of their slices."""
+    sim, _ = _calm_row()
+    key, replica = next(iter(sim.replicas.items()))
+    other = next(p for p in sim.published.values() if p.update.head.group_key != key)
+    at = other.at + 1.0
+    window = int(at // CALM.round_s)
+    members = sim._members(at)[id(replica)]
+    before = sim.by_kind["deferred_whole"]
+    replica.fold_window = window - 1
+    assert not sim._deferred(replica, other.update, at)  # a fold in an earlier round: taken
+    replica.fold_window = window
+    assert sim._deferred(replica, other.update, at)
+    whole = sim.update_bytes + other.header_bytes
+    assert sim.by_kind["deferred_whole"] - before == pytest.approx(len(members) * whole)
+    own = next(p for p in sim.published.values() if p.update.head.group_key == key)
+    assert not sim._deferred(replica, own.update, at)  # its own group's: no fetch round
+
+
+def test_the_command_takes_a_group_size_like_join(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bench import scale
+
+    argv = ["scale", "--sim", "--nodes", "16", "--group-size", "4", "--balanced", "--scatter"]
+    monkeypatch.setattr(sys, "argv", argv)
+    scale.main()
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [row["learners"] for row in result["rows"]] == [4]

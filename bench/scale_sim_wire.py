@@ -1,0 +1,96 @@
+"""What one member of a completed group round receives in its fetch round, message by message,
+as real nodes with `--group-scatter --group-shard-fetch` move them (session 26, calib26):
+sized with the real wire's own encoders (dht.shard_fetch_wire), so the simulator's count is the
+wire's. Pure: bench.scale_sim's accounting calls these.
+
+Per fetch round a member receives from each of the round's g - 1 other members one `propose`
+(its base, the ids with holders, g state blocks), one `part` (its (3 + K)^2 Gram matrix as
+JSON floats, K variant digests) and one `sums` (its slice of each weighted sum, fp32: session
+24; 1 sum, 2 when a Delayed Nesterov fold falls inside the round's batch); and from a holder,
+per incoming update, one `group-slice` answer (the update's fields: headers, digests,
+co-signatures, and every shard of that update overlapping its slice, whole, in bf16).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+
+from dht.grouping_shards import shard_codec
+from dht.shard_fetch_wire import FetchMessage, part_body, slice_answer
+from merge.codecs import Codec
+from merge.group_plan import shard_bounds
+from merge.group_update import GroupUpdate
+from merge.identity import Identity
+from merge.shard_round import overlapping
+
+NUM_STATES = 3
+"""State tensors of the sim's replicas (Delayed Nesterov: params, momentum, round sum)."""
+WIDTHS = {"bf16": 2, "fp32": 4}
+SUMS_WIDTH = 4
+"""Bytes per value of the sums: fp32 (merge.shard_member `MemberRound.sums`)."""
+_SENDER = Identity.from_private_bytes(bytes(32))
+_RID = ("group:0b01", 1, 1)
+"""A round id of a typical length (the message's JSON names it)."""
+
+
+def slice_values(numel: int, g: int, rank: int) -> int:
+    start, end = shard_bounds(numel, g)[rank]
+    return end - start
+
+
+def slice_payload(
+    codec: Codec, numel: int, num_shards: int, g: int, rank: int, aligned: bool
+) -> int:
+    """The tensor bytes of one member's (rank of g) slice of an update of `num_shards`
+    shards: the shards overlapping it, whole (real nodes), or exactly its slice (`aligned`:
+    merge.group_chunks, not wired)."""
+    start, end = shard_bounds(numel, g)[rank]
+    if aligned:
+        return codec.payload_bytes(end - start)
+    bounds = shard_bounds(numel, num_shards)
+    return sum(
+        codec.payload_bytes(bounds[k][1] - bounds[k][0]) for k in overlapping(bounds, start, end)
+    )
+
+
+def slice_meta(update: GroupUpdate) -> int:
+    """The answer's bytes beside its tensors: framing and the update's fields (headers,
+    digests, co-signatures), from the real encoder (they do not grow with the model)."""
+    numel = update.aggregate.numel()
+    start, end = shard_bounds(numel, update.num_shards)[0]
+    answer = slice_answer(update, 0, 1)  # shard 0 alone
+    return len(answer) - WIDTHS[shard_codec(update.aggregate[start:end])] * (end - start)
+
+
+def message_bytes(kind: str, body: dict[str, object], num_values: int = 0) -> int:
+    """A signed `group-fetch` message's bytes: its JSON (with `body`) and `num_values` fp32."""
+    message = FetchMessage("scale-sim", _RID, kind, _SENDER.peer_id, body, ()).signed(_SENDER)
+    return len(message.to_bytes()) + SUMS_WIDTH * num_values
+
+
+@functools.cache
+def propose_bytes(num_incoming: int, g: int) -> int:
+    """One member's proposal: K ids with up to 4 holders each, g state blocks of 6 floats."""
+    rng = random.Random(g)  # state blocks' floats: their JSON is as long as real ones
+    holders = [_SENDER.peer_id] * min(4, g)
+    ids = [[f"group:0b{k:05b}", 10_000 + k, holders] for k in range(num_incoming)]
+    states = [[rng.uniform(-1e3, 1e3) for _ in range(6)] for _ in range(g)]
+    return message_bytes("propose", {"base": [10_000, "0" * 64], "ids": ids, "states": states})
+
+
+@functools.cache
+def part_bytes(num_incoming: int) -> int:
+    """One member's part: its (3 + K) x (3 + K) Gram matrix (JSON floats), K variants."""
+    rng = random.Random(num_incoming)
+    basis = NUM_STATES + num_incoming
+    gram = [[rng.uniform(-1e3, 1e3) for _ in range(basis)] for _ in range(basis)]
+    return message_bytes("part", part_body(gram, ["0" * 64] * num_incoming))
+
+
+@functools.cache
+def sums_bytes(num_values: int, num_sums: int) -> int:
+    """One member's slice (`num_values`) of each of the round's `num_sums` sums, fp32 (the
+    JSON's "sizes" list names each slice's length)."""
+    sizes = num_sums * len(str(num_values)) + max(0, num_sums - 1)
+    return message_bytes("sums", {}, num_sums * num_values) + sizes
