@@ -69,6 +69,12 @@ class CatchUp(Deciding):
         self._deferred: dict[UpdateId, None] = {}
         """Fresh updates counted as passed over (newly_deferred), oldest first."""
         self.num_recovered = 0
+        self._last_poll: float | None = None
+        """When declare_lost last ran (stall_s measures the gap from it)."""
+        self.num_stalls = 0
+        """Polls that came over stall_s after the last one: waits moved on by the gap."""
+        self.stalled_s = 0.0
+        """Seconds of those gaps, in all."""
         self._max_seen: dict[str, int] = {}
         self._mismatch_since: dict[str, float] = {}
         self._last_summary: dict[str, float] = {}

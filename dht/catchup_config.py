@@ -30,6 +30,16 @@ class CatchUpConfig:
     while the public node's fetches from that uplink ran at 0.1 MB/s). A source with no
     connection yet (rank 2) does not wait: a dial may find it direct (a public swarm). 0:
     never waits."""
+    stall_s: float = 0.0
+    """A gap between two `declare_lost` polls longer than this is time this node did not run
+    (its process stopped, its event loop blocked): every wait (an update no live peer offers,
+    one a peer named applied, one waiting for a state) is moved on by the whole gap, so a
+    node does not wake to count lost what it had no time to ask its peers about (session 26:
+    a node stopped 12 s woke and counted its donor's updates 3-5 lost at once, 0.6 s before
+    the donor's summary named them applied, so they waited for a state). 0: off (every gap
+    counts). dht.gossip sets 3 heartbeat periods, the silence after which peers count a node
+    gone; a node whose polls are always further apart declares nothing lost (it keeps
+    wanting, within max_wants)."""
     mismatch_grace_s: float = 2.0
     """How long applied digests must differ before summaries are exchanged with that peer."""
     summary_period_s: float = 5.0
@@ -65,6 +75,7 @@ class CatchUpConfig:
             "retry_s",
             "max_retry_s",
             "relay_patience_s",
+            "stall_s",
             "mismatch_grace_s",
             "summary_period_s",
         ):

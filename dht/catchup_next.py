@@ -35,6 +35,9 @@ class Deciding:
     _mismatch_since: dict[str, float]
     _last_summary: dict[str, float]
     _holder_lookup_at: dict[str, float]
+    _last_poll: float | None
+    num_stalls: int
+    stalled_s: float
     _drop: Callable[[UpdateId], None]
     _remember_lost: Callable[[UpdateId], None]
     _await_state: Callable[[UpdateId, float], None]
@@ -78,8 +81,10 @@ class Deciding:
     def declare_lost(self, now: float, alive: set[str]) -> list[UpdateId]:
         """Wanted updates that no live peer has offered for lost_after_s, and that no live peer
         serving state named applied for as long; no longer wanted. Those one did wait for a
-        state (`newly_need_state`); those waiting whose namers went silent are lost now."""
+        state (`newly_need_state`); those waiting whose namers went silent are lost now. A gap
+        since the last poll over stall_s does not count toward any of these waits."""
         config = self.config
+        self._skip_stall(now)
         lost = self.state_wants.sweep(now, self._applied, config.lost_after_s)
         for uid in lost:
             self._remember_lost(uid)
@@ -101,6 +106,22 @@ class Deciding:
                 self._remember_lost(uid)
                 lost.append(uid)
         return lost
+
+    def _skip_stall(self, now: float) -> None:
+        """Moves every wait on by the gap since the last poll when it is over stall_s: time this
+        node did not run, when it could neither fetch nor hear a peer's summary."""
+        last, self._last_poll = self._last_poll, now
+        gap = 0.0 if last is None else now - last
+        if self.config.stall_s <= 0 or gap <= self.config.stall_s:
+            return
+        self.num_stalls += 1
+        self.stalled_s += gap
+        for want in self._wants.values():
+            if want.sourceless_since is not None:
+                want.sourceless_since += gap
+            if want.applied_named_at is not None:
+                want.applied_named_at += gap
+        self.state_wants.shift(gap)
 
     @property
     def num_need_state(self) -> int:

@@ -63,6 +63,11 @@ class StateWants:
         self.note(uid, now)
         return True
 
+    def shift(self, by_s: float) -> None:
+        """Every id named `by_s` later: this node did not run for that long (a stall)."""
+        for uid in self._named_at:
+            self._named_at[uid] += by_s
+
     def discard(self, uid: UpdateId) -> None:
         """Wanted again (a live peer holds it now)."""
         self._named_at.pop(uid, None)

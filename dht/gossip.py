@@ -230,6 +230,7 @@ def catchup_config(config: SwarmConfig) -> CatchUpConfig:
     return CatchUpConfig(
         lost_after_s=config.gap_wait_s,
         retry_s=min(2.0, period),
+        stall_s=3 * period,  # a node stalled as long as peers call it dead: its waits stop too
         mismatch_grace_s=2 * period,
         summary_period_s=2 * period,
     )

@@ -7,11 +7,14 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
+from merge.identity import Identity
 from node.signals import FINISH_SIGNAL
 from tests.swarm.conftest import NodeProcess
+from tests.swarm.together import bootstrap_address, unused_port
 from tests.timeouts import EXIT_S, MERGE_S, START_S, covering
 
 pytestmark = pytest.mark.swarm
@@ -53,11 +56,16 @@ def _gap_or_loss(e: dict) -> bool:
 
 @pytest.mark.timeout(covering(4 * START_S, 6 * MERGE_S, 4 * SETTLE_S, 3 * EXIT_S))
 def test_a_restarted_node_takes_a_state_for_updates_no_peer_retains_and_loses_none(
-    launch: Launch,
+    launch: Launch, tmp_path: Path
 ) -> None:
-    a = launch(*RUN, name="a")
-    join = ("--peers", a.wait_listening(START_S)[0])
+    # All three start at once (tests/swarm/together.py): a's address is known before it
+    # listens, and b and c dial it with the product's backoff until it does.
+    key, port = tmp_path / "a.key", unused_port()
+    Identity.generate().save(key)
+    join = ("--peers", bootstrap_address(str(key), port))
+    a = launch(*RUN, "--identity", str(key), "--port", str(port), name="a")
     b, c = launch(*RUN, *join, name="b"), launch(*RUN, *join, name="c")
+    assert join[1] in a.wait_listening(START_S), "a listens where b and c were sent"
     wait_merged(c, a.peer_id, 0)
     wait_merged(c, b.peer_id, 0)
     c.crash()  # kill -9 of its whole process group
