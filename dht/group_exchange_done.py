@@ -154,18 +154,26 @@ class DoneExchange:
         elif action == "offer" and self._offer is not None:
             self._offer(done.group_key, done.seq, sender)
         elif action == "adopt" and member is not None and self._fetch is not None:
-            data = await self._fetch(sender, done.group_key, done.seq)
-            if data is None or member.done:
-                return
-            try:
-                update = decode_update(data, self.numel)
-            except GroupMessageError as exc:
-                self._reject(f"group_update_{exc.reason}", sender, str(exc))
+            update = await self._fetch_update(sender, done)
+            if update is None or member.done:
                 return
             if _round_id(update) == rid and member.adopt(update):  # counted as update_fetched
                 self._wakes[rid].set()
             else:
                 self._reject("group_update_refused", sender, "an update this round cannot take")
+
+    async def _fetch_update(self, sender: str, done: Done, **cause: str) -> GroupUpdate | None:
+        """The round's update as `sender` serves it, decoded (None: not served, or malformed
+        and counted against the sender)."""
+        assert self._fetch is not None
+        data = await self._fetch(sender, done.group_key, done.seq, **cause)
+        if data is None:
+            return None
+        try:
+            return decode_update(data, self.numel)
+        except GroupMessageError as exc:
+            self._reject(f"group_update_{exc.reason}", sender, str(exc))
+            return None
 
     def _watch_variant(self, sender: str, done: Done) -> None:
         """Compares the variant a notice names with the one this node holds of the round (its
@@ -209,13 +217,8 @@ class DoneExchange:
         proof, which goes on: node.network_swarm), or counted against the notifier."""
         if self._fetch is None or self._on_update is None:
             return
-        data = await self._fetch(sender, done.group_key, done.seq, cause="variant")
-        if data is None:
-            return
-        try:
-            update = decode_update(data, self.numel)
-        except GroupMessageError as exc:
-            self._reject(f"group_update_{exc.reason}", sender, str(exc))
+        update = await self._fetch_update(sender, done, cause="variant")
+        if update is None:
             return
         served = GroupVariant.of(update).digest
         reason = served_refusal(done.round_id, named, _round_id(update), served)
