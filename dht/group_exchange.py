@@ -49,8 +49,6 @@ from dht.grouping_wire import (
     encode_part,
     update_max_bytes,
 )
-from dht.swarm_config import REQUEST_READ_TIMEOUT_S
-from dht.transport import TooLargeError, TransportError, receive_blob
 from merge.group_pipeline import GroupMerge
 from merge.group_update import (
     Abandoned,
@@ -203,23 +201,6 @@ class GroupExchange(EarlyExchange, ShardedExchange, FetchExchange, DoneExchange)
             loop = asyncio.get_running_loop()
             if await loop.run_in_executor(None, self._on_update, update):
                 await self._hold(update)
-
-    def _received(self, kind: str, sender: str, num_bytes: int) -> None:
-        if self._on_received is not None:
-            self._on_received(kind, sender, num_bytes)
-
-    async def _receive(self, name: str, sender: str, reader: Any, max_bytes: int) -> bytes | None:
-        try:
-            return await receive_blob(
-                reader, max_bytes=max_bytes, stall_timeout_s=REQUEST_READ_TIMEOUT_S
-            )
-        except TooLargeError as exc:
-            self._reject(f"{name}_too_large", sender, str(exc))
-        except TimeoutError:
-            self._reject(f"{name}_timeout", sender, "stalled")
-        except (TransportError, OSError) as exc:
-            logger.debug("%s from %s dropped: %s", name, sender, exc)
-        return None
 
     # ---- one round --------------------------------------------------------------------------
 

@@ -24,9 +24,10 @@ import functools
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from dht.budget import StreamLimits
+from dht.group_exchange_reads import ExchangeReads
 from dht.group_notice import decode_notice, notice_max_bytes, notice_refusal
 from dht.grouping import member_check
 from dht.grouping_done import Done, done_action
@@ -37,8 +38,6 @@ from dht.variant_fetches import VARIANT_POLL_S, VARIANT_WAIT_S, VariantFetches, 
 from merge.group_equivocation import GroupVariant
 from merge.group_update import GroupUpdate
 
-T = TypeVar("T")
-
 DONE_LIMITS = StreamLimits(rate_per_s=4.0, burst=16.0, max_in_flight=4, deadline_s=10.0)
 """Group-done notices a peer may send: one per round it completed (to members and its share
 of the peers outside the group)."""
@@ -46,7 +45,7 @@ COPIES = 2
 """Members that push a complete group update to each live peer outside the group."""
 
 
-class DoneExchange:
+class DoneExchange(ExchangeReads):
     """GroupExchange's group-done notices (see the module's docstring)."""
 
     if TYPE_CHECKING:  # what GroupExchange provides
@@ -67,16 +66,6 @@ class DoneExchange:
         _on_event: Callable[..., None] | None
 
         async def _hold(self, update: GroupUpdate) -> None: ...
-
-        async def _take(
-            self,
-            name: str,
-            sender: str,
-            reader: Any,
-            max_bytes: int,
-            decode: Callable[[bytes], T],
-            counted: bool = True,
-        ) -> T | None: ...
         def _spawn(self, coro: Any) -> None: ...
         def candidate(self, group_key: str, seq: int, holder: str) -> None: ...
 

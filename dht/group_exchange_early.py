@@ -12,10 +12,11 @@ import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from dht.group_exchange_reads import ExchangeReads
 from dht.group_exchange_shards import new_refusal, own_message
 from dht.grouping import member_check
 from dht.grouping_follow import FOLLOW_TICK_S, Follower
@@ -31,11 +32,8 @@ if TYPE_CHECKING:
 MAX_HELD_ROUNDS = 4
 """Rounds whose parts are held before this node opens them (the oldest dropped first)."""
 
-M = TypeVar("M")
-"""A decoded group message."""
 
-
-class EarlyExchange:
+class EarlyExchange(ExchangeReads):
     """GroupExchange's parts for rounds not opened here yet (see the module's docstring)."""
 
     if TYPE_CHECKING:  # what GroupExchange provides
@@ -52,16 +50,6 @@ class EarlyExchange:
         _held_since: dict[RoundId, float]
         _is_alive: Callable[[str], bool]
         _reject: Callable[[str, str, str], None]
-
-        async def _take(
-            self,
-            name: str,
-            sender: str,
-            reader: Any,
-            max_bytes: int,
-            decode: Callable[[bytes], M],
-            counted: bool = True,
-        ) -> M | None: ...
 
     async def rpc_part(self, info: Any, reader: Any, writer: Any) -> None:
         sender = str(info.peer_id)

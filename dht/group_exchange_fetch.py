@@ -94,15 +94,6 @@ class FetchExchange(FetchCandidates, SliceExchange, ClassRealignment):
         _is_alive: Callable[[str], bool]
         _reject: Callable[[str, str, str], None]
 
-        async def _take(
-            self,
-            name: str,
-            sender: str,
-            reader: Any,
-            max_bytes: int,
-            decode: Callable[[bytes], T],
-            counted: bool = True,
-        ) -> T | None: ...
         async def _send(self, peer: str, name: str, blob: bytes, timeout_s: float) -> bool: ...
         def _spawn(self, coro: Any) -> None: ...
 

@@ -22,11 +22,12 @@ import contextlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from dht.budget import StreamLimits
+from dht.group_exchange_reads import ExchangeReads
 from dht.grouping import member_check
 from dht.grouping_patience import RESEND_AFTER_S, SendRetry, grace_s, send_timeout_s
 from dht.grouping_round import GroupRound
@@ -56,9 +57,6 @@ MAX_HELD_PIECES = 64
 TICK_S = 0.25
 """The longest a round waits between looks at its deadlines and its members' liveness."""
 
-M = TypeVar("M")
-"""A decoded group message."""
-
 
 def own_message(header: ContributionHeader, sender: str, run_id: str, what: str) -> None:
     """Refuses (GroupMessageError) a part or piece its sender did not author, or of another
@@ -74,7 +72,7 @@ def new_refusal(before: Mapping[str, int], after: Mapping[str, int]) -> str:
     return next((r for r in after if after[r] != before.get(r)), "refused")
 
 
-class ShardedExchange:
+class ShardedExchange(ExchangeReads):
     """GroupExchange's reduce-scatter streams and rounds (see the module's docstring)."""
 
     if TYPE_CHECKING:  # what GroupExchange provides
@@ -89,10 +87,6 @@ class ShardedExchange:
         _is_alive: Callable[[str], bool]
         _reject: Callable[[str, str, str], None]
 
-        async def _receive(
-            self, name: str, sender: str, reader: Any, max_bytes: int
-        ) -> bytes | None: ...
-        def _received(self, kind: str, sender: str, num_bytes: int) -> None: ...
         def _book(self, header: ContributionHeader) -> None: ...
         def _note_round(self, header: ContributionHeader) -> None: ...
         def _holding(
@@ -109,30 +103,6 @@ class ShardedExchange:
         ) -> GroupUpdate | Abandoned: ...
         async def _send(self, peer: str, name: str, blob: bytes, timeout_s: float) -> bool: ...
         def _spawn(self, coro: Any) -> None: ...
-
-    async def _take(
-        self,
-        name: str,
-        sender: str,
-        reader: Any,
-        max_bytes: int,
-        decode: Callable[[bytes], M],
-        counted: bool = True,
-    ) -> M | None:
-        """A `name` message read and decoded; None when it was too large, stalled, dropped
-        or refused by `decode` (a GroupMessageError, counted as `{name}_{reason}`). Its
-        bytes count as received (`name` without "group_") when `counted`."""
-        blob = await self._receive(name, sender, reader, max_bytes)
-        if blob is None:
-            return None
-        try:
-            message = decode(blob)
-        except GroupMessageError as exc:
-            self._reject(f"{name}_{exc.reason}", sender, str(exc))
-            return None
-        if counted:
-            self._received(name.removeprefix("group_"), sender, len(blob))
-        return message
 
     async def rpc_piece(self, info: Any, reader: Any, writer: Any) -> None:
         """A shard of a member's part (--group-scatter): checked against its author's

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dht.budget import StreamLimits
+from dht.group_exchange_reads import ExchangeReads
 from dht.grouping import member_check
 from dht.grouping_wire import GroupMessageError
 from dht.shard_fetch_inbox import Fallback
@@ -58,7 +59,7 @@ KEPT_SLICE_MODELS = 2
 deferred past a fold is fetched again by the next round, same members, same slice)."""
 
 
-class SliceExchange:
+class SliceExchange(ExchangeReads):
     """FetchExchange's slices: kept updates served, this member's slices fetched and kept."""
 
     if TYPE_CHECKING:  # what GroupExchange and FetchExchange provide
@@ -74,7 +75,6 @@ class SliceExchange:
         _slices: OrderedDict[tuple[UpdateId, int, int], tuple[GroupUpdate, torch.Tensor]]
         _reject: Callable[[str, str, str], None]
 
-        def _received(self, kind: str, sender: str, num_bytes: int) -> None: ...
         def _applied(self, uid: UpdateId) -> bool: ...
 
     # ---- kept updates, served ------------------------------------------------------------

@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import dht.group_exchange as ge
+import dht.group_exchange_reads as ge  # where the exchange reads a stream
 from dht.group_exchange import GroupExchange
 from dht.group_notice import NOTICE_MAGIC, SignedDone, decode_notice
 from dht.grouping import member_check
