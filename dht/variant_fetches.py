@@ -23,6 +23,7 @@ from collections import OrderedDict
 from typing import Literal
 
 from dht.grouping_wire import RoundId
+from merge.group_equivocation import VARIANT_DIGEST_CHARS
 
 MAX_VARIANTS_FETCHED = 2
 """Digests per round fetched from notices, at most (an honest split makes two variants)."""
@@ -41,9 +42,12 @@ Watch = Literal["ok", "duplicate", "capped"]
 
 
 def is_digest(value: object) -> bool:
-    """Whether a notice's variant field is a digest's shape (16 lowercase hex characters)."""
+    """Whether a notice's variant field is a digest's shape (`VARIANT_DIGEST_CHARS` lowercase
+    hex characters, as merge.group_equivocation.variant_digest makes them)."""
     return (
-        isinstance(value, str) and len(value) == 16 and all(c in "0123456789abcdef" for c in value)
+        isinstance(value, str)
+        and len(value) == VARIANT_DIGEST_CHARS
+        and all(c in "0123456789abcdef" for c in value)
     )
 
 
