@@ -17,7 +17,7 @@ import functools
 import random
 
 from dht.grouping_shards import shard_codec
-from dht.shard_fetch_wire import FetchMessage, part_body, slice_answer
+from dht.shard_fetch_wire import WIDTHS, FetchMessage, part_body, slice_answer
 from merge.codecs import Codec
 from merge.group_plan import shard_bounds
 from merge.group_update import GroupUpdate
@@ -26,8 +26,7 @@ from merge.shard_round import overlapping
 
 NUM_STATES = 3
 """State tensors of the sim's replicas (Delayed Nesterov: params, momentum, round sum)."""
-WIDTHS = {"bf16": 2, "fp32": 4}
-SUMS_WIDTH = 4
+SUMS_WIDTH = WIDTHS["fp32"]
 """Bytes per value of the sums: fp32 (merge.shard_member `MemberRound.sums`)."""
 _SENDER = Identity.from_private_bytes(bytes(32))
 _RID = ("group:0b01", 1, 1)

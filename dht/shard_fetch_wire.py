@@ -66,7 +66,7 @@ MAX_SUMS = 3
 completes two Delayed Nesterov rounds)."""
 MAX_META_BYTES = 1 << 20
 """A message's JSON: a proposal's 64 ids with holders, a part's (3 + 64)^2 floats."""
-_WIDTHS = {"fp32": 4, "bf16": 2}
+WIDTHS = {"fp32": 4, "bf16": 2}
 """Bytes per value of the codecs a message's tensors travel in."""
 
 
@@ -155,13 +155,13 @@ def _fp32s(
 ) -> tuple[torch.Tensor, ...]:
     """The fp32 tensors of `sizes` values each, cut from `tail` in `codec` (fp32 or bf16;
     finite, at most `most` of them, none longer than `numel`)."""
-    if not isinstance(codec, str) or codec not in _WIDTHS:
+    if not isinstance(codec, str) or codec not in WIDTHS:
         raise GroupMessageError("malformed", "tensors in a codec other than fp32 or bf16")
     if not isinstance(sizes, list) or len(sizes) > most:
         raise GroupMessageError("malformed", "tensor sizes out of range")
     if not all(type(n) is int and 0 <= n <= numel for n in sizes):
         raise GroupMessageError("malformed", "tensor sizes out of range")
-    if len(tail) != _WIDTHS[codec] * sum(sizes):
+    if len(tail) != WIDTHS[codec] * sum(sizes):
         raise GroupMessageError("wrong_size", "tensor bytes do not match their sizes")
     values = get_codec(codec).decode(tail, sum(sizes))
     if not bool(torch.isfinite(values).all()):
