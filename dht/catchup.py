@@ -75,6 +75,9 @@ class CatchUp(Deciding):
         """Polls that came over stall_s after the last one: waits moved on by the gap."""
         self.stalled_s = 0.0
         """Seconds of those gaps, in all."""
+        self.newly_stalled: list[float] = []
+        """Gaps (seconds) of stalls not yet reported, for the caller to report and clear (at
+        most MAX_NEWLY_STALLED kept between reports)."""
         self._max_seen: dict[str, int] = {}
         self._mismatch_since: dict[str, float] = {}
         self._last_summary: dict[str, float] = {}
@@ -223,6 +226,7 @@ class CatchUp(Deciding):
             + len(self._lost)
             + len(self.state_wants)
             + len(self.newly_need_state)
+            + len(self.newly_stalled)
             + len(self._deferred)
             + len(self._max_seen)
             + len(self._mismatch_since)

@@ -17,6 +17,8 @@ from dht.ranges import UpdateId
 
 RELAYED_RANK = 1
 """source_rank of a peer on a relayed connection (dht.reachability.path_rank)."""
+MAX_NEWLY_STALLED = 16
+"""Stalls kept for the caller between its reports (it reports and clears them each poll)."""
 
 
 class Deciding:
@@ -38,6 +40,7 @@ class Deciding:
     _last_poll: float | None
     num_stalls: int
     stalled_s: float
+    newly_stalled: list[float]
     _drop: Callable[[UpdateId], None]
     _remember_lost: Callable[[UpdateId], None]
     _await_state: Callable[[UpdateId, float], None]
@@ -116,6 +119,8 @@ class Deciding:
             return
         self.num_stalls += 1
         self.stalled_s += gap
+        if len(self.newly_stalled) < MAX_NEWLY_STALLED:
+            self.newly_stalled.append(gap)
         for want in self._wants.values():
             if want.sourceless_since is not None:
                 want.sourceless_since += gap

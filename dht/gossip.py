@@ -214,6 +214,15 @@ class Gossip:
                 "update %s#%d: no live peer holds it, a peer's state brings it", author, seq
             )
         ctx.catchup.newly_need_state.clear()
+        for gap in ctx.catchup.newly_stalled:
+            ctx.on_event(
+                "catchup_stalled",
+                gap_s=round(gap, 3),
+                num_stalls=ctx.catchup.num_stalls,
+                stalled_s=round(ctx.catchup.stalled_s, 3),
+            )
+            logger.info("this node did not run for %.1f s: its catch-up waits move on by it", gap)
+        ctx.catchup.newly_stalled.clear()
         for author in ctx.catchup.holder_lookups(now, alive):
             self.announcements.look_up_holders(author)
         for fetch in ctx.catchup.next_fetches(now, alive):

@@ -97,6 +97,8 @@ def test_a_restarted_node_takes_a_state_for_updates_no_peer_retains_and_loses_no
         node.wait_exit(EXIT_S)
     lost = [(n.name, e["author"][-6:], e["seq"]) for n in nodes for e in n.of("update_lost")]
     assert lost == [], "updates the swarm applied are not lost"
+    stalled = [n.name for n in (a, b) if any(e["gap_s"] >= 3 for e in n.of("catchup_stalled"))]
+    assert stalled == ["a", "b"], "a node that was stopped says how long it did not run"
     digests = {n.of("stopped")[-1]["applied_digest"] for n in nodes}
     assert len(digests) == 1, "one applied set on every replica"
     needed = restarted.of("update_needs_state")

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dht.catchup import CatchUp, CatchUpConfig
+from dht.catchup_next import MAX_NEWLY_STALLED
 from dht.ranges import UpdateId
 
 LOST_AFTER_S = 3.0
@@ -76,6 +77,17 @@ def test_a_node_woken_from_a_stall_waits_for_its_donors_summary_and_loses_none()
     assert b.newly_need_state == [("a", 3), ("a", 4), ("a", 5)], "they wait for a's state"
     assert not b.lost and b.wanted() == [("a", 7), ("a", 8)]  # a holds those: fetched
     assert b.num_stalls == 1 and 12.0 < b.stalled_s < 12.5
+    assert len(b.newly_stalled) == 1 and b.newly_stalled[0] == b.stalled_s, "reported once"
+
+
+def test_gaps_within_stall_s_are_not_stalls_and_reports_are_bounded() -> None:
+    b = CatchUp(CONFIG, "b", Applied())
+    poll(b, 0.0, 10.0, set())
+    b.declare_lost(10.0 + STALL_S, set())  # exactly stall_s: a slow poll, not a stall
+    assert b.num_stalls == 0 and b.newly_stalled == []
+    for k in range(1, 40):  # never reported (a caller that stopped reading them)
+        b.declare_lost(10.0 + STALL_S + 4.0 * k, set())
+    assert b.num_stalls == 39 and len(b.newly_stalled) == MAX_NEWLY_STALLED
 
 
 def test_with_stall_s_off_the_woken_node_counts_them_lost_as_in_the_run() -> None:
