@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -43,19 +42,14 @@ from dht.grouping_wire import (
     update_meta,
     update_of_meta,
 )
+from dht.shard_fetch_bodies import part_body as part_body
+from dht.shard_fetch_bodies import part_of_body, proposal_of_body
+from dht.shard_fetch_bodies import proposal_body as proposal_body
 from merge.codecs import get_codec
 from merge.group_plan import shard_bounds
 from merge.group_update import SIGNATURE_BYTES, GroupUpdate
 from merge.identity import Identity, verify_signature
-from merge.shard_fetch import (
-    MAX_CANDIDATES,
-    MAX_HOLDERS,
-    MAX_STATES,
-    Proposal,
-    StateBlock,
-    UpdateId,
-    wanted_shards,
-)
+from merge.shard_fetch import Proposal, UpdateId, wanted_shards
 
 FETCH_MAGIC = b"DSF1"
 SLICE_MAGIC = b"DSS1"
@@ -190,70 +184,18 @@ def decode_fetch(blob: object, numel: int) -> FetchMessage:
     return FetchMessage(run, (key, epoch, round_), kind, sender, body, tensors, signature)
 
 
-# ---- bodies ---------------------------------------------------------------------------------
-
-
-def proposal_body(proposal: Proposal) -> dict[str, Any]:
-    base_count, base_digest = proposal.base
-    ids = [[key, seq, list(holders)] for (key, seq), holders in proposal.candidates.items()]
-    states = [list(block) for block in proposal.states]
-    return {"base": [base_count, base_digest], "ids": ids, "states": states}
+# ---- bodies (dht.shard_fetch_bodies: their compact and session 26 forms) -------------------
 
 
 def proposal_of(message: FetchMessage) -> Proposal:
     """A `propose` message's proposal, within bounds (GroupMessageError otherwise)."""
-    body = message.body
-    try:
-        (count, digest), ids = body["base"], body["ids"]
-    except (KeyError, TypeError, ValueError):
-        raise GroupMessageError("malformed", "a proposal's fields") from None
-    if type(count) is not int or not 0 <= count <= MAX_COUNT or not _text(digest):
-        raise GroupMessageError("malformed", "a proposal's base")
-    if not isinstance(ids, list) or len(ids) > MAX_CANDIDATES:
-        raise GroupMessageError("too_many_candidates", "a proposal naming too many ids")
-    candidates: dict[UpdateId, tuple[str, ...]] = {}
-    for entry in ids:
-        if not (isinstance(entry, list) and len(entry) == 3):
-            raise GroupMessageError("malformed", "a proposal's id")
-        key, seq, holders = entry
-        ok = _text(key) and type(seq) is int and 1 <= seq <= MAX_COUNT
-        if not ok or not isinstance(holders, list) or not 0 < len(holders) <= MAX_HOLDERS:
-            raise GroupMessageError("malformed", "a proposal's id or holders")
-        if not all(_text(h) for h in holders):
-            raise GroupMessageError("malformed", "a proposal's holders")
-        candidates[(key, seq)] = tuple(holders)
-    return Proposal((count, digest), candidates, _states_of(body.get("states", [])))
-
-
-def _states_of(states: object) -> tuple[StateBlock, ...]:
-    """A proposal's state blocks: at most one per member, each at most MAX_STATES' upper
-    triangle of finite floats (their shape checked by `Proposal.problem`)."""
-    most = MAX_STATES * (MAX_STATES + 1) // 2
-    if not isinstance(states, list) or len(states) > MAX_MEMBERS:
-        raise GroupMessageError("malformed", "a proposal's states")
-    blocks = []
-    for block in states:
-        if not isinstance(block, list) or not 0 < len(block) <= most:
-            raise GroupMessageError("malformed", "a proposal's state block")
-        if not all(type(x) is float and math.isfinite(x) for x in block):
-            raise GroupMessageError("malformed", "a proposal's state block")
-        blocks.append(tuple(block))
-    return tuple(blocks)
-
-
-def part_body(part: list[list[float]], variants: list[str]) -> dict[str, Any]:
-    return {"gram": part, "variants": variants}
+    return proposal_of_body(message.body)
 
 
 def part_of(message: FetchMessage, num_updates: int) -> tuple[object, list[str]]:
     """A `part` message's Gram matrix (checked by `MemberRound.part_from`) and its variants
     (one digest per update of the round)."""
-    gram, variants = message.body.get("gram"), message.body.get("variants")
-    if not isinstance(variants, list) or len(variants) != num_updates:
-        raise GroupMessageError("malformed", "a part's variants")
-    if not all(isinstance(v, str) and len(v) == 64 for v in variants):
-        raise GroupMessageError("malformed", "a part's variants")
-    return gram, variants
+    return part_of_body(message.body, num_updates)
 
 
 # ---- group-slice ----------------------------------------------------------------------------
