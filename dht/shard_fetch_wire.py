@@ -6,10 +6,13 @@ signed by its sender's node identity (Ed25519, merge.identity) over (run, group 
 round, kind, body, the tensors' SHA-256), checked against the stream's sender:
 
 - `propose`: the sender's applied count and digest, its candidates (other groups'
-  updates it was told of, each with holders) and its state block over each member's slice
-  (session 18): merge.shard_fetch `Proposal`;
-- `part`: its part Gram matrix (merge.shard_member `MemberRound.part`) and the digest of each
-  fetched update's variant (`variant_digest`), in the round's id order;
+  updates it was told of, each with at most 2 holders, named once in a holder table) and its
+  state block over each member's slice (session 18) in raw float64: merge.shard_fetch
+  `Proposal`, body dht.shard_fetch_bodies';
+- `part`: the upper triangle of its part Gram matrix (merge.shard_member `MemberRound.part`)
+  in raw float64 and the digest of each fetched update's variant (`variant_digest`) as raw
+  bytes, in the round's id order, both base64 in the signed body; the receiver mirrors the
+  triangle back to the sender's matrix bit for bit (dht.shard_fetch_bodies);
 - `sums`: its slices of the plan's weighted sums (fp32: session 24; bf16 in sessions 20-23);
 - `abort`: the sender fell back (its reason): the others stop waiting for it (session 18).
 
@@ -20,6 +23,12 @@ group update's aggregate of bf16 parts: exact, half the bytes), else in fp32 (`c
 framing; signatures cover the fp32 values either way).
 Everything is read within a bound before it is parsed; what does not parse is a
 GroupMessageError (its reason counted against the sender by the caller).
+
+Versions: since session 27 a node sends the compact `propose` and `part` bodies and still
+reads session 26's JSON bodies (the full Gram matrix and state blocks as JSON floats, holders
+inline), told apart by their keys; a session 26 node reading a compact part finds no "gram"
+and refuses it (its round falls back to the whole fetch). The framing, the signed statement
+and the `sums`/`abort` bodies are those of session 26.
 """
 
 from __future__ import annotations
