@@ -4,11 +4,12 @@ sized with the real wire's own encoders (dht.shard_fetch_wire), so the simulator
 wire's. Pure: bench.scale_sim's accounting calls these.
 
 Per fetch round a member receives from each of the round's g - 1 other members one `propose`
-(its base, the ids with holders, g state blocks), one `part` (its (3 + K)^2 Gram matrix as
-JSON floats, K variant digests) and one `sums` (its slice of each weighted sum, fp32: session
-24; 1 sum, 2 when a Delayed Nesterov fold falls inside the round's batch); and from a holder,
-per incoming update, one `group-slice` answer (the update's fields: headers, digests,
-co-signatures, and every shard of that update overlapping its slice, whole, in bf16).
+(its base, the ids with holders, g state blocks), one `part` (the upper triangle of its
+(3 + K)^2 Gram matrix as float64, K variant digests: compact since session 27) and one
+`sums` (its slice of each weighted sum, fp32: session 24; 1 sum, 2 when a Delayed Nesterov
+fold falls inside the round's batch); and from a holder, per incoming update, one
+`group-slice` answer (the update's fields: headers, digests, co-signatures, and every shard
+of that update overlapping its slice, whole, in bf16).
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ import functools
 import random
 
 from dht.grouping_shards import shard_codec
-from dht.shard_fetch_wire import WIDTHS, FetchMessage, part_body, slice_answer
+from dht.shard_fetch_bodies import NAMED_HOLDERS
+from dht.shard_fetch_wire import WIDTHS, FetchMessage, part_body, proposal_body, slice_answer
 from merge.codecs import Codec
 from merge.group_plan import shard_bounds
 from merge.group_update import GroupUpdate
 from merge.identity import Identity
+from merge.shard_fetch import Proposal
 from merge.shard_round import overlapping
 
 NUM_STATES = 3
@@ -70,20 +73,34 @@ def message_bytes(kind: str, body: dict[str, object], num_values: int = 0) -> in
 
 @functools.cache
 def propose_bytes(num_incoming: int, g: int) -> int:
-    """One member's proposal: K ids with up to 4 holders each, g state blocks of 6 floats."""
-    rng = random.Random(g)  # state blocks' floats: their JSON is as long as real ones
-    holders = [_SENDER.peer_id] * min(4, g)
-    ids = [[f"group:0b{k:05b}", 10_000 + k, holders] for k in range(num_incoming)]
-    states = [[rng.uniform(-1e3, 1e3) for _ in range(6)] for _ in range(g)]
-    return message_bytes("propose", {"base": [10_000, "0" * 64], "ids": ids, "states": states})
+    """One member's proposal, compact (dht.shard_fetch_bodies): K ids, each of another group
+    with its own NAMED_HOLDERS holders (named once in the holder table), g state blocks of 6
+    float64."""
+    rng = random.Random(g)
+    named = min(NAMED_HOLDERS, g)
+    candidates = {
+        (f"group:0b{k:05b}", 10_000 + k): tuple(_holder(named * k + h) for h in range(named))
+        for k in range(num_incoming)
+    }
+    states = tuple(tuple(rng.uniform(-1e3, 1e3) for _ in range(6)) for _ in range(g))
+    proposal = Proposal((10_000, "0" * 64), candidates, states)
+    return message_bytes("propose", proposal_body(proposal))
+
+
+@functools.cache
+def _holder(index: int) -> str:
+    """A distinct peer id (Ed25519, as long as every node's) per holder a proposal names."""
+    return Identity.from_private_bytes(index.to_bytes(32, "big")).peer_id
 
 
 @functools.cache
 def part_bytes(num_incoming: int) -> int:
-    """One member's part: its (3 + K) x (3 + K) Gram matrix (JSON floats), K variants."""
+    """One member's part, compact: the upper triangle of its (3 + K) x (3 + K) Gram matrix
+    (float64, base64) and K variant digests (32 bytes each, base64)."""
     rng = random.Random(num_incoming)
     basis = NUM_STATES + num_incoming
-    gram = [[rng.uniform(-1e3, 1e3) for _ in range(basis)] for _ in range(basis)]
+    upper = [[rng.uniform(-1e3, 1e3) for _ in range(basis)] for _ in range(basis)]
+    gram = [[upper[min(i, j)][max(i, j)] for j in range(basis)] for i in range(basis)]
     return message_bytes("part", part_body(gram, ["0" * 64] * num_incoming))
 
 

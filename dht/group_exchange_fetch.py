@@ -37,6 +37,7 @@ from dht.group_exchange_realign import ClassRealignment
 from dht.group_exchange_slices import SLICE_LIMITS, SliceExchange
 from dht.grouping import member_check
 from dht.grouping_wire import GroupMessageError, RoundId
+from dht.shard_fetch_bodies import NAMED_HOLDERS
 from dht.shard_fetch_hold import HoldBook
 from dht.shard_fetch_inbox import Fallback, Inbox
 from dht.shard_fetch_wire import (
@@ -316,9 +317,13 @@ class FetchExchange(FetchCandidates, SliceExchange, ClassRealignment):
             return base, state_blocks(state_tensors(replica), num_members)
 
     def _proposal(self, base: tuple[int, str], states: tuple[StateBlock, ...]) -> Proposal:
+        """This member's word: its base and state, the candidates not applied here (sorted, at
+        most MAX_CANDIDATES), each with the first NAMED_HOLDERS holders it heard of (the
+        round fetches from the union its class names: dht.shard_fetch_bodies)."""
         wanted = [uid for uid in self._candidates if not self._applied(uid)]
         ids = sorted(wanted)[:MAX_CANDIDATES]
-        return Proposal(base, {uid: self._candidates[uid] for uid in ids}, states)
+        named = {uid: self._candidates[uid][:NAMED_HOLDERS] for uid in ids}
+        return Proposal(base, named, states)
 
     def _parsed(self, parse: Callable[[FetchMessage], T], message: FetchMessage) -> T:
         try:

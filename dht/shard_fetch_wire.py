@@ -6,10 +6,13 @@ signed by its sender's node identity (Ed25519, merge.identity) over (run, group 
 round, kind, body, the tensors' SHA-256), checked against the stream's sender:
 
 - `propose`: the sender's applied count and digest, its candidates (other groups'
-  updates it was told of, each with holders) and its state block over each member's slice
-  (session 18): merge.shard_fetch `Proposal`;
-- `part`: its part Gram matrix (merge.shard_member `MemberRound.part`) and the digest of each
-  fetched update's variant (`variant_digest`), in the round's id order;
+  updates it was told of, each with at most 2 holders, named once in a holder table) and its
+  state block over each member's slice (session 18) in raw float64: merge.shard_fetch
+  `Proposal`, body dht.shard_fetch_bodies';
+- `part`: the upper triangle of its part Gram matrix (merge.shard_member `MemberRound.part`)
+  in raw float64 and the digest of each fetched update's variant (`variant_digest`) as raw
+  bytes, in the round's id order, both base64 in the signed body; the receiver mirrors the
+  triangle back to the sender's matrix bit for bit (dht.shard_fetch_bodies);
 - `sums`: its slices of the plan's weighted sums (fp32: session 24; bf16 in sessions 20-23);
 - `abort`: the sender fell back (its reason): the others stop waiting for it (session 18).
 
@@ -20,13 +23,18 @@ group update's aggregate of bf16 parts: exact, half the bytes), else in fp32 (`c
 framing; signatures cover the fp32 values either way).
 Everything is read within a bound before it is parsed; what does not parse is a
 GroupMessageError (its reason counted against the sender by the caller).
+
+Versions: since session 27 a node sends the compact `propose` and `part` bodies and still
+reads session 26's JSON bodies (the full Gram matrix and state blocks as JSON floats, holders
+inline), told apart by their keys; a session 26 node reading a compact part finds no "gram"
+and refuses it (its round falls back to the whole fetch). The framing, the signed statement
+and the `sums`/`abort` bodies are those of session 26.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -43,19 +51,14 @@ from dht.grouping_wire import (
     update_meta,
     update_of_meta,
 )
+from dht.shard_fetch_bodies import part_body as part_body
+from dht.shard_fetch_bodies import part_of_body, proposal_of_body
+from dht.shard_fetch_bodies import proposal_body as proposal_body
 from merge.codecs import get_codec
 from merge.group_plan import shard_bounds
 from merge.group_update import SIGNATURE_BYTES, GroupUpdate
 from merge.identity import Identity, verify_signature
-from merge.shard_fetch import (
-    MAX_CANDIDATES,
-    MAX_HOLDERS,
-    MAX_STATES,
-    Proposal,
-    StateBlock,
-    UpdateId,
-    wanted_shards,
-)
+from merge.shard_fetch import Proposal, UpdateId, wanted_shards
 
 FETCH_MAGIC = b"DSF1"
 SLICE_MAGIC = b"DSS1"
@@ -190,70 +193,18 @@ def decode_fetch(blob: object, numel: int) -> FetchMessage:
     return FetchMessage(run, (key, epoch, round_), kind, sender, body, tensors, signature)
 
 
-# ---- bodies ---------------------------------------------------------------------------------
-
-
-def proposal_body(proposal: Proposal) -> dict[str, Any]:
-    base_count, base_digest = proposal.base
-    ids = [[key, seq, list(holders)] for (key, seq), holders in proposal.candidates.items()]
-    states = [list(block) for block in proposal.states]
-    return {"base": [base_count, base_digest], "ids": ids, "states": states}
+# ---- bodies (dht.shard_fetch_bodies: their compact and session 26 forms) -------------------
 
 
 def proposal_of(message: FetchMessage) -> Proposal:
     """A `propose` message's proposal, within bounds (GroupMessageError otherwise)."""
-    body = message.body
-    try:
-        (count, digest), ids = body["base"], body["ids"]
-    except (KeyError, TypeError, ValueError):
-        raise GroupMessageError("malformed", "a proposal's fields") from None
-    if type(count) is not int or not 0 <= count <= MAX_COUNT or not _text(digest):
-        raise GroupMessageError("malformed", "a proposal's base")
-    if not isinstance(ids, list) or len(ids) > MAX_CANDIDATES:
-        raise GroupMessageError("too_many_candidates", "a proposal naming too many ids")
-    candidates: dict[UpdateId, tuple[str, ...]] = {}
-    for entry in ids:
-        if not (isinstance(entry, list) and len(entry) == 3):
-            raise GroupMessageError("malformed", "a proposal's id")
-        key, seq, holders = entry
-        ok = _text(key) and type(seq) is int and 1 <= seq <= MAX_COUNT
-        if not ok or not isinstance(holders, list) or not 0 < len(holders) <= MAX_HOLDERS:
-            raise GroupMessageError("malformed", "a proposal's id or holders")
-        if not all(_text(h) for h in holders):
-            raise GroupMessageError("malformed", "a proposal's holders")
-        candidates[(key, seq)] = tuple(holders)
-    return Proposal((count, digest), candidates, _states_of(body.get("states", [])))
-
-
-def _states_of(states: object) -> tuple[StateBlock, ...]:
-    """A proposal's state blocks: at most one per member, each at most MAX_STATES' upper
-    triangle of finite floats (their shape checked by `Proposal.problem`)."""
-    most = MAX_STATES * (MAX_STATES + 1) // 2
-    if not isinstance(states, list) or len(states) > MAX_MEMBERS:
-        raise GroupMessageError("malformed", "a proposal's states")
-    blocks = []
-    for block in states:
-        if not isinstance(block, list) or not 0 < len(block) <= most:
-            raise GroupMessageError("malformed", "a proposal's state block")
-        if not all(type(x) is float and math.isfinite(x) for x in block):
-            raise GroupMessageError("malformed", "a proposal's state block")
-        blocks.append(tuple(block))
-    return tuple(blocks)
-
-
-def part_body(part: list[list[float]], variants: list[str]) -> dict[str, Any]:
-    return {"gram": part, "variants": variants}
+    return proposal_of_body(message.body)
 
 
 def part_of(message: FetchMessage, num_updates: int) -> tuple[object, list[str]]:
     """A `part` message's Gram matrix (checked by `MemberRound.part_from`) and its variants
     (one digest per update of the round)."""
-    gram, variants = message.body.get("gram"), message.body.get("variants")
-    if not isinstance(variants, list) or len(variants) != num_updates:
-        raise GroupMessageError("malformed", "a part's variants")
-    if not all(isinstance(v, str) and len(v) == 64 for v in variants):
-        raise GroupMessageError("malformed", "a part's variants")
-    return gram, variants
+    return part_of_body(message.body, num_updates)
 
 
 # ---- group-slice ----------------------------------------------------------------------------

@@ -208,7 +208,7 @@ def test_parts_and_proposals_are_sized_as_the_real_encoder_writes_them() -> None
     real += 2 * 64 + len(wire._SENDER.peer_id)  # signature (hex) and sender once signed
     assert wire.part_bytes(k) == pytest.approx(real, rel=0.1)
     assert wire.part_bytes(k) > 8 * (3 + k) * (4 + k) / 2
-    assert wire.propose_bytes(k, 4) > wire.propose_bytes(0, 4) + k * 4 * 50
+    assert wire.propose_bytes(k, 4) > wire.propose_bytes(0, 4) + k * 2 * 50
 
 
 def test_the_fetch_round_replaces_the_designs_all_gather() -> None:

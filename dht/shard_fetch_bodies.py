@@ -1,0 +1,252 @@
+"""The bodies of a fetch round's `propose` and `part` messages (dht.shard_fetch_wire frames
+and signs them); pure. Session 27 (docs/scale.md, "Session 27: the fetch round's parts and
+proposals in compact binary form") made them compact; a node of this release sends only the
+compact forms and still reads the session 26 (JSON) forms, told apart by their keys.
+
+- `part`, compact: `{"upper": B64, "digests": B64}`: the upper triangle, row by row, of the
+  member's part Gram matrix as raw little-endian float64 (a part is exactly symmetric:
+  merge.shard_round `part_gram` mirrors its upper triangle), and the round's variant digests
+  as raw 32-byte SHA-256 values, in id order. The receiver mirrors the triangle back: the
+  same float64 values bit for bit as the sender's own copy, so every member sums the same
+  parts (`summed_gram`) and decides alike. (3 + K)(4 + K) / 2 x 8 bytes (+ a third for the
+  base64) against ~20 bytes a JSON float for all (3 + K)^2 entries. Session 26:
+  `{"gram": [[float]], "variants": [hex]}`.
+- `propose`, compact: `{"base": [count, digest], "holders": [peer id], "ids": [[key, seq,
+  [index]]], "states": [blocks, B64]}`: each holder named once in a table that the ids name by
+  index, and the state blocks (merge.shard_fetch `StateBlock`, all one length: `state_blocks`)
+  as raw little-endian float64, concatenated. Session 26: holders inline in each id
+  (`[key, seq, [peer id]]`), states as JSON floats.
+
+What a receiver does with holders: the round's holders of an id are the sorted union of
+those its class's members named (merge.shard_fetch `agreed`), tried in that order for the
+member's slice (`group-slice`) and, on a fallback, for the whole update. So one member need
+not name every holder it knows: dht.group_exchange_fetch names at most `NAMED_HOLDERS` (2) per
+id, the first it heard of (the notifiers: each peer outside a group hears of its round from
+two of its members, dht.group_exchange_done `COPIES`); the union over the class, whose
+members heard from other notifiers, keeps the rest. The table costs one index where two ids
+share a holder (several rounds of one group, or one group's members notifying for both).
+
+Everything signed is the body as sent (its base64 strings included): the fields a receiver
+decodes are a pure function of the signed bytes. A part's triangle or digests of the wrong
+length, not finite or not base64, and a proposal's states or holder indices out of bounds,
+are GroupMessageErrors (their reasons counted against the sender by the caller).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+from dht.grouping_wire import MAX_COUNT, MAX_MEMBERS, MAX_TEXT, GroupMessageError
+from merge.shard_fetch import (
+    MAX_CANDIDATES,
+    MAX_HOLDERS,
+    MAX_STATES,
+    Proposal,
+    StateBlock,
+    UpdateId,
+)
+
+NAMED_HOLDERS = 2
+"""Holders one proposal names per id (see the module's docstring)."""
+MAX_BASIS = MAX_STATES + MAX_CANDIDATES
+"""Rows of a part Gram matrix at most: the state tensors, then the round's updates."""
+DIGEST_BYTES = 32
+_BLOCK_SIZES = {k * (k + 1) // 2 for k in range(1, MAX_STATES + 1)}
+
+# ---- part -----------------------------------------------------------------------------------
+
+
+def part_body(part: Sequence[Sequence[float]], variants: Sequence[str]) -> dict[str, Any]:
+    """A part's compact body (ValueError: `part` not symmetric, or a variant not a lowercase
+    SHA-256 hex digest; neither happens to what merge/ computes)."""
+    size = len(part)
+    if any(len(row) != size for row in part):
+        raise ValueError("a part Gram matrix is square.")
+    if any(_bits(part[i][j]) != _bits(part[j][i]) for i in range(size) for j in range(i)):
+        raise ValueError("a part Gram matrix is symmetric, bit for bit.")
+    upper = [part[i][j] for i in range(size) for j in range(i, size)]
+    digests = b"".join(_digest_bytes(v) for v in variants)
+    return {"upper": _b64(_f64(upper)), "digests": _b64(digests)}
+
+
+def part_of_body(body: dict[str, Any], num_updates: int) -> tuple[object, list[str]]:
+    """A `part` body's Gram matrix (its shape and checks: merge.shard_round `part_problem`)
+    and its variant digests (one per update of the round), either form."""
+    if "gram" in body:  # session 26: JSON
+        return body["gram"], _hex_variants(body.get("variants"), num_updates)
+    upper = _floats(body.get("upper"), "a part's triangle")
+    size = _triangle_side(len(upper))
+    if size is None or size > MAX_BASIS:
+        raise GroupMessageError("wrong_size", "a part's triangle is no upper triangle")
+    raw = _unbase64(body.get("digests"), "a part's variants")
+    if len(raw) != DIGEST_BYTES * num_updates:
+        raise GroupMessageError("malformed", "a part's variants")
+    variants = [raw[k : k + DIGEST_BYTES].hex() for k in range(0, len(raw), DIGEST_BYTES)]
+    return _mirrored(upper, size), variants
+
+
+def _mirrored(upper: Sequence[float], size: int) -> list[list[float]]:
+    gram = [[0.0] * size for _ in range(size)]
+    at = 0
+    for i in range(size):
+        for j in range(i, size):
+            gram[i][j] = gram[j][i] = upper[at]
+            at += 1
+    return gram
+
+
+def _triangle_side(length: int) -> int | None:
+    side = (math.isqrt(8 * length + 1) - 1) // 2
+    return side if side * (side + 1) // 2 == length and side > 0 else None
+
+
+def _hex_variants(variants: object, num_updates: int) -> list[str]:
+    if not isinstance(variants, list) or len(variants) != num_updates:
+        raise GroupMessageError("malformed", "a part's variants")
+    if not all(isinstance(v, str) and len(v) == 64 for v in variants):
+        raise GroupMessageError("malformed", "a part's variants")
+    return variants
+
+
+# ---- propose --------------------------------------------------------------------------------
+
+
+def proposal_body(proposal: Proposal) -> dict[str, Any]:
+    """A proposal's compact body: exactly its fields (ValueError: state blocks of two lengths,
+    which `state_blocks` never makes)."""
+    table: dict[str, int] = {}
+    ids = []
+    for (key, seq), holders in proposal.candidates.items():
+        ids.append([key, seq, [table.setdefault(h, len(table)) for h in holders]])
+    if len({len(block) for block in proposal.states}) > 1:
+        raise ValueError("a proposal's state blocks are all one length.")
+    states = _f64([x for block in proposal.states for x in block])
+    base = list(proposal.base)
+    return {
+        "base": base,
+        "holders": list(table),
+        "ids": ids,
+        "states": [len(proposal.states), _b64(states)],
+    }
+
+
+def proposal_of_body(body: dict[str, Any]) -> Proposal:
+    """A `propose` body's proposal, either form, within bounds (GroupMessageError otherwise)."""
+    try:
+        (count, digest), ids = body["base"], body["ids"]
+    except (KeyError, TypeError, ValueError):
+        raise GroupMessageError("malformed", "a proposal's fields") from None
+    if type(count) is not int or not 0 <= count <= MAX_COUNT or not _text(digest):
+        raise GroupMessageError("malformed", "a proposal's base")
+    if not isinstance(ids, list) or len(ids) > MAX_CANDIDATES:
+        raise GroupMessageError("too_many_candidates", "a proposal naming too many ids")
+    if "holders" in body:
+        table = _holder_table(body["holders"])
+        candidates = dict(_candidate(entry, table) for entry in ids)
+        return Proposal((count, digest), candidates, _compact_states(body.get("states")))
+    candidates = dict(_candidate(entry, None) for entry in ids)  # session 26
+    return Proposal((count, digest), candidates, _json_states(body.get("states", [])))
+
+
+def _holder_table(table: object) -> list[str]:
+    if not isinstance(table, list) or len(table) > MAX_CANDIDATES * MAX_HOLDERS:
+        raise GroupMessageError("malformed", "a proposal's holders")
+    if not all(_text(h) for h in table):
+        raise GroupMessageError("malformed", "a proposal's holders")
+    return table
+
+
+def _candidate(entry: object, table: list[str] | None) -> tuple[UpdateId, tuple[str, ...]]:
+    """One id and its holders: named (session 26, `table` None) or indices into `table`."""
+    if not (isinstance(entry, list) and len(entry) == 3):
+        raise GroupMessageError("malformed", "a proposal's id")
+    key, seq, holders = entry
+    ok = _text(key) and type(seq) is int and 1 <= seq <= MAX_COUNT
+    if not ok or not isinstance(holders, list) or not 0 < len(holders) <= MAX_HOLDERS:
+        raise GroupMessageError("malformed", "a proposal's id or holders")
+    if table is None:
+        if not all(_text(h) for h in holders):
+            raise GroupMessageError("malformed", "a proposal's holders")
+        return (key, seq), tuple(holders)
+    if not all(type(i) is int and 0 <= i < len(table) for i in holders):
+        raise GroupMessageError("malformed", "a proposal's holder indices")
+    return (key, seq), tuple(table[i] for i in holders)
+
+
+def _compact_states(states: object) -> tuple[StateBlock, ...]:
+    """[blocks, B64]: `blocks` state blocks of one length, at most one per member."""
+    if not (isinstance(states, list) and len(states) == 2 and type(states[0]) is int):
+        raise GroupMessageError("malformed", "a proposal's states")
+    count, values = states[0], _floats(states[1], "a proposal's states")
+    if not 0 <= count <= MAX_MEMBERS or (count == 0) != (not values):
+        raise GroupMessageError("malformed", "a proposal's states")
+    if count and (len(values) % count or len(values) // count not in _BLOCK_SIZES):
+        raise GroupMessageError("wrong_size", "a proposal's state blocks")
+    width = len(values) // count if count else 0
+    return tuple(tuple(values[k : k + width]) for k in range(0, len(values), width or 1))
+
+
+def _json_states(states: object) -> tuple[StateBlock, ...]:
+    """Session 26's state blocks: at most one per member, each at most MAX_STATES' upper
+    triangle of finite JSON floats (their shape checked by `Proposal.problem`)."""
+    most = MAX_STATES * (MAX_STATES + 1) // 2
+    if not isinstance(states, list) or len(states) > MAX_MEMBERS:
+        raise GroupMessageError("malformed", "a proposal's states")
+    blocks = []
+    for block in states:
+        if not isinstance(block, list) or not 0 < len(block) <= most:
+            raise GroupMessageError("malformed", "a proposal's state block")
+        if not all(type(x) is float and math.isfinite(x) for x in block):
+            raise GroupMessageError("malformed", "a proposal's state block")
+        blocks.append(tuple(block))
+    return tuple(blocks)
+
+
+# ---- raw float64 and base64 -----------------------------------------------------------------
+
+
+def _f64(values: Sequence[float]) -> bytes:
+    return struct.pack(f"<{len(values)}d", *values)
+
+
+def _bits(value: float) -> bytes:
+    return struct.pack("<d", value)
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode("ascii")
+
+
+def _unbase64(text: object, what: str) -> bytes:
+    if not isinstance(text, str):
+        raise GroupMessageError("malformed", f"{what} not base64")
+    try:
+        return base64.b64decode(text.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError, ValueError):
+        raise GroupMessageError("malformed", f"{what} not base64") from None
+
+
+def _floats(text: object, what: str) -> list[float]:
+    """Finite little-endian float64 values from base64 (GroupMessageError otherwise)."""
+    raw = _unbase64(text, what)
+    if len(raw) % 8:
+        raise GroupMessageError("wrong_size", f"{what}: not whole float64 values")
+    values = list(struct.unpack(f"<{len(raw) // 8}d", raw))
+    if not all(map(math.isfinite, values)):
+        raise GroupMessageError("not_finite", f"{what} holds NaN or infinity")
+    return values
+
+
+def _digest_bytes(variant: str) -> bytes:
+    if len(variant) != 64 or variant != variant.lower():
+        raise ValueError("a variant digest is 64 lowercase hex digits.")
+    return bytes.fromhex(variant)
+
+
+def _text(value: object) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= MAX_TEXT
