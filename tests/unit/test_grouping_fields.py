@@ -22,9 +22,17 @@ from dht.grouping_fields import (
     update_meta,
     update_of_meta,
 )
-from dht.grouping_wire import MAX_COUNT, MAX_MEMBERS, GroupMessageError
+from dht.grouping_wire import (
+    MAX_COUNT,
+    MAX_MEMBERS,
+    GroupMessageError,
+    decode_update,
+    encode_update,
+)
 from dht.shard_fetch_wire import decode_slice, slice_answer
-from merge.group_update import ContributionHeader, GroupUpdate, tensor_digest
+from merge.group_plan import shard_bounds
+from merge.group_shards import ShardedReduction, sharded_contribution
+from merge.group_update import ContributionHeader, GroupUpdate, RoundFields, tensor_digest
 from merge.identity import Identity
 
 POOL = sorted((Identity.generate() for _ in range(64)), key=lambda i: i.peer_id)
@@ -171,6 +179,40 @@ def test_a_slice_answer_carries_the_compact_fields_and_every_signature_still_ver
     assert set(shards) == {0}
     assert back == update and all(h.verified() for h in back.contributions)
     assert back.header_problem({m for m in update.members}.__contains__) is None
+
+
+def _reduced(members: list[Identity], contributors: int, numel: int) -> GroupUpdate:
+    """A real reduce-scatter round's update: `contributors` of `members` included."""
+    fields = RoundFields(
+        run_id=RUN, group_key=KEY, epoch=1, round=3, learners=4, base_applied=5,
+        published_applied=6,
+    )  # fmt: skip
+    view = ShardedReduction(
+        group_key=KEY, epoch=1, round=3, members=[m.peer_id for m in members], numel=numel
+    )
+    for k, member in enumerate(members[:contributors]):
+        part = torch.randn(numel, generator=torch.Generator().manual_seed(k))
+        view.contribute(*sharded_contribution(part, member, fields, 10, len(members)))
+        for j, piece in enumerate(torch.tensor_split(part, len(members))):
+            view.take_piece(member.peer_id, j, piece)
+    view.close()
+    by_id = {m.peer_id: m for m in members}
+    for j, reducer in enumerate(view.reducers):
+        shard = view.reduce(j)
+        view.take_reduced(j, shard, by_id[reducer].sign(view.statement(j, shard)))
+    assert isinstance(view.outcome, GroupUpdate)
+    return view.outcome
+
+
+def test_a_real_reduce_scatter_update_passes_every_check_after_the_wire() -> None:
+    update = _reduced(POOL[:5], 4, 23)  # one member left out: its shard reduced by another
+    assert "round" in update_meta(update) and len(update.members) == 5
+    back = decode_update(encode_update(update), 23)
+    assert back == update and back.problem(lambda p: True) is None
+    for start, end in shard_bounds(23, 5):
+        fetched, pieces = decode_slice(slice_answer(update, start, end), 23)
+        assert fetched.header_problem(lambda p: True) is None
+        assert all(fetched.shard_problem(k, p) is None for k, p in pieces.items())
 
 
 @pytest.mark.parametrize("g", [4, 31, 64])
