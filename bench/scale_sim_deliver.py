@@ -11,9 +11,11 @@ from collections import Counter
 from collections.abc import Callable
 
 from bench import scale_sim_wire as wire
+from bench.scale_sim_levers import shard_holders, sums_needed
 from bench.scale_sim_state import Published, SimConfig, SimNode, SimReplica, catch_up_id
 from dht.ranges import UpdateId
 from merge.codecs import Codec
+from merge.group_plan import shard_bounds
 from merge.group_update import GroupUpdate
 from merge.weighting import StalenessConfig, TokenWeightConfig, staleness_weight, token_weight
 
@@ -38,6 +40,9 @@ class Delivering:
     _ids: dict[int, SimReplica]
     _live: Callable[[float], list[SimNode]]
     _members: Callable[[float], dict[int, list[SimNode]]]
+    folds_own: Callable[[int], bool]
+    _from_holders: Callable[[SimNode, Published, int, int, str, float], None]
+    _more_sums: Callable[[list[SimNode], int, int], None]
 
     # -- delivery -----------------------------------------------------------------------
 
@@ -45,7 +50,14 @@ class Delivering:
         k = len(update.contributions)
         slowest = min(n.down_bps for n in contributors)
         at = deadline + 2 * (k - 1) / k * self.update_bytes / slowest + 2 * self.config.latency_s
-        self.published[update.update_id] = Published(update, at, deadline, update.header_bytes())
+        holders = (
+            shard_holders(update, self.config.fold_own_replicas)
+            if self.folds_own(update.head.learners)
+            else ()
+        )
+        self.published[update.update_id] = Published(
+            update, at, deadline, update.header_bytes(), holders
+        )
         self.counters["published"] += 1
         members, alive = self._members(at), self._alive_ids(at)
         uid = catch_up_id(update)
@@ -81,8 +93,12 @@ class Delivering:
         published = self.published[update_id]
         own = published.update.head.group_key == key
         g = len(members)
-        if not own and self.config.scatter and not self.config.wired:
-            self._fetch_shards(published.update, members, published.header_bytes)
+        if own and published.holders:  # folded: its slice, but for the shards it holds
+            for rank, node in enumerate(sorted(members, key=lambda n: n.peer_id)):
+                start, end = shard_bounds(self.numel, g)[rank]
+                self._from_holders(node, published, start, end, "own_slices", now)
+        elif not own and self.config.scatter and not self.config.wired:
+            self._fetch_shards(published, members, now)
         elif not own:
             share = self.update_bytes if self.config.wired else self.update_bytes / g
             for node in members:
@@ -95,14 +111,20 @@ class Delivering:
         self._ids[id(replica)] = replica
         heapq.heappush(self.arrivals, (now + delay, len(self.arrivals), update_id, id(replica)))
 
-    def _fetch_shards(self, update: GroupUpdate, members: list[SimNode], header_bytes: int) -> None:
+    def _fetch_shards(self, published: Published, members: list[SimNode], now: float) -> None:
         """Each live member's `group-slice` answer for another group's update, as real nodes
         (--group-shard-fetch) cut it: the update's fields and every shard overlapping the
         member's slice of the model (its rank in the sorted live members), whole; exactly its
-        slice with `shard_round_aligned` (bench.scale_sim_wire)."""
+        slice with `shard_round_aligned` (bench.scale_sim_wire). A folded update
+        (`fold_own`) is asked of each shard's holders (bench.scale_sim_levers)."""
+        update = published.update
         shards = update.num_shards
         meta, g = wire.slice_meta(update), len(members)
         for rank, node in enumerate(sorted(members, key=lambda n: n.peer_id)):
+            if published.holders:
+                start, end = shard_bounds(self.numel, g)[rank]
+                self._from_holders(node, published, start, end, "slices", now)
+                continue
             payload = wire.slice_payload(
                 self.codec, self.numel, shards, g, rank, self.config.shard_round_aligned
             )
@@ -135,11 +157,14 @@ class Delivering:
         replica.robust.record(verdict)
         if verdict.reason is not None:
             self.counters[f"robust_{verdict.reason}"] += 1
-        deferred = self._deferred(replica, update, at)
+        self._deferred(replica, update, at)
         if weight:
             folded = replica.outer.step(replica.params, pseudo_gradient, weight, head.learners)
-            if folded is None and not deferred:
-                replica.fold_window = self._window(replica, update, at)
+            window = self._window(replica, update, at)
+            if folded is None and window is not None:
+                if window != replica.fold_window:
+                    replica.fold_window, replica.window_folds, replica.window_sums = window, 0, 1
+                replica.window_folds += 1
         replica.applied[update.update_id] = at
         replica.applied_ids.add(catch_up_id(update))
 
@@ -147,7 +172,9 @@ class Delivering:
         """The fetch round an incoming update is applied in (the round window its arrival
         falls in), or None when no shard-fetch round takes it (own, wired, one group)."""
         own = self.replicas.get(update.head.group_key) is replica
-        if own or not self.config.scatter or self.config.wired or update.head.learners < 2:
+        if own and not self.folds_own(update.head.learners):
+            return None
+        if not self.config.scatter or self.config.wired or update.head.learners < 2:
             return None
         return int(at // self.config.round_s)
 
@@ -157,13 +184,25 @@ class Delivering:
         fold fetched whole and applied in order, dht.group_exchange_candidates
         `_apply_in_order`): an incoming update applied in a window where an earlier one
         folded. Counted: its whole bf16 update and headers at every live member, on top of the
-        slice each fetched for the round."""
+        slice each fetched for the round (with `fold_own`, from every shard's holders). With
+        `second_sum` it joins the round's next weighted sum instead (bench.scale_sim_levers):
+        the round's sums message then carries one more slice, once per fold."""
         window = self._window(replica, update, at)
         if window is None or window != replica.fold_window:
             return False
         published = self.published[update.update_id]
-        for node in self._members(at).get(id(replica), []):
-            self._receive(node, "deferred_whole", self.update_bytes + published.header_bytes)
+        members = self._members(at).get(id(replica), [])
+        if self.config.second_sum:
+            needed = sums_needed(replica.window_folds)
+            self._more_sums(members, needed, needed - replica.window_sums)
+            replica.window_sums = max(replica.window_sums, needed)
+            self.counters["in_later_sum"] += 1
+            return True
+        for node in members:
+            if published.holders:
+                self._from_holders(node, published, 0, self.numel, "deferred_whole", at)
+            else:
+                self._receive(node, "deferred_whole", self.update_bytes + published.header_bytes)
         self.counters["deferred_past_fold"] += 1
         return True
 
