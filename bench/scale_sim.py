@@ -224,6 +224,8 @@ class Simulation(Reducing, Delivering, Levers):
                 self._reduce_all(r, base, fates, deadline)
             self._catch_up(deadline)
         self._deliver(float("inf"))
+        for replica in self._ids.values():
+            self._settle_sums(replica)
         return self._row()
 
     # -- accounting -------------------------------------------------------------------------

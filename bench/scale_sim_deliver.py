@@ -11,11 +11,10 @@ from collections import Counter
 from collections.abc import Callable
 
 from bench import scale_sim_wire as wire
-from bench.scale_sim_levers import shard_holders, sums_needed
+from bench.scale_sim_levers import cut, shard_holders
 from bench.scale_sim_state import Published, SimConfig, SimNode, SimReplica, catch_up_id
 from dht.ranges import UpdateId
 from merge.codecs import Codec
-from merge.group_plan import shard_bounds
 from merge.group_update import GroupUpdate
 from merge.weighting import StalenessConfig, TokenWeightConfig, staleness_weight, token_weight
 
@@ -42,7 +41,7 @@ class Delivering:
     _members: Callable[[float], dict[int, list[SimNode]]]
     folds_own: Callable[[int], bool]
     _from_holders: Callable[[SimNode, Published, int, int, str, float], None]
-    _more_sums: Callable[[list[SimNode], int, int], None]
+    _settle_sums: Callable[[SimReplica], None]
 
     # -- delivery -----------------------------------------------------------------------
 
@@ -50,13 +49,12 @@ class Delivering:
         k = len(update.contributions)
         slowest = min(n.down_bps for n in contributors)
         at = deadline + 2 * (k - 1) / k * self.update_bytes / slowest + 2 * self.config.latency_s
-        holders = (
-            shard_holders(update, self.config.fold_own_replicas)
-            if self.folds_own(update.head.learners)
-            else ()
-        )
+        holders, meta = (), 0
+        if self.folds_own(update.head.learners):
+            holders = shard_holders(update, self.config.fold_own_replicas)
+            meta = wire.slice_meta(update)
         self.published[update.update_id] = Published(
-            update, at, deadline, update.header_bytes(), holders
+            update, at, deadline, update.header_bytes(), holders, meta
         )
         self.counters["published"] += 1
         members, alive = self._members(at), self._alive_ids(at)
@@ -95,7 +93,7 @@ class Delivering:
         g = len(members)
         if own and published.holders:  # folded: its slice, but for the shards it holds
             for rank, node in enumerate(sorted(members, key=lambda n: n.peer_id)):
-                start, end = shard_bounds(self.numel, g)[rank]
+                start, end = cut(self.numel, g)[rank]
                 self._from_holders(node, published, start, end, "own_slices", now)
         elif not own and self.config.scatter and not self.config.wired:
             self._fetch_shards(published, members, now)
@@ -122,7 +120,7 @@ class Delivering:
         meta, g = wire.slice_meta(update), len(members)
         for rank, node in enumerate(sorted(members, key=lambda n: n.peer_id)):
             if published.holders:
-                start, end = shard_bounds(self.numel, g)[rank]
+                start, end = cut(self.numel, g)[rank]
                 self._from_holders(node, published, start, end, "slices", now)
                 continue
             payload = wire.slice_payload(
@@ -157,14 +155,17 @@ class Delivering:
         replica.robust.record(verdict)
         if verdict.reason is not None:
             self.counters[f"robust_{verdict.reason}"] += 1
-        self._deferred(replica, update, at)
+        deferred = self._deferred(replica, update, at)
         if weight:
             folded = replica.outer.step(replica.params, pseudo_gradient, weight, head.learners)
+            replica.window_tail |= deferred  # a share after the window's last fold, so far
             window = self._window(replica, update, at)
             if folded is None and window is not None:
                 if window != replica.fold_window:
-                    replica.fold_window, replica.window_folds, replica.window_sums = window, 0, 1
+                    self._settle_sums(replica)
+                    replica.fold_window = window
                 replica.window_folds += 1
+                replica.window_tail = False
         replica.applied[update.update_id] = at
         replica.applied_ids.add(catch_up_id(update))
 
@@ -192,10 +193,8 @@ class Delivering:
             return False
         published = self.published[update.update_id]
         members = self._members(at).get(id(replica), [])
-        if self.config.second_sum:
-            needed = sums_needed(replica.window_folds)
-            self._more_sums(members, needed, needed - replica.window_sums)
-            replica.window_sums = max(replica.window_sums, needed)
+        if self.config.second_sum:  # its sums counted once the window is done: _settle_sums
+            replica.sums_members = members
             self.counters["in_later_sum"] += 1
             return True
         for node in members:

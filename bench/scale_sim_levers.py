@@ -21,16 +21,18 @@ fetched whole today (`deferred_whole`); taken as a further weighted sum of the s
 (`ShardRound.decide` without `until_fold`), each member receives one more fp32 slice from
 each other member for the round instead. merge.shard_round_replay's `combos_of` forms the
 state from at most three sums whatever the folds (params, momentum and round sum are three
-rows), so the wire's MAX_SUMS = 3 always holds them: 1 + min(folds, 2) sums.
+rows), so the wire's MAX_SUMS = 3 always holds them: `sums_needed`.
 """
 
 from __future__ import annotations
 
+import bisect
+import functools
 from collections import Counter
 from collections.abc import Callable
 
 from bench import scale_sim_wire as wire
-from bench.scale_sim_state import Published, SimConfig, SimNode
+from bench.scale_sim_state import Published, SimConfig, SimNode, SimReplica
 from dht.shard_fetch_wire import MAX_SUMS
 from merge.codecs import Codec
 from merge.group_plan import ShardPlan, shard_bounds
@@ -51,6 +53,22 @@ def shard_holders(update: GroupUpdate, replicas: int) -> tuple[tuple[str, ...], 
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=1024)
+def cut(numel: int, num_shards: int) -> list[tuple[int, int]]:
+    """merge.group_plan `shard_bounds`, kept: the sim cuts one model a few ways many times."""
+    return shard_bounds(numel, num_shards)
+
+
+@functools.lru_cache(maxsize=1024)
+def _ends(numel: int, num_shards: int) -> list[int]:
+    return [e for _, e in cut(numel, num_shards)]
+
+
+@functools.lru_cache(maxsize=64)
+def _ranks(included: tuple[str, ...]) -> dict[str, int]:
+    return {peer: i for i, peer in enumerate(sorted(included))}
+
+
 def sums_message(num_values: int, num_sums: int, width: int) -> int:
     """One member's `sums` message with `num_sums` slices of `num_values` values at `width`
     bytes a value (the real encoder's framing: bench.scale_sim_wire `sums_bytes`)."""
@@ -58,10 +76,12 @@ def sums_message(num_values: int, num_sums: int, width: int) -> int:
     return framing + width * num_sums * num_values
 
 
-def sums_needed(folds: int) -> int:
-    """Weighted sums a fetch round gathers with `folds` Delayed Nesterov folds inside it when
-    nothing is deferred (merge.shard_round_replay `combos_of`; tests check it)."""
-    return min(1 + folds, MAX_SUMS)
+def sums_needed(folds: int, tail: bool) -> int:
+    """Weighted sums a fetch round gathers when nothing is deferred, with `folds` Delayed
+    Nesterov folds inside it and (`tail`) updates after the last one: the independent rows
+    among the momentum's, the round sum's and the params' coefficients on the round's
+    updates (merge.shard_round_replay `combos_of`; tests check it against the replay)."""
+    return min(max(1, min(folds, 2) + int(tail)), MAX_SUMS)
 
 
 class Levers:
@@ -100,8 +120,8 @@ class Levers:
             self._receive(node, "group_round", piece + cosign)
             return
         self._receive(node, "group_round", cosign)
-        ranked = sorted(included)
-        after = (ranked.index(member) - ranked.index(reducer)) % len(ranked)
+        ranks = _ranks(included)
+        after = (ranks[member] - ranks[reducer]) % len(ranks)
         if after < self.config.fold_own_replicas:
             self._receive(node, "shard_replicas", piece)
 
@@ -113,11 +133,15 @@ class Levers:
         tensors: whole, or exactly the range with `shard_round_aligned`); nothing for a
         shard it holds; a shard with no live holder counted as unavailable."""
         update = published.update
-        bounds = shard_bounds(self.numel, update.num_shards)
+        bounds = cut(self.numel, update.num_shards)
+        first = bisect.bisect_right(_ends(self.numel, update.num_shards), start)
         asked: set[str] = set()
         payload = 0
-        for k, (s, e) in enumerate(bounds):
-            if e <= start or s >= end or s == e or node.peer_id in published.holders[k]:
+        for k in range(first, len(bounds)):
+            s, e = bounds[k]
+            if s >= end:
+                break
+            if s == e or node.peer_id in published.holders[k]:
                 continue
             live = [h for h in published.holders[k] if self._serves(h, now)]
             if not live:
@@ -127,11 +151,20 @@ class Levers:
             values = min(e, end) - max(s, start) if self.config.shard_round_aligned else e - s
             payload += self.codec.payload_bytes(values)
         if asked:
-            self._receive(node, kind, len(asked) * wire.slice_meta(update) + payload)
+            self._receive(node, kind, len(asked) * published.slice_meta + payload)
 
     def _serves(self, peer: str, now: float) -> bool:
         node = self.by_id[peer]
         return node.alive and not node.frozen(now)
+
+    def _settle_sums(self, replica: SimReplica) -> None:
+        """With `second_sum`, once a window's folds are all known (the next window folds, or
+        the run ends): the further sums its round gathered, in each member's `sums` message
+        from each other member (the members that took its latest update past a fold)."""
+        num_sums = sums_needed(replica.window_folds, replica.window_tail)
+        if self.config.second_sum and num_sums > 1:
+            self._more_sums(replica.sums_members, num_sums, num_sums - 1)
+        replica.window_folds, replica.window_tail, replica.sums_members = 0, False, []
 
     def _more_sums(self, members: list[SimNode], num_sums: int, more: int) -> None:
         """Each member receives, from each other member, `more` further slices of the round's

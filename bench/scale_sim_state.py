@@ -111,8 +111,11 @@ class SimReplica:
     """The last round window a fetch round folded in (bench.scale_sim_deliver `_deferred`)."""
     window_folds: int = 0
     """Delayed Nesterov folds in `fold_window` so far."""
-    window_sums: int = 1
-    """Weighted sums counted for `fold_window` (`SimConfig.second_sum`)."""
+    window_tail: bool = False
+    """Whether an update was applied in `fold_window` after its last fold
+    (`SimConfig.second_sum`: then the round's state needs one more sum)."""
+    sums_members: list[SimNode] = field(default_factory=list)
+    """The live members that took the latest update past a fold in `fold_window`."""
     catch_up: CatchUp = field(init=False)
     """The project's catch-up decisions (what to fetch, from whom, what is lost)."""
 
@@ -182,6 +185,9 @@ class Published:
     """Wire bytes of its headers, digests and co-signatures (beside the aggregate)."""
     holders: tuple[tuple[str, ...], ...] = ()
     """With `SimConfig.fold_own`: the members holding each reduced shard, reducer first."""
+    slice_meta: int = 0
+    """With `SimConfig.fold_own`: a `group-slice` answer's bytes beside its tensors
+    (bench.scale_sim_wire `slice_meta`), asked of each holder."""
 
 
 def catch_up_id(update: GroupUpdate) -> UpdateId:
