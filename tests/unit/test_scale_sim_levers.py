@@ -181,3 +181,30 @@ def test_the_command_takes_the_levers(
     with pytest.raises(SystemExit):
         scale.main()
     assert "fold_own_replicas is >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("learners", [2, 3])
+@pytest.mark.parametrize("num_updates", [2, 3, 4, 5, 6])
+def test_the_real_shard_round_takes_the_updates_past_a_fold_in_its_counted_sums(
+    num_updates: int, learners: int
+) -> None:
+    """merge.shard_round on small tensors (`decide` without `until_fold`, what `second_sum`
+    counts): the round gathers `sums_needed` sums, defers nothing, and ends where applying
+    the updates one by one does (a fold every `learners` updates)."""
+    from tests.unit.shard_round_paths import (
+        Spec,
+        _assert_alike,
+        _by_shards,
+        _one_by_one,
+        _pipeline,
+        _update,
+    )
+
+    a, b = _pipeline("delayed_nesterov"), _pipeline("delayed_nesterov")
+    updates = [_update(Spec(g, 0, "honest", 0, 0), 7, learners) for g in range(num_updates)]
+    _one_by_one(a, updates)
+    results, plan = _by_shards(b, updates, 3)
+    assert plan is not None and not plan.deferred and all(r.accepted for r in results)
+    folds = num_updates // learners
+    assert len(plan.combos) == sums_needed(folds, num_updates % learners != 0)
+    _assert_alike(a, b)
