@@ -49,7 +49,8 @@ class Delivering:
         k = len(update.contributions)
         slowest = min(n.down_bps for n in contributors)
         at = deadline + 2 * (k - 1) / k * self.update_bytes / slowest + 2 * self.config.latency_s
-        holders, meta = (), 0
+        holders: tuple[tuple[str, ...], ...] = ()
+        meta = 0
         if self.folds_own(update.head.learners):
             holders = shard_holders(update, self.config.fold_own_replicas)
             meta = wire.slice_meta(update)
