@@ -10,11 +10,13 @@ group's listed ones, so inside the group only the reducers' signatures travel (w
 `fold_own_replicas` r > 1 each shard also goes to the r - 1 included members after its
 reducer), and the round's sums carry the own update. What it adds: a proposal id and a
 row and column of the Gram matrix per member-round; a member whose slice is not exactly
-the shards it holds fetches the rest from their holders (`own_slices`); no member holds
-the update whole, so another group's member asks each holder of a shard overlapping its
-slice (one answer, with the update's fields, per holder), and a whole fetch (past a fold)
-asks every holder. A shard whose every holder is dead or frozen when asked is counted
-(`fold_own_unavailable`): nobody can then assemble that update.
+the shards it holds fetches the rest from their holders (`own_slices`, without the fields
+its members co-signed); no member holds the update whole, so another group's member asks
+each holder of a shard overlapping its slice (one answer per holder, the first with the
+update's fields, the others with their shards alone: a wire change, as the fold is), and
+a whole fetch (past a fold) asks every holder. A shard whose every holder is dead or
+frozen when asked is counted (`fold_own_unavailable`): nobody can then assemble that
+update.
 
 `SimConfig.second_sum`: the updates a fetch round defers past a Delayed Nesterov fold are
 fetched whole today (`deferred_whole`); taken as a further weighted sum of the same round
@@ -28,12 +30,13 @@ from __future__ import annotations
 
 import bisect
 import functools
+import json
 from collections import Counter
 from collections.abc import Callable
 
 from bench import scale_sim_wire as wire
 from bench.scale_sim_state import Published, SimConfig, SimNode, SimReplica
-from dht.shard_fetch_wire import MAX_SUMS
+from dht.shard_fetch_wire import MAX_SUMS, SLICE_MAGIC
 from merge.codecs import Codec
 from merge.group_plan import ShardPlan, shard_bounds
 from merge.group_update import GroupUpdate
@@ -67,6 +70,17 @@ def _ends(numel: int, num_shards: int) -> list[int]:
 @functools.lru_cache(maxsize=64)
 def _ranks(included: tuple[str, ...]) -> dict[str, int]:
     return {peer: i for i, peer in enumerate(sorted(included))}
+
+
+def shards_only_framing() -> int:
+    """A `group-slice` answer's bytes beside its tensors without the update's fields (what a
+    further holder of a folded update answers: dht.shard_fetch_wire `slice_answer`'s frame
+    with its "shards", "sizes" and "codec" alone; two shards of a 6-digit size)."""
+    meta = {"shards": [30, 31], "sizes": [123456, 123456], "codec": "bf16"}
+    return len(SLICE_MAGIC) + 4 + len(json.dumps(meta, separators=(",", ":")))
+
+
+SHARDS_ONLY = shards_only_framing()
 
 
 def sums_message(num_values: int, num_sums: int, width: int) -> int:
@@ -129,9 +143,10 @@ class Levers:
         self, node: SimNode, published: Published, start: int, end: int, kind: str, now: float
     ) -> None:
         """`node` fetches values [start, end) of a folded update from its shards' holders:
-        per holder asked one `group-slice` answer (the update's fields and its shards'
-        tensors: whole, or exactly the range with `shard_round_aligned`); nothing for a
-        shard it holds; a shard with no live holder counted as unavailable."""
+        per holder asked one `group-slice` answer with its shards' tensors (whole, or exactly
+        the range with `shard_round_aligned`), the first of them with the update's fields
+        (none to its own members, who co-signed them); nothing for a shard it holds; a shard
+        with no live holder counted as unavailable."""
         update = published.update
         bounds = cut(self.numel, update.num_shards)
         first = bisect.bisect_right(_ends(self.numel, update.num_shards), start)
@@ -151,7 +166,8 @@ class Levers:
             values = min(e, end) - max(s, start) if self.config.shard_round_aligned else e - s
             payload += self.codec.payload_bytes(values)
         if asked:
-            self._receive(node, kind, len(asked) * published.slice_meta + payload)
+            fields = 0 if kind == "own_slices" else published.slice_meta - SHARDS_ONLY
+            self._receive(node, kind, fields + len(asked) * SHARDS_ONLY + payload)
 
     def _serves(self, peer: str, now: float) -> bool:
         node = self.by_id[peer]

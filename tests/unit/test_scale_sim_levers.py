@@ -14,7 +14,7 @@ import pytest
 
 from bench import scale_sim_wire as wire
 from bench.scale_sim import SimConfig, Simulation, tiny_update_bytes
-from bench.scale_sim_levers import shard_holders, sums_message, sums_needed
+from bench.scale_sim_levers import SHARDS_ONLY, shard_holders, sums_message, sums_needed
 from merge.group_plan import shard_bounds
 from merge.outer import OuterConfig, make_outer_optimizer
 from merge.shard_round_replay import Replay, combos_of
@@ -88,6 +88,11 @@ def test_a_folded_update_has_its_shards_holders_and_none_serves_a_dead_one() -> 
     sim._from_holders(outsider, published, start, end, "slices", published.at)
     shard = sim.codec.payload_bytes(end - start)
     assert sim.by_kind["slices"] - before == wire.slice_meta(update) + shard
+    before = sim.by_kind["slices"]
+    end_two = shard_bounds(sim.numel, G)[1][1]  # two shards, two holders: the fields once
+    sim._from_holders(outsider, published, start, end_two, "slices", published.at)
+    two = shard + sim.codec.payload_bytes(end_two - end)
+    assert sim.by_kind["slices"] - before == wire.slice_meta(update) + SHARDS_ONLY + two
     for peer in published.holders[0]:
         sim.by_id[peer].alive = False
     before = sim.by_kind["slices"]
