@@ -47,9 +47,13 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench.scale_figures import extrapolate
 from bench.scale_run import measure
+
+if TYPE_CHECKING:
+    from bench.scale_sim_state import SimConfig
 
 
 def main() -> None:
@@ -112,6 +116,24 @@ def main() -> None:
         action="store_true",
         help="--sim --scatter: count the fetch round's sums in bf16 instead of fp32",
     )
+    parser.add_argument(
+        "--fold-own",
+        action="store_true",
+        help="--sim --scatter: count the own group's update folded into its members' fetch "
+        "round (co-signatures, not shards, inside the group; not wired)",
+    )
+    parser.add_argument(
+        "--fold-own-replicas",
+        type=int,
+        default=1,
+        help="--sim --fold-own: members holding each reduced shard (its reducer included)",
+    )
+    parser.add_argument(
+        "--second-sum",
+        action="store_true",
+        help="--sim --scatter: count the updates past a fold as further sums of the round "
+        "instead of whole fetches (not wired)",
+    )
     args = parser.parse_args()
     if args.shard_fetch and not (args.group_size and args.scatter):
         parser.error("--shard-fetch needs --group-size and --scatter")
@@ -136,21 +158,16 @@ def main() -> None:
 
 
 def _simulate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    from bench.scale_sim import SimConfig, parse_sizes, run
+    from bench.scale_sim import parse_sizes, run
 
     try:
         sizes = parse_sizes(args.nodes)
     except ValueError as e:
         parser.error(str(e))
-    config = SimConfig(
-        seed=args.seed,
-        wired=args.wired,
-        scatter=args.scatter,
-        group_size=args.group_size,
-        balanced=args.balanced,
-        shard_round_aligned=args.aligned,
-        sums_width=2 if args.bf16_sums else 4,
-    )
+    try:
+        config = _sim_config(args)
+    except ValueError as e:
+        parser.error(str(e))
     result = run(sizes, config)
     for row in result["rows"]:
         all_to_all = row["all_to_all_mb_per_node_per_round"]
@@ -160,6 +177,23 @@ def _simulate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
             flush=True,
         )
     print(json.dumps(result))
+
+
+def _sim_config(args: argparse.Namespace) -> SimConfig:
+    from bench.scale_sim_state import SimConfig
+
+    return SimConfig(
+        seed=args.seed,
+        wired=args.wired,
+        scatter=args.scatter,
+        group_size=args.group_size,
+        balanced=args.balanced,
+        shard_round_aligned=args.aligned,
+        sums_width=2 if args.bf16_sums else 4,
+        fold_own=args.fold_own,
+        fold_own_replicas=args.fold_own_replicas,
+        second_sum=args.second_sum,
+    )
 
 
 if __name__ == "__main__":

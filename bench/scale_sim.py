@@ -33,6 +33,7 @@ import torch
 from bench import scale_sim_wire as wire
 from bench.scale_keys import balanced_identities
 from bench.scale_sim_deliver import Delivering
+from bench.scale_sim_levers import Levers
 from bench.scale_sim_reduce import RUN_ID, Reducing
 from bench.scale_sim_state import Published, SimConfig, SimNode, SimReplica
 from dht.grouping import Grouping, GroupingConfig, GroupingPolicy, MembershipView
@@ -47,7 +48,7 @@ CODEC = "bf16"
 MB = 1e6
 
 
-class Simulation(Reducing, Delivering):
+class Simulation(Reducing, Delivering, Levers):
     """One swarm of ``nodes`` peers run for the configured rounds."""
 
     def __init__(self, nodes: int, config: SimConfig, update_bytes: int) -> None:
@@ -63,6 +64,7 @@ class Simulation(Reducing, Delivering):
         self.optimum = torch.randn(config.dim, generator=torch.Generator().manual_seed(1))
         self.noise = torch.Generator().manual_seed(config.seed * 1_000_003 + nodes)
         self.nodes: list[SimNode] = []
+        self.by_id: dict[str, SimNode] = {}
         self.grouping: Grouping | None = None
         self.replicas: dict[str, SimReplica] = {}
         self.published: dict[str, Published] = {}
@@ -102,6 +104,7 @@ class Simulation(Reducing, Delivering):
         node = SimNode(identity, self.rng.uniform(12.5e6, 125e6), replica, now)
         node.dishonest = self.hostile_rng.random() < self.config.dishonest_share
         self.nodes.append(node)
+        self.by_id[node.peer_id] = node
         self.shards.add(node.peer_id)
         return node
 
@@ -221,6 +224,8 @@ class Simulation(Reducing, Delivering):
                 self._reduce_all(r, base, fates, deadline)
             self._catch_up(deadline)
         self._deliver(float("inf"))
+        for replica in self._ids.values():
+            self._settle_sums(replica)
         return self._row()
 
     # -- accounting -------------------------------------------------------------------------
@@ -263,7 +268,9 @@ class Simulation(Reducing, Delivering):
         g, k = len(members), self.grouping.num_learners - 1
         if g < 2:
             return
-        propose, part = wire.propose_bytes(k, g), wire.part_bytes(k) if k else 0
+        candidates = k + 1 if self.folds_own(k + 1) else k  # the own update folded in
+        propose = wire.propose_bytes(candidates, g)
+        part = wire.part_bytes(candidates) if k else 0
         for rank, node in enumerate(sorted(members, key=lambda n: n.peer_id)):
             self._receive(node, "propose", (g - 1) * propose)
             self._receive(node, "part", (g - 1) * part)

@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from bench import scale_sim_wire as wire
+from bench.scale_sim_levers import cut, shard_holders
 from bench.scale_sim_state import Published, SimConfig, SimNode, SimReplica, catch_up_id
 from dht.ranges import UpdateId
 from merge.codecs import Codec
@@ -38,6 +39,9 @@ class Delivering:
     _ids: dict[int, SimReplica]
     _live: Callable[[float], list[SimNode]]
     _members: Callable[[float], dict[int, list[SimNode]]]
+    folds_own: Callable[[int], bool]
+    _from_holders: Callable[[SimNode, Published, int, int, str, float], None]
+    _settle_sums: Callable[[SimReplica], None]
 
     # -- delivery -----------------------------------------------------------------------
 
@@ -45,7 +49,14 @@ class Delivering:
         k = len(update.contributions)
         slowest = min(n.down_bps for n in contributors)
         at = deadline + 2 * (k - 1) / k * self.update_bytes / slowest + 2 * self.config.latency_s
-        self.published[update.update_id] = Published(update, at, deadline, update.header_bytes())
+        holders: tuple[tuple[str, ...], ...] = ()
+        meta = 0
+        if self.folds_own(update.head.learners):
+            holders = shard_holders(update, self.config.fold_own_replicas)
+            meta = wire.slice_meta(update)
+        self.published[update.update_id] = Published(
+            update, at, deadline, update.header_bytes(), holders, meta
+        )
         self.counters["published"] += 1
         members, alive = self._members(at), self._alive_ids(at)
         uid = catch_up_id(update)
@@ -81,8 +92,12 @@ class Delivering:
         published = self.published[update_id]
         own = published.update.head.group_key == key
         g = len(members)
-        if not own and self.config.scatter and not self.config.wired:
-            self._fetch_shards(published.update, members, published.header_bytes)
+        if own and published.holders:  # folded: its slice, but for the shards it holds
+            for rank, node in enumerate(sorted(members, key=lambda n: n.peer_id)):
+                start, end = cut(self.numel, g)[rank]
+                self._from_holders(node, published, start, end, "own_slices", now)
+        elif not own and self.config.scatter and not self.config.wired:
+            self._fetch_shards(published, members, now)
         elif not own:
             share = self.update_bytes if self.config.wired else self.update_bytes / g
             for node in members:
@@ -95,14 +110,20 @@ class Delivering:
         self._ids[id(replica)] = replica
         heapq.heappush(self.arrivals, (now + delay, len(self.arrivals), update_id, id(replica)))
 
-    def _fetch_shards(self, update: GroupUpdate, members: list[SimNode], header_bytes: int) -> None:
+    def _fetch_shards(self, published: Published, members: list[SimNode], now: float) -> None:
         """Each live member's `group-slice` answer for another group's update, as real nodes
         (--group-shard-fetch) cut it: the update's fields and every shard overlapping the
         member's slice of the model (its rank in the sorted live members), whole; exactly its
-        slice with `shard_round_aligned` (bench.scale_sim_wire)."""
+        slice with `shard_round_aligned` (bench.scale_sim_wire). A folded update
+        (`fold_own`) is asked of each shard's holders (bench.scale_sim_levers)."""
+        update = published.update
         shards = update.num_shards
         meta, g = wire.slice_meta(update), len(members)
         for rank, node in enumerate(sorted(members, key=lambda n: n.peer_id)):
+            if published.holders:
+                start, end = cut(self.numel, g)[rank]
+                self._from_holders(node, published, start, end, "slices", now)
+                continue
             payload = wire.slice_payload(
                 self.codec, self.numel, shards, g, rank, self.config.shard_round_aligned
             )
@@ -138,8 +159,14 @@ class Delivering:
         deferred = self._deferred(replica, update, at)
         if weight:
             folded = replica.outer.step(replica.params, pseudo_gradient, weight, head.learners)
-            if folded is None and not deferred:
-                replica.fold_window = self._window(replica, update, at)
+            replica.window_tail |= deferred  # a share after the window's last fold, so far
+            window = self._window(replica, update, at)
+            if folded is None and window is not None:
+                if window != replica.fold_window:
+                    self._settle_sums(replica)
+                    replica.fold_window = window
+                replica.window_folds += 1
+                replica.window_tail = False
         replica.applied[update.update_id] = at
         replica.applied_ids.add(catch_up_id(update))
 
@@ -147,7 +174,9 @@ class Delivering:
         """The fetch round an incoming update is applied in (the round window its arrival
         falls in), or None when no shard-fetch round takes it (own, wired, one group)."""
         own = self.replicas.get(update.head.group_key) is replica
-        if own or not self.config.scatter or self.config.wired or update.head.learners < 2:
+        if own and not self.folds_own(update.head.learners):
+            return None
+        if not self.config.scatter or self.config.wired or update.head.learners < 2:
             return None
         return int(at // self.config.round_s)
 
@@ -157,13 +186,23 @@ class Delivering:
         fold fetched whole and applied in order, dht.group_exchange_candidates
         `_apply_in_order`): an incoming update applied in a window where an earlier one
         folded. Counted: its whole bf16 update and headers at every live member, on top of the
-        slice each fetched for the round."""
+        slice each fetched for the round (with `fold_own`, from every shard's holders). With
+        `second_sum` it joins the round's next weighted sum instead (bench.scale_sim_levers):
+        the round's sums message then carries one more slice, once per fold."""
         window = self._window(replica, update, at)
         if window is None or window != replica.fold_window:
             return False
         published = self.published[update.update_id]
-        for node in self._members(at).get(id(replica), []):
-            self._receive(node, "deferred_whole", self.update_bytes + published.header_bytes)
+        members = self._members(at).get(id(replica), [])
+        if self.config.second_sum:  # its sums counted once the window is done: _settle_sums
+            replica.sums_members = members
+            self.counters["in_later_sum"] += 1
+            return True
+        for node in members:
+            if published.holders:
+                self._from_holders(node, published, 0, self.numel, "deferred_whole", at)
+            else:
+                self._receive(node, "deferred_whole", self.update_bytes + published.header_bytes)
         self.counters["deferred_past_fold"] += 1
         return True
 

@@ -49,6 +49,7 @@ class Reducing:
     _live: Callable[[float], list[SimNode]]
     _strike: Callable[[SimNode, str, float], None]
     _publish: Callable[[GroupUpdate, float, list[SimNode]], None]
+    _gathered: Callable[[str, str, int, int, int, tuple[str, ...]], None]
 
     # -- one round's reductions ---------------------------------------------------------
 
@@ -182,7 +183,9 @@ class Reducing:
             for j, reducer in enumerate(view.reducers):
                 for member in included:
                     if member != reducer:
-                        receive(member, piece_bytes[j] + cosign)
+                        self._gathered(
+                            member, reducer, piece_bytes[j], cosign, fields.learners, included
+                        )
 
         for node in contributors:
             pseudo_gradient = self._pseudo_gradient(replica)

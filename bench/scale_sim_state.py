@@ -71,12 +71,29 @@ class SimConfig:
     balanced: bool = False
     """The first nodes' identities spread evenly over the groups (bench.scale_keys, as
     `bench.scale --balanced` gives real nodes), so a row is like for like with a real run."""
+    fold_own: bool = False
+    """With `scatter` (not `wired`), at two learners or more: the own group's update joins
+    its members' fetch round as one more candidate instead of being all-gathered (session
+    27, levers27; not wired): the reducers exchange co-signatures, not shards; each reducer
+    (and `fold_own_replicas` - 1 members after it) then holds the only copies of its shard,
+    so every slice or whole fetch of the update asks each shard's holder
+    (bench.scale_sim_levers)."""
+    fold_own_replicas: int = 1
+    """With `fold_own`: members holding each reduced shard (its reducer and the next r - 1
+    included members, sent the shard inside the round)."""
+    second_sum: bool = False
+    """With `scatter` (not `wired`): the updates past a Delayed Nesterov fold inside a fetch
+    round go into a second (or third) weighted sum of the same round (`decide` without
+    `until_fold`: merge.shard_round_replay `combos_of` takes at most 3, the wire's
+    MAX_SUMS) instead of being fetched whole (session 27; not wired)."""
 
     def __post_init__(self) -> None:
         if self.sums_width not in (2, 4):
             raise ValueError(f"sums_width is 2 (bf16) or 4 (fp32), got {self.sums_width!r}.")
         if self.group_size < 0 or self.group_size == 2:
             raise ValueError(f"group_size is 0, 1 or >= 3 (join refuses 2), got {self.group_size}.")
+        if self.fold_own_replicas < 1:
+            raise ValueError(f"fold_own_replicas is >= 1, got {self.fold_own_replicas}.")
 
 
 @dataclass(eq=False)
@@ -92,6 +109,13 @@ class SimReplica:
     inflight: set[str] = field(default_factory=set)
     fold_window: int | None = None
     """The last round window a fetch round folded in (bench.scale_sim_deliver `_deferred`)."""
+    window_folds: int = 0
+    """Delayed Nesterov folds in `fold_window` so far."""
+    window_tail: bool = False
+    """Whether an update was applied in `fold_window` after its last fold
+    (`SimConfig.second_sum`: then the round's state needs one more sum)."""
+    sums_members: list[SimNode] = field(default_factory=list)
+    """The live members that took the latest update past a fold in `fold_window`."""
     catch_up: CatchUp = field(init=False)
     """The project's catch-up decisions (what to fetch, from whom, what is lost)."""
 
@@ -159,6 +183,11 @@ class Published:
     """The end of the round it was made in; published at ``at``, after the reduction."""
     header_bytes: int
     """Wire bytes of its headers, digests and co-signatures (beside the aggregate)."""
+    holders: tuple[tuple[str, ...], ...] = ()
+    """With `SimConfig.fold_own`: the members holding each reduced shard, reducer first."""
+    slice_meta: int = 0
+    """With `SimConfig.fold_own`: a `group-slice` answer's bytes beside its tensors
+    (bench.scale_sim_wire `slice_meta`), asked of each holder."""
 
 
 def catch_up_id(update: GroupUpdate) -> UpdateId:
