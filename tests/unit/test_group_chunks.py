@@ -24,6 +24,7 @@ from merge.group_chunks import (
     num_chunks,
     slice_problem,
 )
+from merge.group_contribution import tensor_digest
 
 
 @pytest.fixture
@@ -127,3 +128,13 @@ def test_a_shard_is_empty_only_in_a_model_smaller_than_its_split(numel: int, sha
     is empty unless the model holds fewer values than shards (then as tensor_split cuts)."""
     sizes = [b - a for a, b in aligned_bounds(numel, shards)]
     assert (min(sizes) == 0) == (numel < shards)
+
+
+@given(numel=st.integers(0, 5000), seed=st.integers(0, 2**31 - 1))
+def test_a_chunk_digest_is_the_tensor_digest_of_its_values(numel: int, seed: int) -> None:
+    """What a chunk digest is: `tensor_digest` of the chunk (chunk_digests hashes the
+    piece's bytes once, chunk by chunk, for speed)."""
+    values = torch.randn(numel, generator=torch.Generator().manual_seed(seed))
+    size = chunk_size(numel)
+    expected = tuple(tensor_digest(values[i : i + size]) for i in range(0, numel, size))
+    assert chunk_digests(values, numel, 0) == expected
