@@ -14,7 +14,7 @@ import torch
 from bench.scale_sim_state import SimConfig, SimNode, SimReplica
 from dht.grouping import Grouping, GroupingPolicy
 from merge.codecs import Codec
-from merge.group_plan import shard_bounds
+from merge.group_chunks import aligned_bounds, split
 from merge.group_shards import ShardedReduction, sharded_contribution
 from merge.group_update import (
     SIGNATURE_BYTES,
@@ -161,7 +161,7 @@ class Reducing:
         )
         plan, by_id = view.plan, {n.peer_id: n for n in self.nodes}
         piece_bytes = [
-            self.codec.payload_bytes(e - s) for s, e in shard_bounds(self.numel, len(peers))
+            self.codec.payload_bytes(e - s) for s, e in aligned_bounds(self.numel, len(peers))
         ]
         meta = 16 + 65 * plan.num_shards
         header_bytes: list[int] = []
@@ -195,7 +195,7 @@ class Reducing:
                 pseudo_gradient, node.identity, fields, self.config.tokens_per_round, len(peers)
             )
             view.contribute(header, digests)
-            for j, piece in enumerate(torch.tensor_split(pseudo_gradient, len(peers))):
+            for j, piece in enumerate(split(pseudo_gradient, len(peers))):
                 view.take_piece(node.peer_id, j, piece)
             header_bytes.append(header.wire_bytes())
             send_pieces(node.peer_id, None)

@@ -8,8 +8,8 @@ Per fetch round a member receives from each of the round's g - 1 other members o
 (3 + K)^2 Gram matrix as float64, K variant digests: compact since session 27) and one
 `sums` (its slice of each weighted sum, fp32: session 24; 1 sum, 2 when a Delayed Nesterov
 fold falls inside the round's batch); and from a holder, per incoming update, one
-`group-slice` answer (the update's fields: headers, digests, co-signatures, and every shard
-of that update overlapping its slice, whole, in bf16).
+`group-slice` answer (the update's fields: headers, digests, co-signatures, and exactly its
+slice of that update in bf16, with the chunk digests of each shard it meets: session 27).
 """
 
 from __future__ import annotations
@@ -17,52 +17,54 @@ from __future__ import annotations
 import functools
 import random
 
-from dht.grouping_shards import shard_codec
 from dht.shard_fetch_bodies import NAMED_HOLDERS
 from dht.shard_fetch_wire import WIDTHS, FetchMessage, part_body, proposal_body, slice_answer
 from merge.codecs import Codec
-from merge.group_plan import shard_bounds
+from merge.group_chunks import aligned_bounds, chunks_in, overlaps
 from merge.group_update import GroupUpdate
 from merge.identity import Identity
 from merge.shard_fetch import Proposal
-from merge.shard_round import overlapping
 
 NUM_STATES = 3
 """State tensors of the sim's replicas (Delayed Nesterov: params, momentum, round sum)."""
 SUMS_WIDTH = WIDTHS["fp32"]
 """Bytes per value of the sums: fp32 (merge.shard_member `MemberRound.sums`)."""
 _SENDER = Identity.from_private_bytes(bytes(32))
+_DIGEST = 64
+"""Hex characters of a chunk digest (merge.group_chunks)."""
 _RID = ("group:0b01", 1, 1)
 """A round id of a typical length (the message's JSON names it)."""
 
 
 def slice_values(numel: int, g: int, rank: int) -> int:
-    start, end = shard_bounds(numel, g)[rank]
+    start, end = aligned_bounds(numel, g)[rank]
     return end - start
 
 
 def slice_payload(
-    codec: Codec, numel: int, num_shards: int, g: int, rank: int, aligned: bool
+    codec: Codec, numel: int, num_shards: int, g: int, rank: int, aligned: bool = True
 ) -> int:
-    """The tensor bytes of one member's (rank of g) slice of an update of `num_shards`
-    shards: the shards overlapping it, whole (real nodes), or exactly its slice (`aligned`:
-    merge.group_chunks, not wired)."""
-    start, end = shard_bounds(numel, g)[rank]
-    if aligned:
-        return codec.payload_bytes(end - start)
-    bounds = shard_bounds(numel, num_shards)
-    return sum(
-        codec.payload_bytes(bounds[k][1] - bounds[k][0]) for k in overlapping(bounds, start, end)
-    )
+    """The bytes of one member's (rank of g) slice of an update of `num_shards` shards beside
+    the answer's fields (`slice_meta`): exactly its slice (the chunk grid, session 27), and
+    per shard it meets its index, the piece's length and the shard's chunk digests (JSON hex
+    strings). `aligned`: the caller's flag (bench.scale --aligned, SimConfig
+    `shard_round_aligned`), which no longer chooses anything: since session 27 every slice
+    is exact on the wire, and session 26's whole shards are counted on its commit only."""
+    del aligned
+    start, end = aligned_bounds(numel, g)[rank]
+    bounds = aligned_bounds(numel, num_shards)
+    pieces = overlaps(bounds, start, end)
+    chunks = [len(chunks_in(numel, *bounds[k])) for k, _, _ in pieces]
+    lists = sum(2 + (_DIGEST + 2) * n + max(0, n - 1) for n in chunks)
+    commas = 3 * max(0, len(pieces) - 1)  # between the shards', sizes' and lists' entries
+    numbers = sum(len(str(k)) + len(str(b - a)) for k, a, b in pieces)
+    return codec.payload_bytes(end - start) + lists + commas + numbers
 
 
 def slice_meta(update: GroupUpdate) -> int:
-    """The answer's bytes beside its tensors: framing and the update's fields (headers,
+    """The answer's bytes beside its pieces: framing and the update's fields (headers,
     digests, co-signatures), from the real encoder (they do not grow with the model)."""
-    numel = update.aggregate.numel()
-    start, end = shard_bounds(numel, update.num_shards)[0]
-    answer = slice_answer(update, 0, 1)  # shard 0 alone
-    return len(answer) - WIDTHS[shard_codec(update.aggregate[start:end])] * (end - start)
+    return len(slice_answer(update, 0, 0))  # no piece
 
 
 def message_bytes(kind: str, body: dict[str, object], num_values: int = 0) -> int:

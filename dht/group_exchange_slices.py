@@ -1,5 +1,6 @@
-"""The shard fetch's slices (dht.group_exchange_fetch; docs/scale.md, Sessions 17-18): the
-`group-slice` stream that serves shards of the group updates this node completed and kept,
+"""The shard fetch's slices (dht.group_exchange_fetch; docs/scale.md, Sessions 17-18, 27):
+the `group-slice` stream that serves exact ranges of the group updates this node completed
+and kept (on the chunk grid, each piece with its shard's chunk digests: session 27),
 and a fetch round member's side of it: this member's slice of each update of the round's set,
 from a holder, checked, kept (bounded) for a later round. A mixin of
 dht.group_exchange.GroupExchange (through dht.group_exchange_fetch.FetchExchange).
@@ -10,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -30,16 +31,16 @@ from dht.shard_fetch_wire import (
 from dht.swarm_config import REQUEST_READ_TIMEOUT_S
 from dht.transport import TransportError, receive_blob, send_blob, send_refusal
 from merge.group_pipeline import GroupMerge
-from merge.group_plan import shard_bounds
 from merge.group_update import GroupUpdate
 from merge.shard_fetch import (
     Composition,
+    SlicePieces,
     UpdateId,
-    cut_slice,
     incoming_of_headers,
-    pieces_problem,
+    joined_slice,
+    member_slice,
+    slice_pieces_problem,
     variant_digest,
-    wanted_shards,
 )
 from merge.shard_member import MemberRound
 from merge.shard_round import Incoming, ShardRound
@@ -89,13 +90,19 @@ class SliceExchange(ExchangeReads):
             self._kept.popitem(last=False)
 
     async def rpc_slice(self, info: Any, reader: Any, writer: Any) -> None:
-        """Shards of an update this node kept, with its fields; a refusal when not kept."""
+        """Exactly the asked range of an update this node kept, with its fields and chunk
+        digests; a refusal when not kept, or asked by a session 26 peer ("old_version")."""
         sender = str(info.peer_id)
         try:
             blob = await asyncio.wait_for(
                 receive_blob(reader, max_bytes=4096), REQUEST_READ_TIMEOUT_S
             )
-            uid, start, end = parse_slice_request(blob, self.numel)
+            try:
+                uid, start, end = parse_slice_request(blob, self.numel)
+            except GroupMessageError as exc:
+                if exc.reason == "old_version":
+                    await send_refusal(writer, "old_version: this node serves slices of DSS2")
+                raise
             update = self._kept.get(uid)
             if update is None:
                 await send_refusal(writer, "not kept")
@@ -115,7 +122,7 @@ class SliceExchange(ExchangeReads):
         """This member's slice of each update of the set, checked; its `MemberRound` fed."""
         assert self._merge is not None
         me, numel = self.identity.peer_id, self.numel
-        start, end = shard_bounds(numel, len(members))[members.index(me)]
+        start, end = member_slice(numel, members, me)
         fetched = await asyncio.gather(
             *(self._fetch_one(uid, composition.holders[uid], start, end) for uid in composition.ids)
         )
@@ -189,18 +196,17 @@ class SliceExchange(ExchangeReads):
         holder: str,
         uid: UpdateId,
         update: GroupUpdate,
-        pieces: Mapping[int, torch.Tensor],
+        pieces: SlicePieces,
         start: int,
         end: int,
     ) -> tuple[GroupUpdate, torch.Tensor] | None:
+        """The update and exactly [start, end) of it, when the holder's answer is that: each
+        piece checked against its shard's co-signed chunk root (a counted rejection else)."""
         in_group = member_check(self.run_id, uid[0])
         problem = "wrong_update" if (update.head.group_key, update.seq) != uid else None
         problem = problem or update.header_problem(in_group)
-        wanted = [] if problem else wanted_shards(update.num_shards, self.numel, start, end)
-        if problem is None and any(k not in pieces for k in wanted):
-            problem = "shards_missing"
-        problem = problem or pieces_problem(update, {k: pieces[k] for k in wanted}, self.numel)
+        problem = problem or slice_pieces_problem(update, pieces, self.numel, start, end)
         if problem is not None:
             self._reject(f"group_slice_{problem}", holder, f"{uid}")
             return None
-        return update, cut_slice(update.num_shards, self.numel, pieces, start, end)
+        return update, joined_slice(pieces)

@@ -47,7 +47,10 @@ from merge.group_update import (
 )
 from merge.identity import Identity
 
-COSIGN_MAGIC = b"DGC1"
+COSIGN_MAGIC = b"DGC2"
+"""DGC2 since session 27: the shard a member co-signs is cut on the chunk grid and its digest
+is a chunk root (merge.group_chunks); a session 26 peer's DGC1 is refused as "old_version"."""
+OLD_COSIGN_MAGIC = b"DGC1"
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,8 @@ def cosign_max_bytes() -> int:
 def decode_cosign(blob: object) -> Cosign:
     """An untrusted `group-cosign` blob's fields (its signature is checked by the round
     it is for, against the statement of that round's included set)."""
+    if isinstance(blob, bytes) and blob[:4] == OLD_COSIGN_MAGIC:
+        raise GroupMessageError("old_version", "a session 26 co-signature (DGC1)")
     if not isinstance(blob, bytes) or blob[:4] != COSIGN_MAGIC:
         raise GroupMessageError("malformed", "not a co-signature")
     try:

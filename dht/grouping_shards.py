@@ -2,13 +2,16 @@
 its messages; pure (dht/group_exchange.py does the network). The decisions are
 merge.group_shards' and merge.group_plan's.
 
-- `group-piece` (`DGP3`): a member's signed header, its part's shard digests (the header's
-  digest is their root), a shard index and that shard of its part in the swarm's codec. Sent
-  to the shard's member before the deadline, to the shard's reducer after it when that is
-  another member (a member not included, or lost). A receiver checks the piece against its
-  author's signature before keeping anything (`decode_piece`: GroupMessageError otherwise).
-- `group-shard` (`DGS1`): a reduced shard, the included set it was reduced over and its
-  reducer's co-signature; sent to every other included member (the all-gather).
+- `group-piece` (`DGP4`; `DGP3` before session 27, refused as "old_version"): a member's signed
+  header, its part's shard digests (the header's digest is their root; each the root of its
+  shard's chunk digests: merge.group_chunks, whose grid cuts the shards), a shard index and
+  that shard of its part in the swarm's codec. Sent to the shard's member before the deadline,
+  to the shard's reducer after it when that is another member (a member not included, or lost).
+  A receiver checks the piece against its author's signature before keeping anything
+  (`decode_piece`: GroupMessageError otherwise).
+- `group-shard` (`DGS2`; `DGS1` refused as "old_version"): a reduced shard, the included set it
+  was reduced over and its reducer's co-signature; sent to every other included member (the
+  all-gather).
 - `ShardedRound` drives `ShardedReduction` for this member from events with their time, as
   dht.grouping_round.GroupRound does for whole parts: pieces in until the deadline, its own
   reduced shards out once their pieces are in, the others' in; a reducer lost with a shard
@@ -43,7 +46,8 @@ from dht.grouping_wire import (
     names_a_round,
 )
 from merge.codecs import get_codec
-from merge.group_plan import shard_bounds, shard_root
+from merge.group_chunks import aligned_bounds, shard_digest, split
+from merge.group_plan import shard_root
 from merge.group_shards import ShardedReduction
 from merge.group_update import (
     SIGNATURE_BYTES,
@@ -52,12 +56,14 @@ from merge.group_update import (
     GroupUpdate,
     Phase,
     ReductionConfig,
-    tensor_digest,
 )
 from merge.identity import Identity
 
-PIECE_MAGIC = b"DGP3"
-SHARD_MAGIC = b"DGS1"
+PIECE_MAGIC = b"DGP4"
+SHARD_MAGIC = b"DGS2"
+OLD_MAGICS = {b"DGP3": "group piece", b"DGS1": "group shard"}
+"""Session 26's forms (shards cut by `torch.tensor_split`, digests SHA-256 of their values):
+refused as "old_version" (session 27: the chunk grid, chunk roots)."""
 _DIGEST = 64
 
 
@@ -84,6 +90,8 @@ def _framed(magic: bytes, meta: dict[str, object], tail: bytes) -> bytes:
 
 
 def _unframe(blob: object, magic: bytes, limit: int, what: str) -> tuple[object, bytes]:
+    if isinstance(blob, bytes) and blob[:4] in OLD_MAGICS:
+        raise GroupMessageError("old_version", f"a session 26 {OLD_MAGICS[blob[:4]]}")
     if not isinstance(blob, bytes) or len(blob) < 8 or blob[:4] != magic:
         raise GroupMessageError("malformed", f"not a {what}")
     (length,) = struct.unpack(">I", blob[4:8])
@@ -132,9 +140,9 @@ def decode_piece(blob: object, numel: int) -> Piece:
     ):
         raise GroupMessageError("malformed", "a group piece's digests or shard out of range")
     header = _parse_header(meta["header"])
-    start, end = shard_bounds(numel, len(digests))[shard]
+    start, end = aligned_bounds(numel, len(digests))[shard]
     tensor = _coded(tail, end - start)
-    if shard_root(digests) != header.digest or tensor_digest(tensor) != digests[shard]:
+    if shard_root(digests) != header.digest or shard_digest(tensor, numel, start) != digests[shard]:
         raise GroupMessageError("bad_signature", "a group piece its author did not sign")
     if not header.verified():
         raise GroupMessageError("bad_signature", "a group piece its author did not sign")
@@ -243,7 +251,7 @@ class ShardedRound:
             config=config,
         )
         self.header, self.digests = header, digests
-        self.pieces = torch.tensor_split(tensor.detach().to(torch.float32), len(digests))
+        self.pieces = split(tensor.detach().to(torch.float32), len(digests))
         self.deadline, first = round_deadlines(opened_at, wait_s, cosign_s, grace_s)
         self.clock = CosignClock(first, extension_s=cosign_s)
         self._sent: set[tuple[int, str]] = set()

@@ -16,8 +16,11 @@ round, kind, body, the tensors' SHA-256), checked against the stream's sender:
 - `sums`: its slices of the plan's weighted sums (fp32: session 24; bf16 in sessions 20-23);
 - `abort`: the sender fell back (its reason): the others stop waiting for it (session 18).
 
-`group-slice` asks a holder for some shards of an update: the answer is the update's fields
-(headers, digests, co-signatures: dht.grouping_wire `update_meta`) and those shards.
+`group-slice` (`DSS2`, session 27) asks a holder for a range of an update on the chunk grid
+(merge.group_chunks): the answer is the update's fields (headers, digests, co-signatures:
+dht.grouping_wire `update_meta`), exactly that range, one piece per shard it meets, and each
+such shard's chunk digests (their root is what its reducer co-signed). A session 26 peer's
+request (no version) or answer (`DSS1`: whole shards) is refused as "old_version".
 A message's tensors travel in bf16 when every value of every one of them is a bf16 value (a
 group update's aggregate of bf16 parts: exact, half the bytes), else in fp32 (`codec` in the
 framing; signatures cover the fp32 values either way).
@@ -55,13 +58,13 @@ from dht.shard_fetch_bodies import part_body as part_body
 from dht.shard_fetch_bodies import part_of_body, proposal_of_body
 from dht.shard_fetch_bodies import proposal_body as proposal_body
 from merge.codecs import get_codec
-from merge.group_plan import shard_bounds
+from merge.group_chunks import chunk_digests, num_chunks, on_grid
 from merge.group_update import SIGNATURE_BYTES, GroupUpdate
 from merge.identity import Identity, verify_signature
-from merge.shard_fetch import Proposal, UpdateId, wanted_shards
+from merge.shard_fetch import Proposal, SlicePieces, UpdateId, wanted_pieces
 
 FETCH_MAGIC = b"DSF1"
-SLICE_MAGIC = b"DSS1"
+SLICE_MAGIC = b"DSS2"
 _DOMAIN = b"diloco-group-fetch/1\n"
 KINDS = ("propose", "part", "sums", "abort")
 MAX_SUMS = 3
@@ -209,56 +212,98 @@ def part_of(message: FetchMessage, num_updates: int) -> tuple[object, list[str]]
 
 # ---- group-slice ----------------------------------------------------------------------------
 
+OLD_SLICE_MAGIC = b"DSS1"
+"""A session 26 answer (whole shards, their digests SHA-256 of their values): refused."""
+SLICE_VERSION = 2
+"""The request's version: 2 since session 27 (exact slices on the chunk grid, chunk roots)."""
+_HEX_DIGEST = 64
+
 
 def slice_request(uid: UpdateId, start: int, end: int) -> bytes:
-    return json.dumps({"key": uid[0], "seq": uid[1], "start": start, "end": end}).encode()
+    fields = {"key": uid[0], "seq": uid[1], "start": start, "end": end, "v": SLICE_VERSION}
+    return json.dumps(fields).encode()
 
 
 def parse_slice_request(blob: bytes, numel: int) -> tuple[UpdateId, int, int]:
     """A peer's ask for [start, end) of an update it names (GroupMessageError when out of
-    bounds): answered with every shard that overlaps it."""
+    bounds; "old_version" from a session 26 peer, whose request has no version): answered
+    with exactly that range, which must lie on the chunk grid (merge.group_chunks)."""
     try:
         fields = json.loads(blob, parse_constant=_no_constant)
         key, seq, start, end = fields["key"], fields["seq"], fields["start"], fields["end"]
     except (ValueError, RecursionError, KeyError, TypeError):
         raise GroupMessageError("malformed", "a slice request") from None
+    if fields.get("v") != SLICE_VERSION:
+        raise GroupMessageError("old_version", "a slice request of another version")
     if not _text(key) or type(seq) is not int or not 1 <= seq <= MAX_COUNT:
         raise GroupMessageError("malformed", "a slice request's id")
-    if not (type(start) is int and type(end) is int and 0 <= start < end <= numel):
+    if not (type(start) is int and type(end) is int and 0 <= start <= end <= numel):
         raise GroupMessageError("malformed", "a slice request's range")
+    if not (on_grid(numel, start) and on_grid(numel, end)):
+        raise GroupMessageError("malformed", "a slice request off the chunk grid")
     return (key, seq), start, end
 
 
 def slice_answer(update: GroupUpdate, start: int, end: int) -> bytes:
-    """The update's fields and every shard overlapping [start, end), whole (bf16 when the
-    aggregate holds bf16 values, as a group update of bf16 parts does)."""
+    """The update's fields and exactly [start, end) of it, one piece per shard the range
+    meets, each with its shard's chunk digests (whose root its reducer co-signed); bf16 when
+    the pieces hold bf16 values, as a group update of bf16 parts does."""
     numel = update.aggregate.numel()
-    bounds = shard_bounds(numel, update.num_shards)
-    have = wanted_shards(update.num_shards, numel, start, end)
-    pieces = tuple(update.aggregate[bounds[k][0] : bounds[k][1]] for k in have)
+    wanted = wanted_pieces(update.num_shards, numel, start, end)
+    bounds = update.shard_bounds(numel)
+    pieces = tuple(update.aggregate[a:b] for _, a, b in wanted)
+    digests = [
+        list(chunk_digests(update.aggregate[bounds[k][0] : bounds[k][1]], numel, bounds[k][0]))
+        for k, _, _ in wanted
+    ]
     codec, tail = _coded(pieces)
-    sizes = [p.numel() for p in pieces]
-    meta = {"update": update_meta(update), "shards": have, "sizes": sizes, "codec": codec}
+    meta = {
+        "update": update_meta(update),
+        "shards": [k for k, _, _ in wanted],
+        "sizes": [p.numel() for p in pieces],
+        "digests": digests,
+        "codec": codec,
+    }
     raw = json.dumps(meta, separators=(",", ":")).encode()
     return SLICE_MAGIC + struct.pack(">I", len(raw)) + raw + tail
 
 
+def slice_meta_bytes(numel: int) -> int:
+    """The most JSON a slice answer may hold: the update's fields, and at most one chunk
+    digest per chunk of the model (quoted, with a comma) plus each list's brackets."""
+    return MAX_META_BYTES + num_chunks(numel) * (_HEX_DIGEST + 3) + MAX_MEMBERS * 3
+
+
 def slice_max_bytes(numel: int) -> int:
-    return len(SLICE_MAGIC) + 4 + MAX_META_BYTES + 4 * numel
+    return len(SLICE_MAGIC) + 4 + slice_meta_bytes(numel) + 4 * numel
 
 
-def decode_slice(blob: object, numel: int) -> tuple[GroupUpdate, dict[int, torch.Tensor]]:
-    """An untrusted answer: the update's fields (its aggregate empty) and its shards by index
-    (their digests and co-signatures checked by the caller: merge.shard_fetch)."""
-    meta, tail = _framed(blob, SLICE_MAGIC, MAX_META_BYTES, "slice answer")
-    shards, fields = meta.get("shards"), meta.get("update")
+def decode_slice(blob: object, numel: int) -> tuple[GroupUpdate, SlicePieces]:
+    """An untrusted answer: the update's fields (its aggregate empty) and its pieces by shard,
+    each with the shard's chunk digests (checked by the caller against the co-signed roots:
+    merge.shard_fetch `slice_pieces_problem`). A session 26 answer is "old_version"."""
+    if isinstance(blob, bytes) and blob[:4] == OLD_SLICE_MAGIC:
+        raise GroupMessageError("old_version", "a session 26 slice answer (whole shards)")
+    meta, tail = _framed(blob, SLICE_MAGIC, slice_meta_bytes(numel), "slice answer")
+    shards, fields, digests = meta.get("shards"), meta.get("update"), meta.get("digests")
     if not isinstance(shards, list) or not all(type(k) is int for k in shards):
         raise GroupMessageError("malformed", "a slice answer's shards")
+    if not isinstance(digests, list) or len(digests) != len(shards):
+        raise GroupMessageError("malformed", "a slice answer's chunk digests")
+    if sum(len(d) for d in digests if isinstance(d, list)) > num_chunks(numel):
+        raise GroupMessageError("malformed", "a slice answer's chunk digests")
+    if not all(isinstance(d, list) and all(map(_hex_digest, d)) for d in digests):
+        raise GroupMessageError("malformed", "a slice answer's chunk digests")
     pieces = _fp32s(tail, meta.get("sizes"), numel, MAX_MEMBERS, meta.get("codec", "fp32"))
     if len(pieces) != len(shards) or len(set(shards)) != len(shards):
         raise GroupMessageError("malformed", "a slice answer's shards")
     update = update_of_meta(json.dumps(fields).encode(), torch.empty(0))
-    return update, dict(zip(shards, pieces, strict=True))
+    chunks = (tuple(d) for d in digests)
+    return update, dict(zip(shards, zip(chunks, pieces, strict=True), strict=True))
+
+
+def _hex_digest(value: object) -> bool:
+    return isinstance(value, str) and len(value) == _HEX_DIGEST
 
 
 def _text(value: object) -> bool:

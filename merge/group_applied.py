@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from merge.envelope import UpdateHeader
+from merge.group_chunks import aligned_bounds, shard_digest, slice_problem, split
 from merge.group_contribution import (
     SIGNATURE_BYTES,
     ContributionHeader,
@@ -141,8 +142,8 @@ class GroupUpdate:
         problem = self.header_problem(in_group)
         if problem is not None:
             return problem
-        for i, piece in enumerate(torch.tensor_split(self.aggregate, shards)):
-            problem = self.shard_problem(i, piece)
+        for i, piece in enumerate(split(self.aggregate, shards)):
+            problem = self.shard_problem(i, piece, self.aggregate.numel())
             if problem is not None:
                 return problem
         return None
@@ -174,11 +175,35 @@ class GroupUpdate:
             return "bad_signature"
         return None
 
-    def shard_problem(self, shard: int, piece: torch.Tensor) -> str | None:
-        """Why `piece` is not shard `shard` as its reducer co-signed it, or None (the headers
-        checked first: `header_problem`)."""
-        if tensor_digest(piece) != self.shard_digests[shard]:
+    def shard_bounds(self, numel: int) -> list[tuple[int, int]]:
+        """[start, end) of each shard of the update's `numel` values (the chunk grid's split:
+        merge.group_chunks `aligned_bounds`)."""
+        return aligned_bounds(numel, self.num_shards)
+
+    def shard_problem(self, shard: int, piece: torch.Tensor, numel: int) -> str | None:
+        """Why `piece` is not shard `shard` (of an update of `numel` values) as its reducer
+        co-signed it, or None (the headers checked first: `header_problem`): its digest is
+        the root of its chunks' digests (`shard_digest`)."""
+        start, end = self.shard_bounds(numel)[shard]
+        if piece.dtype != torch.float32 or piece.shape != (end - start,):
+            return "shard_size"
+        if shard_digest(piece, numel, start) != self.shard_digests[shard]:
             return "shard_mismatch"
+        return self.cosignature_problem(shard)
+
+    def slice_problem(
+        self, shard: int, digests: tuple[str, ...], start: int, piece: torch.Tensor, numel: int
+    ) -> str | None:
+        """Why `piece`, claimed to be the values [start, start + len) of shard `shard` (of an
+        update of `numel` values; `digests` its chunk digests as the holder serves them), is
+        not what its reducer co-signed, or None (merge.group_chunks `slice_problem`)."""
+        bounds = self.shard_bounds(numel)[shard]
+        root = self.shard_digests[shard]
+        problem = slice_problem(numel, bounds, root, digests, start, piece)
+        return problem or self.cosignature_problem(shard)
+
+    def cosignature_problem(self, shard: int) -> str | None:
+        """Why shard `shard`'s digest is not what its reducer co-signed, or None."""
         reducer = self.reducers()[shard]
         statement = self.statement(shard, self.shard_digests[shard])
         if not verify_signature(reducer, statement, self.cosignatures[shard]):

@@ -1,7 +1,9 @@
 """Reduce-scatter inside a learner group: how the update is split, and who reduces what.
 
-The flat update is split into one shard per member of the epoch's member list (sorted), as
-`torch.tensor_split` splits it (the first `numel % M` shards one longer). The split is fixed
+The flat update is split into one shard per member of the epoch's member list (sorted), on
+the chunk grid (merge.group_chunks `aligned_bounds`: runs of whole chunks, the first
+`chunks % M` shards one chunk longer; session 27, before it as `torch.tensor_split` cut
+it), and a shard's digest is the root of its chunks' digests (`shard_digest`). The split is fixed
 by the member list, not by who contributes in time: a sender's shard digests are the same
 whichever members end up included, so its signed header (merge.group_update) can sign them
 before the deadline (`shard_root`), and a reducer that holds only shard j of a part can check
@@ -22,22 +24,24 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from merge.group_chunks import aligned_bounds, shard_bounds
+
+__all__ = [
+    "ShardPlan",
+    "aligned_bounds",
+    "members_digest",
+    "shard_bounds",
+    "shard_root",
+    "sharded_statement",
+    "spread",
+]
+
 _ROOT_TAG = b"diloco-group-shard-root-v1\x00"
 _SHARDED_TAG = b"diloco-group-sharded-v1\x00"
-
-
-def shard_bounds(numel: int, num_shards: int) -> list[tuple[int, int]]:
-    """[start, end) of each of `num_shards` shards of a flat tensor of `numel` values, as
-    `torch.tensor_split(x, num_shards)` cuts it."""
-    if numel < 0 or num_shards < 1:
-        raise ValueError(f"numel must be >= 0 and num_shards >= 1, got {numel}, {num_shards}.")
-    size, extra = divmod(numel, num_shards)
-    bounds, start = [], 0
-    for j in range(num_shards):
-        end = start + size + (1 if j < extra else 0)
-        bounds.append((start, end))
-        start = end
-    return bounds
+"""Unchanged in session 27, when the shard digest it names became a chunk root
+(merge.group_chunks): proofs of equivocation made before still verify, the version is told
+by the messages' magics (dht.grouping_shards, dht.shard_fetch_wire), and a chunk root (a
+tagged hash of digests) never equals a session 26 digest (a hash of values)."""
 
 
 def shard_root(digests: Sequence[str]) -> str:
@@ -104,7 +108,8 @@ class ShardPlan:
         return len(self.members)
 
     def bounds(self, numel: int) -> list[tuple[int, int]]:
-        return shard_bounds(numel, self.num_shards)
+        """[start, end) of each member's shard, on the chunk grid (`aligned_bounds`)."""
+        return aligned_bounds(numel, self.num_shards)
 
     def reducers(self, included: Iterable[str]) -> tuple[str, ...]:
         """The reducer of each shard for this included set (a subset of the members, not

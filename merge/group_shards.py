@@ -1,18 +1,19 @@
 """A learner group's round by reduce-scatter: each member reduces its shards, the group shares
 the reduced shards. Pure: no network, no clock (docs/scale.md, session 12).
 
-The update is split by the epoch's member list (merge.group_plan.ShardPlan). A member signs
-its part's shard digests (`sharded_contribution`: the header's `digest` is their root) and
-sends shard j, with its header and the digest list, to member j only: (M - 1) / M of a part
+The update is split by the epoch's member list (merge.group_plan.ShardPlan) on the chunk grid
+(merge.group_chunks: a shard's digest is the root of its chunks' digests, session 27). A member
+signs its part's shard digests (`sharded_contribution`: the header's `digest` is their root)
+and sends shard j, with its header and the digest list, to member j only: (M - 1) / M of a part
 out, about one part in, per member and round, whatever the group's size. At the deadline the
-included set is whoever's header (and pieces) came in; each included member reduces the
-shards `ShardPlan.reducers` names it for (its own, and those of members not included:
-their pieces are re-sent to it, `ShardPlan.sends`), co-signs each reduced shard and sends it
-to the other included members, which assemble the group update once every shard is in
-(the all-gather: about one update in per member). A member lost while reducing makes the
-round retry once without it (its shards move to survivors, whose pieces are re-sent there;
-co-signatures of the earlier attempt name another included set and do not count), or
-abandon, as merge.group_update.GroupReduction does; never half-applied.
+included set is whoever's header (and pieces) came in; each included member reduces the shards
+`ShardPlan.reducers` names it for (its own, and those of members not included: their pieces are
+re-sent to it, `ShardPlan.sends`), co-signs each reduced shard and sends it to the other
+included members, which assemble the group update once every shard is in (the all-gather: about
+one update in per member). A member lost while reducing makes the round retry once without it
+(its shards move to survivors, whose pieces are re-sent there; co-signatures of the earlier
+attempt name another included set and do not count), or abandon, as
+merge.group_update.GroupReduction does; never half-applied.
 
 `ShardedReduction` is one member's view (the pieces of the shards it reduces, the reduced
 shards of the others) or, given every piece, the whole group's (the simulator). Every input
@@ -26,6 +27,7 @@ from dataclasses import replace
 
 import torch
 
+from merge.group_chunks import shard_digest, shard_digests
 from merge.group_plan import ShardPlan, shard_root
 from merge.group_update import (
     Abandoned,
@@ -36,13 +38,8 @@ from merge.group_update import (
     RoundFields,
     _shared,
     clipped_mean,
-    tensor_digest,
 )
 from merge.identity import Identity, verify_signature
-
-
-def shard_digests(tensor: torch.Tensor, num_shards: int) -> tuple[str, ...]:
-    return tuple(tensor_digest(s) for s in torch.tensor_split(tensor, num_shards))
 
 
 def sharded_contribution(
@@ -52,8 +49,9 @@ def sharded_contribution(
     tokens: int,
     num_shards: int,
 ) -> tuple[ContributionHeader, tuple[str, ...]]:
-    """The signed header of a part sent by shards (its digest the root of its shard digests)
-    and the shard digests, which travel with every piece."""
+    """The signed header of a part sent by shards (its digest the root of its shard digests,
+    each the root of its chunks' digests: merge.group_chunks `shard_digest`) and the shard
+    digests, which travel with every piece."""
     digests = shard_digests(pseudo_gradient, num_shards)
     header = ContributionHeader.of(pseudo_gradient, identity, round_, tokens)
     return replace(header, digest=shard_root(digests)).signed(identity), digests
@@ -193,7 +191,7 @@ class ShardedReduction:
             return self._count("wrong_size")
         if not bool(torch.isfinite(piece).all()):
             return self._count("not_finite")
-        if tensor_digest(piece) != self._digests[author][shard]:
+        if shard_digest(piece, self.numel, start) != self._digests[author][shard]:
             return self._count("bad_piece")
         self._pieces.setdefault(shard, {})[author] = piece.detach().to(torch.float32).clone()
         return True
@@ -219,7 +217,8 @@ class ShardedReduction:
         """What the reducer of `shard` co-signs for the current attempt."""
         if self.phase is not Phase.REDUCING:
             raise ValueError("only a reduction in progress has statements to co-sign.")
-        return self._draft().statement(shard, tensor_digest(reduced))
+        start = self.bounds[shard][0]
+        return self._draft().statement(shard, shard_digest(reduced, self.numel, start))
 
     def take_reduced(
         self,
@@ -246,8 +245,8 @@ class ShardedReduction:
         if self.phase is not Phase.REDUCING:
             return self._count("not_reducing")
         reducer = self._reducers[shard]
-        digest = tensor_digest(reduced)
-        if not verify_signature(reducer, self.statement(shard, reduced), signature):
+        digest = shard_digest(reduced, self.numel, start)
+        if not verify_signature(reducer, self._draft().statement(shard, digest), signature):
             return self._count("bad_cosignature")
         self._reduced[shard] = (reduced.detach().to(torch.float32).clone(), digest, signature)
         if len(self._reduced) == self.plan.num_shards:

@@ -37,6 +37,7 @@ from merge.group_applied import (
     is_group_author,
     signed_norm_bound,
 )
+from merge.group_chunks import shard_digests
 from merge.group_contribution import (
     SIGNATURE_BYTES,
     ContributionHeader,
@@ -238,8 +239,7 @@ class GroupReduction:
             return
         self.phase = Phase.REDUCING
         self._aggregate = self._mean_of_clipped(included)
-        shards = torch.tensor_split(self._aggregate, len(included))
-        self._digests = tuple(tensor_digest(s) for s in shards)
+        self._digests = shard_digests(self._aggregate, len(included))
 
     def _mean_of_clipped(self, included: tuple[str, ...]) -> torch.Tensor:
         norms = [self._contributions[m][0].norm for m in included]

@@ -1,9 +1,9 @@
-"""The shard fetch's pure decisions (docs/scale.md, Session 17): which of other groups'
-updates a fetch round merges (`compose`, the same set at every member), which shards of an
-update a member's slice needs and the slice cut from them (`wanted_shards`, `cut_slice`), and
-an update known by its signed headers and some of its shards as the merge sees it
-(`incoming_of_headers`, `pieces_problem`); the members' state blocks, compared before any
-slice is fetched (`state_blocks`, `states_problem`). No network, no clock.
+"""The shard fetch's pure decisions (docs/scale.md, Session 17): which of other groups' updates a
+fetch round merges (`compose`, the same set at every member), a member's slice (`member_slice`)
+and the pieces of an update's shards it is made of (`wanted_pieces`: on the chunk grid, exactly
+the slice, session 27), their check (`slice_pieces_problem`), and an update known by its signed
+headers as the merge sees it (`incoming_of_headers`); the members' state blocks, compared
+before any slice is fetched (`state_blocks`, `states_problem`). No network, no clock.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from merge.group_chunks import aligned_bounds, overlaps
 from merge.group_equivocation import GroupVariant
 from merge.group_pipeline import GroupMerge, variant_of
-from merge.group_plan import shard_bounds
 from merge.group_update import GroupUpdate, signed_norm_bound
-from merge.shard_round import STATE_SLACK, Incoming, overlapping, part_gram
+from merge.shard_round import STATE_SLACK, Incoming, part_gram
 
 UpdateId = tuple[str, int]
 """(group key, seq): the id replicas apply a group update under."""
@@ -161,7 +161,7 @@ def state_blocks(states: Sequence[torch.Tensor], num_members: int) -> tuple[Stat
     if not states:
         return ()
     blocks = []
-    for start, end in shard_bounds(states[0].numel(), num_members):
+    for start, end in aligned_bounds(states[0].numel(), num_members):
         gram = part_gram([t[start:end] for t in states])
         blocks.append(tuple(gram[i][j] for i in range(len(gram)) for j in range(i, len(gram))))
     return tuple(blocks)
@@ -214,42 +214,48 @@ def _gap(blocks: Sequence[StateBlock]) -> float:
     return worst
 
 
-def wanted_shards(num_shards: int, numel: int, start: int, end: int) -> list[int]:
-    """The shards (of an update split into `num_shards` as `tensor_split` cuts it) that hold
-    any of [start, end): fetched whole, each checked against its co-signed digest."""
-    return overlapping(shard_bounds(numel, num_shards), start, end)
+def member_slice(numel: int, members: Sequence[str], me: str) -> tuple[int, int]:
+    """[start, end) of the model `me` holds in a fetch round of `members` (its rank in the
+    sorted list; on the chunk grid: merge.group_chunks `aligned_bounds`)."""
+    ordered = sorted(set(members))
+    return aligned_bounds(numel, len(ordered))[ordered.index(me)]
 
 
-def cut_slice(
-    num_shards: int, numel: int, pieces: Mapping[int, torch.Tensor], start: int, end: int
-) -> torch.Tensor:
-    """[start, end) of the update, cut from its shards `pieces` (each whole, every one of
-    `wanted_shards` present: KeyError otherwise)."""
-    bounds = shard_bounds(numel, num_shards)
-    out = []
-    for k in wanted_shards(num_shards, numel, start, end):
-        lo, hi = bounds[k]
-        out.append(pieces[k][max(start, lo) - lo : min(end, hi) - lo])
-    return torch.cat(out) if out else torch.zeros(0)
+def wanted_pieces(num_shards: int, numel: int, start: int, end: int) -> list[tuple[int, int, int]]:
+    """(shard, a, b): what [start, end) holds of each shard of an update split into
+    `num_shards` on the chunk grid; a member fetches exactly these values, each piece with
+    its shard's chunk digests (session 27: no shard whole)."""
+    return overlaps(aligned_bounds(numel, num_shards), start, end)
 
 
-def pieces_problem(
-    update: GroupUpdate, pieces: Mapping[int, torch.Tensor], numel: int
+SlicePieces = Mapping[int, tuple[tuple[str, ...], torch.Tensor]]
+"""A slice answer's pieces by shard: the shard's chunk digests and what the slice holds of it."""
+
+
+def slice_pieces_problem(
+    update: GroupUpdate, pieces: SlicePieces, numel: int, start: int, end: int
 ) -> str | None:
-    """Why shards fetched of `update` (its headers checked: `GroupUpdate.header_problem`) are
-    not the ones its reducers co-signed, or None: each of the right size, fp32, and its
-    digest and co-signature those of its index."""
-    bounds = shard_bounds(numel, update.num_shards)
-    for k, piece in pieces.items():
-        if not 0 <= k < len(bounds):
-            return "shard_index"
-        lo, hi = bounds[k]
-        if piece.dtype != torch.float32 or piece.shape != (hi - lo,):
+    """Why pieces fetched of `update` (its headers checked: `GroupUpdate.header_problem`) are
+    not exactly [start, end) of what its reducers co-signed, or None: one per shard the
+    range meets (`wanted_pieces`), each of its size, fp32, its chunks those of the shard's
+    co-signed root (`GroupUpdate.slice_problem`)."""
+    wanted = wanted_pieces(update.num_shards, numel, start, end)
+    if set(pieces) != {k for k, _, _ in wanted}:
+        return "shards_missing" if set(pieces) < {k for k, _, _ in wanted} else "shard_index"
+    for k, a, b in wanted:
+        digests, piece = pieces[k]
+        if piece.dtype != torch.float32 or piece.shape != (b - a,):
             return "shard_size"
-        problem = update.shard_problem(k, piece)
+        problem = update.slice_problem(k, digests, a, piece, numel)
         if problem is not None:
             return problem
     return None
+
+
+def joined_slice(pieces: SlicePieces) -> torch.Tensor:
+    """The slice the checked pieces make, in shard order."""
+    ordered = [pieces[k][1] for k in sorted(pieces)]
+    return torch.cat(ordered) if ordered else torch.zeros(0)
 
 
 def variant_digest(update: GroupUpdate) -> str:

@@ -1,15 +1,15 @@
 """One member's side of a round of other groups' updates merged as one linear step
 (merge.shard_round; docs/scale.md, Session 16): what the wiring drives from messages.
 
-The member holds one slice of the model (its rank in the group's sorted member list, split
-as `shard_bounds` splits it). It takes its slice of each incoming update (`fetched`; the
-caller has checked the bytes against the update's co-signed digests), sends its part Gram
-matrix (`part`), checks every other member's (`part_from`), decides from their sum once all
-are in (`decide`: every member decides alike), sends its slices of the round's weighted sums
-(`sums`), checks every other member's (`sums_from`) and, once all are in, applies the round
-(`apply`). Anything wrong (a part or slices that fail their checks, a slice of the wrong
-size or not finite, the replica moved meanwhile) sets `failed` and nothing is applied: the
-caller then fetches the round's updates whole and applies them one by one
+The member holds one slice of the model (its rank in the group's sorted member list, split on
+the chunk grid: merge.group_chunks `aligned_bounds`). It takes its slice of each incoming
+update (`fetched`; the caller has checked the bytes against the update's co-signed digests),
+sends its part Gram matrix (`part`), checks every other member's (`part_from`), decides from
+their sum once all are in (`decide`: every member decides alike), sends its slices of the
+round's weighted sums (`sums`), checks every other member's (`sums_from`) and, once all are in,
+applies the round (`apply`). Anything wrong (a part or slices that fail their checks, a slice
+of the wrong size or not finite, the replica moved meanwhile) sets `failed` and nothing is
+applied: the caller then fetches the round's updates whole and applies them one by one
 (`GroupMerge.submit` in id order), which ends where this would have (tests/unit/
 test_shard_round.py). Pure: no network, no clock; driven under no lock of its own.
 """
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from merge.group_plan import shard_bounds
+from merge.group_chunks import aligned_bounds
 from merge.result import MergeResult
 from merge.shard_round import (
     CapUndecided,
@@ -57,7 +57,7 @@ class MemberRound:
         numel = replica.numel
         self.base = (replica.num_applied, replica.applied_digest())
         """The applied set the round is on: its part, the others' checks and the plan."""
-        self.bounds = dict(zip(self.members, shard_bounds(numel, len(self.members)), strict=True))
+        self.bounds = dict(zip(self.members, aligned_bounds(numel, len(self.members)), strict=True))
         self.incoming = rounds.order(incoming)
         self.failed: str | None = None
         """Why the round falls back to the whole fetch (None: not so far)."""

@@ -79,7 +79,6 @@ __all__ = [
     "ShardRound",
     "Vector",
     "gram_problem",
-    "overlapping",
     "part_gram",
     "part_problem",
     "robust_scale",
@@ -105,13 +104,6 @@ params' or the momentum's norm by 1e-5 of itself moves no verdict but at a thres
 def state_tensors(replica: Replica) -> list[torch.Tensor]:
     """The basis' first vectors: the params, then the outer optimizer's state tensors."""
     return [replica.params, *replica.outer.state_tensors()]
-
-
-def overlapping(bounds: Sequence[tuple[int, int]], start: int, end: int) -> list[int]:
-    """The shards (of `bounds`, an incoming update's split) that hold any of [start, end): what
-    a member whose slice that is fetches whole to check them against their co-signed digests
-    (docs/scale.md, Session 16: the slices must be aligned)."""
-    return [k for k, (lo, hi) in enumerate(bounds) if lo < end and start < hi and lo < hi]
 
 
 def part_gram(vectors: Sequence[torch.Tensor]) -> Gram:

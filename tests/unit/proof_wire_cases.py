@@ -22,8 +22,13 @@ def solo_proof() -> Proof:
     return Proof.of(a.signed_header, b.signed_header)
 
 
+def group_updates() -> tuple:
+    """Two complete updates of one group round, included sets of two that share a member."""
+    return _update(MEMBERS[:2]), _update([MEMBERS[0], MEMBERS[2]], scale=2.0)
+
+
 def group_proof() -> GroupProof:
-    """Two complete variants of one group round, included sets of two that share a member."""
-    a, b = _update(MEMBERS[:2]), _update([MEMBERS[0], MEMBERS[2]], scale=2.0)
+    """The proof the two `group_updates` make (their shard digests chunk roots: session 27)."""
+    a, b = group_updates()
     variants = GroupVariant.of(a), GroupVariant.of(b)
     return GroupProof.of(RUN, a.head.group_key, a.head.round, *variants, GROUP_RUN)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
 from dht.grouping import group_key
-from merge.group_plan import shard_bounds
+from merge.group_chunks import aligned_bounds
 from merge.group_update import ContributionHeader, GroupReduction, GroupUpdate, RoundFields
 from merge.identity import Identity
 from merge.outer import OuterConfig, OuterKind, make_outer_optimizer
@@ -122,7 +122,7 @@ def _grams(
     states = state_tensors(pipeline.replica)
     return [
         part_gram([t[s:e] for t in states] + _shards(incoming, s, e))
-        for s, e in shard_bounds(NUMEL, members)
+        for s, e in aligned_bounds(NUMEL, members)
     ]
 
 
@@ -130,7 +130,7 @@ def _gathered(plan: RoundPlan, incoming: Sequence[Incoming], members: int) -> li
     """The all-gather: each member's slice of each combo, joined."""
     slices = [
         ShardRound.weighted_sums(plan, _shards(incoming, s, e))
-        for s, e in shard_bounds(NUMEL, members)
+        for s, e in aligned_bounds(NUMEL, members)
     ]
     return [torch.cat([member[k] for member in slices]) for k in range(len(plan.combos))]
 

@@ -15,6 +15,7 @@ import merge.group_chunks as group_chunks
 from merge.group_chunks import (
     MAX_CHUNKS,
     MIN_CHUNK,
+    MIN_CHUNKS,
     aligned_bounds,
     chunk_digests,
     chunk_root,
@@ -23,20 +24,26 @@ from merge.group_chunks import (
     num_chunks,
     slice_problem,
 )
+from merge.group_contribution import tensor_digest
 
 
 @pytest.fixture
 def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Chunks of at least 4 elements, at most 16 of them: small tensors reach every case."""
+    """Chunks of 4 elements, at most 16 of them, at least 2: small tensors reach every case."""
     monkeypatch.setattr(group_chunks, "MIN_CHUNK", 4)
     monkeypatch.setattr(group_chunks, "MAX_CHUNKS", 16)
+    monkeypatch.setattr(group_chunks, "MIN_CHUNKS", 2)
 
 
 @given(numel=st.integers(0, 10**12))
 def test_the_chunk_size_is_bounded_both_ways(numel: int) -> None:
-    size = chunk_size(numel)
-    assert size >= MIN_CHUNK and num_chunks(numel) <= MAX_CHUNKS
-    assert size == MIN_CHUNK or math.ceil(numel / (size - 1)) > MAX_CHUNKS  # the smallest
+    """MIN_CHUNK values a chunk, fewer in a small model (down to one), more in a huge one;
+    never more than MAX_CHUNKS chunks, never fewer than min(numel, MIN_CHUNKS)."""
+    size, count = chunk_size(numel), num_chunks(numel)
+    assert size >= 1 and count <= MAX_CHUNKS and count >= min(numel, MIN_CHUNKS)
+    assert size <= MIN_CHUNK or math.ceil(numel / (size - 1)) > MAX_CHUNKS  # the smallest
+    if numel >= MIN_CHUNKS * MIN_CHUNK:
+        assert size >= MIN_CHUNK
 
 
 @given(numel=st.integers(0, 3000), shards=st.integers(1, 40))
@@ -108,6 +115,26 @@ def test_a_piece_that_is_not_what_was_cosigned_is_refused() -> None:
 
 
 def test_at_the_default_sizes_a_digest_costs_under_one_percent() -> None:
-    """A chunk's digest (32 bytes) against its values (4 bytes each), at any model size."""
-    for numel in (1, 10**6, 10**8, 10**10, 10**12):
+    """A chunk's digest (32 bytes) against its values (4 bytes each), at any model size from
+    MIN_CHUNKS x MIN_CHUNK values (the `tiny` model's 445,952: chunks of 1024)."""
+    for numel in (MIN_CHUNKS * MIN_CHUNK, 445_952, 10**6, 10**8, 10**10, 10**12):
         assert 32 / (4 * chunk_size(numel)) < 0.008
+    assert chunk_size(445_952) == MIN_CHUNK
+
+
+@given(numel=st.integers(0, 5000), shards=st.integers(1, MIN_CHUNKS))
+def test_a_shard_is_empty_only_in_a_model_smaller_than_its_split(numel: int, shards: int) -> None:
+    """At least min(numel, MIN_CHUNKS) chunks: no shard of a split into at most MIN_CHUNKS
+    is empty unless the model holds fewer values than shards (then as tensor_split cuts)."""
+    sizes = [b - a for a, b in aligned_bounds(numel, shards)]
+    assert (min(sizes) == 0) == (numel < shards)
+
+
+@given(numel=st.integers(0, 5000), seed=st.integers(0, 2**31 - 1))
+def test_a_chunk_digest_is_the_tensor_digest_of_its_values(numel: int, seed: int) -> None:
+    """What a chunk digest is: `tensor_digest` of the chunk (chunk_digests hashes the
+    piece's bytes once, chunk by chunk, for speed)."""
+    values = torch.randn(numel, generator=torch.Generator().manual_seed(seed))
+    size = chunk_size(numel)
+    expected = tuple(tensor_digest(values[i : i + size]) for i in range(0, numel, size))
+    assert chunk_digests(values, numel, 0) == expected

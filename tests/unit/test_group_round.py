@@ -91,15 +91,15 @@ def test_a_tampered_or_junk_part_is_a_counted_refusal(
 @pytest.mark.parametrize(
     "blob",
     [
-        b"DGC1" + b"[" * 100_000,
-        b"DGC1{}",
-        b"DGC1[]",
-        b"DGC1" + b'{"group_key": 1, "epoch": 0, "round": 0, "included": ["a"], "signature": ""}',
-        b"DGC1" + b'{"group_key": "k", "epoch": true, "round": 0, "included": ["a"],'
+        b"DGC2" + b"[" * 100_000,
+        b"DGC2{}",
+        b"DGC2[]",
+        b"DGC2" + b'{"group_key": 1, "epoch": 0, "round": 0, "included": ["a"], "signature": ""}',
+        b"DGC2" + b'{"group_key": "k", "epoch": true, "round": 0, "included": ["a"],'
         b' "signature": "' + b"00" * 64 + b'"}',
-        b"DGC1" + b'{"group_key": "k", "epoch": 0, "round": 0, "included": [],'
+        b"DGC2" + b'{"group_key": "k", "epoch": 0, "round": 0, "included": [],'
         b' "signature": "' + b"00" * 64 + b'"}',
-        b"DGC1" + b'{"group_key": "k", "epoch": 0, "round": 0, "included": "ab",'
+        b"DGC2" + b'{"group_key": "k", "epoch": 0, "round": 0, "included": "ab",'
         b' "signature": "' + b"00" * 64 + b'"}',
         b"\xff" * 10,
         None,
@@ -109,6 +109,16 @@ def test_a_malformed_cosign_is_a_counted_refusal(blob: object) -> None:
     with pytest.raises(GroupMessageError) as caught:
         decode_cosign(blob)
     assert caught.value.reason == "malformed"
+
+
+def test_a_session_26_cosign_is_refused_as_old_version() -> None:
+    """DGC1 co-signed a shard cut by tensor_split with a digest of its values (session 27:
+    the chunk grid and chunk roots): refused with that reason, not a signature that fails."""
+    current = Cosign(KEY, 0, 4, (POOL[0].peer_id,), b"\x01" * 64).to_bytes()
+    assert current[:4] == b"DGC2" and decode_cosign(current).round == 4
+    with pytest.raises(GroupMessageError) as caught:
+        decode_cosign(b"DGC1" + current[4:])
+    assert caught.value.reason == "old_version"
 
 
 def test_a_cosign_round_trips() -> None:

@@ -11,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from merge.group_chunks import aligned_bounds, shard_digests, split
 from merge.group_plan import ShardPlan, shard_bounds
 from merge.group_shards import ShardedReduction, sharded_contribution
 from merge.group_update import (
@@ -57,6 +58,14 @@ def test_bounds_cut_as_tensor_split(numel: int, shards: int) -> None:
     assert [end - start for start, end in shard_bounds(numel, shards)] == cut
 
 
+@settings(max_examples=100, deadline=None)
+@given(numel=st.integers(0, 5000), shards=st.integers(1, 40))
+def test_a_plan_splits_on_the_chunk_grid(numel: int, shards: int) -> None:
+    """Every member's shard is a run of whole chunks (merge.group_chunks, session 27)."""
+    plan = ShardPlan.of(f"m{k:02d}" for k in range(shards))
+    assert plan.bounds(numel) == aligned_bounds(numel, shards)
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     size=st.integers(1, 9),
@@ -95,7 +104,7 @@ def _whole(members: list[Identity], pgs: dict[str, torch.Tensor], **config: floa
     for ident in members:
         header, digests = sharded_contribution(pgs[ident.peer_id], ident, FIELDS, 10, len(members))
         assert view.contribute(header, digests)
-        for j, piece in enumerate(torch.tensor_split(pgs[ident.peer_id], len(members))):
+        for j, piece in enumerate(split(pgs[ident.peer_id], len(members))):
             assert view.take_piece(ident.peer_id, j, piece)
     return view
 
@@ -133,7 +142,7 @@ def test_a_straggler_shard_goes_to_an_included_member() -> None:
     for ident in members[:3]:
         header, digests = sharded_contribution(pgs[ident.peer_id], ident, FIELDS, 10, 4)
         view.contribute(header, digests)
-        for j, piece in enumerate(torch.tensor_split(pgs[ident.peer_id], 4)):
+        for j, piece in enumerate(split(pgs[ident.peer_id], 4)):
             view.take_piece(ident.peer_id, j, piece)
     view.close()
     assert view.reducers[3] in {m.peer_id for m in members[:3]}
@@ -183,10 +192,7 @@ def test_a_member_cannot_forge_an_update_from_honest_headers() -> None:
     honest = view.outcome
     assert isinstance(honest, GroupUpdate)
     evil = torch.full_like(honest.aggregate, 3.0)
-    shards = torch.tensor_split(evil, 3)
-    from merge.group_update import tensor_digest
-
-    digests = tuple(tensor_digest(s) for s in shards)
+    digests = shard_digests(evil, 3)
     forged = GroupUpdate(
         honest.contributions,
         digests,
@@ -220,7 +226,7 @@ def _round(size: int, stragglers: set[int], dying: dict[int, int], seed: int) ->
         signed[ident.peer_id] = sharded_contribution(pgs[ident.peer_id], ident, FIELDS, 10, size)
     plan = ShardPlan.of(names)
     for author, (header, digests) in signed.items():  # header and shard j to member j
-        pieces = torch.tensor_split(pgs[author], size)
+        pieces = split(pgs[author], size)
         for j, target in enumerate(plan.members):
             views[target].contribute(header, digests)
             views[target].take_piece(author, j, pieces[j])
@@ -234,7 +240,7 @@ def _round(size: int, stragglers: set[int], dying: dict[int, int], seed: int) ->
         for author in signed:
             if author in dead or views[author].phase is not Phase.REDUCING:
                 continue
-            pieces = torch.tensor_split(pgs[author], size)
+            pieces = split(pgs[author], size)
             for j, reducer in plan.sends(author, views[author].included):
                 if reducer not in dead and views[reducer].piece_of(author, j) is None:
                     views[reducer].take_piece(author, j, pieces[j])

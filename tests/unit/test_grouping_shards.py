@@ -136,6 +136,6 @@ def test_damaged_pieces_and_shards_are_refused_with_a_reason(position: int, valu
     with pytest.raises(GroupMessageError):
         decode_piece(piece[:-2], NUMEL)
     with pytest.raises(GroupMessageError):
-        decode_piece(b"DGP3" + b"\xff" * 8, NUMEL)
+        decode_piece(b"DGP4" + b"\xff" * 8, NUMEL)
     with pytest.raises(GroupMessageError):
-        decode_shard(b"DGS1" + b"\x00\x00\x00\x02{}", NUMEL)
+        decode_shard(b"DGS2" + b"\x00\x00\x00\x02{}", NUMEL)

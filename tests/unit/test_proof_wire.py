@@ -5,22 +5,26 @@ refused with the same reason and message as before."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from merge.equivocation import MAX_PROOF_BYTES, PROOF_MAGIC, Proof, ProofError
 from merge.group_equivocation import (
     GROUP_PROOF_MAGIC,
     MAX_GROUP_PROOF_BYTES,
     GroupProof,
+    GroupVariant,
     decode_proof,
 )
+from merge.group_update import tensor_digest
 from tests.factories import FINGERPRINT
-from tests.unit.proof_wire_cases import GROUP_RUN, MEMBERS, group_proof, solo_proof
+from tests.unit.proof_wire_cases import GROUP_RUN, MEMBERS, group_proof, group_updates, solo_proof
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "proofs_v1.json").read_text())
 SOLO, GROUP = bytes.fromhex(GOLDEN["solo"]), bytes.fromhex(GOLDEN["group"])
@@ -34,8 +38,19 @@ def test_a_solo_proof_made_before_parses_the_same_and_encodes_back() -> None:
 
 
 def test_a_group_proof_made_before_parses_the_same_and_encodes_back() -> None:
+    """Its shard digests are session 26's (SHA-256 of `tensor_split` shards), today's chunk
+    roots (session 27): the proof is the one those keys and tensors built then."""
     parsed = GroupProof.from_bytes(GROUP, GROUP_RUN)
-    assert parsed == group_proof()
+    today = group_proof()
+    assert (parsed.run_id, parsed.group_key, parsed.round) == (
+        today.run_id, today.group_key, today.round,
+    )  # fmt: skip
+    for old, update in zip((parsed.first, parsed.second), group_updates(), strict=True):
+        pieces = torch.tensor_split(update.aggregate, update.num_shards)
+        assert old.shard_digests == tuple(tensor_digest(p) for p in pieces)
+        assert old == dataclasses.replace(
+            GroupVariant.of(update), shard_digests=old.shard_digests, cosignatures=old.cosignatures
+        )
     assert parsed.to_bytes() == GROUP
     assert decode_proof(GROUP, FINGERPRINT, GROUP_RUN) == parsed
     assert parsed.culprits == (MEMBERS[0].peer_id,)  # the member in both included sets

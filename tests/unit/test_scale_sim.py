@@ -168,30 +168,6 @@ def test_the_sums_message_is_sized_as_the_real_encoder_writes_it() -> None:
     assert wire.sums_bytes(1000, 1) == real
 
 
-@pytest.mark.parametrize("g", [3, 4, 5, 7])
-def test_a_slice_answer_is_counted_as_the_real_encoder_cuts_it(g: int) -> None:
-    """Each member's `group-slice` answer: the update's fields and every shard overlapping its
-    slice, whole (an update of 4 shards cut by a group of g: up to twice the slice)."""
-    from bench import scale_sim_wire as wire
-    from dht.shard_fetch_wire import slice_answer
-    from merge.codecs import get_codec
-    from merge.group_plan import shard_bounds
-
-    sim, _ = _calm_row()
-    update = next(iter(sim.published.values())).update
-    numel = update.aggregate.numel()
-    fp32 = get_codec("fp32")  # the simulated aggregate's values are not bf16 ones
-    for rank, (start, end) in enumerate(shard_bounds(numel, g)):
-        real = len(slice_answer(update, start, end))
-        counted = wire.slice_meta(update) + wire.slice_payload(
-            fp32, numel, update.num_shards, g, rank, aligned=False
-        )
-        assert abs(counted - real) <= 8  # the answer's "sizes" list: a few digits
-        if g != update.num_shards:
-            aligned = wire.slice_payload(fp32, numel, update.num_shards, g, rank, aligned=True)
-            assert aligned <= counted - wire.slice_meta(update)
-
-
 def test_parts_and_proposals_are_sized_as_the_real_encoder_writes_them() -> None:
     """A part is a (3 + K)^2 Gram matrix in JSON floats (not 8 bytes a value of the upper
     triangle); a proposal names K ids with holders and g state blocks."""

@@ -1,8 +1,9 @@
 """The shard fetch's pure decisions and messages (merge.shard_fetch, dht.shard_fetch_wire;
-docs/scale.md, Session 17): every member composes the same round whatever order the
-proposals came in, or falls back; a slice cut from the shards that overlap it is the update's
-slice; members that fetch slices through the wire forms end where applying the updates one by
-one does; a message tampered, oversized, unsigned or out of bounds is a counted refusal."""
+docs/scale.md, Session 17): every member composes the same round whatever order the proposals
+came in, or falls back; a slice is exactly the pieces of the shards it meets (the chunk grid,
+session 27), each checked against its shard's co-signed chunk root; members that fetch slices
+through the wire forms end where applying the updates one by one does; a message tampered,
+oversized, unsigned or out of bounds is a counted refusal."""
 
 from __future__ import annotations
 
@@ -26,17 +27,17 @@ from dht.shard_fetch_wire import (
     slice_answer,
     slice_request,
 )
-from merge.group_plan import shard_bounds
+from merge.group_chunks import aligned_bounds
 from merge.identity import Identity
 from merge.shard_fetch import (
     MAX_CANDIDATES,
     Proposal,
     compose,
-    cut_slice,
     incoming_of_headers,
-    pieces_problem,
+    joined_slice,
+    slice_pieces_problem,
     variant_digest,
-    wanted_shards,
+    wanted_pieces,
 )
 from merge.shard_member import MemberRound
 from merge.shard_round import ShardRound
@@ -82,23 +83,22 @@ def test_a_round_falls_back_on_a_missing_proposal_or_bases_that_differ() -> None
 
 @settings(max_examples=100, deadline=None)
 @given(
-    numel=st.integers(1, 300),
+    numel=st.integers(1, 3000),
     shards=st.integers(1, 9),
     members=st.integers(1, 9),
     rank=st.integers(0, 8),
 )
-def test_a_slice_cut_from_the_shards_that_overlap_it_is_the_updates_slice(
-    numel, shards, members, rank
-) -> None:
+def test_a_slice_is_exactly_the_pieces_of_the_shards_it_meets(numel, shards, members, rank) -> None:
+    """On the chunk grid a member's slice is a run of whole chunks of every shard it meets:
+    it fetches exactly its values, never a shard whole (session 27)."""
     whole = torch.randn(numel)
-    start, end = shard_bounds(numel, members)[rank % members]
-    bounds = shard_bounds(numel, shards)
-    wanted = wanted_shards(shards, numel, start, end)
-    pieces = {k: whole[bounds[k][0] : bounds[k][1]] for k in wanted}
-    assert torch.equal(cut_slice(shards, numel, pieces, start, end), whole[start:end])
-    fetched = sum(bounds[k][1] - bounds[k][0] for k in wanted)
-    assert fetched >= end - start  # whole shards: at least the slice, never a shard too many
-    assert all(bounds[k][0] < end and start < bounds[k][1] for k in wanted)
+    start, end = aligned_bounds(numel, members)[rank % members]
+    bounds = aligned_bounds(numel, shards)
+    wanted = wanted_pieces(shards, numel, start, end)
+    pieces = {k: ((), whole[a:b]) for k, a, b in wanted}
+    assert torch.equal(joined_slice(pieces), whole[start:end])
+    assert sum(b - a for _, a, b in wanted) == end - start  # exactly the slice
+    assert all(bounds[k][0] <= a < b <= bounds[k][1] for k, a, b in wanted)
 
 
 def _slices_through_the_wire(member: MemberRound, updates: list) -> list:
@@ -110,8 +110,8 @@ def _slices_through_the_wire(member: MemberRound, updates: list) -> list:
         got_uid, s, e = parse_slice_request(slice_request(uid, start, end), NUMEL)
         fetched, pieces = decode_slice(slice_answer(update, s, e), NUMEL)
         assert got_uid == uid and fetched.header_problem(_everyone) is None
-        assert pieces_problem(fetched, pieces, NUMEL) is None
-        headers.append((fetched, cut_slice(fetched.num_shards, NUMEL, pieces, start, end)))
+        assert slice_pieces_problem(fetched, pieces, NUMEL, start, end) is None
+        headers.append((fetched, joined_slice(pieces)))
     return headers
 
 
@@ -136,14 +136,21 @@ def test_members_fetching_slices_through_the_wire_end_as_applied_one_by_one() ->
     assert len({variant_digest(u) for u in updates}) == len(updates)
 
 
-def test_a_changed_shard_or_a_wrong_index_is_refused() -> None:
+def test_a_changed_piece_digest_list_or_index_is_refused() -> None:
     _, _, updates = _setup(fold=False)
     update = updates[0]
     fetched, pieces = decode_slice(slice_answer(update, 0, NUMEL), NUMEL)
-    changed = {k: p + 1e-3 for k, p in pieces.items()}
-    assert pieces_problem(fetched, changed, NUMEL) == "shard_mismatch"
-    assert pieces_problem(fetched, {5: pieces[0]}, NUMEL) == "shard_index"
-    assert pieces_problem(fetched, {0: pieces[0][:-1]}, NUMEL) == "shard_size"
+
+    def check(changed: dict) -> str | None:
+        return slice_pieces_problem(fetched, changed, NUMEL, 0, NUMEL)
+
+    assert check(dict(pieces)) is None
+    assert check({**pieces, 0: (pieces[0][0], pieces[0][1] + 1e-3)}) == "chunk_mismatch"
+    forged = (pieces[0][0][1], *pieces[0][0][1:])
+    assert check({**pieces, 0: (forged, pieces[0][1])}) == "chunk_root_mismatch"
+    assert check({**pieces, 0: (pieces[0][0], pieces[0][1][:-1])}) == "shard_size"
+    assert check({**pieces, 99: pieces[0]}) == "shard_index"
+    assert check({k: v for k, v in pieces.items() if k}) == "shards_missing"
 
 
 def test_bf16_values_travel_in_bf16_exactly_and_others_in_fp32() -> None:
@@ -156,7 +163,7 @@ def test_bf16_values_travel_in_bf16_exactly_and_others_in_fp32() -> None:
     assert len(wide_blob) > 4 * NUMEL and len(narrow_blob) < len(wide_blob) - 2 * NUMEL + 64
     for source, blob in ((update, wide_blob), (narrow, narrow_blob)):
         _, pieces = decode_slice(blob, NUMEL)
-        assert torch.equal(torch.cat([pieces[k] for k in sorted(pieces)]), source.aggregate)
+        assert torch.equal(joined_slice(pieces), source.aggregate)
     values = torch.randn(NUMEL)
     for tensor, width in ((values.bfloat16().float(), 2), (values, 4)):
         message = _message("sums", {}, [tensor]).signed(ME)
@@ -236,4 +243,4 @@ def test_a_part_must_name_one_variant_per_update() -> None:
     with pytest.raises(GroupMessageError):
         part_of(_message("part", body), 2)
     with pytest.raises(GroupMessageError):
-        parse_slice_request(slice_request(("groups.0b1", 1), 5, 5), NUMEL)
+        parse_slice_request(slice_request(("groups.0b1", 1), 6, 5), NUMEL)

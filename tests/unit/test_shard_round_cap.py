@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dht.grouping import group_key
-from merge.group_plan import shard_bounds
+from merge.group_chunks import aligned_bounds
 from merge.group_update import (
     NORM_BOUND_SLACK,
     ContributionHeader,
@@ -81,7 +81,7 @@ def _lied_round(
     results: list[MergeResult] = []
     while incoming:  # the updates a round defers (an undecided cap) are the next round's
         states = state_tensors(pipeline.replica)
-        bounds = shard_bounds(NUMEL, 3)
+        bounds = aligned_bounds(NUMEL, 3)
         shards = [_shards(incoming, s, e) for s, e in bounds]
         shards[liar] = [x * factor for x in shards[liar]]
         grams = [part_gram([t[s:e] for t in states] + shards[m]) for m, (s, e) in enumerate(bounds)]
@@ -105,7 +105,7 @@ def _over_cap(pipeline: UpdatePipeline, group: int, where: int, over: float) -> 
     """A one-member group's update `over` times the cap, all of it in the slice of member
     `where` of three: the slice a liar there reports as it likes."""
     cap = pipeline.config.max_update_norm_ratio * float(pipeline.replica.params.norm())
-    start, end = shard_bounds(NUMEL, 3)[where]
+    start, end = aligned_bounds(NUMEL, 3)[where]
     tensor = torch.zeros(NUMEL)
     tensor[start:end] = torch.linspace(0.5, 1.5, end - start)
     return _group_update([tensor / tensor.norm() * cap * over], group=group)
@@ -247,7 +247,7 @@ def test_a_member_deflating_a_whole_step_cannot_move_the_cap_of_a_later_update()
             states = state_tensors(parts.replica)
             gram = summed_gram(
                 [part_gram([t[s:e] for t in states] + _shards(incoming, s, e))
-                 for s, e in shard_bounds(NUMEL, 3)]
+                 for s, e in aligned_bounds(NUMEL, 3)]
             )  # fmt: skip
             with pytest.raises(CapUndecided):
                 rounds.decide(incoming, gram)
@@ -274,7 +274,7 @@ def test_a_round_far_from_the_cap_is_decided_by_parts() -> None:
         states = state_tensors(pipeline.replica)
         gram = summed_gram(
             [part_gram([t[s:e] for t in states] + _shards(incoming, s, e))
-             for s, e in shard_bounds(NUMEL, 3)]
+             for s, e in aligned_bounds(NUMEL, 3)]
         )  # fmt: skip
         plan = rounds.decide(incoming, gram)
         assert len(plan.decisions) == 6 and not plan.deferred

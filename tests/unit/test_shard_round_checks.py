@@ -13,13 +13,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from merge.group_plan import shard_bounds
+from merge.group_chunks import aligned_bounds
 from merge.shard_round import (
     Incoming,
     RoundPlan,
     ShardRound,
     gram_problem,
-    overlapping,
     part_gram,
     part_problem,
     round_problem,
@@ -84,7 +83,7 @@ def test_one_dishonest_member_moves_the_round_no_more_than_the_robust_bound(
     _, plan = _by_shards(honest, updates, 3)
     rounds = ShardRound(hostile.groups)
     incoming = rounds.order([Incoming.of(hostile.groups, u, _everyone) for u in updates])
-    bounds = shard_bounds(NUMEL, 3)
+    bounds = aligned_bounds(NUMEL, 3)
     generator = torch.Generator().manual_seed(seed)
 
     def shards(member: int) -> list[torch.Tensor]:
@@ -143,7 +142,7 @@ def test_slices_that_do_not_match_the_reported_gram_are_refused() -> None:
     rounds, incoming = _ordered(pipeline, updates)
     grams = _grams(pipeline, incoming, 3)
     plan = rounds.decide(incoming, summed_gram(grams))
-    s, e = shard_bounds(NUMEL, 3)[1]
+    s, e = aligned_bounds(NUMEL, 3)[1]
     states = [t[s:e] for t in state_tensors(pipeline.replica)]
     honest = ShardRound.weighted_sums(plan, _shards(incoming, s, e))
     assert sums_problem(plan, grams[1], honest, states) is None
@@ -169,7 +168,7 @@ def test_a_part_claiming_an_update_longer_than_its_members_signed_is_refused() -
     grams = _grams(pipeline, incoming, 3)
     num_states = len(state_tensors(pipeline.replica))
     assert round_problem(incoming, summed_gram(grams), num_states) is None
-    s, e = shard_bounds(NUMEL, 3)[2]
+    s, e = aligned_bounds(NUMEL, 3)[2]
     shards = _shards(incoming, s, e)
     shards[1] = shards[1] * 4
     grams[2] = part_gram([t[s:e] for t in state_tensors(pipeline.replica)] + shards)
@@ -177,20 +176,6 @@ def test_a_part_claiming_an_update_longer_than_its_members_signed_is_refused() -
     assert problem == "gram_beyond_signed_norm"
     with pytest.raises(ValueError, match="gram_beyond_signed_norm"):
         rounds.decide(incoming, summed_gram(grams))
-
-
-@given(numel=st.integers(0, 500), ours=st.integers(1, 40), theirs=st.integers(1, 40))
-def test_each_slice_fetches_the_shards_it_overlaps(numel: int, ours: int, theirs: int) -> None:
-    """Every coordinate of a slice lies in a shard it fetches, and every shard it fetches
-    holds one of them; with equal splits a slice fetches exactly its own shard."""
-    bounds = shard_bounds(numel, theirs)
-    for start, end in shard_bounds(numel, ours):
-        fetched = overlapping(bounds, start, end)
-        covered = {i for k in fetched for i in range(*bounds[k])}
-        assert set(range(start, end)) <= covered
-        assert all(set(range(*bounds[k])) & set(range(start, end)) for k in fetched)
-        if ours == theirs and end > start:
-            assert fetched == [shard_bounds(numel, ours).index((start, end))]
 
 
 def test_a_part_misstating_the_state_is_refused() -> None:
@@ -202,9 +187,9 @@ def test_a_part_misstating_the_state_is_refused() -> None:
     rounds, incoming = _ordered(pipeline, updates)
     grams = _grams(pipeline, incoming, 3)
     states = state_tensors(pipeline.replica)
-    for part, (s, e) in zip(grams, shard_bounds(NUMEL, 3), strict=True):
+    for part, (s, e) in zip(grams, aligned_bounds(NUMEL, 3), strict=True):
         assert part_problem(part, [t[s:e] for t in states], 2) is None
-    s, e = shard_bounds(NUMEL, 3)[0]
+    s, e = aligned_bounds(NUMEL, 3)[0]
     lying = part_gram(
         [states[0][s:e], states[1][s:e], states[2][s:e] * 3] + _shards(incoming, s, e)
     )
