@@ -38,7 +38,8 @@ from bench import scale_sim_wire as wire
 from bench.scale_sim_state import Published, SimConfig, SimNode, SimReplica
 from dht.shard_fetch_wire import MAX_SUMS, SLICE_MAGIC
 from merge.codecs import Codec
-from merge.group_plan import ShardPlan, shard_bounds
+from merge.group_chunks import aligned_bounds
+from merge.group_plan import ShardPlan
 from merge.group_update import GroupUpdate
 
 
@@ -57,9 +58,11 @@ def shard_holders(update: GroupUpdate, replicas: int) -> tuple[tuple[str, ...], 
 
 
 @functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=1024)
 def cut(numel: int, num_shards: int) -> list[tuple[int, int]]:
-    """merge.group_plan `shard_bounds`, kept: the sim cuts one model a few ways many times."""
-    return shard_bounds(numel, num_shards)
+    """merge.group_chunks `aligned_bounds` (every split is on the chunk grid since session
+    27), kept: the sim cuts one model a few ways many times."""
+    return aligned_bounds(numel, num_shards)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -76,7 +79,7 @@ def shards_only_framing() -> int:
     """A `group-slice` answer's bytes beside its tensors without the update's fields (what a
     further holder of a folded update answers: dht.shard_fetch_wire `slice_answer`'s frame
     with its "shards", "sizes" and "codec" alone; two shards of a 6-digit size)."""
-    meta = {"shards": [30, 31], "sizes": [123456, 123456], "codec": "bf16"}
+    meta = {"shards": [], "sizes": [], "digests": [], "codec": "bf16"}  # pieces: pieces_extra
     return len(SLICE_MAGIC) + 4 + len(json.dumps(meta, separators=(",", ":")))
 
 
@@ -143,14 +146,14 @@ class Levers:
         self, node: SimNode, published: Published, start: int, end: int, kind: str, now: float
     ) -> None:
         """`node` fetches values [start, end) of a folded update from its shards' holders:
-        per holder asked one `group-slice` answer with its shards' tensors (whole, or exactly
-        the range with `shard_round_aligned`), the first of them with the update's fields
-        (none to its own members, who co-signed them); nothing for a shard it holds; a shard
-        with no live holder counted as unavailable."""
+        per holder asked one `group-slice` answer with exactly the range's values of its
+        shards and their chunk digest lists (the chunk grid), the first of them with the
+        update's fields (none to its own members, who co-signed them); nothing for a shard
+        it holds; a shard with no live holder counted as unavailable."""
         update = published.update
         bounds = cut(self.numel, update.num_shards)
         first = bisect.bisect_right(_ends(self.numel, update.num_shards), start)
-        asked: set[str] = set()
+        asked: dict[str, list[tuple[int, int, int]]] = {}
         payload = 0
         for k in range(first, len(bounds)):
             s, e = bounds[k]
@@ -162,12 +165,13 @@ class Levers:
             if not live:
                 self.counters["fold_own_unavailable"] += 1
                 continue
-            asked.add(live[0])
-            values = min(e, end) - max(s, start) if self.config.shard_round_aligned else e - s
-            payload += self.codec.payload_bytes(values)
+            a, b = max(s, start), min(e, end)
+            asked.setdefault(live[0], []).append((k, a, b))
+            payload += self.codec.payload_bytes(b - a)
         if asked:
             fields = 0 if kind == "own_slices" else published.slice_meta - SHARDS_ONLY
-            self._receive(node, kind, fields + len(asked) * SHARDS_ONLY + payload)
+            extra = sum(wire.pieces_extra(self.numel, bounds, p) for p in asked.values())
+            self._receive(node, kind, fields + len(asked) * SHARDS_ONLY + payload + extra)
 
     def _serves(self, peer: str, now: float) -> bool:
         node = self.by_id[peer]

@@ -53,12 +53,22 @@ def slice_payload(
     del aligned
     start, end = aligned_bounds(numel, g)[rank]
     bounds = aligned_bounds(numel, num_shards)
-    pieces = overlaps(bounds, start, end)
+    return codec.payload_bytes(end - start) + pieces_extra(
+        numel, bounds, overlaps(bounds, start, end)
+    )
+
+
+def pieces_extra(
+    numel: int, bounds: list[tuple[int, int]], pieces: list[tuple[int, int, int]]
+) -> int:
+    """An answer's JSON for its `pieces` ((shard, start, end) each, of shards at `bounds`):
+    each piece's shard index and length and its shard's chunk digests (hex strings), with
+    the commas between the entries of the shards', sizes' and lists' arrays."""
     chunks = [len(chunks_in(numel, *bounds[k])) for k, _, _ in pieces]
     lists = sum(2 + (_DIGEST + 2) * n + max(0, n - 1) for n in chunks)
-    commas = 3 * max(0, len(pieces) - 1)  # between the shards', sizes' and lists' entries
+    commas = 3 * max(0, len(pieces) - 1)
     numbers = sum(len(str(k)) + len(str(b - a)) for k, a, b in pieces)
-    return codec.payload_bytes(end - start) + lists + commas + numbers
+    return lists + commas + numbers
 
 
 def slice_meta(update: GroupUpdate) -> int:

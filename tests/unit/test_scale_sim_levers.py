@@ -15,7 +15,7 @@ import pytest
 from bench import scale_sim_wire as wire
 from bench.scale_sim import SimConfig, Simulation, tiny_update_bytes
 from bench.scale_sim_levers import SHARDS_ONLY, shard_holders, sums_message, sums_needed
-from merge.group_plan import shard_bounds
+from merge.group_chunks import aligned_bounds
 from merge.outer import OuterConfig, make_outer_optimizer
 from merge.shard_round_replay import Replay, combos_of
 
@@ -42,7 +42,7 @@ def _row(nodes: int = G * GROUPS, **kwargs: object) -> tuple[Simulation, dict[st
 
 def _shards_bytes(sim: Simulation) -> int:
     """One group update's tensors: the sum of its g reduced shards (bf16)."""
-    return sum(sim.codec.payload_bytes(e - s) for s, e in shard_bounds(sim.numel, G))
+    return sum(sim.codec.payload_bytes(e - s) for s, e in aligned_bounds(sim.numel, G))
 
 
 def test_folding_the_own_update_drops_the_shards_of_the_group_all_gather_and_nothing_else() -> None:
@@ -83,15 +83,17 @@ def test_a_folded_update_has_its_shards_holders_and_none_serves_a_dead_one() -> 
     assert [h[0] for h in published.holders] == included  # no loss: shard j is member j's
     assert published.holders[0][1] == included[1]
     outsider = next(n for n in sim.nodes if n.peer_id not in included)
-    start, end = shard_bounds(sim.numel, G)[0]
+    start, end = aligned_bounds(sim.numel, G)[0]
     before = sim.by_kind["slices"]
     sim._from_holders(outsider, published, start, end, "slices", published.at)
-    shard = sim.codec.payload_bytes(end - start)
+    bounds = aligned_bounds(sim.numel, G)
+    lists = [wire.pieces_extra(sim.numel, bounds, [(k, *bounds[k])]) for k in (0, 1)]
+    shard = sim.codec.payload_bytes(end - start) + lists[0]  # its chunk digests beside it
     assert sim.by_kind["slices"] - before == wire.slice_meta(update) + shard
     before = sim.by_kind["slices"]
-    end_two = shard_bounds(sim.numel, G)[1][1]  # two shards, two holders: the fields once
+    end_two = bounds[1][1]  # two shards, two holders: the fields once
     sim._from_holders(outsider, published, start, end_two, "slices", published.at)
-    two = shard + sim.codec.payload_bytes(end_two - end)
+    two = shard + sim.codec.payload_bytes(end_two - end) + lists[1]
     assert sim.by_kind["slices"] - before == wire.slice_meta(update) + SHARDS_ONLY + two
     for peer in published.holders[0]:
         sim.by_id[peer].alive = False
