@@ -246,6 +246,7 @@ def test_a_round_crossing_folds_gathers_a_sum_per_fold_and_fetches_nothing_whole
         assert event["outcome"] == "applied", event
         assert event["ids"] == event["applied"] == num_updates
         assert event["fallback_in_order"] == 0 and member.whole == []
+        assert event["sums"] == sums
         assert member.rejections == []
     assert sorted(set(hub.sums)) == sorted((m.peer_id, sums) for m in MEMBERS)
     assert sums <= MAX_SUMS
