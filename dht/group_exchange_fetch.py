@@ -203,10 +203,10 @@ class FetchExchange(FetchCandidates, SliceExchange, ClassRealignment):
     async def _one_fetch_round(
         self, rid: RoundId, update: GroupUpdate, members: list[str], inbox: Inbox
     ) -> None:
-        started, ids, applied, in_order = time.monotonic(), 0, 0, 0
+        started, ids, applied, in_order, sums = time.monotonic(), 0, 0, 0, 0
         reused = self.num_slices_reused
         try:
-            ids, applied = await self._run_fetch(rid, update, members, inbox)
+            ids, applied, sums = await self._run_fetch(rid, update, members, inbox)
             outcome = "applied" if ids else "empty"
             in_order = inbox.in_order
         except Fallback as exc:
@@ -231,13 +231,14 @@ class FetchExchange(FetchCandidates, SliceExchange, ClassRealignment):
                 slices_reused=self.num_slices_reused - reused,
                 realigned_from=inbox.realigned_from, realign_loaded=inbox.realign_loaded,
                 waits_for_class=inbox.waits_for_class, num_bases=inbox.num_bases,
-                class_size=inbox.class_size,
+                class_size=inbox.class_size, sums=sums,
             )  # fmt: skip
 
     async def _run_fetch(
         self, rid: RoundId, update: GroupUpdate, members: list[str], inbox: Inbox
-    ) -> tuple[int, int]:
-        """(updates in the round's set, updates applied); Fallback when it falls back."""
+    ) -> tuple[int, int, int]:
+        """(updates in the round's set, updates applied, weighted sums gathered: one a stretch
+        between Delayed Nesterov folds, session 27); Fallback when it falls back."""
         if len(members) < 2:
             raise Fallback("alone")
         wait_s, me = self.fetch_wait_s, self.identity.peer_id
@@ -269,7 +270,7 @@ class FetchExchange(FetchCandidates, SliceExchange, ClassRealignment):
             raise Fallback(out)
         self.class_realign.aligned()
         if not composition.ids:
-            return 0, 0
+            return 0, 0, 0
         inbox.agreed, inbox.holders = composition.ids, dict(composition.holders)
         ours = list(composition.members)
         member, variants = await self._fetch_slices(composition, ours)
@@ -280,9 +281,13 @@ class FetchExchange(FetchCandidates, SliceExchange, ClassRealignment):
                 self._on_merged(result)
         for decision in member.plan.decisions if member.plan is not None else ():
             self._taken(decision.incoming.uid)
-        deferred = [inc.uid for inc in member.plan.deferred] if member.plan is not None else []
+        plan = member.plan
+        # nothing deferred since session 27 (decided past every fold) unless the plan would ask
+        # for more than MAX_SUMS sums: what is past its cut is fetched whole, in id order
+        deferred = [inc.uid for inc in plan.deferred] if plan is not None else []
         inbox.in_order = await self._apply_in_order(deferred, composition.holders)
-        return len(composition.ids), sum(r.accepted for r in results)
+        sums = len(plan.combos) if plan is not None else 0
+        return len(composition.ids), sum(r.accepted for r in results), sums
 
     async def _abort(self, rid: RoundId, others: list[str], reason: str) -> None:
         with contextlib.suppress(Fallback):

@@ -132,8 +132,10 @@ class SliceExchange(ExchangeReads):
             inc = incoming_of_headers(self._merge, update, numel, member_check(self.run_id, key))
             incoming.append(inc)
         # the sums travel in fp32: groups that applied a set in other rounds end within the
-        # settle's tolerance of this one (bf16 sums: 4e-4 apart, a state download at the end)
-        member = MemberRound(ShardRound(self._merge), members, me, incoming)
+        # settle's tolerance of this one (bf16 sums: 4e-4 apart, a state download at the end);
+        # decided past its Delayed Nesterov folds (2-3 sums, at most MAX_SUMS), not cut at the
+        # first with the rest fetched whole by every member (session 27, second27)
+        member = MemberRound(ShardRound(self._merge), members, me, incoming, until_fold=False)
         by_uid = {uid: piece for uid, (_, piece) in zip(composition.ids, fetched, strict=True)}
         for index in member.needs():
             if not member.fetched(index, by_uid[member.incoming[index].uid]):

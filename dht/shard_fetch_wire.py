@@ -13,7 +13,14 @@ round, kind, body, the tensors' SHA-256), checked against the stream's sender:
   in raw float64 and the digest of each fetched update's variant (`variant_digest`) as raw
   bytes, in the round's id order, both base64 in the signed body; the receiver mirrors the
   triangle back to the sender's matrix bit for bit (dht.shard_fetch_bodies);
-- `sums`: its slices of the plan's weighted sums (fp32: session 24; bf16 in sessions 20-23);
+- `sums`: its slices of the plan's weighted sums (fp32: session 24; bf16 in sessions 20-23),
+  one per sum, at most `MAX_SUMS` (merge.shard_round_sums): one when the round stops at its
+  first Delayed Nesterov fold (sessions 18-26), two or three since session 27, when a round
+  decides past its folds (second27). A `sums` message with more tensors does not decode
+  (`group_fetch_malformed`); one with another count than the round's plan fails
+  `sums_problem` ("sums_shape": `group_fetch_sums_refused`), both counted against the sender.
+  Both releases frame `sums` alike; a session 26 node refuses a session 27 part (below), so
+  the two never reach the sums of one round;
 - `abort`: the sender fell back (its reason): the others stop waiting for it (session 18).
 
 `group-slice` (`DSS2`, session 27) asks a holder for a range of an update on the chunk grid
@@ -62,14 +69,12 @@ from merge.group_chunks import chunk_digests, num_chunks, on_grid
 from merge.group_update import SIGNATURE_BYTES, GroupUpdate
 from merge.identity import Identity, verify_signature
 from merge.shard_fetch import Proposal, SlicePieces, UpdateId, wanted_pieces
+from merge.shard_round_sums import MAX_SUMS as MAX_SUMS  # what a `sums` message carries at most
 
 FETCH_MAGIC = b"DSF1"
 SLICE_MAGIC = b"DSS2"
 _DOMAIN = b"diloco-group-fetch/1\n"
 KINDS = ("propose", "part", "sums", "abort")
-MAX_SUMS = 3
-"""Weighted sums one round gathers at most (merge.shard_round: three only when a batch
-completes two Delayed Nesterov rounds)."""
 MAX_META_BYTES = 1 << 20
 """A message's JSON: a proposal's 64 ids with holders, a part's (3 + 64)^2 floats."""
 WIDTHS = {"fp32": 4, "bf16": 2}

@@ -64,11 +64,13 @@ from merge.shard_round_plan import (
     Vector,
 )
 from merge.shard_round_replay import Replay, combos_of, form_state, load_outer
+from merge.shard_round_sums import MAX_SUMS, fold_limit, next_cut
 from merge.update_checks import MIN_PARAMS_NORM
 
 __all__ = [
     "AwaitedVariant",
     "CapUndecided",
+    "MAX_SUMS",
     "NORM_BOUND_SLACK",
     "PART_CHUNK",
     "Decision",
@@ -169,21 +171,35 @@ class ShardRound:
         return sorted(incoming, key=lambda inc: inc.uid)
 
     def decide(
-        self, incoming: Sequence[Incoming], gram: Gram, *, until_fold: bool = False
+        self,
+        incoming: Sequence[Incoming],
+        gram: Gram,
+        *,
+        until_fold: bool | int = False,
+        max_sums: int = MAX_SUMS,
     ) -> RoundPlan:
         """The decisions of applying `incoming` (in id order: `order`) one by one, from the
         Gram matrix of the basis (`summed_gram`, checked by `round_problem` first: ValueError
         otherwise, the caller's bug). Pure: nothing of the pipeline changes.
 
-        ``until_fold``: stop after the update that completes a Delayed Nesterov round; the
-        rest are `RoundPlan.deferred` to the next round. Then the round always gathers one
-        sum (the params and the momentum move by multiples of the round's sum), where a fold
-        inside it takes two.
+        ``until_fold``: stop after the update that completes the first (True) or n-th (n)
+        Delayed Nesterov round, the rest `RoundPlan.deferred` (cut at the first: one sum; a
+        fold inside takes two, two folds three). A plan asks for at most ``max_sums`` sums,
+        else it is cut at the latest fold within (merge.shard_round_sums `next_cut`).
 
         `CapUndecided` (a ValueError) when the norm cap of an update is not decided by what
         every member checks (merge.shard_round_cap): the round is then fetched whole and
         applied one by one, the way no member's report moves."""
-        ordered = self.order(incoming)
+        ordered, limit = self.order(incoming), fold_limit(until_fold)
+        while True:
+            plan, folds = self._decided(ordered, gram, limit)
+            if (limit := next_cut(len(plan.combos), max_sums, folds, limit)) is None:
+                return plan
+
+    def _decided(
+        self, ordered: list[Incoming], gram: Gram, limit: int | None
+    ) -> tuple[RoundPlan, int]:
+        """`decide`'s plan stopped after the fold `limit` (None: none), and its folds."""
         replica = self.merge.pipeline.replica
         with replica.lock:
             num_states = len(state_tensors(replica))
@@ -191,13 +207,13 @@ class ShardRound:
             if problem is not None:
                 raise ValueError(f"the round's Gram matrix is not one: {problem}")
             replay = Replay(replica.outer, num_states, len(ordered))
-            decisions = _Decider(self.merge, replay, np.array(gram)).run(ordered, until_fold)
+            decisions = _Decider(self.merge, replay, np.array(gram)).run(ordered, limit)
             base = (replica.num_applied, replica.applied_digest())
         combos, formed = combos_of(replay, num_states)
         deferred = tuple(ordered[len(decisions) :])
-        return RoundPlan(
-            base, tuple(decisions), combos, formed, replay.count, replay.progress, deferred
-        )
+        steps, progress = replay.count, replay.progress
+        plan = RoundPlan(base, tuple(decisions), combos, formed, steps, progress, deferred)
+        return plan, replay.folds
 
     @staticmethod
     def weighted_sums(plan: RoundPlan, shards: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -307,14 +323,14 @@ class _Decider:
     def norm(self, a: Vector) -> float:
         return math.sqrt(max(0.0, self.form(a, a)))
 
-    def run(self, ordered: Sequence[Incoming], until_fold: bool) -> list[Decision]:
+    def run(self, ordered: Sequence[Incoming], until_fold: int | None) -> list[Decision]:
         decisions = []
         for i, inc in enumerate(ordered):
             decision = self.one(i, inc)
             if decision is None:
                 raise CapUndecided(f"the norm cap of {inc.uid} after {i} updates")
             decisions.append(decision)
-            if until_fold and self.replay.folds:
+            if until_fold is not None and self.replay.folds >= until_fold:
                 self._deferred_caps(ordered[i + 1 :])
                 break
         return decisions
