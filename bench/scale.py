@@ -106,12 +106,6 @@ def main() -> None:
         "its slice of other groups' updates; docs/scale.md, Session 17)",
     )
     parser.add_argument(
-        "--aligned",
-        action="store_true",
-        help="--sim --scatter: count exact slices (merge.group_chunks, not wired) instead of "
-        "the overlapping whole shards real nodes fetch",
-    )
-    parser.add_argument(
         "--bf16-sums",
         action="store_true",
         help="--sim --scatter: count the fetch round's sums in bf16 instead of fp32",
@@ -129,10 +123,10 @@ def main() -> None:
         help="--sim --fold-own: members holding each reduced shard (its reducer included)",
     )
     parser.add_argument(
-        "--second-sum",
+        "--whole-past-fold",
         action="store_true",
-        help="--sim --scatter: count the updates past a fold as further sums of the round "
-        "instead of whole fetches (not wired)",
+        help="--sim --scatter: count the updates past a fold fetched whole by every member "
+        "(sessions 18-26) instead of further sums of the round (real nodes since session 27)",
     )
     args = parser.parse_args()
     if args.shard_fetch and not (args.group_size and args.scatter):
@@ -188,11 +182,10 @@ def _sim_config(args: argparse.Namespace) -> SimConfig:
         scatter=args.scatter,
         group_size=args.group_size,
         balanced=args.balanced,
-        shard_round_aligned=args.aligned,
         sums_width=2 if args.bf16_sums else 4,
         fold_own=args.fold_own,
         fold_own_replicas=args.fold_own_replicas,
-        second_sum=args.second_sum,
+        second_sum=not args.whole_past_fold,
     )
 
 

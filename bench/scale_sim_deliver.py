@@ -112,9 +112,9 @@ class Delivering:
 
     def _fetch_shards(self, published: Published, members: list[SimNode], now: float) -> None:
         """Each live member's `group-slice` answer for another group's update, as real nodes
-        (--group-shard-fetch) cut it: the update's fields and every shard overlapping the
-        member's slice of the model (its rank in the sorted live members), whole; exactly its
-        slice with `shard_round_aligned` (bench.scale_sim_wire). A folded update
+        (--group-shard-fetch) cut it: the update's fields and exactly the member's slice of
+        the model (its rank in the sorted live members; the chunk grid since session 27:
+        bench.scale_sim_wire). A folded update
         (`fold_own`) is asked of each shard's holders (bench.scale_sim_levers)."""
         update = published.update
         shards = update.num_shards
@@ -124,9 +124,7 @@ class Delivering:
                 start, end = cut(self.numel, g)[rank]
                 self._from_holders(node, published, start, end, "slices", now)
                 continue
-            payload = wire.slice_payload(
-                self.codec, self.numel, shards, g, rank, self.config.shard_round_aligned
-            )
+            payload = wire.slice_payload(self.codec, self.numel, shards, g, rank)
             self._receive(node, "slices", meta + payload)
 
     def _deliver(self, until: float) -> None:

@@ -56,11 +56,6 @@ class SimConfig:
     its whole part (bf16) to every other member, and every node fetches each other group's
     whole update once (bf16), with no all-gather. False: the design's reduce-scatter, shard
     fetches and all-gather. Only the bytes differ; timings are the design's either way."""
-    shard_round_aligned: bool = False
-    """With `scatter` (not `wired`): False counts what a member fetches of each incoming
-    update as real nodes cut it (every shard of the update that overlaps its slice, whole:
-    up to twice its slice when the other group's split differs); True counts exactly its
-    slice (merge.group_chunks' aligned chunks, not wired: an option, not today's wire)."""
     sums_width: int = 4
     """With `scatter` (not `wired`): bytes per value of the fetch round's weighted sums, 4 as
     real nodes send them (fp32, session 24); 2 counts bf16 sums (the option session 24 left:
@@ -81,11 +76,12 @@ class SimConfig:
     fold_own_replicas: int = 1
     """With `fold_own`: members holding each reduced shard (its reducer and the next r - 1
     included members, sent the shard inside the round)."""
-    second_sum: bool = False
+    second_sum: bool = True
     """With `scatter` (not `wired`): the updates past a Delayed Nesterov fold inside a fetch
     round go into a second (or third) weighted sum of the same round (`decide` without
     `until_fold`: merge.shard_round_replay `combos_of` takes at most 3, the wire's
-    MAX_SUMS) instead of being fetched whole (session 27; not wired)."""
+    MAX_SUMS), as real nodes do since session 27 (second27); False counts them fetched whole
+    by every member, as sessions 18-26 did (`bench.scale --whole-past-fold`)."""
 
     def __post_init__(self) -> None:
         if self.sums_width not in (2, 4):

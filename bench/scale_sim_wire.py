@@ -41,16 +41,11 @@ def slice_values(numel: int, g: int, rank: int) -> int:
     return end - start
 
 
-def slice_payload(
-    codec: Codec, numel: int, num_shards: int, g: int, rank: int, aligned: bool = True
-) -> int:
+def slice_payload(codec: Codec, numel: int, num_shards: int, g: int, rank: int) -> int:
     """The bytes of one member's (rank of g) slice of an update of `num_shards` shards beside
     the answer's fields (`slice_meta`): exactly its slice (the chunk grid, session 27), and
     per shard it meets its index, the piece's length and the shard's chunk digests (JSON hex
-    strings). `aligned`: the caller's flag (bench.scale --aligned, SimConfig
-    `shard_round_aligned`), which no longer chooses anything: since session 27 every slice
-    is exact on the wire, and session 26's whole shards are counted on its commit only."""
-    del aligned
+    strings). Session 26's overlapping whole shards are counted on its commits only."""
     start, end = aligned_bounds(numel, g)[rank]
     bounds = aligned_bounds(numel, num_shards)
     return codec.payload_bytes(end - start) + pieces_extra(

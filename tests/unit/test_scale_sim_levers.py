@@ -28,6 +28,7 @@ CALM = SimConfig(
     scatter=True,
     group_size=4,
     balanced=True,
+    second_sum=False,  # each lever against session 26's count; tests turn it on
 )
 G, GROUPS = 4, 4
 
