@@ -166,13 +166,17 @@ def test_three_nodes_train_together_a_straggler_delays_nobody_and_they_survive_t
 
     bootstrap, b, c = nodes
     bootstrap.kill()  # kill -9 of the first node's main process
+    # The newcomer starts at once (through b, not the dead bootstrap): its start-up (~5-10 s
+    # of imports and its DHT member) runs while the two left show they train on without the
+    # bootstrap, which it does not change: each of them merges the other's updates after the
+    # kill whoever else joins.
+    newcomer = launch(*RUN, "--peers", b.maddrs[0], name="node3")
     assert bootstrap.leftover_processes() == [], "its DHT process and p2pd must not outlive it"
     last_b = max(e["seq"] for e in merged_from(c, b.peer_id))
     last_c = max(e["seq"] for e in merged_from(b, c.peer_id))
     wait_merged(c, b.peer_id, after_seq=last_b + 2)
     wait_merged(b, c.peer_id, after_seq=last_c + 2)
 
-    newcomer = launch(*RUN, "--peers", b.maddrs[0], name="node3")
     downloaded = newcomer.wait_for_event("state_downloaded", START_S)
     assert downloaded["num_applied"] > 0 and downloaded["megabytes"] > 1
     # It judges and sizes the next updates by its donor's windows, not empty ones.
