@@ -64,17 +64,41 @@ def _no_merge(grouping: Grouping) -> bool:
 def test_churn_within_the_margin_never_changes_the_number_of_groups(n: int, churn: int) -> None:
     bits = POLICY.bits_for(n)
     config = POLICY.config
-    lower = 2**bits * config.min_group_size * (1 - config.hysteresis)
-    upper = 2 ** (bits + 1) * config.min_group_size * (1 + config.hysteresis)
+    lower = POLICY.peers_at(bits) * (1 - config.hysteresis)
+    upper = POLICY.peers_at(bits + 1) * (1 + config.hysteresis)
     if lower <= n + churn < upper:
         assert POLICY.bits_for(n + churn, bits) == bits
 
 
-@pytest.mark.parametrize(("n", "learners"), [(1, 1), (8, 1), (15, 1), (16, 2), (64, 8), (1000, 32)])
+@pytest.mark.parametrize(
+    ("n", "learners"),
+    [(1, 1), (8, 1), (15, 1), (16, 2), (64, 8), (256, 16), (511, 16), (512, 32), (1000, 32)],
+)
 def test_the_swarm_has_a_dozen_to_a_few_dozen_learners_not_n(n: int, learners: int) -> None:
     grouping = POLICY.decide(MembershipView.of(0, PEERS[:n]))
     assert grouping.num_learners == learners
     assert min(len(m) for m in grouping.members.values()) >= 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, 20000),
+    st.sampled_from([3, 4, 8, 16]),
+    st.integers(0, 8),
+    st.integers(0, 8),
+)
+def test_a_group_holds_at_least_half_as_many_peers_as_there_are_groups(
+    n: int, size: int, max_bits: int, previous: int
+) -> None:
+    """On average, from any previous split (a shrinking swarm keeps a split down to the
+    hysteresis margin): a member's slices of the other groups' updates stay about one
+    update's bytes (GroupingPolicy.group_floor)."""
+    policy = GroupingPolicy("run-a", GroupingConfig(min_group_size=size, max_bits=max_bits))
+    for bits in (policy.bits_for(n), policy.bits_for(n, previous)):
+        assert 0 <= bits <= max_bits
+        assert bits == 0 or n / 2**bits >= 2**bits / 2 * (1 - policy.config.hysteresis)
+    target = policy.bits_for(n)
+    assert target == 0 or n / 2**target >= max(size, 2**target / 2)
 
 
 def test_a_thousand_peers_form_groups_of_about_n_over_32() -> None:
