@@ -88,7 +88,7 @@ def compact_meta(update: GroupUpdate) -> dict[str, object] | None:
     headers = update.contributions
     if not headers or not all(_compactable(h, headers[0]) for h in headers):
         return None
-    shards = [_raw_digest(d) for d in update.shard_digests]
+    shards = [raw_digest(d) for d in update.shard_digests]
     if any(d is None for d in shards) or any(
         len(c) != SIGNATURE_BYTES for c in update.cosignatures
     ):
@@ -99,7 +99,7 @@ def compact_meta(update: GroupUpdate) -> dict[str, object] | None:
         "authors": [index.get(h.author, h.author) for h in headers],
         **{column: [getattr(h, name) for h in headers] for column, name in OWN_FIELDS.items()},
         "norms": [h.norm for h in headers],
-        "digests": _b64(_raw_digest(h.digest) for h in headers),
+        "digests": _b64(raw_digest(h.digest) for h in headers),
         "signatures": _b64(h.signature for h in headers),
         "shards": _b64(shards),
         "cosignatures": _b64(update.cosignatures),
@@ -116,11 +116,11 @@ def _compactable(header: ContributionHeader, first: ContributionHeader) -> bool:
         all(type(getattr(header, name)) is kind for name, kind in kinds)
         and all(getattr(header, name) == getattr(first, name) for name in ROUND_FIELDS)
         and len(header.signature) == SIGNATURE_BYTES
-        and _raw_digest(header.digest) is not None
+        and raw_digest(header.digest) is not None
     )
 
 
-def _raw_digest(digest: object) -> bytes | None:
+def raw_digest(digest: object) -> bytes | None:
     """The 32 bytes a digest is the lowercase hex of, or None."""
     if not isinstance(digest, str) or len(digest) != 2 * DIGEST_BYTES:
         return None
@@ -184,8 +184,8 @@ def _of_compact(meta: dict[str, Any], aggregate: torch.Tensor) -> GroupUpdate:
     columns = [meta[column] for column in (*OWN_FIELDS, "norms")]
     if not all(isinstance(c, list) and len(c) == len(authors) for c in columns):
         raise ValueError("a column of another length")
-    digests = _pieces(meta["digests"], DIGEST_BYTES, len(authors))
-    signatures = _pieces(meta["signatures"], SIGNATURE_BYTES, len(authors))
+    digests = fixed_pieces(meta["digests"], DIGEST_BYTES, len(authors))
+    signatures = fixed_pieces(meta["signatures"], SIGNATURE_BYTES, len(authors))
     headers = tuple(
         parse_header(
             dict(zip(ROUND_FIELDS, shared, strict=True))
@@ -197,8 +197,8 @@ def _of_compact(meta: dict[str, Any], aggregate: torch.Tensor) -> GroupUpdate:
             authors, *columns, digests, signatures, strict=True
         )
     )
-    shards = tuple(d.hex() for d in _pieces(meta["shards"], DIGEST_BYTES, None))
-    cosignatures = tuple(_pieces(meta["cosignatures"], SIGNATURE_BYTES, None))
+    shards = tuple(d.hex() for d in fixed_pieces(meta["shards"], DIGEST_BYTES, None))
+    cosignatures = tuple(fixed_pieces(meta["cosignatures"], SIGNATURE_BYTES, None))
     return GroupUpdate(headers, shards, cosignatures, aggregate, members)
 
 
@@ -211,7 +211,7 @@ def _author(author: object, members: tuple[str, ...]) -> object:
     return author
 
 
-def _pieces(text: object, width: int, count: int | None) -> list[bytes]:
+def fixed_pieces(text: object, width: int, count: int | None) -> list[bytes]:
     """`count` (any up to MAX_MEMBERS: None) pieces of `width` bytes from their base64."""
     limit = 4 * (width * MAX_MEMBERS + 2) // 3 + 4
     if not isinstance(text, str) or len(text) > limit:

@@ -41,6 +41,7 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
+from dht.grouping_fields import DIGEST_BYTES, fixed_pieces, raw_digest
 from dht.grouping_wire import MAX_COUNT, MAX_MEMBERS, MAX_TEXT, GroupMessageError
 from merge.shard_fetch import (
     MAX_CANDIDATES,
@@ -55,7 +56,6 @@ NAMED_HOLDERS = 2
 """Holders one proposal names per id (see the module's docstring)."""
 MAX_BASIS = MAX_STATES + MAX_CANDIDATES
 """Rows of a part Gram matrix at most: the state tensors, then the round's updates."""
-DIGEST_BYTES = 32
 _BLOCK_SIZES = {k * (k + 1) // 2 for k in range(1, MAX_STATES + 1)}
 
 # ---- part -----------------------------------------------------------------------------------
@@ -83,11 +83,11 @@ def part_of_body(body: dict[str, Any], num_updates: int) -> tuple[object, list[s
     size = _triangle_side(len(upper))
     if size is None or size > MAX_BASIS:
         raise GroupMessageError("wrong_size", "a part's triangle is no upper triangle")
-    raw = _unbase64(body.get("digests"), "a part's variants")
-    if len(raw) != DIGEST_BYTES * num_updates:
-        raise GroupMessageError("malformed", "a part's variants")
-    variants = [raw[k : k + DIGEST_BYTES].hex() for k in range(0, len(raw), DIGEST_BYTES)]
-    return _mirrored(upper, size), variants
+    try:
+        digests = fixed_pieces(body.get("digests"), DIGEST_BYTES, num_updates)
+    except ValueError:
+        raise GroupMessageError("malformed", "a part's variants") from None
+    return _mirrored(upper, size), [d.hex() for d in digests]
 
 
 def _mirrored(upper: Sequence[float], size: int) -> list[list[float]]:
@@ -243,9 +243,10 @@ def _floats(text: object, what: str) -> list[float]:
 
 
 def _digest_bytes(variant: str) -> bytes:
-    if len(variant) != 64 or variant != variant.lower():
+    raw = raw_digest(variant)
+    if raw is None:
         raise ValueError("a variant digest is 64 lowercase hex digits.")
-    return bytes.fromhex(variant)
+    return raw
 
 
 def _text(value: object) -> bool:
