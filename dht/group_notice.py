@@ -7,8 +7,9 @@ could name any round of any group, and a receiver outside the group handed the i
 gossip's catch-up, which wanted it from the notifier and counted it lost when nobody served it
 (up to 64 rounds past the highest known). Now:
 
-- **Signed** (`DGD2`): the notifier signs (run id, group key, epoch, round, included set) with
-  its node identity (Ed25519, `merge.identity`), as every header in merge/ is signed. A
+- **Signed** (`DGD2`; `DGD3` since session 28, below): the notifier signs (run id, group key,
+  epoch, round, included set) with its node identity (Ed25519, `merge.identity`), as every
+  header in merge/ is signed. A
   receiver checks the signature against the sender's peer id; an unsigned notice (`DGD1`, a
   node of session 13 or older) is refused and counted (`group_done_unsigned`): the two
   versions do not exchange notices (the update is still found by repair, as for a missed
@@ -30,6 +31,15 @@ gossip's catch-up, which wanted it from the notifier and counted it lost when no
   ignores the field), and a notice without it still parses. It is the sender's word all the
   same (the signer must be the stream's sender, whose peer id the transport authenticates),
   and the worst a false one does is one bounded fetch from that sender, counted.
+- **Versioned** (session 28, `DGD3`): since session 27 a variant's digest hashes chunk roots
+  (merge.group_chunks), where session 26's hashed shard digests of the values, so the same
+  round named by an old node names another variant here, and the update it leads to is
+  refused as `shard_mismatch` (dht.grouping_wire). A node sends `DGD3`, whose signed
+  statement carries the version (`diloco-group-done/3`: a `DGD2` notice relabelled `DGD3`
+  fails its signature); a `DGD2` notice (sessions 14-27: session 27's cannot be told from
+  session 26's) is refused as "old_version" (counted `group_done_old_version`), `DGD1` as
+  "unsigned". Nothing is lost by the refusal that a missed notice does not lose: the update
+  is still found by repair (dht.gossip_groups).
 """
 
 from __future__ import annotations
@@ -44,9 +54,11 @@ from dht.variant_fetches import is_digest
 from merge.group_update import SIGNATURE_BYTES
 from merge.identity import Identity, verify_signature
 
-NOTICE_MAGIC = b"DGD2"
+NOTICE_MAGIC = b"DGD3"
+OLD_MAGIC = b"DGD2"
+"""Sessions 14-27's signed notice: refused as "old_version"."""
 UNSIGNED_MAGIC = b"DGD1"
-_DOMAIN = b"diloco-group-done/2\n"
+_DOMAIN = b"diloco-group-done/3\n"
 ROUNDS_AHEAD = 1
 """How far past the highest group round this node knows of a notice may name a round."""
 
@@ -95,9 +107,12 @@ def notice_max_bytes() -> int:
 
 def decode_notice(blob: object) -> SignedDone:
     """An untrusted `group-done` blob's fields (not its signature: `notice_refusal` checks
-    that after the cheap checks); GroupMessageError ("unsigned", "malformed") otherwise."""
+    that after the cheap checks); GroupMessageError ("unsigned", "old_version", "malformed")
+    otherwise."""
     if isinstance(blob, bytes) and blob[:4] == UNSIGNED_MAGIC:
         raise GroupMessageError("unsigned", "an unsigned group-done notice (session 13 or older)")
+    if isinstance(blob, bytes) and blob[:4] == OLD_MAGIC:
+        raise GroupMessageError("old_version", "a group-done notice of session 27 or older")
     if not isinstance(blob, bytes) or blob[:4] != NOTICE_MAGIC:
         raise GroupMessageError("malformed", "not a group-done notice")
     try:

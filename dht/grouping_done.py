@@ -7,6 +7,10 @@ itself: dht.grouping_round; dht/group_exchange.py does the network):
   from one holder (the gossip's catch-up), not once per pushing member. Since session 26 it
   names its variant (`variant`, merge.group_equivocation.variant_digest): a node that holds
   another variant of the round fetches this one to form the proof (dht.variant_fetches).
+
+What travels is dht.group_notice's `SignedDone` (`DGD3` since session 28; older notices are
+refused there as "old_version" or "unsigned"). `Done.to_bytes` / `decode_done` (`DGD1`) are the
+unsigned notice of session 13: no node sends them since session 14, nor reads them from a peer.
 """
 
 from __future__ import annotations

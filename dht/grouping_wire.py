@@ -10,9 +10,21 @@ dht/group_exchange.py does the network):
   `GroupMessageError` with the reason the caller counts), never raising anything else.
 - `group-update`: a complete group update (its fields: its included members' signed
   headers, shard digests, co-signatures and member list, in dht.grouping_fields' compact form
-  since session 27, the full form of sessions 10-26 still read; then the aggregate), read the
-  same way (`decode_update`); its signatures are checked by whoever takes it, as every
-  replica does.
+  since session 27; then the aggregate), read the same way (`decode_update`); its signatures
+  are checked by whoever takes it, as every replica does.
+
+Versions of `group-update` (session 28). Since session 27 a shard digest is the root of its
+chunks' digests on the chunk grid (merge.group_chunks), where session 26 hashed the shard's
+values: a session 26 update has the same magic and fails every check as `shard_mismatch`,
+counted against an honest old peer as if hostile. So:
+
+- sent: `DGU3` (fp32 aggregate) or `DGU4` (bf16 aggregate), fields in either form;
+- read: those, and session 27's `DGU1` / `DGU2` whose fields are in the compact form (only
+  session 27 wrote it, and its shard digests are chunk roots: the same meaning);
+- refused as "old_version" (counted `group_update_old_version`, never parsed further):
+  `DGU1` / `DGU2` whose fields are in the full form (`headers`): what session 26 and every
+  release before it sent. A session 27 node sends the full form only for an update its
+  replicas refuse anyway (dht.grouping_fields), so no honest session 27 update is refused.
 
 The bounds every group message is read within, the error and a header's JSON are in
 dht.grouping_header; both are re-exported here.
@@ -64,6 +76,8 @@ __all__ = [
     "PART_MAGIC",
     "UPDATE_MAGIC",
     "GroupMessageError",
+    "S27_BF16_UPDATE_MAGIC",
+    "S27_UPDATE_MAGIC",
     "RoundId",
     "coded",
     "compact_meta",
@@ -88,9 +102,14 @@ _header_fields, _parse_header = header_fields, parse_header
 
 PART_MAGIC = b"DGP1"
 CODED_PART_MAGIC = b"DGP2"
-UPDATE_MAGIC = b"DGU1"
-BF16_UPDATE_MAGIC = b"DGU2"
+UPDATE_MAGIC = b"DGU3"
+BF16_UPDATE_MAGIC = b"DGU4"
 """A group update whose aggregate holds bf16 values (parts in bf16), sent in bf16."""
+S27_UPDATE_MAGIC = b"DGU1"
+S27_BF16_UPDATE_MAGIC = b"DGU2"
+"""Sessions 10-27's magics: read when the fields are compact (session 27), else "old_version"."""
+_BF16_MAGICS = (BF16_UPDATE_MAGIC, S27_BF16_UPDATE_MAGIC)
+_UPDATE_MAGICS = (UPDATE_MAGIC, S27_UPDATE_MAGIC, *_BF16_MAGICS)
 
 
 def part_max_bytes(numel: int) -> int:
@@ -202,24 +221,34 @@ def update_max_bytes(numel: int) -> int:
 
 def decode_update(blob: object, numel: int) -> GroupUpdate:
     """An untrusted group update's fields; its signatures, co-signatures and shards are
-    checked by whoever takes it (GroupUpdate.problem), as every replica does."""
-    if (
-        not isinstance(blob, bytes)
-        or len(blob) < 8
-        or blob[:4]
-        not in (
-            UPDATE_MAGIC,
-            BF16_UPDATE_MAGIC,
-        )
-    ):
+    checked by whoever takes it (GroupUpdate.problem), as every replica does. A form of
+    session 26 or older is GroupMessageError("old_version") (see the module's docstring)."""
+    if not isinstance(blob, bytes) or len(blob) < 8 or blob[:4] not in _UPDATE_MAGICS:
         raise GroupMessageError("malformed", "not a group update")
     (length,) = struct.unpack(">I", blob[4:8])
     if len(blob) < 8 + length:
         raise GroupMessageError("malformed", "a group update cut short")
-    update = update_of_meta(blob[8 : 8 + length], torch.empty(0))  # the fields first
+    raw = blob[8 : 8 + length]
+    if blob[:4] in (S27_UPDATE_MAGIC, S27_BF16_UPDATE_MAGIC) and not _compact(raw):
+        raise GroupMessageError("old_version", "a group update of session 26 or older")
+    update = update_of_meta(raw, torch.empty(0))  # the fields first
     body = blob[8 + length :]
-    aggregate = _fp32(body, numel) if blob[:4] == UPDATE_MAGIC else _bf16(body, numel)
+    aggregate = _bf16(body, numel) if blob[:4] in _BF16_MAGICS else _fp32(body, numel)
     return dataclasses.replace(update, aggregate=aggregate)
+
+
+def _compact(raw: bytes) -> bool:
+    """Whether an update's fields are in the compact form (a JSON object without `headers`,
+    the full form's key); "malformed" for what is not a JSON object within the bound."""
+    if len(raw) > MAX_FIELDS_BYTES:
+        raise GroupMessageError("malformed", f"an update's fields of {len(raw)} bytes")
+    try:
+        fields = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise GroupMessageError("malformed", "an update's fields are not JSON") from None
+    if not isinstance(fields, dict):
+        raise GroupMessageError("malformed", "an update's fields are not a JSON object")
+    return "headers" not in fields
 
 
 def _bf16(body: bytes, numel: int) -> torch.Tensor:

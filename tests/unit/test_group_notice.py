@@ -77,7 +77,7 @@ def test_an_unsigned_notice_is_refused() -> None:
 
 
 @pytest.mark.parametrize(
-    "blob", [b"", b"DGD2", b"DGD2{", b"DGD2[]", b"DGD2" + b'{"group_key": 1}', "text"]
+    "blob", [b"", b"DGD3", b"DGD3{", b"DGD3[]", b"DGD3" + b'{"group_key": 1}', "text"]
 )
 def test_a_malformed_notice_is_refused(blob: object) -> None:
     with pytest.raises(GroupMessageError) as exc:
