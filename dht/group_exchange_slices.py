@@ -21,13 +21,13 @@ from dht.group_exchange_reads import ExchangeReads
 from dht.grouping import member_check
 from dht.grouping_wire import GroupMessageError
 from dht.shard_fetch_inbox import Fallback
-from dht.shard_fetch_wire import (
-    decode_slice,
-    parse_slice_request,
-    slice_answer,
-    slice_max_bytes,
-    slice_request,
+from dht.shard_fetch_slices import (
+    decode_slice_answer,
+    holding_answer,
+    parse_slice_ask,
+    slice_ask,
 )
+from dht.shard_fetch_wire import slice_max_bytes
 from dht.swarm_config import REQUEST_READ_TIMEOUT_S
 from dht.transport import TransportError, receive_blob, send_blob, send_refusal
 from merge.group_pipeline import GroupMerge
@@ -42,6 +42,7 @@ from merge.shard_fetch import (
     slice_pieces_problem,
     variant_digest,
 )
+from merge.shard_holders import ShardHolding
 from merge.shard_member import MemberRound
 from merge.shard_round import Incoming, ShardRound
 
@@ -73,6 +74,7 @@ class SliceExchange(ExchangeReads):
         num_slices_reused: int
         _merge: GroupMerge | None
         _kept: OrderedDict[UpdateId, GroupUpdate]
+        _holdings: OrderedDict[UpdateId, ShardHolding]
         _slices: OrderedDict[tuple[UpdateId, int, int], tuple[GroupUpdate, torch.Tensor]]
         _reject: Callable[[str, str, str], None]
 
@@ -89,25 +91,44 @@ class SliceExchange(ExchangeReads):
         while len(self._kept) > MAX_KEPT_UPDATES:
             self._kept.popitem(last=False)
 
+    def keep_shards(self, uid: UpdateId, holding: ShardHolding) -> None:
+        """Some shards of a group update (checked when taken: merge.shard_holders), kept
+        (bounded) to serve the ranges they cover: what a shard holder of a folded round
+        serves (docs/scale.md, Session 28)."""
+        self._holdings[uid] = holding
+        self._holdings.move_to_end(uid)
+        while len(self._holdings) > MAX_KEPT_UPDATES:
+            self._holdings.popitem(last=False)
+
+    def _served(self, uid: UpdateId, start: int, end: int) -> ShardHolding | None:
+        """What this node answers [start, end) of `uid` from: the update whole, or held
+        shards that cover the range; None when neither."""
+        update = self._kept.get(uid)
+        if update is not None:
+            return ShardHolding.of_whole(update)
+        holding = self._holdings.get(uid)
+        return holding if holding is not None and holding.covers(start, end) else None
+
     async def rpc_slice(self, info: Any, reader: Any, writer: Any) -> None:
-        """Exactly the asked range of an update this node kept, with its fields and chunk
-        digests; a refusal when not kept, or asked by a session 26 peer ("old_version")."""
+        """Exactly the asked range of an update this node kept whole or holds the shards of,
+        with its chunk digests and its fields (none when the ask names this variant: session
+        28); a refusal when not held, or asked by a session 26 peer ("old_version")."""
         sender = str(info.peer_id)
         try:
             blob = await asyncio.wait_for(
                 receive_blob(reader, max_bytes=4096), REQUEST_READ_TIMEOUT_S
             )
             try:
-                uid, start, end = parse_slice_request(blob, self.numel)
+                uid, start, end, variant = parse_slice_ask(blob, self.numel)
             except GroupMessageError as exc:
                 if exc.reason == "old_version":
                     await send_refusal(writer, "old_version: this node serves slices of DSS2")
                 raise
-            update = self._kept.get(uid)
-            if update is None:
+            holding = self._served(uid, start, end)
+            if holding is None:
                 await send_refusal(writer, "not kept")
                 return
-            answer = await asyncio.to_thread(slice_answer, update, start, end)
+            answer = await asyncio.to_thread(holding_answer, holding, uid, start, end, variant)
             await send_blob(writer, answer)
         except GroupMessageError as exc:
             self._reject(f"group_slice_{exc.reason}", sender, str(exc))
@@ -174,16 +195,27 @@ class SliceExchange(ExchangeReads):
     async def _ask_slice(
         self, holder: str, uid: UpdateId, start: int, end: int
     ) -> tuple[GroupUpdate, torch.Tensor] | None:
+        got = await self._ask_pieces(holder, uid, start, end)
+        if got is None:
+            return None
+        return self._checked_slice(holder, uid, *got, start, end)
+
+    async def _ask_pieces(
+        self, holder: str, uid: UpdateId, start: int, end: int, known: GroupUpdate | None = None
+    ) -> tuple[GroupUpdate, SlicePieces] | None:
+        """[start, end) of `uid` as `holder` answers it, decoded (not checked yet); without
+        the update's fields when this node holds them (`known`, session 28)."""
         numel = self.numel
+        variant = None if known is None else variant_digest(known)
         try:
             blob = await self.network.exchange(
                 holder,
                 "group-slice",
-                slice_request(uid, start, end),
+                slice_ask(uid, start, end, variant),
                 max_bytes=slice_max_bytes(numel),
                 timeout_s=self.fetch_wait_s,
             )
-            update, pieces = decode_slice(blob, numel)
+            update, pieces = decode_slice_answer(blob, numel, uid, known)
         except GroupMessageError as exc:
             self._reject(f"group_slice_{exc.reason}", holder, str(exc))
             return None
@@ -191,7 +223,7 @@ class SliceExchange(ExchangeReads):
             logger.info("slice of %s from %s failed: %r", uid, holder, exc)
             return None
         self._received("slice", holder, len(blob))
-        return self._checked_slice(holder, uid, update, pieces, start, end)
+        return update, pieces
 
     def _checked_slice(
         self,
