@@ -18,6 +18,7 @@ once (a whole fetch carries them once too) and each shard once.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -26,8 +27,15 @@ import torch
 from dht.group_exchange_reads import ExchangeReads
 from dht.grouping import member_check
 from merge.group_update import GroupUpdate
-from merge.shard_fetch import SlicePieces, UpdateId, variant_digest
-from merge.shard_holders import ShardAssembly, shard_holders
+from merge.shard_fetch import (
+    SlicePieces,
+    UpdateId,
+    joined_slice,
+    slice_pieces_problem,
+    variant_digest,
+    wanted_pieces,
+)
+from merge.shard_holders import ShardAssembly, ShardHolding, shard_holders
 
 if TYPE_CHECKING:
     from merge.identity import Identity
@@ -44,6 +52,7 @@ class AssemblyExchange(ExchangeReads):
         numel: int
         shard_fetch: bool
         num_assembled: int
+        _holdings: OrderedDict[UpdateId, ShardHolding]
         _reject: Callable[[str, str, str], None]
 
         async def _ask_pieces(
@@ -85,6 +94,61 @@ class AssemblyExchange(ExchangeReads):
         self.num_assembled += 1
         return whole
 
+    async def _slice_by_shards(
+        self, uid: UpdateId, holders: Sequence[str], start: int, end: int
+    ) -> tuple[GroupUpdate, torch.Tensor] | None:
+        """[start, end) of `uid` put together from the shards it meets: those held here, the
+        rest from each shard's holders (its reducer, then the next included member, then
+        `holders`), asked without the fields, each piece checked against its shard's
+        co-signed chunk root; None when a shard has no holder that serves it. What a fetch
+        round's member does when no holder serves its slice whole (a folded round's update:
+        its holders hold shards; with churn, its own slice is not its own shard)."""
+        local = self._holdings.get(uid)
+        fields = local.fields if local is not None else await self._fields(uid, holders)
+        if fields is None:
+            return None
+        pieces: dict[int, tuple[tuple[str, ...], torch.Tensor]] = {}
+        for shard, a, b in wanted_pieces(fields.num_shards, self.numel, start, end):
+            if local is not None and shard in local.shards:
+                ((_, piece, digests),) = local.pieces(a, b)
+                pieces[shard] = (digests, piece)
+                continue
+            asked = dict.fromkeys([*shard_holders(fields, shard), *holders])
+            for holder in asked:
+                if holder == self.identity.peer_id:
+                    continue
+                got = await self._piece_of(fields, holder, uid, shard, a, b)
+                if got is not None:
+                    pieces[shard] = got
+                    break
+            else:
+                logger.info("slice of %s: no holder served shard %d", uid, shard)
+                return None
+        problem = slice_pieces_problem(fields, pieces, self.numel, start, end)
+        if problem is not None:  # every piece checked: a bug if it ever fails
+            logger.warning("slice of %s from shards refused: %s", uid, problem)
+            return None
+        return fields, joined_slice(pieces)
+
+    async def _piece_of(
+        self, fields: GroupUpdate, holder: str, uid: UpdateId, shard: int, a: int, b: int
+    ) -> tuple[tuple[str, ...], torch.Tensor] | None:
+        """[a, b) of shard `shard` from `holder`, checked (a counted rejection else); None
+        from a holder of another variant (not counted) or one that does not serve it."""
+        got = await self._ask_pieces(holder, uid, a, b, known=fields)
+        if got is None or variant_digest(got[0]) != variant_digest(fields):
+            return None
+        pieces = got[1]
+        if set(pieces) != {shard}:
+            self._reject("group_slice_shard_index", holder, f"{uid} shard {shard}")
+            return None
+        digests, piece = pieces[shard]
+        problem = fields.slice_problem(shard, digests, a, piece, self.numel)
+        if problem is not None:
+            self._reject(f"group_slice_{problem}", holder, f"{uid} shard {shard}")
+            return None
+        return digests, piece
+
     async def _fields(self, uid: UpdateId, holders: Sequence[str]) -> GroupUpdate | None:
         """The update's fields from the first holder that serves them, their headers checked
         (a counted rejection else)."""
@@ -109,19 +173,7 @@ class AssemblyExchange(ExchangeReads):
         shard: int,
         bounds: tuple[int, int],
     ) -> bool:
-        """Shard `shard` from `holder`, kept when it checks; False: the next holder. A holder
-        of another variant (it answered with other fields) is skipped, not counted: two
-        honest variants of one round both have holders."""
-        got = await self._ask_pieces(holder, uid, *bounds, known=assembly.fields)
-        if got is None:
-            return False
-        fields, pieces = got
-        if variant_digest(fields) != variant_digest(assembly.fields):
-            return False
-        if set(pieces) != {shard}:
-            self._reject("group_slice_shard_index", holder, f"{uid} shard {shard}")
-            return False
-        problem = assembly.take(shard, *pieces[shard])
-        if problem is not None:
-            self._reject(f"group_slice_{problem}", holder, f"{uid} shard {shard}")
-        return problem is None
+        """Shard `shard` from `holder`, kept when it checks (`_piece_of`); False: the next
+        holder."""
+        got = await self._piece_of(assembly.fields, holder, uid, shard, *bounds)
+        return got is not None and assembly.take(shard, *got) is None

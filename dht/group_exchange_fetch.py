@@ -137,6 +137,8 @@ class FetchExchange(FetchCandidates, SliceExchange, AssemblyExchange, ClassReali
         """Checked slices by (update, start, end), kept (bounded) for the next round."""
         self.num_slices_reused = 0
         self.num_assembled = 0
+        self.num_slices_held = 0
+        """Slices a fetch round took from shards held here (a folded round's own: Session 28)."""
         """Whole updates put together from their shards' holders (Session 28)."""
         self.num_state_differs = 0
         """Fetch rounds that fell back because members' replicas were at other states (at

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -72,6 +72,7 @@ class SliceExchange(ExchangeReads):
         shard_fetch: bool
         fetch_wait_s: float
         num_slices_reused: int
+        num_slices_held: int
         _merge: GroupMerge | None
         _kept: OrderedDict[UpdateId, GroupUpdate]
         _holdings: OrderedDict[UpdateId, ShardHolding]
@@ -79,6 +80,9 @@ class SliceExchange(ExchangeReads):
         _reject: Callable[[str, str, str], None]
 
         def _applied(self, uid: UpdateId) -> bool: ...
+        async def _slice_by_shards(
+            self, uid: UpdateId, holders: Sequence[str], start: int, end: int
+        ) -> tuple[GroupUpdate, torch.Tensor] | None: ...
 
     # ---- kept updates, served ------------------------------------------------------------
 
@@ -167,19 +171,29 @@ class SliceExchange(ExchangeReads):
     async def _fetch_one(
         self, uid: UpdateId, holders: tuple[str, ...], start: int, end: int
     ) -> tuple[GroupUpdate, torch.Tensor]:
-        """The update's fields and this member's slice of it: kept from an earlier round, or
-        from the first holder that serves shards that check; Fallback when none does."""
+        """The update's fields and this member's slice of it: kept from an earlier round,
+        held here (shards this node holds that cover it: a folded round's own shard), from the
+        first holder that serves it whole, or put together from the holders of the shards it
+        meets (Session 28); Fallback when none does."""
         key = (uid, start, end)
         kept = self._slices.get(key)
         if kept is not None:
             self.num_slices_reused += 1
             return kept
+        local = self._holdings.get(uid)
+        if local is not None and local.covers(start, end):
+            self.num_slices_held += 1
+            return local.fields, torch.cat([p for _, p, _ in local.pieces(start, end)])
         for holder in holders:
             got = await self._ask_slice(holder, uid, start, end)
             if got is not None:
                 self._keep_slice(key, got)
                 return got
-        raise Fallback("fetch_failed")
+        got = await self._slice_by_shards(uid, holders, start, end)
+        if got is None:
+            raise Fallback("fetch_failed")
+        self._keep_slice(key, got)
+        return got
 
     def _keep_slice(
         self, key: tuple[UpdateId, int, int], got: tuple[GroupUpdate, torch.Tensor]
