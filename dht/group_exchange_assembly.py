@@ -64,6 +64,11 @@ class AssemblyExchange(ExchangeReads):
             known: GroupUpdate | None = None,
         ) -> tuple[GroupUpdate, SlicePieces] | None: ...
 
+    async def assemble(self, uid: UpdateId, holders: Sequence[str]) -> GroupUpdate | None:
+        """`_assembled`, for the gossip's catch-up (dht.gossip_fetch `Fetcher.assemble`): a
+        peer that refused the update whole may hold some of its shards."""
+        return await self._assembled(uid, holders)
+
     async def _assembled(self, uid: UpdateId, holders: Sequence[str]) -> GroupUpdate | None:
         """`uid` whole from its shards' holders (None: no fields, or a shard no live holder
         served); only where slices are served (--group-shard-fetch)."""
