@@ -62,6 +62,7 @@ class AssemblyExchange(ExchangeReads):
             start: int,
             end: int,
             known: GroupUpdate | None = None,
+            unreachable: set[str] | None = None,
         ) -> tuple[GroupUpdate, SlicePieces] | None: ...
 
     async def assemble(self, uid: UpdateId, holders: Sequence[str]) -> GroupUpdate | None:
@@ -74,7 +75,8 @@ class AssemblyExchange(ExchangeReads):
         served); only where slices are served (--group-shard-fetch)."""
         if not self.shard_fetch:
             return None
-        fields = await self._fields(uid, holders)
+        gone: set[str] = set()
+        fields = await self._fields(uid, holders, gone)
         if fields is None:
             return None
         assembly = ShardAssembly(fields, self.numel)
@@ -85,9 +87,9 @@ class AssemblyExchange(ExchangeReads):
                 continue  # an empty shard (a model smaller than its group's chunks)
             asked = dict.fromkeys([*shard_holders(fields, shard), *holders])
             for holder in asked:
-                if holder == self.identity.peer_id:
+                if holder == self.identity.peer_id or holder in gone:
                     continue
-                if await self._take_shard(assembly, holder, uid, shard, bounds[shard]):
+                if await self._take_shard(assembly, holder, uid, shard, bounds[shard], gone):
                     break
             else:
                 logger.info("update %s: no holder served shard %d", uid, shard)
@@ -100,7 +102,12 @@ class AssemblyExchange(ExchangeReads):
         return whole
 
     async def _slice_by_shards(
-        self, uid: UpdateId, holders: Sequence[str], start: int, end: int
+        self,
+        uid: UpdateId,
+        holders: Sequence[str],
+        start: int,
+        end: int,
+        unreachable: set[str] | None = None,
     ) -> tuple[GroupUpdate, torch.Tensor] | None:
         """[start, end) of `uid` put together from the shards it meets: those held here, the
         rest from each shard's holders (its reducer, then the next included member, then
@@ -108,8 +115,9 @@ class AssemblyExchange(ExchangeReads):
         co-signed chunk root; None when a shard has no holder that serves it. What a fetch
         round's member does when no holder serves its slice whole (a folded round's update:
         its holders hold shards; with churn, its own slice is not its own shard)."""
+        gone = set() if unreachable is None else unreachable
         local = self._holdings.get(uid)
-        fields = local.fields if local is not None else await self._fields(uid, holders)
+        fields = local.fields if local is not None else await self._fields(uid, holders, gone)
         if fields is None:
             return None
         pieces: dict[int, tuple[tuple[str, ...], torch.Tensor]] = {}
@@ -120,9 +128,9 @@ class AssemblyExchange(ExchangeReads):
                 continue
             asked = dict.fromkeys([*shard_holders(fields, shard), *holders])
             for holder in asked:
-                if holder == self.identity.peer_id:
+                if holder == self.identity.peer_id or holder in gone:
                     continue
-                got = await self._piece_of(fields, holder, uid, shard, a, b)
+                got = await self._piece_of(fields, holder, uid, shard, a, b, gone)
                 if got is not None:
                     pieces[shard] = got
                     break
@@ -136,11 +144,18 @@ class AssemblyExchange(ExchangeReads):
         return fields, joined_slice(pieces)
 
     async def _piece_of(
-        self, fields: GroupUpdate, holder: str, uid: UpdateId, shard: int, a: int, b: int
+        self,
+        fields: GroupUpdate,
+        holder: str,
+        uid: UpdateId,
+        shard: int,
+        a: int,
+        b: int,
+        unreachable: set[str] | None = None,
     ) -> tuple[tuple[str, ...], torch.Tensor] | None:
         """[a, b) of shard `shard` from `holder`, checked (a counted rejection else); None
         from a holder of another variant (not counted) or one that does not serve it."""
-        got = await self._ask_pieces(holder, uid, a, b, known=fields)
+        got = await self._ask_pieces(holder, uid, a, b, known=fields, unreachable=unreachable)
         if got is None or variant_digest(got[0]) != variant_digest(fields):
             return None
         pieces = got[1]
@@ -154,12 +169,16 @@ class AssemblyExchange(ExchangeReads):
             return None
         return digests, piece
 
-    async def _fields(self, uid: UpdateId, holders: Sequence[str]) -> GroupUpdate | None:
+    async def _fields(
+        self, uid: UpdateId, holders: Sequence[str], unreachable: set[str]
+    ) -> GroupUpdate | None:
         """The update's fields from the first holder that serves them, their headers checked
-        (a counted rejection else)."""
+        (a counted rejection else); holders in `unreachable` are not asked."""
         in_group = member_check(self.run_id, uid[0])
         for holder in holders:
-            got = await self._ask_pieces(holder, uid, 0, 0)
+            if holder in unreachable:
+                continue
+            got = await self._ask_pieces(holder, uid, 0, 0, unreachable=unreachable)
             if got is None:
                 continue
             fields, pieces = got
@@ -177,8 +196,9 @@ class AssemblyExchange(ExchangeReads):
         uid: UpdateId,
         shard: int,
         bounds: tuple[int, int],
+        unreachable: set[str],
     ) -> bool:
         """Shard `shard` from `holder`, kept when it checks (`_piece_of`); False: the next
         holder."""
-        got = await self._piece_of(assembly.fields, holder, uid, shard, *bounds)
+        got = await self._piece_of(assembly.fields, holder, uid, shard, *bounds, unreachable)
         return got is not None and assembly.take(shard, *got) is None

@@ -20,6 +20,7 @@ from dht.budget import StreamLimits
 from dht.group_exchange_reads import ExchangeReads
 from dht.grouping import member_check
 from dht.grouping_wire import GroupMessageError
+from dht.resumable import is_refusal
 from dht.shard_fetch_inbox import Fallback
 from dht.shard_fetch_slices import (
     decode_slice_answer,
@@ -81,7 +82,12 @@ class SliceExchange(ExchangeReads):
 
         def _applied(self, uid: UpdateId) -> bool: ...
         async def _slice_by_shards(
-            self, uid: UpdateId, holders: Sequence[str], start: int, end: int
+            self,
+            uid: UpdateId,
+            holders: Sequence[str],
+            start: int,
+            end: int,
+            unreachable: set[str] | None = None,
         ) -> tuple[GroupUpdate, torch.Tensor] | None: ...
 
     # ---- kept updates, served ------------------------------------------------------------
@@ -184,12 +190,16 @@ class SliceExchange(ExchangeReads):
         if local is not None and local.covers(start, end):
             self.num_slices_held += 1
             return local.fields, torch.cat([p for _, p, _ in local.pieces(start, end)])
+        unreachable: set[str] = set()
         for holder in holders:
-            got = await self._ask_slice(holder, uid, start, end)
+            got = await self._ask_slice(holder, uid, start, end, unreachable)
             if got is not None:
                 self._keep_slice(key, got)
                 return got
-        got = await self._slice_by_shards(uid, holders, start, end)
+        reached = [h for h in holders if h not in unreachable]  # they hold some shards, or none
+        if local is None and not reached:
+            raise Fallback("fetch_failed")
+        got = await self._slice_by_shards(uid, reached, start, end, unreachable)
         if got is None:
             raise Fallback("fetch_failed")
         self._keep_slice(key, got)
@@ -207,18 +217,26 @@ class SliceExchange(ExchangeReads):
             self._slices.popitem(last=False)
 
     async def _ask_slice(
-        self, holder: str, uid: UpdateId, start: int, end: int
+        self, holder: str, uid: UpdateId, start: int, end: int, unreachable: set[str] | None = None
     ) -> tuple[GroupUpdate, torch.Tensor] | None:
-        got = await self._ask_pieces(holder, uid, start, end)
+        got = await self._ask_pieces(holder, uid, start, end, unreachable=unreachable)
         if got is None:
             return None
         return self._checked_slice(holder, uid, *got, start, end)
 
     async def _ask_pieces(
-        self, holder: str, uid: UpdateId, start: int, end: int, known: GroupUpdate | None = None
+        self,
+        holder: str,
+        uid: UpdateId,
+        start: int,
+        end: int,
+        known: GroupUpdate | None = None,
+        unreachable: set[str] | None = None,
     ) -> tuple[GroupUpdate, SlicePieces] | None:
         """[start, end) of `uid` as `holder` answers it, decoded (not checked yet); without
-        the update's fields when this node holds them (`known`, session 28)."""
+        the update's fields when this node holds them (`known`, session 28). A holder that
+        did not answer (not a refusal: unreachable, timed out) joins `unreachable`, which
+        the caller asks no more this time."""
         numel = self.numel
         variant = None if known is None else variant_digest(known)
         try:
@@ -235,6 +253,8 @@ class SliceExchange(ExchangeReads):
             return None
         except Exception as exc:  # refused, unreachable, timed out: the next holder
             logger.info("slice of %s from %s failed: %r", uid, holder, exc)
+            if unreachable is not None and not is_refusal(exc):
+                unreachable.add(holder)
             return None
         self._received("slice", holder, len(blob))
         return update, pieces

@@ -33,9 +33,11 @@ class Hub(Loopback):
         super().__init__()
         self.dead, self.bad = set(dead), bad
         self.answers: list[tuple[str, bytes]] = []
+        self.dead_asked = 0
 
     async def deliver(self, sender: str, peer: str, name: str, blob: bytes) -> bytes:
         if peer in self.dead:
+            self.dead_asked += 1
             raise ConnectionError(f"{peer} is gone")
         answer = await super().deliver(sender, peer, name, blob)
         if name == "group-slice" and len(answer) > HEADER.size:
@@ -94,6 +96,7 @@ def test_a_dead_reducer_s_shard_comes_from_the_next_included_member() -> None:
     assert isinstance(got, GroupUpdate) and torch.equal(got.aggregate, UPDATE.aggregate)
     second = shard_holders(UPDATE, 0)[1]
     assert (second, BARE_SLICE_MAGIC) in hub.answers
+    assert hub.dead_asked == 1  # not asked again for its shards once it did not answer
 
 
 def test_a_holder_serving_a_wrong_value_is_counted_and_the_other_holder_serves_it() -> None:
