@@ -15,6 +15,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.scale_sim_levers import SHARDS_ONLY, shards_only_framing
+from bench.scale_sim_levers import shard_holders as sim_holders
 from dht.grouping_wire import GroupMessageError
 from dht.shard_fetch_slices import (
     BARE_SLICE_MAGIC,
@@ -236,3 +238,15 @@ def test_an_assembly_refuses_a_shard_its_reducer_did_not_cosign() -> None:
     assert assembly.missing() == [0, 2, 3]
     with pytest.raises(ValueError):  # a holder keeps only shards it checked
         ShardHolding.of_shards(fields_of(update), numel, {1: tampered})
+
+
+def test_the_simulator_counts_a_fields_less_answer_and_the_holders_as_nodes_do() -> None:
+    update = _update(1000, 5, 4)
+    known = fields_of(update)
+    key, seq = "groups.0b01101", 123456
+    real = holding_answer(ShardHolding.of_whole(update), (key, seq), 0, 0, variant_digest(known))
+    assert real[:4] == BARE_SLICE_MAGIC
+    assert shards_only_framing(key, seq) == len(real) == SHARDS_ONLY
+    for replicas in (1, 2, 3):
+        expected = tuple(shard_holders(update, k, replicas) for k in range(update.num_shards))
+        assert sim_holders(update, replicas) == expected
