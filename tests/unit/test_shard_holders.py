@@ -250,3 +250,19 @@ def test_the_simulator_counts_a_fields_less_answer_and_the_holders_as_nodes_do()
     for replicas in (1, 2, 3):
         expected = tuple(shard_holders(update, k, replicas) for k in range(update.num_shards))
         assert sim_holders(update, replicas) == expected
+
+
+def test_an_update_smaller_than_its_group_has_empty_shards_taken_without_a_holder() -> None:
+    numel = 3
+    update = _update(numel, 5)
+    bounds = update.shard_bounds(numel)
+    assert [b - a for a, b in bounds] == [1, 1, 1, 0, 0]
+    assembly = ShardAssembly(fields_of(update), numel)
+    for k, (a, b) in enumerate(bounds):
+        if a == b:
+            assert assembly.take(k, (), torch.zeros(0)) is None  # what _assembled does
+            continue
+        (_, piece, digests) = ShardHolding.of_whole(update).pieces(a, b)[0]
+        assert assembly.take(k, digests, piece) is None
+    whole = assembly.whole(_everyone)
+    assert isinstance(whole, GroupUpdate) and torch.equal(whole.aggregate, update.aggregate)
