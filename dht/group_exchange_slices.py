@@ -235,8 +235,8 @@ class SliceExchange(ExchangeReads):
     ) -> tuple[GroupUpdate, SlicePieces] | None:
         """[start, end) of `uid` as `holder` answers it, decoded (not checked yet); without
         the update's fields when this node holds them (`known`, session 28). A holder that
-        did not answer (not a refusal: unreachable, timed out) joins `unreachable`, which
-        the caller asks no more this time."""
+        did not answer (not a refusal: unreachable, timed out) or answered what does not
+        decode joins `unreachable`, which the caller asks no more this time."""
         numel = self.numel
         variant = None if known is None else variant_digest(known)
         try:
@@ -250,6 +250,8 @@ class SliceExchange(ExchangeReads):
             update, pieces = decode_slice_answer(blob, numel, uid, known)
         except GroupMessageError as exc:
             self._reject(f"group_slice_{exc.reason}", holder, str(exc))
+            if unreachable is not None:  # counted once: not asked again this time
+                unreachable.add(holder)
             return None
         except Exception as exc:  # refused, unreachable, timed out: the next holder
             logger.info("slice of %s from %s failed: %r", uid, holder, exc)
