@@ -36,25 +36,19 @@ from collections.abc import Callable
 
 from bench import scale_sim_wire as wire
 from bench.scale_sim_state import Published, SimConfig, SimNode, SimReplica
-from dht.shard_fetch_wire import MAX_SUMS, SLICE_MAGIC
+from dht.shard_fetch_slices import BARE_SLICE_MAGIC
+from dht.shard_fetch_wire import MAX_SUMS
 from merge.codecs import Codec
 from merge.group_chunks import aligned_bounds
-from merge.group_plan import ShardPlan
 from merge.group_update import GroupUpdate
+from merge.shard_holders import shard_holders as holders_of
 
 
 def shard_holders(update: GroupUpdate, replicas: int) -> tuple[tuple[str, ...], ...]:
     """Who holds each reduced shard of `update` once its group folds it into the fetch round:
-    the shard's reducer (merge.group_plan `ShardPlan.reducers` for the included authors) and
-    the next `replicas` - 1 included members after it (sorted order, wrapping)."""
-    included = sorted({h.author for h in update.contributions})
-    reducers = ShardPlan.of(update.members).reducers(included)
-    out = []
-    for reducer in reducers:
-        first = included.index(reducer)
-        count = min(replicas, len(included))
-        out.append(tuple(included[(first + i) % len(included)] for i in range(count)))
-    return tuple(out)
+    merge.shard_holders' rule, as nodes derive it (the shard's reducer, then the next
+    `replicas` - 1 included members after it, sorted order, wrapping)."""
+    return tuple(holders_of(update, k, replicas) for k in range(update.num_shards))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -75,12 +69,15 @@ def _ranks(included: tuple[str, ...]) -> dict[str, int]:
     return {peer: i for i, peer in enumerate(sorted(included))}
 
 
-def shards_only_framing() -> int:
+def shards_only_framing(key: str = "groups.0b01101", seq: int = 123456) -> int:
     """A `group-slice` answer's bytes beside its tensors without the update's fields (what a
-    further holder of a folded update answers: dht.shard_fetch_wire `slice_answer`'s frame
-    with its "shards", "sizes" and "codec" alone; two shards of a 6-digit size)."""
-    meta = {"shards": [], "sizes": [], "digests": [], "codec": "bf16"}  # pieces: pieces_extra
-    return len(SLICE_MAGIC) + 4 + len(json.dumps(meta, separators=(",", ":")))
+    further holder of a folded update answers: dht.shard_fetch_slices' `DSS3`, naming the
+    update's id and variant; a key of 5 bits and a 6-digit seq)."""
+    meta = {
+        "id": [key, seq], "variant": "0" * 64,
+        "shards": [], "sizes": [], "digests": [], "codec": "bf16",
+    }  # fmt: skip  # pieces: pieces_extra
+    return len(BARE_SLICE_MAGIC) + 4 + len(json.dumps(meta, separators=(",", ":")))
 
 
 SHARDS_ONLY = shards_only_framing()

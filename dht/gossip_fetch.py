@@ -8,12 +8,13 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from dht.catchup import Fetch
 from dht.gossip_context import GossipContext
 from dht.gossip_groups import is_group_key, parse_fetched
 from dht.grouping import member_check
+from dht.grouping_wire import encode_update
 from dht.lesser_served import LesserServed
 from dht.reachability import path_rank
 from dht.resumable import fetch_resumable, is_refusal
@@ -58,6 +59,11 @@ class Fetcher:
         """Per author, whether the merge found it fresh after its latest update merged here."""
         self._refused: set[tuple[str, int]] = set()
         """Fetches in progress whose peer refused (not held): CatchUp asks it no more."""
+        self.assemble: Callable[[UpdateId, Sequence[str]], Awaitable[GroupUpdate | None]] | None = (
+            None
+        )
+        """A group update by its shards' holders where the asked peer holds it not whole
+        (dht.group_exchange_assembly `assemble`; set where slices are served)."""
         self.lesser_served = LesserServed()
         """Holders that served a group round's lesser variant where it is wanted here."""
         self._judging: set[str] = set()
@@ -135,6 +141,10 @@ class Fetcher:
         co-signature checked), retained and announced by this node's holder record."""
         ctx, uid = self._ctx, fetch.update_id
         data = await self._fetch_from(fetch.peer_id, fetch.author, fetch.seq, fetch.cause)
+        if data is None and uid in self._refused and self.assemble is not None:
+            # not held whole there: from its shards' holders, each shard checked (Session 28)
+            whole = await self.assemble(uid, [fetch.peer_id])
+            data = None if whole is None else encode_update(whole)
         parsed = None if data is None else parse_fetched(data, uid, ctx.replica.numel)
         if isinstance(parsed, str):
             ctx.reject(parsed, fetch.peer_id, "served a bad group update", update=False)

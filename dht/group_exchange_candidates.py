@@ -48,6 +48,7 @@ class FetchCandidates:
 
         async def _hold(self, update: GroupUpdate) -> None: ...
         def _spawn(self, coro: Any) -> None: ...
+        async def _assembled(self, uid: UpdateId, holders: Sequence[str]) -> GroupUpdate | None: ...
 
     # ---- candidates, held back and handed over ----------------------------------------------
 
@@ -206,4 +207,4 @@ class FetchCandidates:
             if isinstance(whole, GroupUpdate):
                 return whole
             self._reject(whole, holder, f"update {uid} fetched whole")
-        return None
+        return await self._assembled(uid, holders)  # no whole holder: from its shards

@@ -23,7 +23,7 @@ import asyncio
 import functools
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dht.budget import StreamLimits
@@ -68,6 +68,9 @@ class DoneExchange(ExchangeReads):
         async def _hold(self, update: GroupUpdate) -> None: ...
         def _spawn(self, coro: Any) -> None: ...
         def candidate(self, group_key: str, seq: int, holder: str) -> None: ...
+        async def _assembled(
+            self, uid: tuple[str, int], holders: Sequence[str]
+        ) -> GroupUpdate | None: ...
 
     applied_variant: Callable[[str, int], str | None] | None = None
     """(group key, seq) -> the digest of the variant this replica applied under that id, or
@@ -156,8 +159,8 @@ class DoneExchange(ExchangeReads):
         and counted against the sender)."""
         assert self._fetch is not None
         data = await self._fetch(sender, done.group_key, done.seq, **cause)
-        if data is None:
-            return None
+        if data is None:  # not served whole: from its shards' holders (Session 28)
+            return await self._assembled((done.group_key, done.seq), (sender,))
         try:
             return decode_update(data, self.numel)
         except GroupMessageError as exc:

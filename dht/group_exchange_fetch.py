@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from dht.budget import StreamLimits
+from dht.group_exchange_assembly import AssemblyExchange
 from dht.group_exchange_candidates import FetchCandidates
 from dht.group_exchange_realign import ClassRealignment
 from dht.group_exchange_slices import SLICE_LIMITS, SliceExchange
@@ -63,6 +64,7 @@ from merge.shard_fetch import (
     state_blocks,
     state_gap,
 )
+from merge.shard_holders import ShardHolding
 from merge.shard_member import MemberRound
 from merge.shard_round import state_tensors
 
@@ -84,7 +86,7 @@ liar: counted as a state that differs (`num_state_differs`), never against the p
 T = TypeVar("T")
 
 
-class FetchExchange(FetchCandidates, SliceExchange, ClassRealignment):
+class FetchExchange(FetchCandidates, SliceExchange, AssemblyExchange, ClassRealignment):
     """GroupExchange's shard fetch (see the module's docstring)."""
 
     if TYPE_CHECKING:  # what GroupExchange provides
@@ -121,6 +123,8 @@ class FetchExchange(FetchCandidates, SliceExchange, ClassRealignment):
         self._keys: OrderedDict[str, None] = OrderedDict()
         """Other group keys a notice was heard from (what a round's collection waits for)."""
         self._kept: OrderedDict[UpdateId, GroupUpdate] = OrderedDict()
+        self._holdings: OrderedDict[UpdateId, ShardHolding] = OrderedDict()
+        """Some shards of group updates this node holds to serve (Session 28)."""
         self._inboxes: dict[RoundId, Inbox] = {}
         self._held_inboxes: OrderedDict[RoundId, Inbox] = OrderedDict()
         self._one_round = asyncio.Lock()
@@ -132,6 +136,10 @@ class FetchExchange(FetchCandidates, SliceExchange, ClassRealignment):
         )
         """Checked slices by (update, start, end), kept (bounded) for the next round."""
         self.num_slices_reused = 0
+        self.num_assembled = 0
+        self.num_slices_held = 0
+        """Slices a fetch round took from shards held here (a folded round's own: Session 28)."""
+        """Whole updates put together from their shards' holders (Session 28)."""
         self.num_state_differs = 0
         """Fetch rounds that fell back because members' replicas were at other states (at
         the proposals, or at the part or sums checks): nobody's fault, no refusal counted."""

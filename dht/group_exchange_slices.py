@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -20,14 +20,15 @@ from dht.budget import StreamLimits
 from dht.group_exchange_reads import ExchangeReads
 from dht.grouping import member_check
 from dht.grouping_wire import GroupMessageError
+from dht.resumable import is_refusal
 from dht.shard_fetch_inbox import Fallback
-from dht.shard_fetch_wire import (
-    decode_slice,
-    parse_slice_request,
-    slice_answer,
-    slice_max_bytes,
-    slice_request,
+from dht.shard_fetch_slices import (
+    decode_slice_answer,
+    holding_answer,
+    parse_slice_ask,
+    slice_ask,
 )
+from dht.shard_fetch_wire import slice_max_bytes
 from dht.swarm_config import REQUEST_READ_TIMEOUT_S
 from dht.transport import TransportError, receive_blob, send_blob, send_refusal
 from merge.group_pipeline import GroupMerge
@@ -42,6 +43,7 @@ from merge.shard_fetch import (
     slice_pieces_problem,
     variant_digest,
 )
+from merge.shard_holders import ShardHolding
 from merge.shard_member import MemberRound
 from merge.shard_round import Incoming, ShardRound
 
@@ -71,12 +73,22 @@ class SliceExchange(ExchangeReads):
         shard_fetch: bool
         fetch_wait_s: float
         num_slices_reused: int
+        num_slices_held: int
         _merge: GroupMerge | None
         _kept: OrderedDict[UpdateId, GroupUpdate]
+        _holdings: OrderedDict[UpdateId, ShardHolding]
         _slices: OrderedDict[tuple[UpdateId, int, int], tuple[GroupUpdate, torch.Tensor]]
         _reject: Callable[[str, str, str], None]
 
         def _applied(self, uid: UpdateId) -> bool: ...
+        async def _slice_by_shards(
+            self,
+            uid: UpdateId,
+            holders: Sequence[str],
+            start: int,
+            end: int,
+            unreachable: set[str] | None = None,
+        ) -> tuple[GroupUpdate, torch.Tensor] | None: ...
 
     # ---- kept updates, served ------------------------------------------------------------
 
@@ -89,25 +101,44 @@ class SliceExchange(ExchangeReads):
         while len(self._kept) > MAX_KEPT_UPDATES:
             self._kept.popitem(last=False)
 
+    def keep_shards(self, uid: UpdateId, holding: ShardHolding) -> None:
+        """Some shards of a group update (checked when taken: merge.shard_holders), kept
+        (bounded) to serve the ranges they cover: what a shard holder of a folded round
+        serves (docs/scale.md, Session 28)."""
+        self._holdings[uid] = holding
+        self._holdings.move_to_end(uid)
+        while len(self._holdings) > MAX_KEPT_UPDATES:
+            self._holdings.popitem(last=False)
+
+    def _served(self, uid: UpdateId, start: int, end: int) -> ShardHolding | None:
+        """What this node answers [start, end) of `uid` from: the update whole, or held
+        shards that cover the range; None when neither."""
+        update = self._kept.get(uid)
+        if update is not None:
+            return ShardHolding.of_whole(update)
+        holding = self._holdings.get(uid)
+        return holding if holding is not None and holding.covers(start, end) else None
+
     async def rpc_slice(self, info: Any, reader: Any, writer: Any) -> None:
-        """Exactly the asked range of an update this node kept, with its fields and chunk
-        digests; a refusal when not kept, or asked by a session 26 peer ("old_version")."""
+        """Exactly the asked range of an update this node kept whole or holds the shards of,
+        with its chunk digests and its fields (none when the ask names this variant: session
+        28); a refusal when not held, or asked by a session 26 peer ("old_version")."""
         sender = str(info.peer_id)
         try:
             blob = await asyncio.wait_for(
                 receive_blob(reader, max_bytes=4096), REQUEST_READ_TIMEOUT_S
             )
             try:
-                uid, start, end = parse_slice_request(blob, self.numel)
+                uid, start, end, variant = parse_slice_ask(blob, self.numel)
             except GroupMessageError as exc:
                 if exc.reason == "old_version":
                     await send_refusal(writer, "old_version: this node serves slices of DSS2")
                 raise
-            update = self._kept.get(uid)
-            if update is None:
+            holding = self._served(uid, start, end)
+            if holding is None:
                 await send_refusal(writer, "not kept")
                 return
-            answer = await asyncio.to_thread(slice_answer, update, start, end)
+            answer = await asyncio.to_thread(holding_answer, holding, uid, start, end, variant)
             await send_blob(writer, answer)
         except GroupMessageError as exc:
             self._reject(f"group_slice_{exc.reason}", sender, str(exc))
@@ -146,19 +177,33 @@ class SliceExchange(ExchangeReads):
     async def _fetch_one(
         self, uid: UpdateId, holders: tuple[str, ...], start: int, end: int
     ) -> tuple[GroupUpdate, torch.Tensor]:
-        """The update's fields and this member's slice of it: kept from an earlier round, or
-        from the first holder that serves shards that check; Fallback when none does."""
+        """The update's fields and this member's slice of it: kept from an earlier round,
+        held here (shards this node holds that cover it: a folded round's own shard), from the
+        first holder that serves it whole, or put together from the holders of the shards it
+        meets (Session 28); Fallback when none does."""
         key = (uid, start, end)
         kept = self._slices.get(key)
         if kept is not None:
             self.num_slices_reused += 1
             return kept
+        local = self._holdings.get(uid)
+        if local is not None and local.covers(start, end):
+            self.num_slices_held += 1
+            return local.fields, torch.cat([p for _, p, _ in local.pieces(start, end)])
+        unreachable: set[str] = set()
         for holder in holders:
-            got = await self._ask_slice(holder, uid, start, end)
+            got = await self._ask_slice(holder, uid, start, end, unreachable)
             if got is not None:
                 self._keep_slice(key, got)
                 return got
-        raise Fallback("fetch_failed")
+        reached = [h for h in holders if h not in unreachable]  # they hold some shards, or none
+        if local is None and not reached:
+            raise Fallback("fetch_failed")
+        got = await self._slice_by_shards(uid, reached, start, end, unreachable)
+        if got is None:
+            raise Fallback("fetch_failed")
+        self._keep_slice(key, got)
+        return got
 
     def _keep_slice(
         self, key: tuple[UpdateId, int, int], got: tuple[GroupUpdate, torch.Tensor]
@@ -172,26 +217,49 @@ class SliceExchange(ExchangeReads):
             self._slices.popitem(last=False)
 
     async def _ask_slice(
-        self, holder: str, uid: UpdateId, start: int, end: int
+        self, holder: str, uid: UpdateId, start: int, end: int, unreachable: set[str] | None = None
     ) -> tuple[GroupUpdate, torch.Tensor] | None:
+        got = await self._ask_pieces(holder, uid, start, end, unreachable=unreachable)
+        if got is None:
+            return None
+        return self._checked_slice(holder, uid, *got, start, end)
+
+    async def _ask_pieces(
+        self,
+        holder: str,
+        uid: UpdateId,
+        start: int,
+        end: int,
+        known: GroupUpdate | None = None,
+        unreachable: set[str] | None = None,
+    ) -> tuple[GroupUpdate, SlicePieces] | None:
+        """[start, end) of `uid` as `holder` answers it, decoded (not checked yet); without
+        the update's fields when this node holds them (`known`, session 28). A holder that
+        did not answer (not a refusal: unreachable, timed out) or answered what does not
+        decode joins `unreachable`, which the caller asks no more this time."""
         numel = self.numel
+        variant = None if known is None else variant_digest(known)
         try:
             blob = await self.network.exchange(
                 holder,
                 "group-slice",
-                slice_request(uid, start, end),
+                slice_ask(uid, start, end, variant),
                 max_bytes=slice_max_bytes(numel),
                 timeout_s=self.fetch_wait_s,
             )
-            update, pieces = decode_slice(blob, numel)
+            update, pieces = decode_slice_answer(blob, numel, uid, known)
         except GroupMessageError as exc:
             self._reject(f"group_slice_{exc.reason}", holder, str(exc))
+            if unreachable is not None:  # counted once: not asked again this time
+                unreachable.add(holder)
             return None
         except Exception as exc:  # refused, unreachable, timed out: the next holder
             logger.info("slice of %s from %s failed: %r", uid, holder, exc)
+            if unreachable is not None and not is_refusal(exc):
+                unreachable.add(holder)
             return None
         self._received("slice", holder, len(blob))
-        return self._checked_slice(holder, uid, update, pieces, start, end)
+        return update, pieces
 
     def _checked_slice(
         self,

@@ -95,6 +95,7 @@ class NetworkSwarm:
             swarm.gossip.catchup.held_back = self._groups.held_back
             self._groups.realign = swarm.realign_from_class  # left out of a fetch round's class
             self._groups.applied_variant = self._applied_variant  # notices name their variant
+            swarm.gossip.fetcher.assemble = self._groups.assemble  # catch-up by shards (28)
 
     def _group_update(self, update: GroupUpdate) -> bool:
         """Another group's update (or one of this node's group it was left out of), pushed by

@@ -159,7 +159,9 @@ def test_a_slice_fetched_for_a_deferred_update_is_reused_by_the_next_round() -> 
         asked: list[tuple[str, int]] = []
         applied: set[tuple[str, int]] = set()
 
-        async def ask(holder: str, uid: tuple[str, int], start: int, end: int) -> tuple:
+        async def ask(
+            holder: str, uid: tuple[str, int], start: int, end: int, unreachable: object = None
+        ) -> tuple:
             asked.append(uid)
             return UPDATES[0], torch.zeros(end - start)
 
