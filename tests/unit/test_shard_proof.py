@@ -13,6 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dht.grouping_header import header_fields
 from dht.grouping_shards import (
     ReducedShard,
     ShardedRound,
@@ -20,8 +21,11 @@ from dht.grouping_shards import (
     decode_piece,
     decode_shard,
     encode_piece,
+    piece_frame_bytes,
+    shard_frame_bytes,
 )
 from dht.grouping_wire import MAX_MEMBERS, GroupMessageError
+from merge.codecs import get_codec
 from merge.group_shards import sharded_contribution
 from merge.group_update import RoundFields
 from merge.identity import Identity
@@ -183,3 +187,20 @@ def test_the_session_27_shard_is_refused_as_old_version(magic: bytes) -> None:
     with pytest.raises(GroupMessageError) as refused:
         decode_shard(magic + shard.to_bytes("bf16")[4:], NUMEL)
     assert refused.value.reason == "old_version"
+
+
+@pytest.mark.parametrize("codec", ["bf16", "fp32"])
+def test_the_frames_the_simulator_counts_are_the_encoders_bytes(codec: str) -> None:
+    """bench.scale_sim_reduce counts a piece as its frame, its header and its values, and a
+    reduced shard as its frame and its values: exactly what the encoders write."""
+    sender = _round(IDS[0])
+    header_json = json.dumps(header_fields(sender.header), sort_keys=True, separators=(",", ":"))
+    for shard, piece in enumerate(sender.pieces):
+        blob = encode_piece(sender.header, sender.digests, shard, piece, codec)
+        values = get_codec(codec).payload_bytes(piece.numel())
+        frame = piece_frame_bytes(sender.digests, shard, codec)
+        assert len(blob) == frame + len(header_json) + values
+    for included in (MEMBERS, MEMBERS[1:]):
+        shard = ReducedShard("groups.0b", 0, 2, included, 3, b"s" * 64, torch.ones(7), MEMBERS)
+        values = get_codec(codec).payload_bytes(7)
+        assert len(shard.to_bytes(codec)) == shard_frame_bytes(shard, codec) + values
