@@ -13,6 +13,7 @@ import torch
 
 from bench.scale_sim_state import SimConfig, SimNode, SimReplica
 from dht.grouping import Grouping, GroupingPolicy
+from dht.grouping_shards import ReducedShard, piece_frame_bytes, shard_frame_bytes
 from merge.codecs import Codec
 from merge.group_chunks import aligned_bounds, split
 from merge.group_shards import ShardedReduction, sharded_contribution
@@ -163,7 +164,7 @@ class Reducing:
         piece_bytes = [
             self.codec.payload_bytes(e - s) for s, e in aligned_bounds(self.numel, len(peers))
         ]
-        meta = 16 + 65 * plan.num_shards
+        meta: list[int] = []  # each shard's piece frame, the real encoder's (DGP5: a proof)
         header_bytes: list[int] = []
         delivered: set[tuple[str, int, str]] = set()
 
@@ -175,11 +176,16 @@ class Reducing:
             for shard, reducer in plan.sends(author, included):
                 if (author, shard, reducer) not in delivered:
                     delivered.add((author, shard, reducer))
-                    receive(reducer, piece_bytes[shard] + meta + header_bytes[-1])
+                    receive(reducer, piece_bytes[shard] + meta[shard] + header_bytes[-1])
 
         def all_gather() -> None:
             included = view.included
-            cosign = SIGNATURE_BYTES + 64 + sum(len(m) + 3 for m in included)
+            empty = torch.zeros(0)
+            signature = b"s" * SIGNATURE_BYTES
+            framed = ReducedShard(
+                key, fields.epoch, fields.round, included, 0, signature, empty, plan.members
+            )
+            cosign = shard_frame_bytes(framed, "fp32")  # DGS3: the co-signers as a bitmap
             for j, reducer in enumerate(view.reducers):
                 for member in included:
                     if member != reducer:
@@ -195,6 +201,9 @@ class Reducing:
                 pseudo_gradient, node.identity, fields, self.config.tokens_per_round, len(peers)
             )
             view.contribute(header, digests)
+            if not meta:
+                codec = self.codec.name
+                meta.extend(piece_frame_bytes(digests, j, codec) for j in range(len(peers)))
             for j, piece in enumerate(split(pseudo_gradient, len(peers))):
                 view.take_piece(node.peer_id, j, piece)
             header_bytes.append(header.wire_bytes())

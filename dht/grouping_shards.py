@@ -1,17 +1,22 @@
 """One member's side of a learner group's round by reduce-scatter (`--group-scatter`), and
-its messages; pure (dht/group_exchange.py does the network). The decisions are
-merge.group_shards' and merge.group_plan's.
+its messages (their wire forms in dht.grouping_shard_wire, re-exported here); pure
+(dht/group_exchange.py does the network). The decisions are merge.group_shards' and
+merge.group_plan's.
 
-- `group-piece` (`DGP4`; `DGP3` before session 27, refused as "old_version"): a member's signed
-  header, its part's shard digests (the header's digest is their root; each the root of its
-  shard's chunk digests: merge.group_chunks, whose grid cuts the shards), a shard index and
-  that shard of its part in the swarm's codec. Sent to the shard's member before the deadline,
-  to the shard's reducer after it when that is another member (a member not included, or lost).
+- `group-piece` (`DGP5`; `DGP4` of session 27 and `DGP3` before it refused as "old_version"):
+  a member's signed header, a shard index, that shard's digest (the root of its chunk digests:
+  merge.group_chunks, whose grid cuts the shards) with its Merkle path to the header's digest
+  (merge.shard_proof, session 28: ceil(log2 g) sibling hashes, where DGP4 carried all g
+  digests) and that shard of its part in the swarm's codec. Sent to the shard's member before
+  the deadline, to the shard's reducer after it when that is another member (one not included,
+  or lost).
   A receiver checks the piece against its author's signature before keeping anything
   (`decode_piece`: GroupMessageError otherwise).
-- `group-shard` (`DGS2`; `DGS1` refused as "old_version"): a reduced shard, the included set it
-  was reduced over and its reducer's co-signature; sent to every other included member (the
-  all-gather).
+- `group-shard` (`DGS3`; `DGS2` of session 27 and `DGS1` refused as "old_version"): a reduced
+  shard, the included set it was reduced over as a bitmap over the round's sorted member list
+  (merge.shard_proof, session 28: g / 8 bytes, where DGS2 named each peer id) and its reducer's
+  co-signature; sent to every other included member (the all-gather). The receiver decodes the
+  bitmap over its own member list (`WireShard.over`) to the tuple the co-signature covers.
 - `ShardedRound` drives `ShardedReduction` for this member from events with their time, as
   dht.grouping_round.GroupRound does for whole parts: pieces in until the deadline, its own
   reduced shards out once their pieces are in, the others' in; a reducer lost with a shard
@@ -25,32 +30,32 @@ merge.group_shards' and merge.group_plan's.
 
 from __future__ import annotations
 
-import json
-import struct
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 import torch
 
 from dht.grouping_patience import CosignClock, round_deadlines
-from dht.grouping_wire import (
-    MAX_CODEC_NAME,
-    MAX_COUNT,
-    MAX_HEADER_BYTES,
-    MAX_MEMBERS,
-    GroupMessageError,
-    RoundId,
-    _coded,
-    _header_fields,
-    _parse_header,
-    names_a_round,
+from dht.grouping_shard_wire import (
+    OLD_MAGICS,
+    PIECE_MAGIC,
+    SHARD_MAGIC,
+    Piece,
+    ReducedShard,
+    WireShard,
+    decode_piece,
+    decode_shard,
+    encode_piece,
+    get_codec_bytes,
+    piece_frame_bytes,
+    piece_max_bytes,
+    shard_codec,
+    shard_frame_bytes,
+    shard_max_bytes,
 )
-from merge.codecs import get_codec
-from merge.group_chunks import aligned_bounds, shard_digest, split
-from merge.group_plan import shard_root
+from dht.grouping_wire import RoundId
+from merge.group_chunks import split
 from merge.group_shards import ShardedReduction
 from merge.group_update import (
-    SIGNATURE_BYTES,
     Abandoned,
     ContributionHeader,
     GroupUpdate,
@@ -58,162 +63,26 @@ from merge.group_update import (
     ReductionConfig,
 )
 from merge.identity import Identity
+from merge.shard_proof import ProofError
 
-PIECE_MAGIC = b"DGP4"
-SHARD_MAGIC = b"DGS2"
-OLD_MAGICS = {b"DGP3": "group piece", b"DGS1": "group shard"}
-"""Session 26's forms (shards cut by `torch.tensor_split`, digests SHA-256 of their values):
-refused as "old_version" (session 27: the chunk grid, chunk roots)."""
-_DIGEST = 64
-
-
-def piece_max_bytes(numel: int) -> int:
-    meta = MAX_HEADER_BYTES + MAX_MEMBERS * (_DIGEST + 3) + 64
-    return len(PIECE_MAGIC) + 4 + meta + 1 + MAX_CODEC_NAME + 4 * numel
-
-
-def shard_max_bytes(numel: int) -> int:
-    return len(SHARD_MAGIC) + 4 + 512 + MAX_MEMBERS * 132 + 1 + MAX_CODEC_NAME + 4 * numel
-
-
-def _coded_tail(tensor: torch.Tensor, codec: str) -> bytes:
-    name = codec.encode()
-    if not 0 < len(name) <= MAX_CODEC_NAME:
-        raise ValueError(f"codec name {codec!r} is too long.")
-    payload = get_codec(codec).encode(tensor.detach().to(torch.float32).contiguous())
-    return bytes([len(name)]) + name + payload
-
-
-def _framed(magic: bytes, meta: dict[str, object], tail: bytes) -> bytes:
-    raw = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
-    return magic + struct.pack(">I", len(raw)) + raw + tail
-
-
-def _unframe(blob: object, magic: bytes, limit: int, what: str) -> tuple[object, bytes]:
-    if isinstance(blob, bytes) and blob[:4] in OLD_MAGICS:
-        raise GroupMessageError("old_version", f"a session 26 {OLD_MAGICS[blob[:4]]}")
-    if not isinstance(blob, bytes) or len(blob) < 8 or blob[:4] != magic:
-        raise GroupMessageError("malformed", f"not a {what}")
-    (length,) = struct.unpack(">I", blob[4:8])
-    if length > limit or len(blob) < 8 + length:
-        raise GroupMessageError("malformed", f"a {what}'s header of {length} bytes")
-    try:
-        return json.loads(blob[8 : 8 + length]), blob[8 + length :]
-    except (ValueError, RecursionError):
-        raise GroupMessageError("malformed", f"a {what}'s header is not JSON") from None
-
-
-def encode_piece(
-    header: ContributionHeader,
-    digests: tuple[str, ...],
-    shard: int,
-    piece: torch.Tensor,
-    codec: str,
-) -> bytes:
-    """Shard `shard` of a member's part (`piece`: exactly what the codec decodes it to)."""
-    meta = {"header": _header_fields(header), "digests": list(digests), "shard": shard}
-    return _framed(PIECE_MAGIC, meta, _coded_tail(piece, codec))
-
-
-@dataclass(frozen=True)
-class Piece:
-    header: ContributionHeader
-    digests: tuple[str, ...]
-    shard: int
-    tensor: torch.Tensor
-
-
-def decode_piece(blob: object, numel: int) -> Piece:
-    """An untrusted `group-piece`: its header signed by its author, its digests the root the
-    header signs, the piece of the size its shard has and the digest its author signed."""
-    limit = MAX_HEADER_BYTES + MAX_MEMBERS * (_DIGEST + 3) + 64
-    meta, tail = _unframe(blob, PIECE_MAGIC, limit, "group piece")
-    if not isinstance(meta, dict) or set(meta) != {"header", "digests", "shard"}:
-        raise GroupMessageError("malformed", "a group piece with the wrong fields")
-    digests, shard = meta["digests"], meta["shard"]
-    if (
-        not isinstance(digests, list)
-        or not 0 < len(digests) <= MAX_MEMBERS
-        or not all(isinstance(d, str) and len(d) == _DIGEST for d in digests)
-        or type(shard) is not int
-        or not 0 <= shard < len(digests)
-    ):
-        raise GroupMessageError("malformed", "a group piece's digests or shard out of range")
-    header = _parse_header(meta["header"])
-    start, end = aligned_bounds(numel, len(digests))[shard]
-    tensor = _coded(tail, end - start)
-    if shard_root(digests) != header.digest or shard_digest(tensor, numel, start) != digests[shard]:
-        raise GroupMessageError("bad_signature", "a group piece its author did not sign")
-    if not header.verified():
-        raise GroupMessageError("bad_signature", "a group piece its author did not sign")
-    return Piece(header, tuple(digests), shard, tensor)
-
-
-@dataclass(frozen=True)
-class ReducedShard:
-    """A reducer's shard of one group round, for one included set, with its co-signature."""
-
-    group_key: str
-    epoch: int
-    round: int
-    included: tuple[str, ...]
-    shard: int
-    signature: bytes
-    tensor: torch.Tensor
-
-    @property
-    def round_id(self) -> RoundId:
-        return (self.group_key, self.epoch, self.round)
-
-    def to_bytes(self, codec: str) -> bytes:
-        meta = {
-            "group_key": self.group_key,
-            "epoch": self.epoch,
-            "round": self.round,
-            "included": list(self.included),
-            "shard": self.shard,
-            "signature": self.signature.hex(),
-        }
-        return _framed(SHARD_MAGIC, meta, _coded_tail(self.tensor, codec))
-
-
-def decode_shard(blob: object, numel: int) -> ReducedShard:
-    """An untrusted `group-shard`'s fields and tensor (its size is checked by the round it is
-    for, against its member list's split; its co-signature against the shard's reducer)."""
-    meta, tail = _unframe(blob, SHARD_MAGIC, 512 + MAX_MEMBERS * 132, "group shard")
-    try:
-        assert isinstance(meta, dict)
-        included = meta["included"]
-        fields = (meta["group_key"], meta["epoch"], meta["round"], meta["shard"])
-        signature = bytes.fromhex(meta["signature"])
-    except (AssertionError, KeyError, TypeError, ValueError, AttributeError):
-        raise GroupMessageError("malformed", "a group shard that does not parse") from None
-    group_key, epoch, round_, shard = fields
-    ok = (
-        names_a_round(group_key, included)
-        and all(type(v) is int and 0 <= v <= MAX_COUNT for v in (epoch, round_, shard))
-        and len(signature) == SIGNATURE_BYTES
-    )
-    if not ok or len(tail) > 1 + MAX_CODEC_NAME + 4 * numel:
-        raise GroupMessageError("malformed", "a group shard with fields out of range")
-    if not tail or not 0 < tail[0] <= MAX_CODEC_NAME or len(tail) < 1 + tail[0]:
-        raise GroupMessageError("malformed", "a group shard without a codec name")
-    per_value = get_codec_bytes(tail[1 : 1 + tail[0]])
-    tensor = _coded(tail, (len(tail) - 1 - tail[0]) // per_value)
-    return ReducedShard(group_key, epoch, round_, tuple(included), shard, signature, tensor)
-
-
-def get_codec_bytes(name: bytes) -> int:
-    """Bytes per value of a dense codec a reduced shard may travel in (fp32 or bf16)."""
-    sizes = {b"fp32": 4, b"bf16": 2}
-    if name not in sizes:
-        raise GroupMessageError("malformed", "a group shard in a codec other than fp32 or bf16")
-    return sizes[name]
-
-
-def shard_codec(tensor: torch.Tensor) -> str:
-    """bf16 when every value of the reduced shard is one (parts in bf16: exact), else fp32."""
-    return "bf16" if torch.equal(tensor.to(torch.bfloat16).to(torch.float32), tensor) else "fp32"
+__all__ = [
+    "OLD_MAGICS",
+    "PIECE_MAGIC",
+    "SHARD_MAGIC",
+    "Piece",
+    "ReducedShard",
+    "WireShard",
+    "decode_piece",
+    "decode_shard",
+    "encode_piece",
+    "get_codec_bytes",
+    "piece_frame_bytes",
+    "piece_max_bytes",
+    "shard_codec",
+    "shard_frame_bytes",
+    "shard_max_bytes",
+    "ShardedRound",
+]
 
 
 class ShardedRound:
@@ -301,16 +170,24 @@ class ShardedRound:
         """Another member's piece (its header taken with the first); refusals counted."""
         r = self.reduction
         author = piece.header.author
-        if author not in r.contributors and not r.contribute(piece.header, piece.digests):
-            return False
-        if r.header_of(author) != piece.header:
+        if author not in r.contributors:
+            if not r.contribute(piece.header, piece.proof):
+                return False
+        elif r.header_of(author) != piece.header:
             return r.count("headers_differ")
+        elif not r.take_proof(author, piece.proof):
+            return False
         return r.take_piece(author, piece.shard, piece.tensor)
 
-    def on_shard(self, signer: str, shard: ReducedShard) -> bool:
+    def on_shard(self, signer: str, shard: ReducedShard | WireShard) -> bool:
         """A reduced shard from `signer`, held until this member reduces its included set."""
         if signer not in self.members or shard.round_id != self.round_id:
             return self.reduction.count("shard_not_for_this_round")
+        if isinstance(shard, WireShard):
+            try:
+                shard = shard.over(self.reduction.plan.members)
+            except ProofError:
+                return self.reduction.count("bad_included")
         return self.reduction.take_reduced(
             shard.shard, shard.tensor, shard.signature, shard.included
         )
@@ -332,7 +209,14 @@ class ShardedRound:
                 self._shared.add((r.included, shard))
                 out.append(
                     ReducedShard(
-                        r.group_key, r.epoch, r.round, r.included, shard, signature, tensor
+                        r.group_key,
+                        r.epoch,
+                        r.round,
+                        r.included,
+                        shard,
+                        signature,
+                        tensor,
+                        r.plan.members,
                     )
                 )
                 r.take_reduced(shard, tensor, signature)

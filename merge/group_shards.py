@@ -28,7 +28,7 @@ from dataclasses import replace
 import torch
 
 from merge.group_chunks import shard_digest, shard_digests
-from merge.group_plan import ShardPlan, shard_root
+from merge.group_plan import ShardPlan
 from merge.group_update import (
     Abandoned,
     ContributionHeader,
@@ -40,6 +40,7 @@ from merge.group_update import (
     clipped_mean,
 )
 from merge.identity import Identity, verify_signature
+from merge.shard_proof import ProofError, ShardProof, merkle_root
 
 
 def sharded_contribution(
@@ -49,12 +50,13 @@ def sharded_contribution(
     tokens: int,
     num_shards: int,
 ) -> tuple[ContributionHeader, tuple[str, ...]]:
-    """The signed header of a part sent by shards (its digest the root of its shard digests,
-    each the root of its chunks' digests: merge.group_chunks `shard_digest`) and the shard
-    digests, which travel with every piece."""
+    """The signed header of a part sent by shards (its digest the Merkle root of its shard
+    digests, merge.shard_proof, session 28; each the root of its chunks' digests:
+    merge.group_chunks `shard_digest`) and the shard digests, of which each piece carries its
+    own with its path to the root."""
     digests = shard_digests(pseudo_gradient, num_shards)
     header = ContributionHeader.of(pseudo_gradient, identity, round_, tokens)
-    return replace(header, digest=shard_root(digests)).signed(identity), digests
+    return replace(header, digest=merkle_root(digests)).signed(identity), digests
 
 
 class ShardedReduction:
@@ -87,7 +89,8 @@ class ShardedReduction:
         self.retries = 0
         self.rejected: dict[str, int] = {}
         self._headers: dict[str, ContributionHeader] = {}
-        self._digests: dict[str, tuple[str, ...]] = {}
+        self._digests: dict[str, dict[int, str]] = {}
+        """The shard digests of each contributor's part this view holds proven."""
         self._pieces: dict[int, dict[str, torch.Tensor]] = {}
         self._included: tuple[str, ...] = ()
         self._reducers: tuple[str, ...] = ()
@@ -144,16 +147,48 @@ class ShardedReduction:
 
     # ---- collecting -------------------------------------------------------------------------
 
-    def contribute(self, header: ContributionHeader, digests: tuple[str, ...]) -> bool:
-        """A member's signed header and its part's shard digests; False (counted) if refused."""
+    def contribute(self, header: ContributionHeader, digests: tuple[str, ...] | ShardProof) -> bool:
+        """A member's signed header with its part's shard digests (all of them, or one and its
+        path to the header's root); False (counted) if refused."""
         reason = self._refusal(header, digests)
         if reason is not None:
             return self._count(reason)
         self._headers[header.author] = header
-        self._digests[header.author] = digests
+        self._digests[header.author] = {}
+        return self._learn(header.author, digests)
+
+    def take_proof(self, author: str, proof: ShardProof) -> bool:
+        """Another shard's digest of a contributor's part, with its path to the signed root
+        (a piece re-sent after the deadline to the shard's new reducer); counted if refused."""
+        header = self._headers.get(author)
+        if header is None:
+            return self._count("piece_without_header")
+        if self._proves(header, proof) is not None:
+            return self._count("wrong_shards")
+        return self._learn(author, proof)
+
+    def _learn(self, author: str, digests: tuple[str, ...] | ShardProof) -> bool:
+        if isinstance(digests, ShardProof):
+            self._digests[author][digests.shard] = digests.digest
+        else:
+            self._digests[author].update(enumerate(digests))
         return True
 
-    def _refusal(self, header: ContributionHeader, digests: tuple[str, ...]) -> str | None:
+    def _proves(
+        self, header: ContributionHeader, digests: tuple[str, ...] | ShardProof
+    ) -> str | None:
+        count = digests.count if isinstance(digests, ShardProof) else len(digests)
+        if count != self.plan.num_shards:
+            return "wrong_shards"
+        try:
+            root = digests.root() if isinstance(digests, ShardProof) else merkle_root(digests)
+        except (ProofError, ValueError):
+            return "wrong_shards"
+        return None if root == header.digest else "wrong_shards"
+
+    def _refusal(
+        self, header: ContributionHeader, digests: tuple[str, ...] | ShardProof
+    ) -> str | None:
         if self.phase is not Phase.COLLECTING:
             return "after_deadline"
         if header.author not in self.members:
@@ -169,7 +204,7 @@ class ShardedReduction:
         first = next(iter(self._headers.values()), None)
         if first is not None and _shared(header) != _shared(first):
             return "headers_disagree"
-        if len(digests) != self.plan.num_shards or shard_root(digests) != header.digest:
+        if self._proves(header, digests) is not None:
             return "wrong_shards"
         if not header.verified():
             return "bad_signature"
@@ -191,7 +226,10 @@ class ShardedReduction:
             return self._count("wrong_size")
         if not bool(torch.isfinite(piece).all()):
             return self._count("not_finite")
-        if shard_digest(piece, self.numel, start) != self._digests[author][shard]:
+        signed = self._digests[author].get(shard)
+        if signed is None:
+            return self._count("piece_without_proof")
+        if shard_digest(piece, self.numel, start) != signed:
             return self._count("bad_piece")
         self._pieces.setdefault(shard, {})[author] = piece.detach().to(torch.float32).clone()
         return True

@@ -125,7 +125,10 @@ def test_damaged_pieces_and_shards_are_refused_with_a_reason(position: int, valu
     rounds = _rounds(3)
     member = rounds[IDS[0].peer_id]
     piece = encode_piece(member.header, member.digests, 1, member.pieces[1], "bf16")
-    shard = ReducedShard("groups.0b", 0, 2, (IDS[0].peer_id,), 1, b"s" * 64, member.pieces[1])
+    members = tuple(sorted(member.members))
+    shard = ReducedShard(
+        "groups.0b", 0, 2, (IDS[0].peer_id,), 1, b"s" * 64, member.pieces[1], members
+    )
     for blob, decode in ((piece, decode_piece), (shard.to_bytes("bf16"), decode_shard)):
         damaged = bytearray(blob)
         damaged[position % len(blob)] = value
@@ -136,6 +139,6 @@ def test_damaged_pieces_and_shards_are_refused_with_a_reason(position: int, valu
     with pytest.raises(GroupMessageError):
         decode_piece(piece[:-2], NUMEL)
     with pytest.raises(GroupMessageError):
-        decode_piece(b"DGP4" + b"\xff" * 8, NUMEL)
+        decode_piece(b"DGP5" + b"\xff" * 8, NUMEL)
     with pytest.raises(GroupMessageError):
-        decode_shard(b"DGS2" + b"\x00\x00\x00\x02{}", NUMEL)
+        decode_shard(b"DGS3" + b"\x00\x00\x00\x02{}", NUMEL)
