@@ -18,7 +18,14 @@ import functools
 import random
 
 from dht.shard_fetch_bodies import NAMED_HOLDERS
-from dht.shard_fetch_wire import WIDTHS, FetchMessage, part_body, proposal_body, slice_answer
+from dht.shard_fetch_wire import (
+    WIDTHS,
+    FetchMessage,
+    part_body,
+    proposal_body,
+    slice_answer,
+    states_body,
+)
 from merge.codecs import Codec
 from merge.group_chunks import aligned_bounds, chunks_in, overlaps
 from merge.group_update import GroupUpdate
@@ -80,9 +87,10 @@ def message_bytes(kind: str, body: dict[str, object], num_values: int = 0) -> in
 
 @functools.cache
 def propose_bytes(num_incoming: int, g: int) -> int:
-    """One member's proposal, compact (dht.shard_fetch_bodies): K ids, each of another group
-    with its own NAMED_HOLDERS holders (named once in the holder table), g state blocks of 6
-    float64."""
+    """One member's proposal, session 28 (dht.shard_fetch_bodies): K ids, each of another
+    group with its own NAMED_HOLDERS holders (named once in the holder table), and the
+    SHA-256 of its g state blocks of 6 float64 (the blocks travel only between members whose
+    digests differ: `states_bytes`, not counted here, where the members are at one state)."""
     rng = random.Random(g)
     named = min(NAMED_HOLDERS, g)
     candidates = {
@@ -92,6 +100,15 @@ def propose_bytes(num_incoming: int, g: int) -> int:
     states = tuple(tuple(rng.uniform(-1e3, 1e3) for _ in range(6)) for _ in range(g))
     proposal = Proposal((10_000, "0" * 64), candidates, states)
     return message_bytes("propose", proposal_body(proposal))
+
+
+@functools.cache
+def states_bytes(g: int) -> int:
+    """One member's `states` message: its g state blocks of 6 float64 in full, sent only to
+    the members whose proposal's digest differs from its own (merge.shard_states)."""
+    rng = random.Random(g)
+    states = tuple(tuple(rng.uniform(-1e3, 1e3) for _ in range(6)) for _ in range(g))
+    return message_bytes("states", states_body(states))
 
 
 @functools.cache

@@ -49,6 +49,8 @@ from dht.shard_fetch_wire import (
     part_of,
     proposal_body,
     proposal_of,
+    states_body,
+    states_of,
 )
 from merge.group_pipeline import GroupMerge
 from merge.group_update import GroupUpdate
@@ -67,6 +69,7 @@ from merge.shard_fetch import (
 from merge.shard_holders import ShardHolding
 from merge.shard_member import MemberRound
 from merge.shard_round import state_tensors
+from merge.shard_states import resolved, states_wanted
 
 if TYPE_CHECKING:
     from dht.network import SwarmNetwork
@@ -263,6 +266,7 @@ class FetchExchange(FetchCandidates, SliceExchange, AssemblyExchange, ClassReali
         await self._broadcast(rid, others, "propose", proposal_body(proposal), ())
         got = await inbox.wait("propose", others, time.monotonic() + wait_s)
         proposals = {me: proposal} | {s: self._parsed(proposal_of, m) for s, m in got.items()}
+        proposals = await self._with_states(rid, proposals, inbox, wait_s)
         inbox.agreed, inbox.holders = agreed(proposals)
         inbox.state_gap = state_gap([proposals[m].states for m in sorted(members)])
         inbox.num_bases = len({p.base for p in proposals.values()})
@@ -296,6 +300,22 @@ class FetchExchange(FetchCandidates, SliceExchange, AssemblyExchange, ClassReali
         inbox.in_order = await self._apply_in_order(deferred, composition.holders)
         sums = len(plan.combos) if plan is not None else 0
         return len(composition.ids), sum(r.accepted for r in results), sums
+
+    async def _with_states(
+        self, rid: RoundId, proposals: dict[str, Proposal], inbox: Inbox, wait_s: float
+    ) -> dict[str, Proposal]:
+        """The proposals with their state blocks in hand: the members whose digest differs
+        from this one's send each other their blocks (merge.shard_states, session 28)."""
+        me = self.identity.peer_id
+        wanted, sent = states_wanted(proposals, me), {}
+        if wanted:
+            await self._broadcast(rid, wanted, "states", states_body(proposals[me].states), ())
+            got = await inbox.wait("states", wanted, time.monotonic() + wait_s)
+            sent = {s: self._parsed(states_of, m) for s, m in got.items()}
+        out, wrong = resolved(proposals, me, sent)
+        for sender in wrong:
+            self._reject("group_fetch_states_digest", sender, "blocks not of its digest")
+        return out
 
     async def _abort(self, rid: RoundId, others: list[str], reason: str) -> None:
         with contextlib.suppress(Fallback):

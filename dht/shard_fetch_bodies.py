@@ -11,11 +11,16 @@ compact forms and still reads the session 26 (JSON) forms, told apart by their k
   parts (`summed_gram`) and decides alike. (3 + K)(4 + K) / 2 x 8 bytes (+ a third for the
   base64) against ~20 bytes a JSON float for all (3 + K)^2 entries. Session 26:
   `{"gram": [[float]], "variants": [hex]}`.
-- `propose`, compact: `{"base": [count, digest], "holders": [peer id], "ids": [[key, seq,
-  [index]]], "states": [blocks, B64]}`: each holder named once in a table that the ids name by
-  index, and the state blocks (merge.shard_fetch `StateBlock`, all one length: `state_blocks`)
-  as raw little-endian float64, concatenated. Session 26: holders inline in each id
-  (`[key, seq, [peer id]]`), states as JSON floats.
+- `propose`, session 28: `{"base": [count, digest], "holders": [peer id], "ids": [[key, seq,
+  [index]]], "state_sha": B64}`: each holder named once in a table that the ids name by
+  index, and the SHA-256 (32 raw bytes) of the sender's state blocks (merge.shard_states
+  `states_digest`) in place of the g blocks: the blocks travel in a `states` message
+  (`{"states": [blocks, B64]}`, the blocks as raw little-endian float64, all one length,
+  concatenated) only between members whose digests differ (merge.shard_states
+  `states_wanted`), and are taken only when they hash to the signed digest. Still read:
+  session 27's compact form (`"states": [blocks, B64]` in the proposal, the blocks in full)
+  and session 26's (holders inline in each id, `[key, seq, [peer id]]`, states as JSON
+  floats); a node of this release sends only the session 28 form.
 
 What a receiver does with holders: the round's holders of an id are the sorted union of
 those its class's members named (merge.shard_fetch `agreed`), tried in that order for the
@@ -51,6 +56,7 @@ from merge.shard_fetch import (
     StateBlock,
     UpdateId,
 )
+from merge.shard_states import states_digest
 
 NAMED_HOLDERS = 2
 """Holders one proposal names per id (see the module's docstring)."""
@@ -117,22 +123,29 @@ def _hex_variants(variants: object, num_updates: int) -> list[str]:
 
 
 def proposal_body(proposal: Proposal) -> dict[str, Any]:
-    """A proposal's compact body: exactly its fields (ValueError: state blocks of two lengths,
-    which `state_blocks` never makes)."""
+    """A proposal's session 28 body: its fields, its state blocks by their digest
+    (ValueError: state blocks of two lengths, which `state_blocks` never makes)."""
     table: dict[str, int] = {}
     ids = []
     for (key, seq), holders in proposal.candidates.items():
         ids.append([key, seq, [table.setdefault(h, len(table)) for h in holders]])
     if len({len(block) for block in proposal.states}) > 1:
         raise ValueError("a proposal's state blocks are all one length.")
-    states = _f64([x for block in proposal.states for x in block])
     base = list(proposal.base)
-    return {
-        "base": base,
-        "holders": list(table),
-        "ids": ids,
-        "states": [len(proposal.states), _b64(states)],
-    }
+    digest = bytes.fromhex(states_digest(proposal.states))
+    return {"base": base, "holders": list(table), "ids": ids, "state_sha": _b64(digest)}
+
+
+def states_body(states: Sequence[StateBlock]) -> dict[str, Any]:
+    """A `states` message's body: the blocks in full (ValueError: blocks of two lengths)."""
+    if len({len(block) for block in states}) > 1:
+        raise ValueError("a proposal's state blocks are all one length.")
+    return {"states": [len(states), _b64(_f64([x for block in states for x in block]))]}
+
+
+def states_of_body(body: dict[str, Any]) -> tuple[StateBlock, ...]:
+    """A `states` message's blocks, within bounds (GroupMessageError otherwise)."""
+    return _compact_states(body.get("states"))
 
 
 def proposal_of_body(body: dict[str, Any]) -> Proposal:
@@ -148,6 +161,12 @@ def proposal_of_body(body: dict[str, Any]) -> Proposal:
     if "holders" in body:
         table = _holder_table(body["holders"])
         candidates = dict(_candidate(entry, table) for entry in ids)
+        if "state_sha" in body:  # session 28: the blocks by their digest
+            try:
+                (sha,) = fixed_pieces(body["state_sha"], DIGEST_BYTES, 1)
+            except ValueError:
+                raise GroupMessageError("malformed", "a proposal's state digest") from None
+            return Proposal((count, digest), candidates, (), sha.hex())
         return Proposal((count, digest), candidates, _compact_states(body.get("states")))
     candidates = dict(_candidate(entry, None) for entry in ids)  # session 26
     return Proposal((count, digest), candidates, _json_states(body.get("states", [])))

@@ -6,9 +6,13 @@ signed by its sender's node identity (Ed25519, merge.identity) over (run, group 
 round, kind, body, the tensors' SHA-256), checked against the stream's sender:
 
 - `propose`: the sender's applied count and digest, its candidates (other groups'
-  updates it was told of, each with at most 2 holders, named once in a holder table) and its
-  state block over each member's slice (session 18) in raw float64: merge.shard_fetch
-  `Proposal`, body dht.shard_fetch_bodies';
+  updates it was told of, each with at most 2 holders, named once in a holder table) and the
+  SHA-256 of its state blocks over the members' slices (session 28; the blocks themselves
+  in raw float64 in sessions 18-27): merge.shard_fetch `Proposal`, body
+  dht.shard_fetch_bodies';
+- `states` (session 28): the sender's state blocks in full, sent only to the members whose
+  proposal's digest differs from its own (merge.shard_states `states_wanted`); taken only
+  when they hash to the digest the sender's proposal signed;
 - `part`: the upper triangle of its part Gram matrix (merge.shard_member `MemberRound.part`)
   in raw float64 and the digest of each fetched update's variant (`variant_digest`) as raw
   bytes, in the round's id order, both base64 in the signed body; the receiver mirrors the
@@ -37,8 +41,12 @@ GroupMessageError (its reason counted against the sender by the caller).
 Versions: since session 27 a node sends the compact `propose` and `part` bodies and still
 reads session 26's JSON bodies (the full Gram matrix and state blocks as JSON floats, holders
 inline), told apart by their keys; a session 26 node reading a compact part finds no "gram"
-and refuses it (its round falls back to the whole fetch). The framing, the signed statement
-and the `sums`/`abort` bodies are those of session 26.
+and refuses it (its round falls back to the whole fetch). Since session 28 a node sends the
+digest `propose` and still reads the session 27 and 26 forms (their blocks in full: no
+`states` message is sent to or waited for from such a sender); a session 27 node finds no
+"states" in a session 28 proposal and refuses it (`group_fetch_malformed`: its round falls
+back), and refuses the `states` kind. The framing, the signed statement and the
+`sums`/`abort` bodies are those of session 26.
 """
 
 from __future__ import annotations
@@ -62,19 +70,20 @@ from dht.grouping_wire import (
     update_of_meta,
 )
 from dht.shard_fetch_bodies import part_body as part_body
-from dht.shard_fetch_bodies import part_of_body, proposal_of_body
+from dht.shard_fetch_bodies import part_of_body, proposal_of_body, states_of_body
 from dht.shard_fetch_bodies import proposal_body as proposal_body
+from dht.shard_fetch_bodies import states_body as states_body
 from merge.codecs import get_codec
 from merge.group_chunks import chunk_digests, num_chunks, on_grid
 from merge.group_update import SIGNATURE_BYTES, GroupUpdate
 from merge.identity import Identity, verify_signature
-from merge.shard_fetch import Proposal, SlicePieces, UpdateId, wanted_pieces
+from merge.shard_fetch import Proposal, SlicePieces, StateBlock, UpdateId, wanted_pieces
 from merge.shard_round_sums import MAX_SUMS as MAX_SUMS  # what a `sums` message carries at most
 
 FETCH_MAGIC = b"DSF1"
 SLICE_MAGIC = b"DSS2"
 _DOMAIN = b"diloco-group-fetch/1\n"
-KINDS = ("propose", "part", "sums", "abort")
+KINDS = ("propose", "states", "part", "sums", "abort")
 MAX_META_BYTES = 1 << 20
 """A message's JSON: a proposal's 64 ids with holders, a part's (3 + 64)^2 floats."""
 WIDTHS = {"fp32": 4, "bf16": 2}
@@ -207,6 +216,11 @@ def decode_fetch(blob: object, numel: int) -> FetchMessage:
 def proposal_of(message: FetchMessage) -> Proposal:
     """A `propose` message's proposal, within bounds (GroupMessageError otherwise)."""
     return proposal_of_body(message.body)
+
+
+def states_of(message: FetchMessage) -> tuple[StateBlock, ...]:
+    """A `states` message's blocks (session 28), within bounds (GroupMessageError otherwise)."""
+    return states_of_body(message.body)
 
 
 def part_of(message: FetchMessage, num_updates: int) -> tuple[object, list[str]]:

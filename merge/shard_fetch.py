@@ -44,6 +44,10 @@ class Proposal:
     states: tuple[StateBlock, ...] = ()
     """Its replica's state block over each member's slice, in member order (`state_blocks`):
     members whose replicas differ fall back before any slice is fetched (`states_problem`)."""
+    states_sha: str = ""
+    """Session 28: the SHA-256 (hex) of the state blocks a `propose` carried instead of them
+    (merge.shard_states `states_digest`); "" once they are in hand (`resolved`). A proposal
+    with it set is not decided on: its blocks are not known yet."""
 
     def problem(self) -> str | None:
         """Why a proposal is out of bounds, or None."""
@@ -53,6 +57,8 @@ class Proposal:
             return "bad_holders"
         if len({len(b) for b in self.states}) > 1 or not all(map(_block_ok, self.states)):
             return "bad_states"
+        if self.states_sha:
+            return "states_unresolved"
         return None
 
 

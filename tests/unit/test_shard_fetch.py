@@ -41,6 +41,7 @@ from merge.shard_fetch import (
 )
 from merge.shard_member import MemberRound
 from merge.shard_round import ShardRound
+from merge.shard_states import states_digest
 from tests.unit.shard_round_paths import NUMEL, RUN, _assert_alike, _everyone, _one_by_one
 from tests.unit.test_shard_member import MEMBERS, _exchange_parts, _exchange_sums, _setup
 
@@ -189,7 +190,8 @@ def _message(kind: str = "propose", body: dict | None = None, tensors=()) -> Fet
 def test_a_signed_message_round_trips_and_a_tampered_one_does_not_verify() -> None:
     message = _message().signed(ME)
     back = decode_fetch(message.to_bytes(), NUMEL)
-    assert back.verified() and proposal_of(back) == Proposal(BASE, {("groups.0b1", 3): ("h",)})
+    sent = Proposal(BASE, {("groups.0b1", 3): ("h",)}, (), states_digest(()))
+    assert back.verified() and proposal_of(back) == sent
     forged = FetchMessage(
         back.run_id, back.round_id, back.kind, back.sender,
         proposal_body(Proposal((8, BASE[1]), {})), (), back.signature,

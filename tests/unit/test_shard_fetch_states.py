@@ -18,11 +18,12 @@ from hypothesis import strategies as st
 
 from dht.group_exchange_fetch import FetchExchange
 from dht.grouping_wire import GroupMessageError
-from dht.shard_fetch_wire import FetchMessage, proposal_body, proposal_of
+from dht.shard_fetch_wire import FetchMessage, proposal_body, proposal_of, states_body, states_of
 from merge.identity import Identity
 from merge.pipeline import UpdatePipeline
 from merge.shard_fetch import Proposal, compose, left_out, state_blocks, states_problem
 from merge.shard_round import STATE_SLACK, state_tensors
+from merge.shard_states import states_digest
 from tests.unit.shard_round_paths import Spec, _everyone, _pipeline, _update
 from tests.unit.test_shard_member import MEMBERS, _fetch, _rounds, _setup
 
@@ -157,19 +158,18 @@ def test_blocks_of_the_wrong_shape_or_count_are_out_of_bounds() -> None:
 def test_a_proposals_states_travel_signed_and_bad_ones_are_refused() -> None:
     me = Identity.generate()
     proposal = Proposal(BASE, {UID: ("h",)}, ((1.5, -0.25, 2.0), (1e-30, 0.0, 3e20)))
-    message = FetchMessage("run", ("groups.0b0", 0, 1), "propose", me.peer_id, {}, ())
-    body = proposal_body(proposal)
-    signed = FetchMessage(message.run_id, message.round_id, "propose", me.peer_id, body, ()).signed(
-        me
-    )
-    assert signed.verified() and proposal_of(signed) == proposal
+    rid = ("groups.0b0", 0, 1)
+    signed = FetchMessage("run", rid, "propose", me.peer_id, proposal_body(proposal), ())
+    back = proposal_of(signed.signed(me))  # session 28: the blocks by their digest
+    assert back == Proposal(BASE, {UID: ("h",)}, (), states_digest(proposal.states))
+    body = states_body(proposal.states)
+    states = FetchMessage("run", rid, "states", me.peer_id, body, ()).signed(me)
+    assert states.verified() and states_of(states) == proposal.states
     bad_states: list[object] = [[[1, 2, 3]], [["x"]], [[]], [[1.0] * 11], "no", [[1.0]] * 1025]
-    for states in bad_states:
-        bad = FetchMessage(
-            "run", ("groups.0b0", 0, 1), "propose", me.peer_id, {**body, "states": states}, ()
-        )
+    for bad_body in bad_states:
+        bad = FetchMessage("run", rid, "states", me.peer_id, {"states": bad_body}, ())
         with pytest.raises(GroupMessageError):
-            proposal_of(bad)
+            states_of(bad)
 
 
 def test_a_state_check_failed_is_no_refusal_of_the_peer() -> None:

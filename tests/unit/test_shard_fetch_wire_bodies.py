@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import struct
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -24,10 +25,13 @@ from dht.shard_fetch_wire import (
     part_of,
     proposal_body,
     proposal_of,
+    states_body,
+    states_of,
 )
 from merge.identity import Identity
 from merge.shard_fetch import Proposal, state_blocks
 from merge.shard_round import part_gram
+from merge.shard_states import states_digest
 
 ME = Identity.generate()
 RID = ("groups.0b0", 3, 9)
@@ -142,10 +146,12 @@ def test_a_proposal_arrives_as_it_was_made(candidates, width, num_blocks, data) 
     )
     proposal = Proposal(BASE, candidates, states)
     back = proposal_of(_sent("propose", proposal_body(proposal)))
-    assert back == proposal
-    assert [struct.pack(f"<{width}d", *b) for b in back.states] == [
+    assert back == replace(proposal, states=(), states_sha=states_digest(states))
+    blocks = states_of(_sent("states", states_body(states)))  # sent where digests differ
+    assert [struct.pack(f"<{width}d", *b) for b in blocks] == [
         struct.pack(f"<{width}d", *b) for b in states
     ]
+    assert states_digest(blocks) == back.states_sha
 
 
 def test_each_holder_is_named_once_and_real_state_blocks_arrive_exactly() -> None:
@@ -155,7 +161,23 @@ def test_each_holder_is_named_once_and_real_state_blocks_arrive_exactly() -> Non
     proposal = Proposal(BASE, {("groups.0b1", 4): shared, ("groups.0b1", 5): shared}, states)
     body = proposal_body(proposal)
     assert body["holders"] == list(shared)
-    assert proposal_of(_sent("propose", body)) == proposal
+    assert proposal_of(_sent("propose", body)) == replace(
+        proposal, states=(), states_sha=states_digest(states)
+    )
+    assert states_of(_sent("states", states_body(states))) == states
+
+
+def test_a_session_27_proposal_still_decodes_with_its_blocks() -> None:
+    blocks = ((1.5, -0.25, 2.0), (1e-30, -0.0, 3e20))
+    old = {
+        "base": list(BASE),
+        "holders": ["12D3KooWa"],
+        "ids": [["groups.0b1", 4, [0]]],
+        "states": [2, _f64([x for b in blocks for x in b])],
+    }
+    back = proposal_of(_sent("propose", old))
+    assert back == Proposal(BASE, {("groups.0b1", 4): ("12D3KooWa",)}, blocks)
+    assert back.problem() is None and back.states_sha == ""
 
 
 def test_a_session_26_proposal_still_decodes() -> None:
@@ -196,6 +218,10 @@ GOOD = {"base": list(BASE), "holders": ["h"], "ids": [["groups.0b1", 4, [0]]], "
         ({"states": [1, _f64([1.0, float("nan"), 1.0])]}, "not_finite"),
         ({"states": [1, "@@@@"]}, "malformed"),
         ({"states": None}, "malformed"),
+        ({"state_sha": DIGEST + DIGEST}, "malformed"),  # session 28: one 32-byte digest
+        ({"state_sha": base64.b64encode(bytes(31)).decode()}, "malformed"),
+        ({"state_sha": "not base64!"}, "malformed"),
+        ({"state_sha": None}, "malformed"),
     ],
 )
 def test_a_hostile_proposal_is_refused_with_a_reason(change: dict, reason: str) -> None:
@@ -240,5 +266,6 @@ def test_the_simulators_parts_and_proposals_shrink_and_match_the_wire() -> None:
     old = {"base": [10_000, "0" * 64], "ids": old_ids, "states": [[1e3 / 7] * 6] * g}
     session_26 = len(FetchMessage("r", RID, "propose", ME.peer_id, old, ()).signed(ME).to_bytes())
     assert wire.propose_bytes(k, g) < 0.65 * session_26
+    assert wire.propose_bytes(k, 125) == wire.propose_bytes(k, g)  # no block per member
     blob = json.loads(sim.signed(wire._SENDER).to_bytes()[8:])
     assert set(blob["body"]) == {"upper", "digests"}
