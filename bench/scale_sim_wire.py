@@ -4,8 +4,9 @@ sized with the real wire's own encoders (dht.shard_fetch_wire), so the simulator
 wire's. Pure: bench.scale_sim's accounting calls these.
 
 Per fetch round a member receives from each of the round's g - 1 other members one `propose`
-(its base, the ids with holders, g state blocks), one `part` (the upper triangle of its
-(3 + K)^2 Gram matrix as float64, K variant digests: compact since session 27) and one
+(its base, the ids with holders, the digest of its state blocks: session 28), one `part` (the
+upper triangle of its (3 + K)^2 Gram matrix in float32 and one digest of the K variants:
+session 29; float64 and K digests in sessions 27-28) and one
 `sums` (its slice of each weighted sum, fp32: session 24; 1 sum, 2 when a Delayed Nesterov
 fold falls inside the round's batch); and from a holder, per incoming update, one
 `group-slice` answer (the update's fields: headers, digests, co-signatures, and exactly its
@@ -17,11 +18,13 @@ from __future__ import annotations
 import functools
 import random
 
+import numpy as np
+
 from dht.shard_fetch_bodies import NAMED_HOLDERS
 from dht.shard_fetch_wire import (
     WIDTHS,
     FetchMessage,
-    part_body,
+    part_message,
     proposal_body,
     slice_answer,
     states_body,
@@ -119,13 +122,22 @@ def _holder(index: int) -> str:
 
 @functools.cache
 def part_bytes(num_incoming: int) -> int:
-    """One member's part, compact: the upper triangle of its (3 + K) x (3 + K) Gram matrix
-    (float64, base64) and K variant digests (32 bytes each, base64)."""
+    """One member's part, session 29 (dht.shard_fetch_bodies `part_message`): the upper
+    triangle of its (3 + K) x (3 + K) Gram matrix as one float32 tensor and one SHA-256 of the
+    K variant digests (sessions 27-28: float64 and K digests, base64: 8018 bytes at K = 31)."""
+    body, tensors = part_message(_gram(num_incoming), ["0" * 64] * num_incoming)
+    message = FetchMessage("scale-sim", _RID, "part", _SENDER.peer_id, body, tensors)
+    return len(message.signed(_SENDER).to_bytes())
+
+
+def _gram(num_incoming: int) -> list[list[float]]:
+    """A symmetric matrix of float32 values that are not bf16 values (a part's as sent)."""
     rng = random.Random(num_incoming)
     basis = NUM_STATES + num_incoming
-    upper = [[rng.uniform(-1e3, 1e3) for _ in range(basis)] for _ in range(basis)]
-    gram = [[upper[min(i, j)][max(i, j)] for j in range(basis)] for i in range(basis)]
-    return message_bytes("part", part_body(gram, ["0" * 64] * num_incoming))
+    upper = [
+        [float(np.float32(rng.uniform(-1e3, 1e3))) for _ in range(basis)] for _ in range(basis)
+    ]
+    return [[upper[min(i, j)][max(i, j)] for j in range(basis)] for i in range(basis)]
 
 
 @functools.cache

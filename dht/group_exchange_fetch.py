@@ -45,7 +45,7 @@ from dht.shard_fetch_wire import (
     FetchMessage,
     decode_fetch,
     fetch_max_bytes,
-    part_body,
+    part_message,
     part_of,
     proposal_body,
     proposal_of,
@@ -68,6 +68,7 @@ from merge.shard_fetch import (
 )
 from merge.shard_holders import ShardHolding
 from merge.shard_member import MemberRound
+from merge.shard_part import variants_digest
 from merge.shard_round import state_tensors
 from merge.shard_states import resolved, states_wanted
 
@@ -410,11 +411,11 @@ class FetchExchange(FetchCandidates, SliceExchange, AssemblyExchange, ClassReali
         part = await loop.run_in_executor(None, member.part)
         if part is None:
             raise Fallback(member.failed or "part")
-        await self._broadcast(rid, others, "part", part_body(part, variants), ())
-        deadline = time.monotonic() + self.fetch_wait_s
+        await self._broadcast(rid, others, "part", *part_message(part, variants))
+        deadline, ours = time.monotonic() + self.fetch_wait_s, variants_digest(variants)
         for sender, message in (await inbox.wait("part", others, deadline)).items():
-            gram, theirs = self._parsed(lambda m: part_of(m, len(variants)), message)
-            if theirs != variants:
+            gram, theirs = self._parsed(part_of, message)
+            if theirs != ours:
                 raise Fallback("variant_differs")
             if not member.part_from(sender, gram):
                 self._refused("group_fetch_part_refused", sender, member.failed)

@@ -1,16 +1,21 @@
 """The bodies of a fetch round's `propose` and `part` messages (dht.shard_fetch_wire frames
 and signs them); pure. Session 27 (docs/scale.md, "Session 27: the fetch round's parts and
 proposals in compact binary form") made them compact; a node of this release sends only the
-compact forms and still reads the session 26 (JSON) forms, told apart by their keys.
+compact forms and still reads the session 26 (JSON) forms of a proposal, told apart by their
+keys; since session 29 a part is versioned and older parts are refused.
 
-- `part`, compact: `{"upper": B64, "digests": B64}`: the upper triangle, row by row, of the
-  member's part Gram matrix as raw little-endian float64 (a part is exactly symmetric:
-  merge.shard_round `part_gram` mirrors its upper triangle), and the round's variant digests
-  as raw 32-byte SHA-256 values, in id order. The receiver mirrors the triangle back: the
-  same float64 values bit for bit as the sender's own copy, so every member sums the same
-  parts (`summed_gram`) and decides alike. (3 + K)(4 + K) / 2 x 8 bytes (+ a third for the
-  base64) against ~20 bytes a JSON float for all (3 + K)^2 entries. Session 26:
-  `{"gram": [[float]], "variants": [hex]}`.
+- `part`, session 29: `{"v": 3, "variants": B64}` and one tensor: the upper triangle, row
+  by row, of the member's part Gram matrix in float32 values (merge.shard_part `wire_part`
+  rounds it, the diagonal up and the rest toward zero, before the member uses it itself; a
+  part is exactly symmetric), carried as the message's tensor (raw, covered by the
+  signature like a `sums` message's), and the SHA-256 of the round's variant digests in id
+  order (merge.shard_part `variants_digest`, 32 raw bytes). The receiver mirrors the
+  triangle back: the same values bit for bit as the sender's own copy, so every member sums
+  the same parts (`summed_gram`) and decides alike. (3 + K)(4 + K) / 2 x 4 bytes and 32
+  against sessions 27-28's float64 triangle and K digests in base64 (8.0 KB at K = 31, 2.7
+  KB now). Sessions 27-28 (`{"upper": B64, "digests": B64}`) and 26 (`{"gram": [[float]],
+  "variants": [hex]}`) are refused as "old_version" (docs/trust.md, "A member's part in
+  fp32": the checks and the decision read the values the sender signed and used).
 - `propose`, session 28: `{"base": [count, digest], "holders": [peer id], "ids": [[key, seq,
   [index]]], "state_sha": B64}`: each holder named once in a table that the ids name by
   index, and the SHA-256 (32 raw bytes) of the sender's state blocks (merge.shard_states
@@ -32,8 +37,8 @@ members heard from other notifiers, keeps the rest. The table costs one index wh
 share a holder (several rounds of one group, or one group's members notifying for both).
 
 Everything signed is the body as sent (its base64 strings included): the fields a receiver
-decodes are a pure function of the signed bytes. A part's triangle or digests of the wrong
-length, not finite or not base64, and a proposal's states or holder indices out of bounds,
+decodes are a pure function of the signed bytes. A part's triangle of the wrong length or
+not finite, a digest not base64, and a proposal's states or holder indices out of bounds,
 are GroupMessageErrors (their reasons counted against the sender by the caller).
 """
 
@@ -46,6 +51,8 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from dht.grouping_fields import DIGEST_BYTES, fixed_pieces, raw_digest
 from dht.grouping_wire import MAX_COUNT, MAX_MEMBERS, MAX_TEXT, GroupMessageError
 from merge.shard_fetch import (
@@ -56,67 +63,63 @@ from merge.shard_fetch import (
     StateBlock,
     UpdateId,
 )
+from merge.shard_part import mirrored, triangle_side, upper_triangle, variants_digest
 from merge.shard_states import states_digest
 
 NAMED_HOLDERS = 2
 """Holders one proposal names per id (see the module's docstring)."""
 MAX_BASIS = MAX_STATES + MAX_CANDIDATES
 """Rows of a part Gram matrix at most: the state tensors, then the round's updates."""
+MAX_TRIANGLE = MAX_BASIS * (MAX_BASIS + 1) // 2
+"""Values of a part's upper triangle at most (the one tensor a `part` message carries)."""
+PART_VERSION = 3
+"""The `part` body's version: 3 since session 29 (float32 triangle as the message's tensor,
+one digest of the variant list); sessions 26-28 had no version key (refused)."""
 _BLOCK_SIZES = {k * (k + 1) // 2 for k in range(1, MAX_STATES + 1)}
 
 # ---- part -----------------------------------------------------------------------------------
 
 
-def part_body(part: Sequence[Sequence[float]], variants: Sequence[str]) -> dict[str, Any]:
-    """A part's compact body (ValueError: `part` not symmetric, or a variant not a lowercase
-    SHA-256 hex digest; neither happens to what merge/ computes)."""
+def part_message(
+    part: Sequence[Sequence[float]], variants: Sequence[str]
+) -> tuple[dict[str, Any], tuple[torch.Tensor, ...]]:
+    """A part's session 29 body and tensors: the SHA-256 of the round's variant list
+    (merge.shard_part `variants_digest`) and the upper triangle of the part as one float32
+    tensor (ValueError: `part` not symmetric bit for bit or not of float32 values, or a
+    variant not a lowercase SHA-256 hex digest; none happens to what `MemberRound.part`
+    makes)."""
     size = len(part)
     if any(len(row) != size for row in part):
         raise ValueError("a part Gram matrix is square.")
     if any(_bits(part[i][j]) != _bits(part[j][i]) for i in range(size) for j in range(i)):
         raise ValueError("a part Gram matrix is symmetric, bit for bit.")
-    upper = [part[i][j] for i in range(size) for j in range(i, size)]
-    digests = b"".join(_digest_bytes(v) for v in variants)
-    return {"upper": _b64(_f64(upper)), "digests": _b64(digests)}
+    upper = upper_triangle(part)
+    triangle = torch.tensor(upper, dtype=torch.float32)
+    if triangle.to(torch.float64).tolist() != upper:
+        raise ValueError("a part is sent in float32 values (merge.shard_part wire_part).")
+    if any(raw_digest(v) is None for v in variants):
+        raise ValueError("a variant digest is 64 lowercase hex digits.")
+    digest = bytes.fromhex(variants_digest(variants))
+    return {"v": PART_VERSION, "variants": _b64(digest)}, (triangle,)
 
 
-def part_of_body(body: dict[str, Any], num_updates: int) -> tuple[object, list[str]]:
-    """A `part` body's Gram matrix (its shape and checks: merge.shard_round `part_problem`)
-    and its variant digests (one per update of the round), either form."""
-    if "gram" in body:  # session 26: JSON
-        return body["gram"], _hex_variants(body.get("variants"), num_updates)
-    upper = _floats(body.get("upper"), "a part's triangle")
-    size = _triangle_side(len(upper))
+def part_of_message(body: dict[str, Any], tensors: Sequence[torch.Tensor]) -> tuple[object, str]:
+    """A `part` message's Gram matrix (its shape and checks: merge.shard_round
+    `part_problem`) and the SHA-256 (hex) of its sender's variant list. Sessions 26-28's
+    forms (the matrix in the JSON body, float64) are "old_version"."""
+    if "gram" in body or "upper" in body:
+        raise GroupMessageError("old_version", "a part of sessions 26-28 (float64 in JSON)")
+    if body.get("v") != PART_VERSION or len(tensors) != 1:
+        raise GroupMessageError("malformed", "a part's version or triangle")
+    try:
+        (digest,) = fixed_pieces(body.get("variants"), DIGEST_BYTES, 1)
+    except ValueError:
+        raise GroupMessageError("malformed", "a part's variants digest") from None
+    upper = tensors[0].to(torch.float64).tolist()
+    size = triangle_side(len(upper))
     if size is None or size > MAX_BASIS:
         raise GroupMessageError("wrong_size", "a part's triangle is no upper triangle")
-    try:
-        digests = fixed_pieces(body.get("digests"), DIGEST_BYTES, num_updates)
-    except ValueError:
-        raise GroupMessageError("malformed", "a part's variants") from None
-    return _mirrored(upper, size), [d.hex() for d in digests]
-
-
-def _mirrored(upper: Sequence[float], size: int) -> list[list[float]]:
-    gram = [[0.0] * size for _ in range(size)]
-    at = 0
-    for i in range(size):
-        for j in range(i, size):
-            gram[i][j] = gram[j][i] = upper[at]
-            at += 1
-    return gram
-
-
-def _triangle_side(length: int) -> int | None:
-    side = (math.isqrt(8 * length + 1) - 1) // 2
-    return side if side * (side + 1) // 2 == length and side > 0 else None
-
-
-def _hex_variants(variants: object, num_updates: int) -> list[str]:
-    if not isinstance(variants, list) or len(variants) != num_updates:
-        raise GroupMessageError("malformed", "a part's variants")
-    if not all(isinstance(v, str) and len(v) == 64 for v in variants):
-        raise GroupMessageError("malformed", "a part's variants")
-    return variants
+    return mirrored(upper, size), digest.hex()
 
 
 # ---- propose --------------------------------------------------------------------------------
@@ -259,13 +262,6 @@ def _floats(text: object, what: str) -> list[float]:
     if not all(map(math.isfinite, values)):
         raise GroupMessageError("not_finite", f"{what} holds NaN or infinity")
     return values
-
-
-def _digest_bytes(variant: str) -> bytes:
-    raw = raw_digest(variant)
-    if raw is None:
-        raise ValueError("a variant digest is 64 lowercase hex digits.")
-    return raw
 
 
 def _text(value: object) -> bool:

@@ -14,9 +14,11 @@ round, kind, body, the tensors' SHA-256), checked against the stream's sender:
   proposal's digest differs from its own (merge.shard_states `states_wanted`); taken only
   when they hash to the digest the sender's proposal signed;
 - `part`: the upper triangle of its part Gram matrix (merge.shard_member `MemberRound.part`)
-  in raw float64 and the digest of each fetched update's variant (`variant_digest`) as raw
-  bytes, in the round's id order, both base64 in the signed body; the receiver mirrors the
-  triangle back to the sender's matrix bit for bit (dht.shard_fetch_bodies);
+  in float32 values as the message's one tensor and, in the signed body, the SHA-256 of the
+  round's variant digests (`variant_digest` of each fetched update, in id order; session 29:
+  merge.shard_part); the receiver mirrors the triangle back to the sender's matrix bit for
+  bit (dht.shard_fetch_bodies). Sessions 26-28's parts (float64 in the body, one digest per
+  update) are refused as "old_version";
 - `sums`: its slices of the plan's weighted sums (fp32: session 24; bf16 in sessions 20-23),
   one per sum, at most `MAX_SUMS` (merge.shard_round_sums): one when the round stops at its
   first Delayed Nesterov fold (sessions 18-26), two or three since session 27, when a round
@@ -45,8 +47,11 @@ and refuses it (its round falls back to the whole fetch). Since session 28 a nod
 digest `propose` and still reads the session 27 and 26 forms (their blocks in full: no
 `states` message is sent to or waited for from such a sender); a session 27 node finds no
 "states" in a session 28 proposal and refuses it (`group_fetch_malformed`: its round falls
-back), and refuses the `states` kind. The framing, the signed statement and the
-`sums`/`abort` bodies are those of session 26.
+back), and refuses the `states` kind. Since session 29 a part carries its triangle as a
+float32 tensor and one digest of the variant list (`{"v": 3, ...}`); older parts are
+"old_version" here, and a session 28 node finds no "upper" in a session 29 part and refuses
+it (`group_fetch_malformed`): a mixed group's fetch rounds fall back to the whole fetch. The
+framing, the signed statement and the `sums`/`abort` bodies are those of session 26.
 """
 
 from __future__ import annotations
@@ -69,8 +74,8 @@ from dht.grouping_wire import (
     update_meta,
     update_of_meta,
 )
-from dht.shard_fetch_bodies import part_body as part_body
-from dht.shard_fetch_bodies import part_of_body, proposal_of_body, states_of_body
+from dht.shard_fetch_bodies import MAX_TRIANGLE, part_of_message, proposal_of_body, states_of_body
+from dht.shard_fetch_bodies import part_message as part_message
 from dht.shard_fetch_bodies import proposal_body as proposal_body
 from dht.shard_fetch_bodies import states_body as states_body
 from merge.codecs import get_codec
@@ -148,7 +153,7 @@ def _coded(tensors: tuple[torch.Tensor, ...]) -> tuple[str, bytes]:
 
 
 def fetch_max_bytes(numel: int) -> int:
-    return len(FETCH_MAGIC) + 4 + MAX_META_BYTES + 4 * MAX_SUMS * numel
+    return len(FETCH_MAGIC) + 4 + MAX_META_BYTES + 4 * max(MAX_SUMS * numel, MAX_TRIANGLE)
 
 
 def _framed(blob: object, magic: bytes, limit: int, what: str) -> tuple[Any, bytes]:
@@ -205,8 +210,8 @@ def decode_fetch(blob: object, numel: int) -> FetchMessage:
         raise GroupMessageError("malformed", "a fetch message's round out of range")
     if kind not in KINDS or not isinstance(body, dict) or len(signature) != SIGNATURE_BYTES:
         raise GroupMessageError("malformed", "a fetch message's kind, body or signature")
-    most = MAX_SUMS if kind == "sums" else 0
-    tensors = _fp32s(tail, meta.get("sizes"), numel, most, meta.get("codec", "fp32"))
+    most, longest = {"sums": (MAX_SUMS, numel), "part": (1, MAX_TRIANGLE)}.get(kind, (0, 0))
+    tensors = _fp32s(tail, meta.get("sizes"), longest, most, meta.get("codec", "fp32"))
     return FetchMessage(run, (key, epoch, round_), kind, sender, body, tensors, signature)
 
 
@@ -223,10 +228,10 @@ def states_of(message: FetchMessage) -> tuple[StateBlock, ...]:
     return states_of_body(message.body)
 
 
-def part_of(message: FetchMessage, num_updates: int) -> tuple[object, list[str]]:
-    """A `part` message's Gram matrix (checked by `MemberRound.part_from`) and its variants
-    (one digest per update of the round)."""
-    return part_of_body(message.body, num_updates)
+def part_of(message: FetchMessage) -> tuple[object, str]:
+    """A `part` message's Gram matrix (checked by `MemberRound.part_from`) and the SHA-256 of
+    its sender's variant list (merge.shard_part `variants_digest`)."""
+    return part_of_message(message.body, message.tensors)
 
 
 # ---- group-slice ----------------------------------------------------------------------------

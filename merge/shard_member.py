@@ -22,6 +22,7 @@ import torch
 
 from merge.group_chunks import aligned_bounds
 from merge.result import MergeResult
+from merge.shard_part import wire_part
 from merge.shard_round import (
     CapUndecided,
     Gram,
@@ -96,13 +97,17 @@ class MemberRound:
     def part(self) -> Gram | None:
         """This member's part Gram matrix, once it has every slice it needs (None before, or
         when the replica moved since the round's base: "replica_moved", no part of another
-        state is sent)."""
+        state is sent), in float32 values (merge.shard_part `wire_part`, session 29): what it
+        sends is what it sums, bit for bit, as every other member does."""
         if self.needs() or self.failed is not None:
             return None
         with self.rounds.merge.pipeline.replica.lock:
             if self._moved():
                 return None
-            part = part_gram(self._states(self.me) + self._slices())
+            part = wire_part(part_gram(self._states(self.me) + self._slices()))
+        if part is None:  # beyond float32: no part can be sent, nobody's fault
+            self._fail("part_out_of_range")
+            return None
         self._parts[self.me] = part
         return part
 

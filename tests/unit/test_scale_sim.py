@@ -174,16 +174,17 @@ def test_parts_and_proposals_are_sized_as_the_real_encoder_writes_them() -> None
     import torch
 
     from bench import scale_sim_wire as wire
-    from dht.shard_fetch_wire import FetchMessage, part_body
+    from dht.shard_fetch_wire import FetchMessage, part_message
+    from merge.shard_part import wire_part
     from merge.shard_round import part_gram
 
     k = 5
-    gram = part_gram([torch.randn(4096) for _ in range(3 + k)])
-    body = part_body(gram, ["0" * 64] * k)
-    real = len(FetchMessage("scale-sim", ("group:0b01", 1, 1), "part", "", body, ()).to_bytes())
-    real += 2 * 64 + len(wire._SENDER.peer_id)  # signature (hex) and sender once signed
+    gram = wire_part(part_gram([torch.randn(4096) for _ in range(3 + k)]))
+    body, tensors = part_message(gram or [], ["0" * 64] * k)
+    message = FetchMessage("scale-sim", ("group:0b01", 1, 1), "part", "", body, tensors)
+    real = len(message.to_bytes()) + 2 * 64 + len(wire._SENDER.peer_id)  # once signed
     assert wire.part_bytes(k) == pytest.approx(real, rel=0.1)
-    assert wire.part_bytes(k) > 8 * (3 + k) * (4 + k) / 2
+    assert wire.part_bytes(k) > 4 * (3 + k) * (4 + k) / 2  # float32 since session 29
     assert wire.propose_bytes(k, 4) > wire.propose_bytes(0, 4) + k * 2 * 50
 
 

@@ -7,6 +7,7 @@ oversized, unsigned or out of bounds is a counted refusal."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import random
 
@@ -40,6 +41,7 @@ from merge.shard_fetch import (
     wanted_pieces,
 )
 from merge.shard_member import MemberRound
+from merge.shard_part import variants_digest
 from merge.shard_round import ShardRound
 from merge.shard_states import states_digest
 from tests.unit.shard_round_paths import NUMEL, RUN, _assert_alike, _everyone, _one_by_one
@@ -239,10 +241,14 @@ def test_a_proposal_out_of_bounds_is_refused(body: dict) -> None:
         proposal_of(_message("propose", body))
 
 
-def test_a_part_must_name_one_variant_per_update() -> None:
+def test_a_part_names_its_variants_by_one_digest_and_session_26_parts_are_old() -> None:
     body = {"gram": [[1.0]], "variants": ["a" * 64]}
-    assert part_of(_message("part", body), 1) == ([[1.0]], ["a" * 64])
-    with pytest.raises(GroupMessageError):
-        part_of(_message("part", body), 2)
+    with pytest.raises(GroupMessageError, match="sessions 26-28"):
+        part_of(_message("part", body))
+    raw = bytes.fromhex(variants_digest(["a" * 64]))
+    body = {"v": 3, "variants": base64.b64encode(raw).decode()}
+    message = _message("part", body, (torch.tensor([1.0]),))
+    assert part_of(message) == ([[1.0]], variants_digest(["a" * 64]))
+    assert part_of(message)[1] != variants_digest(["a" * 64, "b" * 64])
     with pytest.raises(GroupMessageError):
         parse_slice_request(slice_request(("groups.0b1", 1), 6, 5), NUMEL)

@@ -50,7 +50,8 @@ def test_members_at_one_state_compose_and_propose_what_their_parts_claim() -> No
         assert part is not None
         size = len(state_tensors(pipelines[0].replica))
         claimed = tuple(part[i][j] for i in range(size) for j in range(i, size))
-        assert claimed == pytest.approx(blocks[index], rel=1e-12)  # float64 sums
+        # float64 sums, sent (and kept) in float32 values since session 29 (merge.shard_part)
+        assert claimed == pytest.approx(blocks[index], rel=2**-23)
 
 
 def _replica_after(order: list[int]) -> UpdatePipeline:

@@ -1,7 +1,8 @@
 """The fetch round's parts and proposals in compact form (dht.shard_fetch_bodies; docs/scale.md,
 Session 27): each travels signed and decodes to what its sender computed, bit for bit (the
 part Gram matrices every member sums, the state blocks every member compares); the session 26
-JSON forms still decode; a hostile body is a GroupMessageError with a reason, never a crash;
+JSON forms of a proposal still decode, older parts are refused (session 29: a part in float32,
+merge.shard_part); a hostile body is a GroupMessageError with a reason, never a crash;
 and the simulator's sizes of both, taken from the real encoders, shrink."""
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dht.grouping_wire import GroupMessageError
 from dht.shard_fetch_wire import (
     FetchMessage,
     decode_fetch,
-    part_body,
+    part_message,
     part_of,
     proposal_body,
     proposal_of,
@@ -30,6 +31,7 @@ from dht.shard_fetch_wire import (
 )
 from merge.identity import Identity
 from merge.shard_fetch import Proposal, state_blocks
+from merge.shard_part import variants_digest, wire_part
 from merge.shard_round import part_gram
 from merge.shard_states import states_digest
 
@@ -60,28 +62,34 @@ def _symmetric(upper: list[float], size: int) -> list[list[float]]:
     return gram
 
 
+def _sent_part(part: list[list[float]], variants: list[str]) -> FetchMessage:
+    body, tensors = part_message(part, variants)
+    message = FetchMessage("run", RID, "part", ME.peer_id, body, tensors).signed(ME)
+    back = decode_fetch(message.to_bytes(), 64)  # a model smaller than the triangle
+    assert back.verified()
+    return back
+
+
+f32 = st.floats(allow_nan=False, allow_infinity=False, width=32)
+
+
 @settings(max_examples=80, deadline=None)
 @given(size=st.integers(1, 9), data=st.data())
 def test_a_part_arrives_bit_for_bit(size: int, data: st.DataObject) -> None:
-    upper = data.draw(st.lists(finite, min_size=size * (size + 1) // 2, max_size=55))
-    gram = _symmetric(upper, size)  # -0.0, subnormals and 1e308 included
+    upper = data.draw(st.lists(f32, min_size=size * (size + 1) // 2, max_size=55))
+    gram = _symmetric(upper, size)  # -0.0, subnormals and 3e38 included
     variants = [f"{k:064x}" for k in range(size)]
-    back, theirs = part_of(_sent("part", part_body(gram, variants)), size)
-    assert theirs == variants
+    back, theirs = part_of(_sent_part(gram, variants))
+    assert theirs == variants_digest(variants)
     assert isinstance(back, list) and _bits(back) == _bits(gram)
 
 
 def test_a_real_part_arrives_as_its_sender_computed_it() -> None:
     gen = torch.Generator().manual_seed(5)
-    gram = part_gram([torch.randn(3000, generator=gen) * 10.0**k for k in range(-3, 5)])
-    back, _ = part_of(_sent("part", part_body(gram, ["ab" * 32] * 5)), 5)
+    gram = wire_part(part_gram([torch.randn(3000, generator=gen) * 10.0**k for k in range(-3, 5)]))
+    assert gram is not None
+    back, _ = part_of(_sent_part(gram, ["ab" * 32] * 5))
     assert isinstance(back, list) and _bits(back) == _bits(gram)
-
-
-def test_a_session_26_part_still_decodes() -> None:
-    gram = [[2.0, -0.5], [-0.5, 1.25]]
-    old = {"gram": gram, "variants": ["0f" * 32]}
-    assert part_of(_sent("part", old), 1) == (gram, ["0f" * 32])
 
 
 def _f64(values: list[float]) -> str:
@@ -89,39 +97,44 @@ def _f64(values: list[float]) -> str:
 
 
 DIGEST = base64.b64encode(bytes(32)).decode()
+V3 = {"v": 3, "variants": DIGEST}
 
 
 @pytest.mark.parametrize(
-    "body, reason",
+    "body, values, reason",
     [
-        ({"upper": _f64([1.0, 0.0]), "digests": DIGEST}, "wrong_size"),  # 2: no triangle
-        ({"upper": _f64([]), "digests": DIGEST}, "wrong_size"),
-        ({"upper": base64.b64encode(b"\0" * 12).decode(), "digests": DIGEST}, "wrong_size"),
-        ({"upper": _f64([1.0] * (69 * 70 // 2)), "digests": DIGEST}, "wrong_size"),
-        ({"upper": _f64([float("nan")]), "digests": DIGEST}, "not_finite"),
-        ({"upper": _f64([float("inf")]), "digests": DIGEST}, "not_finite"),
-        ({"upper": "not base64!", "digests": DIGEST}, "malformed"),
-        ({"upper": [1.0], "digests": DIGEST}, "malformed"),
-        ({"digests": DIGEST}, "malformed"),
-        ({"upper": _f64([1.0]), "digests": DIGEST + DIGEST}, "malformed"),
-        ({"upper": _f64([1.0]), "digests": "é"}, "malformed"),
-        ({"upper": _f64([1.0])}, "malformed"),
-        ({"gram": [[1.0]], "variants": ["x"]}, "malformed"),
+        (V3, [1.0, 0.0], "wrong_size"),  # 2: no triangle
+        (V3, [], "malformed"),  # no triangle at all
+        (V3, [1.0] * (69 * 70 // 2), "malformed"),  # longer than any part: not read
+        ({"v": 3, "variants": "not base64!"}, [1.0], "malformed"),
+        ({"v": 3, "variants": DIGEST + DIGEST}, [1.0], "malformed"),
+        ({"v": 3, "variants": "é"}, [1.0], "malformed"),
+        ({"v": 3}, [1.0], "malformed"),
+        ({"v": 4, "variants": DIGEST}, [1.0], "malformed"),
+        ({"variants": DIGEST}, [1.0], "malformed"),
+        ({"upper": _f64([1.0]), "digests": DIGEST}, [], "old_version"),  # sessions 27-28
+        ({"gram": [[1.0]], "variants": ["0f" * 32]}, [], "old_version"),  # session 26
     ],
 )
-def test_a_hostile_part_is_refused_with_a_reason(body: dict, reason: str) -> None:
+def test_a_hostile_or_old_part_is_refused_with_a_reason(
+    body: dict, values: list[float], reason: str
+) -> None:
+    tensors = (torch.tensor(values),) if values else ()
+    message = FetchMessage("run", RID, "part", ME.peer_id, body, tensors).signed(ME)
     with pytest.raises(GroupMessageError) as caught:
-        part_of(_sent("part", body), 1)
+        part_of(decode_fetch(message.to_bytes(), 64))
     assert caught.value.reason == reason
 
 
-def test_a_part_that_is_not_symmetric_is_never_sent() -> None:
+def test_a_part_that_is_not_symmetric_or_not_float32_is_never_sent() -> None:
     with pytest.raises(ValueError):
-        part_body([[1.0, 0.5], [0.25, 1.0]], ["00" * 32])
+        part_message([[1.0, 0.5], [0.25, 1.0]], ["00" * 32])
     with pytest.raises(ValueError):
-        part_body([[0.0, -0.0], [0.0, 1.0]], ["00" * 32])  # -0.0 and 0.0: other bits
+        part_message([[0.0, -0.0], [0.0, 1.0]], ["00" * 32])  # -0.0 and 0.0: other bits
     with pytest.raises(ValueError):
-        part_body([[1.0]], ["AB" * 32])  # a digest this node would not compare equal
+        part_message([[1.0]], ["AB" * 32])  # a digest this node would not compare equal
+    with pytest.raises(ValueError):
+        part_message([[0.1]], ["00" * 32])  # not a float32 value: wire_part first
 
 
 holders_st = st.lists(st.sampled_from([f"12D3KooWpeer{i}" for i in range(6)]), min_size=1)
@@ -255,17 +268,20 @@ def test_the_simulators_parts_and_proposals_shrink_and_match_the_wire() -> None:
 
     k, g = 31, 31  # a 1000-node round
     gen = torch.Generator().manual_seed(0)
-    gram = part_gram([torch.randn(512, generator=gen) for _ in range(3 + k)])
-    body = part_body(gram, ["0" * 64] * k)
-    sim = FetchMessage("scale-sim", wire._RID, "part", wire._SENDER.peer_id, body, ())
+    gram = wire_part(part_gram([torch.randn(512, generator=gen) for _ in range(3 + k)]))
+    assert gram is not None
+    body, tensors = part_message(gram, ["0" * 64] * k)
+    sim = FetchMessage("scale-sim", wire._RID, "part", wire._SENDER.peer_id, body, tensors)
     size = len(sim.signed(wire._SENDER).to_bytes())  # the sim's framing, a real part
     assert wire.part_bytes(k) == size
-    assert wire.part_bytes(k) < 0.4 * _session_26_part(k)
+    assert wire.part_bytes(k) < 0.15 * _session_26_part(k)
+    assert wire.part_bytes(k) < 0.35 * 8018  # sessions 27-28's part at K = 31
     holders = [f"12D3KooW{'x' * 44}{i:04d}" for i in range(4 * k)]  # 52 characters, as real
     old_ids = [[f"group:0b{i:05b}", 10_000 + i, holders[4 * i : 4 * i + 4]] for i in range(k)]
     old = {"base": [10_000, "0" * 64], "ids": old_ids, "states": [[1e3 / 7] * 6] * g}
     session_26 = len(FetchMessage("r", RID, "propose", ME.peer_id, old, ()).signed(ME).to_bytes())
     assert wire.propose_bytes(k, g) < 0.65 * session_26
     assert wire.propose_bytes(k, 125) == wire.propose_bytes(k, g)  # no block per member
-    blob = json.loads(sim.signed(wire._SENDER).to_bytes()[8:])
-    assert set(blob["body"]) == {"upper", "digests"}
+    raw = sim.signed(wire._SENDER).to_bytes()
+    blob = json.loads(raw[8 : 8 + struct.unpack(">I", raw[4:8])[0]])
+    assert set(blob["body"]) == {"v", "variants"} and blob["sizes"] == [34 * 35 // 2]
