@@ -76,7 +76,8 @@ class AssemblyExchange(ExchangeReads):
         if not self.shard_fetch:
             return None
         gone: set[str] = set()
-        fields = await self._fields(uid, holders, gone)
+        local = self._holdings.get(uid)  # a folded round's member holds some shards itself
+        fields = local.fields if local is not None else await self._fields(uid, holders, gone)
         if fields is None:
             return None
         assembly = ShardAssembly(fields, self.numel)
@@ -85,6 +86,10 @@ class AssemblyExchange(ExchangeReads):
             lo, hi = bounds[shard]
             if lo == hi and assembly.take(shard, (), torch.zeros(0)) is None:
                 continue  # an empty shard (a model smaller than its group's chunks)
+            if local is not None and shard in local.shards:
+                ((_, piece, digests),) = local.pieces(lo, hi)
+                if assembly.take(shard, digests, piece) is None:
+                    continue
             asked = dict.fromkeys([*shard_holders(fields, shard), *holders])
             for holder in asked:
                 if holder == self.identity.peer_id or holder in gone:
