@@ -17,6 +17,7 @@ from bench.scale_sim import SimConfig, Simulation, tiny_update_bytes
 from bench.scale_sim_levers import SHARDS_ONLY, shard_holders, sums_message, sums_needed
 from merge.group_chunks import aligned_bounds
 from merge.outer import OuterConfig, make_outer_optimizer
+from merge.shard_holders import SHARD_REPLICAS
 from merge.shard_round_replay import Replay, combos_of
 
 CALM = SimConfig(
@@ -29,6 +30,8 @@ CALM = SimConfig(
     group_size=4,
     balanced=True,
     second_sum=False,  # each lever against session 26's count; tests turn it on
+    fold_own=False,  # the default since session 29 (fold29): off here, as second_sum
+    fold_own_replicas=1,
 )
 G, GROUPS = 4, 4
 
@@ -216,3 +219,9 @@ def test_the_real_shard_round_takes_the_updates_past_a_fold_in_its_counted_sums(
     folds = num_updates // learners
     assert len(plan.combos) == sums_needed(folds, num_updates % learners != 0)
     _assert_alike(a, b)
+
+
+def test_the_default_counts_the_fold_with_two_holders_a_shard_as_nodes_run_it() -> None:
+    """Since session 29 (fold29) the own update is folded by default, each shard held by its
+    reducer and the next included member (merge.shard_holders' SHARD_REPLICAS)."""
+    assert SimConfig().fold_own and SimConfig().fold_own_replicas == SHARD_REPLICAS
