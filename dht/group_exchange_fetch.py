@@ -33,7 +33,7 @@ import torch
 
 from dht.budget import StreamLimits
 from dht.group_exchange_assembly import AssemblyExchange
-from dht.group_exchange_candidates import FetchCandidates
+from dht.group_exchange_candidates import FetchCandidates, with_own
 from dht.group_exchange_realign import ClassRealignment
 from dht.group_exchange_slices import SLICE_LIMITS, SliceExchange
 from dht.grouping import member_check
@@ -240,11 +240,9 @@ class FetchExchange(FetchCandidates, SliceExchange, AssemblyExchange, ClassReali
             if self._waits_for_class(outcome):
                 inbox.waits_for_class = True  # its ids stay candidates (handed over in time)
             else:
-                ids_back, holders = inbox.agreed, inbox.holders
-                if own:  # folded: the own update assembled and applied in order whatever failed
-                    uid = (rid[0], update.seq)
-                    ids_back = tuple(sorted({*ids_back, uid}))
-                    holders = {**holders, uid: tuple(holders.get(uid, ())) or tuple(members)}
+                # folded: the own update assembled and applied in order whatever failed
+                own_uid = (rid[0], update.seq) if own else None
+                ids_back, holders = with_own(inbox.agreed, inbox.holders, own_uid, members)
                 in_order = await self._fall_back(ids_back, holders, outcome)
         if self._on_event is not None:
             self._on_event(
