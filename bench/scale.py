@@ -111,16 +111,28 @@ def main() -> None:
         help="--sim --scatter: count the fetch round's sums in bf16 instead of fp32",
     )
     parser.add_argument(
+        "--fold",
+        action="store_true",
+        help="with --shard-fetch: join --group-fold (the own group's update folded into its "
+        "members' fetch round; docs/scale.md, Session 29)",
+    )
+    parser.add_argument(
         "--fold-own",
         action="store_true",
-        help="--sim --scatter: count the own group's update folded into its members' fetch "
-        "round (co-signatures, not shards, inside the group; not wired)",
+        help="--sim: the default since session 29 (the own group's update folded into its "
+        "members' fetch round, as nodes with --group-fold run it); kept for old commands",
+    )
+    parser.add_argument(
+        "--all-gather-own",
+        action="store_true",
+        help="--sim --scatter: count the own group's reduced shards all-gathered inside the "
+        "group (nodes without --group-fold) instead of folded into the fetch round",
     )
     parser.add_argument(
         "--fold-own-replicas",
         type=int,
-        default=1,
-        help="--sim --fold-own: members holding each reduced shard (its reducer included)",
+        default=2,
+        help="--sim, folded: members holding each reduced shard (its reducer included)",
     )
     parser.add_argument(
         "--whole-past-fold",
@@ -138,6 +150,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.shard_fetch and not (args.group_size and args.scatter):
         parser.error("--shard-fetch needs --group-size and --scatter")
+    if args.fold and not args.shard_fetch:
+        parser.error("--fold needs --shard-fetch")
     if args.rounds < 1:
         parser.error(f"--rounds takes 1 or more, got {args.rounds}")
     if args.group_size == 2:  # join refuses it: a group of two voids itself (docs/trust.md)
@@ -153,6 +167,7 @@ def main() -> None:
         "group_size": args.group_size,
         "group_scatter": bool(args.group_size and args.scatter),
         "group_shard_fetch": bool(args.group_size and args.scatter and args.shard_fetch),
+        "group_fold": bool(args.group_size and args.scatter and args.shard_fetch and args.fold),
         "balanced": bool(args.group_size and args.balanced),
         "sizes": results,
         "extrapolated_base": extrapolate(results),
@@ -192,7 +207,7 @@ def _sim_config(args: argparse.Namespace) -> SimConfig:
         group_size=args.group_size,
         balanced=args.balanced,
         sums_width=2 if args.bf16_sums else 4,
-        fold_own=args.fold_own,
+        fold_own=not args.all_gather_own,
         fold_own_replicas=args.fold_own_replicas,
         second_sum=not args.whole_past_fold,
         rounds=args.rounds,

@@ -71,6 +71,12 @@ def figures(
             Counter(e["outcome"].split(" ")[0] for e in events if e.get("event") == "shard_round")
         ),
         "applied_by_shards": sum(e["applied"] for e in events if e.get("event") == "shard_round"),
+        "fold_rounds_applied": sum(  # --fold: fetch rounds that applied their own group's update
+            e.get("outcome") == "applied"
+            and any(str(c).startswith(f"{e.get('group_key')}#") for c in e.get("candidates", ()))
+            for e in events
+            if e.get("event") == "shard_round"
+        ),
         "applied_in_order_on_fallback": sum(  # a fetch round's fallback (session 18)
             e.get("fallback_in_order", 0) for e in events if e.get("event") == "shard_round"
         ),

@@ -75,6 +75,7 @@ def _measure(slots: list[Slot], args: argparse.Namespace) -> dict[str, Any]:
         run += ["--group-size", str(args.group_size), "--group-wait", "10"]
         run += ["--group-scatter"] if args.scatter else []
         run += ["--group-shard-fetch"] if args.scatter and args.shard_fetch else []
+        run += ["--group-fold"] if args.scatter and args.shard_fetch and args.fold else []
     # One end of training for every process, fixed before the first starts: a node's
     # --max-time counts from its own start, and 16 nodes starting on 2 cores take minutes,
     # during which the first ones (the bootstrap among them) must not stop and exit.

@@ -120,24 +120,29 @@ class Levers:
         member: str,
         reducer: str,
         piece: int,
-        cosign: int,
+        frames: tuple[int, int],
         learners: int,
         included: tuple[str, ...],
     ) -> None:
         """What `member` receives of `reducer`'s reduced shard in a group round's all-gather
-        (bench.scale_sim_reduce): the shard and the signatures, or with `fold_own` the
-        signatures, and the shard only if it is one of the shard's r - 1 replicas."""
+        (bench.scale_sim_reduce; `frames`: a `DGS3`'s bytes beyond its values, a `DGS4`
+        seal's): the shard and its frame, or with `fold_own` a seal, and the shard with its
+        frame only if it is one of the shard's r - 1 replicas (as dht.group_exchange_shards
+        sends them since session 29)."""
         node = self.by_id[member]
         if not node.alive:
             return
+        cosign, seal = frames
         if not self.folds_own(learners):
             self._receive(node, "group_round", piece + cosign)
             return
-        self._receive(node, "group_round", cosign)
         ranks = _ranks(included)
         after = (ranks[member] - ranks[reducer]) % len(ranks)
         if after < self.config.fold_own_replicas:
+            self._receive(node, "group_round", cosign)
             self._receive(node, "shard_replicas", piece)
+        else:
+            self._receive(node, "group_round", seal)
 
     def _from_holders(
         self, node: SimNode, published: Published, start: int, end: int, kind: str, now: float

@@ -186,12 +186,14 @@ class Reducing:
                 key, fields.epoch, fields.round, included, 0, signature, empty, plan.members
             )
             cosign = shard_frame_bytes(framed, "fp32")  # DGS3: the co-signers as a bitmap
+            seal = len(framed.seal_bytes("0" * 64))  # DGS4 (folded): the digest, no values
             for j, reducer in enumerate(view.reducers):
                 for member in included:
                     if member != reducer:
                         self._gathered(
-                            member, reducer, piece_bytes[j], cosign, fields.learners, included
-                        )
+                            member, reducer, piece_bytes[j], (cosign, seal), fields.learners,
+                            included,
+                        )  # fmt: skip
 
         for node in contributors:
             pseudo_gradient = self._pseudo_gradient(replica)

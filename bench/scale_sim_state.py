@@ -66,16 +66,17 @@ class SimConfig:
     balanced: bool = False
     """The first nodes' identities spread evenly over the groups (bench.scale_keys, as
     `bench.scale --balanced` gives real nodes), so a row is like for like with a real run."""
-    fold_own: bool = False
+    fold_own: bool = True
     """With `scatter` (not `wired`), at two learners or more: the own group's update joins
-    its members' fetch round as one more candidate instead of being all-gathered (session
-    27, levers27; not wired): the reducers exchange co-signatures, not shards; each reducer
+    its members' fetch round as one more candidate instead of being all-gathered, as real
+    nodes with --group-fold do since session 29 (fold29; counted since session 27, levers27):
+    the reducers send each other seals (digest and co-signature), not shards; each reducer
     (and `fold_own_replicas` - 1 members after it) then holds the only copies of its shard,
     so every slice or whole fetch of the update asks each shard's holder
-    (bench.scale_sim_levers)."""
-    fold_own_replicas: int = 1
+    (bench.scale_sim_levers). False: the all-gather (`bench.scale --all-gather-own`)."""
+    fold_own_replicas: int = 2
     """With `fold_own`: members holding each reduced shard (its reducer and the next r - 1
-    included members, sent the shard inside the round)."""
+    included members, sent the shard inside the round; merge.shard_holders' SHARD_REPLICAS)."""
     second_sum: bool = True
     """With `scatter` (not `wired`): the updates past a Delayed Nesterov fold inside a fetch
     round go into a second (or third) weighted sum of the same round (`decide` without

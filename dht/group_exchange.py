@@ -12,6 +12,13 @@ finished training first does not lose the others' parts (dht.group_exchange_earl
 `group-done`, the notice a member that completed its round sends instead of the update, and
 what a node does with one: dht.group_exchange_done. `group-update` (a pushed whole update)
 is still served, for nodes of session 10.
+
+Folded (`--group-fold`, docs/scale.md Session 29): a round by reduce-scatter completes on its
+reducers' co-signatures (dht.grouping_shards), nobody holds its update whole, and each member
+keeps the shards it holds (`keep_shards`) and takes the update as a candidate of its fetch
+round with the round's other members (`_finish`): the round's sums carry it, one fetch round
+later than a round applied at once; a fetch round that falls back assembles it whole from its
+shards' holders and applies it in id order.
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ from merge.group_update import (
     ReductionConfig,
 )
 from merge.result import MergeResult
+from merge.shard_holders import ShardHolding
 
 if TYPE_CHECKING:
     from dht.network import SwarmNetwork
@@ -99,6 +107,7 @@ class GroupExchange(EarlyExchange, ShardedExchange, FetchExchange, DoneExchange)
         shard_fetch: GroupMerge | None = None,
         on_event: Callable[..., None] | None = None,
         on_merged: Callable[[MergeResult], None] | None = None,
+        fold: bool = False,
     ) -> None:
         """`live_peers`: the live peers' ids (a completed update's pushes go to them);
         `on_update`: takes a group update this node is not a member of the round of (run off
@@ -112,7 +121,9 @@ class GroupExchange(EarlyExchange, ShardedExchange, FetchExchange, DoneExchange)
         group-done notice of a group ahead of this node's is bounded by (dht.group_notice);
         `shard_fetch`: this node's group merge when other groups' updates are fetched by
         slices (--group-shard-fetch, dht.group_exchange_fetch), whose rounds `on_event` tells
-        of (`shard_round`) and whose results `on_merged` is told."""
+        of (`shard_round`) and whose results `on_merged` is told; `fold`: a round by
+        reduce-scatter is folded into its members' fetch round (--group-fold, in the run's
+        fingerprint; only with `shard_fetch`)."""
         self.network = network
         self.identity = network.identity
         self.run_id = network.config.run_id
@@ -127,6 +138,9 @@ class GroupExchange(EarlyExchange, ShardedExchange, FetchExchange, DoneExchange)
         self._fetch = fetch
         self._applied_seq = applied_seq
         self._init_fetch(shard_fetch, on_event, on_merged)
+        if fold and shard_fetch is None:
+            raise ValueError("the fold (--group-fold) needs the shard fetch (--group-shard-fetch)")
+        self.fold = fold
         self._on_notice: set[RoundId] = set()
         """Rounds a group-done notice is being acted on for (one at a time per round)."""
         self._settled: OrderedDict[RoundId, bool] = OrderedDict()
@@ -282,7 +296,8 @@ class GroupExchange(EarlyExchange, ShardedExchange, FetchExchange, DoneExchange)
         if rid in self._rounds:
             raise ValueError(f"group round {rid} is already running")
         self._rounds[rid], wake = member, asyncio.Event()
-        self.own_key(rid[0])  # its updates never wait for a fetch round (--group-shard-fetch)
+        if not self.fold:  # folded, the own group's updates wait for a fetch round too
+            self.own_key(rid[0])  # its updates never wait for a fetch round (--group-shard-fetch)
         self._remember_list(rid, member.members)
         self._wakes[rid] = wake
         self._note_round(header)
@@ -295,20 +310,33 @@ class GroupExchange(EarlyExchange, ShardedExchange, FetchExchange, DoneExchange)
     async def _finish(
         self, rid: RoundId, member: GroupRound | ShardedRound
     ) -> GroupUpdate | Abandoned:
-        """The round's outcome: settled, and a complete update held and announced."""
+        """The round's outcome: settled, and a complete update held and announced; folded,
+        its shards held and the update a candidate of this member's fetch round (the node is
+        given its fields, an empty aggregate: nothing to apply now)."""
         outcome = member.outcome
         assert outcome is not None
-        self._settle(rid, isinstance(outcome, GroupUpdate))  # applied here either way
+        self._settle(rid, not isinstance(outcome, Abandoned))  # applied here either way
         reason = outcome.reason if isinstance(outcome, Abandoned) else None
         self.follower.ended(rid, reason, member.reduction.contributors)
-        if isinstance(outcome, GroupUpdate):
-            await self._hold(outcome)
-            self.keep(outcome)  # --group-shard-fetch: its slices served, its fetch round run
-            self.start_fetch_round(outcome)
-            notice = SignedDone.of(Done.of(outcome), self.identity, self.run_id).to_bytes()
-            for peer in push_targets(member, outcome, self._live_peers()):
-                self._spawn(self._send(peer, "group-done", notice, SEND_TIMEOUT_S))
-        return outcome
+        if isinstance(outcome, Abandoned):
+            return outcome
+        if self.fold and isinstance(member, ShardedRound):
+            holding = (
+                outcome if isinstance(outcome, ShardHolding) else ShardHolding.of_whole(outcome)
+            )
+            update = holding.fields
+            self.keep_shards((update.head.group_key, update.seq), holding)
+            self.start_fetch_round(update, own=True)
+        else:
+            assert isinstance(outcome, GroupUpdate)
+            update = outcome
+            await self._hold(update)
+            self.keep(update)  # --group-shard-fetch: its slices served, its fetch round run
+            self.start_fetch_round(update)
+        notice = SignedDone.of(Done.of(update), self.identity, self.run_id).to_bytes()
+        for peer in push_targets(member, update, self._live_peers()):
+            self._spawn(self._send(peer, "group-done", notice, SEND_TIMEOUT_S))
+        return update
 
     def _remember_list(self, rid: RoundId, members: frozenset[str]) -> None:
         """The member list this node ran a round of (group key, epoch) with (joined by the

@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+MAX_GROUP_ASKED = 8
+"""Live peers of an update's group a catch-up's assembly asks besides the named holders."""
+
 
 class AssemblyExchange(ExchangeReads):
     """Whole updates from their shards' holders (see the module's docstring)."""
@@ -52,6 +55,7 @@ class AssemblyExchange(ExchangeReads):
         numel: int
         shard_fetch: bool
         num_assembled: int
+        _live_peers: Callable[[], list[str]]
         _holdings: OrderedDict[UpdateId, ShardHolding]
         _reject: Callable[[str, str, str], None]
 
@@ -67,8 +71,13 @@ class AssemblyExchange(ExchangeReads):
 
     async def assemble(self, uid: UpdateId, holders: Sequence[str]) -> GroupUpdate | None:
         """`_assembled`, for the gossip's catch-up (dht.gossip_fetch `Fetcher.assemble`): a
-        peer that refused the update whole may hold some of its shards."""
-        return await self._assembled(uid, holders)
+        peer that refused the update whole may hold some of its shards; after it, the live
+        peers inside the update's group (at most MAX_GROUP_ASKED: a folded round's members
+        hold its shards and nobody announces it whole, Session 29), whom repair's sources
+        (any replica that applied it) need not name."""
+        in_group = member_check(self.run_id, uid[0])
+        members = [p for p in self._live_peers() if in_group(p)][:MAX_GROUP_ASKED]
+        return await self._assembled(uid, list(dict.fromkeys([*holders, *members])))
 
     async def _assembled(self, uid: UpdateId, holders: Sequence[str]) -> GroupUpdate | None:
         """`uid` whole from its shards' holders (None: no fields, or a shard no live holder
@@ -76,7 +85,8 @@ class AssemblyExchange(ExchangeReads):
         if not self.shard_fetch:
             return None
         gone: set[str] = set()
-        fields = await self._fields(uid, holders, gone)
+        local = self._holdings.get(uid)  # a folded round's member holds some shards itself
+        fields = local.fields if local is not None else await self._fields(uid, holders, gone)
         if fields is None:
             return None
         assembly = ShardAssembly(fields, self.numel)
@@ -85,6 +95,10 @@ class AssemblyExchange(ExchangeReads):
             lo, hi = bounds[shard]
             if lo == hi and assembly.take(shard, (), torch.zeros(0)) is None:
                 continue  # an empty shard (a model smaller than its group's chunks)
+            if local is not None and shard in local.shards:
+                ((_, piece, digests),) = local.pieces(lo, hi)
+                if assembly.take(shard, digests, piece) is None:
+                    continue
             asked = dict.fromkeys([*shard_holders(fields, shard), *holders])
             for holder in asked:
                 if holder == self.identity.peer_id or holder in gone:

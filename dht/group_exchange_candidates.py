@@ -29,6 +29,22 @@ logger = logging.getLogger(__name__)
 MAX_KNOWN_KEYS = 64
 
 
+def with_own(
+    ids: Sequence[UpdateId],
+    holders: Mapping[UpdateId, tuple[str, ...]],
+    own: UpdateId | None,
+    members: Sequence[str],
+) -> tuple[tuple[UpdateId, ...], dict[UpdateId, tuple[str, ...]]]:
+    """A fetch round's fallback ids and holders, with a folded round's own update (`own`)
+    among them in id order, held by the round's members (Session 29: nobody else applies
+    it, and it was a candidate of this round whatever failed)."""
+    out = dict(holders)
+    if own is None:
+        return tuple(ids), out
+    out[own] = tuple(out.get(own, ())) or tuple(members)
+    return tuple(sorted({*ids, own})), out
+
+
 class FetchCandidates:
     """FetchExchange's candidates, held back and handed over, and its in-order fallback."""
 

@@ -37,6 +37,7 @@ from dht.grouping_wire import GroupMessageError, RoundId, decode_update
 from dht.variant_fetches import VARIANT_POLL_S, VARIANT_WAIT_S, VariantFetches, served_refusal
 from merge.group_equivocation import GroupVariant
 from merge.group_update import GroupUpdate
+from merge.shard_holders import ShardHolding
 
 DONE_LIMITS = StreamLimits(rate_per_s=4.0, burst=16.0, max_in_flight=4, deadline_s=10.0)
 """Group-done notices a peer may send: one per round it completed (to members and its share
@@ -199,6 +200,8 @@ class DoneExchange(ExchangeReads):
         member = self._rounds.get(rid)
         if member is not None and member.done and isinstance(member.outcome, GroupUpdate):
             return GroupVariant.of(member.outcome).digest
+        if member is not None and isinstance(member.outcome, ShardHolding):  # folded (29)
+            return GroupVariant.of(member.outcome.fields).digest
         if self.applied_variant is None:
             return None
         return self.applied_variant(rid[0], rid[2] + 1)

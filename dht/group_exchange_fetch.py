@@ -33,7 +33,7 @@ import torch
 
 from dht.budget import StreamLimits
 from dht.group_exchange_assembly import AssemblyExchange
-from dht.group_exchange_candidates import FetchCandidates
+from dht.group_exchange_candidates import FetchCandidates, with_own
 from dht.group_exchange_realign import ClassRealignment
 from dht.group_exchange_slices import SLICE_LIMITS, SliceExchange
 from dht.grouping import member_check
@@ -191,13 +191,21 @@ class FetchExchange(FetchCandidates, SliceExchange, AssemblyExchange, ClassReali
 
     # ---- one fetch round --------------------------------------------------------------------
 
-    def start_fetch_round(self, update: GroupUpdate) -> None:
-        """After this node's group round completed with it included: its fetch round."""
+    def start_fetch_round(self, update: GroupUpdate, own: bool = False) -> None:
+        """After this node's group round completed with it included: its fetch round; `own`:
+        the round was folded (--group-fold), its update one more candidate of this round,
+        held by its included members (each holds some shards: merge.shard_holders)."""
         members = sorted(h.author for h in update.contributions)
         if self.shard_fetch and self.identity.peer_id in members:
-            self._spawn(self._fetch_round(update, members))
+            if own:
+                uid = (update.head.group_key, update.seq)
+                self._holdbook.noticed(uid, time.monotonic(), self.fetch_wait_s)
+                self._add_candidate(uid, members)
+            self._spawn(self._fetch_round(update, members, own))
 
-    async def _fetch_round(self, update: GroupUpdate, members: list[str]) -> None:
+    async def _fetch_round(
+        self, update: GroupUpdate, members: list[str], own: bool = False
+    ) -> None:
         head = update.head
         rid = (head.group_key, head.epoch, head.round)
         inbox = self._held_inboxes.pop(rid, None) or Inbox()
@@ -206,19 +214,19 @@ class FetchExchange(FetchCandidates, SliceExchange, AssemblyExchange, ClassReali
             async with self._one_round:
                 self._holdbook.round_opened(time.monotonic())
                 try:
-                    await self._one_fetch_round(rid, update, members, inbox)
+                    await self._one_fetch_round(rid, update, members, inbox, own)
                 finally:
                     self._holdbook.round_closed()
         finally:
             self._inboxes.pop(rid, None)
 
     async def _one_fetch_round(
-        self, rid: RoundId, update: GroupUpdate, members: list[str], inbox: Inbox
+        self, rid: RoundId, update: GroupUpdate, members: list[str], inbox: Inbox, own: bool
     ) -> None:
         started, ids, applied, in_order, sums = time.monotonic(), 0, 0, 0, 0
         reused = self.num_slices_reused
         try:
-            ids, applied, sums = await self._run_fetch(rid, update, members, inbox)
+            ids, applied, sums = await self._run_fetch(rid, update, members, inbox, own)
             outcome = "applied" if ids else "empty"
             in_order = inbox.in_order
         except Fallback as exc:
@@ -233,7 +241,10 @@ class FetchExchange(FetchCandidates, SliceExchange, AssemblyExchange, ClassReali
             if self._waits_for_class(outcome):
                 inbox.waits_for_class = True  # its ids stay candidates (handed over in time)
             else:
-                in_order = await self._fall_back(inbox.agreed, inbox.holders, outcome)
+                # folded: the own update assembled and applied in order whatever failed
+                own_uid = (rid[0], update.seq) if own else None
+                ids_back, holders = with_own(inbox.agreed, inbox.holders, own_uid, members)
+                in_order = await self._fall_back(ids_back, holders, outcome)
         if self._on_event is not None:
             self._on_event(
                 "shard_round", group_key=rid[0], epoch=rid[1], round=rid[2],
@@ -247,15 +258,18 @@ class FetchExchange(FetchCandidates, SliceExchange, AssemblyExchange, ClassReali
             )  # fmt: skip
 
     async def _run_fetch(
-        self, rid: RoundId, update: GroupUpdate, members: list[str], inbox: Inbox
+        self, rid: RoundId, update: GroupUpdate, members: list[str], inbox: Inbox, own: bool
     ) -> tuple[int, int, int]:
         """(updates in the round's set, updates applied, weighted sums gathered: one a stretch
-        between Delayed Nesterov folds, session 27); Fallback when it falls back."""
+        between Delayed Nesterov folds, session 27); Fallback when it falls back. `own`: the
+        own update is a candidate (folded), not applied before the round."""
         if len(members) < 2:
             raise Fallback("alone")
         wait_s, me = self.fetch_wait_s, self.identity.peer_id
         others = [m for m in members if m != me]
-        await self._until(lambda: self._applied((rid[0], update.seq)), wait_s, "own_not_applied")
+        if not own:
+            own_uid = (rid[0], update.seq)
+            await self._until(lambda: self._applied(own_uid), wait_s, "own_not_applied")
         realigning = self._realign_from_class(members, inbox)
         await self._collect(update.seq, wait_s / 2)
         if realigning is not None:

@@ -80,6 +80,7 @@ class ShardedExchange(ExchangeReads):
         run_id: str
         numel: int
         fetch_wait_s: float
+        fold: bool
         _rounds: dict[RoundId, GroupRound | ShardedRound]
         _wakes: dict[RoundId, asyncio.Event]
         _settled: OrderedDict[RoundId, bool]
@@ -173,8 +174,9 @@ class ShardedExchange(ExchangeReads):
     ) -> GroupUpdate | Abandoned:
         """This member's round by reduce-scatter (--group-scatter): shard j of its part to
         member j, the pieces of its own shards in until the deadline (from when the round's
-        first piece was here), its shards reduced and sent to the included members, theirs
-        in until `cosign_s` later; a reducer with a shard missing that the live view says is
+        first piece was here), its shards reduced and sent to the included members (folded:
+        the values to each shard's replica holder, a seal to the others: dht.grouping_shards),
+        theirs in until `cosign_s` later; a reducer with a shard missing that the live view says is
         gone past the co-sign deadline: retry once without it (pieces re-sent to the shards'
         new reducers) or abandon. `tensor` is what `codec`
         decodes (bf16 and fp32 slices re-encode exactly; any other codec's pieces go fp32)."""
@@ -194,6 +196,7 @@ class ShardedExchange(ExchangeReads):
             cosign_s=cosign_s,
             config=config,
             grace_s=grace_s(wait_s),
+            fold=self.fold,
         )
         piece_codec = codec if codec in ("bf16", "fp32") else "fp32"
         with self._running(rid, member, header) as wake:
@@ -204,9 +207,14 @@ class ShardedExchange(ExchangeReads):
                     blob = encode_piece(header, digests, shard, member.pieces[shard], piece_codec)
                     self._spawn(self._send_piece(member, peer, blob, max(wait_s, 1.0)))
                 for out in member.tick(time.monotonic(), self._is_alive):
+                    assert out.tensor is not None and out.digest is not None
                     blob = out.to_bytes(shard_codec(out.tensor))
+                    # folded: the values to the shard's replica holder, a seal to the others
+                    holder = member.replica_holder(out.shard) if self.fold else None
+                    seal = out.seal_bytes(out.digest) if self.fold else blob
                     for peer in member.recipients():
-                        self._spawn(self._send_shard(member, peer, blob, cosign_s))
+                        sent = blob if holder in (None, peer) else seal
+                        self._spawn(self._send_shard(member, peer, sent, cosign_s))
                 if not member.done:
                     await until_due(wake, member)
             return await self._finish(rid, member)

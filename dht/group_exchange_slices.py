@@ -57,6 +57,10 @@ SLICE_LIMITS = StreamLimits(rate_per_s=8.0, burst=32.0, max_in_flight=4, deadlin
 """Slice requests a peer may make: one per update of a fetch round, from each member."""
 MAX_KEPT_UPDATES = 4
 """Group updates this node completed that it keeps whole to serve slices of."""
+MAX_HELD_UPDATES = 16
+"""Group updates this node holds some shards of (a folded round's member: about 2 / g of an
+update each, Session 29): nobody holds a folded update whole, so these are what a replica
+that missed it assembles it from, rounds later."""
 KEPT_SLICE_MODELS = 2
 """Fetched slices kept for a later round, in model sizes of values (session 18: an update
 deferred past a fold is fetched again by the next round, same members, same slice)."""
@@ -107,7 +111,7 @@ class SliceExchange(ExchangeReads):
         serves (docs/scale.md, Session 28)."""
         self._holdings[uid] = holding
         self._holdings.move_to_end(uid)
-        while len(self._holdings) > MAX_KEPT_UPDATES:
+        while len(self._holdings) > MAX_HELD_UPDATES:
             self._holdings.popitem(last=False)
 
     def _served(self, uid: UpdateId, start: int, end: int) -> ShardHolding | None:

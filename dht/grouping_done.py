@@ -34,6 +34,7 @@ from merge.group_update import (
     GroupUpdate,
     Phase,
 )
+from merge.shard_holders import ShardHolding
 
 DONE_MAGIC = b"DGD1"
 
@@ -123,7 +124,7 @@ class RoundView(Protocol):
     @property
     def done(self) -> bool: ...
     @property
-    def outcome(self) -> GroupUpdate | Abandoned | None: ...
+    def outcome(self) -> GroupUpdate | ShardHolding | Abandoned | None: ...
     @property
     def phase(self) -> Phase: ...
     @property
@@ -153,7 +154,8 @@ def done_action(
     passed, and the round is still running: "adopt")."""
     if member is not None:
         if member.done:
-            return "ignore" if isinstance(member.outcome, GroupUpdate) else "offer"
+            done_ = isinstance(member.outcome, (GroupUpdate, ShardHolding))  # folded: held too
+            return "ignore" if done_ else "offer"
         same = member.phase is Phase.REDUCING and member.reduction.included == done.included
         if same and not waited:
             return now + min(DONE_GRACE_S, max(member.cosign_deadline - now, 0.0))

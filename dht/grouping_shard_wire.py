@@ -31,6 +31,10 @@ from merge.shard_proof import ProofError, ShardProof, bitmap_of, members_of
 
 PIECE_MAGIC = b"DGP5"
 SHARD_MAGIC = b"DGS3"
+SEAL_MAGIC = b"DGS4"
+"""A reduced shard's co-signature without its values (the fold, `--group-fold`, session 29):
+the `DGS3` fields and the shard's digest (the root of its chunk digests, what the co-signature
+covers); sent to every included member but the shard's replica holder, who gets the `DGS3`."""
 OLD_MAGICS = {
     b"DGP3": "session 26 group piece",
     b"DGS1": "session 26 group shard",
@@ -168,15 +172,19 @@ class ReducedShard:
     included: tuple[str, ...]
     shard: int
     signature: bytes
-    tensor: torch.Tensor
+    tensor: torch.Tensor | None
+    """The reduced values (None: a seal, `DGS4`: the digest alone)."""
     members: tuple[str, ...]
+    digest: str | None = None
+    """The shard's digest, which the co-signature covers (a seal's; a `DGS3`'s is its
+    values')."""
 
     @property
     def round_id(self) -> RoundId:
         return (self.group_key, self.epoch, self.round)
 
-    def to_bytes(self, codec: str) -> bytes:
-        meta = {
+    def _meta(self) -> dict[str, object]:
+        return {
             "group_key": self.group_key,
             "epoch": self.epoch,
             "round": self.round,
@@ -184,7 +192,14 @@ class ReducedShard:
             "shard": self.shard,
             "signature": self.signature.hex(),
         }
-        return _framed(SHARD_MAGIC, meta, _coded_tail(self.tensor, codec))
+
+    def to_bytes(self, codec: str) -> bytes:
+        assert self.tensor is not None, "a seal is sent by seal_bytes"
+        return _framed(SHARD_MAGIC, self._meta(), _coded_tail(self.tensor, codec))
+
+    def seal_bytes(self, digest: str) -> bytes:
+        """The co-signature without the values (`DGS4`): the shard's `digest`, no tensor."""
+        return _framed(SEAL_MAGIC, {**self._meta(), "digest": digest}, b"")
 
 
 def shard_frame_bytes(shard: ReducedShard, codec: str) -> int:
@@ -203,7 +218,9 @@ class WireShard:
     bitmap: str
     shard: int
     signature: bytes
-    tensor: torch.Tensor
+    tensor: torch.Tensor | None
+    digest: str | None = None
+    """A seal's (`DGS4`) shard digest; its tensor is None."""
 
     @property
     def round_id(self) -> RoundId:
@@ -222,19 +239,25 @@ class WireShard:
             self.signature,
             self.tensor,
             members,
+            self.digest,
         )
 
 
 def decode_shard(blob: object, numel: int) -> WireShard:
-    """An untrusted `group-shard`'s fields and tensor (its size is checked by the round it is
-    for, against its member list's split, its bitmap decoded over that list, its co-signature
-    checked against the shard's reducer)."""
-    meta, tail = _unframe(blob, SHARD_MAGIC, _SHARD_META_LIMIT, "group shard")
+    """An untrusted `group-shard`'s fields and tensor, or a seal's (`DGS4`) digest (its size is
+    checked by the round it is for, against its member list's split, its bitmap decoded over
+    that list, its co-signature checked against the shard's reducer)."""
+    seal = isinstance(blob, bytes) and blob[:4] == SEAL_MAGIC
+    magic = SEAL_MAGIC if seal else SHARD_MAGIC
+    meta, tail = _unframe(blob, magic, _SHARD_META_LIMIT + _DIGEST + 16, "group shard")
     try:
-        assert isinstance(meta, dict)
+        assert isinstance(meta, dict) and set(meta) == _SHARD_FIELDS | (
+            {"digest"} if seal else set()
+        )
         bitmap = meta["included"]
         fields = (meta["group_key"], meta["epoch"], meta["round"], meta["shard"])
         signature = bytes.fromhex(meta["signature"])
+        digest = meta.get("digest")
     except (AssertionError, KeyError, TypeError, ValueError, AttributeError):
         raise GroupMessageError("malformed", "a group shard that does not parse") from None
     group_key, epoch, round_, shard = fields
@@ -247,11 +270,27 @@ def decode_shard(blob: object, numel: int) -> WireShard:
     )
     if not ok or len(tail) > 1 + MAX_CODEC_NAME + 4 * numel:
         raise GroupMessageError("malformed", "a group shard with fields out of range")
+    if seal:
+        if tail or not _is_digest(digest):
+            raise GroupMessageError("malformed", "a group shard's seal with a bad digest")
+        assert isinstance(digest, str)
+        return WireShard(group_key, epoch, round_, bitmap, shard, signature, None, digest)
     if not tail or not 0 < tail[0] <= MAX_CODEC_NAME or len(tail) < 1 + tail[0]:
         raise GroupMessageError("malformed", "a group shard without a codec name")
     per_value = get_codec_bytes(tail[1 : 1 + tail[0]])
     tensor = _coded(tail, (len(tail) - 1 - tail[0]) // per_value)
     return WireShard(group_key, epoch, round_, bitmap, shard, signature, tensor)
+
+
+_SHARD_FIELDS = frozenset({"group_key", "epoch", "round", "included", "shard", "signature"})
+
+
+def _is_digest(value: object) -> bool:
+    return (
+        isinstance(value, str)
+        and len(value) == _DIGEST
+        and all(c in "0123456789abcdef" for c in value)
+    )
 
 
 def get_codec_bytes(name: bytes) -> int:

@@ -26,6 +26,10 @@ merge.group_plan's.
   only past the first co-sign deadline (session 18: views flap under load, and one member
   retrying alone split the round). Per member and round: about one part out and one in, plus
   one update in.
+- Folded (`fold`, `--group-fold`, session 29): each reduced shard goes whole (`DGS3`) to its
+  replica holder only (`replica_holder`: the next included member, merge.shard_holders) and
+  as a seal (`DGS4`: its digest and co-signature, no values) to the other included members;
+  the outcome is this member's `ShardHolding` (merge.group_shards).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from dht.grouping_patience import CosignClock, round_deadlines
 from dht.grouping_shard_wire import (
     OLD_MAGICS,
     PIECE_MAGIC,
+    SEAL_MAGIC,
     SHARD_MAGIC,
     Piece,
     ReducedShard,
@@ -53,10 +58,9 @@ from dht.grouping_shard_wire import (
     shard_max_bytes,
 )
 from dht.grouping_wire import RoundId
-from merge.group_chunks import split
-from merge.group_shards import ShardedReduction
+from merge.group_chunks import shard_digest, split
+from merge.group_shards import Outcome, ShardedReduction
 from merge.group_update import (
-    Abandoned,
     ContributionHeader,
     GroupUpdate,
     Phase,
@@ -68,6 +72,7 @@ from merge.shard_proof import ProofError
 __all__ = [
     "OLD_MAGICS",
     "PIECE_MAGIC",
+    "SEAL_MAGIC",
     "SHARD_MAGIC",
     "Piece",
     "ReducedShard",
@@ -87,7 +92,8 @@ __all__ = [
 
 class ShardedRound:
     """This member's side of one group round by reduce-scatter; pure: events in with their
-    time, pieces and reduced shards to send out. `outcome`: a GroupUpdate or Abandoned."""
+    time, pieces and reduced shards to send out. `outcome`: a GroupUpdate, a folded
+    round's ShardHolding, or Abandoned."""
 
     def __init__(
         self,
@@ -102,6 +108,7 @@ class ShardedRound:
         cosign_s: float,
         config: ReductionConfig | None = None,
         grace_s: float = 0.0,
+        fold: bool = False,
     ) -> None:
         """`grace_s`: how long past its `wait_s` join window the round keeps collecting
         (dht.grouping_patience.grace_s); the co-sign deadline stays `cosign_s` past the join
@@ -118,6 +125,7 @@ class ShardedRound:
             members=self.members,
             numel=tensor.numel(),
             config=config,
+            fold=fold,
         )
         self.header, self.digests = header, digests
         self.pieces = split(tensor.detach().to(torch.float32), len(digests))
@@ -145,7 +153,7 @@ class ShardedRound:
         return self.reduction.phase
 
     @property
-    def outcome(self) -> GroupUpdate | Abandoned | None:
+    def outcome(self) -> Outcome | None:
         return self.reduction.outcome
 
     @property
@@ -189,7 +197,7 @@ class ShardedRound:
             except ProofError:
                 return self.reduction.count("bad_included")
         return self.reduction.take_reduced(
-            shard.shard, shard.tensor, shard.signature, shard.included
+            shard.shard, shard.tensor, shard.signature, shard.included, shard.digest
         )
 
     def tick(self, now: float, alive: Callable[[str], bool] = lambda _: True) -> list[ReducedShard]:
@@ -205,6 +213,7 @@ class ShardedRound:
                 if (r.included, shard) in self._shared or not r.ready(shard):
                     continue
                 tensor = r.reduce(shard)
+                digest = shard_digest(tensor, r.numel, r.bounds[shard][0])
                 signature = self._identity.sign(r.statement(shard, tensor))
                 self._shared.add((r.included, shard))
                 out.append(
@@ -217,6 +226,7 @@ class ShardedRound:
                         signature,
                         tensor,
                         r.plan.members,
+                        digest,
                     )
                 )
                 r.take_reduced(shard, tensor, signature)
@@ -240,6 +250,16 @@ class ShardedRound:
 
     def recipients(self) -> list[str]:
         return [m for m in self.reduction.included if m != self.me]
+
+    def replica_holder(self, shard: int) -> str | None:
+        """Who holds `shard` after its reducer in a folded round: the next included member
+        in sorted order (merge.shard_holders `shard_holders`' second); None when alone."""
+        r = self.reduction
+        included = sorted(r.included)
+        if len(included) < 2 or not r.reducers:
+            return None
+        at = included.index(r.reducers[shard])
+        return included[(at + 1) % len(included)]
 
     def missing_reducers(self) -> list[str]:
         return self.reduction.missing_reducers()

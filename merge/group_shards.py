@@ -15,6 +15,14 @@ one update in per member). A member lost while reducing makes the round retry on
 attempt name another included set and do not count), or abandon, as
 merge.group_update.GroupReduction does; never half-applied.
 
+Folded (`fold`, `--group-fold`, docs/scale.md Session 29): a reducer sends each reduced shard's
+values to its replica holder only (merge.shard_holders: the next included member) and its
+co-signature over the shard's digest to the others (`take_reduced` with `digest` and no
+tensor); the round completes once every shard's co-signature is in, and its outcome is this
+member's `ShardHolding` (the update's co-signed fields and the shards it holds, each checked
+against its digest), not a whole update: the own update is then a candidate of the members'
+fetch round (dht.group_exchange_fetch).
+
 `ShardedReduction` is one member's view (the pieces of the shards it reduces, the reduced
 shards of the others) or, given every piece, the whole group's (the simulator). Every input
 is checked against its author's signature; a refusal is counted in `rejected`.
@@ -40,7 +48,11 @@ from merge.group_update import (
     clipped_mean,
 )
 from merge.identity import Identity, verify_signature
+from merge.shard_holders import ShardHolding
 from merge.shard_proof import ProofError, ShardProof, merkle_root
+
+Outcome = GroupUpdate | ShardHolding | Abandoned
+"""A sharded round's end: the whole update, a folded round's holding, or abandoned."""
 
 
 def sharded_contribution(
@@ -77,15 +89,18 @@ class ShardedReduction:
         members: Iterable[str],
         numel: int,
         config: ReductionConfig | None = None,
+        fold: bool = False,
     ) -> None:
+        """`fold`: the round completes on co-signatures alone (see the module's docstring)."""
         self.group_key, self.epoch, self.round = group_key, epoch, round
+        self.fold = fold
         self.plan = ShardPlan.of(members)
         self.members = frozenset(self.plan.members)
         self.numel = numel
         self.bounds = self.plan.bounds(numel)
         self.config = config or ReductionConfig()
         self.phase = Phase.COLLECTING
-        self.outcome: GroupUpdate | Abandoned | None = None
+        self.outcome: Outcome | None = None
         self.retries = 0
         self.rejected: dict[str, int] = {}
         self._headers: dict[str, ContributionHeader] = {}
@@ -94,8 +109,9 @@ class ShardedReduction:
         self._pieces: dict[int, dict[str, torch.Tensor]] = {}
         self._included: tuple[str, ...] = ()
         self._reducers: tuple[str, ...] = ()
-        self._reduced: dict[int, tuple[torch.Tensor, str, bytes]] = {}
-        self._held: dict[int, tuple[tuple[str, ...], torch.Tensor, bytes]] = {}
+        self._reduced: dict[int, tuple[torch.Tensor | None, str, bytes]] = {}
+        """Shard -> (its values, None for a seal; its digest; its reducer's co-signature)."""
+        self._held: dict[int, tuple[tuple[str, ...], torch.Tensor | None, bytes, str | None]] = {}
         """Reduced shards for another included set (an attempt this view has not reached)."""
 
     # ---- views ------------------------------------------------------------------------------
@@ -261,32 +277,41 @@ class ShardedReduction:
     def take_reduced(
         self,
         shard: int,
-        reduced: torch.Tensor,
+        reduced: torch.Tensor | None,
         signature: bytes,
         included: tuple[str, ...] | None = None,
+        digest: str | None = None,
     ) -> bool:
         """A reduced shard and its reducer's co-signature (`included`: the included set it
-        was reduced over; None: this view's). One for another included set is held until
-        this view reaches it. The last shard in completes the round."""
+        was reduced over; None: this view's), or, folded, its co-signature over `digest`
+        alone (`reduced` None: a seal). One for another included set is held until this view
+        reaches it. The last shard in completes the round."""
         if self.outcome is not None:
             return False
         if not 0 <= shard < self.plan.num_shards:
             return self._count("bad_shard")
+        if reduced is None and (digest is None or not self.fold):
+            return self._count("seal_not_folded")
         start, end = self.bounds[shard]
-        if reduced.dim() != 1 or reduced.numel() != end - start:
-            return self._count("wrong_size")
-        if not bool(torch.isfinite(reduced).all()):
-            return self._count("not_finite")
+        if reduced is not None:
+            if reduced.dim() != 1 or reduced.numel() != end - start:
+                return self._count("wrong_size")
+            if not bool(torch.isfinite(reduced).all()):
+                return self._count("not_finite")
+            reduced = reduced.detach().to(torch.float32).clone()
+            digest = shard_digest(reduced, self.numel, start)
+        assert digest is not None
         if included is not None and included != self._included:
-            self._held[shard] = (included, reduced.detach().clone(), signature)
+            self._held[shard] = (included, reduced, signature, digest)
             return True
         if self.phase is not Phase.REDUCING:
             return self._count("not_reducing")
         reducer = self._reducers[shard]
-        digest = shard_digest(reduced, self.numel, start)
         if not verify_signature(reducer, self._draft().statement(shard, digest), signature):
             return self._count("bad_cosignature")
-        self._reduced[shard] = (reduced.detach().to(torch.float32).clone(), digest, signature)
+        if reduced is None and shard in self._reduced:
+            return True  # the values came first (a replica holder): kept
+        self._reduced[shard] = (reduced, digest, signature)
         if len(self._reduced) == self.plan.num_shards:
             self._complete()
         return True
@@ -352,22 +377,30 @@ class ShardedReduction:
             return
         self.phase = Phase.REDUCING
         self._reducers = self.plan.reducers(included)
-        for shard, (theirs, reduced, signature) in list(self._held.items()):
+        for shard, (theirs, reduced, signature, digest) in list(self._held.items()):
             if theirs == included:
                 del self._held[shard]
-                self.take_reduced(shard, reduced, signature)
+                self.take_reduced(shard, reduced, signature, digest=digest)
                 if self.outcome is not None:
                     return
 
     def _complete(self) -> None:
         shards = [self._reduced[j] for j in range(self.plan.num_shards)]
-        self.outcome = GroupUpdate(
+        values = [t for t, _, _ in shards]
+        fields = GroupUpdate(
             tuple(self._headers[m] for m in self._included),
             tuple(d for _, d, _ in shards),
             tuple(s for _, _, s in shards),
-            torch.cat([t for t, _, _ in shards]),
+            torch.zeros(0),
             self.plan.members,
         )
+        if self.fold:
+            held = {j: t for j, t in enumerate(values) if t is not None}
+            self.outcome = ShardHolding(fields, self.numel, held)
+        else:
+            whole = [t for t in values if t is not None]
+            assert len(whole) == len(values), "a seal is taken only by a folded round"
+            self.outcome = replace(fields, aggregate=torch.cat(whole))
         self.phase = Phase.COMPLETED
         self._pieces, self._held = {}, {}
 

@@ -54,6 +54,12 @@ def held_shards(update: GroupUpdate, peer: str, replicas: int = SHARD_REPLICAS) 
     return tuple(k for k in range(update.num_shards) if peer in shard_holders(update, k, replicas))
 
 
+def folded(update: GroupUpdate, numel: int) -> bool:
+    """Whether `update` is a folded round's fields alone (no aggregate: applied by the
+    members' fetch round, never at once), for a model of `numel` values."""
+    return numel > 0 and update.aggregate.numel() == 0
+
+
 def fields_of(update: GroupUpdate) -> GroupUpdate:
     """The update's fields alone (headers, digests, co-signatures; an empty aggregate)."""
     return replace(update, aggregate=torch.zeros(0))

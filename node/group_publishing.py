@@ -45,6 +45,7 @@ from merge.group_shards import sharded_contribution
 from merge.group_update import Abandoned, ContributionHeader, GroupUpdate, RoundFields
 from merge.pipeline import MergeConfig
 from merge.result import MergeResult
+from merge.shard_holders import folded
 from node.events import EventLog
 from node.learner import Learner, RoundStats, StepStats
 from node.progress import RoundProgress
@@ -78,6 +79,8 @@ class GroupPublishing:
             raise ValueError("--group-size needs whole updates (--fragments 1)")
         if groups.group_shard_fetch and not groups.group_scatter:
             raise ValueError("--group-shard-fetch needs --group-scatter")
+        if groups.group_fold and not groups.group_shard_fetch:
+            raise ValueError("--group-fold needs --group-shard-fetch")
         self.publisher, self.learner, self.merge = publisher, learner, merge
         self.replica, self.groups, self.run_id = publisher.replica, groups, run_id
         self.events, self.census_s = events, census_s
@@ -342,6 +345,12 @@ class GroupPublishing:
         else:
             self.compressor.residual = total.detach().clone()
             self.carried.carry(header, sent)
+        if isinstance(outcome, GroupUpdate) and folded(outcome, self.replica.numel):
+            # --group-fold: the fetch round applies it with the others (its MergeResult is
+            # that round's, node.network_swarm `report_merge`); nothing to apply now
+            return MergeResult(
+                False, header.group_key, header.round + 1, 0, 0.0, "group_folded"
+            )  # fmt: skip
         if isinstance(outcome, GroupUpdate):
             pipeline = self.publisher.pipeline
             result = pipeline.submit_group(outcome, member_check(self.run_id, header.group_key))

@@ -89,6 +89,7 @@ class NetworkSwarm:
                 applied_seq=replica.last_seq,
                 # --group-shard-fetch: other groups' updates by slices (in the fingerprint)
                 shard_fetch=pipeline.groups if run_settings.get("group_shard_fetch") else None,
+                fold=bool(run_settings.get("group_fold")),  # --group-fold (in the fingerprint)
                 on_event=events.emit,
                 on_merged=report_merge,
             )

@@ -259,6 +259,11 @@ class GroupSettings:
     """With --group-scatter: each member fetches only its slice of other groups' updates and
     the group applies them as one step (docs/scale.md, Session 17; the members' weighted sums
     travel in bf16); any failure falls back to the whole fetch. Experimental."""
+    group_fold: bool = False
+    """With --group-shard-fetch: the own group's update folded into its members' fetch round
+    (docs/scale.md, Session 29): a round's reduced shards go to their replica holder only (the
+    others get the co-signature), and the group applies its own update with the others' by
+    slices, one fetch round later. Experimental."""
 
     @property
     def groups_on(self) -> bool:
@@ -276,6 +281,7 @@ class GroupSettings:
         names = ["size", "max_bits", "epoch_rounds", "quorum", "max_norm_to_median", "wait"]
         names += ["scatter"] if self.group_scatter else []  # off: session 11's, unchanged
         names += ["shard_fetch"] if self.group_shard_fetch else []  # off: unchanged
+        names += ["fold"] if self.group_fold else []  # off: unchanged
         return {f"group_{n}": getattr(self, f"group_{n}") for n in names}
 
 

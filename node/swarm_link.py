@@ -66,7 +66,7 @@ def run_alone(contribution: GroupContribution) -> GroupUpdate | Abandoned:
         )  # fmt: skip
         sharded.tick(time.monotonic())
         sharded.tick(time.monotonic())
-        assert sharded.outcome is not None
+        assert isinstance(sharded.outcome, (GroupUpdate, Abandoned))  # a group of one: not folded
         return sharded.outcome
     member = GroupRound(
         c.identity, c.header, c.pseudo_gradient, c.members, opened_at=time.monotonic(),

@@ -5,7 +5,12 @@ session 24, so the five nodes at --group-size 2 this test started before are ref
 each member fetches its slice of the other group's updates and the members apply them as one
 step. At least one round is applied by shards (a `shard_round` event), and the six
 replicas end with one applied set and the same settled parameters once the settle has run,
-whichever rounds fell back to the whole fetch."""
+whichever rounds fell back to the whole fetch.
+
+Since session 29 (fold29) the nodes run with --group-fold: a group's own update is folded
+into its members' fetch round (seals, not shards, inside the group; nobody holds it whole), so
+at least one fetch round applies its own group's update by shards too, and the replicas still
+end as one."""
 
 from __future__ import annotations
 
@@ -47,6 +52,7 @@ ARGS = (
     "--group-epoch-rounds", "10", "--group-wait", str(WAIT_S), "--max-rounds", str(MAX_ROUNDS),
     "--linger", str(LINGER_S), "--speed-factor", "2",
     "--emulated-step-s", "0.2", "--no-dashboard", "--group-scatter", "--group-shard-fetch",
+    "--group-fold",
 )  # fmt: skip
 
 
@@ -91,6 +97,8 @@ def test_two_groups_fetch_each_others_updates_by_slices_and_end_as_one(
     by_shards = [e for e in rounds if e["outcome"] == "applied" and e["applied"] >= 1]
     outcomes = sorted(e["outcome"] for e in rounds)
     assert by_shards, f"no round applied by shards: {outcomes}"
+    own = [e for e in by_shards if any(c.startswith(f"{e['group_key']}#") for c in e["candidates"])]
+    assert own, f"no fetch round applied its own group's update (the fold): {outcomes}"
     replicas = [saved_replica(tmp_path / "homes" / f"node{i}") for i in range(NODES)]
     applied, settled = replicas[0]["applied"], settled_params(replicas[0])
     assert {"groups.0b0", "groups.0b1"} <= set(applied), applied

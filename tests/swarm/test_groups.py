@@ -66,14 +66,23 @@ def _completed(
 
 
 @pytest.mark.timeout(covering(START_S, 4 * GROUP_ROUND_S, RUN_S, EXIT_S))
-@pytest.mark.parametrize("scatter", [False, True], ids=["whole_parts", "reduce_scatter"])
+@pytest.mark.parametrize(
+    "mode", ["whole", "scatter", "folded"], ids=["whole_parts", "reduce_scatter", "folded"]
+)
 def test_two_groups_lose_a_member_each_and_the_live_replicas_end_as_one(
-    launch: Callable[..., NodeProcess], tmp_path: Path, scatter: bool
+    launch: Callable[..., NodeProcess], tmp_path: Path, mode: str
 ) -> None:
-    """With --group-scatter the same rounds run by reduce-scatter (dht.grouping_shards)."""
+    """With --group-scatter the same rounds run by reduce-scatter (dht.grouping_shards);
+    folded (--group-shard-fetch --group-fold, docs/scale.md Session 29) each round's update
+    is applied by its members' fetch round, held only as shards, the kill mid-run included."""
     keys = alternating_keys(tmp_path / "keys", RUN, 6)
     ids = [Identity.load(k).peer_id for k in keys]
-    args = (*ARGS, "--group-scatter") if scatter else ARGS
+    extra = {
+        "whole": (),
+        "scatter": ("--group-scatter",),
+        "folded": ("--group-scatter", "--group-shard-fetch", "--group-fold"),
+    }[mode]
+    args = (*ARGS, *extra)
     # All six start at once: the joiners dial the bootstrap's known address until it listens.
     port = unused_port()
     boot = launch(*args, "--identity", str(keys[0]), "--port", str(port), name="node0")

@@ -24,19 +24,23 @@ from tests.unit.test_gossip_group_fetch import _closed, _fetching
 from tests.unit.test_group_merge import IDS, NUMEL, RUN, _pipeline, _update
 
 
-def _exchange(hub: Loopback, identity: Identity) -> GroupExchange:
+def _exchange(hub: Loopback, identity: Identity, live: tuple[str, ...] = ()) -> GroupExchange:
     network = hub.network(identity)
     network.config = SimpleNamespace(run_id=RUN)
     node = GroupExchange(
         network, numel=NUMEL, reject=lambda *_: None, is_alive=lambda _: True,
-        shard_fetch=_pipeline().groups,
+        shard_fetch=_pipeline().groups, live_peers=lambda: list(live),
     )  # fmt: skip
     node.fetch_wait_s = 2.0
     hub.nodes[identity.peer_id] = node
     return node
 
 
-async def _catch_up(update: GroupUpdate, hooked: bool) -> dict[str, object]:
+async def _catch_up(
+    update: GroupUpdate, hooked: bool, bystander: bool = False
+) -> dict[str, object]:
+    """`bystander`: the peer repair names applied the update and holds none of it (any
+    replica outside the group); the group's members are live peers of the asker."""
     hub = Loopback()
     bounds = update.shard_bounds(NUMEL)
     for author in IDS[:3]:
@@ -45,8 +49,11 @@ async def _catch_up(update: GroupUpdate, hooked: bool) -> dict[str, object]:
         node.keep_shards(
             group_update_id(update), ShardHolding.of_shards(fields_of(update), NUMEL, mine)
         )
-    asker = _exchange(hub, Identity.generate())
+    members = tuple(i.peer_id for i in IDS[:3])
+    asker = _exchange(hub, Identity.generate(), members if bystander else ())
     refuser = IDS[0].peer_id  # holds shards, not the update whole
+    if bystander:
+        refuser = _exchange(hub, Identity.generate()).identity.peer_id  # holds nothing
     empty = RetainedUpdates(per_author=16, budget_bytes=1 << 20)
     pipeline = _pipeline()
     network, ctx, fetcher, merged = await _fetching({refuser: empty}, pipeline, lambda _: None)
@@ -82,3 +89,15 @@ def test_without_the_hook_nothing_is_caught_up() -> None:
     pipeline = end["pipeline"]
     assert isinstance(pipeline, type(_pipeline()))
     assert pipeline.replica.applied == {} and end["assembled"] == 0
+
+
+def test_a_bystander_named_by_repair_leaves_the_assembly_to_the_group_s_live_members() -> None:
+    """Nobody announces a folded update whole (Session 29): repair may name a replica that
+    applied it and holds none of it; the asker then asks the live peers inside the update's
+    group, whose shards make it whole."""
+    update = _update(IDS[:3])
+    uid = group_update_id(update)
+    end = asyncio.run(_catch_up(update, hooked=True, bystander=True))
+    pipeline = end["pipeline"]
+    assert isinstance(pipeline, type(_pipeline()))
+    assert pipeline.replica.applied == {uid[0]: [uid[1]]} and end["assembled"] == 1

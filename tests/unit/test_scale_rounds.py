@@ -14,7 +14,7 @@ def _args(**changes: object) -> Namespace:
     values: dict[str, object] = {
         "seed": 0, "wired": False, "scatter": True, "group_size": 0, "balanced": False,
         "bf16_sums": False, "fold_own": False, "fold_own_replicas": 1,
-        "whole_past_fold": False, "rounds": 10,
+        "whole_past_fold": False, "rounds": 10, "all_gather_own": False,
     }  # fmt: skip
     values.update(changes)
     return Namespace(**values)

@@ -201,7 +201,7 @@ def test_the_fetch_round_replaces_the_designs_all_gather() -> None:
 def test_an_update_past_the_rounds_fold_is_fetched_whole_by_every_member() -> None:
     """Counted as sessions 18-26 ran it (`second_sum` off: `decide(until_fold=True)`): the
     updates after a fold in the same round are fetched whole, on top of their slices."""
-    sim, _ = _calm_row(second_sum=False)
+    sim, _ = _calm_row(second_sum=False, fold_own=False)  # folded: its own is a candidate too
     key, replica = next(iter(sim.replicas.items()))
     other = next(p for p in sim.published.values() if p.update.head.group_key != key)
     at = other.at + 1.0

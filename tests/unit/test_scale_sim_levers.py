@@ -11,12 +11,16 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from bench import scale_sim_wire as wire
 from bench.scale_sim import SimConfig, Simulation, tiny_update_bytes
 from bench.scale_sim_levers import SHARDS_ONLY, shard_holders, sums_message, sums_needed
+from dht.grouping_shards import ReducedShard, shard_frame_bytes
 from merge.group_chunks import aligned_bounds
+from merge.identity import Identity
 from merge.outer import OuterConfig, make_outer_optimizer
+from merge.shard_holders import SHARD_REPLICAS
 from merge.shard_round_replay import Replay, combos_of
 
 CALM = SimConfig(
@@ -29,6 +33,8 @@ CALM = SimConfig(
     group_size=4,
     balanced=True,
     second_sum=False,  # each lever against session 26's count; tests turn it on
+    fold_own=False,  # the default since session 29 (fold29): off here, as second_sum
+    fold_own_replicas=1,
 )
 G, GROUPS = 4, 4
 
@@ -46,6 +52,13 @@ def _shards_bytes(sim: Simulation) -> int:
     return sum(sim.codec.payload_bytes(e - s) for s, e in aligned_bounds(sim.numel, G))
 
 
+def _seal_extra() -> int:
+    """A `DGS4` seal's bytes beyond a `DGS3` frame's (the digest in, the codec name out)."""
+    ids = tuple(sorted(Identity.generate().peer_id for _ in range(G)))
+    shard = ReducedShard("groups.0b01", 0, 3, ids, 0, b"s" * 64, torch.zeros(0), ids)
+    return len(shard.seal_bytes("0" * 64)) - shard_frame_bytes(shard, "fp32")
+
+
 def test_folding_the_own_update_drops_the_shards_of_the_group_all_gather_and_nothing_else() -> None:
     """Each round each member no longer receives the g - 1 other reduced shards (only their
     signatures); the fetch round's proposal and part name one more candidate; the sums and
@@ -53,7 +66,7 @@ def test_folding_the_own_update_drops_the_shards_of_the_group_all_gather_and_not
     sim, base = _row()
     folded_sim, folded = _row(fold_own=True)
     member_rounds = CALM.rounds * G * GROUPS
-    removed = CALM.rounds * GROUPS * (G - 1) * _shards_bytes(sim)
+    removed = CALM.rounds * GROUPS * (G - 1) * (_shards_bytes(sim) - G * _seal_extra())
     assert base["group_round"] - folded["group_round"] == pytest.approx(removed)
     k = GROUPS - 1
     more_propose = (G - 1) * (wire.propose_bytes(k + 1, G) - wire.propose_bytes(k, G))
@@ -69,7 +82,8 @@ def test_a_replicated_shard_costs_one_shard_per_extra_holder() -> None:
     _, one = _row(fold_own=True)
     sim, two = _row(fold_own=True, fold_own_replicas=2)
     assert two["shard_replicas"] == pytest.approx(CALM.rounds * GROUPS * _shards_bytes(sim))
-    assert two["group_round"] == one["group_round"]
+    # the replica holder gets the DGS3 frame, not the seal (session 29)
+    assert one["group_round"] - two["group_round"] == CALM.rounds * GROUPS * G * _seal_extra()
 
 
 def test_a_folded_update_has_its_shards_holders_and_none_serves_a_dead_one() -> None:
@@ -216,3 +230,9 @@ def test_the_real_shard_round_takes_the_updates_past_a_fold_in_its_counted_sums(
     folds = num_updates // learners
     assert len(plan.combos) == sums_needed(folds, num_updates % learners != 0)
     _assert_alike(a, b)
+
+
+def test_the_default_counts_the_fold_with_two_holders_a_shard_as_nodes_run_it() -> None:
+    """Since session 29 (fold29) the own update is folded by default, each shard held by its
+    reducer and the next included member (merge.shard_holders' SHARD_REPLICAS)."""
+    assert SimConfig().fold_own and SimConfig().fold_own_replicas == SHARD_REPLICAS

@@ -1,0 +1,176 @@
+"""A folded reduce-scatter round (dht.grouping_shards with `fold`, docs/scale.md Session 29):
+each reduced shard's values go to its replica holder, a seal (`DGS4`: digest and co-signature,
+no values) to the others; the round completes on co-signatures, each member holding the shards
+merge.shard_holders says it holds, all checked against their co-signed digests. Untrusted
+seals are refused with a counted reason; a round not folded refuses a seal."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dht.grouping_shards import (
+    SEAL_MAGIC,
+    SHARD_MAGIC,
+    ShardedRound,
+    decode_piece,
+    decode_shard,
+    encode_piece,
+    shard_codec,
+)
+from dht.grouping_wire import GroupMessageError
+from merge.group_shards import sharded_contribution
+from merge.group_update import GroupUpdate, RoundFields
+from merge.identity import Identity
+from merge.shard_holders import ShardHolding, held_shards, shard_holders
+from tests.factories import bf16_values
+
+IDS = sorted((Identity.generate() for _ in range(6)), key=lambda i: i.peer_id)
+FIELDS = RoundFields(
+    run_id="r", group_key="groups.0b", epoch=0, round=2, learners=1,
+    base_applied=0, published_applied=0,
+)  # fmt: skip
+NUMEL = 37
+
+
+def _rounds(size: int, fold: bool) -> dict[str, ShardedRound]:
+    ids = IDS[:size]
+    members = [i.peer_id for i in ids]
+    rounds = {}
+    for k, ident in enumerate(ids):
+        part = bf16_values(k, NUMEL)
+        header, digests = sharded_contribution(part, ident, FIELDS, 10, size)
+        rounds[ident.peer_id] = ShardedRound(
+            ident, header, digests, part, members, opened_at=0.0, wait_s=5.0,
+            cosign_s=5.0, fold=fold,
+        )  # fmt: skip
+    return rounds
+
+
+def _run(rounds: dict[str, ShardedRound], dead: set[str], now: float) -> list[bytes]:
+    """Pieces and reduced shards through their wire forms, as dht.group_exchange_shards sends
+    them (folded: values to the replica holder, a seal to the others); the magics sent."""
+    sent: list[bytes] = []
+    for _ in range(6):
+        for me, member in rounds.items():
+            if me in dead:
+                continue
+            for shard, peer in member.piece_sends():
+                blob = encode_piece(
+                    member.header, member.digests, shard, member.pieces[shard], "bf16"
+                )
+                if peer not in dead:
+                    rounds[peer].on_piece(decode_piece(blob, NUMEL))
+        for me, member in rounds.items():
+            if me in dead:
+                continue
+            for out in member.tick(now, alive=lambda p: p not in dead):
+                assert out.tensor is not None and out.digest is not None
+                whole = out.to_bytes(shard_codec(out.tensor))
+                holder = member.replica_holder(out.shard) if member.reduction.fold else None
+                for peer in member.recipients():
+                    blob = whole if holder in (None, peer) else out.seal_bytes(out.digest)
+                    sent.append(blob[:4])
+                    if peer not in dead:
+                        assert rounds[peer].on_shard(me, decode_shard(blob, NUMEL))
+            for gone in dead:
+                member.on_lost(gone)
+    return sent
+
+
+def _whole(size: int) -> GroupUpdate:
+    rounds = _rounds(size, fold=False)
+    _run(rounds, set(), now=1.0)
+    outcome = next(iter(rounds.values())).outcome
+    assert isinstance(outcome, GroupUpdate)
+    return outcome
+
+
+@settings(max_examples=25, deadline=None)
+@given(size=st.integers(2, 6))
+def test_a_folded_round_completes_on_seals_each_member_holding_its_shards(size: int) -> None:
+    rounds = _rounds(size, fold=True)
+    sent = _run(rounds, set(), now=1.0)
+    whole = _whole(size)
+    assert sent.count(SHARD_MAGIC) == size  # each shard's values to one member
+    assert sent.count(SEAL_MAGIC) == size * (size - 2)
+    bounds = whole.shard_bounds(NUMEL)
+    for me, member in rounds.items():
+        holding = member.outcome
+        assert isinstance(holding, ShardHolding)
+        assert holding.fields.aggregate.numel() == 0
+        assert holding.fields.shard_digests == whole.shard_digests
+        assert holding.fields.cosignatures == whole.cosignatures
+        assert set(holding.shards) == set(held_shards(whole, me))
+        for k, values in holding.shards.items():
+            assert me in shard_holders(whole, k)
+            assert torch.equal(values, whole.aggregate[slice(*bounds[k])])
+        ShardHolding.of_shards(holding.fields, NUMEL, holding.shards)  # each one checked
+
+
+def test_a_member_lost_before_its_shards_the_folded_round_retries_without_it() -> None:
+    rounds = _rounds(4, fold=True)
+    gone = IDS[1].peer_id
+    for member in rounds.values():  # pieces out before the deadline
+        for shard, peer in member.piece_sends():
+            blob = encode_piece(member.header, member.digests, shard, member.pieces[shard], "bf16")
+            rounds[peer].on_piece(decode_piece(blob, NUMEL))
+    _run(rounds, {gone}, now=6.0)
+    live = [r.outcome for m, r in rounds.items() if m != gone]
+    assert all(isinstance(o, ShardHolding) for o in live)
+    fields = [o.fields for o in live if isinstance(o, ShardHolding)]
+    assert all(gone not in [h.author for h in f.contributions] for f in fields)
+    assert len({f.shard_digests for f in fields}) == 1
+    held = set().union(*(o.shards for o in live if isinstance(o, ShardHolding)))
+    assert held == set(range(fields[0].num_shards))  # every shard held by a live member
+
+
+def _a_seal(fold: bool = True) -> tuple[dict[str, ShardedRound], str, bytes]:
+    """A 3-member round after its pieces, with a seal of member 0's shard 0 for the member
+    that does not hold its values (folded)."""
+    rounds = _rounds(3, fold=fold)
+    for member in rounds.values():
+        for shard, peer in member.piece_sends():
+            blob = encode_piece(member.header, member.digests, shard, member.pieces[shard], "bf16")
+            rounds[peer].on_piece(decode_piece(blob, NUMEL))
+    me = IDS[0].peer_id
+    (out,) = rounds[me].tick(1.0)
+    assert out.digest is not None
+    target = next(p for p in rounds[me].recipients() if p != rounds[me].replica_holder(out.shard))
+    return rounds, target, out.seal_bytes(out.digest)
+
+
+def test_a_seal_over_another_digest_or_to_a_round_not_folded_is_refused_and_counted() -> None:
+    rounds, target, seal = _a_seal()
+    rounds[target].tick(1.0)  # closed: a seal is checked against this included set
+    wire = decode_shard(seal, NUMEL)
+    assert wire.tensor is None and wire.digest is not None
+    other = dataclasses.replace(wire, digest="0" * 64)
+    assert not rounds[target].on_shard(IDS[0].peer_id, other)
+    assert rounds[target].reduction.rejected == {"bad_cosignature": 1}
+    assert rounds[target].on_shard(IDS[0].peer_id, wire)
+    plains, _, _ = _a_seal(fold=False)
+    plain = plains[target]
+    plain.tick(1.0)
+    assert not plain.on_shard(IDS[0].peer_id, wire)
+    assert plain.reduction.rejected == {"seal_not_folded": 1}
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda b: b + b"x",  # values after a seal
+        lambda b: b.replace(b'"digest":"', b'"digest":"zz', 1),
+        lambda b: b.replace(b'"digest"', b'"digesT"', 1),
+        lambda b: b[:-3],
+    ],
+)
+def test_a_damaged_seal_is_malformed(damage) -> None:  # type: ignore[no-untyped-def]
+    _, _, seal = _a_seal()
+    with pytest.raises(GroupMessageError) as err:
+        decode_shard(damage(seal), NUMEL)
+    assert err.value.reason == "malformed"
