@@ -125,6 +125,27 @@ def test_help_lists_every_flag_with_its_default(capsys: pytest.CaptureFixture[st
     assert "[default: 100]" in out
 
 
+def test_help_version_and_a_bad_flag_answer_without_importing_torch() -> None:
+    """torch takes seconds to import (tens on a loaded machine): the parser, the settings and
+    their checks load without it, and only a command that trains or reads a model imports it."""
+    script = """
+import sys
+from node.cli import main
+for argv in (["--version"], ["join", "--help"], ["join", "--max-rounds", "-1"]):
+    try:
+        main(argv)
+    except SystemExit:
+        pass
+print(sorted(m for m in ("torch", "hivemind", "fastapi") if m in sys.modules))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "[]"
+    assert "--max-rounds must be a positive integer" in done.stderr
+
+
 def test_console_script_version_and_help(node_home: Path) -> None:
     code, _, _ = run_cli(["--version"], home=node_home, timeout_s=60)
     assert code == 0
