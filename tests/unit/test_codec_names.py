@@ -8,5 +8,5 @@ from merge.codecs import CODECS
 
 
 def test_the_names_the_cli_accepts_are_the_codecs_in_their_order() -> None:
-    assert CODEC_NAMES == tuple(CODECS)
+    assert tuple(CODECS) == CODEC_NAMES
     assert AUTO not in CODECS
