@@ -80,8 +80,8 @@ def prepare(root: Path, compiled: Iterable[str], tests: str, *, rewrite_asserts:
     """Compile and rewrite on every core this process may use; False if a file failed (its
     import then fails as it would have)."""
     todo = [t for t in tasks(root, compiled, tests) if rewrite_asserts or t[0] == COMPILE]
-    cores = len(os.sched_getaffinity(0))
-    if cores < 2:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if not cores or cores < 2:
         return all(map(prepare_one, todo))
     context = multiprocessing.get_context("fork")  # before any worker or thread starts
     with ProcessPoolExecutor(max_workers=cores, mp_context=context) as pool:
