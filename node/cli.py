@@ -18,6 +18,7 @@ from merge.identity import Identity
 from node.allocator import Allocator, bounded_allocator
 from node.config import DEFAULT_IDENTITY, JoinConfig, add_config_arguments, config_from_args
 from node.dashboard_seam import StandaloneConfig, serve_dashboard
+from node.entry import interrupts_deferred
 from node.events import EventLog, JsonEventLog, configure_logging
 from node.local_nodes import find_local_nodes, nodes_dir
 from node.locks import ResourceLock, lock_identity
@@ -229,10 +230,11 @@ def join(args: argparse.Namespace, allocator: Allocator) -> int:
     args = with_swarm_run(args)
     config = config_from_args(JoinConfig, args)
     # torch loads here, with the node: --help, --version and a bad flag answer without it
-    from node.app import build_events
-    from node.multigpu import run_multiprocess_join
-    from node.ranks import torchrun_rank
-    from node.runtime import Node
+    with interrupts_deferred():  # Ctrl+C inside torch's import: node/entry.py
+        from node.app import build_events
+        from node.multigpu import run_multiprocess_join
+        from node.ranks import torchrun_rank
+        from node.runtime import Node
 
     if config.nproc_per_node > 1 or torchrun_rank() is not None:
         return run_multiprocess_join(config, args.argv)
