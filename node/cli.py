@@ -352,7 +352,8 @@ class _LoggedEvents:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from node.export import export_checkpoint  # torch: not for the other commands' start
+    with interrupts_deferred():  # torch: not for the other commands' start
+        from node.export import export_checkpoint
 
     checkpoint_dir = Path(args.checkpoint_dir).expanduser()
     result = export_checkpoint(checkpoint_dir, Path(args.out).expanduser(), args.model)
