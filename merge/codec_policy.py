@@ -20,6 +20,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from merge.codec_names import AUTO as AUTO  # re-exported: callers name it here
 from merge.codecs import get_codec
 
 AUTO_CODECS = ("bf16", "int8", "int4", "topk")
@@ -87,8 +88,6 @@ def pick_codec(
     return next((choice for choice in choices if choice.fits), choices[-1])
 
 
-AUTO = "auto"
-"""`--codec auto`: the node picks its codec with `CodecPicker`."""
 START_CODEC = "bf16"
 """What `--codec auto` sends before its uplink and round time are measured: the least lossy
 candidate, whose large sends measure the link (a small payload would time local buffers)."""

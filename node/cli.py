@@ -16,17 +16,13 @@ from dht.addresses import parse_peer_maddr
 from dht.swarm_config import SwarmError
 from merge.identity import Identity
 from node.allocator import Allocator, bounded_allocator
-from node.app import build_events
 from node.config import DEFAULT_IDENTITY, JoinConfig, add_config_arguments, config_from_args
 from node.dashboard_seam import StandaloneConfig, serve_dashboard
+from node.entry import interrupts_deferred
 from node.events import EventLog, JsonEventLog, configure_logging
-from node.export import export_checkpoint
 from node.local_nodes import find_local_nodes, nodes_dir
 from node.locks import ResourceLock, lock_identity
-from node.multigpu import run_multiprocess_join
-from node.ranks import torchrun_rank
 from node.run_choice import SwarmRun, choose_run, run_id_given, swarm_run
-from node.runtime import Node
 from node.settings_cli import check_command_given, flag_value
 from node.signals import stop_on_signals
 from node.status_args import DEFAULT_PAGE_SIZE, page_size
@@ -233,6 +229,13 @@ def run_join(args: argparse.Namespace) -> int:
 def join(args: argparse.Namespace, allocator: Allocator) -> int:
     args = with_swarm_run(args)
     config = config_from_args(JoinConfig, args)
+    # torch loads here, with the node: --help, --version and a bad flag answer without it
+    with interrupts_deferred():  # Ctrl+C inside torch's import: node/entry.py
+        from node.app import build_events
+        from node.multigpu import run_multiprocess_join
+        from node.ranks import torchrun_rank
+        from node.runtime import Node
+
     if config.nproc_per_node > 1 or torchrun_rank() is not None:
         return run_multiprocess_join(config, args.argv)
     configure_logging(config.log_level, config.log_format)
@@ -349,6 +352,9 @@ class _LoggedEvents:
 
 
 def run_export(args: argparse.Namespace) -> int:
+    with interrupts_deferred():  # torch: not for the other commands' start
+        from node.export import export_checkpoint
+
     checkpoint_dir = Path(args.checkpoint_dir).expanduser()
     result = export_checkpoint(checkpoint_dir, Path(args.out).expanduser(), args.model)
     print(

@@ -17,7 +17,7 @@ from pydantic.dataclasses import dataclass
 
 from dht.addresses import host_ip, listen_maddrs, parse_announce_maddr, parse_peer_maddr
 from merge.allowlist import AllowList
-from merge.codec_policy import AUTO
+from merge.codec_names import AUTO
 from merge.identity import read_secret_file
 from node.presets import MODEL_SIZES as MODEL_SIZES  # re-exported: callers name them here
 from node.presets import auto_model

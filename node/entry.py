@@ -1,22 +1,29 @@
 """The `diloco-node` console script and `python -m node`.
 
-Importing the CLI imports torch (seconds, tens of seconds on a loaded machine): Ctrl+C in
-that time ends the command with the same one line as Ctrl+C later, not a traceback, once the
-imports are done. The first Ctrl+C is only remembered there: a KeyboardInterrupt raised inside
-an import can be swallowed (a library's bare `except:`; importlib's module-lock weakref
-callback prints and ignores it, and the node then trained on) or abort the interpreter inside
-torch's C initialisation (seen once in ~150 Ctrl+C's at random times of the start). A second
-Ctrl+C raises at once.
+Importing what a command needs can take seconds (torch, when join starts; tens of seconds on a
+loaded machine): Ctrl+C in that time ends the command with the same one line as Ctrl+C later,
+not a traceback, once the imports are done. The first Ctrl+C is only remembered there: a
+KeyboardInterrupt raised inside an import can be swallowed (a library's bare `except:`;
+importlib's module-lock weakref callback prints and ignores it, and the node then trained on)
+or abort the interpreter inside torch's C initialisation (seen once in ~150 Ctrl+C's at random
+times of the start). A second Ctrl+C raises at once. The CLI's own imports load no torch
+(`--help` answers in about a second); `join` imports the node under `interrupts_deferred`.
 """
 
 from __future__ import annotations
 
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType
 
 
-def main() -> int:
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """The first Ctrl+C inside is remembered and raised as KeyboardInterrupt on leaving (a
+    second raises at once); then Python's own handler, until the node installs its own
+    (node.signals: a clean stop after the current step)."""
     interrupted: list[int] = []
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
@@ -24,15 +31,19 @@ def main() -> int:
         if len(interrupted) > 1:
             raise KeyboardInterrupt
 
-    # Until the CLI is imported; then Python's own handler until the node installs its own
-    # (node.signals: a clean stop after the current step).
     signal.signal(signal.SIGINT, interrupt)
     try:
-        from node.cli import main as cli_main
-
+        yield
+    finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        if interrupted:
-            raise KeyboardInterrupt
+    if interrupted:
+        raise KeyboardInterrupt
+
+
+def main() -> int:
+    try:
+        with interrupts_deferred():
+            from node.cli import main as cli_main
         return cli_main()
     except KeyboardInterrupt:
         print("diloco-node: interrupted", file=sys.stderr)

@@ -6,11 +6,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from node.builders import build_run_spec
 from node.config import JoinConfig
-from node.data import Corpus
+
+if TYPE_CHECKING:
+    from node.data import Corpus
 
 ALWAYS = ("run_id", "model")
 """Shown even at their defaults: a join command names the run and the model it trains."""
@@ -19,6 +20,8 @@ ALWAYS = ("run_id", "model")
 def fingerprint_settings(config: JoinConfig, corpus: Corpus) -> dict[str, Any]:
     """run_id, model, and every setting that differs from its default and changes the
     fingerprint (found by resetting it: nothing to keep in sync when fields are added)."""
+    from node.builders import build_run_spec  # torch: the CLI's parser loads without it
+
     base = build_run_spec(config, corpus).fingerprint
     settings: dict[str, Any] = {name: getattr(config, name) for name in ALWAYS}
     for f in dataclasses.fields(JoinConfig):

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-import torch
-
 MODEL_SIZES = ("tiny", "small", "base")
 HF_ARCHITECTURES = ("llama", "gpt2")
 MODEL_NAMES = MODEL_SIZES + tuple(f"hf:{a}-{s}" for a in HF_ARCHITECTURES for s in MODEL_SIZES)
@@ -62,6 +60,8 @@ DEFAULT_BATCH_SIZE: dict[str, int] = {name: _BATCH_SIZE[model_size(name)] for na
 
 def auto_model(device: str) -> str:
     """--model auto: tiny on a CPU, base on a GPU with >= 16 GiB, else small."""
+    import torch  # here: the CLI's parser and settings load without torch
+
     if device == "cpu" or not torch.cuda.is_available():
         return "tiny"
     memory = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory

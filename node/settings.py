@@ -15,18 +15,13 @@ takes the sections a part needs, by type, and composes those pieces.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic.dataclasses import dataclass
 
 from dht.grouping import GroupingConfig
 from dht.reachability import RelayLimits
-from merge.codec_policy import AUTO
-from merge.codecs import CODECS
-from merge.correction import CorrectionConfig
-from merge.feedback import default_outer_momentum
-from merge.group_update import ReductionConfig
-from merge.outer import OuterConfig
+from merge.codec_names import AUTO, CODEC_NAMES
 from merge.weighting import StalenessConfig, TokenWeightConfig
 from node.presets import MODEL_NAMES
 from node.settings_types import (
@@ -51,6 +46,11 @@ from node.settings_types import (
     check,
     flag,
 )
+
+if TYPE_CHECKING:  # built by the methods below, which import them: the CLI loads without torch
+    from merge.correction import CorrectionConfig
+    from merge.group_update import ReductionConfig
+    from merge.outer import OuterConfig
 
 DILOCO_HOME = Path("~/.diloco")
 DEFAULT_PORT = 31337
@@ -159,6 +159,9 @@ class OuterSettings:
 
     def outer_config(self, codec: str) -> OuterConfig:
         """The outer optimizer; its momentum defaults by the `codec` updates are sent in."""
+        from merge.feedback import default_outer_momentum
+        from merge.outer import OuterConfig
+
         momentum = self.outer_momentum
         return OuterConfig(
             kind=self.outer_optimizer,  # type: ignore[arg-type]
@@ -168,6 +171,8 @@ class OuterSettings:
         )
 
     def correction_config(self) -> CorrectionConfig:
+        from merge.correction import CorrectionConfig
+
         return CorrectionConfig(
             kind=self.correction,  # type: ignore[arg-type]
             strength=self.correction_strength,
@@ -186,7 +191,7 @@ class MergeSettings:
     """Hinge threshold b: updates at most b rounds stale keep full weight."""
     token_weighting: Annotated[str, OneOf(("tokens", "none"))] = "tokens"
     """Weigh an update by the tokens it trained on (tokens) or not at all (none)."""
-    codec: Annotated[str, OneOf((*CODECS, AUTO))] = AUTO
+    codec: Annotated[str, OneOf((*CODEC_NAMES, AUTO))] = AUTO
     """Encoding of published pseudo-gradients: fp32, bf16, int8 or int4 (blockwise), sparse or
     topk (the largest 2.9% / 9.4% of each 4096 entries, 2 bits each); the lossy four carry
     error feedback. auto (the default): picked at each round start from the uplink this node
@@ -273,6 +278,8 @@ class GroupSettings:
         return GroupingConfig(min_group_size=max(self.group_size, 1), max_bits=self.group_max_bits)
 
     def reduction_config(self) -> ReductionConfig:
+        from merge.group_update import ReductionConfig
+
         share, k = self.group_quorum, self.group_max_norm_to_median
         return ReductionConfig(quorum_share=share, max_norm_to_median=k)
 

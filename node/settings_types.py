@@ -10,8 +10,6 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, ConfigDict, GetCoreSchemaHandler, ValidationInfo
 from pydantic_core import core_schema
 
-from node.data import parse_data_slice
-
 FLAGS = ConfigDict(use_attribute_docstrings=True, allow_inf_nan=False, extra="forbid")
 """Every flag class's pydantic config: docstrings are help, no NaN or infinity, no stray keys."""
 
@@ -89,6 +87,8 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 def _data_slice(value: str | None) -> str | None:
     if value is not None:
+        from node.data import parse_data_slice  # here: the CLI's parser loads without torch
+
         parse_data_slice(value)  # raises with --data-slice in its message
     return value
 

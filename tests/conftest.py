@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import compileall
 import json
 import os
 import subprocess
@@ -17,6 +16,8 @@ from hypothesis import settings
 from xdist.remote import Producer
 from xdist.scheduler import LoadGroupScheduling
 from xdist.workermanage import WorkerController
+
+from tests.prepare import prepare
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,24 +38,26 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
 torch.set_num_threads(1)
 
 
-# The project's sources compiled once, before any test or worker starts. With
-# PYTHONDONTWRITEBYTECODE=1 in the environment (this machine's; Docker images often set it) an
-# editable install's modules never get a .pyc, so every process the suite starts (~100 nodes,
-# CLI runs, adversaries) compiled ~300 modules again: ~1 s of CPU each, out of a node's ~5-6 s
-# to its first heartbeat on an idle 2-core machine (docs/testing.md, session 28). The variable
-# only stops imports from writing; they still read what is there. ~1 s once, ~0.1 s when fresh.
+# Before any worker starts, the controller compiles the project's sources and writes pytest's
+# assertion-rewritten test modules, on every core (tests/prepare.py: with
+# PYTHONDONTWRITEBYTECODE=1 every process the suite starts compiled ~300 modules again, and each
+# worker rewrote ~260 test modules while collecting; docs/testing.md, sessions 28-29).
 COMPILED = ("node", "dht", "merge", "dashboard", "bench", "tests")
 
 
-def compile_sources() -> bool:
-    """Write the missing or stale .pyc of every module under COMPILED; False on a file that
-    does not compile (its import then fails as it would have)."""
-    return all([compileall.compile_dir(REPO / name, quiet=2) for name in COMPILED])
+def compile_sources(*, rewrite_asserts: bool = False) -> bool:
+    """Write the missing or stale .pyc of every module under COMPILED (and, with
+    `rewrite_asserts`, every test module's rewritten one); False on a file that does not compile
+    (its import then fails as it would have)."""
+    return prepare(REPO, COMPILED, "tests", rewrite_asserts=rewrite_asserts)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):  # the controller: before its xdist workers start
-        compile_sources()
+        workers = bool(getattr(config.option, "numprocesses", None))  # -n 0: pytest's own way
+        hook = bool(config.getini("enable_assertion_pass_hook"))
+        plain = config.getoption("assertmode") != "rewrite"
+        compile_sources(rewrite_asserts=workers and not hook and not plain)
 
 
 @pytest.fixture
@@ -95,7 +98,10 @@ def run_cli(
 #   one idled its last ~270 s (CI of session 24);
 # - "unit": the unit tests, on that worker after them, which then lowers its own priority to
 #   the lowest, so they take only the CPU the node processes leave idle (waits for timers,
-#   paced steps) and never slow a real-process test's timing.
+#   paced steps) and never slow a real-process test's timing. Each unit test file is a work unit
+#   of its own (`unit:tests/unit/test_x.py`), handed to whichever worker asks next: once the swarm
+#   worker is done it takes unit files too (in CI of session 28 it ended 88 s before the other,
+#   which ran the unit tests left alone on one core).
 # loadgroup would queue the groups by size (unit, single, processes) and so start the swarm
 # tests only once a worker had finished the single ones; GroupsInOrder queues them in
 # GROUP_ORDER: the swarm tests start at once, and the unit tests come after the single ones
@@ -129,14 +135,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.add_marker(pytest.mark.xdist_group(group_of(item)))
 
 
+def work_unit(nodeid: str, group: str) -> str:
+    """What xdist hands a worker at once for a test of `group`: the group, or a unit test's file."""
+    return f"{UNIT_GROUP}:{nodeid.split('::', 1)[0]}" if group == UNIT_GROUP else group
+
+
+def rank(unit: str) -> int:
+    """A work unit's place in GROUP_ORDER (after every group there: one of no group)."""
+    group = unit.split(":", 1)[0]
+    return GROUP_ORDER.index(group) if group in GROUP_ORDER else len(GROUP_ORDER)
+
+
 def next_group(queued: Iterable[str]) -> str | None:
-    """Of the groups still queued, the one GROUP_ORDER hands out first (None: none of them)."""
-    waiting = set(queued)
-    return next((group for group in GROUP_ORDER if group in waiting), None)
+    """Of the work units still queued, the first of the group GROUP_ORDER hands out first (the
+    unit files in xdist's order, most tests first); None: none queued."""
+    return min(queued, key=rank, default=None)
 
 
 class GroupsInOrder(LoadGroupScheduling):
-    """loadgroup, handing out the groups in GROUP_ORDER to whichever worker asks next."""
+    """loadgroup, handing out the groups in GROUP_ORDER to whichever worker asks next, the unit
+    tests one file at a time."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return work_unit(nodeid, super()._split_scope(nodeid))
 
     def _assign_work_unit(self, node: WorkerController) -> None:
         first = next_group(self.workqueue)

@@ -125,6 +125,27 @@ def test_help_lists_every_flag_with_its_default(capsys: pytest.CaptureFixture[st
     assert "[default: 100]" in out
 
 
+def test_help_version_and_a_bad_flag_answer_without_importing_torch() -> None:
+    """torch takes seconds to import (tens on a loaded machine): the parser, the settings and
+    their checks load without it, and only a command that trains or reads a model imports it."""
+    script = """
+import sys
+from node.cli import main
+for argv in (["--version"], ["join", "--help"], ["join", "--max-rounds", "-1"]):
+    try:
+        main(argv)
+    except SystemExit:
+        pass
+print(sorted(m for m in ("torch", "hivemind", "fastapi") if m in sys.modules))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "[]"
+    assert "--max-rounds must be a positive integer" in done.stderr
+
+
 def test_console_script_version_and_help(node_home: Path) -> None:
     code, _, _ = run_cli(["--version"], home=node_home, timeout_s=60)
     assert code == 0
@@ -157,9 +178,10 @@ def test_ctrl_c_while_the_cli_is_still_importing_is_one_line(node_home: Path) ->
 
 SWALLOWING_IMPORT = """
 import builtins, os, signal, sys, time
+watched = sys.argv.pop(1)  # the module whose import the Ctrl+C lands in
 real_import = builtins.__import__
 def swallowing(name, *args, **kwargs):
-    if name == "node.cli" and not getattr(builtins, "swallowed", False):
+    if name == watched and not getattr(builtins, "swallowed", False):
         builtins.swallowed = True
         try:  # a library's bare except around part of an import, as Ctrl+C lands in it
             os.kill(os.getpid(), signal.SIGINT)
@@ -173,12 +195,15 @@ sys.exit(main())
 """
 
 
-def test_ctrl_c_swallowed_by_an_import_still_ends_the_command(node_home: Path) -> None:
-    """Ctrl+C during the CLI's imports inside a library's bare `except:` still ends the
-    command in one line (a KeyboardInterrupt raised there was swallowed, and the node trained
-    on: 1 of 40 Ctrl+C's at random times of the start, in importlib's module-lock callback)."""
+# node.cli: the CLI's own imports (no torch); node.app: the node's, which join imports (torch)
+@pytest.mark.parametrize("module", ["node.cli", "node.app"])
+def test_ctrl_c_swallowed_by_an_import_still_ends_the_command(node_home: Path, module: str) -> None:
+    """Ctrl+C during the CLI's or the node's imports inside a library's bare `except:` still
+    ends the command in one line (a KeyboardInterrupt raised there was swallowed, and the node
+    trained on: 1 of 40 Ctrl+C's at random times of the start, in importlib's module-lock
+    callback)."""
     done = subprocess.run(
-        [sys.executable, "-c", SWALLOWING_IMPORT, "join", "--model", "tiny", "--no-swarm",
+        [sys.executable, "-c", SWALLOWING_IMPORT, module, "join", "--model", "tiny", "--no-swarm",
          "--no-dashboard", "--max-rounds", "1", "--inner-steps", "1"],
         cwd=REPO,
         env={**os.environ, "HOME": str(node_home)},

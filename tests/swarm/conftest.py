@@ -106,6 +106,13 @@ def _keep_events(nodes: list[NodeProcess], test_name: str) -> None:
         (Path(folder) / safe / "spans.json").write_text(json.dumps(spans))
 
 
+TEST_NODE_FLAGS = ("--no-dashboard",)
+"""What every node a swarm test launches is given before the test's own flags (which win): no
+swarm test reads a node's own dashboard (the browser test reads a standalone one), and building
+it beside training (fastapi, uvicorn, its first answers) cost each node ~0.5 s of CPU on an idle
+machine, ~3 s under load (node/dashboard_seam.py)."""
+
+
 @pytest.fixture
 def launch(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., NodeProcess]]:
     """`launch(*args, name="node0")` starts a node with HOME tmp_path/name; every node is reaped
@@ -119,7 +126,8 @@ def launch(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[
         return node.start()
 
     def _launch(*args: str, name: str = "node0", home: Path | None = None) -> NodeProcess:
-        return _child(node_process(name, *args, home=home or tmp_path / "homes" / name))
+        argv = (*TEST_NODE_FLAGS, *args)
+        return _child(node_process(name, *argv, home=home or tmp_path / "homes" / name))
 
     _launch.child = _child  # type: ignore[attr-defined]
 

@@ -23,6 +23,7 @@ from bench.procs import NODE_COMMAND, ChildProcess, python_module, save_events
 from dht.doctor import is_public_maddr
 from merge.identity import Identity
 from tests.conftest import REPO
+from tests.swarm.conftest import TEST_NODE_FLAGS
 from tests.swarm.test_swarm import RUN, START_S, wait_merged
 from tests.timeouts import covering
 
@@ -53,7 +54,7 @@ def in_namespace(tmp_path: Path) -> Iterator[Launch]:
     nodes: list[ChildProcess] = []
 
     def _launch(namespace: str, *args: str, name: str) -> ChildProcess:
-        argv = python_module("node", *NODE_COMMAND, "--host", "0.0.0.0", *args)
+        argv = python_module("node", *NODE_COMMAND, *TEST_NODE_FLAGS, "--host", "0.0.0.0", *args)
         node = ChildProcess(name, argv, home=tmp_path / name, prefix=NatLab.prefix(namespace))
         return _child(node)
 

@@ -220,7 +220,8 @@ def test_a_node_frozen_past_the_gap_wait_comes_back_to_the_same_applied_set(
 
 
 STRAGGLER_WINDOW_S = 8.0
-"""How long the straggler is paused, and the window before it its peer's merges are counted in."""
+"""How long the straggler is paused (its peer's merges during it are counted), and the window
+before it its own on-time updates are taken from."""
 
 
 def straggler_delays_nobody(a: NodeProcess, b: NodeProcess, c: NodeProcess) -> None:
@@ -229,7 +230,7 @@ def straggler_delays_nobody(a: NodeProcess, b: NodeProcess, c: NodeProcess) -> N
     window_s = STRAGGLER_WINDOW_S
     first = wait_merged(a, b.peer_id)
     wait_merged(a, c.peer_id)
-    # Measure A's merge rate of B's updates over equal windows before and during C's pause.
+    # Measure A's merge rate of B's updates before and during C's pause.
     time.sleep(max(0.0, first["time"] + window_s + 2 - time.time()))
     paused_at = time.time()
     # c's on-time updates: those of the window before its pause (alone, this was a swarm of
@@ -241,10 +242,15 @@ def straggler_delays_nobody(a: NodeProcess, b: NodeProcess, c: NodeProcess) -> N
         time.sleep(window_s)  # the pause itself is the fault under test
     finally:
         c.resume()
+    # The rate before is taken over everything since b's first merge (at least window_s + 2 s):
+    # one window of 8 s held 1 or 3 of b's ~4.5 s rounds by phase alone (session 29's failure
+    # got (1, 4)), so a count in one window before said more about phase than about rate.
     from_b = [e["time"] for e in merged_from(a, b.peer_id)]
-    num_before = sum(paused_at - window_s <= t < paused_at for t in from_b)
+    span_s = paused_at - first["time"]
+    num_before = sum(first["time"] <= t < paused_at for t in from_b)
     num_during = sum(paused_at <= t < paused_at + window_s for t in from_b)
-    assert num_before >= 2 and num_during >= 0.5 * num_before, (num_before, num_during)
+    expected = num_before / span_s * window_s
+    assert num_before >= 2 and num_during >= 0.5 * expected, (num_before, span_s, num_during)
 
     late = [wait_merged(a, c.peer_id, after_seq=before[-1]["seq"])]
     late.append(wait_merged(a, c.peer_id, after_seq=late[0]["seq"]))
