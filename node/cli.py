@@ -18,8 +18,8 @@ from merge.identity import Identity
 from node.allocator import Allocator, bounded_allocator
 from node.config import DEFAULT_IDENTITY, JoinConfig, add_config_arguments, config_from_args
 from node.dashboard_seam import StandaloneConfig, serve_dashboard
-from node.entry import interrupts_deferred
 from node.events import EventLog, JsonEventLog, configure_logging
+from node.interrupts import interrupts_deferred
 from node.local_nodes import find_local_nodes, nodes_dir
 from node.locks import ResourceLock, lock_identity
 from node.run_choice import SwarmRun, choose_run, run_id_given, swarm_run

@@ -12,32 +12,9 @@ times of the start). A second Ctrl+C raises at once. The CLI's own imports load 
 
 from __future__ import annotations
 
-import signal
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-from types import FrameType
 
-
-@contextmanager
-def interrupts_deferred() -> Iterator[None]:
-    """The first Ctrl+C inside is remembered and raised as KeyboardInterrupt on leaving (a
-    second raises at once); then Python's own handler, until the node installs its own
-    (node.signals: a clean stop after the current step)."""
-    interrupted: list[int] = []
-
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        interrupted.append(signum)
-        if len(interrupted) > 1:
-            raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    if interrupted:
-        raise KeyboardInterrupt
+from node.interrupts import interrupts_deferred as interrupts_deferred
 
 
 def main() -> int:
