@@ -144,7 +144,10 @@ class GroupMerge:
             # as a group that decides the round from its members' per-part figures.
             if (reason := p._norm_reason(signed_norm_bound(update, self.reduction))) is not None:
                 return p._reject(header, reason)
-            norm = float(torch.linalg.vector_norm(update.aggregate))
+            # in float64, as a fetch round reads it from its Gram matrix: the robust window
+            # records it, and a float32 norm of a 446k-value model is ~2.5e-6 short, which
+            # left members on one applied set deciding combos ~1e-5 apart (sums29)
+            norm = float(torch.linalg.vector_norm(update.aggregate, dtype=torch.float64))
             learners = sized(p.learner_floor, header.author, claim, p.floor_votes())
             weight = p.weight_of(header, learners)
             direction = p.replica.outer.momentum_parts()
