@@ -16,15 +16,13 @@ import torch
 
 from dht.shard_fetch_wire import decode_fetch
 from tests.unit.test_fetch_round_sums import (
-    HOLDERS,
     MEMBERS,
     NUMEL,
     OTHERS,
     OWN_UPDATE,
-    GroupExchange,
     Loopback,
     Member,
-    _pipeline,
+    _holders_keep,
 )
 
 
@@ -50,17 +48,7 @@ def _round(odd_scale: float) -> tuple[list[Member], Recording, str]:
 
     async def run() -> list[Member]:
         members = [Member(hub, identity, OWN_UPDATE) for identity in MEMBERS]
-        for key, identity in HOLDERS.items():
-            holder = GroupExchange(
-                hub.network(identity), numel=NUMEL, reject=lambda *_: None,
-                is_alive=lambda _: True, shard_fetch=_pipeline("delayed_nesterov").groups,
-            )  # fmt: skip
-            hub.nodes[identity.peer_id] = holder
-            for update in others:
-                if update.head.group_key == key:
-                    holder.keep(update)
-                    for member in members:
-                        member.exchange.candidate(key, update.seq, identity.peer_id)
+        _holders_keep(hub, others, members)
         if odd_scale:
             params = _odd(members).pipeline.replica.params
             params[-1] = params[-1] * (1 + odd_scale) + odd_scale

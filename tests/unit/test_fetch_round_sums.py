@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -195,6 +195,22 @@ def _base_pipeline(own: GroupUpdate) -> UpdatePipeline:
     return pipeline
 
 
+def _holders_keep(hub: Loopback, others: list[GroupUpdate], members: Sequence[Any]) -> None:
+    """One holder per other group on the pipe, keeping that group's updates in `others`, each
+    a candidate of every member's exchange (`members`: anything with an `exchange`)."""
+    for key, identity in HOLDERS.items():
+        holder = GroupExchange(
+            hub.network(identity), numel=NUMEL, reject=lambda *_: None,
+            is_alive=lambda _: True, shard_fetch=_pipeline("delayed_nesterov").groups,
+        )  # fmt: skip
+        hub.nodes[identity.peer_id] = holder
+        for update in others:
+            if update.head.group_key == key:
+                holder.keep(update)
+                for member in members:
+                    member.exchange.candidate(key, update.seq, identity.peer_id)
+
+
 def _round(others: list[GroupUpdate], tamper: Callable[[str, bytes], bytes] | None = None):
     """The three members' fetch round over `others` (candidates from a holder that kept
     them); the members and the hub."""
@@ -204,17 +220,7 @@ def _round(others: list[GroupUpdate], tamper: Callable[[str, bytes], bytes] | No
 
     async def run() -> list[Member]:
         members = [Member(hub, identity, OWN_UPDATE) for identity in MEMBERS]
-        for key, identity in HOLDERS.items():
-            holder = GroupExchange(
-                hub.network(identity), numel=NUMEL, reject=lambda *_: None,
-                is_alive=lambda _: True, shard_fetch=_pipeline("delayed_nesterov").groups,
-            )  # fmt: skip
-            hub.nodes[identity.peer_id] = holder
-            for update in others:
-                if update.head.group_key == key:
-                    holder.keep(update)
-                    for member in members:
-                        member.exchange.candidate(key, update.seq, identity.peer_id)
+        _holders_keep(hub, others, members)
         ids = sorted(m.peer_id for m in MEMBERS)
         await asyncio.wait_for(
             asyncio.gather(*(m.exchange._fetch_round(OWN_UPDATE, ids) for m in members)), 30.0

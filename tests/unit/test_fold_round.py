@@ -47,12 +47,12 @@ from tests.unit.shard_round_paths import (
 )
 from tests.unit.shard_round_paths import _update as _path_update
 from tests.unit.test_fetch_round_sums import (
-    HOLDERS,
     LEARNERS,
     MEMBERS,
     OTHERS,
     OWN,
     Loopback,
+    _holders_keep,
     _reader,
     _retain,
     _Writer,
@@ -166,17 +166,7 @@ def _run(fold: bool, others: list[GroupUpdate], drop: tuple[str, str] | None = N
 
     async def run() -> tuple[list[Node], list[Any]]:
         nodes = [Node(hub, identity, fold) for identity in MEMBERS]
-        for key, identity in HOLDERS.items():
-            holder = GroupExchange(
-                hub.network(identity), numel=NUMEL, reject=lambda *_: None,
-                is_alive=lambda _: True, shard_fetch=_pipeline("delayed_nesterov").groups,
-            )  # fmt: skip
-            hub.nodes[identity.peer_id] = holder
-            for update in others:
-                if update.head.group_key == key:
-                    holder.keep(update)
-                    for node in nodes:
-                        node.exchange.candidate(key, update.seq, identity.peer_id)
+        _holders_keep(hub, others, nodes)
         if drop is not None:
             victim, when = drop
             sent: list[str] = []
