@@ -175,6 +175,7 @@ class GroupExchange(EarlyExchange, ShardedExchange, FetchExchange, DoneExchange)
         await self.network.add_handler("group-done", self.rpc_done, DONE_LIMITS)
         await self.network.add_handler("group-piece", self.rpc_piece, PIECE_LIMITS)
         await self.network.add_handler("group-shard", self.rpc_shard, SHARD_LIMITS)
+        await self.network.add_handler("group-held", self.rpc_held, SHARD_LIMITS)
         await self.register_fetch()
 
     # ---- serving ----------------------------------------------------------------------------

@@ -13,19 +13,26 @@ reducer's co-signed chunk root before it is kept (merge.shard_holders `ShardAsse
 the whole update passes `GroupUpdate.problem` before anyone uses it. A holder's wrong answer
 is counted against it (`group_slice_<reason>`) and the next one asked. Bytes: the fields
 once (a whole fetch carries them once too) and each shard once.
+
+Session 30: a member whose own round of the update is still running here (it retried, or
+waits out its co-sign deadline, while another member completed on seals) takes the shards
+that round had from itself (`_local`: merge.group_shards `values_for`), so it can adopt the
+update even when it is the only live holder of one of its shards.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
 from dht.group_exchange_reads import ExchangeReads
 from dht.grouping import member_check
+from dht.grouping_shards import ShardedRound
+from dht.grouping_wire import RoundId
 from merge.group_update import GroupUpdate
 from merge.shard_fetch import (
     SlicePieces,
@@ -57,6 +64,7 @@ class AssemblyExchange(ExchangeReads):
         num_assembled: int
         _live_peers: Callable[[], list[str]]
         _holdings: OrderedDict[UpdateId, ShardHolding]
+        _rounds: Mapping[RoundId, object]
         _reject: Callable[[str, str, str], None]
 
         async def _ask_pieces(
@@ -89,6 +97,7 @@ class AssemblyExchange(ExchangeReads):
         fields = local.fields if local is not None else await self._fields(uid, holders, gone)
         if fields is None:
             return None
+        local = local or self._local(uid, fields)
         assembly = ShardAssembly(fields, self.numel)
         bounds = fields.shard_bounds(self.numel)
         for shard in assembly.missing():
@@ -115,6 +124,18 @@ class AssemblyExchange(ExchangeReads):
         self.num_assembled += 1
         return whole
 
+    def _local(self, uid: UpdateId, fields: GroupUpdate) -> ShardHolding | None:
+        """The shards of `fields` (the update `uid`) this node's round of it, still running
+        here, had (any attempt; each one's digest the one `fields` names), or None."""
+        for (key, _, round_), member in self._rounds.items():
+            if key == uid[0] and round_ + 1 == uid[1] and isinstance(member, ShardedRound):
+                values = member.reduction.values_for(fields)
+                try:
+                    return ShardHolding.of_shards(fields, self.numel, values) if values else None
+                except ValueError as exc:  # digests matched: a bug if it ever fails
+                    logger.warning("update %s: a running round's shards refused: %s", uid, exc)
+        return None
+
     async def _slice_by_shards(
         self,
         uid: UpdateId,
@@ -134,6 +155,7 @@ class AssemblyExchange(ExchangeReads):
         fields = local.fields if local is not None else await self._fields(uid, holders, gone)
         if fields is None:
             return None
+        local = local or self._local(uid, fields)
         pieces: dict[int, tuple[tuple[str, ...], torch.Tensor]] = {}
         for shard, a, b in wanted_pieces(fields.num_shards, self.numel, start, end):
             if local is not None and shard in local.shards:

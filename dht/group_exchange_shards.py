@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
@@ -33,7 +34,9 @@ from dht.grouping_patience import RESEND_AFTER_S, SendRetry, grace_s, send_timeo
 from dht.grouping_round import GroupRound
 from dht.grouping_shards import (
     Piece,
+    ReducedShard,
     ShardedRound,
+    WireShard,
     decode_piece,
     decode_shard,
     encode_piece,
@@ -42,16 +45,24 @@ from dht.grouping_shards import (
     shard_max_bytes,
 )
 from dht.grouping_wire import GroupMessageError, RoundId
+from dht.transport import TransportError, send_blob
 from merge.group_update import Abandoned, ContributionHeader, GroupUpdate, Phase, ReductionConfig
 
 if TYPE_CHECKING:
+    from dht.network import SwarmNetwork
     from merge.identity import Identity
+
+logger = logging.getLogger(__name__)
 
 PIECE_LIMITS = StreamLimits(rate_per_s=8.0, burst=32.0, max_in_flight=4, deadline_s=120.0)
 """Pieces a peer may send (--group-scatter): one per round before the deadline, a few more
 re-sent after it (shards of members left out or lost), each a shard of a part."""
 SHARD_LIMITS = StreamLimits(rate_per_s=8.0, burst=32.0, max_in_flight=4, deadline_s=120.0)
-"""Reduced shards a peer may send: its shards of each round, once per attempt."""
+"""Reduced shards a peer may send: its shards of each round, once per attempt (on
+`group-shard`, or folded on `group-held` to the shard's replica holder)."""
+HELD, NOT_HELD = b"held", b"none"
+"""A replica holder's answer on `group-held`: it holds the shard's values for that attempt,
+or not (yet)."""
 MAX_HELD_PIECES = 64
 """Pieces held per round before this node opens it (one per member, and a few re-sent)."""
 TICK_S = 0.25
@@ -77,6 +88,7 @@ class ShardedExchange(ExchangeReads):
 
     if TYPE_CHECKING:  # what GroupExchange provides
         identity: Identity
+        network: SwarmNetwork
         run_id: str
         numel: int
         fetch_wait_s: float
@@ -143,7 +155,23 @@ class ShardedExchange(ExchangeReads):
 
     async def rpc_shard(self, info: Any, reader: Any, writer: Any) -> None:
         """A reduced shard and its reducer's co-signature, for a round this node runs."""
-        sender = str(info.peer_id)
+        await self._on_shard(str(info.peer_id), reader)
+
+    async def rpc_held(self, info: Any, reader: Any, writer: Any) -> None:
+        """A folded round's reduced shard sent to its replica holder (this node), taken as
+        `group-shard`'s and answered HELD once this node's round holds its values for the
+        attempt it names, NOT_HELD otherwise: the reducer counts its shard, and sends its
+        seal to the others, only after HELD (dht.grouping_shards, session 30)."""
+        got = await self._on_shard(str(info.peer_id), reader)
+        held = got is not None and got[0].holds(got[1])
+        with contextlib.suppress(TransportError, OSError, TimeoutError):
+            await send_blob(writer, HELD if held else NOT_HELD)
+
+    async def _on_shard(
+        self, sender: str, reader: Any
+    ) -> tuple[ShardedRound, ReducedShard | WireShard] | None:
+        """A reduced shard read and handed to its round (a counted refusal when the round
+        refuses it); the round and the shard, None when no round of it runs here."""
         shard = await self._take(
             "group_shard",
             sender,
@@ -152,13 +180,14 @@ class ShardedExchange(ExchangeReads):
             lambda blob: decode_shard(blob, self.numel),
         )
         if shard is None:
-            return
+            return None
         member = self._rounds.get(shard.round_id)
         if not isinstance(member, ShardedRound):
-            return  # a round this node is not in (left out, or closed): not a fault
+            return None  # a round this node is not in (left out, or closed): not a fault
         if not member.on_shard(sender, shard):
             self._reject("group_shard_refused", sender, "a reduced shard this round refused")
         self._wakes[shard.round_id].set()
+        return member, shard
 
     async def run_sharded(
         self,
@@ -209,12 +238,13 @@ class ShardedExchange(ExchangeReads):
                 for out in member.tick(time.monotonic(), self._is_alive):
                     assert out.tensor is not None and out.digest is not None
                     blob = out.to_bytes(shard_codec(out.tensor))
-                    # folded: the values to the shard's replica holder, a seal to the others
+                    # folded: the values to the shard's replica holder, then a seal to the others
                     holder = member.replica_holder(out.shard) if self.fold else None
-                    seal = out.seal_bytes(out.digest) if self.fold else blob
+                    if holder is not None:
+                        self._spawn(self._send_folded(member, out, holder, blob, cosign_s))
+                        continue
                     for peer in member.recipients():
-                        sent = blob if holder in (None, peer) else seal
-                        self._spawn(self._send_shard(member, peer, sent, cosign_s))
+                        self._spawn(self._send_shard(member, peer, blob, cosign_s))
                 if not member.done:
                     await until_due(wake, member)
             return await self._finish(rid, member)
@@ -230,6 +260,47 @@ class ShardedExchange(ExchangeReads):
             if not retry.failed(time.monotonic(), until=member.cosign_deadline):
                 return
             await asyncio.sleep(RESEND_AFTER_S)
+
+    async def _send_folded(
+        self, member: ShardedRound, out: ReducedShard, holder: str, blob: bytes, cosign_s: float
+    ) -> None:
+        """A folded round's reduced shard: its values to `holder` (`group-held`) until it
+        answers HELD, tried again while the attempt lasts (SendRetry); then the shard counts
+        here and its seal goes to the other included members. No holder, no seal: a member
+        that completes on seals knows each shard is at its reducer and its replica holder
+        (stop 47's CI run: a reducer killed with its values in flight, a member completed on
+        its seal, and no live node held that shard). A holder that never answers HELD leaves
+        the shard missing here and at the others: the round retries without the lost or
+        abandons, as for any reducer late with its shard."""
+        retry, timeout_s = SendRetry(), send_timeout_s(cosign_s)
+        while not await self._held_by(holder, blob, timeout_s):
+            if member.done or member.reduction.included != out.included:
+                return
+            if not retry.failed(time.monotonic(), until=member.cosign_deadline):
+                return
+            await asyncio.sleep(RESEND_AFTER_S)
+        if not member.replica_took(out):
+            return  # the round moved on to another attempt meanwhile
+        wake = self._wakes.get(member.round_id)
+        if wake is not None:
+            wake.set()
+        assert out.digest is not None
+        seal = out.seal_bytes(out.digest)
+        for peer in member.recipients():
+            if peer != holder:
+                self._spawn(self._send_shard(member, peer, seal, cosign_s))
+
+    async def _held_by(self, holder: str, blob: bytes, timeout_s: float) -> bool:
+        """`blob` (a reduced shard's values) to `holder`'s `group-held`: whether it answered
+        HELD."""
+        try:
+            answer = await self.network.exchange(
+                holder, "group-held", blob, max_bytes=len(HELD), timeout_s=timeout_s
+            )
+        except Exception as exc:  # any failure of the stream: not held (yet)
+            logger.info("group-held to %s failed: %r", holder, exc)
+            return False
+        return answer == HELD
 
     async def _send_shard(
         self, member: ShardedRound, peer: str, blob: bytes, cosign_s: float

@@ -29,7 +29,11 @@ merge.group_plan's.
 - Folded (`fold`, `--group-fold`, session 29): each reduced shard goes whole (`DGS3`) to its
   replica holder only (`replica_holder`: the next included member, merge.shard_holders) and
   as a seal (`DGS4`: its digest and co-signature, no values) to the other included members;
-  the outcome is this member's `ShardHolding` (merge.group_shards).
+  the outcome is this member's `ShardHolding` (merge.group_shards). Session 30: a reducer's
+  own shard counts here, and its seal goes out, only once the replica holder said it took the
+  values (`replica_took`): a member that completes on seals then knows every shard is at two
+  holders. Stop 47's CI run killed a reducer with its values in flight while a member
+  completed on its seal: no live node held that shard, and the update was lost everywhere.
 """
 
 from __future__ import annotations
@@ -133,6 +137,9 @@ class ShardedRound:
         self.clock = CosignClock(first, extension_s=cosign_s)
         self._sent: set[tuple[int, str]] = set()
         self._shared: set[tuple[tuple[str, ...], int]] = set()
+        self._unheld: dict[tuple[tuple[str, ...], int], ReducedShard] = {}
+        """Folded: this member's reduced shards (by attempt) whose replica holder has not
+        said it took the values: not in here yet, no seal sent (`replica_took`)."""
         if not self.reduction.contribute(header, digests):
             raise ValueError(f"own contribution refused: {self.reduction.rejected}")
         for shard, piece in enumerate(self.pieces):
@@ -200,10 +207,23 @@ class ShardedRound:
             shard.shard, shard.tensor, shard.signature, shard.included, shard.digest
         )
 
+    def holds(self, shard: ReducedShard | WireShard) -> bool:
+        """Whether this member holds `shard`'s values for the attempt it names (what a
+        replica holder answers on `group-held`)."""
+        if isinstance(shard, WireShard):
+            try:
+                shard = shard.over(self.reduction.plan.members)
+            except ProofError:
+                return False
+        return shard.round_id == self.round_id and self.reduction.holds_values(
+            shard.shard, shard.included
+        )
+
     def tick(self, now: float, alive: Callable[[str], bool] = lambda _: True) -> list[ReducedShard]:
         """The deadline (or every member in): close; then this member's shards whose pieces
-        are all in, reduced and co-signed, to share; past the co-sign deadline: abandon, or
-        wait one more window for one reducer `alive` says is alive (CosignClock)."""
+        are all in, reduced and co-signed, to share (folded: in here once `replica_took`);
+        past the co-sign deadline: abandon, or wait one more window for one reducer `alive`
+        says is alive (CosignClock)."""
         r = self.reduction
         if r.phase is Phase.COLLECTING and (now >= self.deadline or r.contributors == self.members):
             r.close()
@@ -229,12 +249,22 @@ class ShardedRound:
                         digest,
                     )
                 )
+                if r.fold and self.replica_holder(shard) is not None:
+                    self._unheld[(r.included, shard)] = out[-1]  # in once its holder has it
+                    r.remember(shard, digest, tensor)
+                    continue
                 r.take_reduced(shard, tensor, signature)
                 if r.phase is not Phase.REDUCING:
                     break
+
+        # this member is alive whatever its view says (a node's view holds its peers only):
+        # folded, its own shard is missing here until its replica holder has it
+        def live(peer: str) -> bool:
+            return peer == self.me or alive(peer)
+
         if r.phase is Phase.REDUCING:
-            self._lose_by_view(now, alive)
-        if r.phase is Phase.REDUCING and self.clock.expired(now, r.missing_reducers(), alive):
+            self._lose_by_view(now, live)
+        if r.phase is Phase.REDUCING and self.clock.expired(now, r.missing_reducers(), live):
             r.expire()
         return out
 
@@ -260,6 +290,17 @@ class ShardedRound:
             return None
         at = included.index(r.reducers[shard])
         return included[(at + 1) % len(included)]
+
+    def replica_took(self, out: ReducedShard) -> bool:
+        """Folded: `out`'s replica holder said it took the values; the shard is in here now
+        (the round may complete) and its seal may go to the other included members. False
+        when the round moved on (another attempt, or over) or `out` was not waiting."""
+        r = self.reduction
+        waiting = self._unheld.pop((out.included, out.shard), None)
+        if waiting is None or r.phase is not Phase.REDUCING or r.included != out.included:
+            return False
+        assert out.tensor is not None
+        return r.take_reduced(out.shard, out.tensor, out.signature)
 
     def missing_reducers(self) -> list[str]:
         return self.reduction.missing_reducers()

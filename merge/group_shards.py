@@ -113,6 +113,10 @@ class ShardedReduction:
         """Shard -> (its values, None for a seal; its digest; its reducer's co-signature)."""
         self._held: dict[int, tuple[tuple[str, ...], torch.Tensor | None, bytes, str | None]] = {}
         """Reduced shards for another included set (an attempt this view has not reached)."""
+        self._values: dict[tuple[int, str], torch.Tensor] = {}
+        """(shard, digest) -> the reduced values this view had of it, of any attempt, kept
+        while the round runs (`values_for`: a member adopting a folded update another member
+        completed serves what it held, session 30)."""
 
     # ---- views ------------------------------------------------------------------------------
 
@@ -145,6 +149,36 @@ class ShardedReduction:
     def missing_reducers(self) -> list[str]:
         """Reducers with a shard not in yet: the ones whose loss makes the round retry."""
         return sorted({self._reducers[j] for j in self.missing_shards()})
+
+    def holds_values(self, shard: int, included: tuple[str, ...]) -> bool:
+        """Whether this view holds `shard`'s reduced values of the attempt over `included`
+        (in a folded round's outcome once it completed): what a replica holder answers the
+        shard's reducer (dht.grouping_shards `ShardedRound.replica_took`)."""
+        if included != self._included:
+            return False
+        if isinstance(self.outcome, ShardHolding):
+            return shard in self.outcome.shards
+        got = self._reduced.get(shard)
+        return self.phase is Phase.REDUCING and got is not None and got[0] is not None
+
+    def remember(self, shard: int, digest: str, values: torch.Tensor) -> None:
+        """Keeps `values` (shard `shard`'s reduced values, `digest` computed from them) for
+        `values_for` while the round runs (bounded: a few attempts' worth)."""
+        if self.outcome is None and len(self._values) < 4 * self.plan.num_shards:
+            self._values[(shard, digest)] = values
+
+    def values_for(self, fields: GroupUpdate) -> dict[int, torch.Tensor]:
+        """The reduced shards' values this running round had, of any attempt, that are
+        shards of `fields` (their digests the ones `fields` names): what this member holds of
+        a variant another member completed (session 30: a member that retried or timed out
+        while the other completed on seals held the values of a shard nobody else did)."""
+        if self.outcome is not None or len(fields.shard_digests) != self.plan.num_shards:
+            return {}
+        return {
+            k: values
+            for (k, digest), values in self._values.items()
+            if fields.shard_digests[k] == digest
+        }
 
     def ready(self, shard: int) -> bool:
         """Whether this view holds shard `shard`'s piece of every included member."""
@@ -301,6 +335,8 @@ class ShardedReduction:
             reduced = reduced.detach().to(torch.float32).clone()
             digest = shard_digest(reduced, self.numel, start)
         assert digest is not None
+        if reduced is not None:
+            self.remember(shard, digest, reduced)
         if included is not None and included != self._included:
             self._held[shard] = (included, reduced, signature, digest)
             return True
@@ -361,6 +397,7 @@ class ShardedReduction:
         if update.problem(self.members.__contains__) is not None:
             return False
         self.outcome, self.phase = update, Phase.COMPLETED
+        self._values = {}
         return True
 
     # ---- internals --------------------------------------------------------------------------
@@ -402,11 +439,11 @@ class ShardedReduction:
             assert len(whole) == len(values), "a seal is taken only by a folded round"
             self.outcome = replace(fields, aggregate=torch.cat(whole))
         self.phase = Phase.COMPLETED
-        self._pieces, self._held = {}, {}
+        self._pieces, self._held, self._values = {}, {}, {}
 
     def _abandon(self, reason: str) -> None:
         self.outcome, self.phase = Abandoned(reason), Phase.ABANDONED
-        self._pieces, self._held, self._reduced = {}, {}, {}
+        self._pieces, self._held, self._reduced, self._values = {}, {}, {}, {}
 
     def _count(self, reason: str) -> bool:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1

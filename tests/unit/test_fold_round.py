@@ -2,7 +2,7 @@
 through the real exchange code (dht.group_exchange `run_sharded`, `_finish`, `_fetch_round`;
 docs/scale.md, Session 29). Three members are real `GroupExchange`s on real pipelines; only
 the libp2p streams are an in-memory pipe carrying the same framed bytes (`FoldHub`: the
-`group-piece`, `group-shard` and `group-done` streams too).
+`group-piece`, `group-shard`, `group-held` and `group-done` streams too).
 
 - Today's round (no fold): every member gets every reduced shard's values, holds the update
   whole, applies it at once and then runs its fetch round over the other groups' updates.
@@ -14,6 +14,9 @@ the libp2p streams are an in-memory pipe carrying the same framed bytes (`FoldHu
 - A member dropping mid-round, before or after its shards went out: the others complete the
   round without it or abandon it, and whatever they hold of it is applied by all of them or
   by none (never half-applied); their replicas end alike.
+- A reducer whose values never reach the shard's replica holder sends no seal (session 30;
+  stop 47's CI run: a member completed on the seal of a shard no live node held): no member
+  completes the round with a shard nobody but its reducer holds.
 """
 
 from __future__ import annotations
@@ -70,12 +73,15 @@ class FoldHub(Loopback):
         super().__init__()
         self.dead: set[str] = set()
         self.shards: list[tuple[str, str, bytes]] = []
-        """(sender, peer, magic) of each `group-shard` delivered."""
+        """(sender, peer, magic) of each reduced shard delivered (`group-shard`, folded
+        values on `group-held`)."""
         self.on_send: Callable[[str, str], None] = lambda sender, name: None
+        self.lost: set[tuple[str, str]] = set()
+        """(sender, stream) whose messages never arrive (the sender stays alive)."""
 
     async def deliver(self, sender: str, peer: str, name: str, blob: bytes) -> bytes:
         self.on_send(sender, name)
-        if sender in self.dead or peer in self.dead:
+        if sender in self.dead or peer in self.dead or (sender, name) in self.lost:
             raise ConnectionError(f"{sender} -> {peer}: not reached")
         if name in ("group-fetch", "group-slice"):
             return await super().deliver(sender, peer, name, blob)
@@ -83,9 +89,10 @@ class FoldHub(Loopback):
         handler = {
             "group-piece": node.rpc_piece,
             "group-shard": node.rpc_shard,
+            "group-held": node.rpc_held,
             "group-done": node.rpc_done,
         }[name]
-        if name == "group-shard":
+        if name in ("group-shard", "group-held"):
             self.shards.append((sender, peer, blob[:4]))
         writer = _Writer()
         await handler(
@@ -161,7 +168,8 @@ async def _settled(nodes: list[Node], bound_s: float = 20.0) -> None:
 def _run(fold: bool, others: list[GroupUpdate], drop: tuple[str, str] | None = None):
     """The three members' group round, then their fetch round over the own update (folded)
     and `others` (candidates from a holder that kept them); `drop`: (member, "before" or
-    "after") its shards went out, it dies. The nodes, their outcomes, the hub."""
+    "after") its shards went out, or as its seal goes out ("seal": its values held by the
+    shard's replica holder, session 30), it dies. The nodes, their outcomes, the hub."""
     hub = FoldHub()
 
     async def run() -> tuple[list[Node], list[Any]]:
@@ -172,8 +180,10 @@ def _run(fold: bool, others: list[GroupUpdate], drop: tuple[str, str] | None = N
             sent: list[str] = []
 
             def on_send(sender: str, name: str) -> None:
-                if sender != victim or name != "group-shard":
+                if sender != victim or name not in ("group-shard", "group-held"):
                     return
+                if when == "seal" and name == "group-shard":  # its values are held already
+                    hub.dead.add(victim)
                 if when == "before":
                     hub.dead.add(victim)
                 sent.append(name)
@@ -270,3 +280,52 @@ def test_a_member_dropping_mid_round_leaves_the_round_whole_or_gone_never_half_a
         _assert_alike(_reference(own, taken), live[0].pipeline)
     else:
         assert not any(n.pipeline.replica.has_applied(OWN, 1) for n in live)
+
+
+@pytest.mark.parametrize("rank", [0, 1, 2])
+def test_a_reducer_dying_once_its_values_are_held_leaves_its_update_to_the_live(rank: int) -> None:
+    """The reducer dies as its seal goes out, its values held by the shard's replica holder
+    (session 30): one live member may complete on seals while the other, its seal missing,
+    retries or adopts the first's update, taking the shards its own round had from itself.
+    Whatever completed, the live members hold every shard of it between them (`_whole`), and
+    a member that has not applied it yet puts it together from them (the gossip's hand-over:
+    dht.group_exchange_assembly `assemble`); their replicas end alike. Stop 47's CI run lost
+    such an update on every replica."""
+    victim = IDS[rank]
+    nodes, outcomes, _ = _run(True, [], (victim, "seal"))
+    live = [n for n in nodes if n.identity.peer_id != victim]
+    live_outcomes = [o for n, o in zip(nodes, outcomes, strict=True) if n in live]
+    if not any(isinstance(o, GroupUpdate) for o in live_outcomes):
+        assert not any(n.pipeline.replica.has_applied(OWN, 1) for n in live)
+        return
+    own = _whole(live, live_outcomes)  # every shard at a live member
+    for node in live:
+        if not node.pipeline.replica.has_applied(OWN, own.seq):
+            got = asyncio.run(node.exchange.assemble((OWN, own.seq), IDS))
+            assert isinstance(got, GroupUpdate) and torch.equal(got.aggregate, own.aggregate)
+            assert node.pipeline.submit_group(got, member_check(RUN, OWN)).accepted
+    _assert_one_state(live)
+
+
+@pytest.mark.parametrize("rank", [0, 1, 2])
+def test_a_reducer_whose_values_never_reach_their_holder_sends_no_seal(rank: int) -> None:
+    """Its values lost on the way to the replica holder (the stream fails, the reducer lives
+    on): before session 30 the third member completed on the shard's seal while the holder
+    never had the values, and nobody could assemble the update. Now no seal goes out: every
+    member ends the round alike (abandoned: the shard missing everywhere), nothing applied."""
+    victim = IDS[rank]
+    hub = FoldHub()
+    hub.lost.add((victim, "group-held"))
+
+    async def run() -> tuple[list[Node], list[Any]]:
+        nodes = [Node(hub, identity, True) for identity in MEMBERS]
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(*(n.contribute(IDS) for n in nodes), return_exceptions=True), 30.0
+        )
+        return nodes, list(outcomes)
+
+    nodes, outcomes = asyncio.run(run())
+    assert all(isinstance(o, Abandoned) for o in outcomes), outcomes
+    assert not any(m == SEAL_MAGIC for s, _, m in hub.shards if s == victim)
+    assert not any(n.pipeline.replica.has_applied(OWN, 1) for n in nodes)
+    _assert_one_state(nodes)

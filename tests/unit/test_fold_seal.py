@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from dht.grouping_shards import (
     SEAL_MAGIC,
     SHARD_MAGIC,
+    ReducedShard,
     ShardedRound,
     decode_piece,
     decode_shard,
@@ -24,7 +25,7 @@ from dht.grouping_shards import (
 )
 from dht.grouping_wire import GroupMessageError
 from merge.group_shards import sharded_contribution
-from merge.group_update import GroupUpdate, RoundFields
+from merge.group_update import GroupUpdate, Phase, RoundFields
 from merge.identity import Identity
 from merge.shard_holders import ShardHolding, held_shards, shard_holders
 from tests.factories import bf16_values
@@ -55,6 +56,7 @@ def _run(rounds: dict[str, ShardedRound], dead: set[str], now: float) -> list[by
     """Pieces and reduced shards through their wire forms, as dht.group_exchange_shards sends
     them (folded: values to the replica holder, a seal to the others); the magics sent."""
     sent: list[bytes] = []
+    waiting: list[tuple[str, ReducedShard, str]] = []  # values not yet held: sent again
     for _ in range(6):
         for me, member in rounds.items():
             if me in dead:
@@ -70,15 +72,36 @@ def _run(rounds: dict[str, ShardedRound], dead: set[str], now: float) -> list[by
                 continue
             for out in member.tick(now, alive=lambda p: p not in dead):
                 assert out.tensor is not None and out.digest is not None
-                whole = out.to_bytes(shard_codec(out.tensor))
                 holder = member.replica_holder(out.shard) if member.reduction.fold else None
+                if holder is not None:  # the values first; the seals once the holder has them
+                    sent.append(SHARD_MAGIC)
+                    waiting.append((me, out, holder))
+                    continue
                 for peer in member.recipients():
-                    blob = whole if holder in (None, peer) else out.seal_bytes(out.digest)
-                    sent.append(blob[:4])
+                    sent.append(SHARD_MAGIC)
                     if peer not in dead:
+                        blob = out.to_bytes(shard_codec(out.tensor))
                         assert rounds[peer].on_shard(me, decode_shard(blob, NUMEL))
             for gone in dead:
                 member.on_lost(gone)
+        for me, out, holder in list(waiting):  # dht.group_exchange_shards `_send_folded`
+            assert out.tensor is not None and out.digest is not None
+            member = rounds[me]
+            if holder in dead or member.done or member.reduction.included != out.included:
+                waiting.remove((me, out, holder))
+                continue
+            wire = decode_shard(out.to_bytes(shard_codec(out.tensor)), NUMEL)
+            rounds[holder].on_shard(me, wire)
+            if not rounds[holder].holds(wire):
+                continue
+            waiting.remove((me, out, holder))
+            assert member.replica_took(out)
+            for peer in member.recipients():
+                if peer != holder:
+                    sent.append(SEAL_MAGIC)
+                    seal = decode_shard(out.seal_bytes(out.digest), NUMEL)
+                    if peer not in dead:
+                        assert rounds[peer].on_shard(me, seal)
     return sent
 
 
@@ -127,6 +150,66 @@ def test_a_member_lost_before_its_shards_the_folded_round_retries_without_it() -
     assert len({f.shard_digests for f in fields}) == 1
     held = set().union(*(o.shards for o in live if isinstance(o, ShardHolding)))
     assert held == set(range(fields[0].num_shards))  # every shard held by a live member
+
+
+def test_a_reducer_counts_its_folded_shard_only_once_its_replica_holder_has_it() -> None:
+    """Session 30: the reducer's own shard is not in, and the round does not complete, until
+    its replica holder said it holds the values (`replica_took`); a stale attempt's answer is
+    not taken."""
+    rounds = _rounds(3, fold=True)
+    for member in rounds.values():
+        for shard, peer in member.piece_sends():
+            blob = encode_piece(member.header, member.digests, shard, member.pieces[shard], "bf16")
+            rounds[peer].on_piece(decode_piece(blob, NUMEL))
+    me = IDS[0].peer_id
+    (out,) = rounds[me].tick(1.0)
+    assert out.shard in rounds[me].reduction.missing_shards()
+    holder = rounds[me].replica_holder(out.shard)
+    assert holder is not None
+    stale = dataclasses.replace(out, included=out.included[:2])
+    assert not rounds[me].replica_took(stale)
+    rounds[holder].tick(1.0)
+    wire = decode_shard(out.to_bytes(shard_codec(out.tensor)), NUMEL)
+    assert not rounds[holder].holds(wire)  # not yet handed to it
+    assert rounds[holder].on_shard(me, wire) and rounds[holder].holds(wire)
+    assert rounds[me].replica_took(out)
+    assert out.shard not in rounds[me].reduction.missing_shards()
+    assert not rounds[me].replica_took(out)  # once
+
+
+def test_a_reducer_waiting_for_its_holder_never_counts_itself_lost() -> None:
+    """Its own shard missing past the co-sign deadline (its replica holder has not answered
+    yet): a node's live view holds its peers only, and the round once retried without the
+    member itself or abandoned at the first deadline (session 30's first runs: rounds ending
+    `cosign_timeout` at every member). It waits the one extra window, as for any live
+    reducer, with its included set unchanged."""
+    rounds = _rounds(3, fold=True)
+    for member in rounds.values():
+        for shard, peer in member.piece_sends():
+            blob = encode_piece(member.header, member.digests, shard, member.pieces[shard], "bf16")
+            rounds[peer].on_piece(decode_piece(blob, NUMEL))
+    me = IDS[0].peer_id
+    for peer, other in rounds.items():  # every shard but this member's in, everywhere
+        for out in other.tick(1.0):
+            if peer == me:
+                continue
+            holder = other.replica_holder(out.shard)
+            assert holder is not None and out.digest is not None
+            rounds[holder].on_shard(peer, decode_shard(out.to_bytes("fp32"), NUMEL))
+            assert other.replica_took(out)
+            seal = decode_shard(out.seal_bytes(out.digest), NUMEL)
+            for target in other.recipients():
+                if target != holder:
+                    rounds[target].on_shard(peer, seal)
+    member = rounds[me]
+    included = member.reduction.included
+    assert member.missing_reducers() == [me]
+    view = lambda p: p != me  # noqa: E731 - the node's live view: its peers, not itself
+    first = member.cosign_deadline
+    member.tick(first + 0.1, alive=view)
+    assert member.phase is Phase.REDUCING and member.reduction.included == included
+    assert me in member.missing_reducers()
+    assert member.cosign_deadline > first  # the one extra window
 
 
 def _a_seal(fold: bool = True) -> tuple[dict[str, ShardedRound], str, bytes]:
