@@ -333,13 +333,15 @@ def cli_flags(**options: object) -> list[str]:
 def save_events(children: list[ChildProcess], folder: Path) -> None:
     """Every child's JSON events, one file per process (`--events-dir`: to look into a run):
     NAME.jsonl, and NAME-1.jsonl, NAME-2.jsonl, ... for later processes of the same name (a
-    node restarted)."""
+    node restarted); beside each, NAME.stderr: the last STDERR_LINES lines of its logs."""
     folder.mkdir(parents=True, exist_ok=True)
     seen: dict[str, int] = {}
     for child in children:
         n = seen[child.name] = seen.get(child.name, -1) + 1
+        stem = f"{child.name}-{n}" if n else child.name
         lines = "".join(json.dumps(e) + "\n" for e in child.events)
-        (folder / (f"{child.name}-{n}.jsonl" if n else f"{child.name}.jsonl")).write_text(lines)
+        (folder / f"{stem}.jsonl").write_text(lines)
+        (folder / f"{stem}.stderr").write_text(child.stderr_tail(STDERR_LINES) + "\n")
 
 
 def reap_all(children: list[ChildProcess]) -> list[str]:
