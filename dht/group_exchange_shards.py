@@ -63,6 +63,12 @@ SHARD_LIMITS = StreamLimits(rate_per_s=8.0, burst=32.0, max_in_flight=4, deadlin
 HELD, NOT_HELD = b"held", b"none"
 """A replica holder's answer on `group-held`: it holds the shard's values for that attempt,
 or not (yet)."""
+HELD_WAIT_S = 1.5
+"""How long a replica holder waits, before it answers NOT_HELD, for its round to reach the
+attempt the values were reduced over (a holder still collecting keeps them aside until it
+closes: answering at once cost the reducer a resend a second later, and the group's members
+completed seconds apart). Under the reducer's shortest try (send_timeout_s: 2 s)."""
+HELD_POLL_S = 0.05
 MAX_HELD_PIECES = 64
 """Pieces held per round before this node opens it (one per member, and a few re-sent)."""
 TICK_S = 0.25
@@ -163,7 +169,7 @@ class ShardedExchange(ExchangeReads):
         attempt it names, NOT_HELD otherwise: the reducer counts its shard, and sends its
         seal to the others, only after HELD (dht.grouping_shards, session 30)."""
         got = await self._on_shard(str(info.peer_id), reader)
-        held = got is not None and got[0].holds(got[1])
+        held = got is not None and await _held_soon(*got)
         with contextlib.suppress(TransportError, OSError, TimeoutError):
             await send_blob(writer, HELD if held else NOT_HELD)
 
@@ -318,6 +324,17 @@ class ShardedExchange(ExchangeReads):
             if not retry.failed(time.monotonic(), until=member.cosign_deadline):
                 return
             await asyncio.sleep(RESEND_AFTER_S)
+
+
+async def _held_soon(member: ShardedRound, shard: ReducedShard | WireShard) -> bool:
+    """Whether `member` holds `shard`'s values for the attempt it names, waiting up to
+    HELD_WAIT_S while its round runs for it to get there."""
+    deadline = time.monotonic() + HELD_WAIT_S
+    while not member.holds(shard):
+        if member.done or time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(HELD_POLL_S)
+    return True
 
 
 async def until_due(wake: asyncio.Event, member: GroupRound | ShardedRound) -> None:
