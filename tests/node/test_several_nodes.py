@@ -22,6 +22,10 @@ from tests.timeouts import CLI_ERROR_S, EXIT_S, ONE_ROUND_RUN_S, START_S, coveri
 # The default --port: the second node finds 31337 taken and listens on any free port.
 TINY = ["join", "--model", "tiny", "--batch-size", "2", "--eval-batches", "1", "--threads", "1",
         "--log-format", "json", "--host", "localhost"]  # fmt: skip
+PACED = ["--speed-factor", "10"]
+"""The first node only holds the default identity, port and checkpoint dir while the others
+run: its inner steps are paced to a tenth of a core (unpaced, it kept one of CI's two cores
+busy for the whole test, beside the runs it waits on)."""
 
 
 @pytest.mark.timeout(covering(START_S, 2 * ONE_ROUND_RUN_S, 2 * CLI_ERROR_S, EXIT_S))
@@ -29,7 +33,7 @@ def test_a_second_node_with_default_paths_runs_as_its_own_and_an_explicit_shared
     node_home: Path,
 ) -> None:
     first = subprocess.Popen(
-        [sys.executable, "-m", "node", *TINY, "--inner-steps", "1000"],
+        [sys.executable, "-m", "node", *TINY, "--inner-steps", "1000", *PACED],
         cwd=REPO,
         env={**os.environ, "HOME": str(node_home), "PYTHONUNBUFFERED": "1"},
         stdout=subprocess.PIPE,
