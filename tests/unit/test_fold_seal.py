@@ -52,6 +52,16 @@ def _rounds(size: int, fold: bool) -> dict[str, ShardedRound]:
     return rounds
 
 
+def _pieces_in(size: int, fold: bool = True) -> dict[str, ShardedRound]:
+    """`size` members' rounds with every piece sent before the deadline delivered."""
+    rounds = _rounds(size, fold=fold)
+    for member in rounds.values():
+        for shard, peer in member.piece_sends():
+            blob = encode_piece(member.header, member.digests, shard, member.pieces[shard], "bf16")
+            rounds[peer].on_piece(decode_piece(blob, NUMEL))
+    return rounds
+
+
 def _run(rounds: dict[str, ShardedRound], dead: set[str], now: float) -> list[bytes]:
     """Pieces and reduced shards through their wire forms, as dht.group_exchange_shards sends
     them (folded: values to the replica holder, a seal to the others); the magics sent."""
@@ -136,12 +146,8 @@ def test_a_folded_round_completes_on_seals_each_member_holding_its_shards(size: 
 
 
 def test_a_member_lost_before_its_shards_the_folded_round_retries_without_it() -> None:
-    rounds = _rounds(4, fold=True)
+    rounds = _pieces_in(4)  # pieces out before the deadline
     gone = IDS[1].peer_id
-    for member in rounds.values():  # pieces out before the deadline
-        for shard, peer in member.piece_sends():
-            blob = encode_piece(member.header, member.digests, shard, member.pieces[shard], "bf16")
-            rounds[peer].on_piece(decode_piece(blob, NUMEL))
     _run(rounds, {gone}, now=6.0)
     live = [r.outcome for m, r in rounds.items() if m != gone]
     assert all(isinstance(o, ShardHolding) for o in live)
@@ -156,11 +162,7 @@ def test_a_reducer_counts_its_folded_shard_only_once_its_replica_holder_has_it()
     """Session 30: the reducer's own shard is not in, and the round does not complete, until
     its replica holder said it holds the values (`replica_took`); a stale attempt's answer is
     not taken."""
-    rounds = _rounds(3, fold=True)
-    for member in rounds.values():
-        for shard, peer in member.piece_sends():
-            blob = encode_piece(member.header, member.digests, shard, member.pieces[shard], "bf16")
-            rounds[peer].on_piece(decode_piece(blob, NUMEL))
+    rounds = _pieces_in(3)
     me = IDS[0].peer_id
     (out,) = rounds[me].tick(1.0)
     assert out.shard in rounds[me].reduction.missing_shards()
@@ -183,11 +185,7 @@ def test_a_reducer_waiting_for_its_holder_never_counts_itself_lost() -> None:
     member itself or abandoned at the first deadline (session 30's first runs: rounds ending
     `cosign_timeout` at every member). It waits the one extra window, as for any live
     reducer, with its included set unchanged."""
-    rounds = _rounds(3, fold=True)
-    for member in rounds.values():
-        for shard, peer in member.piece_sends():
-            blob = encode_piece(member.header, member.digests, shard, member.pieces[shard], "bf16")
-            rounds[peer].on_piece(decode_piece(blob, NUMEL))
+    rounds = _pieces_in(3)
     me = IDS[0].peer_id
     for peer, other in rounds.items():  # every shard but this member's in, everywhere
         for out in other.tick(1.0):
@@ -215,11 +213,7 @@ def test_a_reducer_waiting_for_its_holder_never_counts_itself_lost() -> None:
 def _a_seal(fold: bool = True) -> tuple[dict[str, ShardedRound], str, bytes]:
     """A 3-member round after its pieces, with a seal of member 0's shard 0 for the member
     that does not hold its values (folded)."""
-    rounds = _rounds(3, fold=fold)
-    for member in rounds.values():
-        for shard, peer in member.piece_sends():
-            blob = encode_piece(member.header, member.digests, shard, member.pieces[shard], "bf16")
-            rounds[peer].on_piece(decode_piece(blob, NUMEL))
+    rounds = _pieces_in(3, fold=fold)
     me = IDS[0].peer_id
     (out,) = rounds[me].tick(1.0)
     assert out.digest is not None
