@@ -163,8 +163,9 @@ class ShardedReduction:
 
     def remember(self, shard: int, digest: str, values: torch.Tensor) -> None:
         """Keeps `values` (shard `shard`'s reduced values, `digest` computed from them) for
-        `values_for` while the round runs (bounded: a few attempts' worth)."""
-        if self.outcome is None and len(self._values) < 4 * self.plan.num_shards:
+        `values_for` while the round runs (bounded: a few attempts' worth); folded rounds
+        only (a round not folded ends with the update whole at every member)."""
+        if self.fold and self.outcome is None and len(self._values) < 4 * self.plan.num_shards:
             self._values[(shard, digest)] = values
 
     def values_for(self, fields: GroupUpdate) -> dict[int, torch.Tensor]:
